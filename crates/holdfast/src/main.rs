@@ -1,0 +1,147 @@
+//! `holdfast`: a session-aware MySQL-protocol proxy, with its lab, benchmark and control CLI.
+
+mod demo;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use holdfast_proxy::config::Config;
+use std::path::PathBuf;
+
+/// holdfast keeps MySQL/MariaDB client connections alive while the database behind them
+/// changes. Point any MySQL client at `holdfast serve` instead of the server.
+///
+/// Quick start on a fresh machine:  holdfast demo --dir /tmp/holdfast-demo
+#[derive(Parser)]
+#[command(name = "holdfast", version, about, long_about)]
+struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy. Log level via RUST_LOG (default: info).
+    ///
+    /// Example: holdfast serve --config holdfast.example.toml
+    Serve {
+        /// The TOML config; see holdfast.example.toml for every key with comments.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Talk to a running proxy through its admin API.
+    Ctl {
+        /// The admin listener ([admin] listen in the config).
+        #[arg(long, default_value = "127.0.0.1:6034", env = "HOLDFAST_ADMIN")]
+        admin: String,
+        #[command(subcommand)]
+        command: CtlCommand,
+    },
+    /// Start, inspect and stop a local lab cluster of real mariadbd processes.
+    #[command(subcommand)]
+    Lab(holdfast_lab::LabCommand),
+    /// sysbench through direct, HAProxy and holdfast, interleaved, with medians and ratios.
+    Bench(holdfast_lab::BenchArgs),
+    /// The embedded default: a lab cluster, the proxy in front of it, real clients through it.
+    Demo(demo::DemoArgs),
+}
+
+#[derive(Subcommand)]
+enum CtlCommand {
+    /// Topology, counters and sessions, for a person (or --json).
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// The Prometheus metrics text.
+    Metrics,
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    match cli.command {
+        Command::Serve { config } => {
+            let cfg = Config::load(&config)?;
+            runtime()?.block_on(serve(cfg))
+        }
+        Command::Ctl { admin, command } => runtime()?.block_on(ctl(&admin, command)),
+        Command::Lab(cmd) => holdfast_lab::run(cmd),
+        Command::Bench(args) => {
+            let exe = std::env::current_exe().context("cannot find the holdfast executable")?;
+            holdfast_lab::run_bench(&args, &exe)
+        }
+        Command::Demo(args) => demo::run(&args),
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
+}
+
+async fn serve(cfg: Config) -> Result<()> {
+    let admin_addr = cfg.admin.listen.clone();
+    let proxy = holdfast_proxy::Proxy::start(cfg).await.context("cannot bind the proxy listener")?;
+    let admin = tokio::net::TcpListener::bind(&admin_addr)
+        .await
+        .with_context(|| format!("cannot bind the admin listener {admin_addr}"))?;
+    tracing::info!(proxy = %proxy.local_addr()?, admin = %admin_addr, "holdfast serving");
+    let shared = proxy.shared.clone();
+    let admin_task = tokio::spawn(holdfast_admin::serve(admin, shared));
+    let proxy_task = tokio::spawn(proxy.run());
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping"),
+        _ = term.recv() => tracing::info!("terminated; stopping"),
+        r = admin_task => bail!("admin listener stopped: {r:?}"),
+        r = proxy_task => bail!("proxy listener stopped: {r:?}"),
+    }
+    Ok(())
+}
+
+async fn ctl(admin: &str, command: CtlCommand) -> Result<()> {
+    match command {
+        CtlCommand::Status { json } => {
+            let (code, body) = holdfast_admin::http_get(admin, "/status")
+                .await
+                .with_context(|| format!("cannot reach the admin API at {admin} (is holdfast serve running?)"))?;
+            if code != 200 {
+                bail!("admin API answered HTTP {code}: {body}");
+            }
+            if json {
+                println!("{body}");
+            } else {
+                let status: holdfast_admin::Status = serde_json::from_str(&body).context("unexpected /status body")?;
+                print!("{}", holdfast_admin::render_status(&status));
+            }
+        }
+        CtlCommand::Metrics => {
+            let (code, body) = holdfast_admin::http_get(admin, "/metrics")
+                .await
+                .with_context(|| format!("cannot reach the admin API at {admin}"))?;
+            if code != 200 {
+                bail!("admin API answered HTTP {code}");
+            }
+            print!("{body}");
+        }
+    }
+    Ok(())
+}

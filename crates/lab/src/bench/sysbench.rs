@@ -1,0 +1,273 @@
+//! Running sysbench and reading its report.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::procs;
+
+/// Connection and sizing parameters shared by every sysbench invocation.
+#[derive(Clone, Debug)]
+pub struct Sysbench {
+    pub exe: PathBuf,
+    pub user: String,
+    pub password: String,
+    pub db: String,
+    pub tables: u32,
+    pub table_size: u32,
+    /// Value of `--mysql-ignore-errors`.
+    pub ignore_errors: String,
+}
+
+/// Numbers of one successful run.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Metrics {
+    pub tps: f64,
+    pub qps: f64,
+    pub lat_avg_ms: f64,
+    pub lat_p95_ms: f64,
+    pub lat_max_ms: f64,
+    pub errors: u64,
+    pub reconnects: u64,
+}
+
+impl Sysbench {
+    fn common_args(&self, port: u16) -> Vec<String> {
+        vec![
+            "--mysql-host=127.0.0.1".into(),
+            format!("--mysql-port={port}"),
+            format!("--mysql-user={}", self.user),
+            format!("--mysql-password={}", self.password),
+            format!("--mysql-db={}", self.db),
+            format!("--tables={}", self.tables),
+            format!("--table-size={}", self.table_size),
+        ]
+    }
+
+    /// `sysbench oltp_read_write prepare` against `port`, logging to `log`.
+    pub fn prepare(&self, port: u16, log: &Path) -> Result<()> {
+        let mut args = vec!["oltp_read_write".to_string()];
+        args.extend(self.common_args(port));
+        args.push(format!("--threads={}", self.tables.clamp(1, 4)));
+        args.push("prepare".into());
+        // Generous: 20 × 10 000 rows take a few seconds; large sizes take minutes.
+        let budget =
+            Duration::from_secs(600 + u64::from(self.tables) * u64::from(self.table_size) / 2_000);
+        let (ok, out) = self.run_logged(&args, log, budget)?;
+        if !ok {
+            bail!(
+                "sysbench prepare failed (log {}):\n{}",
+                log.display(),
+                tail(&out, 20)
+            );
+        }
+        Ok(())
+    }
+
+    /// The exact command line of a benchmark run (for reports).
+    pub fn run_args(&self, workload: &str, port: u16, threads: u32, time: u32) -> Vec<String> {
+        let mut args = vec![workload.to_string()];
+        args.extend(self.common_args(port));
+        args.extend([
+            format!("--threads={threads}"),
+            format!("--time={time}"),
+            "--db-ps-mode=auto".into(),
+            "--report-interval=0".into(),
+            format!("--mysql-ignore-errors={}", self.ignore_errors),
+        ]);
+        if workload == "oltp_point_select" {
+            args.push("--rand-type=uniform".into());
+        }
+        args.push("run".into());
+        args
+    }
+
+    /// One benchmark run; `Err` carries the reason a run failed (exit status, output tail).
+    pub fn run(
+        &self,
+        workload: &str,
+        port: u16,
+        threads: u32,
+        time: u32,
+        log: &Path,
+    ) -> Result<std::result::Result<Metrics, String>> {
+        let args = self.run_args(workload, port, threads, time);
+        let budget = Duration::from_secs(u64::from(time) + 120);
+        let (ok, out) = self.run_logged(&args, log, budget)?;
+        if !ok {
+            return Ok(Err(format!(
+                "sysbench failed (log {}): {}",
+                log.display(),
+                tail(&out, 6).replace('\n', " / ")
+            )));
+        }
+        Ok(parse_report(&out).map_err(|e| format!("{e:#} (log {})", log.display())))
+    }
+
+    /// Runs sysbench with output to `log`; kills it after `budget`. Returns (success, output).
+    fn run_logged(&self, args: &[String], log: &Path, budget: Duration) -> Result<(bool, String)> {
+        let file = fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let file2 = file.try_clone().context("duplicating log handle")?;
+        let mut child = Command::new(&self.exe)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(file2)
+            .spawn()
+            .with_context(|| format!("starting {}", self.exe.display()))?;
+        let deadline = Instant::now() + budget;
+        let status = loop {
+            if let Some(status) = child.try_wait().context("waiting for sysbench")? {
+                break Some(status);
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let out = String::from_utf8_lossy(&fs::read(log).unwrap_or_default()).into_owned();
+        match status {
+            Some(s) if s.success() => Ok((true, out)),
+            Some(s) => Ok((false, format!("{out}\n({s})"))),
+            None => Ok((
+                false,
+                format!("{out}\n(killed: still running after {budget:?})"),
+            )),
+        }
+    }
+}
+
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Parses the final report of `sysbench … run` (sysbench 1.0).
+pub fn parse_report(out: &str) -> Result<Metrics> {
+    let mut m = Metrics::default();
+    let mut seen_tps = false;
+    let mut seen_lat = false;
+    let mut in_latency = false;
+    for line in out.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with("Latency (ms):") {
+            in_latency = true;
+            continue;
+        }
+        let Some((key, rest)) = trimmed.split_once(':') else {
+            continue;
+        };
+        let key = key.trim();
+        let rest = rest.trim();
+        match key {
+            "transactions" => {
+                m.tps = per_sec(rest).context("transactions line")?;
+                seen_tps = true;
+            }
+            "queries" => m.qps = per_sec(rest).context("queries line")?,
+            "ignored errors" => m.errors = first_int(rest).context("ignored errors line")?,
+            "reconnects" => m.reconnects = first_int(rest).context("reconnects line")?,
+            "avg" if in_latency => {
+                m.lat_avg_ms = first_float(rest).context("latency avg line")?;
+                seen_lat = true;
+            }
+            "max" if in_latency => m.lat_max_ms = first_float(rest).context("latency max")?,
+            "95th percentile" if in_latency => {
+                m.lat_p95_ms = first_float(rest).context("latency 95th percentile")?
+            }
+            _ => {}
+        }
+    }
+    if !seen_tps || !seen_lat {
+        bail!("no transactions/latency figures in sysbench output");
+    }
+    Ok(m)
+}
+
+/// `12345  (617.11 per sec.)` → 617.11
+fn per_sec(rest: &str) -> Result<f64> {
+    let open = rest.find('(').context("no '(' in per-second figure")?;
+    first_float(&rest[open + 1..])
+}
+
+fn first_float(s: &str) -> Result<f64> {
+    let w = s.split_whitespace().next().context("missing number")?;
+    w.parse().with_context(|| format!("not a number: {w:?}"))
+}
+
+fn first_int(s: &str) -> Result<u64> {
+    let w = s.split_whitespace().next().context("missing number")?;
+    w.parse().with_context(|| format!("not an integer: {w:?}"))
+}
+
+/// `sysbench --version` (e.g. `sysbench 1.0.20`).
+pub fn version(exe: &Path) -> String {
+    procs::run_capture(exe, ["--version"])
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|e| format!("unknown ({e:#})"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = r#"sysbench 1.0.20 (using system LuaJIT 2.1.0-beta3)
+
+Running the test with following options:
+Number of threads: 20
+Initializing random number generator from current time
+
+
+Initializing worker threads...
+
+Threads started!
+
+SQL statistics:
+    queries performed:
+        read:                            1008744
+        write:                           0
+        other:                           0
+        total:                           1008744
+    transactions:                        1008744 (50425.69 per sec.)
+    queries:                             1008744 (50425.69 per sec.)
+    ignored errors:                      0      (0.00 per sec.)
+    reconnects:                          0      (0.00 per sec.)
+
+General statistics:
+    total time:                          20.0028s
+    total number of events:              1008744
+
+Latency (ms):
+         min:                                    0.05
+         avg:                                    0.40
+         max:                                   20.11
+         95th percentile:                        0.81
+         sum:                               399013.80
+
+Threads fairness:
+    events (avg/stddev):           50437.2000/449.60
+    execution time (avg/stddev):   19.9507/0.00
+"#;
+
+    #[test]
+    fn parses_sysbench_report() {
+        let m = parse_report(SAMPLE).unwrap();
+        assert_eq!(m.tps, 50425.69);
+        assert_eq!(m.qps, 50425.69);
+        assert_eq!(m.lat_avg_ms, 0.40);
+        assert_eq!(m.lat_p95_ms, 0.81);
+        assert_eq!(m.lat_max_ms, 20.11);
+        assert_eq!(m.errors, 0);
+        assert_eq!(m.reconnects, 0);
+    }
+
+    #[test]
+    fn rejects_output_without_figures() {
+        assert!(parse_report("FATAL: unable to connect to MySQL server").is_err());
+    }
+}

@@ -1,0 +1,185 @@
+//! `holdfast lab …`: the command-line front end of the lab.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+
+use crate::lab::{self, LabOptions, LabStatus, DEFAULT_BASE_PORT};
+
+/// Start, inspect and stop a local MariaDB lab (a primary plus GTID replicas) for trying
+/// holdfast out.
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum LabCommand {
+    /// Start a primary and N replicas on 127.0.0.1 and write DIR/holdfast.toml for them.
+    ///
+    /// Ports: holdfast's proxy listener = BASE, its admin listener = BASE+1, node i
+    /// (1-based) = BASE+10+i-1. Accounts: app/app_pass (all privileges),
+    /// holdfast_monitor/monitor_pass, repl/repl_pass; root logs in without a password
+    /// through DIR/nodeN.sock.
+    /// A directory holding a stopped lab is restarted with its data.
+    Up {
+        /// Lab directory (data, sockets, logs, lab.json, holdfast.toml).
+        #[arg(long, default_value = "holdfast-lab")]
+        dir: PathBuf,
+        /// Number of replicas besides the primary.
+        #[arg(long, default_value_t = 2)]
+        replicas: usize,
+        /// Base port of the port layout (proxy = BASE, admin = BASE+1, nodes from BASE+10).
+        #[arg(long, default_value_t = DEFAULT_BASE_PORT)]
+        base_port: u16,
+        /// Server binary [default: mariadbd on PATH, else mysqld].
+        #[arg(long)]
+        mariadbd: Option<PathBuf>,
+        /// Extra mariadbd option for every node (repeatable), e.g. --server-arg=--general-log=ON.
+        #[arg(long = "server-arg", allow_hyphen_values = true)]
+        server_args: Vec<String>,
+    },
+    /// Show the nodes of a lab and whether they run.
+    Status {
+        /// Lab directory.
+        #[arg(long, default_value = "holdfast-lab")]
+        dir: PathBuf,
+        /// Print DIR/lab.json's content (with fresh liveness) as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop every process of a lab (mariadbd gets SIGTERM, then SIGKILL after 60 s).
+    Down {
+        /// Lab directory.
+        #[arg(long, default_value = "holdfast-lab")]
+        dir: PathBuf,
+        /// Also delete the lab directory (data, logs, config).
+        #[arg(long)]
+        purge: bool,
+    },
+}
+
+/// Runs a lab subcommand, printing its result to stdout.
+pub fn run(cmd: LabCommand) -> Result<()> {
+    match cmd {
+        LabCommand::Up {
+            dir,
+            replicas,
+            base_port,
+            mariadbd,
+            server_args,
+        } => {
+            let opts = LabOptions {
+                dir,
+                replicas,
+                base_port: Some(base_port),
+                mariadbd,
+                extra_server_args: server_args,
+            };
+            let started = std::time::Instant::now();
+            let st = lab::up(&opts)?;
+            print!("{}", describe_up(&st, started.elapsed()));
+        }
+        LabCommand::Status { dir, json } => {
+            let st = lab::status(&dir)?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&st).context("serialising status")?
+                );
+            } else {
+                print!("{}", status_table(&st));
+            }
+        }
+        LabCommand::Down { dir, purge } => {
+            if purge {
+                lab::purge(&dir)?;
+                println!("lab in {} stopped and deleted", dir.display());
+            } else {
+                lab::down(&dir)?;
+                println!(
+                    "lab in {} stopped (data kept; `holdfast lab up --dir {}` restarts it, \
+                     --purge deletes it)",
+                    dir.display(),
+                    dir.display()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The table printed by `holdfast lab status`.
+pub fn status_table(st: &LabStatus) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "lab {}", st.dir.display());
+    let _ = writeln!(
+        out,
+        "{:<8} {:<8} {:<17} {:<8} {:<8} socket",
+        "node", "role", "address", "pid", "state"
+    );
+    for n in &st.nodes {
+        let _ = writeln!(
+            out,
+            "{:<8} {:<8} {:<17} {:<8} {:<8} {}",
+            n.name,
+            n.role,
+            n.address,
+            n.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+            if n.alive { "running" } else { "stopped" },
+            n.socket.display()
+        );
+    }
+    let _ = writeln!(
+        out,
+        "holdfast proxy {} / admin {} (config {})",
+        st.proxy,
+        st.admin,
+        st.config.display()
+    );
+    out
+}
+
+fn describe_up(st: &LabStatus, took: std::time::Duration) -> String {
+    let mut out = format!("lab up in {:.1} s\n", took.as_secs_f64());
+    out.push_str(&status_table(st));
+    let _ = writeln!(out, "accounts:");
+    let _ = writeln!(
+        out,
+        "  application  {} / {}  (all privileges; database {})",
+        st.app_user, st.app_password, st.database
+    );
+    let _ = writeln!(
+        out,
+        "  monitor      {} / {}",
+        st.monitor_user, st.monitor_password
+    );
+    if let (Some(u), Some(p)) = (&st.ed25519_user, &st.ed25519_password) {
+        let _ = writeln!(out, "  ed25519      {u} / {p}");
+    }
+    let _ = writeln!(
+        out,
+        "  replication  {} / {}",
+        lab::REPL_USER,
+        lab::REPL_PASSWORD
+    );
+    let _ = writeln!(
+        out,
+        "  root         no password, via the unix sockets above"
+    );
+    if let Some(p) = st.nodes.first() {
+        let _ = writeln!(
+            out,
+            "primary:  mariadb -h127.0.0.1 -P{} -u{} -p{} {}",
+            p.port, st.app_user, st.app_password, st.database
+        );
+    }
+    let _ = writeln!(out, "config:   {}", st.config.display());
+    let _ = writeln!(
+        out,
+        "next:     holdfast serve --config {}",
+        st.config.display()
+    );
+    let _ = writeln!(
+        out,
+        "stop:     holdfast lab down --dir {}",
+        st.dir.display()
+    );
+    out
+}

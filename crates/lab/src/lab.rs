@@ -1,0 +1,1181 @@
+//! Starting, inspecting and stopping a lab: one MariaDB primary and N GTID replicas on
+//! loopback, plus a `holdfast.toml` that points holdfast at them.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Read;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::procs;
+use crate::template;
+
+/// Port of holdfast's MySQL listener, as an offset from the base port.
+pub const PROXY_PORT_OFFSET: u16 = 0;
+/// Port of holdfast's HTTP admin listener, as an offset from the base port.
+pub const ADMIN_PORT_OFFSET: u16 = 1;
+/// Port of `node1`, as an offset from the base port; node *i* (1-based) listens on
+/// `base + NODE_PORT_OFFSET + i - 1`. Offsets 2..=9 stay free for helpers (the benchmark
+/// picks free ports for HAProxy instead, so they are unused today).
+pub const NODE_PORT_OFFSET: u16 = 10;
+/// The default base port of `holdfast lab up`: proxy 3310, admin 3311, node1 3320, node2 3321, …
+pub const DEFAULT_BASE_PORT: u16 = 3310;
+
+/// Application account (full privileges, `@'%'` and `@'localhost'`).
+pub const APP_USER: &str = "app";
+/// Password of [`APP_USER`].
+pub const APP_PASSWORD: &str = "app_pass";
+/// Database created on the primary (the sysbench schema).
+pub const DATABASE: &str = "sbtest";
+/// holdfast's monitor account (full privileges, `@'%'` and `@'localhost'`).
+pub const MONITOR_USER: &str = "holdfast_monitor";
+/// Password of [`MONITOR_USER`].
+pub const MONITOR_PASSWORD: &str = "monitor_pass";
+/// Replication account, created on every node without binlogging.
+pub const REPL_USER: &str = "repl";
+/// Password of [`REPL_USER`].
+pub const REPL_PASSWORD: &str = "repl_pass";
+/// Account using the `ed25519` plugin, created when the server has `auth_ed25519`.
+pub const ED25519_USER: &str = "ed_user";
+/// Password of [`ED25519_USER`].
+pub const ED25519_PASSWORD: &str = "ed_pass";
+
+/// How long a node may take to accept connections after it is spawned.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long replicas may take to apply the primary's setup transactions.
+const CATCH_UP_TIMEOUT_SECS: u32 = 60;
+/// How long a node gets to shut down cleanly after SIGTERM before SIGKILL.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(60);
+/// `sun_path` is 108 bytes including the terminating NUL.
+const MAX_SOCKET_PATH: usize = 107;
+
+const STATUS_FILE: &str = "lab.json";
+const LAUNCH_FILE: &str = "lab-launch.json";
+const AUX_FILE: &str = "lab-aux.json";
+const CONFIG_FILE: &str = "holdfast.toml";
+
+/// What `up` should build.
+#[derive(Clone, Debug)]
+pub struct LabOptions {
+    /// Directory holding everything of the lab: data directories, sockets, logs, `lab.json`
+    /// and `holdfast.toml`. Created if missing; must be empty or hold a stopped lab.
+    pub dir: PathBuf,
+    /// Number of replicas besides the primary (node1).
+    pub replicas: usize,
+    /// Base port of the port layout (see [`NODE_PORT_OFFSET`]); `None` picks free ports for
+    /// every listener.
+    pub base_port: Option<u16>,
+    /// Server binary; default: `mariadbd` on PATH, else `mysqld`.
+    pub mariadbd: Option<PathBuf>,
+    /// Extra `mariadbd` options appended to every node's command line.
+    pub extra_server_args: Vec<String>,
+}
+
+impl LabOptions {
+    /// Options for a lab in `dir` with `replicas` replicas on free ports.
+    pub fn new(dir: impl Into<PathBuf>, replicas: usize) -> Self {
+        LabOptions {
+            dir: dir.into(),
+            replicas,
+            base_port: None,
+            mariadbd: None,
+            extra_server_args: Vec::new(),
+        }
+    }
+}
+
+/// A lab as recorded in `DIR/lab.json`, with liveness refreshed by [`status`].
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct LabStatus {
+    /// The lab directory (absolute).
+    pub dir: PathBuf,
+    /// Address holdfast's MySQL listener is configured on (`127.0.0.1:P`).
+    pub proxy: String,
+    /// Address holdfast's admin HTTP listener is configured on.
+    pub admin: String,
+    /// Application user with all privileges.
+    pub app_user: String,
+    /// Password of `app_user` (mysql_native_password).
+    pub app_password: String,
+    /// Database created for applications and sysbench.
+    pub database: String,
+    /// holdfast's monitor user.
+    pub monitor_user: String,
+    /// Password of `monitor_user`.
+    pub monitor_password: String,
+    /// User authenticating with the `ed25519` plugin, if the server supports it.
+    #[serde(default)]
+    pub ed25519_user: Option<String>,
+    /// Password of `ed25519_user`.
+    #[serde(default)]
+    pub ed25519_password: Option<String>,
+    /// The holdfast configuration written for this lab (`DIR/holdfast.toml`).
+    pub config: PathBuf,
+    /// The nodes; `nodes[0]` is the primary.
+    pub nodes: Vec<NodeStatus>,
+}
+
+/// One MariaDB server of a lab.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct NodeStatus {
+    /// `node1`, `node2`, …
+    pub name: String,
+    /// `127.0.0.1:port`.
+    pub address: String,
+    /// TCP port on 127.0.0.1.
+    pub port: u16,
+    /// `"primary"` or `"replica"` (the role the lab set up; failovers may change reality).
+    pub role: String,
+    /// Process id of the running `mariadbd`, if one was started and not stopped.
+    pub pid: Option<u32>,
+    /// Whether `pid` is a live `mariadbd` of this node (refreshed by [`status`]).
+    pub alive: bool,
+    /// Unix socket (root logs in here without a password).
+    pub socket: PathBuf,
+    /// Data directory.
+    pub datadir: PathBuf,
+}
+
+impl NodeStatus {
+    /// The error log of this node (`DIR/nodeN.err`).
+    pub fn error_log(&self) -> PathBuf {
+        self.socket.with_extension("err")
+    }
+
+    /// The pid file of this node (`DIR/nodeN.pid`).
+    pub fn pid_file(&self) -> PathBuf {
+        self.socket.with_extension("pid")
+    }
+
+    /// Whether this node was set up as the primary.
+    pub fn is_primary(&self) -> bool {
+        self.role == "primary"
+    }
+
+    /// 1-based index taken from the name (`node3` → 3).
+    fn index(&self) -> Result<usize> {
+        self.name
+            .strip_prefix("node")
+            .and_then(|n| n.parse().ok())
+            .with_context(|| format!("unexpected node name {:?}", self.name))
+    }
+}
+
+impl LabStatus {
+    /// The primary (node1).
+    pub fn primary(&self) -> Result<&NodeStatus> {
+        self.nodes
+            .iter()
+            .find(|n| n.is_primary())
+            .context("the lab has no primary node")
+    }
+
+    /// The replicas, in order.
+    pub fn replicas(&self) -> impl Iterator<Item = &NodeStatus> {
+        self.nodes.iter().filter(|n| !n.is_primary())
+    }
+
+    /// A node by name.
+    pub fn node(&self, name: &str) -> Result<&NodeStatus> {
+        self.nodes
+            .iter()
+            .find(|n| n.name == name)
+            .with_context(|| format!("the lab in {} has no node {name:?}", self.dir.display()))
+    }
+}
+
+/// How the nodes were launched, for restarting them (`DIR/lab-launch.json`).
+#[derive(Serialize, Deserialize, Clone, Debug)]
+struct LaunchInfo {
+    mariadbd: PathBuf,
+    extra_server_args: Vec<String>,
+    replicas: usize,
+}
+
+/// A helper process (HAProxy, holdfast under benchmark) that `down` must also stop.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub(crate) struct AuxProcess {
+    pub name: String,
+    pub pid: u32,
+    /// One of its command-line arguments (exactly), guarding against pid reuse.
+    pub marker: String,
+}
+
+// ---------------------------------------------------------------------------------------
+// Public API
+// ---------------------------------------------------------------------------------------
+
+/// Brings a lab up in `opts.dir` and returns its status once every node accepts
+/// connections and every replica has applied the primary's setup.
+///
+/// * An empty or missing directory gets a fresh lab: data directories copied from the
+///   cached template, replication configured, accounts created on the primary.
+/// * A directory holding a stopped lab (after [`down`] without purge) is restarted with
+///   its data; its shape (replica count, ports) is kept.
+/// * A directory holding a running lab, or anything else, is an error.
+pub fn up(opts: &LabOptions) -> Result<LabStatus> {
+    let dir = std::path::absolute(&opts.dir)
+        .with_context(|| format!("resolving {}", opts.dir.display()))?;
+    if dir.join(STATUS_FILE).exists() {
+        return restart_existing(&dir, opts);
+    }
+    if dir.join(LAUNCH_FILE).exists() {
+        bail!(
+            "{} holds an incomplete lab (an earlier `up` failed); remove it with \
+             `holdfast lab down --dir {} --purge`",
+            dir.display(),
+            dir.display()
+        );
+    }
+    if dir.exists() {
+        let mut entries =
+            fs::read_dir(&dir).with_context(|| format!("reading directory {}", dir.display()))?;
+        if entries.next().is_some() {
+            bail!(
+                "{} is not empty and holds no lab; choose an empty or new directory",
+                dir.display()
+            );
+        }
+    }
+    fresh_lab(&dir, opts)
+}
+
+/// Reads `DIR/lab.json` and refreshes each node's `alive` flag (a recorded pid counts only
+/// while it is a `mariadbd` serving that node's data directory).
+pub fn status(dir: &Path) -> Result<LabStatus> {
+    let dir = std::path::absolute(dir).with_context(|| format!("resolving {}", dir.display()))?;
+    let path = dir.join(STATUS_FILE);
+    let text = fs::read_to_string(&path).with_context(|| {
+        format!(
+            "no lab in {} (cannot read {})",
+            dir.display(),
+            path.display()
+        )
+    })?;
+    let mut st: LabStatus =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    for node in &mut st.nodes {
+        refresh_node(node);
+    }
+    Ok(st)
+}
+
+/// Stops every process the lab started (mariadbd: SIGTERM, wait up to 60 s, then
+/// SIGKILL; likewise benchmark helpers). Data stays; [`up`] on the same directory
+/// restarts the lab. See [`purge`] to also delete the directory.
+pub fn down(dir: &Path) -> Result<()> {
+    stop_all(dir, false)
+}
+
+/// [`down`], then deletes the lab directory. Refuses directories that hold no lab files.
+pub fn purge(dir: &Path) -> Result<()> {
+    let dir = std::path::absolute(dir).with_context(|| format!("resolving {}", dir.display()))?;
+    if !dir.exists() {
+        return Ok(());
+    }
+    if !dir.join(STATUS_FILE).exists() && !dir.join(LAUNCH_FILE).exists() {
+        bail!(
+            "refusing to delete {}: it holds no lab (no {STATUS_FILE} or {LAUNCH_FILE})",
+            dir.display()
+        );
+    }
+    stop_all(&dir, false)?;
+    fs::remove_dir_all(&dir).with_context(|| format!("deleting {}", dir.display()))
+}
+
+/// Stops one node cleanly (SIGTERM, wait up to 60 s, then SIGKILL) and records it as stopped.
+pub fn stop_node(dir: &Path, name: &str) -> Result<NodeStatus> {
+    let mut st = status(dir)?;
+    let node = node_mut(&mut st, name)?;
+    if let Some(pid) = node.pid.filter(|_| node.alive) {
+        procs::terminate(pid, SHUTDOWN_GRACE)
+            .with_context(|| format!("stopping {} (pid {pid})", node.name))?;
+    }
+    node.pid = None;
+    node.alive = false;
+    let out = node.clone();
+    write_status(&st)?;
+    Ok(out)
+}
+
+/// Kills one node with SIGKILL (a crash, for failure tests) and records it as stopped.
+pub fn kill_node(dir: &Path, name: &str) -> Result<NodeStatus> {
+    let mut st = status(dir)?;
+    let node = node_mut(&mut st, name)?;
+    if let Some(pid) = node.pid.filter(|_| node.alive) {
+        procs::kill_now(pid).with_context(|| format!("killing {} (pid {pid})", node.name))?;
+    }
+    node.pid = None;
+    node.alive = false;
+    let out = node.clone();
+    write_status(&st)?;
+    Ok(out)
+}
+
+/// Starts a stopped node again with its data and waits until it accepts connections.
+/// A node that is already running is left alone.
+pub fn start_node(dir: &Path, name: &str) -> Result<NodeStatus> {
+    let mut st = status(dir)?;
+    let launch = read_launch(&st.dir)?;
+    let node = node_mut(&mut st, name)?;
+    if !node.alive {
+        let pid = spawn_node(&launch, node)?;
+        wait_ready(node, pid)?;
+        node.pid = Some(pid);
+        node.alive = true;
+    }
+    let out = node.clone();
+    write_status(&st)?;
+    Ok(out)
+}
+
+/// Runs `sql` (one or more `;`-separated statements) on `node` as root through its unix
+/// socket with the `mariadb` command-line client. Returns the rows of all result sets,
+/// each a vector of column values; `NULL` comes back as the string `"NULL"`, and
+/// `\t`, `\n`, `\\` and `\0` inside values are unescaped.
+pub fn node_sql(node: &NodeStatus, sql: &str) -> Result<Vec<Vec<String>>> {
+    run_client(node, sql, false)
+}
+
+/// Like [`node_sql`], but each row is a map from column name to value (handy for
+/// `SHOW SLAVE STATUS` and friends). With several result sets, rows of later sets are
+/// keyed by the first set's column names; use one statement.
+pub fn node_sql_maps(node: &NodeStatus, sql: &str) -> Result<Vec<BTreeMap<String, String>>> {
+    let mut lines = run_client(node, sql, true)?.into_iter();
+    let Some(header) = lines.next() else {
+        return Ok(Vec::new());
+    };
+    Ok(lines
+        .map(|row| header.iter().cloned().zip(row).collect())
+        .collect())
+}
+
+fn run_client(node: &NodeStatus, sql: &str, column_names: bool) -> Result<Vec<Vec<String>>> {
+    let client = mariadb_client()?;
+    let mut cmd = Command::new(client);
+    cmd.arg("--no-defaults")
+        .arg("--user=root")
+        .arg(format!("--socket={}", node.socket.display()))
+        .arg("--batch");
+    if !column_names {
+        cmd.arg("--skip-column-names");
+    }
+    let out = cmd
+        .arg("--execute")
+        .arg(sql)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .with_context(|| format!("running {}", client.display()))?;
+    if !out.status.success() {
+        bail!(
+            "SQL on {} failed: {}\nstatement: {}",
+            node.name,
+            String::from_utf8_lossy(&out.stderr).trim(),
+            sql
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text
+        .lines()
+        .map(|line| line.split('\t').map(unescape_batch).collect())
+        .collect())
+}
+
+/// Runs `sql` on `node` and returns the first column of the first row, if any.
+pub fn node_sql_value(node: &NodeStatus, sql: &str) -> Result<Option<String>> {
+    Ok(node_sql(node, sql)?
+        .into_iter()
+        .next()
+        .and_then(|row| row.into_iter().next()))
+}
+
+// ---------------------------------------------------------------------------------------
+// TestLab
+// ---------------------------------------------------------------------------------------
+
+/// A lab for tests: a fresh directory under the system temp dir, free ports, and teardown
+/// on drop (every process SIGKILLed — the data is thrown away anyway — and the directory
+/// removed). Set `HOLDFAST_LAB_KEEP=1` to keep the directory (nodes are still stopped) for
+/// a post-mortem; its path is printed to stderr.
+#[derive(Debug)]
+pub struct TestLab {
+    /// The lab's status as of start (or the last [`TestLab::refresh`]).
+    pub status: LabStatus,
+}
+
+impl TestLab {
+    /// Starts a primary and `replicas` replicas.
+    pub fn start(replicas: usize) -> Result<TestLab> {
+        Self::start_with(replicas, Vec::new())
+    }
+
+    /// Like [`TestLab::start`], with extra `mariadbd` options for every node.
+    pub fn start_with(replicas: usize, extra_server_args: Vec<String>) -> Result<TestLab> {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "holdfast-lab-{}-{}-{:08x}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed),
+            rand::random::<u32>()
+        ));
+        let opts = LabOptions {
+            extra_server_args,
+            ..LabOptions::new(&dir, replicas)
+        };
+        match up(&opts) {
+            Ok(status) => Ok(TestLab { status }),
+            Err(e) => {
+                if dir.exists() && std::env::var_os("HOLDFAST_LAB_KEEP").is_none() {
+                    let _ = fs::remove_dir_all(&dir);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The lab directory.
+    pub fn dir(&self) -> &Path {
+        &self.status.dir
+    }
+
+    /// The primary node.
+    pub fn primary(&self) -> &NodeStatus {
+        // `up` always creates node1 as the primary.
+        &self.status.nodes[0]
+    }
+
+    /// The replica nodes.
+    pub fn replicas(&self) -> &[NodeStatus] {
+        &self.status.nodes[1..]
+    }
+
+    /// Re-reads the status (after stopping or starting nodes).
+    pub fn refresh(&mut self) -> Result<&LabStatus> {
+        self.status = status(&self.status.dir)?;
+        Ok(&self.status)
+    }
+
+    /// [`stop_node`] for this lab, then refresh.
+    pub fn stop_node(&mut self, name: &str) -> Result<()> {
+        stop_node(&self.status.dir, name)?;
+        self.refresh().map(|_| ())
+    }
+
+    /// [`kill_node`] for this lab, then refresh.
+    pub fn kill_node(&mut self, name: &str) -> Result<()> {
+        kill_node(&self.status.dir, name)?;
+        self.refresh().map(|_| ())
+    }
+
+    /// [`start_node`] for this lab, then refresh.
+    pub fn start_node(&mut self, name: &str) -> Result<()> {
+        start_node(&self.status.dir, name)?;
+        self.refresh().map(|_| ())
+    }
+}
+
+impl Drop for TestLab {
+    fn drop(&mut self) {
+        let dir = self.status.dir.clone();
+        if std::env::var_os("HOLDFAST_LAB_KEEP").is_some() {
+            if let Err(e) = down(&dir) {
+                eprintln!("holdfast-lab: stopping lab in {}: {e:#}", dir.display());
+            }
+            eprintln!("holdfast-lab: kept lab directory {}", dir.display());
+            return;
+        }
+        if let Err(e) = stop_all(&dir, true) {
+            eprintln!("holdfast-lab: killing lab in {}: {e:#}", dir.display());
+        }
+        if let Err(e) = fs::remove_dir_all(&dir) {
+            eprintln!("holdfast-lab: removing {}: {e}", dir.display());
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Helpers used by the benchmark
+// ---------------------------------------------------------------------------------------
+
+/// Records a helper process so that [`down`] stops it too.
+pub(crate) fn register_aux(dir: &Path, aux: AuxProcess) -> Result<()> {
+    let mut list = read_aux(dir);
+    list.retain(|a| a.pid != aux.pid);
+    list.push(aux);
+    write_json(&dir.join(AUX_FILE), &list)
+}
+
+/// Forgets a helper process (after it was stopped).
+pub(crate) fn unregister_aux(dir: &Path, pid: u32) -> Result<()> {
+    let mut list = read_aux(dir);
+    list.retain(|a| a.pid != pid);
+    write_json(&dir.join(AUX_FILE), &list)
+}
+
+fn read_aux(dir: &Path) -> Vec<AuxProcess> {
+    fs::read_to_string(dir.join(AUX_FILE))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default()
+}
+
+/// The `mariadbd` binary named in the options, or found on PATH.
+pub(crate) fn resolve_mariadbd(explicit: Option<&Path>) -> Result<PathBuf> {
+    match explicit {
+        Some(p) if p.is_file() => Ok(p.to_path_buf()),
+        Some(p) => bail!("server binary {} does not exist", p.display()),
+        None => procs::require_program(&["mariadbd", "mysqld"], "mariadb-server"),
+    }
+}
+
+/// The `mariadb` command-line client.
+pub(crate) fn mariadb_client() -> Result<&'static Path> {
+    static CLIENT: OnceLock<Option<PathBuf>> = OnceLock::new();
+    CLIENT
+        .get_or_init(|| procs::find_program(&["mariadb", "mysql"]))
+        .as_deref()
+        .context("mariadb (or mysql) client not found on PATH; install mariadb-client")
+}
+
+// ---------------------------------------------------------------------------------------
+// Internals
+// ---------------------------------------------------------------------------------------
+
+fn fresh_lab(dir: &Path, opts: &LabOptions) -> Result<LabStatus> {
+    let started = Instant::now();
+    let mariadbd = resolve_mariadbd(opts.mariadbd.as_deref())?;
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let n_nodes = opts.replicas + 1;
+    let longest_socket = dir.join(format!("node{n_nodes}.sock"));
+    if longest_socket.as_os_str().len() > MAX_SOCKET_PATH {
+        bail!(
+            "socket path {} is longer than {MAX_SOCKET_PATH} bytes (a unix socket limit); \
+             choose a shorter lab directory",
+            longest_socket.display()
+        );
+    }
+    let template = template::ensure(&mariadbd)?;
+
+    let launch = LaunchInfo {
+        mariadbd,
+        extra_server_args: opts.extra_server_args.clone(),
+        replicas: opts.replicas,
+    };
+    write_json(&dir.join(LAUNCH_FILE), &launch)?;
+
+    let (proxy_port, admin_port, node_ports) = match opts.base_port {
+        Some(base) => {
+            let last = u32::from(base) + u32::from(NODE_PORT_OFFSET) + n_nodes as u32 - 1;
+            if last > u32::from(u16::MAX) {
+                bail!("base port {base} leaves no room for {n_nodes} nodes");
+            }
+            let nodes = (0..n_nodes)
+                .map(|i| base + NODE_PORT_OFFSET + i as u16)
+                .collect::<Vec<_>>();
+            (base + PROXY_PORT_OFFSET, base + ADMIN_PORT_OFFSET, nodes)
+        }
+        None => {
+            let ports = procs::free_ports(n_nodes + 2)?;
+            (ports[0], ports[1], ports[2..].to_vec())
+        }
+    };
+
+    let mut nodes: Vec<NodeStatus> = node_ports
+        .iter()
+        .enumerate()
+        .map(|(i, &port)| {
+            let name = format!("node{}", i + 1);
+            NodeStatus {
+                address: format!("127.0.0.1:{port}"),
+                port,
+                role: if i == 0 { "primary" } else { "replica" }.to_string(),
+                pid: None,
+                alive: false,
+                socket: dir.join(format!("{name}.sock")),
+                datadir: dir.join(&name),
+                name,
+            }
+        })
+        .collect();
+    let datadirs: Vec<&Path> = nodes.iter().map(|n| n.datadir.as_path()).collect();
+    template::copy_to(&template, &datadirs)?;
+
+    // Kills whatever we started if anything below fails.
+    let mut guard = KillGuard(Vec::new());
+    start_nodes(&launch, &mut nodes, opts.base_port.is_none(), &mut guard)?;
+    tracing::debug!(elapsed = ?started.elapsed(), "lab nodes ready");
+
+    let ed25519 = configure(&nodes)?;
+    tracing::debug!(elapsed = ?started.elapsed(), "lab configured");
+
+    let st = LabStatus {
+        dir: dir.to_path_buf(),
+        proxy: format!("127.0.0.1:{proxy_port}"),
+        admin: format!("127.0.0.1:{admin_port}"),
+        app_user: APP_USER.into(),
+        app_password: APP_PASSWORD.into(),
+        database: DATABASE.into(),
+        monitor_user: MONITOR_USER.into(),
+        monitor_password: MONITOR_PASSWORD.into(),
+        ed25519_user: ed25519.then(|| ED25519_USER.into()),
+        ed25519_password: ed25519.then(|| ED25519_PASSWORD.into()),
+        config: dir.join(CONFIG_FILE),
+        nodes,
+    };
+    write_config(&st)?;
+    write_status(&st)?;
+    guard.0.clear();
+    Ok(st)
+}
+
+fn restart_existing(dir: &Path, opts: &LabOptions) -> Result<LabStatus> {
+    let mut st = status(dir)?;
+    if let Some(n) = st.nodes.iter().find(|n| n.alive) {
+        bail!(
+            "{} already holds a running lab ({} is up, pid {}); use it, or stop it with \
+             `holdfast lab down --dir {}`",
+            dir.display(),
+            n.name,
+            n.pid.unwrap_or_default(),
+            dir.display()
+        );
+    }
+    let launch = read_launch(dir)?;
+    if launch.replicas != opts.replicas {
+        bail!(
+            "{} holds a stopped lab with {} replica(s), not {}; start it with --replicas {} \
+             or delete it with `holdfast lab down --dir {} --purge`",
+            dir.display(),
+            launch.replicas,
+            opts.replicas,
+            launch.replicas,
+            dir.display()
+        );
+    }
+    if let Some(base) = opts.base_port {
+        let want = base + NODE_PORT_OFFSET;
+        if st.nodes[0].port != want {
+            bail!(
+                "{} holds a stopped lab whose node1 uses port {}, not {want} (base port {base}); \
+                 its ports cannot change — delete it with --purge to start over",
+                dir.display(),
+                st.nodes[0].port
+            );
+        }
+    }
+    let mut guard = KillGuard(Vec::new());
+    start_nodes(&launch, &mut st.nodes, false, &mut guard)?;
+    wait_replicas_caught_up(&st.nodes)?;
+    write_status(&st)?;
+    guard.0.clear();
+    Ok(st)
+}
+
+/// Kills the recorded pids on drop unless disarmed (cleared).
+struct KillGuard(Vec<u32>);
+
+impl Drop for KillGuard {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            let _ = procs::kill_now(pid);
+        }
+    }
+}
+
+/// Spawns every node, then waits for each. With `auto_ports`, a node whose port was taken
+/// in the meantime is retried on a fresh free port.
+fn start_nodes(
+    launch: &LaunchInfo,
+    nodes: &mut [NodeStatus],
+    auto_ports: bool,
+    guard: &mut KillGuard,
+) -> Result<()> {
+    let mut spawned = Vec::with_capacity(nodes.len());
+    for node in nodes.iter() {
+        let log_len = fs::metadata(node.error_log()).map(|m| m.len()).unwrap_or(0);
+        let pid = spawn_node(launch, node)?;
+        guard.0.push(pid);
+        spawned.push((pid, log_len));
+    }
+    for (node, (mut pid, mut log_len)) in nodes.iter_mut().zip(spawned) {
+        let mut attempt = 1;
+        loop {
+            match wait_ready(node, pid) {
+                Ok(()) => break,
+                Err(e) if auto_ports && attempt < 5 && port_conflict(node, log_len) => {
+                    attempt += 1;
+                    let port = procs::free_ports(1)?[0];
+                    tracing::info!(node = %node.name, old = node.port, new = port, "port taken; retrying");
+                    node.port = port;
+                    node.address = format!("127.0.0.1:{port}");
+                    log_len = fs::metadata(node.error_log()).map(|m| m.len()).unwrap_or(0);
+                    pid = spawn_node(launch, node)?;
+                    guard.0.push(pid);
+                    let _ = e;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        node.pid = Some(pid);
+        node.alive = true;
+    }
+    Ok(())
+}
+
+fn port_conflict(node: &NodeStatus, log_offset: u64) -> bool {
+    let Ok(bytes) = fs::read(node.error_log()) else {
+        return false;
+    };
+    let start = usize::try_from(log_offset).unwrap_or(0).min(bytes.len());
+    let text = String::from_utf8_lossy(&bytes[start..]);
+    text.contains("Address already in use")
+        || text.contains("Can't start server: Bind on TCP/IP port")
+}
+
+/// The `mariadbd` command line of a node.
+fn node_args(launch: &LaunchInfo, node: &NodeStatus) -> Result<Vec<String>> {
+    let index = node.index()?;
+    let mut args = vec![
+        "--no-defaults".to_string(),
+        format!("--datadir={}", node.datadir.display()),
+        format!("--port={}", node.port),
+        "--bind-address=127.0.0.1".into(),
+        format!("--socket={}", node.socket.display()),
+        format!("--pid-file={}", node.pid_file().display()),
+        format!("--log-error={}", node.error_log().display()),
+        format!("--server-id={index}"),
+        "--log-bin=mysql-bin".into(),
+        "--log-slave-updates".into(),
+        "--binlog-format=ROW".into(),
+        "--gtid-strict-mode=ON".into(),
+        "--user=root".into(),
+        "--skip-name-resolve".into(),
+        "--innodb-buffer-pool-size=128M".into(),
+        format!("--innodb-log-file-size={}", template::INNODB_LOG_FILE_SIZE),
+        "--max-connections=2000".into(),
+        "--innodb-flush-log-at-trx-commit=2".into(),
+        "--sync-binlog=0".into(),
+    ];
+    if !node.is_primary() {
+        args.push("--read-only=ON".into());
+    }
+    args.extend(launch.extra_server_args.iter().cloned());
+    Ok(args)
+}
+
+fn spawn_node(launch: &LaunchInfo, node: &NodeStatus) -> Result<u32> {
+    // A socket left by a killed server would make the readiness probe fail confusingly.
+    let _ = fs::remove_file(&node.socket);
+    let args = node_args(launch, node)?;
+    let mut cmd = Command::new(&launch.mariadbd);
+    cmd.args(&args);
+    procs::spawn_detached(&mut cmd, Some(&node.error_log()))
+        .with_context(|| format!("starting {} for {}", launch.mariadbd.display(), node.name))
+}
+
+/// Waits until the node's socket serves a MySQL greeting (protocol version 10).
+fn wait_ready(node: &NodeStatus, pid: u32) -> Result<()> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        if greeting_ok(&node.socket) {
+            return Ok(());
+        }
+        if !procs::is_alive(pid) {
+            bail!(
+                "{} (mariadbd pid {pid}, port {}) exited during startup; last lines of {}:\n{}",
+                node.name,
+                node.port,
+                node.error_log().display(),
+                procs::tail_file(&node.error_log(), 15)
+            );
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "{} (pid {pid}) did not accept connections on {} within {READY_TIMEOUT:?}; \
+                 last lines of {}:\n{}",
+                node.name,
+                node.socket.display(),
+                node.error_log().display(),
+                procs::tail_file(&node.error_log(), 15)
+            );
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+fn greeting_ok(socket: &Path) -> bool {
+    let Ok(mut s) = UnixStream::connect(socket) else {
+        return false;
+    };
+    if s.set_read_timeout(Some(Duration::from_secs(2))).is_err() {
+        return false;
+    }
+    let mut head = [0u8; 5];
+    // 3-byte length, sequence id, then the protocol version byte (10) of HandshakeV10.
+    s.read_exact(&mut head).is_ok() && head[4] == 10
+}
+
+/// Accounts and replication. Returns whether the ed25519 account was created.
+fn configure(nodes: &[NodeStatus]) -> Result<bool> {
+    let primary = &nodes[0];
+    // Per node, outside the binlog: the plugin and the replication account (the replicas
+    // must be able to connect before anything else happens on the primary).
+    let prepared = in_parallel(nodes, |node| {
+        let plugin = node_sql(
+            node,
+            "SET SESSION sql_log_bin=0; INSTALL SONAME 'auth_ed25519'",
+        );
+        if let Err(e) = &plugin {
+            tracing::info!(node = %node.name, "auth_ed25519 not available: {e:#}");
+        }
+        node_sql(
+            node,
+            &format!(
+                "SET SESSION sql_log_bin=0; \
+                 CREATE USER '{REPL_USER}'@'%' IDENTIFIED BY '{REPL_PASSWORD}'; \
+                 GRANT REPLICATION SLAVE, REPLICATION SLAVE ADMIN, BINLOG MONITOR ON *.* TO '{REPL_USER}'@'%';"
+            ),
+        )?;
+        Ok(plugin.is_ok())
+    });
+    let mut ed25519 = true;
+    for r in prepared {
+        ed25519 &= r?;
+    }
+    // Only now: a replica that connects before the primary has `repl` waits a retry.
+    for r in in_parallel(&nodes[1..], |replica| {
+        node_sql(
+            replica,
+            &format!(
+                "CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={}, \
+                 MASTER_USER='{REPL_USER}', MASTER_PASSWORD='{REPL_PASSWORD}', \
+                 MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1; START SLAVE;",
+                primary.port
+            ),
+        )
+    }) {
+        r?;
+    }
+    // Everything else on the primary, binlogged, so the replicas get it by replication.
+    let mut sql = format!("CREATE DATABASE IF NOT EXISTS {DATABASE};");
+    for (user, pass, grant_option) in [
+        (APP_USER, APP_PASSWORD, " WITH GRANT OPTION"),
+        (MONITOR_USER, MONITOR_PASSWORD, ""),
+    ] {
+        for host in ["%", "localhost"] {
+            sql.push_str(&format!(
+                "CREATE USER '{user}'@'{host}' IDENTIFIED BY '{pass}'; \
+                 GRANT ALL PRIVILEGES ON *.* TO '{user}'@'{host}'{grant_option};"
+            ));
+        }
+    }
+    node_sql(primary, &sql)?;
+    if ed25519 {
+        if let Err(e) = node_sql(
+            primary,
+            &format!(
+                "CREATE USER '{ED25519_USER}'@'%' IDENTIFIED VIA ed25519 USING PASSWORD('{ED25519_PASSWORD}'); \
+                 GRANT ALL PRIVILEGES ON *.* TO '{ED25519_USER}'@'%';"
+            ),
+        ) {
+            tracing::info!("creating the ed25519 account failed: {e:#}");
+            ed25519 = false;
+        }
+    }
+    wait_replicas_caught_up(nodes)?;
+    Ok(ed25519)
+}
+
+/// Runs `f` for every node on its own thread; results in node order.
+fn in_parallel<T: Send>(
+    nodes: &[NodeStatus],
+    f: impl Fn(&NodeStatus) -> Result<T> + Sync,
+) -> Vec<Result<T>> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = nodes.iter().map(|n| s.spawn(|| f(n))).collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("setup thread panicked")))
+            })
+            .collect()
+    })
+}
+
+/// Waits (server-side, `MASTER_GTID_WAIT`) until every replica has applied the primary's
+/// current `gtid_binlog_pos`.
+fn wait_replicas_caught_up(nodes: &[NodeStatus]) -> Result<()> {
+    let Some(primary) = nodes.iter().find(|n| n.is_primary()) else {
+        return Ok(());
+    };
+    let pos = node_sql_value(primary, "SELECT @@GLOBAL.gtid_binlog_pos")?.unwrap_or_default();
+    if pos.is_empty() {
+        return Ok(());
+    }
+    for replica in nodes.iter().filter(|n| !n.is_primary()) {
+        let waited = node_sql_value(
+            replica,
+            &format!("SELECT MASTER_GTID_WAIT('{pos}', {CATCH_UP_TIMEOUT_SECS})"),
+        )?;
+        if waited.as_deref() != Some("0") {
+            let detail = node_sql_maps(replica, "SHOW SLAVE STATUS")
+                .ok()
+                .and_then(|rows| rows.into_iter().next())
+                .map(|row| {
+                    [
+                        "Slave_IO_Running",
+                        "Slave_SQL_Running",
+                        "Gtid_IO_Pos",
+                        "Last_IO_Error",
+                        "Last_SQL_Error",
+                    ]
+                    .iter()
+                    .map(|k| format!("{k}={}", row.get(*k).map(String::as_str).unwrap_or("?")))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+                })
+                .unwrap_or_else(|| "(no SHOW SLAVE STATUS row)".into());
+            bail!(
+                "{} did not reach the primary's GTID position {pos} within {CATCH_UP_TIMEOUT_SECS} s; \
+                 slave status: {detail}",
+                replica.name
+            );
+        }
+    }
+    Ok(())
+}
+
+fn refresh_node(node: &mut NodeStatus) {
+    let marker = format!("--datadir={}", node.datadir.display());
+    if let Some(pid) = node.pid {
+        if procs::is_alive_with(pid, &marker) {
+            node.alive = true;
+            return;
+        }
+    }
+    // Maybe it was (re)started by other means: trust its pid file if the process matches.
+    let from_file = fs::read_to_string(node.pid_file())
+        .ok()
+        .and_then(|t| t.trim().parse::<u32>().ok())
+        .filter(|&pid| procs::is_alive_with(pid, &marker));
+    node.pid = from_file;
+    node.alive = from_file.is_some();
+}
+
+fn stop_all(dir: &Path, hard: bool) -> Result<()> {
+    let dir = std::path::absolute(dir).with_context(|| format!("resolving {}", dir.display()))?;
+    let mut st = match status(&dir) {
+        Ok(st) => Some(st),
+        Err(e) if !dir.join(LAUNCH_FILE).exists() => return Err(e),
+        // A failed `up` leaves no lab.json; its processes were killed then.
+        Err(_) => None,
+    };
+    let mut errors = Vec::new();
+    // Helpers first: they hold connections to the nodes.
+    for aux in read_aux(&dir) {
+        if procs::is_alive_with(aux.pid, &aux.marker) {
+            let r = if hard {
+                procs::kill_now(aux.pid)
+            } else {
+                procs::terminate(aux.pid, Duration::from_secs(10))
+            };
+            if let Err(e) = r {
+                errors.push(format!("{} (pid {}): {e:#}", aux.name, aux.pid));
+            }
+        }
+    }
+    let _ = fs::remove_file(dir.join(AUX_FILE));
+    if let Some(st) = st.as_mut() {
+        let live: Vec<(String, u32)> = st
+            .nodes
+            .iter()
+            .filter(|n| n.alive)
+            .filter_map(|n| n.pid.map(|p| (n.name.clone(), p)))
+            .collect();
+        // Signal all, then wait for each: shutdowns run in parallel.
+        let sig = if hard { libc::SIGKILL } else { libc::SIGTERM };
+        for (name, pid) in &live {
+            if let Err(e) = procs::signal(*pid, sig) {
+                errors.push(format!("{name} (pid {pid}): {e:#}"));
+            }
+        }
+        let deadline = Instant::now()
+            + if hard {
+                Duration::from_secs(5)
+            } else {
+                SHUTDOWN_GRACE
+            };
+        for (name, pid) in &live {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !procs::wait_dead(*pid, left) {
+                if let Err(e) = procs::kill_now(*pid) {
+                    errors.push(format!("{name} (pid {pid}): {e:#}"));
+                }
+            }
+        }
+        for node in &mut st.nodes {
+            node.pid = None;
+            node.alive = false;
+        }
+        write_status(st)?;
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        bail!("could not stop: {}", errors.join("; "))
+    }
+}
+
+fn node_mut<'a>(st: &'a mut LabStatus, name: &str) -> Result<&'a mut NodeStatus> {
+    let dir = st.dir.display().to_string();
+    st.nodes
+        .iter_mut()
+        .find(|n| n.name == name)
+        .with_context(|| format!("the lab in {dir} has no node {name:?}"))
+}
+
+fn read_launch(dir: &Path) -> Result<LaunchInfo> {
+    let path = dir.join(LAUNCH_FILE);
+    let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+fn write_status(st: &LabStatus) -> Result<()> {
+    write_json(&st.dir.join(STATUS_FILE), st)
+}
+
+/// Writes JSON through a temp file and a rename, so readers never see half a file.
+fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let text = serde_json::to_string_pretty(value).context("serialising JSON")?;
+    write_atomic(path, &(text + "\n"))
+}
+
+fn write_atomic(path: &Path, text: &str) -> Result<()> {
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    fs::rename(&tmp, path)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+}
+
+fn toml_str(s: &str) -> String {
+    toml::Value::String(s.to_string()).to_string()
+}
+
+/// Writes `DIR/holdfast.toml` (schema of `holdfast.example.toml`).
+fn write_config(st: &LabStatus) -> Result<()> {
+    let mut out = format!(
+        "# holdfast configuration for the lab in {dir}\n\
+         # Written by `holdfast lab up`; start with: holdfast serve --config {config}\n\n\
+         [proxy]\nlisten = {proxy}\n\n\
+         [admin]\nlisten = {admin}\n\n\
+         [auth]\nmonitor_user = {mu}\nmonitor_password = {mp}\n",
+        dir = st.dir.display(),
+        config = st.config.display(),
+        proxy = toml_str(&st.proxy),
+        admin = toml_str(&st.admin),
+        mu = toml_str(&st.monitor_user),
+        mp = toml_str(&st.monitor_password),
+    );
+    for node in &st.nodes {
+        out.push_str(&format!(
+            "\n# {role}\n[[backend]]\nname = {name}\naddress = {addr}\n",
+            role = node.role,
+            name = toml_str(&node.name),
+            addr = toml_str(&node.address),
+        ));
+    }
+    // Fail here, not in holdfast, if we ever write something unparsable.
+    toml::from_str::<toml::Value>(&out).context("generated holdfast.toml does not parse")?;
+    write_atomic(&st.config, &out)
+}
+
+/// Undoes the escaping of `mariadb --batch` output.
+fn unescape_batch(field: &str) -> String {
+    if !field.contains('\\') {
+        return field.to_string();
+    }
+    let mut out = String::with_capacity(field.len());
+    let mut chars = field.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('t') => out.push('\t'),
+            Some('n') => out.push('\n'),
+            Some('0') => out.push('\0'),
+            Some('\\') => out.push('\\'),
+            Some(other) => {
+                out.push('\\');
+                out.push(other);
+            }
+            None => out.push('\\'),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unescapes_batch_fields() {
+        assert_eq!(unescape_batch(r"a\tb\nc\\d"), "a\tb\nc\\d");
+        assert_eq!(unescape_batch("plain"), "plain");
+    }
+
+    #[test]
+    fn node_args_cover_the_required_options() {
+        let launch = LaunchInfo {
+            mariadbd: "/usr/sbin/mariadbd".into(),
+            extra_server_args: vec!["--general-log=ON".into()],
+            replicas: 1,
+        };
+        let node = NodeStatus {
+            name: "node2".into(),
+            address: "127.0.0.1:3321".into(),
+            port: 3321,
+            role: "replica".into(),
+            pid: None,
+            alive: false,
+            socket: "/x/node2.sock".into(),
+            datadir: "/x/node2".into(),
+        };
+        let args = node_args(&launch, &node).unwrap();
+        for want in [
+            "--no-defaults",
+            "--server-id=2",
+            "--port=3321",
+            "--read-only=ON",
+            "--log-error=/x/node2.err",
+            "--pid-file=/x/node2.pid",
+            "--general-log=ON",
+        ] {
+            assert!(args.iter().any(|a| a == want), "missing {want} in {args:?}");
+        }
+        assert_eq!(args[0], "--no-defaults");
+    }
+
+    #[test]
+    fn refuses_a_non_empty_foreign_directory() {
+        let dir = std::env::temp_dir().join(format!("holdfast-lab-foreign-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("something"), "x").unwrap();
+        let err = up(&LabOptions::new(&dir, 0)).unwrap_err();
+        assert!(format!("{err:#}").contains("not empty"), "{err:#}");
+        assert!(purge(&dir).is_err());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

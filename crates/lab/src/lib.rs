@@ -1,0 +1,35 @@
+//! holdfast's lab: real MariaDB servers on loopback for tests, demos and benchmarks.
+//!
+//! * [`up`] / [`status`] / [`down`] manage a lab in a directory: node1 is a GTID primary,
+//!   node2… are read-only replicas of it, every node runs `mariadbd --no-defaults` with
+//!   explicit options, detached in its own session. `DIR/lab.json` records the
+//!   [`LabStatus`]; `DIR/holdfast.toml` points holdfast at the nodes.
+//! * [`TestLab`] is the same in a temp directory on free ports, torn down on drop.
+//! * [`node_sql`] runs SQL as root on a node through its unix socket.
+//! * [`LabCommand`] / [`run`] are the `holdfast lab` CLI; [`BenchArgs`] / [`run_bench`]
+//!   the `holdfast bench` comparison of direct, HAProxy and holdfast with sysbench.
+//!
+//! # Port layout
+//! With base port `P` ([`DEFAULT_BASE_PORT`] = 3310 for the CLI): holdfast's proxy
+//! listener `P`, its admin listener `P+1`, node *i* (1-based) `P+10+i-1`. Without a base
+//! port (tests) every listener gets a free port.
+//!
+//! # Speed
+//! `mariadb-install-db` runs once per server version into a cached template
+//! (`$TMPDIR/holdfast-lab-template-<version>/`); nodes get a `cp -a` of it.
+
+mod bench;
+mod cli;
+mod lab;
+pub mod mysql_client;
+mod procs;
+mod template;
+
+pub use bench::{run_bench, BenchArgs};
+pub use cli::{run, status_table, LabCommand};
+pub use lab::{
+    down, kill_node, node_sql, node_sql_maps, node_sql_value, purge, start_node, status, stop_node,
+    up, LabOptions, LabStatus, NodeStatus, TestLab, ADMIN_PORT_OFFSET, APP_PASSWORD, APP_USER,
+    DATABASE, DEFAULT_BASE_PORT, ED25519_PASSWORD, ED25519_USER, MONITOR_PASSWORD, MONITOR_USER,
+    NODE_PORT_OFFSET, PROXY_PORT_OFFSET, REPL_PASSWORD, REPL_USER,
+};

@@ -1,0 +1,187 @@
+//! The TOML configuration (see `holdfast.example.toml` for every key with comments).
+
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("invalid config {path}: {source}")]
+    Parse {
+        path: String,
+        source: toml::de::Error,
+    },
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub proxy: ProxyConfig,
+    #[serde(default)]
+    pub admin: AdminConfig,
+    #[serde(default)]
+    pub auth: AuthConfig,
+    #[serde(default, rename = "backend")]
+    pub backends: Vec<BackendConfig>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProxyConfig {
+    pub listen: String,
+    pub max_connections: usize,
+    pub max_packet_size: usize,
+    pub handshake_timeout_ms: u64,
+    pub connect_timeout_ms: u64,
+    pub server_version: String,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            listen: "127.0.0.1:6033".into(),
+            max_connections: 10_000,
+            max_packet_size: 64 << 20,
+            handshake_timeout_ms: 10_000,
+            connect_timeout_ms: 5_000,
+            server_version: String::new(),
+        }
+    }
+}
+
+impl ProxyConfig {
+    pub fn handshake_timeout(&self) -> Duration {
+        Duration::from_millis(self.handshake_timeout_ms)
+    }
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    pub listen: String,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            listen: "127.0.0.1:6034".into(),
+        }
+    }
+}
+
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    pub monitor_user: String,
+    pub monitor_password: String,
+    pub verifier_refresh_secs: u64,
+    pub verifier_miss_refresh_ms: u64,
+}
+
+impl std::fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthConfig")
+            .field("monitor_user", &self.monitor_user)
+            .field("monitor_password", &"<redacted>")
+            .field("verifier_refresh_secs", &self.verifier_refresh_secs)
+            .field("verifier_miss_refresh_ms", &self.verifier_miss_refresh_ms)
+            .finish()
+    }
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            monitor_user: "holdfast_monitor".into(),
+            monitor_password: String::new(),
+            verifier_refresh_secs: 60,
+            verifier_miss_refresh_ms: 1_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    pub name: String,
+    pub address: String,
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|source| ConfigError::Parse {
+            path: origin.to_string(),
+            source,
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.backends.is_empty() {
+            return Err(ConfigError::Invalid(
+                "no [[backend]] configured: holdfast needs at least one database node".into(),
+            ));
+        }
+        let mut names = std::collections::HashSet::new();
+        for b in &self.backends {
+            if !names.insert(&b.name) {
+                return Err(ConfigError::Invalid(format!("backend name {:?} used twice", b.name)));
+            }
+        }
+        if self.proxy.max_packet_size < 1024 {
+            return Err(ConfigError::Invalid("proxy.max_packet_size must be at least 1024".into()));
+        }
+        if self.proxy.max_connections == 0 {
+            return Err(ConfigError::Invalid("proxy.max_connections must be at least 1".into()));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_config_parses() {
+        let text = include_str!("../../../holdfast.example.toml");
+        let cfg = Config::parse(text, "example").unwrap();
+        assert_eq!(cfg.backends.len(), 1);
+        assert_eq!(cfg.proxy.max_packet_size, 64 << 20);
+    }
+
+    #[test]
+    fn unknown_keys_and_missing_backends_are_refused() {
+        assert!(Config::parse("[proxy]\nlisen = \"x\"\n[[backend]]\nname=\"a\"\naddress=\"b\"", "t").is_err());
+        assert!(Config::parse("", "t").is_err());
+    }
+
+    #[test]
+    fn debug_redacts_monitor_password() {
+        let a = AuthConfig {
+            monitor_password: "hunter2".into(),
+            ..Default::default()
+        };
+        assert!(!format!("{a:?}").contains("hunter2"));
+    }
+}

@@ -1,0 +1,280 @@
+//! The connection phase as seen by the client: holdfast's greeting, the client's login
+//! checked against the server's verifiers (or relayed), and the backend login behind it.
+
+use crate::backend::{self, BackendConn, BackendError, LoginParams};
+use crate::conn::{ConnError, PacketConn};
+use crate::errors::*;
+use crate::verifiers::Verifier;
+use crate::Shared;
+use holdfast_wire::auth::{printable_scramble, verify_native, PasswordHash, NATIVE_PASSWORD};
+use holdfast_wire::caps::*;
+use holdfast_wire::handshake::{AuthSwitch, ClientHello, Greeting, LoginRequest};
+use holdfast_wire::packets::{ok_payload, ERR_HEADER, OK_HEADER};
+use std::net::SocketAddr;
+
+/// Largest packet accepted before login completes: logins are small.
+const LOGIN_MAX_PACKET: usize = 1 << 20;
+
+pub struct LoggedIn {
+    pub backend: BackendConn,
+    pub backend_name: String,
+    pub user: String,
+    pub capabilities: u32,
+    /// `SHA1(password)` when holdfast verified the login itself; `None` with an empty
+    /// password or after a relayed login.
+    pub secret: Option<PasswordHash>,
+    pub can_reauthenticate: bool,
+    /// The scramble holdfast sent in its greeting (COM_CHANGE_USER answers are computed over it).
+    pub scramble: [u8; 20],
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoginError {
+    /// An ERR packet was sent to the client; the connection ends.
+    #[error("login refused: {0}")]
+    Refused(String),
+    #[error("client: {0}")]
+    Client(#[from] ConnError),
+}
+
+pub fn server_version(shared: &Shared) -> Vec<u8> {
+    if !shared.config.proxy.server_version.is_empty() {
+        return shared.config.proxy.server_version.as_bytes().to_vec();
+    }
+    let topo = shared.topology.borrow();
+    let v = topo
+        .primary_node()
+        .map(|n| n.version.clone())
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "10.11.0-MariaDB-holdfast".to_string());
+    // MariaDB clients recognise MariaDB by this prefix in the greeting.
+    if v.contains("MariaDB") && !v.starts_with("5.5.5-") {
+        format!("5.5.5-{v}").into_bytes()
+    } else {
+        v.into_bytes()
+    }
+}
+
+async fn refuse(
+    client: &mut PacketConn,
+    shared: &Shared,
+    seq: u8,
+    code: u16,
+    message: String,
+) -> LoginError {
+    shared.metrics.count_error(code);
+    let _ = client.write_packet(&err(code, &message), seq).await;
+    LoginError::Refused(message)
+}
+
+async fn relay_backend_err(client: &mut PacketConn, shared: &Shared, seq: u8, e: BackendError) -> LoginError {
+    match e {
+        BackendError::Server { code, payload, message, .. } => {
+            shared.metrics.count_error(code);
+            let _ = client.write_packet(&payload, seq).await;
+            LoginError::Refused(message)
+        }
+        other => {
+            shared.metrics.backend_connect_failures.inc();
+            refuse(
+                client,
+                shared,
+                seq,
+                CR_CONN_HOST_ERROR,
+                format!("holdfast: cannot open a backend connection: {other}"),
+            )
+            .await
+        }
+    }
+}
+
+/// Runs the whole connection phase. On success the client has received its OK.
+pub async fn login(shared: &Shared, client: &mut PacketConn, peer: SocketAddr, id: u32) -> Result<LoggedIn, LoginError> {
+    let scramble = printable_scramble(rand::random());
+    let greeting = Greeting {
+        server_version: server_version(shared),
+        connection_id: id,
+        scramble: scramble.to_vec(),
+        capabilities: PROXY_CAPABILITIES,
+        charset: 45,
+        status: SERVER_STATUS_AUTOCOMMIT,
+        auth_plugin: NATIVE_PASSWORD.as_bytes().to_vec(),
+    };
+    client.write_packet(&greeting.encode(), 0).await?;
+    let hello = client.read_packet(LOGIN_MAX_PACKET).await?;
+    let mut seq = hello.seq.wrapping_add(1);
+    let req = match ClientHello::parse(&hello.payload) {
+        Ok(ClientHello::Login(req)) => req,
+        Ok(ClientHello::SslRequest { .. }) => {
+            return Err(refuse(client, shared, seq, ER_HANDSHAKE_ERROR, "holdfast does not offer TLS on this listener; connect without TLS".into()).await);
+        }
+        Err(e) => {
+            return Err(refuse(client, shared, seq, ER_HANDSHAKE_ERROR, format!("Bad handshake: {e}")).await);
+        }
+    };
+    let capabilities = req.capabilities & PROXY_CAPABILITIES;
+    let user = String::from_utf8_lossy(&req.user).into_owned();
+
+    let Some(node) = shared.topology.borrow().primary_node().cloned() else {
+        return Err(refuse(client, shared, seq, CR_CONN_HOST_ERROR, "holdfast: no writable database node is available".into()).await);
+    };
+
+    let mut account = shared.verifiers.lookup(&user, peer.ip());
+    if account.is_none() {
+        let min = std::time::Duration::from_millis(shared.config.auth.verifier_miss_refresh_ms);
+        if let Ok(true) = shared.verifiers.refresh(&shared.config, &node.address, min).await {
+            account = shared.verifiers.lookup(&user, peer.ip());
+        }
+    }
+    let verifier = account.as_ref().map(|a| a.verifier());
+
+    match verifier {
+        Some(v @ (Verifier::Native(_) | Verifier::Empty)) => {
+            let native = req.auth_plugin.is_empty() || req.auth_plugin == NATIVE_PASSWORD.as_bytes();
+            let response = if native {
+                req.auth_response.clone()
+            } else if capabilities & CLIENT_PLUGIN_AUTH != 0 {
+                let switch = AuthSwitch {
+                    plugin: NATIVE_PASSWORD.as_bytes().to_vec(),
+                    data: scramble.to_vec(),
+                };
+                client.write_packet(&switch.encode(), seq).await?;
+                let answer = client.read_packet(LOGIN_MAX_PACKET).await?;
+                seq = answer.seq.wrapping_add(1);
+                answer.payload.to_vec()
+            } else {
+                return Err(refuse(client, shared, seq, ER_NOT_SUPPORTED_AUTH_MODE, "Client does not support authentication protocol requested by server; consider upgrading MariaDB client".into()).await);
+            };
+            let secret = match v {
+                Verifier::Native(stored) => verify_native(&response, &scramble, &stored),
+                _ => None,
+            };
+            let ok = match v {
+                Verifier::Native(_) => secret.is_some(),
+                _ => response.is_empty(),
+            };
+            if !ok {
+                shared.metrics.logins_failed.inc();
+                let using = if response.is_empty() { "NO" } else { "YES" };
+                let msg = format!("Access denied for user '{user}'@'{}' (using password: {using})", peer.ip());
+                tracing::info!(user = %user, client = %peer, "login refused: wrong password");
+                return Err(refuse(client, shared, seq, ER_ACCESS_DENIED_ERROR, msg).await);
+            }
+            let params = LoginParams {
+                user: &req.user,
+                secret: secret.as_ref(),
+                database: req.database.as_deref(),
+                charset: req.charset,
+                client_capabilities: capabilities,
+                attributes: &req.attributes,
+            };
+            shared.metrics.backend_connects.inc();
+            let backend = match backend::connect(&node.address, &params, shared.config.proxy.connect_timeout()).await {
+                Ok(b) => b,
+                Err(e) => return Err(relay_backend_err(client, shared, seq, e).await),
+            };
+            client.write_packet(&ok_payload(0, 0, SERVER_STATUS_AUTOCOMMIT, 0), seq).await?;
+            Ok(LoggedIn {
+                backend,
+                backend_name: node.name,
+                user,
+                capabilities,
+                secret,
+                can_reauthenticate: true,
+                scramble,
+            })
+        }
+        other => {
+            let plugin = match other {
+                Some(Verifier::Relay { plugin }) => Some(plugin),
+                _ => None,
+            };
+            let backend = relay_login(shared, client, &req, capabilities, seq, &node.address, plugin).await?;
+            Ok(LoggedIn {
+                backend,
+                backend_name: node.name,
+                user,
+                capabilities,
+                secret: None,
+                can_reauthenticate: false,
+                scramble,
+            })
+        }
+    }
+}
+
+/// The client-side name of a server auth plugin.
+fn client_plugin(server_plugin: &str) -> &str {
+    match server_plugin {
+        "ed25519" => "client_ed25519",
+        "unix_socket" | "" => NATIVE_PASSWORD,
+        p => p,
+    }
+}
+
+/// Relays the authentication exchange between the client and a backend: the client answers
+/// the backend's scramble, and holdfast never learns anything it could reuse.
+async fn relay_login(
+    shared: &Shared,
+    client: &mut PacketConn,
+    req: &LoginRequest,
+    capabilities: u32,
+    mut seq: u8,
+    addr: &str,
+    plugin: Option<String>,
+) -> Result<BackendConn, LoginError> {
+    if capabilities & CLIENT_PLUGIN_AUTH == 0 {
+        return Err(refuse(client, shared, seq, ER_NOT_SUPPORTED_AUTH_MODE, "Client does not support authentication protocol requested by server; consider upgrading MariaDB client".into()).await);
+    }
+    shared.metrics.backend_connects.inc();
+    let (mut conn, greeting) = match backend::open(addr, shared.config.proxy.connect_timeout()).await {
+        Ok(x) => x,
+        Err(e) => return Err(relay_backend_err(client, shared, seq, e).await),
+    };
+    let server_default = String::from_utf8_lossy(&greeting.auth_plugin).into_owned();
+    let plugin = client_plugin(plugin.as_deref().unwrap_or(&server_default)).to_string();
+    let switch = AuthSwitch {
+        plugin: plugin.as_bytes().to_vec(),
+        data: greeting.scramble.clone(),
+    };
+    client.write_packet(&switch.encode(), seq).await?;
+    let answer = client.read_packet(LOGIN_MAX_PACKET).await?;
+    seq = answer.seq.wrapping_add(1);
+    let backend_caps = backend::backend_capabilities(capabilities, greeting.capabilities);
+    let login = LoginRequest {
+        capabilities: backend_caps,
+        max_packet: 1 << 30,
+        charset: req.charset,
+        user: req.user.clone(),
+        auth_response: answer.payload.to_vec(),
+        database: req.database.clone(),
+        auth_plugin: plugin.into_bytes(),
+        attributes: req.attributes.clone(),
+    };
+    let backend_fail = |e: ConnError| LoginError::Refused(format!("backend connection lost during login: {e}"));
+    conn.write_packet(&login.encode(), 1).await.map_err(backend_fail)?;
+    loop {
+        let p = conn.read_packet(LOGIN_MAX_PACKET).await.map_err(backend_fail)?;
+        match p.payload.first() {
+            Some(&OK_HEADER) => {
+                client.write_packet(&ok_payload(0, 0, SERVER_STATUS_AUTOCOMMIT, 0), seq).await?;
+                return Ok(BackendConn {
+                    conn,
+                    greeting,
+                    capabilities: backend_caps,
+                });
+            }
+            Some(&ERR_HEADER) => {
+                shared.metrics.logins_failed.inc();
+                return Err(relay_backend_err(client, shared, seq, BackendError::from_err_payload(&p.payload)).await);
+            }
+            _ => {
+                // More auth data or another switch: pass it on, and the client's answer back.
+                client.write_packet(&p.payload, seq).await?;
+                let answer = client.read_packet(LOGIN_MAX_PACKET).await?;
+                seq = answer.seq.wrapping_add(1);
+                conn.write_packet(&answer.payload, p.seq.wrapping_add(1)).await.map_err(backend_fail)?;
+            }
+        }
+    }
+}

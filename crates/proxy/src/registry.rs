@@ -1,0 +1,120 @@
+//! Open sessions, for the admin API. Sessions register at login and deregister at close; the
+//! per-query updates are atomics on the session's own [`SessionInfo`].
+
+use serde::Serialize;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+pub struct SessionInfo {
+    pub id: u32,
+    pub client: SocketAddr,
+    pub started: Instant,
+    pub user: OnceLock<String>,
+    pub backend: OnceLock<String>,
+    pub can_reauthenticate: AtomicBool,
+    pub commands: AtomicU64,
+    pub status: AtomicU16,
+    /// Index into [`BLOCKERS`] + 1; 0 when the session could move.
+    pub blocker: AtomicU16,
+}
+
+pub const BLOCKERS: [&str; 7] = [
+    "open transaction",
+    "temporary table",
+    "LOCK TABLES",
+    "GET_LOCK",
+    "open cursor",
+    "pending long data",
+    "session trackers unavailable",
+];
+
+impl SessionInfo {
+    pub fn new(id: u32, client: SocketAddr) -> Self {
+        SessionInfo {
+            id,
+            client,
+            started: Instant::now(),
+            user: OnceLock::new(),
+            backend: OnceLock::new(),
+            can_reauthenticate: AtomicBool::new(false),
+            commands: AtomicU64::new(0),
+            status: AtomicU16::new(0),
+            blocker: AtomicU16::new(0),
+        }
+    }
+
+    pub fn set_blocker(&self, blocker: Option<&str>) {
+        let code = blocker
+            .and_then(|b| BLOCKERS.iter().position(|x| *x == b))
+            .map_or(0, |i| i as u16 + 1);
+        self.blocker.store(code, Ordering::Relaxed);
+    }
+
+    pub fn view(&self) -> SessionView {
+        let blocker = self.blocker.load(Ordering::Relaxed);
+        SessionView {
+            id: self.id,
+            client: self.client.to_string(),
+            user: self.user.get().cloned().unwrap_or_default(),
+            backend: self.backend.get().cloned().unwrap_or_default(),
+            age_secs: self.started.elapsed().as_secs(),
+            commands: self.commands.load(Ordering::Relaxed),
+            can_reauthenticate: self.can_reauthenticate.load(Ordering::Relaxed),
+            movable: blocker == 0,
+            blocked_by: (blocker > 0).then(|| BLOCKERS[usize::from(blocker - 1)].to_string()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionView {
+    pub id: u32,
+    pub client: String,
+    pub user: String,
+    pub backend: String,
+    pub age_secs: u64,
+    pub commands: u64,
+    pub can_reauthenticate: bool,
+    pub movable: bool,
+    pub blocked_by: Option<String>,
+}
+
+#[derive(Default)]
+pub struct SessionRegistry {
+    inner: Mutex<HashMap<u32, Arc<SessionInfo>>>,
+}
+
+impl SessionRegistry {
+    pub fn insert(&self, info: Arc<SessionInfo>) {
+        if let Ok(mut m) = self.inner.lock() {
+            m.insert(info.id, info);
+        }
+    }
+
+    pub fn remove(&self, id: u32) {
+        if let Ok(mut m) = self.inner.lock() {
+            m.remove(&id);
+        }
+    }
+
+    pub fn snapshot(&self) -> Vec<SessionView> {
+        let infos: Vec<Arc<SessionInfo>> = match self.inner.lock() {
+            Ok(m) => m.values().cloned().collect(),
+            Err(_) => Vec::new(),
+        };
+        let mut v: Vec<SessionView> = infos.iter().map(|i| i.view()).collect();
+        v.sort_by_key(|s| s.id);
+        v
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.lock().map(|m| m.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

@@ -1,0 +1,119 @@
+//! Node monitoring: which nodes answer, which is writable. Published through a watch channel
+//! so sessions read the current view without locks.
+
+use crate::backend::BackendConn;
+use crate::config::Config;
+use crate::verifiers::monitor_connect;
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct NodeState {
+    pub name: String,
+    pub address: String,
+    pub reachable: bool,
+    pub read_only: Option<bool>,
+    pub version: String,
+    pub last_error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Default, PartialEq, Eq)]
+pub struct Topology {
+    pub nodes: Vec<NodeState>,
+    /// Index into `nodes` of the writable node, if one is known.
+    pub primary: Option<usize>,
+    /// Whether the monitor has completed at least one round.
+    pub observed: bool,
+}
+
+impl Topology {
+    pub fn from_config(cfg: &Config) -> Self {
+        Topology {
+            nodes: cfg
+                .backends
+                .iter()
+                .map(|b| NodeState {
+                    name: b.name.clone(),
+                    address: b.address.clone(),
+                    reachable: false,
+                    read_only: None,
+                    version: String::new(),
+                    last_error: None,
+                })
+                .collect(),
+            primary: None,
+            observed: false,
+        }
+    }
+
+    /// Where new sessions go: the writable node, or before the monitor knows better, the
+    /// first configured node.
+    pub fn primary_node(&self) -> Option<&NodeState> {
+        match self.primary {
+            Some(i) => self.nodes.get(i),
+            None if !self.observed => self.nodes.first(),
+            None => None,
+        }
+    }
+}
+
+pub const MONITOR_INTERVAL: Duration = Duration::from_millis(1000);
+
+/// Polls every node each interval and publishes the result.
+pub async fn run_monitor(cfg: Arc<Config>, tx: watch::Sender<Arc<Topology>>) {
+    let mut conns: Vec<Option<BackendConn>> = cfg.backends.iter().map(|_| None).collect();
+    let mut ticker = tokio::time::interval(MONITOR_INTERVAL);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let mut topo = Topology::from_config(&cfg);
+        topo.observed = true;
+        for (i, node) in topo.nodes.iter_mut().enumerate() {
+            match probe(&cfg, &node.address, &mut conns[i]).await {
+                Ok((read_only, version)) => {
+                    node.reachable = true;
+                    node.read_only = Some(read_only);
+                    node.version = version;
+                }
+                Err(e) => {
+                    conns[i] = None;
+                    node.last_error = Some(e);
+                }
+            }
+        }
+        topo.primary = topo
+            .nodes
+            .iter()
+            .position(|n| n.reachable && n.read_only == Some(false));
+        let changed = tx.borrow().primary != topo.primary;
+        if changed {
+            match topo.primary_node() {
+                Some(p) => tracing::info!(node = %p.name, address = %p.address, "primary is now"),
+                None => tracing::warn!("no writable node found"),
+            }
+        }
+        if *tx.borrow().as_ref() != topo {
+            tx.send_replace(Arc::new(topo));
+        }
+    }
+}
+
+async fn probe(cfg: &Config, addr: &str, slot: &mut Option<BackendConn>) -> Result<(bool, String), String> {
+    if slot.is_none() {
+        *slot = Some(monitor_connect(cfg, addr).await.map_err(|e| e.to_string())?);
+    }
+    let Some(conn) = slot.as_mut() else {
+        return Err("no monitor connection".into());
+    };
+    let fut = conn.query("SELECT @@global.read_only, VERSION()");
+    let r = tokio::time::timeout(cfg.proxy.connect_timeout(), fut)
+        .await
+        .map_err(|_| "monitor query timed out".to_string())?
+        .map_err(|e| e.to_string())?;
+    let row = r.rows.first().ok_or("monitor query returned no row")?;
+    let read_only = row.first().cloned().flatten().unwrap_or_default();
+    let version = row.get(1).cloned().flatten().unwrap_or_default();
+    Ok((read_only == "1" || read_only.eq_ignore_ascii_case("on"), version))
+}

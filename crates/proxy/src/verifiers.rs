@@ -1,0 +1,245 @@
+//! The cache of the servers' own password verifiers, read with the monitor account.
+//!
+//! holdfast never stores a password. For `mysql_native_password` accounts the server keeps
+//! `SHA1(SHA1(password))`; with it holdfast checks a client's answer and recovers the
+//! `SHA1(password)` needed to log in to any node.
+
+use crate::backend::{self, BackendConn, LoginParams};
+use crate::config::Config;
+use arc_swap::ArcSwap;
+use holdfast_wire::auth::{parse_native_verifier, PasswordHash};
+use holdfast_wire::caps::{CLIENT_DEPRECATE_EOF, CLIENT_MULTI_RESULTS};
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Mutex;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Account {
+    pub user: String,
+    pub host: String,
+    pub plugin: String,
+    pub auth_string: String,
+}
+
+/// How holdfast can authenticate an account.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verifier {
+    /// mysql_native_password with this stored `SHA1(SHA1(password))`.
+    Native([u8; 20]),
+    /// mysql_native_password with an empty password.
+    Empty,
+    /// Another plugin: the exchange is relayed to the backend.
+    Relay { plugin: String },
+}
+
+impl Account {
+    pub fn verifier(&self) -> Verifier {
+        let plugin = if self.plugin.is_empty() {
+            "mysql_native_password"
+        } else {
+            self.plugin.as_str()
+        };
+        if plugin != "mysql_native_password" {
+            return Verifier::Relay {
+                plugin: plugin.to_string(),
+            };
+        }
+        if self.auth_string.is_empty() {
+            return Verifier::Empty;
+        }
+        match parse_native_verifier(&self.auth_string) {
+            Some(v) => Verifier::Native(v),
+            None => Verifier::Relay {
+                plugin: plugin.to_string(),
+            },
+        }
+    }
+}
+
+pub struct VerifierCache {
+    accounts: ArcSwap<HashMap<String, Vec<Account>>>,
+    last_refresh: Mutex<Option<Instant>>,
+    loaded: std::sync::atomic::AtomicBool,
+}
+
+impl Default for VerifierCache {
+    fn default() -> Self {
+        VerifierCache {
+            accounts: ArcSwap::from_pointee(HashMap::new()),
+            last_refresh: Mutex::new(None),
+            loaded: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+}
+
+/// Host pattern match as the server does it for `%` and `_` wildcards.
+fn host_matches(pattern: &str, host: &str) -> bool {
+    fn go(p: &[u8], h: &[u8]) -> bool {
+        match (p.first(), h.first()) {
+            (None, None) => true,
+            (Some(b'%'), _) => go(&p[1..], h) || (!h.is_empty() && go(p, &h[1..])),
+            (Some(b'_'), Some(_)) => go(&p[1..], &h[1..]),
+            (Some(a), Some(b)) if a.eq_ignore_ascii_case(b) => go(&p[1..], &h[1..]),
+            _ => false,
+        }
+    }
+    go(pattern.as_bytes(), host.as_bytes())
+}
+
+impl VerifierCache {
+    pub fn is_loaded(&self) -> bool {
+        self.loaded.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn account_count(&self) -> usize {
+        self.accounts.load().values().map(Vec::len).sum()
+    }
+
+    /// The account the server would pick for `user` connecting from `host`: exact host
+    /// names first, then patterns, `%` last.
+    pub fn lookup(&self, user: &str, host: IpAddr) -> Option<Account> {
+        let map = self.accounts.load();
+        let candidates = map.get(user)?;
+        let host_text = host.to_string();
+        let loopback = host.is_loopback();
+        let mut best: Option<(u8, &Account)> = None;
+        for a in candidates {
+            let rank = if a.host == host_text || (loopback && a.host == "localhost") {
+                0
+            } else if a.host == "%" {
+                2
+            } else if host_matches(&a.host, &host_text) {
+                1
+            } else {
+                continue;
+            };
+            if best.is_none_or(|(r, _)| rank < r) {
+                best = Some((rank, a));
+            }
+        }
+        best.map(|(_, a)| a.clone())
+    }
+
+    pub fn replace(&self, accounts: Vec<Account>) {
+        let mut map: HashMap<String, Vec<Account>> = HashMap::new();
+        for a in accounts {
+            map.entry(a.user.clone()).or_default().push(a);
+        }
+        self.accounts.store(Arc::new(map));
+        self.loaded.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Re-reads the verifiers unless that happened less than `min_interval` ago.
+    pub async fn refresh(&self, cfg: &Config, addr: &str, min_interval: Duration) -> Result<bool, backend::BackendError> {
+        let mut last = self.last_refresh.lock().await;
+        if let Some(t) = *last {
+            if t.elapsed() < min_interval {
+                return Ok(false);
+            }
+        }
+        *last = Some(Instant::now());
+        let accounts = load_accounts(cfg, addr).await?;
+        tracing::debug!(accounts = accounts.len(), "verifier cache refreshed");
+        self.replace(accounts);
+        Ok(true)
+    }
+}
+
+/// Logs in with the monitor account.
+pub async fn monitor_connect(cfg: &Config, addr: &str) -> Result<BackendConn, backend::BackendError> {
+    let secret = PasswordHash::from_password(cfg.auth.monitor_password.as_bytes());
+    let params = LoginParams {
+        user: cfg.auth.monitor_user.as_bytes(),
+        secret: if cfg.auth.monitor_password.is_empty() {
+            None
+        } else {
+            Some(&secret)
+        },
+        database: None,
+        charset: 45,
+        // Plain semantics: no NO_SCHEMA/IGNORE_SPACE quirks a client might have asked for.
+        client_capabilities: CLIENT_MULTI_RESULTS | CLIENT_DEPRECATE_EOF,
+        attributes: &[],
+    };
+    backend::connect(addr, &params, cfg.proxy.connect_timeout()).await
+}
+
+async fn load_accounts(cfg: &Config, addr: &str) -> Result<Vec<Account>, backend::BackendError> {
+    let mut conn = monitor_connect(cfg, addr).await?;
+    // MariaDB 10.4+ keeps accounts in mysql.global_priv; MySQL in mysql.user.
+    let result = match conn
+        .query(
+            "SELECT User, Host, JSON_VALUE(Priv, '$.plugin'), \
+             JSON_VALUE(Priv, '$.authentication_string') FROM mysql.global_priv",
+        )
+        .await
+    {
+        Ok(r) => r,
+        Err(backend::BackendError::Server { .. }) => {
+            conn.query("SELECT user, host, plugin, authentication_string FROM mysql.user")
+                .await?
+        }
+        Err(e) => return Err(e),
+    };
+    Ok(result
+        .rows
+        .into_iter()
+        .filter_map(|row| {
+            let mut it = row.into_iter();
+            Some(Account {
+                user: it.next()??,
+                host: it.next()??,
+                plugin: it.next().flatten().unwrap_or_default(),
+                auth_string: it.next().flatten().unwrap_or_default(),
+            })
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn acct(user: &str, host: &str, auth: &str) -> Account {
+        Account {
+            user: user.into(),
+            host: host.into(),
+            plugin: "mysql_native_password".into(),
+            auth_string: auth.into(),
+        }
+    }
+
+    #[test]
+    fn most_specific_host_wins() {
+        let c = VerifierCache::default();
+        c.replace(vec![
+            acct("app", "%", "*AA"),
+            acct("app", "127.0.0.%", "*BB"),
+            acct("app", "localhost", "*CC"),
+            acct("other", "%", ""),
+        ]);
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        assert_eq!(c.lookup("app", lo).unwrap().auth_string, "*CC");
+        let remote: IpAddr = "10.1.2.3".parse().unwrap();
+        assert_eq!(c.lookup("app", remote).unwrap().auth_string, "*AA");
+        assert_eq!(c.lookup("other", remote).unwrap().verifier(), Verifier::Empty);
+        assert!(c.lookup("nobody", lo).is_none());
+    }
+
+    #[test]
+    fn wildcards() {
+        assert!(host_matches("127.0.0.%", "127.0.0.1"));
+        assert!(host_matches("%", ""));
+        assert!(host_matches("10.0._.1", "10.0.5.1"));
+        assert!(!host_matches("10.0._.1", "10.0.55.1"));
+    }
+
+    #[test]
+    fn other_plugins_are_relayed() {
+        let mut a = acct("e", "%", "abc");
+        a.plugin = "ed25519".into();
+        assert_eq!(a.verifier(), Verifier::Relay { plugin: "ed25519".into() });
+    }
+}

@@ -1,0 +1,385 @@
+//! Byte-level MySQL/MariaDB tokenizer.
+
+/// What kind of token a [`Token`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TokenKind {
+    /// A bare word: keyword or unquoted identifier (`SELECT`, `t1`, `_utf8mb4`, `1abc`).
+    Word,
+    /// A quoted string literal, including its quotes and any prefix: `'a'`, `"a"`,
+    /// `N'a'`, `X'0F'`, `B'01'`, `_utf8mb4'a'`.
+    String,
+    /// A backquoted identifier, including the backquotes: `` `my table` ``.
+    QuotedIdent,
+    /// A numeric literal: `1`, `1.5`, `.5`, `1e-3`, `0x1F`, `0b101`.
+    Number,
+    /// A user variable, including the `@`: `@a`, `@'a b'`, `` @`a` ``.
+    UserVar,
+    /// A system variable, including the `@@` and any scope: `@@x`, `@@session.x`.
+    SysVar,
+    /// An operator or punctuation: one byte, or one of `:=`, `<=>`, `<=`, `>=`, `<>`, `!=`,
+    /// `<<`, `>>`, `&&`, `||`, `->`, `->>`.
+    Punct,
+}
+
+/// One token of SQL text, borrowing from the input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Token<'a> {
+    /// The token's kind.
+    pub kind: TokenKind,
+    /// The token's raw bytes, exactly as they appear in the input.
+    pub text: &'a [u8],
+    /// Byte offset of the token's first byte in the input.
+    pub offset: usize,
+}
+
+impl<'a> Token<'a> {
+    /// Byte offset just past the token's last byte.
+    pub const fn end(&self) -> usize {
+        self.offset + self.text.len()
+    }
+
+    /// True for a [`TokenKind::Word`] equal to `keyword`, ignoring ASCII case.
+    pub fn is_word(&self, keyword: &str) -> bool {
+        self.kind == TokenKind::Word && self.text.eq_ignore_ascii_case(keyword.as_bytes())
+    }
+
+    /// True for a [`TokenKind::Punct`] whose text is exactly `punct`.
+    pub fn is_punct(&self, punct: &str) -> bool {
+        self.kind == TokenKind::Punct && self.text == punct.as_bytes()
+    }
+
+    /// The identifier a word or backquoted identifier names: the word itself, or the
+    /// bytes between the backquotes (doubled backquotes are left as they are).
+    pub fn ident(&self) -> Option<&'a [u8]> {
+        match self.kind {
+            TokenKind::Word => Some(self.text),
+            TokenKind::QuotedIdent => {
+                let inner = self.text.get(1..)?;
+                Some(inner.strip_suffix(b"`").unwrap_or(inner))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Tokenizer over SQL text, yielding [`Token`]s and skipping whitespace and comments.
+///
+/// The content of executable comments (`/*! ... */`, `/*!50100 ... */`, `/*M! ... */`,
+/// `/*M!100100 ... */`) is tokenized as ordinary SQL, whatever the version number: the
+/// lexer does not know the server's version, and treating the text as code is the
+/// conservative choice for classification. Optimizer hints (`/*+ ... */`) are comments.
+///
+/// Backslash escapes in strings are honoured (the server's default, i.e. no
+/// `NO_BACKSLASH_ESCAPES`), and `"` quotes strings (no `ANSI_QUOTES`).
+///
+/// An unterminated string, identifier or comment ends the token stream; see
+/// [`Lexer::is_unterminated`]. The lexer never panics and always makes progress.
+#[derive(Debug, Clone)]
+pub struct Lexer<'a> {
+    src: &'a [u8],
+    pos: usize,
+    in_exec_comment: bool,
+    unterminated: bool,
+}
+
+impl<'a> Lexer<'a> {
+    /// Starts tokenizing `src` from its beginning.
+    pub const fn new(src: &'a [u8]) -> Self {
+        Lexer {
+            src,
+            pos: 0,
+            in_exec_comment: false,
+            unterminated: false,
+        }
+    }
+
+    /// Byte offset of the next byte the lexer will look at.
+    pub const fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// True once the lexer stopped at an unterminated string, quoted identifier or
+    /// comment (the rest of the input was not tokenized).
+    pub const fn is_unterminated(&self) -> bool {
+        self.unterminated
+    }
+
+    fn peek_at(&self, i: usize) -> Option<u8> {
+        self.src.get(i).copied()
+    }
+
+    /// Stops the token stream for good.
+    fn stop_unterminated(&mut self) -> Option<Token<'a>> {
+        self.pos = self.src.len();
+        self.unterminated = true;
+        None
+    }
+
+    fn token(&mut self, kind: TokenKind, start: usize, end: usize) -> Option<Token<'a>> {
+        self.pos = end;
+        Some(Token {
+            kind,
+            text: &self.src[start..end],
+            offset: start,
+        })
+    }
+
+    /// Skips whitespace and comments. Returns false if an unterminated comment was hit.
+    fn skip_trivia(&mut self) -> bool {
+        let src = self.src;
+        while let Some(&c) = src.get(self.pos) {
+            match c {
+                b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c => self.pos += 1,
+                b'#' => self.pos = line_end(src, self.pos),
+                b'-' if src.get(self.pos + 1) == Some(&b'-')
+                    && src.get(self.pos + 2).is_none_or(|&c| c <= b' ') =>
+                {
+                    self.pos = line_end(src, self.pos)
+                }
+                b'/' if src.get(self.pos + 1) == Some(&b'*') => {
+                    let body = self.pos + 2;
+                    let exec_marker = match (src.get(body), src.get(body + 1)) {
+                        (Some(b'!'), _) => Some(body + 1),
+                        (Some(b'M' | b'm'), Some(b'!')) => Some(body + 2),
+                        _ => None,
+                    };
+                    match exec_marker {
+                        // A nested `/*!` inside an executable comment is not special.
+                        Some(after) if !self.in_exec_comment => {
+                            self.in_exec_comment = true;
+                            self.pos = skip_version(src, after);
+                        }
+                        _ => match find_comment_end(src, body) {
+                            Some(end) => self.pos = end,
+                            None => return false,
+                        },
+                    }
+                }
+                b'*' if self.in_exec_comment && src.get(self.pos + 1) == Some(&b'/') => {
+                    self.in_exec_comment = false;
+                    self.pos += 2;
+                }
+                _ => break,
+            }
+        }
+        true
+    }
+
+    /// Lexes a quoted run starting at `start` (which holds the quote byte) and returns the
+    /// offset just past the closing quote, or `None` if it is unterminated.
+    fn quoted_end(&self, start: usize, backslash: bool) -> Option<usize> {
+        let src = self.src;
+        let quote = *src.get(start)?;
+        let mut i = start + 1;
+        loop {
+            let c = *src.get(i)?;
+            if c == b'\\' && backslash {
+                i += 2;
+            } else if c == quote {
+                if src.get(i + 1) == Some(&quote) {
+                    i += 2;
+                } else {
+                    return Some(i + 1);
+                }
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn lex_quoted(&mut self, kind: TokenKind, start: usize, quote_at: usize) -> Option<Token<'a>> {
+        let backslash = self.src.get(quote_at) != Some(&b'`');
+        match self.quoted_end(quote_at, backslash) {
+            Some(end) => self.token(kind, start, end),
+            None => self.stop_unterminated(),
+        }
+    }
+
+    fn lex_number(&mut self, start: usize) -> Option<Token<'a>> {
+        let src = self.src;
+        let mut i = start;
+        let radix_prefix: Option<fn(&u8) -> bool> = match (src.get(i), src.get(i + 1)) {
+            (Some(b'0'), Some(b'x' | b'X')) => Some(u8::is_ascii_hexdigit),
+            (Some(b'0'), Some(b'b' | b'B')) => Some(is_bin_digit),
+            _ => None,
+        };
+        let mut fractional = false;
+        match radix_prefix {
+            Some(digit) if src.get(i + 2).is_some_and(digit) => {
+                i += 2;
+                while src.get(i).is_some_and(digit) {
+                    i += 1;
+                }
+            }
+            _ => {
+                i = skip_digits(src, i);
+                if src.get(i) == Some(&b'.') {
+                    fractional = true;
+                    i = skip_digits(src, i + 1);
+                }
+                if matches!(src.get(i), Some(b'e' | b'E')) {
+                    let mut j = i + 1;
+                    if matches!(src.get(j), Some(b'+' | b'-')) {
+                        j += 1;
+                    }
+                    if src.get(j).is_some_and(u8::is_ascii_digit) {
+                        fractional = true;
+                        i = skip_digits(src, j);
+                    }
+                }
+            }
+        }
+        // MySQL identifiers may begin with digits (`1abc`, `0xyz`).
+        if !fractional && src.get(i).is_some_and(|&c| is_ident_byte(c)) {
+            return self.token(TokenKind::Word, start, skip_ident(src, i));
+        }
+        self.token(TokenKind::Number, start, i)
+    }
+
+    fn lex_variable(&mut self, start: usize) -> Option<Token<'a>> {
+        let src = self.src;
+        if src.get(start + 1) == Some(&b'@') {
+            let mut i = start + 2;
+            while src.get(i).is_some_and(|&c| is_ident_byte(c) || c == b'.') {
+                i += 1;
+            }
+            // `@@session.`x`` style: a backquoted name after the scope.
+            if src.get(i) == Some(&b'`') {
+                return self.lex_quoted(TokenKind::SysVar, start, i);
+            }
+            return self.token(TokenKind::SysVar, start, i);
+        }
+        match src.get(start + 1) {
+            Some(b'\'' | b'"' | b'`') => self.lex_quoted(TokenKind::UserVar, start, start + 1),
+            Some(&c) if is_var_byte(c) => {
+                let mut i = start + 1;
+                while src.get(i).is_some_and(|&c| is_var_byte(c)) {
+                    i += 1;
+                }
+                self.token(TokenKind::UserVar, start, i)
+            }
+            _ => self.token(TokenKind::Punct, start, start + 1),
+        }
+    }
+
+    fn lex_word(&mut self, start: usize) -> Option<Token<'a>> {
+        let src = self.src;
+        let end = skip_ident(src, start);
+        let word = &src[start..end];
+        let quote = src.get(end).copied();
+        let introducer = match quote {
+            Some(b'\'') => {
+                matches!(word, [b'n' | b'N' | b'x' | b'X' | b'b' | b'B'])
+                    || word.first() == Some(&b'_')
+            }
+            Some(b'"') => word.first() == Some(&b'_'),
+            _ => false,
+        };
+        if introducer {
+            return self.lex_quoted(TokenKind::String, start, end);
+        }
+        self.token(TokenKind::Word, start, end)
+    }
+
+    fn lex_punct(&mut self, start: usize) -> Option<Token<'a>> {
+        let src = self.src;
+        let rest = &src[start..];
+        let len = match rest {
+            [b'<', b'=', b'>', ..] | [b'-', b'>', b'>', ..] => 3,
+            [b':' | b'<' | b'>' | b'!', b'=', ..]
+            | [b'<', b'>' | b'<', ..]
+            | [b'>', b'>', ..]
+            | [b'&', b'&', ..]
+            | [b'|', b'|', ..]
+            | [b'-', b'>', ..] => 2,
+            _ => 1,
+        };
+        self.token(TokenKind::Punct, start, start + len)
+    }
+}
+
+impl<'a> Iterator for Lexer<'a> {
+    type Item = Token<'a>;
+
+    fn next(&mut self) -> Option<Token<'a>> {
+        if !self.skip_trivia() {
+            return self.stop_unterminated();
+        }
+        let start = self.pos;
+        let c = self.peek_at(start)?;
+        match c {
+            b'\'' | b'"' => self.lex_quoted(TokenKind::String, start, start),
+            b'`' => self.lex_quoted(TokenKind::QuotedIdent, start, start),
+            b'@' => self.lex_variable(start),
+            b'0'..=b'9' => self.lex_number(start),
+            // `.5` is a number, but `t.5` is a qualified name.
+            b'.' if self.peek_at(start + 1).is_some_and(|c| c.is_ascii_digit())
+                && !start
+                    .checked_sub(1)
+                    .and_then(|p| self.peek_at(p))
+                    .is_some_and(|p| is_ident_byte(p) || p == b'`') =>
+            {
+                self.lex_number(start)
+            }
+            c if is_ident_byte(c) => self.lex_word(start),
+            _ => self.lex_punct(start),
+        }
+    }
+}
+
+impl std::iter::FusedIterator for Lexer<'_> {}
+
+/// Bytes that may appear in an unquoted identifier (any non-ASCII byte counts, so UTF-8
+/// names stay whole).
+pub(crate) const fn is_ident_byte(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80
+}
+
+/// Bytes of an unquoted user variable name: identifier bytes plus `.`.
+const fn is_var_byte(c: u8) -> bool {
+    is_ident_byte(c) || c == b'.'
+}
+
+fn skip_ident(src: &[u8], mut i: usize) -> usize {
+    while src.get(i).is_some_and(|&c| is_ident_byte(c)) {
+        i += 1;
+    }
+    i
+}
+
+fn is_bin_digit(c: &u8) -> bool {
+    matches!(c, b'0' | b'1')
+}
+
+fn skip_digits(src: &[u8], mut i: usize) -> usize {
+    while src.get(i).is_some_and(u8::is_ascii_digit) {
+        i += 1;
+    }
+    i
+}
+
+/// Offset of the `\n` ending the line that contains `from`, or the end of input.
+fn line_end(src: &[u8], from: usize) -> usize {
+    src.get(from..)
+        .and_then(|rest| rest.iter().position(|&c| c == b'\n'))
+        .map_or(src.len(), |p| from + p)
+}
+
+/// Offset just past the `*/` closing a comment whose body starts at `from`.
+fn find_comment_end(src: &[u8], from: usize) -> Option<usize> {
+    let rest = src.get(from..)?;
+    rest.windows(2)
+        .position(|w| w == b"*/")
+        .map(|p| from + p + 2)
+}
+
+/// Skips the 5- or 6-digit server version after `/*!` or `/*M!`. Other digit runs are
+/// left alone: they are part of the code (`/*!1*/`).
+fn skip_version(src: &[u8], from: usize) -> usize {
+    let end = skip_digits(src, from);
+    if matches!(end - from, 5 | 6) {
+        end
+    } else {
+        from
+    }
+}

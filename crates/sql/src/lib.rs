@@ -1,0 +1,50 @@
+//! A byte-level SQL lexer and statement classifier for the MySQL/MariaDB dialects.
+//!
+//! The proxy runs this on every `COM_QUERY`, so it is built to be cheap and robust rather
+//! than complete: there is no parser, no regex and no allocation, just a single pass over
+//! the tokens with a few keywords of look-ahead. Any input is accepted — arbitrary bytes,
+//! invalid UTF-8, unterminated strings or comments — and nothing panics.
+//!
+//! - [`classify`] sums up a query text as [`Classification`] flags: does it only read,
+//!   does it change session state, start or end a transaction, take locks...
+//! - [`split_statements`] finds the statements of a multi-statement text.
+//! - [`Lexer`] is the underlying tokenizer, for callers that need more.
+//!
+//! ```
+//! use holdfast_sql::{classify, Classification};
+//!
+//! assert!(classify(b"SELECT * FROM t").is_read_only());
+//! let c = classify(b"/*!40101 SET NAMES utf8mb4 */; SELECT 1");
+//! assert!(c.has(Classification::SET_SESSION_VAR | Classification::MULTI));
+//! assert!(!c.is_read_only());
+//! ```
+//!
+//! Classification is a heuristic: it errs towards reporting effects (a versioned comment
+//! is treated as code whatever its version, unknown statements are writes), but it
+//! cannot see inside stored procedures, stored functions or prepared statement text.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod classify;
+mod keyword;
+mod lexer;
+mod split;
+
+#[cfg(test)]
+mod tests;
+
+pub use classify::{classify, first_keyword, Classification};
+pub use lexer::{Lexer, Token, TokenKind};
+pub use split::Statements;
+
+/// Iterates over the statements in a multi-statement text, yielding their byte ranges in
+/// `sql` without the `;` and trimmed of surrounding whitespace; statements holding no
+/// token (empty, or only comments) are skipped.
+///
+/// `;` separates statements only outside strings, quoted identifiers and comments, and
+/// outside the body of compound statements (`CREATE PROCEDURE ... BEGIN ...; ...; END`),
+/// which the server treats as one statement.
+pub fn split_statements(sql: &[u8]) -> Statements<'_> {
+    Statements::new(sql)
+}

@@ -1,0 +1,991 @@
+use crate::{classify, first_keyword, split_statements, Classification as C, Lexer, TokenKind};
+
+/// Classifies `sql` and checks the flags are exactly `expected`.
+#[track_caller]
+fn assert_flags(sql: &str, expected: C) {
+    let got = classify(sql.as_bytes());
+    assert_eq!(got, expected, "{sql:?}: got {got}, expected {expected}");
+}
+
+/// Checks every flag of `expected` is set (others may be too).
+#[track_caller]
+fn assert_has(sql: &str, expected: C) {
+    let got = classify(sql.as_bytes());
+    assert!(
+        got.has(expected),
+        "{sql:?}: got {got}, expected at least {expected}"
+    );
+}
+
+#[track_caller]
+fn assert_lacks(sql: &str, unexpected: C) {
+    let got = classify(sql.as_bytes());
+    assert!(
+        !got.intersects(unexpected),
+        "{sql:?}: got {got}, should not have {unexpected}"
+    );
+}
+
+fn tokens(sql: &str) -> Vec<(TokenKind, &str)> {
+    Lexer::new(sql.as_bytes())
+        .map(|t| {
+            (
+                t.kind,
+                std::str::from_utf8(t.text).expect("test input is UTF-8"),
+            )
+        })
+        .collect()
+}
+
+fn statements(sql: &str) -> Vec<&str> {
+    split_statements(sql.as_bytes()).map(|r| &sql[r]).collect()
+}
+
+// ---------------------------------------------------------------- lexer
+
+#[test]
+fn lexes_words_numbers_and_punctuation() {
+    use TokenKind::*;
+    assert_eq!(
+        tokens("SELECT a1, 1.5e3 FROM t WHERE x<=>.5 AND y:=0x1F|| z->>'$.a'"),
+        vec![
+            (Word, "SELECT"),
+            (Word, "a1"),
+            (Punct, ","),
+            (Number, "1.5e3"),
+            (Word, "FROM"),
+            (Word, "t"),
+            (Word, "WHERE"),
+            (Word, "x"),
+            (Punct, "<=>"),
+            (Number, ".5"),
+            (Word, "AND"),
+            (Word, "y"),
+            (Punct, ":="),
+            (Number, "0x1F"),
+            (Punct, "||"),
+            (Word, "z"),
+            (Punct, "->>"),
+            (String, "'$.a'"),
+        ]
+    );
+    assert_eq!(tokens("1abc t.5 0b101 0xyz"), {
+        vec![
+            (Word, "1abc"),
+            (Word, "t"),
+            (Punct, "."),
+            (Number, "5"),
+            (Number, "0b101"),
+            (Word, "0xyz"),
+        ]
+    });
+}
+
+#[test]
+fn lexes_strings_and_quoted_identifiers() {
+    use TokenKind::*;
+    assert_eq!(
+        tokens(r#"'it''s' "a\"b" 'back\\' `we``ird` _utf8mb4'x' N'y' X'0F' b'01' _latin1"z""#),
+        vec![
+            (String, "'it''s'"),
+            (String, r#""a\"b""#),
+            (String, r"'back\\'"),
+            (QuotedIdent, "`we``ird`"),
+            (String, "_utf8mb4'x'"),
+            (String, "N'y'"),
+            (String, "X'0F'"),
+            (String, "b'01'"),
+            (String, "_latin1\"z\""),
+        ]
+    );
+    // A backslash does not escape inside backquotes.
+    assert_eq!(tokens(r"`a\` x"), vec![(QuotedIdent, r"`a\`"), (Word, "x")]);
+}
+
+#[test]
+fn lexes_variables() {
+    use TokenKind::*;
+    assert_eq!(
+        tokens("@a @a.b_c$ @'q v' @\"d\" @`e` @@x @@session.sql_mode @@GLOBAL.y 'u'@'h' @"),
+        vec![
+            (UserVar, "@a"),
+            (UserVar, "@a.b_c$"),
+            (UserVar, "@'q v'"),
+            (UserVar, "@\"d\""),
+            (UserVar, "@`e`"),
+            (SysVar, "@@x"),
+            (SysVar, "@@session.sql_mode"),
+            (SysVar, "@@GLOBAL.y"),
+            (String, "'u'"),
+            (UserVar, "@'h'"),
+            (Punct, "@"),
+        ]
+    );
+}
+
+#[test]
+fn lexer_skips_comments() {
+    use TokenKind::*;
+    let sql = "a -- c1\nb #c2\nc /* c3 */ d --e /*+ hint */ f --\tg\n--";
+    assert_eq!(
+        tokens(sql),
+        vec![
+            (Word, "a"),
+            (Word, "b"),
+            (Word, "c"),
+            (Word, "d"),
+            (Punct, "-"),
+            (Punct, "-"),
+            (Word, "e"),
+            (Word, "f")
+        ]
+    );
+}
+
+#[test]
+fn lexer_reads_executable_comments_as_code() {
+    use TokenKind::*;
+    assert_eq!(
+        tokens("/*!40101 SET x */"),
+        vec![(Word, "SET"), (Word, "x")]
+    );
+    assert_eq!(tokens("/*!SET*/ a"), vec![(Word, "SET"), (Word, "a")]);
+    assert_eq!(tokens("/*M!100100 b */c"), vec![(Word, "b"), (Word, "c")]);
+    assert_eq!(tokens("/*m! d*/"), vec![(Word, "d")]);
+    assert_eq!(tokens("/*!800001 e */"), vec![(Word, "e")]);
+    // Not a 5 or 6 digit version: the digits are code.
+    assert_eq!(tokens("/*!1 */"), vec![(Number, "1")]);
+    // Comments and strings inside executable comments.
+    assert_eq!(
+        tokens("/*!40101 f /* g */ 'h */' */ i"),
+        vec![(Word, "f"), (String, "'h */'"), (Word, "i")]
+    );
+    // Outside an executable comment, `*/` is just punctuation.
+    assert_eq!(
+        tokens("j */"),
+        vec![(Word, "j"), (Punct, "*"), (Punct, "/")]
+    );
+}
+
+#[test]
+fn lexer_stops_at_unterminated_input() {
+    for sql in [
+        "SELECT 'abc",
+        "SELECT \"abc\\",
+        "SELECT `abc",
+        "SELECT /* abc",
+        "SELECT @'a",
+        "SELECT N'",
+        "/*!40101 /*",
+    ] {
+        let mut lexer = Lexer::new(sql.as_bytes());
+        assert!(
+            lexer.next().is_some_and(|t| t.is_word("select")) || sql.starts_with("/*!"),
+            "{sql}"
+        );
+        assert_eq!(lexer.by_ref().count(), 0, "{sql}");
+        assert!(lexer.is_unterminated(), "{sql}");
+        assert_eq!(lexer.next(), None);
+    }
+    let mut lexer = Lexer::new(b"SELECT 'ok' -- trailing");
+    assert_eq!(lexer.by_ref().count(), 2);
+    assert!(!lexer.is_unterminated());
+}
+
+#[test]
+fn token_helpers() {
+    let toks: Vec<_> = Lexer::new(b"  sElEcT `a``b`").collect();
+    assert!(toks[0].is_word("SELECT"));
+    assert_eq!((toks[0].offset, toks[0].end()), (2, 8));
+    assert_eq!(toks[1].ident(), Some(&b"a``b"[..]));
+    assert_eq!(toks[0].ident(), Some(&b"sElEcT"[..]));
+}
+
+// ---------------------------------------------------------------- splitting
+
+#[test]
+fn splits_statements() {
+    assert_eq!(
+        statements("SELECT 1; SELECT 2"),
+        vec!["SELECT 1", "SELECT 2"]
+    );
+    assert_eq!(statements(" ;; SELECT 1 ;\n ; -- c\n;"), vec!["SELECT 1"]);
+    assert_eq!(
+        statements("SELECT ';' ; SELECT \";\" # ;\n; SELECT `;`"),
+        vec!["SELECT ';'", "SELECT \";\" # ;", "SELECT `;`"]
+    );
+    assert_eq!(statements("/* a; */ SELECT 1"), vec!["/* a; */ SELECT 1"]);
+    assert_eq!(statements(""), Vec::<&str>::new());
+    assert_eq!(statements("/* only a comment */"), Vec::<&str>::new());
+    assert_eq!(
+        statements("SELECT 'unterminated; SELECT 2"),
+        vec!["SELECT 'unterminated; SELECT 2"]
+    );
+}
+
+#[test]
+fn does_not_split_compound_statements() {
+    let proc = "CREATE PROCEDURE p(IN a INT) BEGIN DECLARE x INT; IF a > 0 THEN SET x = 1; ELSE SET x = 2; END IF; \
+                WHILE x < 10 DO SET x = x + 1; END WHILE; SELECT CASE WHEN x THEN 1 ELSE 2 END; \
+                lbl: LOOP LEAVE lbl; END LOOP; SELECT REPEAT('a', 2); END";
+    assert_eq!(
+        statements(&format!("{proc}; SELECT 2")),
+        vec![proc, "SELECT 2"]
+    );
+
+    let trigger = "CREATE DEFINER=`root`@`%` TRIGGER tr BEFORE INSERT ON t FOR EACH ROW BEGIN SET NEW.a = 1; END";
+    assert_eq!(
+        statements(&format!("{trigger};DO 1")),
+        vec![trigger, "DO 1"]
+    );
+
+    let anon = "BEGIN NOT ATOMIC DECLARE i INT DEFAULT 0; REPEAT SET i = i + 1; UNTIL i > 3 END REPEAT; END";
+    assert_eq!(
+        statements(&format!("{anon}; SELECT 1")),
+        vec![anon, "SELECT 1"]
+    );
+
+    let top_if = "IF @a > 1 THEN SELECT 1; ELSE SELECT 2; END IF";
+    assert_eq!(
+        statements(&format!("{top_if}; SELECT 3")),
+        vec![top_if, "SELECT 3"]
+    );
+
+    // A routine whose body is a single statement, and a table named like a keyword.
+    assert_eq!(
+        statements("CREATE PROCEDURE p() SELECT 1; SELECT 2").len(),
+        2
+    );
+    assert_eq!(
+        statements("CREATE TABLE event (begin INT); SELECT 2").len(),
+        2
+    );
+    assert_eq!(statements("BEGIN; SELECT 1; COMMIT").len(), 3);
+}
+
+// ---------------------------------------------------------------- classification
+
+#[test]
+fn read_only_statements() {
+    for sql in [
+        "SELECT 1",
+        "select * from t where a = 'x'",
+        "  (SELECT 1)",
+        "((SELECT 1) UNION (SELECT 2))",
+        "WITH cte AS (SELECT 1) SELECT * FROM cte",
+        "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < 5) SELECT * FROM c",
+        "SHOW TABLES",
+        "show variables like 'x%'",
+        "DESCRIBE t",
+        "DESC t",
+        "EXPLAIN SELECT 1",
+        "EXPLAIN DELETE FROM t",
+        "EXPLAIN FORMAT=JSON UPDATE t SET a = 1",
+        "HELP 'contents'",
+        "VALUES ROW(1, 2)",
+        "TABLE t",
+        "SELECT LAST_INSERT_ID()",
+        "SELECT @a, @@session.sql_mode, @@x",
+        "SELECT @a = 1",
+        "SELECT INSERT('abc', 1, 1, 'x'), REPLACE('a', 'a', 'b')",
+        "SELECT t.insert, t.update, t.into FROM t",
+        "SELECT IS_FREE_LOCK('x'), IS_USED_LOCK('x')",
+        "SELECT 1 -- SET @a = 1",
+        "SELECT 1 # ; SET @a = 1",
+        "/* SET @a=1 */ SELECT 1",
+        "SELECT /*+ MAX_EXECUTION_TIME(1000) */ a FROM t",
+        "SELECT /*!40001 SQL_NO_CACHE */ a FROM t",
+        "SELECT 'BEGIN; SET @a=1'",
+        "SELECT \"FOR UPDATE\", `into`",
+        "SELECT 1; SELECT 2",
+        "SELECT PREVIOUS VALUE FOR s",
+        "SELECT db.get_lock(1)",
+    ] {
+        let got = classify(sql.as_bytes());
+        let expected = if got.has(C::MULTI) { C::READ_ONLY | C::MULTI } else { C::READ_ONLY };
+        assert_eq!(got, expected, "{sql:?}: got {got}");
+    }
+    assert_flags("SELECT 1; SELECT 2", C::READ_ONLY | C::MULTI);
+}
+
+#[test]
+fn writes() {
+    for sql in [
+        "INSERT INTO t VALUES (1)",
+        "UPDATE t SET a = 1",
+        "DELETE FROM t",
+        "REPLACE INTO t VALUES (1)",
+        "DO 1",
+        "DO SLEEP(1)",
+        "SELECT SLEEP(1)",
+        "SELECT * FROM t INTO OUTFILE '/tmp/x'",
+        "SELECT NEXTVAL(s)",
+        "SELECT NEXT VALUE FOR s",
+        "SELECT MASTER_POS_WAIT('f', 4)",
+        "WITH c AS (SELECT 1) UPDATE t, c SET t.a = 1",
+        "WITH c AS (SELECT 1) DELETE FROM t",
+        "EXPLAIN ANALYZE SELECT SLEEP(1)",
+        "ANALYZE FORMAT=JSON DELETE FROM t",
+        "SIGNAL SQLSTATE '45000'",
+        "CHECKSUM TABLE t",
+        "42",
+        "garbage words here",
+    ] {
+        let got = classify(sql.as_bytes());
+        assert!(
+            got.has(C::WRITE) && !got.has(C::READ_ONLY),
+            "{sql:?}: got {got}"
+        );
+    }
+    assert_flags("INSERT INTO t VALUES (1)", C::WRITE);
+    assert_flags("SELECT 1; DELETE FROM t", C::WRITE | C::MULTI);
+    assert_flags("EXPLAIN ANALYZE SELECT 1", C::READ_ONLY);
+    assert_flags("DESC ANALYZE FORMAT=TREE SELECT 1", C::READ_ONLY);
+    assert_flags("ANALYZE SELECT 1", C::READ_ONLY);
+    assert_flags("ANALYZE TABLE t", C::WRITE | C::IMPLICIT_COMMIT);
+}
+
+#[test]
+fn empty_text_has_no_flags() {
+    for sql in ["", "   ", ";", " ; ;", "-- only\n", "/* x */", "# y"] {
+        assert_flags(sql, C::EMPTY);
+    }
+}
+
+#[test]
+fn set_session_variables() {
+    for sql in [
+        "SET sql_mode = ''",
+        "SET SESSION sql_mode = ''",
+        "set local sql_mode = ''",
+        "SET @@sql_mode = ''",
+        "SET @@session.sql_mode = ''",
+        "SET @@LOCAL.sql_mode = ''",
+        "SET NAMES utf8mb4",
+        "SET NAMES 'utf8mb4' COLLATE 'utf8mb4_bin'",
+        "SET CHARACTER SET utf8",
+        "SET CHARSET utf8",
+        "SET `sql_mode` = ''",
+        "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+        "SET ROLE ALL",
+        "SET RESOURCE GROUP rg",
+        "SET GLOBAL a = 1, SESSION b = 2",
+        "SET GLOBAL a = 1, @@b = 2",
+        "/*!40101 SET NAMES utf8 */",
+        "/*!40103 SET TIME_ZONE='+00:00' */",
+    ] {
+        assert_has(sql, C::SET_SESSION_VAR | C::WRITE);
+    }
+    assert_flags("SET NAMES utf8", C::SET_SESSION_VAR | C::WRITE);
+    for sql in [
+        "SET GLOBAL max_connections = 10",
+        "SET @@global.max_connections = 10",
+        "SET PERSIST max_connections = 10",
+        "SET @@persist_only.x = 1",
+        "SET GLOBAL a = 1, b = 2",
+        "SET GLOBAL TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+        "SET PASSWORD = 'x'",
+        "SET PASSWORD FOR u@h = PASSWORD('x')",
+        "SET DEFAULT ROLE r TO u",
+        "SET @a = 1",
+        "SELECT @@sql_mode",
+    ] {
+        assert_lacks(sql, C::SET_SESSION_VAR);
+    }
+    assert_flags("SET GLOBAL max_connections = 10", C::WRITE);
+    assert_flags("SET PASSWORD = 'x'", C::WRITE | C::IMPLICIT_COMMIT);
+}
+
+#[test]
+fn set_user_variables() {
+    for sql in [
+        "SET @a = 1",
+        "set @`a b` := 2",
+        "SET @'x' = 1",
+        "SET sql_mode = '', @a = (SELECT 1, 2)",
+        "SELECT 1 INTO @a",
+        "SELECT a, b FROM t LIMIT 1 INTO @x, @y",
+        "SELECT @a := 1",
+        "SELECT @a:=@a+1 FROM t",
+        "UPDATE t SET a = @n := @n + 1",
+        "DO @a := 1",
+        "GET DIAGNOSTICS @n = NUMBER",
+        "GET CURRENT DIAGNOSTICS CONDITION 1 @e = MYSQL_ERRNO, @m = MESSAGE_TEXT",
+        "/*!40101 SET @a = 1 */",
+    ] {
+        assert_has(sql, C::SET_USER_VAR | C::WRITE);
+    }
+    assert_flags("SET @a = 1", C::SET_USER_VAR | C::WRITE);
+    assert_flags("SELECT 1 INTO @a", C::SET_USER_VAR | C::WRITE);
+    assert_lacks("SET sql_mode = ''", C::SET_USER_VAR);
+    assert_lacks("SELECT @a = 1, @a", C::SET_USER_VAR);
+    assert_flags(
+        "SET @a = 1, sql_mode = ''",
+        C::SET_USER_VAR | C::SET_SESSION_VAR | C::WRITE,
+    );
+}
+
+#[test]
+fn autocommit() {
+    for sql in [
+        "SET autocommit = 0",
+        "set AUTOCOMMIT=1",
+        "SET @@autocommit = OFF",
+        "SET SESSION autocommit = 1",
+        "SET @@session.autocommit=0",
+        "SET sql_mode='', autocommit=0",
+    ] {
+        assert_has(sql, C::AUTOCOMMIT | C::SET_SESSION_VAR);
+    }
+    assert_flags(
+        "SET autocommit = 0",
+        C::AUTOCOMMIT | C::SET_SESSION_VAR | C::WRITE,
+    );
+    assert_lacks(
+        "SET GLOBAL autocommit = 0",
+        C::AUTOCOMMIT | C::SET_SESSION_VAR,
+    );
+    assert_lacks("SET @@global.autocommit = 0", C::AUTOCOMMIT);
+    assert_lacks("SET @autocommit = 0", C::AUTOCOMMIT);
+    assert_lacks("SELECT @@autocommit", C::AUTOCOMMIT);
+}
+
+#[test]
+fn set_transaction() {
+    assert_flags(
+        "SET TRANSACTION ISOLATION LEVEL READ COMMITTED",
+        C::SET_TRANSACTION | C::WRITE,
+    );
+    assert_flags(
+        "SET TRANSACTION READ ONLY, ISOLATION LEVEL SERIALIZABLE",
+        C::SET_TRANSACTION | C::WRITE,
+    );
+    assert_flags(
+        "SET SESSION TRANSACTION READ WRITE",
+        C::SET_SESSION_VAR | C::WRITE,
+    );
+    assert_flags("SET GLOBAL TRANSACTION READ WRITE", C::WRITE);
+}
+
+#[test]
+fn set_statement_classifies_the_inner_statement() {
+    assert_flags(
+        "SET STATEMENT max_statement_time=1 FOR SELECT 1",
+        C::READ_ONLY,
+    );
+    assert_flags("SET STATEMENT a=1, b=(1) FOR UPDATE t SET x = 1", C::WRITE);
+    assert_flags(
+        "SET STATEMENT sql_mode='' FOR SELECT @a := 1",
+        C::WRITE | C::SET_USER_VAR,
+    );
+}
+
+#[test]
+fn use_db() {
+    assert_flags("USE db", C::USE_DB | C::WRITE);
+    assert_flags("use `my db`", C::USE_DB | C::WRITE);
+}
+
+#[test]
+fn transactions() {
+    for sql in [
+        "BEGIN",
+        "begin work",
+        "START TRANSACTION",
+        "START TRANSACTION READ ONLY",
+        "start transaction with consistent snapshot",
+    ] {
+        assert_flags(sql, C::BEGIN_TXN | C::WRITE);
+    }
+    for sql in [
+        "COMMIT",
+        "commit work",
+        "ROLLBACK",
+        "ROLLBACK WORK",
+        "COMMIT AND NO CHAIN",
+        "ROLLBACK RELEASE",
+    ] {
+        assert_flags(sql, C::END_TXN | C::WRITE);
+    }
+    assert_flags("COMMIT AND CHAIN", C::END_TXN | C::BEGIN_TXN | C::WRITE);
+    assert_flags(
+        "ROLLBACK WORK AND CHAIN",
+        C::END_TXN | C::BEGIN_TXN | C::WRITE,
+    );
+    assert_flags(
+        "BEGIN; INSERT INTO t VALUES (1); COMMIT",
+        C::BEGIN_TXN | C::END_TXN | C::WRITE | C::MULTI,
+    );
+    assert_lacks("BEGIN NOT ATOMIC SELECT 1; END", C::BEGIN_TXN);
+    assert_flags("BEGIN NOT ATOMIC SELECT 1; END", C::COMPOUND | C::WRITE);
+}
+
+#[test]
+fn savepoints() {
+    for sql in [
+        "SAVEPOINT s",
+        "RELEASE SAVEPOINT s",
+        "ROLLBACK TO s",
+        "ROLLBACK TO SAVEPOINT s",
+        "rollback work to savepoint s",
+    ] {
+        assert_flags(sql, C::SAVEPOINT | C::WRITE);
+    }
+}
+
+#[test]
+fn implicit_commit() {
+    for sql in [
+        "CREATE TABLE t (a INT)",
+        "CREATE OR REPLACE TABLE t (a INT)",
+        "CREATE TABLE t AS SELECT 1",
+        "CREATE INDEX i ON t (a)",
+        "CREATE VIEW v AS SELECT 1 INTO @a",
+        "CREATE USER u",
+        "ALTER TABLE t ADD COLUMN b INT",
+        "DROP TABLE t",
+        "DROP DATABASE d",
+        "RENAME TABLE a TO b",
+        "TRUNCATE TABLE t",
+        "GRANT SELECT ON *.* TO u",
+        "REVOKE ALL ON *.* FROM u",
+        "FLUSH PRIVILEGES",
+        "RESET MASTER",
+        "OPTIMIZE TABLE t",
+        "REPAIR TABLE t",
+        "CHECK TABLE t",
+        "LOAD INDEX INTO CACHE t",
+        "CHANGE MASTER TO MASTER_HOST='h'",
+        "STOP SLAVE",
+        "START REPLICA",
+        "INSTALL PLUGIN p SONAME 'p.so'",
+    ] {
+        assert_flags(sql, C::IMPLICIT_COMMIT | C::WRITE);
+    }
+    assert_flags(
+        "CREATE TABLE t AS SELECT GET_LOCK('x', 1)",
+        C::IMPLICIT_COMMIT | C::GET_LOCK | C::WRITE,
+    );
+    assert_lacks("CREATE TEMPORARY TABLE t (a INT)", C::IMPLICIT_COMMIT);
+}
+
+#[test]
+fn temporary_tables() {
+    assert_flags(
+        "CREATE TEMPORARY TABLE t (a INT)",
+        C::CREATE_TEMP_TABLE | C::WRITE,
+    );
+    assert_flags(
+        "create or replace temporary table t select 1",
+        C::CREATE_TEMP_TABLE | C::WRITE,
+    );
+    assert_flags(
+        "CREATE TEMPORARY TABLE IF NOT EXISTS t LIKE u",
+        C::CREATE_TEMP_TABLE | C::WRITE,
+    );
+    assert_flags("DROP TEMPORARY TABLE t", C::DROP_TEMP_TABLE | C::WRITE);
+    assert_flags(
+        "DROP TEMPORARY TABLE IF EXISTS t",
+        C::DROP_TEMP_TABLE | C::WRITE,
+    );
+}
+
+#[test]
+fn prepared_statements() {
+    assert_flags(
+        "PREPARE s FROM 'SELECT GET_LOCK(1, 2); SET @a = 1'",
+        C::PREPARE_SQL | C::WRITE,
+    );
+    assert_flags("PREPARE s FROM @sql", C::PREPARE_SQL | C::WRITE);
+    assert_flags("EXECUTE s USING @a, @b", C::EXECUTE_SQL | C::WRITE);
+    assert_flags("EXECUTE IMMEDIATE 'SELECT 1'", C::EXECUTE_SQL | C::WRITE);
+    assert_flags("DEALLOCATE PREPARE s", C::DEALLOCATE_SQL | C::WRITE);
+    assert_flags("DROP PREPARE s", C::DEALLOCATE_SQL | C::WRITE);
+}
+
+#[test]
+fn table_and_instance_locks() {
+    for sql in [
+        "LOCK TABLES t READ",
+        "lock table t write, u read",
+        "LOCK INSTANCE FOR BACKUP",
+    ] {
+        assert_flags(sql, C::LOCK_TABLES | C::IMPLICIT_COMMIT | C::WRITE);
+    }
+    for sql in ["UNLOCK TABLES", "unlock table", "UNLOCK INSTANCE"] {
+        assert_flags(sql, C::UNLOCK_TABLES | C::IMPLICIT_COMMIT | C::WRITE);
+    }
+    assert_flags(
+        "FLUSH TABLES WITH READ LOCK",
+        C::LOCK_TABLES | C::IMPLICIT_COMMIT | C::WRITE,
+    );
+    assert_flags(
+        "FLUSH TABLES t1, t2 FOR EXPORT",
+        C::LOCK_TABLES | C::IMPLICIT_COMMIT | C::WRITE,
+    );
+    assert_flags("FLUSH TABLES", C::IMPLICIT_COMMIT | C::WRITE);
+    assert_flags("BACKUP LOCK t", C::LOCK_TABLES | C::WRITE);
+    assert_flags("BACKUP UNLOCK", C::UNLOCK_TABLES | C::WRITE);
+    assert_flags("BACKUP STAGE START", C::LOCK_TABLES | C::WRITE);
+    assert_flags("BACKUP STAGE END", C::UNLOCK_TABLES | C::WRITE);
+}
+
+#[test]
+fn named_locks() {
+    assert_flags("SELECT GET_LOCK('x', 10)", C::GET_LOCK | C::WRITE);
+    assert_flags("select get_lock ('x', 10) as l", C::GET_LOCK | C::WRITE);
+    assert_flags("DO GET_LOCK('x', 1)", C::GET_LOCK | C::WRITE);
+    assert_flags("SELECT RELEASE_LOCK('x')", C::RELEASE_LOCK | C::WRITE);
+    assert_flags("SELECT RELEASE_ALL_LOCKS()", C::RELEASE_LOCK | C::WRITE);
+    assert_flags(
+        "INSERT INTO t VALUES (GET_LOCK('x', 1))",
+        C::GET_LOCK | C::WRITE,
+    );
+    assert_flags("SELECT 'GET_LOCK(1)', get_lock", C::READ_ONLY);
+    assert_flags("EXPLAIN SELECT GET_LOCK('x', 1)", C::READ_ONLY);
+}
+
+#[test]
+fn xa() {
+    for sql in [
+        "XA START 'x'",
+        "XA BEGIN 'x'",
+        "XA END 'x'",
+        "XA PREPARE 'x'",
+        "XA COMMIT 'x'",
+        "xa rollback 'x'",
+    ] {
+        assert_flags(sql, C::XA | C::WRITE);
+    }
+}
+
+#[test]
+fn load_data_local() {
+    for sql in [
+        "LOAD DATA LOCAL INFILE 'f' INTO TABLE t",
+        "LOAD DATA LOW_PRIORITY LOCAL INFILE 'f' INTO TABLE t",
+        "load xml local infile 'f' into table t",
+    ] {
+        assert_flags(sql, C::LOAD_DATA_LOCAL | C::WRITE);
+    }
+    assert_flags("LOAD DATA INFILE 'f' INTO TABLE t", C::WRITE);
+    assert_flags(
+        "LOAD DATA INFILE 'f' INTO TABLE t CHARACTER SET local",
+        C::WRITE,
+    );
+}
+
+#[test]
+fn call_handler_kill_shutdown() {
+    assert_flags("CALL p(1, 2)", C::CALL | C::WRITE);
+    assert_flags("CALL p(@a := 1)", C::CALL | C::SET_USER_VAR | C::WRITE);
+    assert_flags("HANDLER t OPEN", C::HANDLER | C::WRITE);
+    assert_flags("HANDLER t READ FIRST", C::HANDLER | C::WRITE);
+    assert_flags("KILL 42", C::KILL | C::WRITE);
+    assert_flags("KILL QUERY 42", C::KILL | C::WRITE);
+    assert_flags("SHUTDOWN", C::SHUTDOWN | C::WRITE);
+    assert_flags("RESTART", C::SHUTDOWN | C::WRITE);
+}
+
+#[test]
+fn locking_reads() {
+    for sql in [
+        "SELECT * FROM t FOR UPDATE",
+        "SELECT * FROM t WHERE a = 1 for update skip locked",
+        "SELECT * FROM t FOR SHARE",
+        "SELECT * FROM t LOCK IN SHARE MODE",
+        "(SELECT * FROM t FOR UPDATE)",
+    ] {
+        assert_flags(sql, C::SELECT_FOR_UPDATE | C::WRITE);
+    }
+    assert_flags("SELECT 'FOR UPDATE' FROM t", C::READ_ONLY);
+    assert_flags(
+        "INSERT INTO t SELECT * FROM u FOR UPDATE",
+        C::SELECT_FOR_UPDATE | C::WRITE,
+    );
+}
+
+#[test]
+fn last_insert_id() {
+    assert_flags("SELECT LAST_INSERT_ID()", C::READ_ONLY);
+    assert_flags(
+        "SELECT LAST_INSERT_ID(5)",
+        C::LAST_INSERT_ID_CALL | C::WRITE,
+    );
+    assert_flags(
+        "UPDATE t SET id = LAST_INSERT_ID(id + 1)",
+        C::LAST_INSERT_ID_CALL | C::WRITE,
+    );
+}
+
+#[test]
+fn multi_statements() {
+    assert_flags(
+        "SET @a = 1; SELECT @a",
+        C::SET_USER_VAR | C::WRITE | C::MULTI,
+    );
+    assert_flags("SELECT 1;", C::READ_ONLY);
+    assert_flags(";SELECT 1;;", C::READ_ONLY);
+    assert_flags("SELECT 1; -- nothing\n", C::READ_ONLY);
+    assert_flags(
+        "SELECT 1; /*!40101 SET NAMES utf8 */",
+        C::SET_SESSION_VAR | C::WRITE | C::MULTI,
+    );
+    assert_flags("SELECT 'a;b'; SELECT `c;d`", C::READ_ONLY | C::MULTI);
+    assert_flags(
+        "USE d; SET autocommit=0; LOCK TABLES t WRITE",
+        C::USE_DB
+            | C::SET_SESSION_VAR
+            | C::AUTOCOMMIT
+            | C::LOCK_TABLES
+            | C::IMPLICIT_COMMIT
+            | C::WRITE
+            | C::MULTI,
+    );
+    assert_flags(
+        "CREATE PROCEDURE p() BEGIN SET @a = 1; SELECT GET_LOCK('x', 1); END",
+        C::IMPLICIT_COMMIT | C::WRITE,
+    );
+}
+
+#[test]
+fn comments_and_strings_hide_keywords() {
+    assert_flags("/* SET @a=1 */ SELECT 1", C::READ_ONLY);
+    assert_flags("SELECT 1 /* ; SET @a=1 */", C::READ_ONLY);
+    assert_flags("SELECT 'BEGIN; SET @a=1'", C::READ_ONLY);
+    assert_flags("SELECT \"x\\\"; SET @a=1\"", C::READ_ONLY);
+    assert_flags("SELECT 'it''s; SET @a=1'", C::READ_ONLY);
+    assert_flags("-- BEGIN\nSELECT 1", C::READ_ONLY);
+    assert_flags("--\tBEGIN\nSELECT 1", C::READ_ONLY);
+    assert_flags("# BEGIN\nSELECT 1", C::READ_ONLY);
+    assert_flags("/*+ SET_VAR(sql_mode='') */ SELECT 1", C::READ_ONLY);
+    // Versioned comments are code.
+    assert_flags("/*!40101 SET NAMES utf8 */", C::SET_SESSION_VAR | C::WRITE);
+    assert_flags("/*!50100 BEGIN */", C::BEGIN_TXN | C::WRITE);
+    assert_flags("/*M!100100 SET @a = 1 */", C::SET_USER_VAR | C::WRITE);
+    assert_flags(
+        "SELECT 1 /*!50000 FOR UPDATE */",
+        C::SELECT_FOR_UPDATE | C::WRITE,
+    );
+}
+
+#[test]
+fn escapes_and_operators_do_not_confuse_the_lexer() {
+    assert_flags(r"SELECT 'a\'; SET @a=1'", C::READ_ONLY);
+    assert_flags("SELECT 1--1", C::READ_ONLY);
+    assert_flags(
+        "SELECT 1 FROM t WHERE x = 'a' -- ; DROP TABLE t",
+        C::READ_ONLY,
+    );
+    assert_eq!(
+        statements("SELECT `a``;b`; SELECT 2"),
+        vec!["SELECT `a``;b`", "SELECT 2"]
+    );
+    assert_eq!(statements("SELECT 'x'';'; SELECT 2").len(), 2);
+}
+
+#[test]
+fn case_insensitive() {
+    assert_flags("sElEcT 1", C::READ_ONLY);
+    assert_flags("Set NaMeS utf8", C::SET_SESSION_VAR | C::WRITE);
+    assert_flags("start Transaction", C::BEGIN_TXN | C::WRITE);
+    assert_flags(
+        "Lock Tables t Read",
+        C::LOCK_TABLES | C::IMPLICIT_COMMIT | C::WRITE,
+    );
+    assert_flags("select Get_Lock('a', 1)", C::GET_LOCK | C::WRITE);
+}
+
+#[test]
+fn leading_whitespace_and_parentheses() {
+    assert_flags(" \t\r\n SELECT 1", C::READ_ONLY);
+    assert_flags("(((SELECT 1)))", C::READ_ONLY);
+    assert_flags("( SELECT 1 INTO @a )", C::SET_USER_VAR | C::WRITE);
+    assert_eq!(first_keyword(b"  ((select 1))"), Some(&b"select"[..]));
+    assert_eq!(
+        first_keyword(b"; /* c */ /*!40101 SET x=1 */"),
+        Some(&b"SET"[..])
+    );
+    assert_eq!(first_keyword(b"'str'"), None);
+    assert_eq!(first_keyword(b"  -- nothing"), None);
+}
+
+#[test]
+fn compound_statements() {
+    assert_flags("IF @a THEN SELECT 1; END IF", C::COMPOUND | C::WRITE);
+    assert_flags(
+        "lbl: BEGIN NOT ATOMIC SELECT 1; END",
+        C::COMPOUND | C::WRITE,
+    );
+    assert_flags(
+        "BEGIN NOT ATOMIC SELECT GET_LOCK('x', 1); END",
+        C::COMPOUND | C::GET_LOCK | C::WRITE,
+    );
+}
+
+#[test]
+fn changes_session_union() {
+    for sql in [
+        "SET NAMES utf8",
+        "SET @a = 1",
+        "USE d",
+        "PREPARE s FROM 'x'",
+        "DEALLOCATE PREPARE s",
+        "CREATE TEMPORARY TABLE t (a INT)",
+        "DROP TEMPORARY TABLE t",
+        "LOCK TABLES t READ",
+        "SELECT GET_LOCK('x', 1)",
+        "SET TRANSACTION READ ONLY",
+        "CALL p()",
+        "XA START 'x'",
+        "HANDLER t OPEN",
+        "SELECT LAST_INSERT_ID(1)",
+    ] {
+        assert!(classify(sql.as_bytes()).changes_session(), "{sql}");
+    }
+    for sql in [
+        "SELECT 1",
+        "INSERT INTO t VALUES (1)",
+        "BEGIN",
+        "COMMIT",
+        "CREATE TABLE t (a INT)",
+        "SET GLOBAL x = 1",
+    ] {
+        assert!(!classify(sql.as_bytes()).changes_session(), "{sql}");
+    }
+}
+
+#[test]
+fn classification_helpers() {
+    let c = C::READ_ONLY | C::MULTI;
+    assert!(c.has(C::READ_ONLY) && c.has(C::MULTI) && c.has(c));
+    assert!(!c.has(C::WRITE) && !c.has(C::EMPTY) && !c.has(C::READ_ONLY | C::WRITE));
+    assert!(c.intersects(C::READ_ONLY | C::WRITE));
+    assert_eq!(c.to_string(), "READ_ONLY|MULTI");
+    assert_eq!(C::EMPTY.to_string(), "EMPTY");
+    assert_eq!(c & C::MULTI, C::MULTI);
+    assert_eq!(c.difference(C::MULTI), C::READ_ONLY);
+    assert_eq!(C::from_bits(c.bits), c);
+    // Every flag is a distinct single bit.
+    let mut all = 0u32;
+    for (name, flag) in C::FLAGS {
+        assert_eq!(flag.bits.count_ones(), 1, "{name}");
+        assert_eq!(all & flag.bits, 0, "{name}");
+        all |= flag.bits;
+    }
+}
+
+#[test]
+fn handles_non_utf8_input() {
+    assert_flags("SELECT '\u{e9}'", C::READ_ONLY);
+    assert_eq!(classify(b"SELECT '\xff\xfe' FROM \xe9t\xe9"), C::READ_ONLY);
+    assert_eq!(classify(b"\xff\xfeSET @a = 1"), C::WRITE);
+    assert_eq!(classify(b"SET \xff = 1"), C::SET_SESSION_VAR | C::WRITE);
+}
+
+/// Pseudo-random inputs (xorshift, fixed seed): nothing panics and everything terminates,
+/// and the split ranges are ordered, in bounds and non-empty.
+#[test]
+fn random_inputs_never_panic() {
+    const ALPHABET: &[&[u8]] = &[
+        b"'",
+        b"\"",
+        b"`",
+        b"\\",
+        b";",
+        b"/*",
+        b"*/",
+        b"/*!",
+        b"/*M!",
+        b"50100",
+        b"--",
+        b"-- ",
+        b"#",
+        b"\n",
+        b" ",
+        b"@",
+        b"@@",
+        b"(",
+        b")",
+        b",",
+        b".",
+        b":=",
+        b"=",
+        b"0x",
+        b"1",
+        b"e",
+        b"SELECT",
+        b"SET",
+        b"BEGIN",
+        b"END",
+        b"IF",
+        b"CASE",
+        b"NOT",
+        b"ATOMIC",
+        b"CREATE",
+        b"PROCEDURE",
+        b"FOR",
+        b"UPDATE",
+        b"INTO",
+        b"GET_LOCK",
+        b"GLOBAL",
+        b"STATEMENT",
+        b"EXPLAIN",
+        b"ANALYZE",
+        b"WITH",
+        b"N",
+        b"_utf8",
+        b"\xff",
+        b"\x00",
+        b"\xc3\xa9",
+    ];
+    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut rand = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut buf = Vec::with_capacity(256);
+    for i in 0..100_000 {
+        buf.clear();
+        let len = (rand() % 40) as usize;
+        for _ in 0..len {
+            let r = rand();
+            if i % 2 == 0 {
+                buf.push(r as u8);
+            } else {
+                buf.extend_from_slice(ALPHABET[(r % ALPHABET.len() as u64) as usize]);
+            }
+        }
+        let c = classify(&buf);
+        assert!(
+            c.is_empty() || c.has(C::READ_ONLY) != c.has(C::WRITE),
+            "{buf:?}: {c}"
+        );
+        let _ = first_keyword(&buf);
+        let mut last_end = 0;
+        let mut count = 0;
+        for range in split_statements(&buf) {
+            assert!(
+                range.start >= last_end && range.start < range.end && range.end <= buf.len(),
+                "{buf:?}"
+            );
+            last_end = range.end;
+            count += 1;
+            assert!(count <= buf.len(), "{buf:?}");
+        }
+        assert_eq!(count > 1, c.has(C::MULTI), "{buf:?}");
+        let mut tokens = 0;
+        let mut last = 0;
+        for tok in Lexer::new(&buf) {
+            assert!(
+                !tok.text.is_empty() && tok.offset >= last && tok.end() <= buf.len(),
+                "{buf:?}"
+            );
+            last = tok.end();
+            tokens += 1;
+            assert!(tokens <= buf.len(), "{buf:?}");
+        }
+    }
+}

@@ -1,0 +1,372 @@
+//! Connection phase: the server greeting, the client's login, auth switches, COM_CHANGE_USER.
+
+use crate::caps::*;
+use crate::codec::{put_lenenc_bytes, Reader};
+use crate::error::{Result, WireError};
+
+/// The server's initial greeting (protocol version 10).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Greeting {
+    pub server_version: Vec<u8>,
+    pub connection_id: u32,
+    /// Auth plugin data: 20 bytes for mysql_native_password.
+    pub scramble: Vec<u8>,
+    pub capabilities: u32,
+    pub charset: u8,
+    pub status: u16,
+    pub auth_plugin: Vec<u8>,
+}
+
+impl Greeting {
+    pub fn parse(payload: &[u8]) -> Result<Self> {
+        let mut r = Reader::new(payload);
+        let proto = r.u8("protocol version")?;
+        if proto == 0xff {
+            return Err(WireError::Unexpected(proto, "greeting (server sent an error)"));
+        }
+        if proto != 10 {
+            return Err(WireError::Malformed("unsupported protocol version"));
+        }
+        let server_version = r.null_terminated("server version")?.to_vec();
+        let connection_id = r.u32("connection id")?;
+        let mut scramble = r.take(8, "scramble part 1")?.to_vec();
+        r.skip(1, "filler")?;
+        let mut capabilities = u32::from(r.u16("capabilities")?);
+        let mut charset = 0;
+        let mut status = 0;
+        let mut auth_plugin = Vec::new();
+        if !r.is_empty() {
+            charset = r.u8("charset")?;
+            status = r.u16("status")?;
+            capabilities |= u32::from(r.u16("capabilities upper")?) << 16;
+            let data_len = r.u8("auth data length")?;
+            r.skip(10, "reserved")?;
+            if capabilities & CLIENT_SECURE_CONNECTION != 0 {
+                let n = usize::from(data_len).saturating_sub(8).max(13);
+                let part2 = r.take(n.min(r.remaining()), "scramble part 2")?;
+                let part2 = part2.strip_suffix(&[0]).unwrap_or(part2);
+                scramble.extend_from_slice(part2);
+            }
+            if capabilities & CLIENT_PLUGIN_AUTH != 0 && !r.is_empty() {
+                let rest = r.rest();
+                auth_plugin = rest.strip_suffix(&[0]).unwrap_or(rest).to_vec();
+            }
+        }
+        Ok(Greeting {
+            server_version,
+            connection_id,
+            scramble,
+            capabilities,
+            charset,
+            status,
+            auth_plugin,
+        })
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(96);
+        out.push(10);
+        out.extend_from_slice(&self.server_version);
+        out.push(0);
+        out.extend_from_slice(&self.connection_id.to_le_bytes());
+        let (part1, part2) = self.scramble.split_at(self.scramble.len().min(8));
+        out.extend_from_slice(part1);
+        out.push(0);
+        out.extend_from_slice(&(self.capabilities as u16).to_le_bytes());
+        out.push(self.charset);
+        out.extend_from_slice(&self.status.to_le_bytes());
+        out.extend_from_slice(&((self.capabilities >> 16) as u16).to_le_bytes());
+        out.push((self.scramble.len() + 1) as u8);
+        out.extend_from_slice(&[0; 10]);
+        out.extend_from_slice(part2);
+        out.push(0);
+        out.extend_from_slice(&self.auth_plugin);
+        out.push(0);
+        out
+    }
+}
+
+/// The client's HandshakeResponse41, or the short SSLRequest that precedes a TLS handshake.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoginRequest {
+    pub capabilities: u32,
+    pub max_packet: u32,
+    pub charset: u8,
+    pub user: Vec<u8>,
+    pub auth_response: Vec<u8>,
+    pub database: Option<Vec<u8>>,
+    pub auth_plugin: Vec<u8>,
+    /// Raw connection attributes block (without its length prefix).
+    pub attributes: Vec<u8>,
+}
+
+/// What the first client packet turned out to be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientHello {
+    Login(LoginRequest),
+    SslRequest { capabilities: u32 },
+}
+
+impl ClientHello {
+    pub fn parse(payload: &[u8]) -> Result<Self> {
+        let mut r = Reader::new(payload);
+        let capabilities = r.u32("client capabilities")?;
+        if capabilities & CLIENT_PROTOCOL_41 == 0 {
+            return Err(WireError::Malformed("pre-4.1 client protocol is not supported"));
+        }
+        let max_packet = r.u32("max packet size")?;
+        let charset = r.u8("charset")?;
+        r.skip(23, "filler")?;
+        if r.is_empty() && capabilities & CLIENT_SSL != 0 {
+            return Ok(ClientHello::SslRequest { capabilities });
+        }
+        let user = r.null_terminated("user name")?.to_vec();
+        let auth_response = if capabilities & CLIENT_PLUGIN_AUTH_LENENC_CLIENT_DATA != 0 {
+            r.lenenc_bytes("auth response")?.to_vec()
+        } else if capabilities & CLIENT_SECURE_CONNECTION != 0 {
+            let n = r.u8("auth response length")?;
+            r.take(usize::from(n), "auth response")?.to_vec()
+        } else {
+            r.null_terminated("auth response")?.to_vec()
+        };
+        let mut database = None;
+        if capabilities & CLIENT_CONNECT_WITH_DB != 0 && !r.is_empty() {
+            database = Some(r.null_terminated("database")?.to_vec());
+        }
+        let mut auth_plugin = Vec::new();
+        if capabilities & CLIENT_PLUGIN_AUTH != 0 && !r.is_empty() {
+            auth_plugin = r.null_terminated("auth plugin")?.to_vec();
+        }
+        let mut attributes = Vec::new();
+        if capabilities & CLIENT_CONNECT_ATTRS != 0 && !r.is_empty() {
+            attributes = r.lenenc_bytes("connection attributes")?.to_vec();
+        }
+        Ok(ClientHello::Login(LoginRequest {
+            capabilities,
+            max_packet,
+            charset,
+            user,
+            auth_response,
+            database,
+            auth_plugin,
+            attributes,
+        }))
+    }
+}
+
+impl LoginRequest {
+    /// Encodes a HandshakeResponse41. Always uses the lenenc auth-data form, so
+    /// `capabilities` must include CLIENT_PLUGIN_AUTH_LENENC_CLIENT_DATA.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut caps = self.capabilities | CLIENT_PLUGIN_AUTH_LENENC_CLIENT_DATA;
+        if self.database.is_some() {
+            caps |= CLIENT_CONNECT_WITH_DB;
+        } else {
+            caps &= !CLIENT_CONNECT_WITH_DB;
+        }
+        if self.attributes.is_empty() {
+            caps &= !CLIENT_CONNECT_ATTRS;
+        }
+        let mut out = Vec::with_capacity(64 + self.user.len() + self.attributes.len());
+        out.extend_from_slice(&caps.to_le_bytes());
+        out.extend_from_slice(&self.max_packet.to_le_bytes());
+        out.push(self.charset);
+        out.extend_from_slice(&[0; 23]);
+        out.extend_from_slice(&self.user);
+        out.push(0);
+        put_lenenc_bytes(&mut out, &self.auth_response);
+        if let Some(db) = &self.database {
+            out.extend_from_slice(db);
+            out.push(0);
+        }
+        if caps & CLIENT_PLUGIN_AUTH != 0 {
+            out.extend_from_slice(&self.auth_plugin);
+            out.push(0);
+        }
+        if caps & CLIENT_CONNECT_ATTRS != 0 {
+            put_lenenc_bytes(&mut out, &self.attributes);
+        }
+        out
+    }
+}
+
+/// Connection attributes as key/value pairs (lossy UTF-8), for status pages and logs.
+pub fn parse_attributes(block: &[u8]) -> Vec<(String, String)> {
+    let mut r = Reader::new(block);
+    let mut out = Vec::new();
+    while !r.is_empty() {
+        let (Ok(k), Ok(v)) = (r.lenenc_bytes("attr key"), r.lenenc_bytes("attr value")) else {
+            break;
+        };
+        out.push((
+            String::from_utf8_lossy(k).into_owned(),
+            String::from_utf8_lossy(v).into_owned(),
+        ));
+    }
+    out
+}
+
+/// AuthSwitchRequest (0xfe): the server asks for another plugin's answer to `data`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthSwitch {
+    pub plugin: Vec<u8>,
+    pub data: Vec<u8>,
+}
+
+impl AuthSwitch {
+    pub fn parse(payload: &[u8]) -> Result<Self> {
+        let mut r = Reader::new(payload);
+        let header = r.u8("auth switch header")?;
+        if header != 0xfe {
+            return Err(WireError::Unexpected(header, "auth switch request"));
+        }
+        if r.is_empty() {
+            // Old servers: switch to mysql_old_password with the original scramble.
+            return Ok(AuthSwitch {
+                plugin: b"mysql_old_password".to_vec(),
+                data: Vec::new(),
+            });
+        }
+        let plugin = r.null_terminated("auth plugin")?.to_vec();
+        let rest = r.rest();
+        let data = rest.strip_suffix(&[0]).unwrap_or(rest).to_vec();
+        Ok(AuthSwitch { plugin, data })
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(2 + self.plugin.len() + self.data.len() + 1);
+        out.push(0xfe);
+        out.extend_from_slice(&self.plugin);
+        out.push(0);
+        out.extend_from_slice(&self.data);
+        out.push(0);
+        out
+    }
+}
+
+/// COM_CHANGE_USER as sent by a client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChangeUser {
+    pub user: Vec<u8>,
+    pub auth_response: Vec<u8>,
+    pub database: Vec<u8>,
+    pub charset: Option<u16>,
+    pub auth_plugin: Vec<u8>,
+    pub attributes: Vec<u8>,
+}
+
+impl ChangeUser {
+    /// Parses the payload (command byte included) under the client's capabilities.
+    pub fn parse(payload: &[u8], capabilities: u32) -> Result<Self> {
+        let mut r = Reader::new(payload);
+        r.skip(1, "command")?;
+        let user = r.null_terminated("user")?.to_vec();
+        let auth_response = if capabilities & CLIENT_SECURE_CONNECTION != 0 {
+            let n = r.u8("auth length")?;
+            r.take(usize::from(n), "auth response")?.to_vec()
+        } else {
+            r.null_terminated("auth response")?.to_vec()
+        };
+        let database = if r.is_empty() {
+            Vec::new()
+        } else {
+            r.null_terminated("database")?.to_vec()
+        };
+        let mut charset = None;
+        if r.remaining() >= 2 {
+            charset = Some(r.u16("charset")?);
+        }
+        let mut auth_plugin = Vec::new();
+        if capabilities & CLIENT_PLUGIN_AUTH != 0 && !r.is_empty() {
+            auth_plugin = r.null_terminated("auth plugin")?.to_vec();
+        }
+        let mut attributes = Vec::new();
+        if capabilities & CLIENT_CONNECT_ATTRS != 0 && !r.is_empty() {
+            attributes = r.lenenc_bytes("attributes")?.to_vec();
+        }
+        Ok(ChangeUser {
+            user,
+            auth_response,
+            database,
+            charset,
+            auth_plugin,
+            attributes,
+        })
+    }
+
+    /// Encodes for a backend connection with `capabilities` (SECURE_CONNECTION and
+    /// PLUGIN_AUTH are always on there).
+    pub fn encode(&self, capabilities: u32) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64 + self.user.len());
+        out.push(crate::command::COM_CHANGE_USER);
+        out.extend_from_slice(&self.user);
+        out.push(0);
+        out.push(self.auth_response.len().min(255) as u8);
+        out.extend_from_slice(&self.auth_response[..self.auth_response.len().min(255)]);
+        out.extend_from_slice(&self.database);
+        out.push(0);
+        out.extend_from_slice(&self.charset.unwrap_or(33).to_le_bytes());
+        out.extend_from_slice(&self.auth_plugin);
+        out.push(0);
+        if capabilities & CLIENT_CONNECT_ATTRS != 0 {
+            put_lenenc_bytes(&mut out, &self.attributes);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greeting_round_trip() {
+        let g = Greeting {
+            server_version: b"5.5.5-10.11.6-MariaDB-holdfast".to_vec(),
+            connection_id: 42,
+            scramble: b"abcdefghijklmnopqrst".to_vec(),
+            capabilities: PROXY_CAPABILITIES,
+            charset: 45,
+            status: SERVER_STATUS_AUTOCOMMIT,
+            auth_plugin: b"mysql_native_password".to_vec(),
+        };
+        assert_eq!(Greeting::parse(&g.encode()).unwrap(), g);
+    }
+
+    #[test]
+    fn login_round_trip() {
+        let l = LoginRequest {
+            capabilities: PROXY_CAPABILITIES,
+            max_packet: 1 << 24,
+            charset: 45,
+            user: b"app".to_vec(),
+            auth_response: vec![1; 20],
+            database: Some(b"sbtest".to_vec()),
+            auth_plugin: b"mysql_native_password".to_vec(),
+            attributes: vec![3, b'a', b'b', b'c', 1, b'x'],
+        };
+        assert_eq!(ClientHello::parse(&l.encode()).unwrap(), ClientHello::Login(l.clone()));
+        assert_eq!(parse_attributes(&l.attributes), vec![("abc".into(), "x".into())]);
+    }
+
+    #[test]
+    fn ssl_request_detected() {
+        let mut p = (CLIENT_PROTOCOL_41 | CLIENT_SSL).to_le_bytes().to_vec();
+        p.extend_from_slice(&[0; 28]);
+        assert!(matches!(ClientHello::parse(&p), Ok(ClientHello::SslRequest { .. })));
+    }
+
+    #[test]
+    fn change_user_round_trip() {
+        let c = ChangeUser {
+            user: b"app".to_vec(),
+            auth_response: vec![5; 20],
+            database: b"db".to_vec(),
+            charset: Some(45),
+            auth_plugin: b"mysql_native_password".to_vec(),
+            attributes: Vec::new(),
+        };
+        let caps = CLIENT_SECURE_CONNECTION | CLIENT_PLUGIN_AUTH | CLIENT_PROTOCOL_41;
+        assert_eq!(ChangeUser::parse(&c.encode(caps), caps).unwrap(), c);
+    }
+}
