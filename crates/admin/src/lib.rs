@@ -84,7 +84,10 @@ impl From<SessionView> for SessionViewOwned {
 
 fn topology_view(t: &Topology) -> TopologyView {
     TopologyView {
-        primary: t.primary.and_then(|i| t.nodes.get(i)).map(|n| n.name.clone()),
+        primary: t
+            .primary
+            .and_then(|i| t.nodes.get(i))
+            .map(|n| n.name.clone()),
         nodes: t
             .nodes
             .iter()
@@ -103,7 +106,12 @@ fn topology_view(t: &Topology) -> TopologyView {
 pub fn status(shared: &Shared) -> Status {
     let m = &shared.metrics;
     let topo = shared.topology.borrow().clone();
-    let sessions: Vec<SessionViewOwned> = shared.sessions.snapshot().into_iter().map(Into::into).collect();
+    let sessions: Vec<SessionViewOwned> = shared
+        .sessions
+        .snapshot()
+        .into_iter()
+        .map(Into::into)
+        .collect();
     Status {
         version: env!("CARGO_PKG_VERSION").to_string(),
         uptime_secs: shared.started.elapsed().as_secs(),
@@ -129,7 +137,10 @@ async fn get_status(State(shared): State<Arc<Shared>>) -> Json<Status> {
 
 async fn get_metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         shared.metrics.render(),
     )
 }
@@ -149,7 +160,8 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io::Resul
 /// A minimal HTTP/1.1 GET for `holdfast ctl`: returns the status code and body.
 pub async fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
     let mut s = tokio::net::TcpStream::connect(addr).await?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: */*\r\n\r\n");
+    let req =
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: */*\r\n\r\n");
     s.write_all(req.as_bytes()).await?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).await?;
@@ -160,7 +172,10 @@ pub async fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> 
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         dechunk(body)
     } else {
         body.to_string()
@@ -172,7 +187,9 @@ fn dechunk(body: &str) -> String {
     let mut out = String::new();
     let mut rest = body;
     while let Some((size, after)) = rest.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
         if n == 0 || after.len() < n {
             break;
         }
@@ -186,12 +203,28 @@ fn dechunk(body: &str) -> String {
 pub fn render_status(s: &Status) -> String {
     use std::fmt::Write;
     let mut o = String::new();
-    let _ = writeln!(o, "holdfast {}  up {}s  listening on {}", s.version, s.uptime_secs, s.listen);
-    let _ = writeln!(o, "primary: {}", s.topology.primary.as_deref().unwrap_or("(none)"));
-    let _ = writeln!(o, "{:<10} {:<22} {:<10} {:<10} version", "node", "address", "reachable", "read_only");
+    let _ = writeln!(
+        o,
+        "holdfast {}  up {}s  listening on {}",
+        s.version, s.uptime_secs, s.listen
+    );
+    let _ = writeln!(
+        o,
+        "primary: {}",
+        s.topology.primary.as_deref().unwrap_or("(none)")
+    );
+    let _ = writeln!(
+        o,
+        "{:<10} {:<22} {:<10} {:<10} version",
+        "node", "address", "reachable", "read_only"
+    );
     for n in &s.topology.nodes {
         let ro = n.read_only.map_or("?".to_string(), |r| r.to_string());
-        let _ = writeln!(o, "{:<10} {:<22} {:<10} {:<10} {}", n.name, n.address, n.reachable, ro, n.version);
+        let _ = writeln!(
+            o,
+            "{:<10} {:<22} {:<10} {:<10} {}",
+            n.name, n.address, n.reachable, ro, n.version
+        );
         if let Some(e) = &n.last_error {
             let _ = writeln!(o, "           last error: {e}");
         }
@@ -202,15 +235,32 @@ pub fn render_status(s: &Status) -> String {
         "sessions open: {}  accepted: {}  logins failed: {}  commands: {}  backend connects: {} (failed {})",
         c.sessions_open, c.connections_accepted, c.logins_failed, c.commands, c.backend_connects, c.backend_connect_failures
     );
-    let _ = writeln!(o, "password verifiers: {} accounts{}", s.verifier_accounts, if s.verifiers_loaded { "" } else { " (not loaded: check the monitor account)" });
+    let _ = writeln!(
+        o,
+        "password verifiers: {} accounts{}",
+        s.verifier_accounts,
+        if s.verifiers_loaded {
+            ""
+        } else {
+            " (not loaded: check the monitor account)"
+        }
+    );
     if !s.sessions.is_empty() {
-        let _ = writeln!(o, "{:<6} {:<22} {:<12} {:<8} {:<9} {:<8} movable", "id", "client", "user", "backend", "commands", "reauth");
+        let _ = writeln!(
+            o,
+            "{:<6} {:<22} {:<12} {:<8} {:<9} {:<8} movable",
+            "id", "client", "user", "backend", "commands", "reauth"
+        );
         for x in &s.sessions {
             let movable = match &x.blocked_by {
                 None => "yes".to_string(),
                 Some(b) => format!("no ({b})"),
             };
-            let _ = writeln!(o, "{:<6} {:<22} {:<12} {:<8} {:<9} {:<8} {}", x.id, x.client, x.user, x.backend, x.commands, x.can_reauthenticate, movable);
+            let _ = writeln!(
+                o,
+                "{:<6} {:<22} {:<12} {:<8} {:<9} {:<8} {}",
+                x.id, x.client, x.user, x.backend, x.commands, x.can_reauthenticate, movable
+            );
         }
     }
     o

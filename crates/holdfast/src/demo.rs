@@ -47,11 +47,27 @@ fn wait_port(addr: &str, deadline: Duration) -> Result<()> {
 fn mariadb(addr: &str, user: &str, password: &str, db: &str, sql: &str) -> Result<String> {
     let (host, port) = addr.rsplit_once(':').context("bad address")?;
     let out = Command::new("mariadb")
-        .args(["-h", host, "-P", port, "-u", user, &format!("-p{password}"), "-D", db, "--batch", "-e", sql])
+        .args([
+            "-h",
+            host,
+            "-P",
+            port,
+            "-u",
+            user,
+            &format!("-p{password}"),
+            "-D",
+            db,
+            "--batch",
+            "-e",
+            sql,
+        ])
         .output()
         .context("cannot run the mariadb client (apt-get install mariadb-client)")?;
     if !out.status.success() {
-        bail!("mariadb client failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "mariadb client failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -63,7 +79,11 @@ pub fn run(args: &DemoArgs) -> Result<()> {
             st
         }
         _ => {
-            println!("starting a lab cluster (1 primary, {} replicas) in {}", args.replicas, args.dir.display());
+            println!(
+                "starting a lab cluster (1 primary, {} replicas) in {}",
+                args.replicas,
+                args.dir.display()
+            );
             let _ = holdfast_lab::down(&args.dir);
             let _ = holdfast_lab::purge(&args.dir);
             let mut opts = holdfast_lab::LabOptions::new(&args.dir, args.replicas);
@@ -83,16 +103,35 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         .context("cannot start holdfast serve")?;
     let mut guard = Guard(Some(child));
     wait_port(&lab.proxy, Duration::from_secs(10))?;
-    println!("holdfast serving on {} (admin {}), log in {}", lab.proxy, lab.admin, args.dir.join("holdfast.log").display());
+    println!(
+        "holdfast serving on {} (admin {}), log in {}",
+        lab.proxy,
+        lab.admin,
+        args.dir.join("holdfast.log").display()
+    );
 
-    let out = mariadb(&lab.proxy, &lab.app_user, &lab.app_password, &lab.database, "SELECT @@hostname, @@port, VERSION(), CONNECTION_ID()")?;
+    let out = mariadb(
+        &lab.proxy,
+        &lab.app_user,
+        &lab.app_password,
+        &lab.database,
+        "SELECT @@hostname, @@port, VERSION(), CONNECTION_ID()",
+    )?;
     println!("mariadb CLI through holdfast:\n{out}");
-    match mariadb(&lab.proxy, &lab.app_user, "wrong-password", &lab.database, "SELECT 1") {
+    match mariadb(
+        &lab.proxy,
+        &lab.app_user,
+        "wrong-password",
+        &lab.database,
+        "SELECT 1",
+    ) {
         Ok(_) => bail!("a wrong password was accepted"),
         Err(e) => println!("wrong password refused as the server would: {e}"),
     }
     sysbench(&lab, args.seconds)?;
-    let status = Command::new(&exe).args(["ctl", "--admin", &lab.admin, "status"]).output()?;
+    let status = Command::new(&exe)
+        .args(["ctl", "--admin", &lab.admin, "status"])
+        .output()?;
     println!("{}", String::from_utf8_lossy(&status.stdout));
     if args.keep {
         if let Some(c) = guard.0.take() {
@@ -126,12 +165,27 @@ fn sysbench(lab: &holdfast_lab::LabStatus, seconds: u32) -> Result<()> {
         println!("sysbench not installed; skipping the load step");
         return Ok(());
     }
-    run_checked(Command::new("sysbench").args(common("prepare")), "sysbench prepare")?;
+    run_checked(
+        Command::new("sysbench").args(common("prepare")),
+        "sysbench prepare",
+    )?;
     let mut args = common("run");
-    args.extend([format!("--time={seconds}"), "--threads=8".into(), "--db-ps-mode=auto".into(), "--report-interval=0".into()]);
+    args.extend([
+        format!("--time={seconds}"),
+        "--threads=8".into(),
+        "--db-ps-mode=auto".into(),
+        "--report-interval=0".into(),
+    ]);
     let out = run_checked(Command::new("sysbench").args(args), "sysbench run")?;
-    println!("sysbench oltp_read_write through holdfast ({seconds} s, 8 threads, prepared statements):");
-    for line in out.lines().filter(|l| l.contains("transactions:") || l.contains("queries:") || l.contains("ignored errors") || l.contains("95th")) {
+    println!(
+        "sysbench oltp_read_write through holdfast ({seconds} s, 8 threads, prepared statements):"
+    );
+    for line in out.lines().filter(|l| {
+        l.contains("transactions:")
+            || l.contains("queries:")
+            || l.contains("ignored errors")
+            || l.contains("95th")
+    }) {
         println!("  {}", line.trim());
     }
     Ok(())
@@ -140,8 +194,11 @@ fn sysbench(lab: &holdfast_lab::LabStatus, seconds: u32) -> Result<()> {
 fn run_checked(cmd: &mut Command, what: &str) -> Result<String> {
     let out = cmd.output().with_context(|| format!("cannot run {what}"))?;
     if !out.status.success() {
-        bail!("{what} failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "{what} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
-

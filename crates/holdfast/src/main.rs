@@ -68,7 +68,9 @@ enum CtlCommand {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -94,12 +96,16 @@ fn main() -> Result<()> {
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
 }
 
 async fn serve(cfg: Config) -> Result<()> {
     let admin_addr = cfg.admin.listen.clone();
-    let proxy = holdfast_proxy::Proxy::start(cfg).await.context("cannot bind the proxy listener")?;
+    let proxy = holdfast_proxy::Proxy::start(cfg)
+        .await
+        .context("cannot bind the proxy listener")?;
     let admin = tokio::net::TcpListener::bind(&admin_addr)
         .await
         .with_context(|| format!("cannot bind the admin listener {admin_addr}"))?;
@@ -122,14 +128,17 @@ async fn ctl(admin: &str, command: CtlCommand) -> Result<()> {
         CtlCommand::Status { json } => {
             let (code, body) = holdfast_admin::http_get(admin, "/status")
                 .await
-                .with_context(|| format!("cannot reach the admin API at {admin} (is holdfast serve running?)"))?;
+                .with_context(|| {
+                    format!("cannot reach the admin API at {admin} (is holdfast serve running?)")
+                })?;
             if code != 200 {
                 bail!("admin API answered HTTP {code}: {body}");
             }
             if json {
                 println!("{body}");
             } else {
-                let status: holdfast_admin::Status = serde_json::from_str(&body).context("unexpected /status body")?;
+                let status: holdfast_admin::Status =
+                    serde_json::from_str(&body).context("unexpected /status body")?;
                 print!("{}", holdfast_admin::render_status(&status));
             }
         }

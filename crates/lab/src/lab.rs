@@ -204,8 +204,8 @@ struct LaunchInfo {
 pub(crate) struct AuxProcess {
     pub name: String,
     pub pid: u32,
-    /// One of its command-line arguments (exactly), guarding against pid reuse.
-    pub marker: String,
+    /// Its start time ([`procs::start_time`]), guarding against pid reuse.
+    pub start_time: u64,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -287,7 +287,7 @@ pub fn purge(dir: &Path) -> Result<()> {
         );
     }
     stop_all(&dir, false)?;
-    fs::remove_dir_all(&dir).with_context(|| format!("deleting {}", dir.display()))
+    remove_dir_retrying(&dir)
 }
 
 /// Stops one node cleanly (SIGTERM, wait up to 60 s, then SIGKILL) and records it as stopped.
@@ -325,14 +325,18 @@ pub fn start_node(dir: &Path, name: &str) -> Result<NodeStatus> {
     let mut st = status(dir)?;
     let launch = read_launch(&st.dir)?;
     let node = node_mut(&mut st, name)?;
+    let mut started = Vec::new();
     if !node.alive {
         let pid = spawn_node(&launch, node)?;
+        let mut guard = KillGuard(vec![pid]);
         wait_ready(node, pid)?;
         node.pid = Some(pid);
         node.alive = true;
+        started.append(&mut guard.0);
     }
     let out = node.clone();
     write_status(&st)?;
+    forget_starting(&st, &started);
     Ok(out)
 }
 
@@ -494,8 +498,8 @@ impl Drop for TestLab {
         if let Err(e) = stop_all(&dir, true) {
             eprintln!("holdfast-lab: killing lab in {}: {e:#}", dir.display());
         }
-        if let Err(e) = fs::remove_dir_all(&dir) {
-            eprintln!("holdfast-lab: removing {}: {e}", dir.display());
+        if let Err(e) = remove_dir_retrying(&dir) {
+            eprintln!("holdfast-lab: removing {}: {e:#}", dir.display());
         }
     }
 }
@@ -517,6 +521,18 @@ pub(crate) fn unregister_aux(dir: &Path, pid: u32) -> Result<()> {
     let mut list = read_aux(dir);
     list.retain(|a| a.pid != pid);
     write_json(&dir.join(AUX_FILE), &list)
+}
+
+/// Drops the "(starting)" entries of nodes that lab.json now records.
+fn forget_starting(st: &LabStatus, pids: &[u32]) {
+    let mut list = read_aux(&st.dir);
+    let before = list.len();
+    list.retain(|a| !pids.contains(&a.pid));
+    if list.len() != before {
+        if let Err(e) = write_json(&st.dir.join(AUX_FILE), &list) {
+            tracing::warn!("updating {AUX_FILE}: {e:#}");
+        }
+    }
 }
 
 fn read_aux(dir: &Path) -> Vec<AuxProcess> {
@@ -631,6 +647,7 @@ fn fresh_lab(dir: &Path, opts: &LabOptions) -> Result<LabStatus> {
     };
     write_config(&st)?;
     write_status(&st)?;
+    forget_starting(&st, &guard.0);
     guard.0.clear();
     Ok(st)
 }
@@ -674,6 +691,7 @@ fn restart_existing(dir: &Path, opts: &LabOptions) -> Result<LabStatus> {
     start_nodes(&launch, &mut st.nodes, false, &mut guard)?;
     wait_replicas_caught_up(&st.nodes)?;
     write_status(&st)?;
+    forget_starting(&st, &guard.0);
     guard.0.clear();
     Ok(st)
 }
@@ -776,8 +794,21 @@ fn spawn_node(launch: &LaunchInfo, node: &NodeStatus) -> Result<u32> {
     let args = node_args(launch, node)?;
     let mut cmd = Command::new(&launch.mariadbd);
     cmd.args(&args);
-    procs::spawn_detached(&mut cmd, Some(&node.error_log()))
-        .with_context(|| format!("starting {} for {}", launch.mariadbd.display(), node.name))
+    let pid = procs::spawn_detached(&mut cmd, Some(&node.error_log()))
+        .with_context(|| format!("starting {} for {}", launch.mariadbd.display(), node.name))?;
+    // Until lab.json records it, `down` finds a starting node here (an `up` interrupted
+    // by Ctrl-C must not leave servers behind that nothing knows about).
+    if let Some(dir) = node.socket.parent() {
+        register_aux(
+            dir,
+            AuxProcess {
+                name: format!("{} (starting)", node.name),
+                pid,
+                start_time: procs::start_time(pid).unwrap_or(0),
+            },
+        )?;
+    }
+    Ok(pid)
 }
 
 /// Waits until the node's socket serves a MySQL greeting (protocol version 10).
@@ -977,13 +1008,17 @@ fn stop_all(dir: &Path, hard: bool) -> Result<()> {
     let mut st = match status(&dir) {
         Ok(st) => Some(st),
         Err(e) if !dir.join(LAUNCH_FILE).exists() => return Err(e),
-        // A failed `up` leaves no lab.json; its processes were killed then.
-        Err(_) => None,
+        // A failed or interrupted `up` leaves no lab.json; a failed one killed its
+        // nodes, an interrupted one (Ctrl-C) may have left some running.
+        Err(_) => {
+            kill_orphan_nodes(&dir);
+            None
+        }
     };
     let mut errors = Vec::new();
     // Helpers first: they hold connections to the nodes.
     for aux in read_aux(&dir) {
-        if procs::is_alive_with(aux.pid, &aux.marker) {
+        if procs::is_alive_since(aux.pid, aux.start_time) {
             let r = if hard {
                 procs::kill_now(aux.pid)
             } else {
@@ -1033,6 +1068,44 @@ fn stop_all(dir: &Path, hard: bool) -> Result<()> {
         Ok(())
     } else {
         bail!("could not stop: {}", errors.join("; "))
+    }
+}
+
+/// `remove_dir_all`, retried for up to 5 s while the tree is still changing (a `cp` of an
+/// interrupted `up` may still be writing into it).
+fn remove_dir_retrying(dir: &Path) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match fs::remove_dir_all(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if Instant::now() < deadline && e.raw_os_error() == Some(libc::ENOTEMPTY) => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => return Err(e).with_context(|| format!("deleting {}", dir.display())),
+        }
+    }
+}
+
+/// SIGKILLs every `mariadbd` found through `DIR/node*.pid` that serves `DIR/node*`.
+fn kill_orphan_nodes(dir: &Path) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(node) = name.strip_suffix(".pid").filter(|n| n.starts_with("node")) else {
+            continue;
+        };
+        let marker = format!("--datadir={}", dir.join(node).display());
+        if let Some(pid) = fs::read_to_string(entry.path())
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok())
+            .filter(|&pid| procs::is_alive_with(pid, &marker))
+        {
+            tracing::info!(node, pid, "killing a node left by an interrupted `up`");
+            let _ = procs::kill_now(pid);
+        }
     }
 }
 

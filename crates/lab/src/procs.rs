@@ -144,6 +144,21 @@ pub fn is_alive_with(pid: u32, arg: &str) -> bool {
     is_alive(pid) && cmdline(pid).is_some_and(|args| args.iter().any(|a| a == arg))
 }
 
+/// The start time of `pid` (clock ticks since boot, field 22 of /proc/PID/stat). Together
+/// with the pid it identifies a process across pid reuse.
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    // Fields after comm start at field 3 (state); starttime is field 22.
+    after_comm.split_whitespace().nth(22 - 3)?.parse().ok()
+}
+
+/// Whether `pid` is alive and is still the process that started at `start` (see
+/// [`start_time`]).
+pub fn is_alive_since(pid: u32, start: u64) -> bool {
+    is_alive(pid) && start_time(pid) == Some(start)
+}
+
 /// Sends `signal` to `pid`; a process that is already gone is not an error.
 pub fn signal(pid: u32, signal: libc::c_int) -> Result<()> {
     let pid_t = libc::pid_t::try_from(pid).context("pid out of range")?;
@@ -343,6 +358,9 @@ mod tests {
     fn own_process_is_alive_and_has_rss() {
         let me = std::process::id();
         assert!(is_alive(me));
+        let start = start_time(me).unwrap();
+        assert!(is_alive_since(me, start));
+        assert!(!is_alive_since(me, start + 1));
         assert!(rss_kib(me).unwrap() > 0);
         assert!(!is_alive(0));
     }

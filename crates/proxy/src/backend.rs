@@ -23,7 +23,10 @@ const CONTROL_MAX_PACKET: usize = 64 << 20;
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     #[error("cannot connect to {addr}: {source}")]
-    Connect { addr: String, source: std::io::Error },
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
     #[error("timed out after {0:?} connecting to the backend")]
     Timeout(Duration),
     #[error("backend refused: {code} ({state}) {message}")]
@@ -200,7 +203,8 @@ impl BackendConn {
                     Event::None => {
                         // A column count: a new result set starts.
                         result.rows.clear();
-                        definitions_left = Reader::new(&p.payload).lenenc_int("columns").unwrap_or(0);
+                        definitions_left =
+                            Reader::new(&p.payload).lenenc_int("columns").unwrap_or(0);
                     }
                     Event::LocalInfile => {
                         // Control queries never ask for a file; answer "no file".

@@ -145,14 +145,21 @@ impl Config {
         let mut names = std::collections::HashSet::new();
         for b in &self.backends {
             if !names.insert(&b.name) {
-                return Err(ConfigError::Invalid(format!("backend name {:?} used twice", b.name)));
+                return Err(ConfigError::Invalid(format!(
+                    "backend name {:?} used twice",
+                    b.name
+                )));
             }
         }
         if self.proxy.max_packet_size < 1024 {
-            return Err(ConfigError::Invalid("proxy.max_packet_size must be at least 1024".into()));
+            return Err(ConfigError::Invalid(
+                "proxy.max_packet_size must be at least 1024".into(),
+            ));
         }
         if self.proxy.max_connections == 0 {
-            return Err(ConfigError::Invalid("proxy.max_connections must be at least 1".into()));
+            return Err(ConfigError::Invalid(
+                "proxy.max_connections must be at least 1".into(),
+            ));
         }
         Ok(())
     }
@@ -172,7 +179,11 @@ mod tests {
 
     #[test]
     fn unknown_keys_and_missing_backends_are_refused() {
-        assert!(Config::parse("[proxy]\nlisen = \"x\"\n[[backend]]\nname=\"a\"\naddress=\"b\"", "t").is_err());
+        assert!(Config::parse(
+            "[proxy]\nlisen = \"x\"\n[[backend]]\nname=\"a\"\naddress=\"b\"",
+            "t"
+        )
+        .is_err());
         assert!(Config::parse("", "t").is_err());
     }
 

@@ -111,9 +111,17 @@ async fn refresh_verifiers(shared: Arc<Shared>) {
     let every = Duration::from_secs(shared.config.auth.verifier_refresh_secs.max(1));
     let mut warned = false;
     loop {
-        let addr = shared.topology.borrow().primary_node().map(|n| n.address.clone());
+        let addr = shared
+            .topology
+            .borrow()
+            .primary_node()
+            .map(|n| n.address.clone());
         if let Some(addr) = addr {
-            match shared.verifiers.refresh(&shared.config, &addr, Duration::ZERO).await {
+            match shared
+                .verifiers
+                .refresh(&shared.config, &addr, Duration::ZERO)
+                .await
+            {
                 Ok(_) => warned = false,
                 Err(e) if !warned => {
                     tracing::warn!(error = %e, "cannot read password verifiers with the monitor account; logins will be relayed to the backend");
@@ -122,6 +130,11 @@ async fn refresh_verifiers(shared: Arc<Shared>) {
                 Err(_) => {}
             }
         }
-        tokio::time::sleep(if shared.verifiers.is_loaded() { every } else { Duration::from_secs(1) }).await;
+        tokio::time::sleep(if shared.verifiers.is_loaded() {
+            every
+        } else {
+            Duration::from_secs(1)
+        })
+        .await;
     }
 }

@@ -67,9 +67,19 @@ async fn refuse(
     LoginError::Refused(message)
 }
 
-async fn relay_backend_err(client: &mut PacketConn, shared: &Shared, seq: u8, e: BackendError) -> LoginError {
+async fn relay_backend_err(
+    client: &mut PacketConn,
+    shared: &Shared,
+    seq: u8,
+    e: BackendError,
+) -> LoginError {
     match e {
-        BackendError::Server { code, payload, message, .. } => {
+        BackendError::Server {
+            code,
+            payload,
+            message,
+            ..
+        } => {
             shared.metrics.count_error(code);
             let _ = client.write_packet(&payload, seq).await;
             LoginError::Refused(message)
@@ -89,7 +99,12 @@ async fn relay_backend_err(client: &mut PacketConn, shared: &Shared, seq: u8, e:
 }
 
 /// Runs the whole connection phase. On success the client has received its OK.
-pub async fn login(shared: &Shared, client: &mut PacketConn, peer: SocketAddr, id: u32) -> Result<LoggedIn, LoginError> {
+pub async fn login(
+    shared: &Shared,
+    client: &mut PacketConn,
+    peer: SocketAddr,
+    id: u32,
+) -> Result<LoggedIn, LoginError> {
     let scramble = printable_scramble(rand::random());
     let greeting = Greeting {
         server_version: server_version(shared),
@@ -106,23 +121,48 @@ pub async fn login(shared: &Shared, client: &mut PacketConn, peer: SocketAddr, i
     let req = match ClientHello::parse(&hello.payload) {
         Ok(ClientHello::Login(req)) => req,
         Ok(ClientHello::SslRequest { .. }) => {
-            return Err(refuse(client, shared, seq, ER_HANDSHAKE_ERROR, "holdfast does not offer TLS on this listener; connect without TLS".into()).await);
+            return Err(refuse(
+                client,
+                shared,
+                seq,
+                ER_HANDSHAKE_ERROR,
+                "holdfast does not offer TLS on this listener; connect without TLS".into(),
+            )
+            .await);
         }
         Err(e) => {
-            return Err(refuse(client, shared, seq, ER_HANDSHAKE_ERROR, format!("Bad handshake: {e}")).await);
+            return Err(refuse(
+                client,
+                shared,
+                seq,
+                ER_HANDSHAKE_ERROR,
+                format!("Bad handshake: {e}"),
+            )
+            .await);
         }
     };
     let capabilities = req.capabilities & PROXY_CAPABILITIES;
     let user = String::from_utf8_lossy(&req.user).into_owned();
 
     let Some(node) = shared.topology.borrow().primary_node().cloned() else {
-        return Err(refuse(client, shared, seq, CR_CONN_HOST_ERROR, "holdfast: no writable database node is available".into()).await);
+        return Err(refuse(
+            client,
+            shared,
+            seq,
+            CR_CONN_HOST_ERROR,
+            "holdfast: no writable database node is available".into(),
+        )
+        .await);
     };
 
     let mut account = shared.verifiers.lookup(&user, peer.ip());
     if account.is_none() {
         let min = std::time::Duration::from_millis(shared.config.auth.verifier_miss_refresh_ms);
-        if let Ok(true) = shared.verifiers.refresh(&shared.config, &node.address, min).await {
+        if let Ok(true) = shared
+            .verifiers
+            .refresh(&shared.config, &node.address, min)
+            .await
+        {
             account = shared.verifiers.lookup(&user, peer.ip());
         }
     }
@@ -130,7 +170,8 @@ pub async fn login(shared: &Shared, client: &mut PacketConn, peer: SocketAddr, i
 
     match verifier {
         Some(v @ (Verifier::Native(_) | Verifier::Empty)) => {
-            let native = req.auth_plugin.is_empty() || req.auth_plugin == NATIVE_PASSWORD.as_bytes();
+            let native =
+                req.auth_plugin.is_empty() || req.auth_plugin == NATIVE_PASSWORD.as_bytes();
             let response = if native {
                 req.auth_response.clone()
             } else if capabilities & CLIENT_PLUGIN_AUTH != 0 {
@@ -156,7 +197,10 @@ pub async fn login(shared: &Shared, client: &mut PacketConn, peer: SocketAddr, i
             if !ok {
                 shared.metrics.logins_failed.inc();
                 let using = if response.is_empty() { "NO" } else { "YES" };
-                let msg = format!("Access denied for user '{user}'@'{}' (using password: {using})", peer.ip());
+                let msg = format!(
+                    "Access denied for user '{user}'@'{}' (using password: {using})",
+                    peer.ip()
+                );
                 tracing::info!(user = %user, client = %peer, "login refused: wrong password");
                 return Err(refuse(client, shared, seq, ER_ACCESS_DENIED_ERROR, msg).await);
             }
@@ -169,11 +213,19 @@ pub async fn login(shared: &Shared, client: &mut PacketConn, peer: SocketAddr, i
                 attributes: &req.attributes,
             };
             shared.metrics.backend_connects.inc();
-            let backend = match backend::connect(&node.address, &params, shared.config.proxy.connect_timeout()).await {
+            let backend = match backend::connect(
+                &node.address,
+                &params,
+                shared.config.proxy.connect_timeout(),
+            )
+            .await
+            {
                 Ok(b) => b,
                 Err(e) => return Err(relay_backend_err(client, shared, seq, e).await),
             };
-            client.write_packet(&ok_payload(0, 0, SERVER_STATUS_AUTOCOMMIT, 0), seq).await?;
+            client
+                .write_packet(&ok_payload(0, 0, SERVER_STATUS_AUTOCOMMIT, 0), seq)
+                .await?;
             Ok(LoggedIn {
                 backend,
                 backend_name: node.name,
@@ -189,7 +241,16 @@ pub async fn login(shared: &Shared, client: &mut PacketConn, peer: SocketAddr, i
                 Some(Verifier::Relay { plugin }) => Some(plugin),
                 _ => None,
             };
-            let backend = relay_login(shared, client, &req, capabilities, seq, &node.address, plugin).await?;
+            let backend = relay_login(
+                shared,
+                client,
+                &req,
+                capabilities,
+                seq,
+                &node.address,
+                plugin,
+            )
+            .await?;
             Ok(LoggedIn {
                 backend,
                 backend_name: node.name,
@@ -227,10 +288,11 @@ async fn relay_login(
         return Err(refuse(client, shared, seq, ER_NOT_SUPPORTED_AUTH_MODE, "Client does not support authentication protocol requested by server; consider upgrading MariaDB client".into()).await);
     }
     shared.metrics.backend_connects.inc();
-    let (mut conn, greeting) = match backend::open(addr, shared.config.proxy.connect_timeout()).await {
-        Ok(x) => x,
-        Err(e) => return Err(relay_backend_err(client, shared, seq, e).await),
-    };
+    let (mut conn, greeting) =
+        match backend::open(addr, shared.config.proxy.connect_timeout()).await {
+            Ok(x) => x,
+            Err(e) => return Err(relay_backend_err(client, shared, seq, e).await),
+        };
     let server_default = String::from_utf8_lossy(&greeting.auth_plugin).into_owned();
     let plugin = client_plugin(plugin.as_deref().unwrap_or(&server_default)).to_string();
     let switch = AuthSwitch {
@@ -251,13 +313,21 @@ async fn relay_login(
         auth_plugin: plugin.into_bytes(),
         attributes: req.attributes.clone(),
     };
-    let backend_fail = |e: ConnError| LoginError::Refused(format!("backend connection lost during login: {e}"));
-    conn.write_packet(&login.encode(), 1).await.map_err(backend_fail)?;
+    let backend_fail =
+        |e: ConnError| LoginError::Refused(format!("backend connection lost during login: {e}"));
+    conn.write_packet(&login.encode(), 1)
+        .await
+        .map_err(backend_fail)?;
     loop {
-        let p = conn.read_packet(LOGIN_MAX_PACKET).await.map_err(backend_fail)?;
+        let p = conn
+            .read_packet(LOGIN_MAX_PACKET)
+            .await
+            .map_err(backend_fail)?;
         match p.payload.first() {
             Some(&OK_HEADER) => {
-                client.write_packet(&ok_payload(0, 0, SERVER_STATUS_AUTOCOMMIT, 0), seq).await?;
+                client
+                    .write_packet(&ok_payload(0, 0, SERVER_STATUS_AUTOCOMMIT, 0), seq)
+                    .await?;
                 return Ok(BackendConn {
                     conn,
                     greeting,
@@ -266,14 +336,22 @@ async fn relay_login(
             }
             Some(&ERR_HEADER) => {
                 shared.metrics.logins_failed.inc();
-                return Err(relay_backend_err(client, shared, seq, BackendError::from_err_payload(&p.payload)).await);
+                return Err(relay_backend_err(
+                    client,
+                    shared,
+                    seq,
+                    BackendError::from_err_payload(&p.payload),
+                )
+                .await);
             }
             _ => {
                 // More auth data or another switch: pass it on, and the client's answer back.
                 client.write_packet(&p.payload, seq).await?;
                 let answer = client.read_packet(LOGIN_MAX_PACKET).await?;
                 seq = answer.seq.wrapping_add(1);
-                conn.write_packet(&answer.payload, p.seq.wrapping_add(1)).await.map_err(backend_fail)?;
+                conn.write_packet(&answer.payload, p.seq.wrapping_add(1))
+                    .await
+                    .map_err(backend_fail)?;
             }
         }
     }

@@ -47,7 +47,10 @@ pub struct HistogramCells {
 impl LatencyHistogram {
     pub fn observe(&self, d: Duration) {
         let secs = d.as_secs_f64();
-        let idx = BUCKETS.iter().position(|&b| secs <= b).unwrap_or(BUCKETS.len());
+        let idx = BUCKETS
+            .iter()
+            .position(|&b| secs <= b)
+            .unwrap_or(BUCKETS.len());
         self.0.buckets[idx].fetch_add(1, Ordering::Relaxed);
         self.0.count.fetch_add(1, Ordering::Relaxed);
         let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
@@ -114,9 +117,17 @@ impl Metrics {
             connections_rejected.clone(),
         );
         let logins_failed = Counter::default();
-        registry.register("logins_failed", "Logins refused (wrong password)", logins_failed.clone());
+        registry.register(
+            "logins_failed",
+            "Logins refused (wrong password)",
+            logins_failed.clone(),
+        );
         let sessions_active = Gauge::default();
-        registry.register("sessions", "Client sessions currently open", sessions_active.clone());
+        registry.register(
+            "sessions",
+            "Client sessions currently open",
+            sessions_active.clone(),
+        );
         let sessions_passthrough_auth = Gauge::default();
         registry.register(
             "sessions_passthrough_auth",
@@ -130,11 +141,23 @@ impl Metrics {
             errors_sent.clone(),
         );
         let bytes_from_clients = Counter::default();
-        registry.register("client_bytes_received", "Bytes read from clients", bytes_from_clients.clone());
+        registry.register(
+            "client_bytes_received",
+            "Bytes read from clients",
+            bytes_from_clients.clone(),
+        );
         let bytes_to_clients = Counter::default();
-        registry.register("client_bytes_sent", "Bytes written to clients", bytes_to_clients.clone());
+        registry.register(
+            "client_bytes_sent",
+            "Bytes written to clients",
+            bytes_to_clients.clone(),
+        );
         let backend_connects = Counter::default();
-        registry.register("backend_connects", "Backend connections opened", backend_connects.clone());
+        registry.register(
+            "backend_connects",
+            "Backend connections opened",
+            backend_connects.clone(),
+        );
         let backend_connect_failures = Counter::default();
         registry.register(
             "backend_connect_failures",
@@ -183,7 +206,9 @@ impl Metrics {
             }
             None => {
                 self.commands
-                    .get_or_create(&CommandLabel { command: "COM_UNKNOWN" })
+                    .get_or_create(&CommandLabel {
+                        command: "COM_UNKNOWN",
+                    })
                     .inc();
             }
         }
@@ -194,7 +219,9 @@ impl Metrics {
     }
 
     pub fn reject(&self, reason: &'static str) {
-        self.connections_rejected.get_or_create(&ReasonLabel { reason }).inc();
+        self.connections_rejected
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
     }
 
     pub fn render(&self) -> String {
@@ -224,8 +251,17 @@ mod tests {
         m.count_command(3);
         m.count_error(1045);
         let text = m.render();
-        assert!(text.contains("holdfast_command_latency_seconds_count 2"), "{text}");
-        assert!(text.contains("holdfast_commands_total{command=\"COM_QUERY\"} 1"), "{text}");
-        assert!(text.contains("holdfast_errors_total{code=\"1045\"} 1"), "{text}");
+        assert!(
+            text.contains("holdfast_command_latency_seconds_count 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("holdfast_commands_total{command=\"COM_QUERY\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("holdfast_errors_total{code=\"1045\"} 1"),
+            "{text}"
+        );
     }
 }

@@ -74,14 +74,21 @@ pub async fn refuse_too_many(shared: Arc<Shared>, stream: TcpStream, peer: Socke
     shared.metrics.count_error(ER_CON_COUNT_ERROR);
     tracing::warn!(client = %peer, limit = shared.config.proxy.max_connections, "too many connections");
     let mut conn = PacketConn::new(stream);
-    let _ = conn.write_packet(&err(ER_CON_COUNT_ERROR, "Too many connections"), 0).await;
+    let _ = conn
+        .write_packet(&err(ER_CON_COUNT_ERROR, "Too many connections"), 0)
+        .await;
 }
 
 pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     let id = shared.next_session_id();
     let mut client = PacketConn::new(stream);
     let deadline = shared.config.proxy.handshake_timeout();
-    let logged_in = match tokio::time::timeout(deadline, login::login(&shared, &mut client, peer, id)).await {
+    let logged_in = match tokio::time::timeout(
+        deadline,
+        login::login(&shared, &mut client, peer, id),
+    )
+    .await
+    {
         Ok(Ok(l)) => l,
         Ok(Err(e)) => {
             shared.metrics.reject("login_failed");
@@ -115,7 +122,8 @@ pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     let info = Arc::new(SessionInfo::new(id, peer));
     let _ = info.user.set(user.clone());
     let _ = info.backend.set(backend_name);
-    info.can_reauthenticate.store(can_reauthenticate, Ordering::Relaxed);
+    info.can_reauthenticate
+        .store(can_reauthenticate, Ordering::Relaxed);
     info.set_blocker(record.blocker());
     shared.sessions.insert(info.clone());
     shared.metrics.sessions_active.inc();
@@ -178,14 +186,19 @@ impl Session {
                 Err(e) => return End::Client(e),
             };
             let request = self.client.rbuf.split_to(wire_len);
-            self.shared.metrics.bytes_from_clients.inc_by(wire_len as u64);
+            self.shared
+                .metrics
+                .bytes_from_clients
+                .inc_by(wire_len as u64);
             let started = Instant::now();
             if let Err(end) = self.command(request).await {
                 return end;
             }
             self.shared.metrics.query_latency.observe(started.elapsed());
             self.info.commands.fetch_add(1, Ordering::Relaxed);
-            self.info.status.store(self.record.status, Ordering::Relaxed);
+            self.info
+                .status
+                .store(self.record.status, Ordering::Relaxed);
             self.info.set_blocker(self.record.blocker());
         }
     }
@@ -197,7 +210,12 @@ impl Session {
         };
         let reply_seq = header.seq.wrapping_add(1);
         let Some(&cmd) = request.get(HEADER_LEN) else {
-            self.send_error(reply_seq, ER_MALFORMED_PACKET, "Malformed communication packet: empty command").await?;
+            self.send_error(
+                reply_seq,
+                ER_MALFORMED_PACKET,
+                "Malformed communication packet: empty command",
+            )
+            .await?;
             return Ok(());
         };
         self.shared.metrics.count_command(cmd);
@@ -205,7 +223,10 @@ impl Session {
         match cmd {
             COM_QUIT => Err(End::Quit),
             COM_QUERY => {
-                let flags = classify(&request[HEADER_LEN + 1..header.len.min(request.len() - HEADER_LEN) + HEADER_LEN]);
+                let flags = classify(
+                    &request
+                        [HEADER_LEN + 1..header.len.min(request.len() - HEADER_LEN) + HEADER_LEN],
+                );
                 self.note_query(flags);
                 self.forward(&request).await?;
                 self.relay(Expect::ResultSets).await
@@ -215,9 +236,11 @@ impl Session {
                 let sql = Bytes::copy_from_slice(&frame::logical_payload(&request)[1..]);
                 self.relay_prepare(sql).await
             }
-            COM_STMT_EXECUTE | COM_STMT_FETCH | COM_STMT_RESET | COM_STMT_CLOSE | COM_STMT_SEND_LONG_DATA => {
-                self.statement_command(cmd, &mut request, reply_seq).await
-            }
+            COM_STMT_EXECUTE
+            | COM_STMT_FETCH
+            | COM_STMT_RESET
+            | COM_STMT_CLOSE
+            | COM_STMT_SEND_LONG_DATA => self.statement_command(cmd, &mut request, reply_seq).await,
             COM_CHANGE_USER => self.change_user(&request).await,
             COM_RESET_CONNECTION => {
                 self.forward(&request).await?;
@@ -226,7 +249,8 @@ impl Session {
                 self.record.reset();
                 self.restore_trackers().await
             }
-            COM_INIT_DB | COM_PING | COM_SET_OPTION | COM_PROCESS_KILL | COM_DEBUG | COM_REFRESH | COM_CREATE_DB | COM_DROP_DB => {
+            COM_INIT_DB | COM_PING | COM_SET_OPTION | COM_PROCESS_KILL | COM_DEBUG
+            | COM_REFRESH | COM_CREATE_DB | COM_DROP_DB => {
                 self.forward(&request).await?;
                 self.relay(Expect::Status).await
             }
@@ -243,15 +267,32 @@ impl Session {
                 self.relay(Expect::ResultSets).await
             }
             other => {
-                tracing::info!(command = other, name = name(other), "unsupported command refused");
-                self.send_error(reply_seq, ER_UNKNOWN_COM_ERROR, &format!("Unknown command 0x{other:02x} ({}): holdfast does not forward it", name(other))).await
+                tracing::info!(
+                    command = other,
+                    name = name(other),
+                    "unsupported command refused"
+                );
+                self.send_error(
+                    reply_seq,
+                    ER_UNKNOWN_COM_ERROR,
+                    &format!(
+                        "Unknown command 0x{other:02x} ({}): holdfast does not forward it",
+                        name(other)
+                    ),
+                )
+                .await
             }
         }
     }
 
     fn note_query(&mut self, flags: C) {
         let r = &mut self.record;
-        if flags.intersects(C::SET_USER_VAR.union(C::CALL).union(C::EXECUTE_SQL).union(C::COMPOUND)) {
+        if flags.intersects(
+            C::SET_USER_VAR
+                .union(C::CALL)
+                .union(C::EXECUTE_SQL)
+                .union(C::COMPOUND),
+        ) {
             r.user_variables_touched = true;
         }
         if flags.has(C::CREATE_TEMP_TABLE) {
@@ -269,7 +310,11 @@ impl Session {
     }
 
     async fn forward(&mut self, request: &[u8]) -> Result<(), End> {
-        self.backend.conn.write_raw(request).await.map_err(End::Backend)
+        self.backend
+            .conn
+            .write_raw(request)
+            .await
+            .map_err(End::Backend)
     }
 
     /// Writes the first `n` buffered backend bytes to the client.
@@ -280,7 +325,11 @@ impl Session {
         let chunk = self.backend.conn.rbuf.split_to(n);
         self.response_started = true;
         self.shared.metrics.bytes_to_clients.inc_by(n as u64);
-        self.client.stream.write_all(&chunk).await.map_err(|e| End::Client(e.into()))
+        self.client
+            .stream
+            .write_all(&chunk)
+            .await
+            .map_err(|e| End::Client(e.into()))
     }
 
     /// Reads more from the backend; a lost backend is reported to the client if nothing of
@@ -291,7 +340,13 @@ impl Session {
             Err(e) => {
                 if !self.response_started {
                     let _ = self
-                        .send_error(1, CR_SERVER_LOST, &format!("Lost connection to the database server during the command: {e}"))
+                        .send_error(
+                            1,
+                            CR_SERVER_LOST,
+                            &format!(
+                                "Lost connection to the database server during the command: {e}"
+                            ),
+                        )
                         .await;
                 }
                 Err(End::Backend(e))
@@ -306,10 +361,16 @@ impl Session {
     }
 
     async fn relay_prepare(&mut self, sql: Bytes) -> Result<(), End> {
-        self.relay_inner(Expect::Prepare, Some(sql)).await.map(|_| ())
+        self.relay_inner(Expect::Prepare, Some(sql))
+            .await
+            .map(|_| ())
     }
 
-    async fn relay_inner(&mut self, expect: Expect, prepare_sql: Option<Bytes>) -> Result<u16, End> {
+    async fn relay_inner(
+        &mut self,
+        expect: Expect,
+        prepare_sql: Option<Bytes>,
+    ) -> Result<u16, End> {
         let mut m = ResponseMachine::new(expect, self.deprecate_eof());
         let mut ready = 0usize;
         let mut passing = 0usize;
@@ -368,12 +429,19 @@ impl Session {
             let seq = rest[3];
             // Borrow the buffer through the field alone, so the record can be updated below.
             let payload = &self.backend.conn.rbuf[ready + HEADER_LEN..ready + wire_len];
-            let event = m.on_packet(payload).map_err(|e| End::Protocol(format!("backend sent a malformed response: {e}")))?;
+            let event = m
+                .on_packet(payload)
+                .map_err(|e| End::Protocol(format!("backend sent a malformed response: {e}")))?;
             let mut replacement: Option<Vec<u8>> = None;
             let mut is_infile = false;
             match event {
                 Event::Ok(ok) => {
-                    replacement = observe_ok(&mut self.record, &ok, payload.len(), self.capabilities & CLIENT_SESSION_TRACK != 0);
+                    replacement = observe_ok(
+                        &mut self.record,
+                        &ok,
+                        payload.len(),
+                        self.capabilities & CLIENT_SESSION_TRACK != 0,
+                    );
                 }
                 Event::Eof(eof) => self.record.status = eof.status,
                 Event::Err(e) => self.shared.metrics.count_error(e.code),
@@ -406,7 +474,10 @@ impl Session {
                     self.backend.conn.rbuf.advance(wire_len);
                     let framed = frame::packet(&new_payload, seq);
                     self.response_started = true;
-                    self.shared.metrics.bytes_to_clients.inc_by(framed.len() as u64);
+                    self.shared
+                        .metrics
+                        .bytes_to_clients
+                        .inc_by(framed.len() as u64);
                     self.client.write_raw(&framed).await.map_err(End::Client)?;
                 }
                 None => ready += wire_len,
@@ -427,7 +498,10 @@ impl Session {
         loop {
             let wire_len = self.client.buffer_packet(max).await.map_err(End::Client)?;
             let chunk = self.client.rbuf.split_to(wire_len);
-            self.shared.metrics.bytes_from_clients.inc_by(wire_len as u64);
+            self.shared
+                .metrics
+                .bytes_from_clients
+                .inc_by(wire_len as u64);
             self.forward(&chunk).await?;
             if parse_header(&chunk).is_some_and(|h| h.len == 0) {
                 return Ok(());
@@ -435,20 +509,36 @@ impl Session {
         }
     }
 
-    async fn statement_command(&mut self, cmd: u8, request: &mut BytesMut, reply_seq: u8) -> Result<(), End> {
+    async fn statement_command(
+        &mut self,
+        cmd: u8,
+        request: &mut BytesMut,
+        reply_seq: u8,
+    ) -> Result<(), End> {
         let Some(client_id) = packets::statement_id(&request[HEADER_LEN..]) else {
             if cmd == COM_STMT_CLOSE || cmd == COM_STMT_SEND_LONG_DATA {
                 return Ok(());
             }
-            return self.send_error(reply_seq, ER_MALFORMED_PACKET, "Malformed communication packet: no statement id").await;
+            return self
+                .send_error(
+                    reply_seq,
+                    ER_MALFORMED_PACKET,
+                    "Malformed communication packet: no statement id",
+                )
+                .await;
         };
         let Some(stmt) = self.statements.get_mut(&client_id) else {
             // The server sends nothing back for these two, whatever the id.
             if cmd == COM_STMT_CLOSE || cmd == COM_STMT_SEND_LONG_DATA {
                 return Ok(());
             }
-            let msg = format!("Unknown prepared statement handler ({client_id}) given to {}", name(cmd));
-            return self.send_error(reply_seq, ER_UNKNOWN_STMT_HANDLER, &msg).await;
+            let msg = format!(
+                "Unknown prepared statement handler ({client_id}) given to {}",
+                name(cmd)
+            );
+            return self
+                .send_error(reply_seq, ER_UNKNOWN_STMT_HANDLER, &msg)
+                .await;
         };
         packets::set_statement_id(&mut request[HEADER_LEN..], stmt.backend_id);
         match cmd {
@@ -472,7 +562,9 @@ impl Session {
             }
             COM_STMT_EXECUTE => {
                 stmt.long_data = false;
-                let wants_cursor = request.get(HEADER_LEN + 5).is_some_and(|f| f & CURSOR_TYPE_READ_ONLY != 0);
+                let wants_cursor = request
+                    .get(HEADER_LEN + 5)
+                    .is_some_and(|f| f & CURSOR_TYPE_READ_ONLY != 0);
                 self.forward(request).await?;
                 let status = self.relay_inner(Expect::ResultSets, None).await?;
                 if let Some(stmt) = self.statements.get_mut(&client_id) {
@@ -522,20 +614,39 @@ impl Session {
         let cu = match ChangeUser::parse(&payload, self.capabilities) {
             Ok(c) => c,
             Err(e) => {
-                self.send_error(seq, ER_MALFORMED_PACKET, &format!("Malformed COM_CHANGE_USER: {e}")).await?;
+                self.send_error(
+                    seq,
+                    ER_MALFORMED_PACKET,
+                    &format!("Malformed COM_CHANGE_USER: {e}"),
+                )
+                .await?;
                 return Err(End::Protocol("malformed COM_CHANGE_USER".into()));
             }
         };
         let user = String::from_utf8_lossy(&cu.user).into_owned();
         let peer = self.info.client.ip();
-        let verifier = self.shared.verifiers.lookup(&user, peer).map(|a| a.verifier());
+        let verifier = self
+            .shared
+            .verifiers
+            .lookup(&user, peer)
+            .map(|a| a.verifier());
         let (auth, plugin, secret) = match verifier.clone() {
             Some(v @ (Verifier::Native(_) | Verifier::Empty)) => {
                 let mut response = cu.auth_response.clone();
                 if !(cu.auth_plugin.is_empty() || cu.auth_plugin == NATIVE_PASSWORD.as_bytes()) {
-                    let switch = AuthSwitch { plugin: NATIVE_PASSWORD.as_bytes().to_vec(), data: self.scramble.to_vec() };
-                    self.client.write_packet(&switch.encode(), seq).await.map_err(End::Client)?;
-                    let answer = self.client.read_packet(1 << 20).await.map_err(End::Client)?;
+                    let switch = AuthSwitch {
+                        plugin: NATIVE_PASSWORD.as_bytes().to_vec(),
+                        data: self.scramble.to_vec(),
+                    };
+                    self.client
+                        .write_packet(&switch.encode(), seq)
+                        .await
+                        .map_err(End::Client)?;
+                    let answer = self
+                        .client
+                        .read_packet(1 << 20)
+                        .await
+                        .map_err(End::Client)?;
                     seq = answer.seq.wrapping_add(1);
                     response = answer.payload.to_vec();
                 }
@@ -543,15 +654,25 @@ impl Session {
                     Verifier::Native(stored) => verify_native(&response, &self.scramble, &stored),
                     _ => None,
                 };
-                let ok = matches!(v, Verifier::Native(_)) == secret.is_some() && (secret.is_some() || response.is_empty());
+                let ok = matches!(v, Verifier::Native(_)) == secret.is_some()
+                    && (secret.is_some() || response.is_empty());
                 if !ok {
                     self.shared.metrics.logins_failed.inc();
                     let using = if response.is_empty() { "NO" } else { "YES" };
-                    self.send_error(seq, ER_ACCESS_DENIED_ERROR, &format!("Access denied for user '{user}'@'{peer}' (using password: {using})")).await?;
+                    self.send_error(
+                        seq,
+                        ER_ACCESS_DENIED_ERROR,
+                        &format!(
+                            "Access denied for user '{user}'@'{peer}' (using password: {using})"
+                        ),
+                    )
+                    .await?;
                     return Err(End::Protocol("COM_CHANGE_USER refused".into()));
                 }
                 let answer = match &secret {
-                    Some(s) => s.scramble_response(&self.backend.greeting.scramble).to_vec(),
+                    Some(s) => s
+                        .scramble_response(&self.backend.greeting.scramble)
+                        .to_vec(),
                     None => Vec::new(),
                 };
                 (answer, NATIVE_PASSWORD.as_bytes().to_vec(), secret)
@@ -559,41 +680,86 @@ impl Session {
             _ => {
                 // Relay: the client answers the backend's scramble.
                 let plugin = match verifier.clone() {
-                    Some(Verifier::Relay { plugin }) if plugin == "ed25519" => b"client_ed25519".to_vec(),
+                    Some(Verifier::Relay { plugin }) if plugin == "ed25519" => {
+                        b"client_ed25519".to_vec()
+                    }
                     Some(Verifier::Relay { plugin }) => plugin.into_bytes(),
                     _ => NATIVE_PASSWORD.as_bytes().to_vec(),
                 };
-                let switch = AuthSwitch { plugin: plugin.clone(), data: self.backend.greeting.scramble.clone() };
-                self.client.write_packet(&switch.encode(), seq).await.map_err(End::Client)?;
-                let answer = self.client.read_packet(1 << 20).await.map_err(End::Client)?;
+                let switch = AuthSwitch {
+                    plugin: plugin.clone(),
+                    data: self.backend.greeting.scramble.clone(),
+                };
+                self.client
+                    .write_packet(&switch.encode(), seq)
+                    .await
+                    .map_err(End::Client)?;
+                let answer = self
+                    .client
+                    .read_packet(1 << 20)
+                    .await
+                    .map_err(End::Client)?;
                 seq = answer.seq.wrapping_add(1);
                 (answer.payload.to_vec(), plugin, None)
             }
         };
-        let forwarded = ChangeUser { auth_response: auth, auth_plugin: plugin, ..cu };
+        let forwarded = ChangeUser {
+            auth_response: auth,
+            auth_plugin: plugin,
+            ..cu
+        };
         self.backend
             .conn
             .write_packet(&forwarded.encode(self.backend.capabilities), 0)
             .await
             .map_err(End::Backend)?;
         loop {
-            let p = self.backend.conn.read_packet(1 << 20).await.map_err(End::Backend)?;
+            let p = self
+                .backend
+                .conn
+                .read_packet(1 << 20)
+                .await
+                .map_err(End::Backend)?;
             match p.payload.first() {
                 Some(&OK_HEADER) => break,
                 Some(&ERR_HEADER) => {
-                    self.client.write_packet(&p.payload, seq).await.map_err(End::Client)?;
-                    return Err(End::Protocol("COM_CHANGE_USER refused by the backend".into()));
+                    self.client
+                        .write_packet(&p.payload, seq)
+                        .await
+                        .map_err(End::Client)?;
+                    return Err(End::Protocol(
+                        "COM_CHANGE_USER refused by the backend".into(),
+                    ));
                 }
                 Some(0xfe) if secret.is_some() => {
-                    let switch = AuthSwitch::parse(&p.payload).map_err(|e| End::Protocol(e.to_string()))?;
-                    let answer = secret.as_ref().map(|s| s.scramble_response(&switch.data).to_vec()).unwrap_or_default();
-                    self.backend.conn.write_packet(&answer, p.seq.wrapping_add(1)).await.map_err(End::Backend)?;
+                    let switch =
+                        AuthSwitch::parse(&p.payload).map_err(|e| End::Protocol(e.to_string()))?;
+                    let answer = secret
+                        .as_ref()
+                        .map(|s| s.scramble_response(&switch.data).to_vec())
+                        .unwrap_or_default();
+                    self.backend
+                        .conn
+                        .write_packet(&answer, p.seq.wrapping_add(1))
+                        .await
+                        .map_err(End::Backend)?;
                 }
                 _ => {
-                    self.client.write_packet(&p.payload, seq).await.map_err(End::Client)?;
-                    let answer = self.client.read_packet(1 << 20).await.map_err(End::Client)?;
+                    self.client
+                        .write_packet(&p.payload, seq)
+                        .await
+                        .map_err(End::Client)?;
+                    let answer = self
+                        .client
+                        .read_packet(1 << 20)
+                        .await
+                        .map_err(End::Client)?;
                     seq = answer.seq.wrapping_add(1);
-                    self.backend.conn.write_packet(&answer.payload, p.seq.wrapping_add(1)).await.map_err(End::Backend)?;
+                    self.backend
+                        .conn
+                        .write_packet(&answer.payload, p.seq.wrapping_add(1))
+                        .await
+                        .map_err(End::Backend)?;
                 }
             }
         }
@@ -613,7 +779,12 @@ impl Session {
 
 /// Records what an OK packet says; returns a re-encoded payload when the client did not
 /// negotiate session tracking and the packet carries tracker data or a tracking-style info.
-fn observe_ok(record: &mut SessionRecord, ok: &OkPacket<'_>, payload_len: usize, client_tracks: bool) -> Option<Vec<u8>> {
+fn observe_ok(
+    record: &mut SessionRecord,
+    ok: &OkPacket<'_>,
+    payload_len: usize,
+    client_tracks: bool,
+) -> Option<Vec<u8>> {
     record.status = ok.status;
     if ok.last_insert_id != 0 {
         record.last_insert_id = ok.last_insert_id;
@@ -625,7 +796,8 @@ fn observe_ok(record: &mut SessionRecord, ok: &OkPacket<'_>, payload_len: usize,
         return None;
     }
     let minimal = 1 + lenenc_len(ok.affected_rows) + lenenc_len(ok.last_insert_id) + 4;
-    (payload_len != minimal || ok.status & SERVER_SESSION_STATE_CHANGED != 0).then(|| ok.encode(false))
+    (payload_len != minimal || ok.status & SERVER_SESSION_STATE_CHANGED != 0)
+        .then(|| ok.encode(false))
 }
 
 fn lenenc_len(v: u64) -> usize {

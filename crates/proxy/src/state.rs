@@ -111,7 +111,10 @@ mod tests {
         put_lenenc_bytes(&mut block, &schema);
         let mut r = SessionRecord::default();
         r.apply_session_state(&block);
-        assert_eq!(r.variables.get("sql_mode").map(String::as_str), Some("ANSI_QUOTES"));
+        assert_eq!(
+            r.variables.get("sql_mode").map(String::as_str),
+            Some("ANSI_QUOTES")
+        );
         assert_eq!(r.schema.as_deref(), Some("sbtest"));
         r.status = SERVER_STATUS_IN_TRANS;
         assert_eq!(r.blocker(), Some("open transaction"));

@@ -100,9 +100,17 @@ pub async fn run_monitor(cfg: Arc<Config>, tx: watch::Sender<Arc<Topology>>) {
     }
 }
 
-async fn probe(cfg: &Config, addr: &str, slot: &mut Option<BackendConn>) -> Result<(bool, String), String> {
+async fn probe(
+    cfg: &Config,
+    addr: &str,
+    slot: &mut Option<BackendConn>,
+) -> Result<(bool, String), String> {
     if slot.is_none() {
-        *slot = Some(monitor_connect(cfg, addr).await.map_err(|e| e.to_string())?);
+        *slot = Some(
+            monitor_connect(cfg, addr)
+                .await
+                .map_err(|e| e.to_string())?,
+        );
     }
     let Some(conn) = slot.as_mut() else {
         return Err("no monitor connection".into());
@@ -115,5 +123,8 @@ async fn probe(cfg: &Config, addr: &str, slot: &mut Option<BackendConn>) -> Resu
     let row = r.rows.first().ok_or("monitor query returned no row")?;
     let read_only = row.first().cloned().flatten().unwrap_or_default();
     let version = row.get(1).cloned().flatten().unwrap_or_default();
-    Ok((read_only == "1" || read_only.eq_ignore_ascii_case("on"), version))
+    Ok((
+        read_only == "1" || read_only.eq_ignore_ascii_case("on"),
+        version,
+    ))
 }

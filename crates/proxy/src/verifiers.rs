@@ -128,11 +128,17 @@ impl VerifierCache {
             map.entry(a.user.clone()).or_default().push(a);
         }
         self.accounts.store(Arc::new(map));
-        self.loaded.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.loaded
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Re-reads the verifiers unless that happened less than `min_interval` ago.
-    pub async fn refresh(&self, cfg: &Config, addr: &str, min_interval: Duration) -> Result<bool, backend::BackendError> {
+    pub async fn refresh(
+        &self,
+        cfg: &Config,
+        addr: &str,
+        min_interval: Duration,
+    ) -> Result<bool, backend::BackendError> {
         let mut last = self.last_refresh.lock().await;
         if let Some(t) = *last {
             if t.elapsed() < min_interval {
@@ -148,7 +154,10 @@ impl VerifierCache {
 }
 
 /// Logs in with the monitor account.
-pub async fn monitor_connect(cfg: &Config, addr: &str) -> Result<BackendConn, backend::BackendError> {
+pub async fn monitor_connect(
+    cfg: &Config,
+    addr: &str,
+) -> Result<BackendConn, backend::BackendError> {
     let secret = PasswordHash::from_password(cfg.auth.monitor_password.as_bytes());
     let params = LoginParams {
         user: cfg.auth.monitor_user.as_bytes(),
@@ -224,7 +233,10 @@ mod tests {
         assert_eq!(c.lookup("app", lo).unwrap().auth_string, "*CC");
         let remote: IpAddr = "10.1.2.3".parse().unwrap();
         assert_eq!(c.lookup("app", remote).unwrap().auth_string, "*AA");
-        assert_eq!(c.lookup("other", remote).unwrap().verifier(), Verifier::Empty);
+        assert_eq!(
+            c.lookup("other", remote).unwrap().verifier(),
+            Verifier::Empty
+        );
         assert!(c.lookup("nobody", lo).is_none());
     }
 
@@ -240,6 +252,11 @@ mod tests {
     fn other_plugins_are_relayed() {
         let mut a = acct("e", "%", "abc");
         a.plugin = "ed25519".into();
-        assert_eq!(a.verifier(), Verifier::Relay { plugin: "ed25519".into() });
+        assert_eq!(
+            a.verifier(),
+            Verifier::Relay {
+                plugin: "ed25519".into()
+            }
+        );
     }
 }

@@ -47,7 +47,11 @@ impl PasswordHash {
 }
 
 /// Checks a client's answer against a stored verifier; on success returns `SHA1(password)`.
-pub fn verify_native(response: &[u8], scramble: &[u8], verifier: &[u8; 20]) -> Option<PasswordHash> {
+pub fn verify_native(
+    response: &[u8],
+    scramble: &[u8],
+    verifier: &[u8; 20],
+) -> Option<PasswordHash> {
     if response.len() != 20 {
         return None;
     }
@@ -63,7 +67,10 @@ pub fn verify_native(response: &[u8], scramble: &[u8], verifier: &[u8; 20]) -> O
     let check: [u8; 20] = Sha1::digest(candidate.0).into();
     // Not constant-time across the whole comparison would leak little (the attacker controls
     // the scramble only through reconnects), but fold it anyway.
-    let diff = check.iter().zip(verifier).fold(0u8, |acc, (a, b)| acc | (a ^ b));
+    let diff = check
+        .iter()
+        .zip(verifier)
+        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
     (diff == 0).then_some(candidate)
 }
 
@@ -112,7 +119,10 @@ mod tests {
         // PASSWORD('app_pass') as MariaDB prints it is "*" + hex(SHA1(SHA1(pw))).
         let pw = PasswordHash::from_password(b"app_pass");
         let hex: String = pw.verifier().iter().map(|b| format!("{b:02X}")).collect();
-        assert_eq!(parse_native_verifier(&format!("*{hex}")), Some(pw.verifier()));
+        assert_eq!(
+            parse_native_verifier(&format!("*{hex}")),
+            Some(pw.verifier())
+        );
         assert_eq!(parse_native_verifier("*12"), None);
         assert_eq!(parse_native_verifier(""), None);
     }

@@ -127,7 +127,17 @@ mod tests {
 
     #[test]
     fn lenenc_round_trip() {
-        for v in [0u64, 1, 250, 251, 0xffff, 0x10000, 0xff_ffff, 0x100_0000, u64::MAX] {
+        for v in [
+            0u64,
+            1,
+            250,
+            251,
+            0xffff,
+            0x10000,
+            0xff_ffff,
+            0x100_0000,
+            u64::MAX,
+        ] {
             let mut out = Vec::new();
             put_lenenc_int(&mut out, v);
             let mut r = Reader::new(&out);

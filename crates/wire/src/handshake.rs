@@ -22,7 +22,10 @@ impl Greeting {
         let mut r = Reader::new(payload);
         let proto = r.u8("protocol version")?;
         if proto == 0xff {
-            return Err(WireError::Unexpected(proto, "greeting (server sent an error)"));
+            return Err(WireError::Unexpected(
+                proto,
+                "greeting (server sent an error)",
+            ));
         }
         if proto != 10 {
             return Err(WireError::Malformed("unsupported protocol version"));
@@ -112,7 +115,9 @@ impl ClientHello {
         let mut r = Reader::new(payload);
         let capabilities = r.u32("client capabilities")?;
         if capabilities & CLIENT_PROTOCOL_41 == 0 {
-            return Err(WireError::Malformed("pre-4.1 client protocol is not supported"));
+            return Err(WireError::Malformed(
+                "pre-4.1 client protocol is not supported",
+            ));
         }
         let max_packet = r.u32("max packet size")?;
         let charset = r.u8("charset")?;
@@ -345,15 +350,24 @@ mod tests {
             auth_plugin: b"mysql_native_password".to_vec(),
             attributes: vec![3, b'a', b'b', b'c', 1, b'x'],
         };
-        assert_eq!(ClientHello::parse(&l.encode()).unwrap(), ClientHello::Login(l.clone()));
-        assert_eq!(parse_attributes(&l.attributes), vec![("abc".into(), "x".into())]);
+        assert_eq!(
+            ClientHello::parse(&l.encode()).unwrap(),
+            ClientHello::Login(l.clone())
+        );
+        assert_eq!(
+            parse_attributes(&l.attributes),
+            vec![("abc".into(), "x".into())]
+        );
     }
 
     #[test]
     fn ssl_request_detected() {
         let mut p = (CLIENT_PROTOCOL_41 | CLIENT_SSL).to_le_bytes().to_vec();
         p.extend_from_slice(&[0; 28]);
-        assert!(matches!(ClientHello::parse(&p), Ok(ClientHello::SslRequest { .. })));
+        assert!(matches!(
+            ClientHello::parse(&p),
+            Ok(ClientHello::SslRequest { .. })
+        ));
     }
 
     #[test]

@@ -160,8 +160,16 @@ impl EofPacket {
             return Err(WireError::Unexpected(header, "EOF packet"));
         }
         // Pre-4.1 EOF has no body; treat missing fields as zero.
-        let warnings = if r.remaining() >= 2 { r.u16("warnings")? } else { 0 };
-        let status = if r.remaining() >= 2 { r.u16("status")? } else { 0 };
+        let warnings = if r.remaining() >= 2 {
+            r.u16("warnings")?
+        } else {
+            0
+        };
+        let status = if r.remaining() >= 2 {
+            r.u16("status")?
+        } else {
+            0
+        };
         Ok(EofPacket { warnings, status })
     }
 

@@ -58,12 +58,21 @@ pub enum Event<'a> {
 enum State {
     /// Expecting the first packet of a (next) result.
     First,
-    ColumnDefs { left: u64 },
+    ColumnDefs {
+        left: u64,
+    },
     ColumnsEof,
     Rows,
-    PrepareParams { left: u16, columns: u16 },
-    PrepareParamsEof { columns: u16 },
-    PrepareColumns { left: u16 },
+    PrepareParams {
+        left: u16,
+        columns: u16,
+    },
+    PrepareParamsEof {
+        columns: u16,
+    },
+    PrepareColumns {
+        left: u16,
+    },
     PrepareColumnsEof,
     /// FieldList: definitions until EOF.
     Definitions,
@@ -133,9 +142,9 @@ impl ResponseMachine {
             State::Rows | State::Definitions => {
                 small && matches!(first, Some(EOF_HEADER) | Some(ERR_HEADER))
             }
-            State::ColumnDefs { .. } | State::PrepareParams { .. } | State::PrepareColumns { .. } => {
-                small && first == Some(ERR_HEADER)
-            }
+            State::ColumnDefs { .. }
+            | State::PrepareParams { .. }
+            | State::PrepareColumns { .. } => small && first == Some(ERR_HEADER),
             State::Done => false,
         };
         if inspect && small {
@@ -246,11 +255,10 @@ impl ResponseMachine {
     }
 
     fn on_terminator<'a>(&mut self, payload: &'a [u8]) -> Result<Event<'a>> {
-        if self.deprecate_eof && self.expect != Expect::FieldList {
-            let ok = OkPacket::parse(payload, true)?;
-            self.end_of_result(ok.status);
-            Ok(Event::Ok(ok))
-        } else if self.deprecate_eof && payload.len() > 5 {
+        // Under DEPRECATE_EOF the terminator is an OK packet; COM_FIELD_LIST may still end
+        // with a short legacy EOF on some servers, told apart by its 5-byte length.
+        let is_ok = self.deprecate_eof && (self.expect != Expect::FieldList || payload.len() > 5);
+        if is_ok {
             let ok = OkPacket::parse(payload, true)?;
             self.end_of_result(ok.status);
             Ok(Event::Ok(ok))
@@ -339,7 +347,12 @@ mod tests {
     }
 
     fn eof(status: u16) -> Vec<u8> {
-        EofPacket { warnings: 0, status }.payload().to_vec()
+        EofPacket {
+            warnings: 0,
+            status,
+        }
+        .payload()
+        .to_vec()
     }
 
     fn ok(header: u8, status: u16) -> Vec<u8> {
@@ -386,7 +399,10 @@ mod tests {
         s.extend(packet(&[1], 1));
         s.extend(packet(&col(), 2));
         s.extend(packet(b"\x011", 3));
-        s.extend(packet(&err_payload(1317, "70100", "Query execution was interrupted"), 4));
+        s.extend(packet(
+            &err_payload(1317, "70100", "Query execution was interrupted"),
+            4,
+        ));
         let mut m = ResponseMachine::new(Expect::ResultSets, true);
         let (ev, pos) = run(&mut m, &s);
         assert!(m.is_done());

@@ -12,7 +12,10 @@ pub const SESSION_TRACK_TRANSACTION_STATE: u8 = 5;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TrackItem<'a> {
-    SystemVariable { name: &'a [u8], value: &'a [u8] },
+    SystemVariable {
+        name: &'a [u8],
+        value: &'a [u8],
+    },
     Schema(&'a [u8]),
     StateChanged(bool),
     Gtids(&'a [u8]),

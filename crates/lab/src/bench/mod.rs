@@ -152,7 +152,7 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
     let started_at = SystemTime::now();
     let sysbench_exe = procs::require_program(&["sysbench"], "sysbench")?;
     let haproxy_exe = if args.targets.contains(&Target::Haproxy) {
-        Some(procs::require_program(&["haproxy"], "haproxy")?)
+        procs::find_program(&["haproxy"])
     } else {
         None
     };
@@ -214,8 +214,13 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
         match target {
             Target::Direct => ports.push((Target::Direct, primary.port)),
             Target::Haproxy => {
-                let exe = haproxy_exe.as_deref().context("haproxy path missing")?;
-                match start_haproxy(exe, &dir, primary.port) {
+                let started = match haproxy_exe.as_deref() {
+                    Some(exe) => start_haproxy(exe, &dir, primary.port),
+                    None => Err(anyhow::anyhow!(
+                        "haproxy not found on PATH; install haproxy"
+                    )),
+                };
+                match started {
                     Ok((helper, port)) => {
                         pids.push((Target::Haproxy, helper.pid));
                         ports.push((Target::Haproxy, port));
@@ -424,7 +429,7 @@ fn start_haproxy(exe: &Path, dir: &Path, backend_port: u16) -> Result<(Helper, u
     let mut cmd = Command::new(exe);
     cmd.arg("-db").arg("-f").arg(&cfg);
     let pid = procs::spawn_detached(&mut cmd, Some(&dir.join("haproxy.log")))?;
-    let helper = register(dir, "haproxy", pid, &cfg)?;
+    let helper = register(dir, "haproxy", pid)?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     procs::wait_tcp(&addr, LISTEN_TIMEOUT, || procs::is_alive(helper.pid)).with_context(|| {
         format!(
@@ -457,7 +462,7 @@ fn start_holdfast(exe: &Path, st: &LabStatus) -> Result<(Helper, u16)> {
     let mut cmd = Command::new(exe);
     cmd.arg("serve").arg("--config").arg(&st.config);
     let pid = procs::spawn_detached(&mut cmd, Some(&log))?;
-    let helper = register(&st.dir, "holdfast", pid, &st.config)?;
+    let helper = register(&st.dir, "holdfast", pid)?;
     if let Err(e) = procs::wait_tcp(&addr, LISTEN_TIMEOUT, || procs::is_alive(helper.pid)) {
         let tail = procs::tail_file(&log, 10);
         let tail = if tail.trim().is_empty() {
@@ -470,7 +475,7 @@ fn start_holdfast(exe: &Path, st: &LabStatus) -> Result<(Helper, u16)> {
     Ok((helper, addr.port()))
 }
 
-fn register(dir: &Path, name: &'static str, pid: u32, cfg: &Path) -> Result<Helper> {
+fn register(dir: &Path, name: &'static str, pid: u32) -> Result<Helper> {
     let helper = Helper {
         name,
         pid,
@@ -481,7 +486,8 @@ fn register(dir: &Path, name: &'static str, pid: u32, cfg: &Path) -> Result<Help
         AuxProcess {
             name: name.to_string(),
             pid,
-            marker: cfg.display().to_string(),
+            // Unknown only if it already exited (then there is nothing to stop).
+            start_time: procs::start_time(pid).unwrap_or(0),
         },
     )?;
     Ok(helper)

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what holdfast's demo, tests and benchmarks run against: MariaDB server and client,
+# sysbench and HAProxy from the OS packages, and the Python drivers used by the tests.
+# Idempotent: skips what is already there.
+set -euo pipefail
+
+need=()
+command -v mariadbd >/dev/null 2>&1 || need+=(mariadb-server)
+command -v mariadb >/dev/null 2>&1 || need+=(mariadb-client)
+command -v sysbench >/dev/null 2>&1 || need+=(sysbench)
+command -v haproxy >/dev/null 2>&1 || need+=(haproxy)
+command -v python3 >/dev/null 2>&1 || need+=(python3 python3-pip)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing OS packages: ${need[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+# The Debian package may start a system mariadbd; holdfast's lab runs its own.
+if ! python3 -c 'import mysql.connector, pymysql' >/dev/null 2>&1; then
+  echo "installing Python drivers: mysql-connector-python pymysql"
+  python3 -m pip install -q mysql-connector-python pymysql 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages mysql-connector-python pymysql
+fi
