@@ -730,13 +730,12 @@ fn start_nodes(
                 Err(e) if auto_ports && attempt < 5 && port_conflict(node, log_len) => {
                     attempt += 1;
                     let port = procs::free_ports(1)?[0];
-                    tracing::info!(node = %node.name, old = node.port, new = port, "port taken; retrying");
+                    tracing::info!(node = %node.name, old = node.port, new = port, "port taken, retrying: {e:#}");
                     node.port = port;
                     node.address = format!("127.0.0.1:{port}");
                     log_len = fs::metadata(node.error_log()).map(|m| m.len()).unwrap_or(0);
                     pid = spawn_node(launch, node)?;
                     guard.0.push(pid);
-                    let _ = e;
                 }
                 Err(e) => return Err(e),
             }
