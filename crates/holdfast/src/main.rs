@@ -83,7 +83,11 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Serve { config } => {
             let cfg = Config::load(&config)?;
-            runtime()?.block_on(serve(cfg))
+            let mut rt = tokio::runtime::Builder::new_multi_thread();
+            if cfg.proxy.worker_threads > 0 {
+                rt.worker_threads(cfg.proxy.worker_threads);
+            }
+            rt.enable_all().build()?.block_on(serve(cfg))
         }
         Command::Ctl { admin, command } => runtime()?.block_on(ctl(&admin, command)),
         Command::Lab(cmd) => holdfast_lab::run(cmd),

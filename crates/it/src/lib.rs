@@ -1,1 +1,364 @@
-//! placeholder
+//! Harness for holdfast's integration tests: a [`TestLab`] of real `mariadbd` processes
+//! with holdfast's proxy and admin API running in-process in front of it, plus helpers to
+//! drive real clients (the `mariadb` CLI, Python drivers, sysbench) and a small raw
+//! protocol client ([`raw`]) for byte-level tests.
+//!
+//! Every wait here has a deadline; nothing sleeps and hopes.
+
+pub mod raw;
+
+use anyhow::{bail, Context, Result};
+use holdfast_lab::TestLab;
+use holdfast_proxy::config::{AdminConfig, AuthConfig, BackendConfig, Config, ProxyConfig};
+use holdfast_proxy::{Proxy, Shared};
+use std::net::SocketAddr;
+use std::process::{Command, Output};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long the harness waits for the monitor and the verifier cache after start.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A change to the proxy configuration, applied before it starts.
+pub type ConfigTweak = Box<dyn FnOnce(&mut Config)>;
+
+/// Options for [`Harness::start_with`].
+#[derive(Default)]
+pub struct Options {
+    /// Extra `mariadbd` options (e.g. `--max-allowed-packet=256M`).
+    pub server_args: Vec<String>,
+    /// Changes to the proxy configuration before it starts.
+    pub tweak: Option<ConfigTweak>,
+}
+
+impl Options {
+    pub fn server_args(mut self, args: &[&str]) -> Self {
+        self.server_args.extend(args.iter().map(|s| s.to_string()));
+        self
+    }
+
+    pub fn config(mut self, f: impl FnOnce(&mut Config) + 'static) -> Self {
+        self.tweak = Some(Box::new(f));
+        self
+    }
+}
+
+/// A lab with holdfast in front of its primary. Dropping it stops the proxy (the runtime
+/// is shut down) and then the lab.
+pub struct Harness {
+    /// holdfast's MySQL listener.
+    pub proxy: SocketAddr,
+    /// holdfast's admin HTTP listener.
+    pub admin: SocketAddr,
+    /// The proxy's shared state (metrics, registry, topology).
+    pub shared: Arc<Shared>,
+    runtime: Option<tokio::runtime::Runtime>,
+    /// Declared last: dropped after the runtime, so the proxy is gone before the servers.
+    pub lab: TestLab,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            // Allowed from any context, unlike dropping the runtime.
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Harness {
+    /// A lab with one primary and holdfast with the default configuration.
+    pub fn start() -> Harness {
+        Self::start_with(Options::default())
+    }
+
+    pub fn start_with(opts: Options) -> Harness {
+        Self::try_start(opts).unwrap_or_else(|e| panic!("starting the test harness: {e:#}"))
+    }
+
+    fn try_start(opts: Options) -> Result<Harness> {
+        let lab = TestLab::start_with(0, opts.server_args).context("starting the lab")?;
+        let st = &lab.status;
+        let mut cfg = Config {
+            proxy: ProxyConfig {
+                listen: "127.0.0.1:0".into(),
+                ..ProxyConfig::default()
+            },
+            admin: AdminConfig {
+                listen: "127.0.0.1:0".into(),
+            },
+            auth: AuthConfig {
+                monitor_user: st.monitor_user.clone(),
+                monitor_password: st.monitor_password.clone(),
+                ..AuthConfig::default()
+            },
+            backends: vec![BackendConfig {
+                name: lab.primary().name.clone(),
+                address: lab.primary().address.clone(),
+            }],
+        };
+        if let Some(f) = opts.tweak {
+            f(&mut cfg);
+        }
+        cfg.validate().context("test configuration")?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("holdfast-it")
+            .enable_all()
+            .build()
+            .context("building the proxy runtime")?;
+        let (proxy, admin, shared) = runtime.block_on(async {
+            let proxy = Proxy::start(cfg).await.context("binding the proxy")?;
+            let admin = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .context("binding the admin listener")?;
+            let proxy_addr = proxy.local_addr()?;
+            let admin_addr = admin.local_addr()?;
+            let shared = proxy.shared.clone();
+            tokio::spawn(proxy.run());
+            tokio::spawn(holdfast_admin::serve(admin, shared.clone()));
+            anyhow::Ok((proxy_addr, admin_addr, shared))
+        })?;
+        let h = Harness {
+            proxy,
+            admin,
+            shared,
+            runtime: Some(runtime),
+            lab,
+        };
+        let shared = h.shared.clone();
+        wait_for(
+            "the monitor to see the primary and the verifiers to load",
+            READY_TIMEOUT,
+            || {
+                let topo = shared.topology.borrow().clone();
+                (topo.primary.is_some() && shared.verifiers.is_loaded()).then_some(())
+            },
+        );
+        Ok(h)
+    }
+
+    /// The primary's address (to compare holdfast with the server itself).
+    pub fn direct(&self) -> SocketAddr {
+        self.lab.primary().address.parse().expect("primary address")
+    }
+
+    pub fn user(&self) -> &str {
+        &self.lab.status.app_user
+    }
+
+    pub fn password(&self) -> &str {
+        &self.lab.status.app_password
+    }
+
+    pub fn database(&self) -> &str {
+        &self.lab.status.database
+    }
+
+    /// Runs SQL as root on the primary through its unix socket (setup and checks that
+    /// must not go through holdfast).
+    pub fn root_sql(&self, sql: &str) -> Vec<Vec<String>> {
+        holdfast_lab::node_sql(self.lab.primary(), sql)
+            .unwrap_or_else(|e| panic!("root SQL {sql:?} failed: {e:#}"))
+    }
+
+    /// A `mysql://` URL for the Rust `mysql` crate through holdfast.
+    pub fn url(&self) -> String {
+        format!(
+            "mysql://{}:{}@{}:{}/{}",
+            self.user(),
+            self.password(),
+            self.proxy.ip(),
+            self.proxy.port(),
+            self.database()
+        )
+    }
+
+    /// `GET path` on the admin API; panics unless it answers 200.
+    pub fn admin_get(&self, path: &str) -> String {
+        let addr = self.admin.to_string();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let (code, body) = rt
+            .block_on(async {
+                tokio::time::timeout(
+                    Duration::from_secs(10),
+                    holdfast_admin::http_get(&addr, path),
+                )
+                .await
+            })
+            .unwrap_or_else(|_| panic!("GET {path} timed out"))
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+        assert_eq!(code, 200, "GET {path} answered {code}: {body}");
+        body
+    }
+
+    /// `/status` as JSON.
+    pub fn status_json(&self) -> serde_json::Value {
+        let body = self.admin_get("/status");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("/status is not JSON ({e}): {body}"))
+    }
+
+    /// `/status` as the typed struct `holdfast ctl` reads.
+    pub fn status(&self) -> holdfast_admin::Status {
+        let body = self.admin_get("/status");
+        serde_json::from_str(&body)
+            .unwrap_or_else(|e| panic!("/status does not parse ({e}): {body}"))
+    }
+
+    /// `/metrics` text.
+    pub fn metrics(&self) -> String {
+        self.admin_get("/metrics")
+    }
+
+    /// Waits until `/status` shows exactly `n` open sessions.
+    pub fn wait_sessions(&self, n: usize, timeout: Duration) {
+        let mut last = 0;
+        let ok = poll(timeout, || {
+            last = self.status().sessions.len();
+            (last == n).then_some(())
+        });
+        assert!(
+            ok.is_some(),
+            "expected {n} open sessions within {timeout:?}, /status shows {last}"
+        );
+    }
+
+    /// Runs the `mariadb` CLI against `addr` as the app user with `args` appended.
+    pub fn mariadb(&self, addr: SocketAddr, args: &[&str]) -> CliOutput {
+        self.mariadb_as(addr, self.user(), self.password(), args)
+    }
+
+    pub fn mariadb_as(
+        &self,
+        addr: SocketAddr,
+        user: &str,
+        password: &str,
+        args: &[&str],
+    ) -> CliOutput {
+        let mut cmd = Command::new("mariadb");
+        cmd.args([
+            "--no-defaults",
+            "--protocol=TCP",
+            "-h",
+            &addr.ip().to_string(),
+            "-P",
+            &addr.port().to_string(),
+            "-u",
+            user,
+            &format!("-p{password}"),
+            "--connect-timeout=10",
+        ])
+        .args(args);
+        run_with_deadline(cmd, Duration::from_secs(120)).into()
+    }
+}
+
+/// Output of a CLI run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CliOutput {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl From<Output> for CliOutput {
+    fn from(o: Output) -> Self {
+        CliOutput {
+            code: o.status.code(),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+}
+
+/// Runs `cmd` to completion, killing it if it outlives `timeout`.
+pub fn run_with_deadline(mut cmd: Command, timeout: Duration) -> Output {
+    use std::io::Read;
+    let what = format!("{cmd:?}");
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+    // Drain the pipes on threads so a chatty child never blocks on a full pipe.
+    let mut out = child.stdout.take().expect("stdout");
+    let mut err = child.stderr.take().expect("stderr");
+    let t_out = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("waiting for child") {
+            break s;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not finish within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: t_out.join().unwrap_or_default(),
+        stderr: t_err.join().unwrap_or_default(),
+    }
+}
+
+/// Polls `f` every 20 ms until it returns `Some`, or returns `None` after `timeout`.
+pub fn poll<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Like [`poll`], but panics naming `what` on timeout.
+pub fn wait_for<T>(what: &str, timeout: Duration, f: impl FnMut() -> Option<T>) -> T {
+    poll(timeout, f).unwrap_or_else(|| panic!("timed out after {timeout:?} waiting for {what}"))
+}
+
+/// The value of a Prometheus sample line `name{labels} value` (labels as written, or
+/// empty for none); `None` when absent.
+pub fn metric(text: &str, name_and_labels: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (key, value) = l.rsplit_once(' ')?;
+        (key == name_and_labels)
+            .then(|| value.parse().ok())
+            .flatten()
+    })
+}
+
+/// Whether a command is on PATH.
+pub fn have(program: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// Fails unless `program` is installed (CI installs everything the suite needs).
+pub fn require(program: &str) -> Result<()> {
+    if !have(program) {
+        bail!("{program} is not installed");
+    }
+    Ok(())
+}

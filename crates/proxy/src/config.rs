@@ -42,6 +42,8 @@ pub struct ProxyConfig {
     pub handshake_timeout_ms: u64,
     pub connect_timeout_ms: u64,
     pub server_version: String,
+    /// Runtime worker threads; 0 means one per CPU core.
+    pub worker_threads: usize,
 }
 
 impl Default for ProxyConfig {
@@ -53,6 +55,7 @@ impl Default for ProxyConfig {
             handshake_timeout_ms: 10_000,
             connect_timeout_ms: 5_000,
             server_version: String::new(),
+            worker_threads: 0,
         }
     }
 }

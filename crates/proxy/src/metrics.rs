@@ -68,14 +68,16 @@ impl TypedMetric for LatencyHistogram {
 
 impl EncodeMetric for LatencyHistogram {
     fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
-        let mut cumulative = 0;
+        // prometheus-client accumulates the per-bucket counts itself.
+        let mut total = 0;
         let mut buckets = Vec::with_capacity(BUCKETS.len() + 1);
         for (i, bound) in BUCKETS.iter().chain(std::iter::once(&f64::MAX)).enumerate() {
-            cumulative += self.0.buckets[i].load(Ordering::Relaxed);
-            buckets.push((*bound, cumulative));
+            let n = self.0.buckets[i].load(Ordering::Relaxed);
+            total += n;
+            buckets.push((*bound, n));
         }
         let sum = self.0.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
-        encoder.encode_histogram::<()>(sum, cumulative, &buckets, None)
+        encoder.encode_histogram::<()>(sum, total, &buckets, None)
     }
 
     fn metric_type(&self) -> MetricType {

@@ -12,7 +12,8 @@ pub struct SessionInfo {
     pub id: u32,
     pub client: SocketAddr,
     pub started: Instant,
-    pub user: OnceLock<String>,
+    /// Changes only on COM_CHANGE_USER.
+    pub user: Mutex<String>,
     pub backend: OnceLock<String>,
     pub can_reauthenticate: AtomicBool,
     pub commands: AtomicU64,
@@ -37,12 +38,18 @@ impl SessionInfo {
             id,
             client,
             started: Instant::now(),
-            user: OnceLock::new(),
+            user: Mutex::new(String::new()),
             backend: OnceLock::new(),
             can_reauthenticate: AtomicBool::new(false),
             commands: AtomicU64::new(0),
             status: AtomicU16::new(0),
             blocker: AtomicU16::new(0),
+        }
+    }
+
+    pub fn set_user(&self, user: &str) {
+        if let Ok(mut u) = self.user.lock() {
+            *u = user.to_string();
         }
     }
 
@@ -58,7 +65,7 @@ impl SessionInfo {
         SessionView {
             id: self.id,
             client: self.client.to_string(),
-            user: self.user.get().cloned().unwrap_or_default(),
+            user: self.user.lock().map(|u| u.clone()).unwrap_or_default(),
             backend: self.backend.get().cloned().unwrap_or_default(),
             age_secs: self.started.elapsed().as_secs(),
             commands: self.commands.load(Ordering::Relaxed),

@@ -120,7 +120,7 @@ pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         }
     }
     let info = Arc::new(SessionInfo::new(id, peer));
-    let _ = info.user.set(user.clone());
+    info.set_user(&user);
     let _ = info.backend.set(backend_name);
     info.can_reauthenticate
         .store(can_reauthenticate, Ordering::Relaxed);
@@ -439,7 +439,6 @@ impl Session {
                     replacement = observe_ok(
                         &mut self.record,
                         &ok,
-                        payload.len(),
                         self.capabilities & CLIENT_SESSION_TRACK != 0,
                     );
                 }
@@ -767,6 +766,7 @@ impl Session {
         self.record.reset();
         let can = secret.is_some() || matches!(verifier, Some(Verifier::Empty));
         self.secret = secret;
+        self.info.set_user(&user);
         self.user = user;
         self.info.can_reauthenticate.store(can, Ordering::Relaxed);
         self.restore_trackers().await?;
@@ -777,12 +777,11 @@ impl Session {
     }
 }
 
-/// Records what an OK packet says; returns a re-encoded payload when the client did not
-/// negotiate session tracking and the packet carries tracker data or a tracking-style info.
+/// Records what an OK packet says; returns a re-encoded payload without the session state
+/// when the client did not negotiate session tracking (the rest is byte-identical).
 fn observe_ok(
     record: &mut SessionRecord,
     ok: &OkPacket<'_>,
-    payload_len: usize,
     client_tracks: bool,
 ) -> Option<Vec<u8>> {
     record.status = ok.status;
@@ -795,16 +794,5 @@ fn observe_ok(
     if client_tracks {
         return None;
     }
-    let minimal = 1 + lenenc_len(ok.affected_rows) + lenenc_len(ok.last_insert_id) + 4;
-    (payload_len != minimal || ok.status & SERVER_SESSION_STATE_CHANGED != 0)
-        .then(|| ok.encode(false))
-}
-
-fn lenenc_len(v: u64) -> usize {
-    match v {
-        0..=0xfa => 1,
-        0xfb..=0xffff => 3,
-        0x1_0000..=0xff_ffff => 4,
-        _ => 9,
-    }
+    (ok.status & SERVER_SESSION_STATE_CHANGED != 0).then(|| ok.encode(false))
 }

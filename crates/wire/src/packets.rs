@@ -44,7 +44,13 @@ impl<'a> OkPacket<'a> {
                 session_state = r.lenenc_bytes("session state")?;
             }
         } else {
-            info = r.rest();
+            // Servers length-encode it anyway; accept the plain form of old servers too.
+            let rest = r.rest();
+            let mut lr = Reader::new(rest);
+            info = match lr.lenenc_bytes("info") {
+                Ok(v) if lr.is_empty() => v,
+                _ => rest,
+            };
         }
         Ok(OkPacket {
             header,
@@ -58,7 +64,8 @@ impl<'a> OkPacket<'a> {
     }
 
     /// Encodes the packet for a connection with or without `session_track`. Without it the
-    /// session state is dropped and the flag that announces it cleared.
+    /// session state is dropped and the flag that announces it cleared; the info text stays
+    /// length-encoded, as servers send it.
     pub fn encode(&self, session_track: bool) -> Vec<u8> {
         let mut out = Vec::with_capacity(16 + self.info.len() + self.session_state.len());
         out.push(self.header);
@@ -70,15 +77,13 @@ impl<'a> OkPacket<'a> {
         }
         out.extend_from_slice(&status.to_le_bytes());
         out.extend_from_slice(&self.warnings.to_le_bytes());
-        if session_track {
-            if !self.info.is_empty() || status & crate::caps::SERVER_SESSION_STATE_CHANGED != 0 {
-                put_lenenc_bytes(&mut out, self.info);
-            }
-            if status & crate::caps::SERVER_SESSION_STATE_CHANGED != 0 {
-                put_lenenc_bytes(&mut out, self.session_state);
-            }
-        } else {
-            out.extend_from_slice(self.info);
+        // Servers length-encode the info text whatever the client negotiated (MariaDB and
+        // MySQL both do, and clients such as the Rust `mysql` crate rely on it).
+        if !self.info.is_empty() || status & crate::caps::SERVER_SESSION_STATE_CHANGED != 0 {
+            put_lenenc_bytes(&mut out, self.info);
+        }
+        if status & crate::caps::SERVER_SESSION_STATE_CHANGED != 0 {
+            put_lenenc_bytes(&mut out, self.session_state);
         }
         out
     }

@@ -66,9 +66,8 @@ impl<'a> TrackIter<'a> {
                 value: d.lenenc_bytes("variable value")?,
             },
             SESSION_TRACK_SCHEMA => TrackItem::Schema(d.lenenc_bytes("schema")?),
-            SESSION_TRACK_STATE_CHANGE => {
-                TrackItem::StateChanged(d.lenenc_bytes("state change")? == b"1")
-            }
+            // Sent as the bare string "1" (MariaDB, MySQL), unlike the other records.
+            SESSION_TRACK_STATE_CHANGE => TrackItem::StateChanged(data == b"1" || data == b"\x011"),
             SESSION_TRACK_GTIDS => {
                 d.u8("gtid encoding")?;
                 TrackItem::Gtids(d.lenenc_bytes("gtids")?)

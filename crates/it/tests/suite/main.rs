@@ -1,0 +1,10 @@
+//! holdfast against real MariaDB with real clients. One binary, one lab per test (nextest
+//! runs every test in its own process).
+
+mod admin;
+mod bad_input;
+mod cli;
+mod python;
+mod rust_client;
+mod session;
+mod sysbench;

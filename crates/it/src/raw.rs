@@ -1,0 +1,486 @@
+//! A small synchronous raw-protocol client for byte-level tests: log in with chosen
+//! capabilities, send arbitrary packets, read responses packet by packet. Packets are built
+//! and parsed with `holdfast_wire`. Every read has a socket timeout, so nothing hangs.
+
+use anyhow::{bail, ensure, Context, Result};
+use holdfast_wire::auth::PasswordHash;
+use holdfast_wire::caps::*;
+use holdfast_wire::codec::Reader;
+use holdfast_wire::frame::{self, MAX_PAYLOAD};
+use holdfast_wire::handshake::{AuthSwitch, Greeting, LoginRequest};
+use holdfast_wire::packets::{ErrPacket, OkPacket};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+/// How long any single read may block.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a typical modern client asks for (no session tracking).
+pub const BASE_CAPS: u32 = CLIENT_PROTOCOL_41
+    | CLIENT_SECURE_CONNECTION
+    | CLIENT_PLUGIN_AUTH
+    | CLIENT_PLUGIN_AUTH_LENENC_CLIENT_DATA
+    | CLIENT_LONG_PASSWORD
+    | CLIENT_TRANSACTIONS
+    | CLIENT_MULTI_STATEMENTS
+    | CLIENT_MULTI_RESULTS
+    | CLIENT_PS_MULTI_RESULTS;
+
+/// An ERR packet from the server (or holdfast).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerErr {
+    pub code: u16,
+    pub state: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for ServerErr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ERROR {} ({}): {}", self.code, self.state, self.message)
+    }
+}
+
+impl std::error::Error for ServerErr {}
+
+impl ServerErr {
+    pub fn parse(payload: &[u8]) -> Result<ServerErr> {
+        let e = ErrPacket::parse(payload).map_err(|e| anyhow::anyhow!("bad ERR packet: {e}"))?;
+        Ok(ServerErr {
+            code: e.code,
+            state: String::from_utf8_lossy(&e.sql_state).into_owned(),
+            message: e.message_lossy(),
+        })
+    }
+}
+
+/// The server error inside an error chain, if there is one.
+pub fn server_err(e: &anyhow::Error) -> Option<&ServerErr> {
+    e.chain().find_map(|c| c.downcast_ref::<ServerErr>())
+}
+
+/// One logical packet.
+#[derive(Debug, Clone)]
+pub struct Packet {
+    /// Sequence id of the last chunk.
+    pub seq: u8,
+    pub payload: Vec<u8>,
+}
+
+/// One response of a (possibly multi-) statement.
+#[derive(Debug, Clone)]
+pub enum Response {
+    /// An OK packet: its raw payload and status flags.
+    Ok { payload: Vec<u8>, status: u16 },
+    /// A result set: raw row payloads and the status of its terminator.
+    Rows {
+        columns: usize,
+        rows: Vec<Vec<u8>>,
+        status: u16,
+    },
+}
+
+/// A prepared statement as the server (holdfast) announced it.
+#[derive(Debug, Clone, Copy)]
+pub struct Prepared {
+    pub id: u32,
+    pub columns: u16,
+    pub params: u16,
+}
+
+pub struct RawConn {
+    pub stream: TcpStream,
+    pub caps: u32,
+    pub greeting: Greeting,
+    buf: Vec<u8>,
+}
+
+/// Opens a TCP connection with read/write timeouts set.
+pub fn open(addr: SocketAddr) -> Result<TcpStream> {
+    let s = TcpStream::connect_timeout(&addr, Duration::from_secs(10))
+        .with_context(|| format!("connecting to {addr}"))?;
+    s.set_read_timeout(Some(IO_TIMEOUT))?;
+    s.set_write_timeout(Some(IO_TIMEOUT))?;
+    s.set_nodelay(true)?;
+    Ok(s)
+}
+
+/// Reads one logical packet from a bare stream.
+pub fn read_packet_from(stream: &mut TcpStream) -> Result<Packet> {
+    let mut payload = Vec::new();
+    loop {
+        let mut head = [0u8; 4];
+        stream
+            .read_exact(&mut head)
+            .context("reading a packet header")?;
+        let len = usize::from(head[0]) | usize::from(head[1]) << 8 | usize::from(head[2]) << 16;
+        let start = payload.len();
+        payload.resize(start + len, 0);
+        stream
+            .read_exact(&mut payload[start..])
+            .context("reading a packet body")?;
+        if len < MAX_PAYLOAD {
+            return Ok(Packet {
+                seq: head[3],
+                payload,
+            });
+        }
+    }
+}
+
+/// What the peer did when we waited for it to hang up.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Closing {
+    /// Orderly EOF (or a reset) after `bytes` further bytes.
+    Closed { bytes: Vec<u8> },
+    /// Still open when the deadline passed.
+    StillOpen { bytes: Vec<u8> },
+}
+
+/// Reads until the peer closes, for at most `timeout`; collects what arrived meanwhile.
+pub fn wait_closed(stream: &mut TcpStream, timeout: Duration) -> Closing {
+    let deadline = Instant::now() + timeout;
+    let mut bytes = Vec::new();
+    let mut chunk = [0u8; 64 * 1024];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Closing::StillOpen { bytes };
+        }
+        let _ = stream.set_read_timeout(Some(left.min(Duration::from_millis(500))));
+        match stream.read(&mut chunk) {
+            Ok(0) => return Closing::Closed { bytes },
+            Ok(n) => bytes.extend_from_slice(&chunk[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) => {}
+            Err(_) => return Closing::Closed { bytes },
+        }
+    }
+}
+
+/// Splits bytes into complete packet payloads (for inspecting what arrived before a close).
+pub fn split_packets(mut bytes: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    while let Some(h) = frame::parse_header(bytes) {
+        if bytes.len() < h.packet_len() {
+            break;
+        }
+        out.push(bytes[4..h.packet_len()].to_vec());
+        bytes = &bytes[h.packet_len()..];
+    }
+    out
+}
+
+impl RawConn {
+    /// Connects and reads the greeting without logging in.
+    pub fn greet(addr: SocketAddr) -> Result<RawConn> {
+        let mut stream = open(addr)?;
+        let p = read_packet_from(&mut stream).context("reading the greeting")?;
+        if p.payload.first() == Some(&0xff) {
+            return Err(ServerErr::parse(&p.payload)?).context("the server refused the connection");
+        }
+        let greeting =
+            Greeting::parse(&p.payload).map_err(|e| anyhow::anyhow!("bad greeting: {e}"))?;
+        Ok(RawConn {
+            stream,
+            caps: 0,
+            greeting,
+            buf: Vec::new(),
+        })
+    }
+
+    /// Connects and logs in with `mysql_native_password` and capabilities `caps`
+    /// (CONNECT_WITH_DB is added when `database` is given).
+    pub fn connect(
+        addr: SocketAddr,
+        user: &str,
+        password: &str,
+        database: Option<&str>,
+        caps: u32,
+    ) -> Result<RawConn> {
+        let mut c = Self::greet(addr)?;
+        c.login(user, password, database, caps)?;
+        Ok(c)
+    }
+
+    pub fn login(
+        &mut self,
+        user: &str,
+        password: &str,
+        database: Option<&str>,
+        caps: u32,
+    ) -> Result<()> {
+        let mut caps = caps & (self.greeting.capabilities | CLIENT_PLUGIN_AUTH_LENENC_CLIENT_DATA);
+        if database.is_some() {
+            caps |= CLIENT_CONNECT_WITH_DB;
+        }
+        self.caps = caps;
+        let secret = PasswordHash::from_password(password.as_bytes());
+        let answer = |scramble: &[u8]| -> Vec<u8> {
+            if password.is_empty() {
+                Vec::new()
+            } else {
+                secret.scramble_response(scramble).to_vec()
+            }
+        };
+        let req = LoginRequest {
+            capabilities: caps,
+            max_packet: 1 << 30,
+            charset: 45,
+            user: user.as_bytes().to_vec(),
+            auth_response: answer(&self.greeting.scramble),
+            database: database.map(|d| d.as_bytes().to_vec()),
+            auth_plugin: b"mysql_native_password".to_vec(),
+            attributes: Vec::new(),
+        };
+        self.write_packet(&req.encode(), 1)?;
+        loop {
+            let p = self.read_packet().context("reading the login reply")?;
+            match p.payload.first() {
+                Some(0x00) => return Ok(()),
+                Some(0xff) => {
+                    return Err(ServerErr::parse(&p.payload)?)
+                        .with_context(|| format!("login as {user} refused"))
+                }
+                Some(0xfe) => {
+                    let sw = AuthSwitch::parse(&p.payload)
+                        .map_err(|e| anyhow::anyhow!("bad auth switch: {e}"))?;
+                    ensure!(
+                        sw.plugin == b"mysql_native_password",
+                        "asked for plugin {:?}",
+                        String::from_utf8_lossy(&sw.plugin)
+                    );
+                    self.write_packet(&answer(&sw.data), p.seq.wrapping_add(1))?;
+                }
+                other => bail!("unexpected login reply {other:?}"),
+            }
+        }
+    }
+
+    pub fn deprecate_eof(&self) -> bool {
+        self.caps & CLIENT_DEPRECATE_EOF != 0
+    }
+
+    pub fn session_track(&self) -> bool {
+        self.caps & CLIENT_SESSION_TRACK != 0
+    }
+
+    /// Frames `payload` as one logical packet starting at `seq` and sends it.
+    pub fn write_packet(&mut self, payload: &[u8], seq: u8) -> Result<()> {
+        self.stream
+            .write_all(&frame::packet(payload, seq))
+            .context("writing a packet")
+    }
+
+    pub fn write_raw(&mut self, bytes: &[u8]) -> Result<()> {
+        self.stream.write_all(bytes).context("writing raw bytes")
+    }
+
+    /// Sends a command (sequence id 0).
+    pub fn command(&mut self, payload: &[u8]) -> Result<()> {
+        self.write_packet(payload, 0)
+    }
+
+    pub fn read_packet(&mut self) -> Result<Packet> {
+        self.buf.clear();
+        read_packet_from(&mut self.stream)
+    }
+
+    fn ok_status(&self, payload: &[u8]) -> Result<u16> {
+        let ok = OkPacket::parse(payload, self.session_track())
+            .map_err(|e| anyhow::anyhow!("bad OK packet {payload:02x?}: {e}"))?;
+        Ok(ok.status)
+    }
+
+    fn is_terminator(&self, p: &[u8]) -> bool {
+        p.first() == Some(&0xfe)
+            && if self.deprecate_eof() {
+                p.len() < MAX_PAYLOAD
+            } else {
+                p.len() < 9
+            }
+    }
+
+    fn terminator_status(&self, p: &[u8]) -> Result<u16> {
+        if self.deprecate_eof() {
+            self.ok_status(p)
+        } else {
+            ensure!(p.len() >= 5, "short EOF packet");
+            Ok(u16::from_le_bytes([p[3], p[4]]))
+        }
+    }
+
+    /// Reads every response of the current command (following MORE_RESULTS_EXISTS). An
+    /// ERR ends the command and is returned as a [`ServerErr`] error.
+    pub fn read_results(&mut self) -> Result<Vec<Response>> {
+        let mut out = Vec::new();
+        loop {
+            let first = self.read_packet()?;
+            let p = first.payload;
+            let status;
+            match p.first() {
+                Some(0x00) => {
+                    status = self.ok_status(&p)?;
+                    out.push(Response::Ok { payload: p, status });
+                }
+                Some(0xff) => return Err(ServerErr::parse(&p)?.into()),
+                Some(0xfb) => bail!("LOCAL INFILE request not supported by the raw client"),
+                _ => {
+                    let columns = Reader::new(&p)
+                        .lenenc_int("column count")
+                        .map_err(|e| anyhow::anyhow!("{e}"))?
+                        as usize;
+                    for _ in 0..columns {
+                        self.read_packet()?;
+                    }
+                    let mut rows = Vec::new();
+                    if !self.deprecate_eof() {
+                        let eof = self.read_packet()?.payload;
+                        ensure!(
+                            self.is_terminator(&eof),
+                            "expected EOF after column definitions, got {eof:02x?}"
+                        );
+                        let st = self.terminator_status(&eof)?;
+                        if st & SERVER_STATUS_CURSOR_EXISTS != 0 {
+                            out.push(Response::Rows {
+                                columns,
+                                rows,
+                                status: st,
+                            });
+                            return Ok(out);
+                        }
+                    }
+                    loop {
+                        let r = self.read_packet()?.payload;
+                        if self.is_terminator(&r) {
+                            status = self.terminator_status(&r)?;
+                            break;
+                        }
+                        if r.first() == Some(&0xff) {
+                            return Err(ServerErr::parse(&r)?.into());
+                        }
+                        rows.push(r);
+                    }
+                    out.push(Response::Rows {
+                        columns,
+                        rows,
+                        status,
+                    });
+                }
+            }
+            if status & SERVER_MORE_RESULTS_EXISTS == 0 {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// COM_QUERY and all its responses.
+    pub fn query(&mut self, sql: &str) -> Result<Vec<Response>> {
+        let mut p = vec![0x03];
+        p.extend_from_slice(sql.as_bytes());
+        self.command(&p)?;
+        self.read_results()
+            .with_context(|| format!("query {sql:?}"))
+    }
+
+    /// The single text value of a one-row, one-column result.
+    pub fn query_value(&mut self, sql: &str) -> Result<Option<String>> {
+        let res = self.query(sql)?;
+        for r in res {
+            if let Response::Rows { rows, .. } = r {
+                let row = rows.first().context("no row")?;
+                if row.first() == Some(&0xfb) {
+                    return Ok(None);
+                }
+                let v = Reader::new(row)
+                    .lenenc_bytes("value")
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                return Ok(Some(String::from_utf8_lossy(v).into_owned()));
+            }
+        }
+        bail!("{sql:?} returned no result set")
+    }
+
+    /// COM_STMT_PREPARE; reads the whole answer.
+    pub fn prepare(&mut self, sql: &str) -> Result<Prepared> {
+        let mut p = vec![0x16];
+        p.extend_from_slice(sql.as_bytes());
+        self.command(&p)?;
+        let first = self.read_packet()?.payload;
+        if first.first() == Some(&0xff) {
+            return Err(ServerErr::parse(&first)?.into());
+        }
+        ensure!(
+            first.first() == Some(&0x00) && first.len() >= 12,
+            "bad prepare OK {first:02x?}"
+        );
+        let id = u32::from_le_bytes([first[1], first[2], first[3], first[4]]);
+        let columns = u16::from_le_bytes([first[5], first[6]]);
+        let params = u16::from_le_bytes([first[7], first[8]]);
+        for n in [params, columns] {
+            if n > 0 {
+                for _ in 0..n {
+                    self.read_packet()?;
+                }
+                if !self.deprecate_eof() {
+                    self.read_packet()?;
+                }
+            }
+        }
+        Ok(Prepared {
+            id,
+            columns,
+            params,
+        })
+    }
+
+    /// COM_STMT_EXECUTE of a statement without parameters, with cursor `flags`.
+    pub fn execute_no_params(&mut self, id: u32, flags: u8) -> Result<Vec<Response>> {
+        let mut p = vec![0x17];
+        p.extend_from_slice(&id.to_le_bytes());
+        p.push(flags);
+        p.extend_from_slice(&1u32.to_le_bytes());
+        self.command(&p)?;
+        self.read_results()
+    }
+
+    /// COM_STMT_FETCH: returns the rows and the terminator's status.
+    pub fn fetch(&mut self, id: u32, rows: u32) -> Result<(Vec<Vec<u8>>, u16)> {
+        let mut p = vec![0x1c];
+        p.extend_from_slice(&id.to_le_bytes());
+        p.extend_from_slice(&rows.to_le_bytes());
+        self.command(&p)?;
+        let mut out = Vec::new();
+        loop {
+            let r = self.read_packet()?.payload;
+            if r.first() == Some(&0xff) {
+                return Err(ServerErr::parse(&r)?.into());
+            }
+            if self.is_terminator(&r) {
+                return Ok((out, self.terminator_status(&r)?));
+            }
+            out.push(r);
+        }
+    }
+
+    /// COM_STMT_CLOSE (no response).
+    pub fn close_statement(&mut self, id: u32) -> Result<()> {
+        let mut p = vec![0x19];
+        p.extend_from_slice(&id.to_le_bytes());
+        self.command(&p)
+    }
+
+    /// COM_PING.
+    pub fn ping(&mut self) -> Result<()> {
+        self.command(&[0x0e])?;
+        let p = self.read_packet()?.payload;
+        match p.first() {
+            Some(0x00) => Ok(()),
+            Some(0xff) => Err(ServerErr::parse(&p)?.into()),
+            _ => bail!("unexpected ping answer {p:02x?}"),
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! The `mariadb` command-line client through holdfast, compared with the server itself.
+
+use holdfast_it::{CliOutput, Harness, Options};
+
+/// Replaces the host part of `'user'@'host'` so messages from holdfast (which sees the
+/// client as 127.0.0.1) and the server (which may resolve it to localhost) compare.
+fn without_host(s: &str) -> String {
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some(i) = rest.find("'@'") {
+        out.push_str(&rest[..i + 3]);
+        rest = &rest[i + 3..];
+        match rest.find('\'') {
+            Some(j) => {
+                out.push_str("HOST");
+                rest = &rest[j..];
+            }
+            None => break,
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+fn assert_same(what: &str, via: &CliOutput, direct: &CliOutput) {
+    assert_eq!(
+        via, direct,
+        "{what}: holdfast (left) and the server (right) differ"
+    );
+}
+
+#[test]
+fn select_use_and_show_warnings_match_the_server() {
+    let h = Harness::start();
+    let sql = "SELECT 1 AS one, 'two' AS two, NULL AS n, 'tab\there' AS esc; \
+               USE mysql; SELECT DATABASE() AS db; \
+               SELECT 1/0 AS x; SHOW WARNINGS; \
+               SELECT COUNT(*) > 0 AS has_users FROM mysql.user";
+    let args = ["--batch", "sbtest", "-e", sql];
+    let via = h.mariadb(h.proxy, &args);
+    let direct = h.mariadb(h.direct(), &args);
+    assert_eq!(via.code, Some(0), "{via:?}");
+    assert_same("SELECT/USE/SHOW WARNINGS", &via, &direct);
+    assert!(
+        via.stdout
+            .contains("one\ttwo\tn\tesc\n1\ttwo\tNULL\ttab\\there\n"),
+        "{}",
+        via.stdout
+    );
+    assert!(via.stdout.contains("db\nmysql\n"), "{}", via.stdout);
+    assert!(
+        via.stdout.contains("Warning\t1365\tDivision by 0"),
+        "{}",
+        via.stdout
+    );
+}
+
+#[test]
+fn multi_statement_text_with_an_error_in_the_middle_matches_the_server() {
+    let h = Harness::start();
+    // A changed delimiter makes the CLI send the whole text as one COM_QUERY: several
+    // result sets, then an ERR that ends the response.
+    let sql = "delimiter //\nSELECT 1 AS a; SELECT 'b' AS b, 2 AS c; SELECT * FROM no_such_table; SELECT 3 AS d//\nSELECT 'after' AS e//";
+    for extra in [&[][..], &["--force"][..]] {
+        let mut args = vec!["--batch", "sbtest"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["-e", sql]);
+        let via = h.mariadb(h.proxy, &args);
+        let direct = h.mariadb(h.direct(), &args);
+        assert_same(&format!("multi-statement {extra:?}"), &via, &direct);
+        assert_eq!(via.code, Some(1), "{via:?}");
+        assert!(
+            via.stdout.starts_with("a\n1\nb\tc\nb\t2\n"),
+            "{}",
+            via.stdout
+        );
+        assert!(via.stderr.contains("ERROR 1146 (42S02)"), "{}", via.stderr);
+        assert!(
+            !via.stdout.contains("\n3\n"),
+            "statements after the error must not run: {}",
+            via.stdout
+        );
+    }
+}
+
+#[test]
+fn load_data_local_infile() {
+    let h = Harness::start_with(Options::default().server_args(&["--local-infile=1"]));
+    let file = h.lab.dir().join("rows.tsv");
+    let mut text = String::new();
+    for i in 0..5000 {
+        text.push_str(&format!("{i}\tvalue-{i}\n"));
+    }
+    std::fs::write(&file, text).unwrap();
+    let sql = format!(
+        "CREATE TABLE loaded (id INT PRIMARY KEY, v VARCHAR(32)); \
+         LOAD DATA LOCAL INFILE '{}' INTO TABLE loaded; \
+         SELECT COUNT(*), SUM(id), MAX(v) FROM loaded",
+        file.display()
+    );
+    let out = h.mariadb(
+        h.proxy,
+        &[
+            "--batch",
+            "--skip-column-names",
+            "--local-infile=1",
+            "sbtest",
+            "-e",
+            &sql,
+        ],
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout, "5000\t12497500\tvalue-999\n");
+    // The session is usable afterwards, and the rows are really on the server.
+    assert_eq!(
+        h.root_sql("SELECT COUNT(*) FROM sbtest.loaded"),
+        vec![vec!["5000".to_string()]]
+    );
+}
+
+#[test]
+fn wrong_password_gives_the_servers_1045() {
+    let h = Harness::start();
+    let args = ["--batch", "sbtest", "-e", "SELECT 1"];
+    let via = h.mariadb_as(h.proxy, "app", "not-the-password", &args);
+    let direct = h.mariadb_as(h.direct(), "app", "not-the-password", &args);
+    assert_eq!(via.code, Some(1));
+    assert!(
+        via.stderr
+            .starts_with("ERROR 1045 (28000): Access denied for user 'app'@"),
+        "{}",
+        via.stderr
+    );
+    assert_eq!(without_host(&via.stderr), without_host(&direct.stderr));
+    assert_eq!(via.code, direct.code);
+    assert!(via.stdout.is_empty());
+    // An unknown user is refused the same way.
+    let via = h.mariadb_as(h.proxy, "nobody", "x", &args);
+    let direct = h.mariadb_as(h.direct(), "nobody", "x", &args);
+    assert!(
+        via.stderr.starts_with("ERROR 1045 (28000)"),
+        "{}",
+        via.stderr
+    );
+    assert_eq!(without_host(&via.stderr), without_host(&direct.stderr));
+}
+
+#[test]
+fn unknown_database_at_connect_gives_the_servers_1049() {
+    let h = Harness::start();
+    let args = ["--batch", "no_such_db", "-e", "SELECT 1"];
+    let via = h.mariadb(h.proxy, &args);
+    let direct = h.mariadb(h.direct(), &args);
+    assert_same("unknown database", &via, &direct);
+    assert!(
+        via.stderr
+            .contains("ERROR 1049 (42000): Unknown database 'no_such_db'"),
+        "{}",
+        via.stderr
+    );
+}
+
+/// Drops the CLI's timings, e.g. `(0.001 sec)`.
+fn without_timing(s: &str) -> String {
+    s.lines()
+        .map(|l| match l.rfind(" (") {
+            Some(i) if l.ends_with(" sec)") => &l[..i],
+            _ => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn verbose_cli_shows_the_servers_info_lines() {
+    let h = Harness::start();
+    let sql =
+        "CREATE TEMPORARY TABLE t (x INT); INSERT INTO t VALUES (1), (2); UPDATE t SET x = x + 1";
+    let args = ["-vvv", "sbtest", "-e", sql];
+    let via = h.mariadb(h.proxy, &args);
+    let direct = h.mariadb(h.direct(), &args);
+    assert_eq!(via.code, Some(0), "{via:?}");
+    assert!(
+        without_timing(&direct.stdout).contains("Records: 2  Duplicates: 0  Warnings: 0"),
+        "{}",
+        direct.stdout
+    );
+    assert_eq!(without_timing(&via.stdout), without_timing(&direct.stdout));
+}
