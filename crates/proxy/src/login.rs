@@ -293,24 +293,34 @@ async fn relay_login(
             Ok(x) => x,
             Err(e) => return Err(relay_backend_err(client, shared, seq, e).await),
         };
-    let server_default = String::from_utf8_lossy(&greeting.auth_plugin).into_owned();
-    let plugin = client_plugin(plugin.as_deref().unwrap_or(&server_default)).to_string();
-    let switch = AuthSwitch {
-        plugin: plugin.as_bytes().to_vec(),
-        data: greeting.scramble.clone(),
-    };
-    client.write_packet(&switch.encode(), seq).await?;
-    let answer = client.read_packet(LOGIN_MAX_PACKET).await?;
-    seq = answer.seq.wrapping_add(1);
     let backend_caps = backend::backend_capabilities(capabilities, greeting.capabilities);
+    let server_default = String::from_utf8_lossy(&greeting.auth_plugin).into_owned();
+    let account_plugin = plugin.unwrap_or_else(|| server_default.clone());
+    let (auth_plugin, auth_response) = if client_plugin(&account_plugin) == NATIVE_PASSWORD {
+        // Password plugins that answer the greeting's scramble: ask the client for that
+        // answer right away.
+        let switch = AuthSwitch {
+            plugin: NATIVE_PASSWORD.as_bytes().to_vec(),
+            data: greeting.scramble.clone(),
+        };
+        client.write_packet(&switch.encode(), seq).await?;
+        let answer = client.read_packet(LOGIN_MAX_PACKET).await?;
+        seq = answer.seq.wrapping_add(1);
+        (NATIVE_PASSWORD.as_bytes().to_vec(), answer.payload.to_vec())
+    } else {
+        // Other plugins (ed25519 sends its own nonce, caching_sha2_password may ask for
+        // more): offer nothing, so the server switches to the account's plugin itself and
+        // the exchange below relays every step verbatim.
+        (NATIVE_PASSWORD.as_bytes().to_vec(), Vec::new())
+    };
     let login = LoginRequest {
         capabilities: backend_caps,
         max_packet: 1 << 30,
         charset: req.charset,
         user: req.user.clone(),
-        auth_response: answer.payload.to_vec(),
+        auth_response,
         database: req.database.clone(),
-        auth_plugin: plugin.into_bytes(),
+        auth_plugin,
         attributes: req.attributes.clone(),
     };
     let backend_fail =

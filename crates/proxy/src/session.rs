@@ -677,29 +677,32 @@ impl Session {
                 (answer, NATIVE_PASSWORD.as_bytes().to_vec(), secret)
             }
             _ => {
-                // Relay: the client answers the backend's scramble.
-                let plugin = match verifier.clone() {
-                    Some(Verifier::Relay { plugin }) if plugin == "ed25519" => {
-                        b"client_ed25519".to_vec()
-                    }
-                    Some(Verifier::Relay { plugin }) => plugin.into_bytes(),
-                    _ => NATIVE_PASSWORD.as_bytes().to_vec(),
-                };
-                let switch = AuthSwitch {
-                    plugin: plugin.clone(),
-                    data: self.backend.greeting.scramble.clone(),
-                };
-                self.client
-                    .write_packet(&switch.encode(), seq)
-                    .await
-                    .map_err(End::Client)?;
-                let answer = self
-                    .client
-                    .read_packet(1 << 20)
-                    .await
-                    .map_err(End::Client)?;
-                seq = answer.seq.wrapping_add(1);
-                (answer.payload.to_vec(), plugin, None)
+                if let Some(Verifier::Relay { .. }) = verifier {
+                    // ed25519, caching_sha2_password...: the server switches to the account's
+                    // plugin itself and every step below is relayed verbatim.
+                    (Vec::new(), NATIVE_PASSWORD.as_bytes().to_vec(), None)
+                } else {
+                    // Unknown account: the client answers the backend's own scramble.
+                    let switch = AuthSwitch {
+                        plugin: NATIVE_PASSWORD.as_bytes().to_vec(),
+                        data: self.backend.greeting.scramble.clone(),
+                    };
+                    self.client
+                        .write_packet(&switch.encode(), seq)
+                        .await
+                        .map_err(End::Client)?;
+                    let answer = self
+                        .client
+                        .read_packet(1 << 20)
+                        .await
+                        .map_err(End::Client)?;
+                    seq = answer.seq.wrapping_add(1);
+                    (
+                        answer.payload.to_vec(),
+                        NATIVE_PASSWORD.as_bytes().to_vec(),
+                        None,
+                    )
+                }
             }
         };
         let forwarded = ChangeUser {

@@ -187,3 +187,24 @@ fn verbose_cli_shows_the_servers_info_lines() {
     );
     assert_eq!(without_timing(&via.stdout), without_timing(&direct.stdout));
 }
+
+/// An ed25519 account: holdfast cannot verify it, so the exchange is relayed to the server,
+/// which sends its own nonce; the right password logs in, a wrong one gets the server's 1045.
+#[test]
+fn ed25519_account_logs_in_through_the_relay() {
+    let h = Harness::start();
+    let (user, password) = (holdfast_lab::ED25519_USER, holdfast_lab::ED25519_PASSWORD);
+    let args = ["--batch", "-N", "-e", "SELECT CURRENT_USER()"];
+    let via = h.mariadb_as(h.proxy, user, password, &args);
+    assert_eq!(via.code, Some(0), "{via:?}");
+    assert_eq!(via.stdout.trim(), format!("{user}@%"));
+    let via = h.mariadb_as(h.proxy, user, "not-the-password", &args);
+    let direct = h.mariadb_as(h.direct(), user, "not-the-password", &args);
+    assert_eq!(via.code, Some(1));
+    assert!(
+        via.stderr.starts_with("ERROR 1045 (28000)"),
+        "{}",
+        via.stderr
+    );
+    assert_eq!(without_host(&via.stderr), without_host(&direct.stderr));
+}
