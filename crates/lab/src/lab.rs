@@ -896,16 +896,23 @@ fn configure(nodes: &[NodeStatus]) -> Result<bool> {
         r?;
     }
     // Everything else on the primary, binlogged, so the replicas get it by replication.
+    // Application accounts lose READ_ONLY ADMIN (part of ALL in MariaDB 10.11): with it they
+    // could write to a node set read-only, which would defeat a switchover's write fence.
     let mut sql = format!("CREATE DATABASE IF NOT EXISTS {DATABASE};");
-    for (user, pass, grant_option) in [
-        (APP_USER, APP_PASSWORD, " WITH GRANT OPTION"),
-        (MONITOR_USER, MONITOR_PASSWORD, ""),
+    for (user, pass, grant_option, app) in [
+        (APP_USER, APP_PASSWORD, " WITH GRANT OPTION", true),
+        (MONITOR_USER, MONITOR_PASSWORD, "", false),
     ] {
         for host in ["%", "localhost"] {
             sql.push_str(&format!(
                 "CREATE USER '{user}'@'{host}' IDENTIFIED BY '{pass}'; \
                  GRANT ALL PRIVILEGES ON *.* TO '{user}'@'{host}'{grant_option};"
             ));
+            if app {
+                sql.push_str(&format!(
+                    "REVOKE READ_ONLY ADMIN ON *.* FROM '{user}'@'{host}';"
+                ));
+            }
         }
     }
     node_sql(primary, &sql)?;
@@ -914,7 +921,8 @@ fn configure(nodes: &[NodeStatus]) -> Result<bool> {
             primary,
             &format!(
                 "CREATE USER '{ED25519_USER}'@'%' IDENTIFIED VIA ed25519 USING PASSWORD('{ED25519_PASSWORD}'); \
-                 GRANT ALL PRIVILEGES ON *.* TO '{ED25519_USER}'@'%';"
+                 GRANT ALL PRIVILEGES ON *.* TO '{ED25519_USER}'@'%'; \
+                 REVOKE READ_ONLY ADMIN ON *.* FROM '{ED25519_USER}'@'%';"
             ),
         ) {
             tracing::info!("creating the ed25519 account failed: {e:#}");

@@ -5,6 +5,7 @@ mod admin;
 mod bad_input;
 mod cli;
 mod python;
+mod restore;
 mod rust_client;
 mod session;
 mod sysbench;

@@ -1,0 +1,384 @@
+//! Reading a node's replication state with the monitor account.
+
+use super::gtid::GtidPos;
+use super::HaError;
+use crate::backend::{parse_text_row, BackendConn, BackendError};
+use crate::config::{BackendConfig, Config};
+use crate::conn::ConnError;
+use crate::verifiers::monitor_connect;
+use holdfast_wire::caps::CLIENT_DEPRECATE_EOF;
+use holdfast_wire::codec::Reader;
+use holdfast_wire::command::COM_QUERY;
+use holdfast_wire::response::{Event, Expect, Kind, ResponseMachine};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Largest packet read in control queries.
+const MAX_PACKET: usize = 16 << 20;
+
+/// A result with column names (for `SHOW SLAVE STATUS`, whose columns vary by version).
+#[derive(Debug, Default, Clone)]
+pub struct NamedResult {
+    pub columns: Vec<String>,
+    pub rows: Vec<Vec<Option<String>>>,
+}
+
+impl NamedResult {
+    /// The rows as maps from column name to value.
+    pub fn maps(&self) -> Vec<BTreeMap<String, Option<String>>> {
+        self.rows
+            .iter()
+            .map(|r| {
+                self.columns
+                    .iter()
+                    .cloned()
+                    .zip(r.iter().cloned())
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+/// A monitor-account connection to one node, with per-statement timeouts and a log line
+/// for every statement that changes something.
+pub struct NodeSession {
+    pub name: String,
+    pub address: String,
+    conn: BackendConn,
+    timeout: Duration,
+}
+
+impl NodeSession {
+    /// Connects with the monitor account; `timeout` bounds the connect and each statement.
+    pub async fn connect(
+        cfg: &Config,
+        node: &BackendConfig,
+        timeout: Duration,
+    ) -> Result<NodeSession, HaError> {
+        let conn = tokio::time::timeout(timeout, monitor_connect(cfg, &node.address))
+            .await
+            .map_err(|_| HaError::Unreachable {
+                node: node.name.clone(),
+                source: Box::new(BackendError::Timeout(timeout)),
+            })?
+            .map_err(|source| HaError::Unreachable {
+                node: node.name.clone(),
+                source: Box::new(source),
+            })?;
+        Ok(NodeSession {
+            name: node.name.clone(),
+            address: node.address.clone(),
+            conn,
+            timeout,
+        })
+    }
+
+    /// Runs a statement that changes state, logged.
+    pub async fn exec(&mut self, sql: &str) -> Result<(), HaError> {
+        tracing::info!(node = %self.name, sql = %redact(sql), "ha: executing");
+        self.query_within(sql, self.timeout).await.map(|_| ())
+    }
+
+    /// Runs a query and returns its rows (text values).
+    pub async fn rows(&mut self, sql: &str) -> Result<Vec<Vec<Option<String>>>, HaError> {
+        self.query_within(sql, self.timeout).await.map(|r| r.rows)
+    }
+
+    /// The first column of the first row.
+    pub async fn value(&mut self, sql: &str) -> Result<Option<String>, HaError> {
+        Ok(self
+            .rows(sql)
+            .await?
+            .into_iter()
+            .next()
+            .and_then(|r| r.into_iter().next().flatten()))
+    }
+
+    /// Runs a query with its own time limit, keeping column names.
+    pub async fn query_within(
+        &mut self,
+        sql: &str,
+        limit: Duration,
+    ) -> Result<NamedResult, HaError> {
+        match tokio::time::timeout(limit, query_named(&mut self.conn, sql)).await {
+            Err(_) => Err(HaError::StatementTimeout {
+                node: self.name.clone(),
+                sql: redact(sql),
+                after: limit,
+            }),
+            Ok(Err(source)) => Err(HaError::Sql {
+                node: self.name.clone(),
+                sql: redact(sql),
+                source: Box::new(source),
+            }),
+            Ok(Ok(r)) => Ok(r),
+        }
+    }
+
+    /// Reads this node's replication state.
+    pub async fn replication(&mut self) -> Result<NodeReplication, HaError> {
+        let row = self
+            .rows(
+                "SELECT @@global.read_only, @@global.gtid_current_pos, @@global.gtid_binlog_pos, \
+                 @@global.gtid_slave_pos, @@global.server_id, VERSION()",
+            )
+            .await?
+            .into_iter()
+            .next()
+            .ok_or_else(|| HaError::Unexpected {
+                node: self.name.clone(),
+                detail: "replication variables query returned no row".into(),
+            })?;
+        let col = |i: usize| row.get(i).cloned().flatten().unwrap_or_default();
+        let gtid = |i: usize| {
+            col(i)
+                .parse::<GtidPos>()
+                .map_err(|source| HaError::BadGtid {
+                    node: self.name.clone(),
+                    source,
+                })
+        };
+        let read_only = col(0);
+        let mut out = NodeReplication {
+            name: self.name.clone(),
+            address: self.address.clone(),
+            reachable: true,
+            error: None,
+            read_only: Some(read_only == "1" || read_only.eq_ignore_ascii_case("on")),
+            gtid_current_pos: gtid(1)?,
+            gtid_binlog_pos: gtid(2)?,
+            gtid_slave_pos: gtid(3)?,
+            server_id: col(4).parse().ok(),
+            version: col(5),
+            slave: None,
+        };
+        let status = self.query_within("SHOW SLAVE STATUS", self.timeout).await?;
+        if let Some(m) = status.maps().into_iter().next() {
+            out.slave = Some(SlaveStatus::from_map(&self.name, &m)?);
+        }
+        Ok(out)
+    }
+}
+
+/// Hides the replication password in logged SQL (everything after `MASTER_PASSWORD=`).
+fn redact(sql: &str) -> String {
+    match sql.find("MASTER_PASSWORD=") {
+        // The manager always writes the password as the statement's last clause.
+        Some(i) => format!("{}MASTER_PASSWORD=<redacted>", &sql[..i]),
+        None => sql.to_string(),
+    }
+}
+
+/// Runs `sql` and collects its last result with column names.
+async fn query_named(conn: &mut BackendConn, sql: &str) -> Result<NamedResult, BackendError> {
+    let mut cmd = Vec::with_capacity(sql.len() + 1);
+    cmd.push(COM_QUERY);
+    cmd.extend_from_slice(sql.as_bytes());
+    conn.conn.write_packet(&cmd, 0).await?;
+    let mut m = ResponseMachine::new(
+        Expect::ResultSets,
+        conn.capabilities & CLIENT_DEPRECATE_EOF != 0,
+    );
+    let mut result = NamedResult::default();
+    let mut definitions_left: u64 = 0;
+    let mut error = None;
+    while !m.is_done() {
+        let p = conn.conn.read_packet(MAX_PACKET).await?;
+        let len = p.payload.len().min(holdfast_wire::frame::MAX_PAYLOAD - 1);
+        match m.classify(len, p.payload.first().copied()) {
+            Kind::Opaque if definitions_left > 0 => {
+                definitions_left -= 1;
+                result.columns.push(column_name(&p.payload));
+            }
+            Kind::Opaque => result.rows.push(parse_text_row(&p.payload)),
+            Kind::Inspect => match m.on_packet(&p.payload).map_err(ConnError::Wire)? {
+                Event::Err(_) => error = Some(BackendError::from_err_payload(&p.payload)),
+                Event::None => {
+                    result = NamedResult::default();
+                    definitions_left = Reader::new(&p.payload).lenenc_int("columns").unwrap_or(0);
+                }
+                Event::LocalInfile => conn.conn.write_packet(&[], p.seq.wrapping_add(1)).await?,
+                Event::Ok(_) | Event::Eof(_) | Event::PrepareOk(_) => {}
+            },
+        }
+    }
+    match error {
+        Some(e) => Err(e),
+        None => Ok(result),
+    }
+}
+
+/// The `name` of a ColumnDefinition41 (after catalog, schema, table, org_table).
+fn column_name(payload: &[u8]) -> String {
+    let mut r = Reader::new(payload);
+    for what in ["catalog", "schema", "table", "org_table"] {
+        if r.lenenc_bytes(what).is_err() {
+            return String::new();
+        }
+    }
+    r.lenenc_bytes("name")
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .unwrap_or_default()
+}
+
+/// The parts of `SHOW SLAVE STATUS` the manager uses.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct SlaveStatus {
+    pub master_host: String,
+    pub master_port: Option<u16>,
+    pub io_running: String,
+    pub sql_running: String,
+    pub seconds_behind_master: Option<u64>,
+    pub gtid_io_pos: GtidPos,
+    pub last_io_errno: u32,
+    pub last_io_error: String,
+    pub last_sql_errno: u32,
+    pub last_error: String,
+    pub using_gtid: String,
+}
+
+impl SlaveStatus {
+    fn from_map(node: &str, m: &BTreeMap<String, Option<String>>) -> Result<Self, HaError> {
+        let s = |k: &str| m.get(k).cloned().flatten().unwrap_or_default();
+        Ok(SlaveStatus {
+            master_host: s("Master_Host"),
+            master_port: s("Master_Port").parse().ok(),
+            io_running: s("Slave_IO_Running"),
+            sql_running: s("Slave_SQL_Running"),
+            seconds_behind_master: s("Seconds_Behind_Master").parse().ok(),
+            gtid_io_pos: s("Gtid_IO_Pos")
+                .parse()
+                .map_err(|source| HaError::BadGtid {
+                    node: node.to_string(),
+                    source,
+                })?,
+            last_io_errno: s("Last_IO_Errno").parse().unwrap_or(0),
+            last_io_error: s("Last_IO_Error"),
+            last_sql_errno: s("Last_SQL_Errno").parse().unwrap_or(0),
+            last_error: s("Last_Error"),
+            using_gtid: s("Using_Gtid"),
+        })
+    }
+
+    /// Whether both threads run.
+    pub fn running(&self) -> bool {
+        self.io_running == "Yes" && self.sql_running == "Yes"
+    }
+
+    /// Whether the IO thread is connected to its primary right now.
+    pub fn io_connected(&self) -> bool {
+        self.io_running == "Yes"
+    }
+
+    /// Whether this replica replicates from `host:port`.
+    pub fn points_at(&self, address: &str) -> bool {
+        match super::split_address(address) {
+            Ok((host, port)) => self.master_host == host && self.master_port == Some(port),
+            Err(_) => false,
+        }
+    }
+}
+
+/// What one node reports about replication; `reachable == false` with `error` when the
+/// probe failed.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct NodeReplication {
+    pub name: String,
+    pub address: String,
+    pub reachable: bool,
+    pub error: Option<String>,
+    pub read_only: Option<bool>,
+    pub gtid_current_pos: GtidPos,
+    pub gtid_binlog_pos: GtidPos,
+    pub gtid_slave_pos: GtidPos,
+    pub server_id: Option<u32>,
+    pub version: String,
+    /// `None`: no replication configured (`SHOW SLAVE STATUS` is empty).
+    pub slave: Option<SlaveStatus>,
+}
+
+impl NodeReplication {
+    fn unreachable(node: &BackendConfig, error: String) -> Self {
+        NodeReplication {
+            name: node.name.clone(),
+            address: node.address.clone(),
+            reachable: false,
+            error: Some(error),
+            read_only: None,
+            gtid_current_pos: GtidPos::default(),
+            gtid_binlog_pos: GtidPos::default(),
+            gtid_slave_pos: GtidPos::default(),
+            server_id: None,
+            version: String::new(),
+            slave: None,
+        }
+    }
+
+    /// Reachable and `read_only=OFF`.
+    pub fn writable(&self) -> bool {
+        self.reachable && self.read_only == Some(false)
+    }
+
+    /// Everything this node has: its binlog and its applied replication position merged.
+    pub fn executed(&self) -> GtidPos {
+        self.gtid_binlog_pos.merge_max(&self.gtid_slave_pos)
+    }
+}
+
+/// Probes one node; a connection or query failure gives `reachable == false`.
+pub async fn probe_node(cfg: &Config, node: &BackendConfig, timeout: Duration) -> NodeReplication {
+    let result = async {
+        let mut s = NodeSession::connect(cfg, node, timeout).await?;
+        s.replication().await
+    }
+    .await;
+    match result {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::debug!(node = %node.name, error = %e, "ha: probe failed");
+            NodeReplication::unreachable(node, e.to_string())
+        }
+    }
+}
+
+/// Probes every node concurrently; results in `nodes` order.
+pub async fn probe_all(
+    cfg: &Config,
+    nodes: &[BackendConfig],
+    timeout: Duration,
+) -> Vec<NodeReplication> {
+    let mut set = tokio::task::JoinSet::new();
+    for (i, n) in nodes.iter().enumerate() {
+        let (cfg, n) = (cfg.clone(), n.clone());
+        set.spawn(async move { (i, probe_node(&cfg, &n, timeout).await) });
+    }
+    let mut out: Vec<Option<NodeReplication>> = nodes.iter().map(|_| None).collect();
+    while let Some(joined) = set.join_next().await {
+        if let Ok((i, r)) = joined {
+            if let Some(slot) = out.get_mut(i) {
+                *slot = Some(r);
+            }
+        }
+    }
+    out.into_iter()
+        .zip(nodes)
+        .map(|(r, n)| {
+            r.unwrap_or_else(|| NodeReplication::unreachable(n, "probe task failed".into()))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_password() {
+        let s = "CHANGE MASTER TO MASTER_USER='repl', MASTER_USE_GTID=slave_pos, MASTER_PASSWORD='x, y'";
+        let r = redact(s);
+        assert!(!r.contains("'x"), "{r}");
+        assert!(r.contains("MASTER_PASSWORD=<redacted>"));
+        assert_eq!(redact("SELECT 1"), "SELECT 1");
+    }
+}

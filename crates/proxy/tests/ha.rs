@@ -1,0 +1,375 @@
+//! The HA manager against real MariaDB: switchover (and back), failover after SIGKILL with
+//! detection, rejoin, and refusing to rejoin a diverged node.
+//!
+//! Every wait polls with a deadline; timings are printed, never asserted.
+
+use holdfast_lab::{
+    node_sql, node_sql_maps, NodeStatus, TestLab, DATABASE, REPL_PASSWORD, REPL_USER,
+};
+use holdfast_proxy::config::{AuthConfig, BackendConfig, Config, ProxyConfig};
+use holdfast_proxy::ha::{self, HaConfig, HaError, LossVerdict};
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn config(lab: &TestLab) -> Config {
+    Config {
+        proxy: ProxyConfig {
+            listen: "127.0.0.1:0".into(),
+            connect_timeout_ms: 2_000,
+            ..ProxyConfig::default()
+        },
+        admin: Default::default(),
+        auth: AuthConfig {
+            monitor_user: lab.status.monitor_user.clone(),
+            monitor_password: lab.status.monitor_password.clone(),
+            ..AuthConfig::default()
+        },
+        backends: lab
+            .status
+            .nodes
+            .iter()
+            .map(|n| BackendConfig {
+                name: n.name.clone(),
+                address: n.address.clone(),
+            })
+            .collect(),
+    }
+}
+
+fn ha_config() -> HaConfig {
+    HaConfig {
+        mode: ha::HaMode::Managed,
+        repl_user: REPL_USER.into(),
+        repl_password: REPL_PASSWORD.into(),
+        ..HaConfig::default()
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+fn node<'a>(lab: &'a TestLab, name: &str) -> &'a NodeStatus {
+    lab.status
+        .nodes
+        .iter()
+        .find(|n| n.name == name)
+        .unwrap_or_else(|| panic!("no node {name}"))
+}
+
+fn sql(n: &NodeStatus, s: &str) -> Vec<Vec<String>> {
+    node_sql(n, s).unwrap_or_else(|e| panic!("SQL on {}: {s}: {e:#}", n.name))
+}
+
+fn value(n: &NodeStatus, s: &str) -> String {
+    sql(n, s)
+        .into_iter()
+        .next()
+        .and_then(|r| r.into_iter().next())
+        .unwrap_or_default()
+}
+
+/// Polls `f` until it gives `Some`, or panics after `limit`.
+fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn count(n: &NodeStatus) -> u64 {
+    node_sql(n, &format!("SELECT COUNT(*) FROM {DATABASE}.ha_t"))
+        .ok()
+        .and_then(|r| r.into_iter().next())
+        .and_then(|r| r.into_iter().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn wait_count(n: &NodeStatus, want: u64) {
+    wait_for(&format!("{want} rows on {}", n.name), WAIT, || {
+        (count(n) == want).then_some(())
+    });
+}
+
+fn insert(n: &NodeStatus, from: u64, to: u64) {
+    let values: Vec<String> = (from..=to).map(|i| format!("({i}, 'row {i}')")).collect();
+    sql(
+        n,
+        &format!("INSERT INTO {DATABASE}.ha_t VALUES {}", values.join(",")),
+    );
+}
+
+/// `primary` writable, every other node read-only and replicating from it.
+fn assert_topology(lab: &TestLab, primary: &str) {
+    let p = node(lab, primary);
+    assert_eq!(
+        value(p, "SELECT @@global.read_only"),
+        "0",
+        "{primary} writable"
+    );
+    for n in lab.status.nodes.iter().filter(|n| n.name != primary) {
+        assert_eq!(
+            value(n, "SELECT @@global.read_only"),
+            "1",
+            "{} read-only",
+            n.name
+        );
+        wait_for(
+            &format!("{} replicating from {primary}", n.name),
+            WAIT,
+            || {
+                let rows = node_sql_maps(n, "SHOW SLAVE STATUS").ok()?;
+                let row = rows.into_iter().next()?;
+                let ok = row.get("Master_Port") == Some(&p.port.to_string())
+                    && row.get("Slave_IO_Running").map(String::as_str) == Some("Yes")
+                    && row.get("Slave_SQL_Running").map(String::as_str) == Some("Yes");
+                ok.then_some(())
+            },
+        );
+    }
+}
+
+fn setup_table(lab: &TestLab, rows: u64) {
+    sql(
+        lab.primary(),
+        &format!("CREATE TABLE {DATABASE}.ha_t (id BIGINT PRIMARY KEY, v VARCHAR(40))"),
+    );
+    insert(lab.primary(), 1, rows);
+    for n in &lab.status.nodes {
+        wait_count(n, rows);
+    }
+}
+
+fn pretty<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string_pretty(v).unwrap_or_default()
+}
+
+#[test]
+fn switchover_and_back() {
+    let lab = TestLab::start(2).expect("lab");
+    let cfg = config(&lab);
+    let ha = ha_config();
+    let rt = rt();
+    setup_table(&lab, 50);
+    // An account that read_only stops: everything but SUPER and READ_ONLY ADMIN.
+    sql(
+        lab.primary(),
+        "CREATE USER 'limited'@'%' IDENTIFIED BY 'limited_pass'; \
+         GRANT ALL PRIVILEGES ON *.* TO 'limited'@'%'; \
+         REVOKE SUPER, READ_ONLY ADMIN ON *.* FROM 'limited'@'%'",
+    );
+    // Rows the replicas have not necessarily applied yet when the switchover starts.
+    insert(lab.primary(), 51, 100);
+
+    let report = rt
+        .block_on(ha::switchover(&cfg, &cfg.backends, Some("node2"), &ha))
+        .expect("switchover to node2");
+    println!("switchover node1 -> node2: {}", pretty(&report));
+    assert_eq!(report.new_primary, "node2");
+    assert!(report.skipped.is_empty(), "{:?}", report.skipped);
+    assert!(report.warnings.is_empty(), "{:?}", report.warnings);
+    // Nothing lost: every row written before is on the new primary right away.
+    assert_eq!(count(node(&lab, "node2")), 100);
+    assert_topology(&lab, "node2");
+    let probes = rt.block_on(ha::probe_all(&cfg, &cfg.backends, Duration::from_secs(5)));
+    let writable = ha::find_writable(&probes).expect("one writable");
+    assert_eq!(writable.map(|w| w.name.as_str()), Some("node2"));
+
+    // read_only stops an account without SUPER / READ_ONLY ADMIN on the old primary.
+    let out = std::process::Command::new("mariadb")
+        .args([
+            "--no-defaults",
+            "-h127.0.0.1",
+            &format!("-P{}", node(&lab, "node1").port),
+            "-ulimited",
+            "-plimited_pass",
+            "-e",
+            &format!("INSERT INTO {DATABASE}.ha_t VALUES (999, 'sneaky')"),
+        ])
+        .output()
+        .expect("mariadb client");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "write on the old primary succeeded");
+    assert!(
+        stderr.contains("1290"),
+        "expected ER_OPTION_PREVENTS_STATEMENT: {stderr}"
+    );
+
+    insert(node(&lab, "node2"), 101, 110);
+    for n in &lab.status.nodes {
+        wait_count(n, 110);
+    }
+
+    // And back.
+    let report = rt
+        .block_on(ha::switchover(&cfg, &cfg.backends, Some("node1"), &ha))
+        .expect("switchover back to node1");
+    println!("switchover node2 -> node1: {}", pretty(&report));
+    assert!(report.warnings.is_empty(), "{:?}", report.warnings);
+    assert_topology(&lab, "node1");
+    insert(lab.primary(), 111, 120);
+    for n in &lab.status.nodes {
+        wait_count(n, 120);
+    }
+
+    // Without a target: the most advanced healthy replica.
+    let report = rt
+        .block_on(ha::switchover(&cfg, &cfg.backends, None, &ha))
+        .expect("switchover to any");
+    println!(
+        "switchover node1 -> {} (auto) in {:?}",
+        report.new_primary, report.total
+    );
+    assert_ne!(report.new_primary, "node1");
+    assert_topology(&lab, &report.new_primary);
+    insert(node(&lab, &report.new_primary), 121, 130);
+    for n in &lab.status.nodes {
+        wait_count(n, 130);
+    }
+    // Unknown targets and the current primary are refused.
+    assert!(matches!(
+        rt.block_on(ha::switchover(&cfg, &cfg.backends, Some("nope"), &ha)),
+        Err(HaError::UnknownNode(_))
+    ));
+    assert!(matches!(
+        rt.block_on(ha::switchover(
+            &cfg,
+            &cfg.backends,
+            Some(&report.new_primary),
+            &ha
+        )),
+        Err(HaError::AlreadyPrimary(_))
+    ));
+}
+
+#[test]
+fn failover_after_kill_then_rejoin() {
+    let mut lab = TestLab::start(2).expect("lab");
+    let cfg = config(&lab);
+    let ha = ha_config();
+    let rt = rt();
+    setup_table(&lab, 100);
+
+    let mut guard = ha::FailoverGuard::from_config(&ha);
+    lab.kill_node("node1").expect("kill node1");
+    let lost_at = Instant::now();
+    let verdict = rt
+        .block_on(ha::detect_primary_loss(
+            &cfg,
+            &cfg.backends,
+            "node1",
+            &ha,
+            WAIT,
+        ))
+        .expect("detector");
+    let detected = lost_at.elapsed();
+    let LossVerdict::Lost(loss) = verdict else {
+        panic!("primary loss not detected: {verdict:?}");
+    };
+    println!("detected after {detected:?}: {}", pretty(&loss));
+    guard
+        .try_begin(Instant::now())
+        .expect("first failover allowed");
+    let report = rt
+        .block_on(ha::failover(&cfg, &cfg.backends, "node1", None, &ha))
+        .expect("failover");
+    let writable = lost_at.elapsed();
+    println!(
+        "failover: primary killed -> new primary writable in {writable:?} \
+         (detection {detected:?}, failover {:?}): {}",
+        report.total,
+        pretty(&report)
+    );
+    assert_eq!(report.needs_rejoin, vec!["node1".to_string()]);
+    let new = report.new_primary.clone();
+    assert_ne!(new, "node1");
+    assert_eq!(count(node(&lab, &new)), 100, "no committed row lost");
+    assert_eq!(value(node(&lab, &new), "SELECT @@global.read_only"), "0");
+    insert(node(&lab, &new), 101, 110);
+    for n in lab
+        .status
+        .nodes
+        .iter()
+        .filter(|n| n.name != new && n.name != "node1")
+    {
+        assert_eq!(value(n, "SELECT @@global.read_only"), "1");
+        wait_count(n, 110);
+    }
+    // A flapping node cannot cause a second failover right away.
+    assert!(matches!(
+        guard.try_begin(Instant::now()),
+        Err(HaError::CoolingOff { .. })
+    ));
+
+    lab.start_node("node1").expect("restart node1");
+    let rejoin = rt
+        .block_on(ha::rejoin(&cfg, &cfg.backends, "node1", None, &ha))
+        .expect("rejoin");
+    println!("rejoin: {}", pretty(&rejoin));
+    assert_eq!(rejoin.primary, new);
+    assert_topology(&lab, &new);
+    wait_count(node(&lab, "node1"), 110);
+    insert(node(&lab, &new), 111, 120);
+    for n in &lab.status.nodes {
+        wait_count(n, 120);
+    }
+}
+
+#[test]
+fn diverged_node_is_not_rejoined() {
+    let mut lab = TestLab::start(2).expect("lab");
+    let cfg = config(&lab);
+    let ha = ha_config();
+    let rt = rt();
+    setup_table(&lab, 10);
+    // The replicas stop receiving; node1 commits a row nobody else gets, then dies.
+    for r in lab.replicas() {
+        sql(r, "STOP SLAVE IO_THREAD");
+    }
+    insert(lab.primary(), 11, 11);
+    lab.kill_node("node1").expect("kill node1");
+    for r in lab.replicas() {
+        sql(r, "START SLAVE IO_THREAD");
+    }
+    let report = rt
+        .block_on(ha::failover(
+            &cfg,
+            &cfg.backends,
+            "node1",
+            Some("node3"),
+            &ha,
+        ))
+        .expect("failover");
+    assert_eq!(report.new_primary, "node3", "{:?}", report.warnings);
+    assert_eq!(count(node(&lab, "node3")), 10);
+    // Two transactions: node3 is now further in the domain than node1's stray 0-1-11
+    // equivalent, so only the server can tell (error 1236 when node1 connects).
+    insert(node(&lab, "node3"), 12, 12);
+    insert(node(&lab, "node3"), 13, 13);
+
+    lab.start_node("node1").expect("restart node1");
+    let err = rt
+        .block_on(ha::rejoin(&cfg, &cfg.backends, "node1", None, &ha))
+        .expect_err("a diverged node must not be rejoined");
+    println!("rejoin refused: {err}");
+    assert!(matches!(err, HaError::Diverged { .. }), "{err}");
+    // Left read-only and not replicating.
+    assert_eq!(value(node(&lab, "node1"), "SELECT @@global.read_only"), "1");
+    let status = node_sql_maps(node(&lab, "node1"), "SHOW SLAVE STATUS").expect("status");
+    assert!(status
+        .first()
+        .is_none_or(|r| r.get("Slave_IO_Running").map(String::as_str) != Some("Yes")));
+}
