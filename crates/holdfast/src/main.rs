@@ -83,11 +83,11 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Serve { config } => {
             let cfg = Config::load(&config)?;
-            let mut rt = tokio::runtime::Builder::new_multi_thread();
-            if cfg.proxy.worker_threads > 0 {
-                rt.worker_threads(cfg.proxy.worker_threads);
-            }
-            rt.enable_all().build()?.block_on(serve(cfg))
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(cfg.proxy.effective_worker_threads())
+                .enable_all()
+                .build()?
+                .block_on(serve(cfg))
         }
         Command::Ctl { admin, command } => runtime()?.block_on(ctl(&admin, command)),
         Command::Lab(cmd) => holdfast_lab::run(cmd),

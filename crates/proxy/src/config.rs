@@ -42,7 +42,8 @@ pub struct ProxyConfig {
     pub handshake_timeout_ms: u64,
     pub connect_timeout_ms: u64,
     pub server_version: String,
-    /// Runtime worker threads; 0 means one per CPU core.
+    /// Runtime worker threads; 0 means half the CPU cores, at least one (see
+    /// [`ProxyConfig::effective_worker_threads`]).
     pub worker_threads: usize,
 }
 
@@ -61,6 +62,17 @@ impl Default for ProxyConfig {
 }
 
 impl ProxyConfig {
+    /// The worker threads to run. By default half the cores: holdfast usually shares its
+    /// host with the database or the application, and on the 2-core lab machine one worker
+    /// measured 0.99-1.02x HAProxy against 0.85-0.88x with two (docs/benchmarks.md).
+    pub fn effective_worker_threads(&self) -> usize {
+        if self.worker_threads > 0 {
+            return self.worker_threads;
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (cores / 2).max(1)
+    }
+
     pub fn handshake_timeout(&self) -> Duration {
         Duration::from_millis(self.handshake_timeout_ms)
     }
