@@ -1,11 +1,19 @@
-//! The HTTP admin API: `GET /status` (JSON) and `GET /metrics` (Prometheus text), and the
-//! small HTTP client `holdfast ctl` uses to read them.
+//! The HTTP admin API: `GET /status` (JSON), `GET /metrics` (Prometheus text), the HA
+//! operations `POST /switchover`, `POST /failover`, `POST /rejoin` (JSON reports), and the
+//! small HTTP client `holdfast ctl` uses.
+//!
+//! HA answers: 200 with the operation's report; 409 when another operation is running;
+//! 400 when the request cannot apply (unknown node, external mode, the primary is alive…);
+//! 500 when the operation failed on the servers. Errors are `{"error": "..."}`.
 
-use axum::extract::State;
-use axum::http::header;
-use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
 use axum::{Json, Router};
+use holdfast_proxy::ha::controller::HaState;
+use holdfast_proxy::ha::HaError;
 use holdfast_proxy::registry::SessionView;
 use holdfast_proxy::topology::Topology;
 use holdfast_proxy::Shared;
@@ -23,6 +31,8 @@ pub struct Status {
     pub verifiers_loaded: bool,
     pub verifier_accounts: usize,
     pub counters: Counters,
+    /// HA mode, the running operation, the last result and counters.
+    pub ha: HaState,
     pub sessions: Vec<SessionViewOwned>,
 }
 
@@ -127,6 +137,7 @@ pub fn status(shared: &Shared) -> Status {
             backend_connects: m.backend_connects.get(),
             backend_connect_failures: m.backend_connect_failures.get(),
         },
+        ha: shared.ha.state(),
         sessions,
     }
 }
@@ -145,10 +156,103 @@ async fn get_metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     )
 }
 
+/// An error answer: `{"error": "..."}`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+}
+
+fn ha_answer<T: Serialize>(result: Result<T, HaError>) -> Response {
+    match result {
+        Ok(report) => (StatusCode::OK, Json(report)).into_response(),
+        Err(e) => {
+            let code = match &e {
+                HaError::Busy(_) => StatusCode::CONFLICT,
+                e if e.is_refusal() => StatusCode::BAD_REQUEST,
+                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            (
+                code,
+                Json(ErrorBody {
+                    error: e.to_string(),
+                }),
+            )
+                .into_response()
+        }
+    }
+}
+
+fn bad_request(msg: String) -> Response {
+    (StatusCode::BAD_REQUEST, Json(ErrorBody { error: msg })).into_response()
+}
+
+/// `?to=node2` or `{"to": "node2"}`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchoverRequest {
+    pub to: Option<String>,
+}
+
+/// `?node=node1` or `{"node": "node1"}`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RejoinRequest {
+    pub node: Option<String>,
+}
+
+/// Parses an optional JSON body (empty means "no parameters").
+fn json_body<T: serde::de::DeserializeOwned + Default>(body: &Bytes) -> Result<T, String> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))
+}
+
+async fn post_switchover(
+    State(shared): State<Arc<Shared>>,
+    Query(query): Query<SwitchoverRequest>,
+    body: Bytes,
+) -> Response {
+    let body: SwitchoverRequest = match json_body(&body) {
+        Ok(b) => b,
+        Err(e) => return bad_request(e),
+    };
+    let to = query.to.or(body.to).filter(|t| !t.is_empty());
+    ha_answer(shared.switchover(to).await)
+}
+
+async fn post_failover(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    #[derive(Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct NoParams {}
+    if let Err(e) = json_body::<NoParams>(&body) {
+        return bad_request(e);
+    }
+    ha_answer(shared.ha.failover().await)
+}
+
+async fn post_rejoin(
+    State(shared): State<Arc<Shared>>,
+    Query(query): Query<RejoinRequest>,
+    body: Bytes,
+) -> Response {
+    let body: RejoinRequest = match json_body(&body) {
+        Ok(b) => b,
+        Err(e) => return bad_request(e),
+    };
+    match query.node.or(body.node).filter(|n| !n.is_empty()) {
+        Some(node) => ha_answer(shared.ha.rejoin(node).await),
+        None => bad_request("which node? POST /rejoin?node=NAME".into()),
+    }
+}
+
 pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/status", get(get_status))
         .route("/metrics", get(get_metrics))
+        .route("/switchover", post(post_switchover))
+        .route("/failover", post(post_failover))
+        .route("/rejoin", post(post_rejoin))
         .with_state(shared)
 }
 
@@ -159,10 +263,34 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io::Resul
 
 /// A minimal HTTP/1.1 GET for `holdfast ctl`: returns the status code and body.
 pub async fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
-    let mut s = tokio::net::TcpStream::connect(addr).await?;
     let req =
         format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: */*\r\n\r\n");
-    s.write_all(req.as_bytes()).await?;
+    http_request(addr, req.as_bytes()).await
+}
+
+/// A minimal HTTP/1.1 POST (optional JSON body) for `holdfast ctl`: status code and body.
+pub async fn http_post(
+    addr: &str,
+    path: &str,
+    json: Option<&str>,
+) -> std::io::Result<(u16, String)> {
+    let body = json.unwrap_or("");
+    let content_type = if json.is_some() {
+        "Content-Type: application/json\r\n"
+    } else {
+        ""
+    };
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: */*\r\n\
+         {content_type}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    http_request(addr, req.as_bytes()).await
+}
+
+async fn http_request(addr: &str, req: &[u8]) -> std::io::Result<(u16, String)> {
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(req).await?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).await?;
     let text = String::from_utf8_lossy(&buf).into_owned();
@@ -213,6 +341,7 @@ pub fn render_status(s: &Status) -> String {
         "primary: {}",
         s.topology.primary.as_deref().unwrap_or("(none)")
     );
+    o.push_str(&render_ha(&s.ha, unix_ms_now()));
     let _ = writeln!(
         o,
         "{:<10} {:<22} {:<10} {:<10} version",
@@ -264,4 +393,225 @@ pub fn render_status(s: &Status) -> String {
         }
     }
     o
+}
+
+fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn ms(v: f64) -> String {
+    if v >= 10_000.0 {
+        format!("{:.1} s", v / 1000.0)
+    } else {
+        format!("{v:.0} ms")
+    }
+}
+
+/// The HA lines of `holdfast ctl status` (`now_unix_ms` for "… ago").
+pub fn render_ha(h: &HaState, now_unix_ms: u64) -> String {
+    use holdfast_proxy::ha::HaMode;
+    use std::fmt::Write;
+    let mut o = String::new();
+    let c = &h.counters;
+    let mode = match h.mode {
+        HaMode::Managed => "managed",
+        HaMode::External => "external (follows read_only; operations refused)",
+    };
+    let watching = match (&h.watching, h.failed_probes) {
+        (Some(w), 0) => format!(", watching {w}"),
+        (Some(w), n) => format!(", watching {w} ({n} failed probes in a row)"),
+        (None, _) => String::new(),
+    };
+    let _ = writeln!(
+        o,
+        "ha: {mode}{watching}  switchovers: {}  failovers: {} ({} automatic)  rejoins: {}  failed: {}",
+        c.switchovers, c.failovers, c.automatic_failovers, c.rejoins, c.failed_operations
+    );
+    if let Some(r) = &h.in_progress {
+        let _ = writeln!(
+            o,
+            "    running: {}{} for {}",
+            if r.automatic { "automatic " } else { "" },
+            r.operation,
+            ms(now_unix_ms.saturating_sub(r.started_unix_ms) as f64)
+        );
+    }
+    if let Some(l) = &h.last {
+        let ago = now_unix_ms.saturating_sub(l.finished_unix_ms) / 1000;
+        let _ = writeln!(
+            o,
+            "    last: {}{} {} in {}, {ago}s ago: {}",
+            if l.automatic { "automatic " } else { "" },
+            l.operation,
+            if l.ok { "ok" } else { "FAILED" },
+            ms(l.duration_ms),
+            l.summary
+        );
+        for w in &l.warnings {
+            let _ = writeln!(o, "    warning: {w}");
+        }
+    }
+    if !h.needs_rejoin.is_empty() {
+        let _ = writeln!(
+            o,
+            "    needs rejoin: {} (holdfast ctl rejoin NODE once it runs again)",
+            h.needs_rejoin.join(", ")
+        );
+    }
+    o
+}
+
+/// Renders an HA operation report (the JSON the admin API answers) for a person: what
+/// changed, each phase with its duration, re-pointed and skipped nodes, warnings.
+pub fn render_report(v: &serde_json::Value) -> String {
+    use std::fmt::Write;
+    let str_of = |k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or("?").to_string();
+    let num_of = |k: &str| v.get(k).and_then(|x| x.as_f64()).unwrap_or(0.0);
+    let list_of = |k: &str| -> Vec<String> {
+        v.get(k)
+            .and_then(|x| x.as_array())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut o = String::new();
+    if v.get("old_primary").is_some() {
+        let _ = writeln!(
+            o,
+            "switchover {} -> {} done in {} (writes blocked {}; {} client connections killed on {})",
+            str_of("old_primary"),
+            str_of("new_primary"),
+            ms(num_of("total")),
+            ms(num_of("writes_blocked")),
+            num_of("killed_connections"),
+            str_of("old_primary"),
+        );
+        let _ = writeln!(o, "fenced at GTID {}", str_of("fenced_at"));
+    } else if v.get("lost_primary").is_some() {
+        let _ = writeln!(
+            o,
+            "failover away from {} done in {}: {} is the primary (from GTID {})",
+            str_of("lost_primary"),
+            ms(num_of("total")),
+            str_of("new_primary"),
+            str_of("promoted_at"),
+        );
+    } else if v.get("caught_up_to").is_some() {
+        let _ = writeln!(
+            o,
+            "rejoin of {} done in {}: replicating from {} (was at GTID {}, caught up to {})",
+            str_of("node"),
+            ms(num_of("total")),
+            str_of("primary"),
+            str_of("node_was_at"),
+            str_of("caught_up_to"),
+        );
+    } else {
+        let _ = writeln!(o, "{}", serde_json::to_string_pretty(v).unwrap_or_default());
+        return o;
+    }
+    if let Some(phases) = v.get("phases").and_then(|p| p.as_array()) {
+        o.push_str("phases:\n");
+        for p in phases {
+            let name = p.get("name").and_then(|x| x.as_str()).unwrap_or("?");
+            let took = p.get("took").and_then(|x| x.as_f64()).unwrap_or(0.0);
+            let _ = writeln!(o, "  {name:<10} {took:>9.1} ms");
+        }
+    }
+    let repointed = list_of("repointed");
+    if !repointed.is_empty() {
+        let _ = writeln!(o, "re-pointed: {}", repointed.join(", "));
+    }
+    if let Some(skipped) = v.get("skipped").and_then(|p| p.as_array()) {
+        for sk in skipped {
+            let node = sk.get("node").and_then(|x| x.as_str()).unwrap_or("?");
+            let reason = sk.get("reason").and_then(|x| x.as_str()).unwrap_or("?");
+            let _ = writeln!(o, "skipped {node}: {reason}");
+        }
+    }
+    for n in list_of("needs_rejoin") {
+        let _ = writeln!(
+            o,
+            "{n} needs rejoin: once it runs again, `holdfast ctl rejoin {n}`"
+        );
+    }
+    for w in list_of("warnings") {
+        let _ = writeln!(o, "warning: {w}");
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_render_for_people() {
+        let v = serde_json::json!({
+            "old_primary": "node1", "new_primary": "node2", "fenced_at": "0-1-7",
+            "killed_connections": 2, "repointed": ["node1", "node3"], "skipped": [],
+            "phases": [{"name": "probe", "took": 3.5}, {"name": "fence", "took": 10.25}],
+            "writes_blocked": 40.0, "total": 52.0, "warnings": ["careful"]
+        });
+        let text = render_report(&v);
+        assert!(
+            text.contains("switchover node1 -> node2 done in 52 ms"),
+            "{text}"
+        );
+        assert!(text.contains("fence"), "{text}");
+        assert!(
+            text.contains("10.2 ms") || text.contains("10.3 ms"),
+            "{text}"
+        );
+        assert!(text.contains("re-pointed: node1, node3"), "{text}");
+        assert!(text.contains("warning: careful"), "{text}");
+        let v = serde_json::json!({
+            "lost_primary": "node1", "new_primary": "node3", "promoted_at": "0-1-9",
+            "needs_rejoin": ["node1"], "phases": [], "total": 120.0
+        });
+        let text = render_report(&v);
+        assert!(text.contains("node3 is the primary"), "{text}");
+        assert!(text.contains("holdfast ctl rejoin node1"), "{text}");
+    }
+
+    #[test]
+    fn ha_line() {
+        use holdfast_proxy::ha::controller::{HaCounters, LastOp, OpKind};
+        let h = HaState {
+            mode: holdfast_proxy::ha::HaMode::Managed,
+            in_progress: None,
+            last: Some(LastOp {
+                operation: OpKind::Switchover,
+                automatic: false,
+                started_unix_ms: 1_000,
+                finished_unix_ms: 2_000,
+                duration_ms: 52.0,
+                ok: true,
+                summary: "node1 -> node2".into(),
+                error: None,
+                warnings: vec![],
+            }),
+            counters: HaCounters {
+                switchovers: 1,
+                ..Default::default()
+            },
+            watching: Some("node2".into()),
+            failed_probes: 0,
+            needs_rejoin: vec![],
+        };
+        let text = render_ha(&h, 12_000);
+        assert!(
+            text.starts_with("ha: managed, watching node2  switchovers: 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("last: switchover ok in 52 ms, 10s ago: node1 -> node2"),
+            "{text}"
+        );
+    }
 }

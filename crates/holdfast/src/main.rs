@@ -1,6 +1,7 @@
 //! `holdfast`: a session-aware MySQL-protocol proxy, with its lab, benchmark and control CLI.
 
 mod demo;
+mod drill;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -37,7 +38,10 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
-    /// Talk to a running proxy through its admin API.
+    /// Talk to a running proxy through its admin API: status, metrics, and the HA operations
+    /// switchover, failover and rejoin.
+    ///
+    /// Exits non-zero when the proxy refuses or an operation fails (the error text on stderr).
     Ctl {
         /// The admin listener ([admin] listen in the config).
         #[arg(long, default_value = "127.0.0.1:6034", env = "HOLDFAST_ADMIN")]
@@ -52,17 +56,65 @@ enum Command {
     Bench(holdfast_lab::BenchArgs),
     /// The embedded default: a lab cluster, the proxy in front of it, real clients through it.
     Demo(demo::DemoArgs),
+    /// sysbench through holdfast while the primary is switched over, restarted or killed
+    /// mid-run; prints connections kept, errors and the longest stall per scenario.
+    ///
+    /// Example: holdfast drill --scenario all
+    Drill(drill::DrillArgs),
 }
 
 #[derive(Subcommand)]
 enum CtlCommand {
-    /// Topology, counters and sessions, for a person (or --json).
+    /// Topology, HA state, counters and sessions, for a person (or --json).
     Status {
         #[arg(long)]
         json: bool,
     },
     /// The Prometheus metrics text.
     Metrics,
+    /// Planned change of primary (needs `[ha] mode = "managed"`).
+    ///
+    /// Fences the current primary (read_only=ON, client connections killed, FLUSH TABLES WITH
+    /// READ LOCK), waits until the target has applied every transaction, promotes it and
+    /// re-points every other node, the old primary included. Writes are blocked only between
+    /// the fence and the promotion (typically tens of milliseconds). If the target cannot
+    /// catch up in time, the old primary is made writable again and nothing changes.
+    ///
+    /// Example: holdfast ctl switchover --to node2
+    Switchover {
+        /// The node to promote; by default the most advanced healthy replica.
+        #[arg(long, value_name = "NODE")]
+        to: Option<String>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Promote a replica because the primary is lost (needs `[ha] mode = "managed"`).
+    ///
+    /// The primary must not answer, and (unless ha.require_replica_confirmation = false) every
+    /// reachable replica must have lost it too. The most advanced replica is promoted and the
+    /// others re-pointed; the lost primary is left out until `holdfast ctl rejoin`. In managed
+    /// mode holdfast does this on its own; this command is for when the cool-off holds the
+    /// automatic failover back or the detector has not decided yet.
+    Failover {
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make NODE a replica of the current primary again (needs `[ha] mode = "managed"`).
+    ///
+    /// For a lost primary that runs again after a failover, or a replica that was down during
+    /// a switchover. The node is made read-only first; a node with transactions the primary
+    /// lacks (diverged) is refused and left read-only: rebuild it instead.
+    ///
+    /// Example: holdfast ctl rejoin node1
+    Rejoin {
+        /// The node to bring back (its [[backend]] name).
+        node: String,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn init_logging(format: LogFormat) {
@@ -96,6 +148,7 @@ fn main() -> Result<()> {
             holdfast_lab::run_bench(&args, &exe)
         }
         Command::Demo(args) => demo::run(&args),
+        Command::Drill(args) => drill::run(&args),
     }
 }
 
@@ -155,6 +208,63 @@ async fn ctl(admin: &str, command: CtlCommand) -> Result<()> {
             }
             print!("{body}");
         }
+        CtlCommand::Switchover { to, json } => {
+            let path = match &to {
+                Some(node) => format!("/switchover?to={}", query_escape(node)),
+                None => "/switchover".to_string(),
+            };
+            ha_operation(admin, &path, json).await?;
+        }
+        CtlCommand::Failover { json } => ha_operation(admin, "/failover", json).await?,
+        CtlCommand::Rejoin { node, json } => {
+            ha_operation(
+                admin,
+                &format!("/rejoin?node={}", query_escape(&node)),
+                json,
+            )
+            .await?
+        }
     }
     Ok(())
+}
+
+/// POSTs an HA operation and prints its report; non-2xx answers are errors.
+async fn ha_operation(admin: &str, path: &str, json: bool) -> Result<()> {
+    let (code, body) = holdfast_admin::http_post(admin, path, None)
+        .await
+        .with_context(|| {
+            format!("cannot reach the admin API at {admin} (is holdfast serve running?)")
+        })?;
+    if !(200..300).contains(&code) {
+        let error = serde_json::from_str::<holdfast_admin::ErrorBody>(&body)
+            .map(|e| e.error)
+            .unwrap_or(body);
+        let what = match code {
+            409 => "busy",
+            400 => "refused",
+            _ => "failed",
+        };
+        bail!("{what} (HTTP {code}): {error}");
+    }
+    if json {
+        println!("{body}");
+    } else {
+        let report: serde_json::Value =
+            serde_json::from_str(&body).context("unexpected report body")?;
+        print!("{}", holdfast_admin::render_report(&report));
+    }
+    Ok(())
+}
+
+/// Percent-encodes a query parameter value.
+fn query_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }

@@ -10,6 +10,7 @@ pub mod raw;
 use anyhow::{bail, Context, Result};
 use holdfast_lab::TestLab;
 use holdfast_proxy::config::{AdminConfig, AuthConfig, BackendConfig, Config, ProxyConfig};
+use holdfast_proxy::ha::{HaConfig, HaMode};
 use holdfast_proxy::{Proxy, Shared};
 use std::net::SocketAddr;
 use std::process::{Command, Output};
@@ -29,11 +30,20 @@ pub struct Options {
     pub server_args: Vec<String>,
     /// Changes to the proxy configuration before it starts.
     pub tweak: Option<ConfigTweak>,
+    /// Replicas of node1 in the lab (see [`Options::replicas`]).
+    pub replicas: usize,
 }
 
 impl Options {
     pub fn server_args(mut self, args: &[&str]) -> Self {
         self.server_args.extend(args.iter().map(|s| s.to_string()));
+        self
+    }
+
+    /// A lab with `n` replicas of node1. Every node becomes a backend and `[ha]` is set to
+    /// managed mode with the lab's replication account (tweaks apply afterwards).
+    pub fn replicas(mut self, n: usize) -> Self {
+        self.replicas = n;
         self
     }
 
@@ -77,7 +87,8 @@ impl Harness {
     }
 
     fn try_start(opts: Options) -> Result<Harness> {
-        let lab = TestLab::start_with(0, opts.server_args).context("starting the lab")?;
+        let lab =
+            TestLab::start_with(opts.replicas, opts.server_args).context("starting the lab")?;
         let st = &lab.status;
         let mut cfg = Config {
             proxy: ProxyConfig {
@@ -96,7 +107,24 @@ impl Harness {
                 name: lab.primary().name.clone(),
                 address: lab.primary().address.clone(),
             }],
+            ha: HaConfig::default(),
         };
+        if opts.replicas > 0 {
+            cfg.backends = st
+                .nodes
+                .iter()
+                .map(|n| BackendConfig {
+                    name: n.name.clone(),
+                    address: n.address.clone(),
+                })
+                .collect();
+            cfg.ha = HaConfig {
+                mode: HaMode::Managed,
+                repl_user: holdfast_lab::REPL_USER.into(),
+                repl_password: holdfast_lab::REPL_PASSWORD.into(),
+                ..HaConfig::default()
+            };
+        }
         if let Some(f) = opts.tweak {
             f(&mut cfg);
         }
@@ -193,6 +221,25 @@ impl Harness {
             .unwrap_or_else(|e| panic!("GET {path}: {e}"));
         assert_eq!(code, 200, "GET {path} answered {code}: {body}");
         body
+    }
+
+    /// `POST path` (with an optional JSON body) on the admin API: status code and body.
+    /// HA operations can take a while; the deadline is generous.
+    pub fn admin_post(&self, path: &str, body: Option<&str>) -> (u16, String) {
+        let addr = self.admin.to_string();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            tokio::time::timeout(
+                Duration::from_secs(120),
+                holdfast_admin::http_post(&addr, path, body),
+            )
+            .await
+        })
+        .unwrap_or_else(|_| panic!("POST {path} timed out"))
+        .unwrap_or_else(|e| panic!("POST {path}: {e}"))
     }
 
     /// `/status` as JSON.

@@ -1158,7 +1158,12 @@ fn write_config(st: &LabStatus) -> Result<()> {
          # Written by `holdfast lab up`; start with: holdfast serve --config {config}\n\n\
          [proxy]\nlisten = {proxy}\n\n\
          [admin]\nlisten = {admin}\n\n\
-         [auth]\nmonitor_user = {mu}\nmonitor_password = {mp}\n",
+         [auth]\nmonitor_user = {mu}\nmonitor_password = {mp}\n\n\
+         # holdfast manages the lab's replication: `holdfast ctl switchover|failover|rejoin`,\n\
+         # automatic failover when the primary is lost.\n\
+         [ha]\nmode = \"managed\"\nrepl_user = {ru}\nrepl_password = {rp}\n",
+        ru = toml_str(REPL_USER),
+        rp = toml_str(REPL_PASSWORD),
         dir = st.dir.display(),
         config = st.config.display(),
         proxy = toml_str(&st.proxy),

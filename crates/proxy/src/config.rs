@@ -1,5 +1,6 @@
 //! The TOML configuration (see `holdfast.example.toml` for every key with comments).
 
+use crate::ha::{HaConfig, HaError};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::time::Duration;
@@ -31,6 +32,9 @@ pub struct Config {
     pub auth: AuthConfig,
     #[serde(default, rename = "backend")]
     pub backends: Vec<BackendConfig>,
+    /// Switchover, failover and rejoin (`[ha]`); external mode by default.
+    #[serde(default)]
+    pub ha: HaConfig,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -42,6 +46,15 @@ pub struct ProxyConfig {
     pub handshake_timeout_ms: u64,
     pub connect_timeout_ms: u64,
     pub server_version: String,
+    /// How long a request waits for a writable primary while the backend is switching.
+    pub hold_window_ms: u64,
+    /// How long a session that must move gets to reach a safe point (end its transaction,
+    /// drop its temporary tables, release its locks) before it is closed.
+    pub cooldown_ms: u64,
+    /// Before a planned switchover, sessions finish what they are doing (their transaction,
+    /// their statement) and hold their next request; the switchover waits this long for all
+    /// of them, then goes ahead anyway.
+    pub switchover_drain_ms: u64,
     /// Runtime worker threads; 0 means half the CPU cores, at least one (see
     /// [`ProxyConfig::effective_worker_threads`]).
     pub worker_threads: usize,
@@ -57,6 +70,9 @@ impl Default for ProxyConfig {
             connect_timeout_ms: 5_000,
             server_version: String::new(),
             worker_threads: 0,
+            hold_window_ms: 60_000,
+            cooldown_ms: 60_000,
+            switchover_drain_ms: 5_000,
         }
     }
 }
@@ -78,6 +94,12 @@ impl ProxyConfig {
     }
     pub fn connect_timeout(&self) -> Duration {
         Duration::from_millis(self.connect_timeout_ms)
+    }
+    pub fn hold_window(&self) -> Duration {
+        Duration::from_millis(self.hold_window_ms)
+    }
+    pub fn cooldown(&self) -> Duration {
+        Duration::from_millis(self.cooldown_ms)
     }
 }
 
@@ -176,6 +198,10 @@ impl Config {
                 "proxy.max_connections must be at least 1".into(),
             ));
         }
+        self.ha.validate().map_err(|e| match e {
+            HaError::InvalidConfig(msg) => ConfigError::Invalid(msg),
+            e => ConfigError::Invalid(e.to_string()),
+        })?;
         Ok(())
     }
 }
@@ -190,6 +216,24 @@ mod tests {
         let cfg = Config::parse(text, "example").unwrap();
         assert_eq!(cfg.backends.len(), 1);
         assert_eq!(cfg.proxy.max_packet_size, 64 << 20);
+        // The example documents every [ha] key with its default value.
+        let defaults = HaConfig::default();
+        assert_eq!(cfg.ha.mode, crate::ha::HaMode::External);
+        assert_eq!(format!("{:?}", cfg.ha), format!("{defaults:?}"));
+        assert_eq!(cfg.ha.repl_password, defaults.repl_password);
+    }
+
+    #[test]
+    fn ha_section_is_validated() {
+        let base = "[[backend]]\nname=\"a\"\naddress=\"127.0.0.1:1\"\n";
+        let cfg = Config::parse(&format!("{base}[ha]\nmode = \"managed\"\n"), "t").unwrap();
+        assert_eq!(cfg.ha.mode, crate::ha::HaMode::Managed);
+        let err = Config::parse(&format!("{base}[ha]\nfailure_threshold = 0\n"), "t")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("failure_threshold"), "{err}");
+        assert!(Config::parse(&format!("{base}[ha]\nmode = \"auto\"\n"), "t").is_err());
+        assert!(Config::parse(&format!("{base}[ha]\nbogus = 1\n"), "t").is_err());
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod topology;
 pub mod verifiers;
 
 use config::Config;
+use ha::controller::HaController;
 use metrics::Metrics;
 use registry::SessionRegistry;
 use std::net::SocketAddr;
@@ -35,20 +36,71 @@ pub struct Shared {
     pub topology: watch::Receiver<Arc<Topology>>,
     pub sessions: SessionRegistry,
     pub started: Instant,
+    /// Switchover / failover / rejoin, one at a time; the failure detector in managed mode.
+    pub ha: Arc<HaController>,
+    /// True while a planned switchover runs: sessions at a safe point hold their requests.
+    pub switching: watch::Sender<bool>,
     next_session_id: AtomicU32,
 }
 
 impl Shared {
     pub fn new(config: Arc<Config>, topology: watch::Receiver<Arc<Topology>>) -> Self {
         Shared {
+            ha: HaController::new(config.clone(), topology.clone()),
             config,
             metrics: Metrics::new(),
             verifiers: VerifierCache::default(),
             topology,
             sessions: SessionRegistry::default(),
             started: Instant::now(),
+            switching: watch::channel(false).0,
             next_session_id: AtomicU32::new(1),
         }
+    }
+
+    /// A planned switchover clients do not notice: sessions first finish their transactions
+    /// and hold their next request (up to `proxy.switchover_drain_ms`), the HA manager
+    /// switches, and the sessions resume on the new primary with their state.
+    pub async fn switchover(
+        &self,
+        target: Option<String>,
+    ) -> Result<ha::SwitchoverReport, ha::HaError> {
+        self.switching.send_replace(true);
+        let drain = Duration::from_millis(self.config.proxy.switchover_drain_ms);
+        let start = Instant::now();
+        while !self.sessions.quiescent() && start.elapsed() < drain {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        if !self.sessions.quiescent() {
+            tracing::warn!(
+                drain_ms = drain.as_millis() as u64,
+                "switchover: some sessions did not reach a safe point in time; going ahead"
+            );
+        } else {
+            tracing::info!(
+                ms = start.elapsed().as_millis() as u64,
+                "switchover: sessions parked"
+            );
+        }
+        let result = self.ha.switchover(target).await;
+        if let Ok(report) = &result {
+            // Let sessions resume only once the topology shows the new primary.
+            let mut topo = self.topology.clone();
+            let wait = async {
+                loop {
+                    let seen = topo
+                        .borrow_and_update()
+                        .primary_node()
+                        .is_some_and(|n| n.name == report.new_primary);
+                    if seen || topo.changed().await.is_err() {
+                        return;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(Duration::from_secs(5), wait).await;
+        }
+        self.switching.send_replace(false);
+        result
     }
 
     pub fn next_session_id(&self) -> u32 {
@@ -56,7 +108,8 @@ impl Shared {
     }
 }
 
-/// Everything `holdfast serve` runs: the monitor, the verifier refresher and the listener.
+/// Everything `holdfast serve` runs: the monitor, the verifier refresher, the HA controller
+/// and the listener.
 pub struct Proxy {
     pub shared: Arc<Shared>,
     listener: TcpListener,
@@ -69,7 +122,12 @@ impl Proxy {
         let listener = TcpListener::bind(&config.proxy.listen).await?;
         let (tx, rx) = watch::channel(Arc::new(Topology::from_config(&config)));
         let shared = Arc::new(Shared::new(config.clone(), rx));
-        tokio::spawn(topology::run_monitor(config.clone(), tx));
+        tokio::spawn(topology::run_monitor_nudged(
+            config.clone(),
+            tx,
+            shared.ha.topology_nudge(),
+        ));
+        tokio::spawn(shared.ha.clone().run());
         tokio::spawn(refresh_verifiers(shared.clone()));
         Ok(Proxy { shared, listener })
     }

@@ -26,6 +26,18 @@ pub struct LoggedIn {
     pub can_reauthenticate: bool,
     /// The scramble holdfast sent in its greeting (COM_CHANGE_USER answers are computed over it).
     pub scramble: [u8; 20],
+    /// What the client logged in with, to log in again on another node.
+    pub identity: Identity,
+}
+
+/// The parts of a client's login that a new backend connection repeats.
+#[derive(Debug, Clone, Default)]
+pub struct Identity {
+    pub user: Vec<u8>,
+    pub charset: u8,
+    pub attributes: Vec<u8>,
+    /// The database named in the login, if any (the schema tracker reports only changes).
+    pub database: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -234,6 +246,15 @@ pub async fn login(
                 secret,
                 can_reauthenticate: true,
                 scramble,
+                identity: Identity {
+                    user: req.user.clone(),
+                    charset: req.charset,
+                    attributes: req.attributes.clone(),
+                    database: req
+                        .database
+                        .as_ref()
+                        .map(|d| String::from_utf8_lossy(d).into_owned()),
+                },
             })
         }
         other => {
@@ -259,6 +280,15 @@ pub async fn login(
                 secret: None,
                 can_reauthenticate: false,
                 scramble,
+                identity: Identity {
+                    user: req.user.clone(),
+                    charset: req.charset,
+                    attributes: req.attributes.clone(),
+                    database: req
+                        .database
+                        .as_ref()
+                        .map(|d| String::from_utf8_lossy(d).into_owned()),
+                },
             })
         }
     }

@@ -99,6 +99,13 @@ pub struct Metrics {
     pub backend_connects: Counter,
     pub backend_connect_failures: Counter,
     pub query_latency: LatencyHistogram,
+    pub sessions_moved: Counter,
+    pub move_latency: LatencyHistogram,
+    pub move_failures: Family<ReasonLabel, Counter>,
+    pub sessions_closed: Family<ReasonLabel, Counter>,
+    pub requests_held: Counter,
+    pub requests_retried: Counter,
+    pub requests_failed_on_backend_loss: Counter,
     commands: Family<CommandLabel, Counter>,
     command_counters: Vec<Counter>,
 }
@@ -172,6 +179,48 @@ impl Metrics {
             "Time from a client command's arrival to the end of its response",
             query_latency.clone(),
         );
+        let sessions_moved = Counter::default();
+        registry.register(
+            "sessions_moved",
+            "Sessions moved to another backend connection with their state",
+            sessions_moved.clone(),
+        );
+        let move_latency = LatencyHistogram::default();
+        registry.register(
+            "session_move_seconds",
+            "Time to move a session: log in on the new node, restore state, re-prepare",
+            move_latency.clone(),
+        );
+        let move_failures = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "session_move_failures",
+            "Attempts to move a session that failed, by reason",
+            move_failures.clone(),
+        );
+        let sessions_closed = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "sessions_closed_by_holdfast",
+            "Sessions holdfast had to close, by reason",
+            sessions_closed.clone(),
+        );
+        let requests_held = Counter::default();
+        registry.register(
+            "requests_held",
+            "Requests that waited for a backend while it was switching",
+            requests_held.clone(),
+        );
+        let requests_retried = Counter::default();
+        registry.register(
+            "requests_retried",
+            "In-flight requests re-run on a new backend after the old one was lost",
+            requests_retried.clone(),
+        );
+        let requests_failed_on_backend_loss = Counter::default();
+        registry.register(
+            "requests_failed_on_backend_loss",
+            "In-flight requests answered with an error because their backend was lost",
+            requests_failed_on_backend_loss.clone(),
+        );
         let commands = Family::<CommandLabel, Counter>::default();
         registry.register("commands", "Client commands, by command", commands.clone());
         let command_counters = (0..=0x1fu8)
@@ -196,6 +245,13 @@ impl Metrics {
             backend_connects,
             backend_connect_failures,
             query_latency,
+            sessions_moved,
+            move_latency,
+            move_failures,
+            sessions_closed,
+            requests_held,
+            requests_retried,
+            requests_failed_on_backend_loss,
             commands,
             command_counters,
         }
@@ -218,6 +274,18 @@ impl Metrics {
 
     pub fn count_error(&self, code: u16) {
         self.errors_sent.get_or_create(&CodeLabel { code }).inc();
+    }
+
+    pub fn session_closed(&self, reason: &'static str) {
+        self.sessions_closed
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    pub fn move_failed(&self, reason: &'static str) {
+        self.move_failures
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
     }
 
     pub fn reject(&self, reason: &'static str) {

@@ -5,7 +5,7 @@ use serde::Serialize;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 pub struct SessionInfo {
@@ -14,12 +14,18 @@ pub struct SessionInfo {
     pub started: Instant,
     /// Changes only on COM_CHANGE_USER.
     pub user: Mutex<String>,
-    pub backend: OnceLock<String>,
+    /// Changes when the session moves.
+    pub backend: Mutex<String>,
+    pub moves: AtomicU64,
     pub can_reauthenticate: AtomicBool,
     pub commands: AtomicU64,
     pub status: AtomicU16,
     /// Index into [`BLOCKERS`] + 1; 0 when the session could move.
     pub blocker: AtomicU16,
+    /// Handling a request right now.
+    pub busy: AtomicBool,
+    /// Holding its next request while a planned switchover runs.
+    pub parked: AtomicBool,
 }
 
 pub const BLOCKERS: [&str; 7] = [
@@ -39,17 +45,26 @@ impl SessionInfo {
             client,
             started: Instant::now(),
             user: Mutex::new(String::new()),
-            backend: OnceLock::new(),
+            backend: Mutex::new(String::new()),
+            moves: AtomicU64::new(0),
             can_reauthenticate: AtomicBool::new(false),
             commands: AtomicU64::new(0),
             status: AtomicU16::new(0),
             blocker: AtomicU16::new(0),
+            busy: AtomicBool::new(false),
+            parked: AtomicBool::new(false),
         }
     }
 
     pub fn set_user(&self, user: &str) {
         if let Ok(mut u) = self.user.lock() {
             *u = user.to_string();
+        }
+    }
+
+    pub fn set_backend(&self, backend: &str) {
+        if let Ok(mut b) = self.backend.lock() {
+            *b = backend.to_string();
         }
     }
 
@@ -66,7 +81,8 @@ impl SessionInfo {
             id: self.id,
             client: self.client.to_string(),
             user: self.user.lock().map(|u| u.clone()).unwrap_or_default(),
-            backend: self.backend.get().cloned().unwrap_or_default(),
+            backend: self.backend.lock().map(|b| b.clone()).unwrap_or_default(),
+            moves: self.moves.load(Ordering::Relaxed),
             age_secs: self.started.elapsed().as_secs(),
             commands: self.commands.load(Ordering::Relaxed),
             can_reauthenticate: self.can_reauthenticate.load(Ordering::Relaxed),
@@ -84,6 +100,7 @@ pub struct SessionView {
     pub backend: String,
     pub age_secs: u64,
     pub commands: u64,
+    pub moves: u64,
     pub can_reauthenticate: bool,
     pub movable: bool,
     pub blocked_by: Option<String>,
@@ -115,6 +132,21 @@ impl SessionRegistry {
         let mut v: Vec<SessionView> = infos.iter().map(|i| i.view()).collect();
         v.sort_by_key(|s| s.id);
         v
+    }
+
+    /// Whether every session is parked or idle outside a transaction: nothing in flight on
+    /// the current primary that a switchover would cut.
+    pub fn quiescent(&self) -> bool {
+        let Ok(m) = self.inner.lock() else {
+            return false;
+        };
+        m.values().all(|s| {
+            s.parked.load(Ordering::SeqCst)
+                || (!s.busy.load(Ordering::SeqCst)
+                    && s.status.load(Ordering::SeqCst)
+                        & holdfast_wire::caps::SERVER_STATUS_IN_TRANS
+                        == 0)
+        })
     }
 
     pub fn len(&self) -> usize {

@@ -7,7 +7,7 @@ use crate::verifiers::monitor_connect;
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct NodeState {
@@ -63,11 +63,24 @@ pub const MONITOR_INTERVAL: Duration = Duration::from_millis(1000);
 
 /// Polls every node each interval and publishes the result.
 pub async fn run_monitor(cfg: Arc<Config>, tx: watch::Sender<Arc<Topology>>) {
+    run_monitor_nudged(cfg, tx, Arc::new(Notify::new())).await
+}
+
+/// [`run_monitor`], also probing at once whenever `nudge` is notified (the HA controller
+/// does after each operation, so sessions find a new primary without waiting a tick).
+pub async fn run_monitor_nudged(
+    cfg: Arc<Config>,
+    tx: watch::Sender<Arc<Topology>>,
+    nudge: Arc<Notify>,
+) {
     let mut conns: Vec<Option<BackendConn>> = cfg.backends.iter().map(|_| None).collect();
     let mut ticker = tokio::time::interval(MONITOR_INTERVAL);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        ticker.tick().await;
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = nudge.notified() => ticker.reset(),
+        }
         let mut topo = Topology::from_config(&cfg);
         topo.observed = true;
         for (i, node) in topo.nodes.iter_mut().enumerate() {

@@ -34,6 +34,7 @@ fn config(lab: &TestLab) -> Config {
                 address: n.address.clone(),
             })
             .collect(),
+        ha: ha_config(),
     }
 }
 

@@ -4,6 +4,8 @@
 mod admin;
 mod bad_input;
 mod cli;
+mod ha_admin;
+mod keepalive;
 mod python;
 mod restore;
 mod rust_client;

@@ -9,6 +9,8 @@
 //!   most advanced replica is promoted, the dead node is left out until [`rejoin`].
 //! * [`detect`]: the failure detector ([`detect_primary_loss`], [`LossDetector`]) and the
 //!   cool-off between failovers ([`FailoverGuard`]).
+//! * [`controller`]: the [`HaController`](controller::HaController) that runs these for
+//!   the proxy, one at a time, with automatic failure detection in managed mode.
 //! * [`find_writable`]: "external" mode, where something else manages replication and
 //!   holdfast only follows the writable node.
 //!
@@ -28,6 +30,7 @@
 //! * A replica whose last GTID is not in the new primary's binlog while the primary has
 //!   higher sequence numbers in that domain gets error 1236 (diverged) on connect.
 
+pub mod controller;
 pub mod detect;
 pub mod gtid;
 pub mod ops;
@@ -250,6 +253,31 @@ pub enum HaError {
     },
     #[error("invalid HA configuration: {0}")]
     InvalidConfig(String),
+    /// Another operation holds the controller (HTTP 409 in the admin API).
+    #[error("another HA operation is running: {0}")]
+    Busy(String),
+    /// `ha.mode = "external"`: holdfast only follows the writable node.
+    #[error("ha.mode is \"external\": replication is managed elsewhere and holdfast only follows the writable node; set ha.mode = \"managed\" to let holdfast run switchovers and failovers")]
+    NotManaged,
+    /// The operation's task ended without a result (it panicked).
+    #[error("the HA operation was aborted: {0}")]
+    Aborted(String),
+}
+
+impl HaError {
+    /// Whether the request itself was wrong or not applicable now (as opposed to the
+    /// operation failing on the servers): HTTP 400 rather than 500.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            HaError::UnknownNode(_)
+                | HaError::AlreadyPrimary(_)
+                | HaError::PrimaryAlive(_)
+                | HaError::CoolingOff { .. }
+                | HaError::InvalidConfig(_)
+                | HaError::NotManaged
+        )
+    }
 }
 
 /// Quotes `s` as an SQL string literal (backslash and quote escaped).

@@ -4,9 +4,11 @@
 use crate::backend::{BackendConn, BackendError};
 use crate::conn::{ConnError, PacketConn};
 use crate::errors::*;
-use crate::login::{self, LoggedIn};
+use crate::login::{self, Identity, LoggedIn};
 use crate::registry::SessionInfo;
+use crate::restore::Captured;
 use crate::state::SessionRecord;
+use crate::topology::Topology;
 use crate::verifiers::Verifier;
 use crate::Shared;
 use bytes::{Buf, Bytes, BytesMut};
@@ -23,6 +25,10 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
+use tokio::sync::watch;
+
+mod relocate;
+use relocate::{backend_gone, sleep_until_opt};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
@@ -31,6 +37,16 @@ use tokio::net::TcpStream;
 enum End {
     #[error("client quit")]
     Quit,
+    /// The backend connection failed; `started`: part of the response already reached the
+    /// client, so the command cannot be hidden or retried.
+    #[error("backend connection lost: {error}")]
+    BackendLost { started: bool, error: ConnError },
+    /// holdfast closed the session on purpose (counted under `reason`).
+    #[error("{message}")]
+    Closed {
+        reason: &'static str,
+        message: String,
+    },
     #[error("client connection: {0}")]
     Client(ConnError),
     #[error("backend connection: {0}")]
@@ -39,16 +55,22 @@ enum End {
     Protocol(String),
 }
 
-/// A prepared statement under the id holdfast gave the client. The text and shape are kept
-/// so the statement can be prepared again on another backend.
-#[allow(dead_code)]
+/// A prepared statement under the id holdfast gave the client. The text, shape and last
+/// bound parameter types are kept so the statement can be prepared again on another backend.
 struct Statement {
     backend_id: u32,
     sql: Bytes,
     params: u16,
+    #[allow(dead_code)]
     columns: u16,
     cursor_open: bool,
     long_data: bool,
+    /// Only reads: an execute lost with its backend may run again elsewhere.
+    read_only: bool,
+    /// The parameter type block of the last execute that sent types.
+    types: Option<Vec<u8>>,
+    /// Re-prepared on a new backend that has not seen the types yet.
+    types_pending: bool,
 }
 
 struct Session {
@@ -66,6 +88,20 @@ struct Session {
     /// Client bytes of the current response already sent (a lost backend after this point
     /// cannot be hidden).
     response_started: bool,
+    identity: Identity,
+    can_reauthenticate: bool,
+    backend_name: String,
+    /// The backend connection is gone; the session moves before its next command.
+    backend_dead: bool,
+    /// The backend died inside a transaction: the next statement gets 1213 (rolled back).
+    transaction_lost: bool,
+    /// The last capture of what the trackers do not report (user variables...).
+    captured: Captured,
+    topology: watch::Receiver<Arc<Topology>>,
+    switching: watch::Receiver<bool>,
+    /// The session's node stopped being the primary at this time; it moves at its next
+    /// safe point or is closed after the cool-down.
+    move_pending_since: Option<Instant>,
 }
 
 /// Answers a connection over the limit with ERR 1040 and closes it.
@@ -109,8 +145,12 @@ pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         secret,
         can_reauthenticate,
         scramble,
+        identity,
     } = logged_in;
-    let mut record = SessionRecord::default();
+    let mut record = SessionRecord {
+        schema: identity.database.clone().filter(|d| !d.is_empty()),
+        ..SessionRecord::default()
+    };
     match backend.enable_trackers().await {
         Ok(true) => {}
         Ok(false) => record.untracked = true,
@@ -121,7 +161,7 @@ pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     }
     let info = Arc::new(SessionInfo::new(id, peer));
     info.set_user(&user);
-    let _ = info.backend.set(backend_name);
+    info.set_backend(&backend_name);
     info.can_reauthenticate
         .store(can_reauthenticate, Ordering::Relaxed);
     info.set_blocker(record.blocker());
@@ -145,11 +185,26 @@ pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         statements: HashMap::new(),
         next_statement_id: 1,
         response_started: false,
+        identity,
+        can_reauthenticate,
+        backend_name,
+        backend_dead: false,
+        transaction_lost: false,
+        captured: Captured::default(),
+        topology: shared.topology.clone(),
+        switching: shared.switching.subscribe(),
+        move_pending_since: None,
     };
+    // Changes before this point are already reflected in where the session logged in.
+    session.topology.borrow_and_update();
     let end = session.serve().await;
     match &end {
         End::Quit | End::Client(ConnError::Closed) => {
             tracing::debug!(session = id, "session ended")
+        }
+        End::Closed { reason, message } => {
+            shared.metrics.session_closed(reason);
+            tracing::warn!(session = id, client = %peer, reason, "{message}")
         }
         e => tracing::info!(session = id, client = %peer, reason = %e, "session closed"),
     }
@@ -176,7 +231,29 @@ impl Session {
     async fn serve(&mut self) -> End {
         loop {
             let max = self.shared.config.proxy.max_packet_size;
-            let wire_len = match self.client.buffer_packet(max).await {
+            let cooldown_end = self
+                .move_pending_since
+                .map(|t| t + self.shared.config.proxy.cooldown());
+            let read = tokio::select! {
+                r = self.client.buffer_packet(max) => r,
+                changed = self.topology.changed(), if !self.backend_dead => {
+                    if changed.is_err() {
+                        return End::Protocol("topology monitor stopped".into());
+                    }
+                    if let Err(end) = self.on_topology_change().await {
+                        return end;
+                    }
+                    continue;
+                }
+                _ = backend_gone(&mut self.backend.conn), if !self.backend_dead => {
+                    self.on_backend_lost_idle();
+                    continue;
+                }
+                _ = sleep_until_opt(cooldown_end), if cooldown_end.is_some() => {
+                    return self.cooldown_expired();
+                }
+            };
+            let wire_len = match read {
                 Ok(n) => n,
                 Err(ConnError::TooLarge { len, max }) => {
                     let msg = format!("Got a packet bigger than 'max_allowed_packet' bytes ({len} > {max}); holdfast closes the connection");
@@ -191,7 +268,8 @@ impl Session {
                 .bytes_from_clients
                 .inc_by(wire_len as u64);
             let started = Instant::now();
-            if let Err(end) = self.command(request).await {
+            self.info.busy.store(true, Ordering::SeqCst);
+            if let Err(end) = self.run_request(request).await {
                 return end;
             }
             self.shared.metrics.query_latency.observe(started.elapsed());
@@ -199,7 +277,11 @@ impl Session {
             self.info
                 .status
                 .store(self.record.status, Ordering::Relaxed);
+            if let Err(end) = self.after_command().await {
+                return end;
+            }
             self.info.set_blocker(self.record.blocker());
+            self.info.busy.store(false, Ordering::SeqCst);
         }
     }
 
@@ -288,7 +370,8 @@ impl Session {
     fn note_query(&mut self, flags: C) {
         let r = &mut self.record;
         if flags.intersects(
-            C::SET_USER_VAR
+            C::LAST_INSERT_ID_CALL
+                .union(C::SET_USER_VAR)
                 .union(C::CALL)
                 .union(C::EXECUTE_SQL)
                 .union(C::COMPOUND),
@@ -314,7 +397,10 @@ impl Session {
             .conn
             .write_raw(request)
             .await
-            .map_err(End::Backend)
+            .map_err(|error| End::BackendLost {
+                started: false,
+                error,
+            })
     }
 
     /// Writes the first `n` buffered backend bytes to the client.
@@ -332,25 +418,15 @@ impl Session {
             .map_err(|e| End::Client(e.into()))
     }
 
-    /// Reads more from the backend; a lost backend is reported to the client if nothing of
-    /// the response reached it yet.
+    /// Reads more from the backend. A loss is returned to the caller, which decides whether
+    /// the command can be re-run elsewhere or must fail.
     async fn fill_backend(&mut self) -> Result<(), End> {
         match self.backend.conn.fill().await {
             Ok(_) => Ok(()),
-            Err(e) => {
-                if !self.response_started {
-                    let _ = self
-                        .send_error(
-                            1,
-                            CR_SERVER_LOST,
-                            &format!(
-                                "Lost connection to the database server during the command: {e}"
-                            ),
-                        )
-                        .await;
-                }
-                Err(End::Backend(e))
-            }
+            Err(error) => Err(End::BackendLost {
+                started: self.response_started,
+                error,
+            }),
         }
     }
 
@@ -445,17 +521,22 @@ impl Session {
                 Event::Eof(eof) => self.record.status = eof.status,
                 Event::Err(e) => self.shared.metrics.count_error(e.code),
                 Event::PrepareOk(p) => {
+                    let sql = prepare_sql.take().unwrap_or_default();
+                    let read_only = classify(&sql).is_read_only();
                     let client_id = self.next_statement_id;
                     self.next_statement_id = self.next_statement_id.wrapping_add(1).max(1);
                     self.statements.insert(
                         client_id,
                         Statement {
                             backend_id: p.statement_id,
-                            sql: prepare_sql.take().unwrap_or_default(),
+                            sql,
                             params: p.num_params,
                             columns: p.num_columns,
                             cursor_open: false,
                             long_data: false,
+                            read_only,
+                            types: None,
+                            types_pending: false,
                         },
                     );
                     self.record.prepared_statements = self.statements.len();
@@ -561,6 +642,9 @@ impl Session {
             }
             COM_STMT_EXECUTE => {
                 stmt.long_data = false;
+                if let Some(patched) = bind_types(stmt, request) {
+                    *request = patched;
+                }
                 let wants_cursor = request
                     .get(HEADER_LEN + 5)
                     .is_some_and(|f| f & CURSOR_TYPE_READ_ONLY != 0);
@@ -767,7 +851,16 @@ impl Session {
         }
         self.statements.clear();
         self.record.reset();
+        let database = String::from_utf8_lossy(&forwarded.database).into_owned();
+        self.record.schema = Some(database.clone()).filter(|d| !d.is_empty());
+        self.identity.user = forwarded.user.clone();
+        self.identity.database = self.record.schema.clone();
+        if let Some(cs) = forwarded.charset {
+            self.identity.charset = cs as u8;
+        }
+        self.captured = Captured::default();
         let can = secret.is_some() || matches!(verifier, Some(Verifier::Empty));
+        self.can_reauthenticate = can;
         self.secret = secret;
         self.info.set_user(&user);
         self.user = user;
@@ -798,4 +891,35 @@ fn observe_ok(
         return None;
     }
     (ok.status & SERVER_SESSION_STATE_CHANGED != 0).then(|| ok.encode(false))
+}
+
+/// Remembers the parameter types a COM_STMT_EXECUTE sends, and puts them back into an execute
+/// that relies on the server remembering them when the statement was re-prepared on a new
+/// backend that never saw them. Returns the rewritten request when one is needed.
+fn bind_types(stmt: &mut Statement, request: &[u8]) -> Option<BytesMut> {
+    let header = parse_header(request)?;
+    if header.continues() || stmt.params == 0 {
+        return None;
+    }
+    let payload = request.get(HEADER_LEN..HEADER_LEN + header.len)?;
+    let n = usize::from(stmt.params);
+    let flag_pos = 10 + n.div_ceil(8);
+    match *payload.get(flag_pos)? {
+        1 => {
+            stmt.types = Some(payload.get(flag_pos + 1..flag_pos + 1 + 2 * n)?.to_vec());
+            stmt.types_pending = false;
+            None
+        }
+        _ if stmt.types_pending => {
+            let types = stmt.types.as_ref()?;
+            let mut patched = Vec::with_capacity(payload.len() + types.len());
+            patched.extend_from_slice(&payload[..flag_pos]);
+            patched.push(1);
+            patched.extend_from_slice(types);
+            patched.extend_from_slice(&payload[flag_pos + 1..]);
+            stmt.types_pending = false;
+            Some(BytesMut::from(&frame::packet(&patched, header.seq)[..]))
+        }
+        _ => None,
+    }
 }

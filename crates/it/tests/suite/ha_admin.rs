@@ -1,0 +1,273 @@
+//! The HA controller through the admin API on a 3-node lab: switchover, the 409 while an
+//! operation runs, external mode refusing, automatic failover after kill -9, rejoin.
+//!
+//! Every wait polls with a deadline; timings are printed, never asserted.
+
+use holdfast_it::{wait_for, Harness, Options};
+use holdfast_proxy::ha::HaMode;
+use serde_json::Value;
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn managed_lab() -> Harness {
+    Harness::start_with(Options::default().replicas(2))
+}
+
+fn json(body: &str) -> Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+fn port_of(h: &Harness, node: &str) -> u16 {
+    h.lab
+        .status
+        .nodes
+        .iter()
+        .find(|n| n.name == node)
+        .unwrap_or_else(|| panic!("no node {node}"))
+        .port
+}
+
+/// Waits until `/status` shows `node` as the primary; returns the wait.
+fn wait_primary(h: &Harness, node: &str) -> Duration {
+    let start = Instant::now();
+    let mut last = Value::Null;
+    holdfast_it::poll(WAIT, || {
+        last = h.status_json()["topology"]["primary"].clone();
+        (last == node).then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!("/status still shows primary {last} after {WAIT:?}, expected {node}")
+    });
+    start.elapsed()
+}
+
+/// `SELECT @@port` from a new client through holdfast.
+fn port_via_holdfast(h: &Harness) -> u16 {
+    let out = h.mariadb(h.proxy, &["-N", "-B", "-e", "SELECT @@port"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    out.stdout
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{out:?}"))
+}
+
+#[test]
+fn switchover_through_the_admin_api_moves_new_sessions() {
+    let h = managed_lab();
+    let before = h.status_json();
+    assert_eq!(before["ha"]["mode"], "managed", "{before:#}");
+    assert_eq!(before["ha"]["counters"]["switchovers"], 0);
+    assert_eq!(port_via_holdfast(&h), port_of(&h, "node1"));
+
+    let started = Instant::now();
+    let (code, body) = h.admin_post("/switchover?to=node2", None);
+    let answered = started.elapsed();
+    assert_eq!(code, 200, "{body}");
+    let report = json(&body);
+    assert_eq!(report["old_primary"], "node1", "{report:#}");
+    assert_eq!(report["new_primary"], "node2", "{report:#}");
+    assert!(report["phases"].as_array().is_some_and(|p| !p.is_empty()));
+    let seen = wait_primary(&h, "node2");
+    println!(
+        "switchover answered in {answered:?} (report total {} ms); /status showed node2 {seen:?} later",
+        report["total"]
+    );
+    assert_eq!(port_via_holdfast(&h), port_of(&h, "node2"));
+    let ha = h.status_json()["ha"].clone();
+    assert_eq!(ha["counters"]["switchovers"], 1, "{ha:#}");
+    assert_eq!(ha["counters"]["failed_operations"], 0, "{ha:#}");
+    assert!(ha["in_progress"].is_null(), "{ha:#}");
+    assert_eq!(ha["last"]["operation"], "switchover", "{ha:#}");
+    assert_eq!(ha["last"]["ok"], true, "{ha:#}");
+    assert!(
+        ha["last"]["summary"]
+            .as_str()
+            .unwrap()
+            .contains("node1 -> node2"),
+        "{ha:#}"
+    );
+
+    // The typed status (what `holdfast ctl status` reads) parses and renders the HA line.
+    let text = holdfast_admin::render_status(&h.status());
+    assert!(text.contains("ha: managed"), "{text}");
+    assert!(text.contains("switchovers: 1"), "{text}");
+
+    // Refusals: 400 with the reason, nothing changes.
+    let (code, body) = h.admin_post("/switchover?to=node2", None);
+    assert_eq!(code, 400, "{body}");
+    assert!(
+        json(&body)["error"].as_str().unwrap().contains("node2"),
+        "{body}"
+    );
+    let (code, body) = h.admin_post("/switchover?to=nope", None);
+    assert_eq!(code, 400, "{body}");
+    let (code, body) = h.admin_post("/rejoin", None);
+    assert_eq!(code, 400, "{body}");
+    let (code, body) = h.admin_post("/switchover", Some("{\"to\": 3"));
+    assert_eq!(code, 400, "{body}");
+
+    // And back, the target in a JSON body.
+    let (code, body) = h.admin_post("/switchover", Some(r#"{"to": "node1"}"#));
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(json(&body)["new_primary"], "node1");
+    wait_primary(&h, "node1");
+    assert_eq!(port_via_holdfast(&h), port_of(&h, "node1"));
+    let ha = h.status_json()["ha"].clone();
+    assert_eq!(ha["counters"]["switchovers"], 2, "{ha:#}");
+    assert_eq!(ha["counters"]["failed_operations"], 0, "{ha:#}");
+}
+
+/// A switchover whose target cannot catch up (its SQL thread is stopped) holds the
+/// controller until `catchup_timeout_ms`: every request meanwhile gets 409.
+#[test]
+fn operations_while_one_runs_get_409() {
+    let h = Harness::start_with(
+        Options::default()
+            .replicas(2)
+            .config(|c| c.ha.catchup_timeout_ms = 3_000),
+    );
+    let node2 = h.lab.status.nodes[1].clone();
+    holdfast_lab::node_sql(&node2, "STOP SLAVE SQL_THREAD").expect("stop SQL thread");
+    h.root_sql(
+        "CREATE TABLE sbtest.busy_t (id INT PRIMARY KEY); INSERT INTO sbtest.busy_t VALUES (1)",
+    );
+
+    std::thread::scope(|s| {
+        let first = s.spawn(|| h.admin_post("/switchover?to=node2", None));
+        wait_for("the switchover to be in progress", WAIT, || {
+            let ha = h.status_json()["ha"].clone();
+            (!ha["in_progress"].is_null()).then_some(())
+        });
+        for path in ["/switchover?to=node3", "/failover", "/rejoin?node=node3"] {
+            let (code, body) = h.admin_post(path, None);
+            assert_eq!(code, 409, "POST {path}: {body}");
+            let err = json(&body)["error"].as_str().unwrap().to_string();
+            assert!(err.contains("switchover"), "POST {path}: {err}");
+        }
+        let (code, body) = first.join().expect("first switchover thread");
+        assert_eq!(code, 500, "{body}");
+        println!("switchover to a stalled target: {body}");
+        assert!(
+            json(&body)["error"].as_str().unwrap().contains("node2"),
+            "{body}"
+        );
+    });
+    let ha = h.status_json()["ha"].clone();
+    assert_eq!(ha["counters"]["failed_operations"], 1, "{ha:#}");
+    assert_eq!(ha["counters"]["switchovers"], 0, "{ha:#}");
+    assert_eq!(ha["last"]["ok"], false, "{ha:#}");
+    assert!(ha["in_progress"].is_null(), "{ha:#}");
+    // The aborted switchover left node1 the writable primary.
+    wait_primary(&h, "node1");
+    assert_eq!(port_via_holdfast(&h), port_of(&h, "node1"));
+
+    // With the replica applying again, the same request works.
+    holdfast_lab::node_sql(&node2, "START SLAVE SQL_THREAD").expect("start SQL thread");
+    let (code, body) = h.admin_post("/switchover?to=node2", None);
+    assert_eq!(code, 200, "{body}");
+    wait_primary(&h, "node2");
+    let rows = holdfast_lab::node_sql(&node2, "SELECT COUNT(*) FROM sbtest.busy_t").unwrap();
+    assert_eq!(rows[0][0], "1");
+}
+
+#[test]
+fn external_mode_refuses_operations() {
+    let h = Harness::start_with(
+        Options::default()
+            .replicas(2)
+            .config(|c| c.ha.mode = HaMode::External),
+    );
+    for path in ["/switchover?to=node2", "/failover", "/rejoin?node=node2"] {
+        let (code, body) = h.admin_post(path, None);
+        assert_eq!(code, 400, "POST {path}: {body}");
+        let err = json(&body)["error"].as_str().unwrap().to_string();
+        assert!(err.contains("external"), "POST {path}: {err}");
+    }
+    let v = h.status_json();
+    assert_eq!(v["ha"]["mode"], "external", "{v:#}");
+    assert!(v["ha"]["last"].is_null(), "{v:#}");
+    assert!(v["ha"]["watching"].is_null(), "{v:#}");
+    assert_eq!(v["topology"]["primary"], "node1");
+    let text = holdfast_admin::render_status(&h.status());
+    assert!(text.contains("ha: external"), "{text}");
+}
+
+#[test]
+fn automatic_failover_after_kill_then_rejoin() {
+    let mut h = managed_lab();
+    h.root_sql(
+        "CREATE TABLE sbtest.fo_t (id INT PRIMARY KEY); INSERT INTO sbtest.fo_t VALUES (1),(2),(3)",
+    );
+    wait_for("the detector to watch node1", WAIT, || {
+        (h.status_json()["ha"]["watching"] == "node1").then_some(())
+    });
+    // Every replica has the rows before the primary dies.
+    for n in h.lab.replicas() {
+        wait_for(&format!("rows on {}", n.name), WAIT, || {
+            let r = holdfast_lab::node_sql(n, "SELECT COUNT(*) FROM sbtest.fo_t").ok()?;
+            (r.first()?.first()? == "3").then_some(())
+        });
+    }
+
+    h.lab.kill_node("node1").expect("kill node1");
+    let killed = Instant::now();
+    let mut last = Value::Null;
+    let new_primary = holdfast_it::poll(WAIT, || {
+        last = h.status_json();
+        let p = last["topology"]["primary"].as_str()?;
+        (p != "node1").then(|| p.to_string())
+    })
+    .unwrap_or_else(|| panic!("no new primary within {WAIT:?}: {last:#}"));
+    let took = killed.elapsed();
+    println!("kill -9 node1 -> /status shows primary {new_primary} after {took:?}");
+
+    // New clients land on the new primary and can write; nothing committed was lost.
+    assert_eq!(port_via_holdfast(&h), port_of(&h, &new_primary));
+    let out = h.mariadb(
+        h.proxy,
+        &[
+            "-N",
+            "-B",
+            "-e",
+            "INSERT INTO sbtest.fo_t VALUES (4); SELECT COUNT(*) FROM sbtest.fo_t",
+        ],
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout.trim(), "4", "{out:?}");
+
+    let ha = h.status_json()["ha"].clone();
+    println!("ha after failover: {ha:#}");
+    assert_eq!(ha["counters"]["failovers"], 1, "{ha:#}");
+    assert_eq!(ha["counters"]["automatic_failovers"], 1, "{ha:#}");
+    assert_eq!(ha["last"]["operation"], "failover", "{ha:#}");
+    assert_eq!(ha["last"]["automatic"], true, "{ha:#}");
+    assert_eq!(ha["last"]["ok"], true, "{ha:#}");
+    assert_eq!(ha["needs_rejoin"], serde_json::json!(["node1"]), "{ha:#}");
+    assert_eq!(ha["watching"], new_primary.as_str(), "{ha:#}");
+
+    // node1 comes back (writable, as a crashed primary restarts) and is rejoined.
+    h.lab.start_node("node1").expect("restart node1");
+    let (code, body) = h.admin_post("/rejoin?node=node1", None);
+    assert_eq!(code, 200, "{body}");
+    let report = json(&body);
+    assert_eq!(report["primary"], new_primary.as_str(), "{report:#}");
+    let node1 = h.lab.status.nodes[0].clone();
+    wait_for("node1 to have every row", WAIT, || {
+        let r = holdfast_lab::node_sql(&node1, "SELECT COUNT(*) FROM sbtest.fo_t").ok()?;
+        (r.first()?.first()? == "4").then_some(())
+    });
+    let ha = h.status_json()["ha"].clone();
+    assert_eq!(ha["counters"]["rejoins"], 1, "{ha:#}");
+    assert_eq!(ha["needs_rejoin"], serde_json::json!([]), "{ha:#}");
+    wait_primary(&h, &new_primary);
+    wait_for("node1 reachable and read-only in /status", WAIT, || {
+        let v = h.status_json();
+        let n = v["topology"]["nodes"]
+            .as_array()?
+            .iter()
+            .find(|n| n["name"] == "node1")?
+            .clone();
+        (n["reachable"] == true && n["read_only"] == true).then_some(())
+    });
+}

@@ -1,0 +1,116 @@
+//! Sessions that outlive their backend: a switchover, a restart of the node, a killed primary.
+//! The client keeps its connection and its session state.
+
+use holdfast_it::{metric, wait_for, Harness, Options};
+use mysql::prelude::*;
+use mysql::{Conn, Opts, OptsBuilder};
+use std::time::Duration;
+
+fn connect(h: &Harness) -> Conn {
+    let opts = OptsBuilder::from_opts(Opts::from_url(&h.url()).expect("url")).prefer_socket(false);
+    Conn::new(opts).expect("connect through holdfast")
+}
+
+type StateRow = (String, String, i64, String, String, String, String, u64);
+
+const STATE: &str = "SELECT @@sql_mode, @@time_zone, @i, CAST(@s AS CHAR CHARACTER SET utf8mb4), \
+     CHARSET(@s), CAST(@d AS CHAR), DATABASE(), LAST_INSERT_ID()";
+
+fn set_state(c: &mut Conn) -> (StateRow, mysql::Statement) {
+    c.query_drop("CREATE TABLE IF NOT EXISTS sbtest.ka (id INT AUTO_INCREMENT PRIMARY KEY, v INT)")
+        .unwrap();
+    c.query_drop("INSERT INTO sbtest.ka (v) VALUES (1), (2), (3)")
+        .unwrap();
+    c.query_drop("SET sql_mode='ANSI_QUOTES,NO_ZERO_DATE', time_zone='+05:30'")
+        .unwrap();
+    c.query_drop("SET @i = 42, @s = _latin1 X'E9', @d = CAST(1.10 AS DECIMAL(5,2))")
+        .unwrap();
+    c.query_drop("USE mysql").unwrap();
+    let stmt = c.prep("SELECT ? + 1").unwrap();
+    let one: Option<i64> = c.exec_first(&stmt, (1,)).unwrap();
+    assert_eq!(one, Some(2));
+    let state: Option<StateRow> = c.query_first(STATE).unwrap();
+    (state.expect("state row"), stmt)
+}
+
+fn port(c: &mut Conn) -> u16 {
+    c.query_first::<u16, _>("SELECT @@port")
+        .unwrap()
+        .expect("port")
+}
+
+fn assert_same_session(c: &mut Conn, before: &StateRow, stmt: &mysql::Statement) {
+    let after: StateRow = c.query_first(STATE).unwrap().expect("state row");
+    assert_eq!(&after, before, "session state differs after the move");
+    let two: Option<i64> = c.exec_first(stmt, (41,)).unwrap();
+    assert_eq!(
+        two,
+        Some(42),
+        "the prepared statement keeps working under its id"
+    );
+}
+
+#[test]
+fn session_state_survives_a_switchover() {
+    let h = Harness::start_with(Options::default().replicas(2));
+    let mut c = connect(&h);
+    let (before, stmt) = set_state(&mut c);
+    assert_eq!(before.2, 42);
+    assert_eq!(before.4, "latin1");
+    let old_port = port(&mut c);
+    let (code, body) = h.admin_post("/switchover?to=node2", None);
+    assert_eq!(code, 200, "{body}");
+    let node2 = h.lab.status.node("node2").unwrap().port;
+    wait_for(
+        "topology shows node2 as primary",
+        Duration::from_secs(20),
+        || (h.status().topology.primary.as_deref() == Some("node2")).then_some(()),
+    );
+    let new_port = port(&mut c);
+    assert_ne!(new_port, old_port);
+    assert_eq!(new_port, node2, "the session follows the primary");
+    assert_same_session(&mut c, &before, &stmt);
+    let moved = metric(&h.metrics(), "holdfast_sessions_moved_total").unwrap_or(0.0);
+    assert!(moved >= 1.0, "sessions_moved {moved}");
+    // The data written before the switchover is there, and writes work on the new primary.
+    c.query_drop("INSERT INTO sbtest.ka (v) VALUES (4)")
+        .unwrap();
+    let n: Option<u64> = c.query_first("SELECT COUNT(*) FROM sbtest.ka").unwrap();
+    assert_eq!(n, Some(4));
+}
+
+#[test]
+fn session_survives_a_restart_of_its_node() {
+    let mut h = Harness::start();
+    let mut c = connect(&h);
+    let (before, stmt) = set_state(&mut c);
+    h.lab.stop_node("node1").unwrap();
+    h.lab.start_node("node1").unwrap();
+    // The next statement is held until the node is back, then runs in the restored session.
+    assert_same_session(&mut c, &before, &stmt);
+    let moved = metric(&h.metrics(), "holdfast_sessions_moved_total").unwrap_or(0.0);
+    assert!(moved >= 1.0, "sessions_moved {moved}");
+}
+
+#[test]
+fn a_transaction_lost_with_its_node_reports_a_deadlock_and_the_session_goes_on() {
+    let mut h = Harness::start();
+    let mut c = connect(&h);
+    c.query_drop("CREATE TABLE sbtest.tx (id INT PRIMARY KEY)")
+        .unwrap();
+    c.query_drop("BEGIN").unwrap();
+    c.query_drop("INSERT INTO sbtest.tx VALUES (1)").unwrap();
+    h.lab.kill_node("node1").unwrap();
+    h.lab.start_node("node1").unwrap();
+    let err = c
+        .query_drop("INSERT INTO sbtest.tx VALUES (2)")
+        .unwrap_err();
+    match err {
+        mysql::Error::MySqlError(e) => assert_eq!(e.code, 1213, "{e}"),
+        other => panic!("expected a MySQL error, got {other}"),
+    }
+    c.query_drop("ROLLBACK").unwrap();
+    c.query_drop("INSERT INTO sbtest.tx VALUES (3)").unwrap();
+    let ids: Vec<i32> = c.query("SELECT id FROM sbtest.tx ORDER BY id").unwrap();
+    assert_eq!(ids, vec![3], "the lost transaction left nothing behind");
+}
