@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # The main job on an embedded default: builds holdfast, starts a local lab cluster (a GTID
 # primary and two replicas, real mariadbd processes on loopback), runs holdfast in front of it,
-# and drives the mariadb CLI and sysbench through it. Extra arguments go to `holdfast demo`.
+# drives the mariadb CLI and sysbench through it, then runs the keep-alive drill: sysbench
+# oltp_read_write (20 threads, 20 tables x 10,000 rows, prepared statements) through holdfast
+# while the primary is switched over, restarted and killed, and prints connections kept,
+# errors and the longest stall per scenario. Extra arguments go to `holdfast drill`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/deps.sh
 cargo build --release --locked -p holdfast
-exec ./target/release/holdfast demo "$@"
+./target/release/holdfast demo
+exec ./target/release/holdfast drill --scenario all "$@"

@@ -65,8 +65,9 @@ struct Statement {
     columns: u16,
     cursor_open: bool,
     long_data: bool,
-    /// Only reads: an execute lost with its backend may run again elsewhere.
-    read_only: bool,
+    /// An execute lost with its backend outside a transaction may run again elsewhere (the
+    /// statement only reads, only begins a transaction, or only sets session variables).
+    retry_safe: bool,
     /// The parameter type block of the last execute that sent types.
     types: Option<Vec<u8>>,
     /// Re-prepared on a new backend that has not seen the types yet.
@@ -522,7 +523,7 @@ impl Session {
                 Event::Err(e) => self.shared.metrics.count_error(e.code),
                 Event::PrepareOk(p) => {
                     let sql = prepare_sql.take().unwrap_or_default();
-                    let read_only = classify(&sql).is_read_only();
+                    let retry_safe = relocate::retry_safe_sql(&sql);
                     let client_id = self.next_statement_id;
                     self.next_statement_id = self.next_statement_id.wrapping_add(1).max(1);
                     self.statements.insert(
@@ -534,7 +535,7 @@ impl Session {
                             columns: p.num_columns,
                             cursor_open: false,
                             long_data: false,
-                            read_only,
+                            retry_safe,
                             types: None,
                             types_pending: false,
                         },

@@ -190,22 +190,10 @@ impl Session {
         match cmd {
             COM_PING | COM_INIT_DB | COM_STMT_PREPARE | COM_STMT_RESET | COM_STATISTICS
             | COM_FIELD_LIST => true,
-            COM_QUERY => {
-                let flags = classify(&request[HEADER_LEN + 1..]);
-                if flags.has(C::MULTI) {
-                    return false;
-                }
-                flags.is_read_only()
-                    || flags.bits & !(C::BEGIN_TXN.bits | C::WRITE.bits) == 0
-                        && flags.has(C::BEGIN_TXN)
-                    || flags.has(C::SET_SESSION_VAR)
-                        && flags.bits
-                            & !(C::SET_SESSION_VAR.bits | C::AUTOCOMMIT.bits | C::WRITE.bits)
-                            == 0
-            }
+            COM_QUERY => retry_safe_sql(&request[HEADER_LEN + 1..]),
             COM_STMT_EXECUTE => holdfast_wire::packets::statement_id(&request[HEADER_LEN..])
                 .and_then(|id| self.statements.get(&id))
-                .is_some_and(|s| s.read_only),
+                .is_some_and(|s| s.retry_safe),
             _ => false,
         }
     }
@@ -516,6 +504,19 @@ fn cooldown_reason(blocker: &str) -> &'static str {
     }
 }
 
+/// Whether a statement lost in flight (outside a transaction) may simply run again: it only
+/// reads, only starts a transaction, or only sets session variables.
+pub(super) fn retry_safe_sql(sql: &[u8]) -> bool {
+    let flags = classify(sql);
+    if flags.has(C::MULTI) {
+        return false;
+    }
+    let only = |allowed: u32| flags.bits & !(allowed | C::WRITE.bits) == 0;
+    flags.is_read_only()
+        || (flags.has(C::BEGIN_TXN) && only(C::BEGIN_TXN.bits))
+        || (flags.has(C::SET_SESSION_VAR) && only(C::SET_SESSION_VAR.bits | C::AUTOCOMMIT.bits))
+}
+
 fn query_text(request: &[u8]) -> Option<&[u8]> {
     (request.get(HEADER_LEN) == Some(&COM_QUERY)).then(|| &request[HEADER_LEN + 1..])
 }
@@ -530,4 +531,34 @@ fn is_commit(request: &[u8]) -> bool {
     query_text(request)
         .and_then(first_keyword)
         .is_some_and(|k| k.eq_ignore_ascii_case(b"COMMIT"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::retry_safe_sql;
+
+    #[test]
+    fn only_provably_harmless_statements_are_retried() {
+        for sql in [
+            "SELECT 1",
+            "BEGIN",
+            "START TRANSACTION",
+            "SET autocommit=0",
+            "SET NAMES utf8mb4",
+            "SHOW TABLES",
+        ] {
+            assert!(retry_safe_sql(sql.as_bytes()), "{sql} should be retried");
+        }
+        for sql in [
+            "INSERT INTO t VALUES (1)",
+            "UPDATE t SET a=1",
+            "COMMIT",
+            "SET @a = 1",
+            "SELECT 1; SELECT 2",
+            "SELECT GET_LOCK('x', 1)",
+            "CALL p()",
+        ] {
+            assert!(!retry_safe_sql(sql.as_bytes()), "{sql} must not be retried");
+        }
+    }
 }
