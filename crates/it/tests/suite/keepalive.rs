@@ -114,3 +114,65 @@ fn a_transaction_lost_with_its_node_reports_a_deadlock_and_the_session_goes_on()
     let ids: Vec<i32> = c.query("SELECT id FROM sbtest.tx ORDER BY id").unwrap();
     assert_eq!(ids, vec![3], "the lost transaction left nothing behind");
 }
+
+/// The same from Python (mysql-connector-python, pure): text and server-side prepared
+/// statements on one connection, across a switchover.
+#[test]
+fn python_session_state_survives_a_switchover() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+    if !holdfast_it::have("python3") {
+        eprintln!("SKIP: python3 is not installed");
+        return;
+    }
+    let h = Harness::start_with(Options::default().replicas(2));
+    let script = format!("{}/py/keepalive_state.py", env!("CARGO_MANIFEST_DIR"));
+    let mut child = Command::new("python3")
+        .arg(&script)
+        .arg(h.proxy.ip().to_string())
+        .arg(h.proxy.port().to_string())
+        .args([h.user(), h.password(), h.database()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run python3");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("read READY");
+    if line.starts_with("SKIP") {
+        eprintln!("{line}");
+        let _ = child.wait();
+        return;
+    }
+    if line.trim() != "READY" {
+        let _ = child.wait();
+        let mut err = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut e, &mut err);
+        }
+        panic!("script did not get ready: {line}\n{err}");
+    }
+    let (code, body) = h.admin_post("/switchover?to=node3", None);
+    assert_eq!(code, 200, "{body}");
+    wait_for("node3 primary", Duration::from_secs(20), || {
+        (h.status().topology.primary.as_deref() == Some("node3")).then_some(())
+    });
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"go\n")
+        .expect("signal the script");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).expect("read the rest");
+    let status = child.wait().expect("wait");
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+    }
+    assert!(
+        status.success() && rest.contains("DONE"),
+        "python: {rest}\n{err}"
+    );
+}
