@@ -40,6 +40,8 @@ pub struct Shared {
     pub ha: Arc<HaController>,
     /// True while a planned switchover runs: sessions at a safe point hold their requests.
     pub switching: watch::Sender<bool>,
+    /// Mirror of `switching` that sessions read per request without a lock.
+    pub switching_now: std::sync::atomic::AtomicBool,
     next_session_id: AtomicU32,
 }
 
@@ -54,6 +56,7 @@ impl Shared {
             sessions: SessionRegistry::default(),
             started: Instant::now(),
             switching: watch::channel(false).0,
+            switching_now: std::sync::atomic::AtomicBool::new(false),
             next_session_id: AtomicU32::new(1),
         }
     }
@@ -65,6 +68,7 @@ impl Shared {
         &self,
         target: Option<String>,
     ) -> Result<ha::SwitchoverReport, ha::HaError> {
+        self.switching_now.store(true, Ordering::SeqCst);
         self.switching.send_replace(true);
         let drain = Duration::from_millis(self.config.proxy.switchover_drain_ms);
         let start = Instant::now();
@@ -99,6 +103,7 @@ impl Shared {
             };
             let _ = tokio::time::timeout(Duration::from_secs(5), wait).await;
         }
+        self.switching_now.store(false, Ordering::SeqCst);
         self.switching.send_replace(false);
         result
     }

@@ -28,7 +28,7 @@ use std::time::Instant;
 use tokio::sync::watch;
 
 mod relocate;
-use relocate::{backend_gone, sleep_until_opt};
+use relocate::{idle_watch, IdleEvent};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
@@ -235,23 +235,31 @@ impl Session {
             let cooldown_end = self
                 .move_pending_since
                 .map(|t| t + self.shared.config.proxy.cooldown());
+            // The client's next request is polled first; the idle watch (topology changes,
+            // a backend that goes away, the cool-down) arms only after a short silence, so
+            // a busy session pays no extra syscall or lock per command for it.
             let read = tokio::select! {
+                biased;
                 r = self.client.buffer_packet(max) => r,
-                changed = self.topology.changed(), if !self.backend_dead => {
-                    if changed.is_err() {
-                        return End::Protocol("topology monitor stopped".into());
-                    }
-                    if let Err(end) = self.on_topology_change().await {
-                        return end;
+                event = idle_watch(
+                    &mut self.backend.conn,
+                    &mut self.topology,
+                    self.backend_dead,
+                    cooldown_end,
+                ) => {
+                    match event {
+                        IdleEvent::Topology(false) => {
+                            return End::Protocol("topology monitor stopped".into());
+                        }
+                        IdleEvent::Topology(true) => {
+                            if let Err(end) = self.on_topology_change().await {
+                                return end;
+                            }
+                        }
+                        IdleEvent::BackendGone => self.on_backend_lost_idle(),
+                        IdleEvent::Cooldown => return self.cooldown_expired(),
                     }
                     continue;
-                }
-                _ = backend_gone(&mut self.backend.conn), if !self.backend_dead => {
-                    self.on_backend_lost_idle();
-                    continue;
-                }
-                _ = sleep_until_opt(cooldown_end), if cooldown_end.is_some() => {
-                    return self.cooldown_expired();
                 }
             };
             let wire_len = match read {

@@ -8,7 +8,7 @@ use super::{End, Session};
 use crate::backend::{self, BackendConn, BackendError, LoginParams};
 use crate::conn::{ConnError, PacketConn};
 use crate::restore::{self, RestoreError, VariableTypes};
-use crate::topology::NodeState;
+use crate::topology::{NodeState, Topology};
 use bytes::BytesMut;
 use holdfast_sql::{classify, first_keyword, Classification as C};
 use holdfast_wire::caps::{CLIENT_DEPRECATE_EOF, SERVER_STATUS_IN_TRANS};
@@ -16,7 +16,9 @@ use holdfast_wire::command::*;
 use holdfast_wire::frame::{parse_header, HEADER_LEN};
 use holdfast_wire::response::{Event, Expect, Kind, ResponseMachine};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::sync::watch;
 
 /// Code and SQL state a statement gets when its transaction died with its backend: the same
 /// as a deadlock victim, whose transaction the server also rolled back, so applications
@@ -40,9 +42,36 @@ enum MoveError {
     },
 }
 
+/// How long a client must be silent before its session watches for idle-time events.
+const IDLE_PROBE: Duration = Duration::from_millis(20);
+
+pub(super) enum IdleEvent {
+    /// The topology changed (false: the monitor is gone).
+    Topology(bool),
+    BackendGone,
+    Cooldown,
+}
+
+/// What can happen to an idle session: the topology changes, its backend goes away, its
+/// cool-down ends. Armed only after [`IDLE_PROBE`] of client silence.
+pub(super) async fn idle_watch(
+    conn: &mut PacketConn,
+    topology: &mut watch::Receiver<Arc<Topology>>,
+    backend_dead: bool,
+    cooldown_end: Option<Instant>,
+) -> IdleEvent {
+    tokio::time::sleep(IDLE_PROBE).await;
+    tokio::select! {
+        r = topology.changed(), if !backend_dead => IdleEvent::Topology(r.is_ok()),
+        _ = backend_gone(conn), if !backend_dead => IdleEvent::BackendGone,
+        _ = sleep_until_opt(cooldown_end), if cooldown_end.is_some() => IdleEvent::Cooldown,
+        else => std::future::pending().await,
+    }
+}
+
 /// Resolves when the backend connection of an idle session closes or sends something on its
 /// own (servers send an ERR before they close a connection on shutdown or KILL).
-pub(super) async fn backend_gone(conn: &mut PacketConn) {
+async fn backend_gone(conn: &mut PacketConn) {
     loop {
         if conn.stream.readable().await.is_err() {
             return;
@@ -54,7 +83,7 @@ pub(super) async fn backend_gone(conn: &mut PacketConn) {
     }
 }
 
-pub(super) async fn sleep_until_opt(deadline: Option<Instant>) {
+async fn sleep_until_opt(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d.into()).await,
         None => std::future::pending().await,
@@ -122,7 +151,11 @@ impl Session {
     /// backend lost while the request was in flight.
     pub(super) async fn run_request(&mut self, request: BytesMut) -> Result<(), End> {
         let reply_seq = parse_header(&request).map_or(1, |h| h.seq.wrapping_add(1));
-        if *self.switching.borrow() && self.record.blocker().is_none() {
+        if self.topology.has_changed().unwrap_or(false) && !self.backend_dead {
+            self.topology.borrow_and_update();
+            self.on_topology_change().await?;
+        }
+        if self.shared.switching_now.load(Ordering::SeqCst) && self.record.blocker().is_none() {
             self.park().await?;
         }
         if self.backend_dead {
