@@ -176,3 +176,80 @@ fn python_session_state_survives_a_switchover() {
         "python: {rest}\n{err}"
     );
 }
+
+fn mysql_error_code(e: &mysql::Error) -> Option<u16> {
+    match e {
+        mysql::Error::MySqlError(e) => Some(e.code),
+        _ => None,
+    }
+}
+
+/// No writable node within the hold window: the held request gets an ERR that names the
+/// window, and the connection closes (not a silent disconnect).
+#[test]
+fn no_primary_within_the_hold_window_gives_a_clear_error() {
+    let mut h = Harness::start_with(Options::default().config(|c| c.proxy.hold_window_ms = 1_500));
+    let mut c = connect(&h);
+    c.query_drop("SELECT 1").unwrap();
+    h.lab.stop_node("node1").unwrap();
+    let err = c.query_drop("SELECT 1").unwrap_err();
+    assert_eq!(mysql_error_code(&err), Some(1927), "{err}");
+    assert!(err.to_string().contains("hold window of 1500 ms"), "{err}");
+    let m = h.metrics();
+    assert_eq!(
+        metric(
+            &m,
+            "holdfast_sessions_closed_by_holdfast_total{reason=\"hold_window_expired\"}"
+        ),
+        Some(1.0),
+        "{m}"
+    );
+}
+
+/// A session that must move but stays inside its transaction past the cool-down is closed
+/// and counted with its reason; a session at a safe point moves.
+#[test]
+fn a_session_that_never_reaches_a_safe_point_is_closed_after_the_cooldown() {
+    let h = Harness::start_with(Options::default().replicas(1).config(|c| {
+        c.proxy.cooldown_ms = 1_000;
+        // Another tool promotes: holdfast only follows read_only.
+        c.ha.mode = holdfast_proxy::ha::HaMode::External;
+    }));
+    let mut idle = connect(&h);
+    let mut busy = connect(&h);
+    busy.query_drop("CREATE TABLE sbtest.cd (id INT PRIMARY KEY)")
+        .unwrap();
+    busy.query_drop("BEGIN").unwrap();
+    busy.query_drop("INSERT INTO sbtest.cd VALUES (1)").unwrap();
+    // The external tool swaps the roles.
+    h.root_sql("SET GLOBAL read_only=ON");
+    let node2 = h.lab.status.node("node2").unwrap().clone();
+    holdfast_lab::node_sql(
+        &node2,
+        "STOP SLAVE; RESET SLAVE ALL; SET GLOBAL read_only=OFF",
+    )
+    .unwrap();
+    wait_for("node2 primary", Duration::from_secs(20), || {
+        (h.status().topology.primary.as_deref() == Some("node2")).then_some(())
+    });
+    wait_for(
+        "the cool-down to close the busy session",
+        Duration::from_secs(20),
+        || {
+            metric(
+                &h.metrics(),
+                "holdfast_sessions_closed_by_holdfast_total{reason=\"cooldown_open_transaction\"}",
+            )
+            .filter(|n| *n >= 1.0)
+        },
+    );
+    assert!(
+        busy.query_drop("SELECT 1").is_err(),
+        "the busy session was closed"
+    );
+    assert_eq!(
+        port(&mut idle),
+        node2.port,
+        "the idle session moved to the new primary"
+    );
+}
