@@ -246,6 +246,51 @@ async fn post_rejoin(
     }
 }
 
+/// `?node=node1&binary=/path/to/mariadbd&set=innodb_buffer_pool_size=256M,max_connections=500`.
+#[derive(Debug, Default, Deserialize)]
+struct RestartQuery {
+    node: Option<String>,
+    binary: Option<String>,
+    /// Comma-separated `key=value` server options.
+    set: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct RestartReport {
+    node: String,
+    steps: Vec<String>,
+}
+
+/// `POST /restart` (upgrade: `binary=`) and `POST /resize` (`set=`): a planned restart of a
+/// node through the control driver, with sessions moved away and back.
+async fn post_restart(
+    State(shared): State<Arc<Shared>>,
+    Query(q): Query<RestartQuery>,
+) -> Response {
+    let Some(node) = q.node.filter(|n| !n.is_empty()) else {
+        return bad_request(
+            "which node? POST /restart?node=NAME[&binary=PATH][&set=K=V,...]".into(),
+        );
+    };
+    let spec = holdfast_proxy::driver::RestartSpec {
+        binary: q.binary.filter(|b| !b.is_empty()),
+        set: q
+            .set
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect(),
+    };
+    match shared.restart_node(&node, &spec).await {
+        Ok(steps) => (StatusCode::OK, Json(RestartReport { node, steps })).into_response(),
+        Err(error) => {
+            (StatusCode::INTERNAL_SERVER_ERROR, Json(ErrorBody { error })).into_response()
+        }
+    }
+}
+
 pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/status", get(get_status))
@@ -253,6 +298,8 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/switchover", post(post_switchover))
         .route("/failover", post(post_failover))
         .route("/rejoin", post(post_rejoin))
+        .route("/restart", post(post_restart))
+        .route("/resize", post(post_restart))
         .with_state(shared)
 }
 

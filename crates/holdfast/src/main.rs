@@ -115,6 +115,29 @@ enum CtlCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Planned restart of NODE, e.g. a minor-version upgrade with --binary (needs a control
+    /// driver: `[driver] kind = "lab"`).
+    ///
+    /// If NODE is the primary, sessions are first parked at safe points and switched over to
+    /// another node; NODE restarts, rejoins as a replica, and is switched back. Clients keep
+    /// their connections and session state throughout.
+    ///
+    /// Example: holdfast ctl restart node1 --binary /usr/sbin/mariadbd
+    Restart {
+        node: String,
+        /// Server binary to run from now on.
+        #[arg(long, value_name = "PATH")]
+        binary: Option<String>,
+    },
+    /// Planned restart of NODE with other server options (a resize), like `restart`.
+    ///
+    /// Example: holdfast ctl resize node1 --set innodb_buffer_pool_size=256M --set max_connections=500
+    Resize {
+        node: String,
+        /// A server option as KEY=VALUE; repeat for several.
+        #[arg(long = "set", value_name = "KEY=VALUE", required = true)]
+        set: Vec<String>,
+    },
 }
 
 fn init_logging(format: LogFormat) {
@@ -168,6 +191,14 @@ async fn serve(cfg: Config) -> Result<()> {
         .with_context(|| format!("cannot bind the admin listener {admin_addr}"))?;
     tracing::info!(proxy = %proxy.local_addr()?, admin = %admin_addr, "holdfast serving");
     let shared = proxy.shared.clone();
+    if shared.config.driver.kind == "lab" {
+        match shared.config.driver.lab_dir.clone() {
+            Some(dir) => {
+                let _ = shared.driver.set(std::sync::Arc::new(LabDriver { dir }));
+            }
+            None => bail!("[driver] kind = \"lab\" needs lab_dir"),
+        }
+    }
     let admin_task = tokio::spawn(holdfast_admin::serve(admin, shared));
     let proxy_task = tokio::spawn(proxy.run());
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -216,6 +247,21 @@ async fn ctl(admin: &str, command: CtlCommand) -> Result<()> {
             ha_operation(admin, &path, json).await?;
         }
         CtlCommand::Failover { json } => ha_operation(admin, "/failover", json).await?,
+        CtlCommand::Restart { node, binary } => {
+            let mut path = format!("/restart?node={}", query_escape(&node));
+            if let Some(b) = binary {
+                path.push_str(&format!("&binary={}", query_escape(&b)));
+            }
+            restart_operation(admin, &path).await?
+        }
+        CtlCommand::Resize { node, set } => {
+            let path = format!(
+                "/resize?node={}&set={}",
+                query_escape(&node),
+                query_escape(&set.join(","))
+            );
+            restart_operation(admin, &path).await?
+        }
         CtlCommand::Rejoin { node, json } => {
             ha_operation(
                 admin,
@@ -224,6 +270,31 @@ async fn ctl(admin: &str, command: CtlCommand) -> Result<()> {
             )
             .await?
         }
+    }
+    Ok(())
+}
+
+/// POSTs a restart or resize and prints its steps.
+async fn restart_operation(admin: &str, path: &str) -> Result<()> {
+    let (code, body) = holdfast_admin::http_post(admin, path, None)
+        .await
+        .with_context(|| {
+            format!("cannot reach the admin API at {admin} (is holdfast serve running?)")
+        })?;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or(serde_json::Value::Null);
+    if !(200..300).contains(&code) {
+        bail!(
+            "failed (HTTP {code}): {}",
+            v.get("error").and_then(|e| e.as_str()).unwrap_or(&body)
+        );
+    }
+    for step in v
+        .get("steps")
+        .and_then(|s| s.as_array())
+        .into_iter()
+        .flatten()
+    {
+        println!("{}", step.as_str().unwrap_or_default());
     }
     Ok(())
 }
@@ -267,4 +338,30 @@ fn query_escape(s: &str) -> String {
         }
     }
     out
+}
+
+/// The lab's local process driver: restarts a node's mariadbd with its data, optionally with
+/// another binary or other options.
+struct LabDriver {
+    dir: std::path::PathBuf,
+}
+
+impl holdfast_proxy::driver::NodeDriver for LabDriver {
+    fn restart<'a>(
+        &'a self,
+        node: &'a str,
+        spec: &'a holdfast_proxy::driver::RestartSpec,
+    ) -> holdfast_proxy::driver::DriverFuture<'a> {
+        Box::pin(async move {
+            let (dir, node, spec) = (self.dir.clone(), node.to_string(), spec.clone());
+            tokio::task::spawn_blocking(move || {
+                let binary = spec.binary.as_deref().map(std::path::Path::new);
+                holdfast_lab::restart_node(&dir, &node, binary, &spec.set)
+                    .map(|_| ())
+                    .map_err(|e| format!("{e:#}"))
+            })
+            .await
+            .map_err(|e| e.to_string())?
+        })
+    }
 }

@@ -108,6 +108,7 @@ impl Harness {
                 address: lab.primary().address.clone(),
             }],
             ha: HaConfig::default(),
+            driver: Default::default(),
         };
         if opts.replicas > 0 {
             cfg.backends = st
@@ -143,6 +144,9 @@ impl Harness {
             let proxy_addr = proxy.local_addr()?;
             let admin_addr = admin.local_addr()?;
             let shared = proxy.shared.clone();
+            let _ = shared.driver.set(Arc::new(LabDriver {
+                dir: st.dir.clone(),
+            }));
             tokio::spawn(proxy.run());
             tokio::spawn(holdfast_admin::serve(admin, shared.clone()));
             anyhow::Ok((proxy_addr, admin_addr, shared))
@@ -408,4 +412,30 @@ pub fn require(program: &str) -> Result<()> {
         bail!("{program} is not installed");
     }
     Ok(())
+}
+
+/// The lab's process driver for `POST /restart` and `/resize` in tests (the `holdfast`
+/// binary installs its own from `[driver] kind = "lab"`).
+struct LabDriver {
+    dir: std::path::PathBuf,
+}
+
+impl holdfast_proxy::driver::NodeDriver for LabDriver {
+    fn restart<'a>(
+        &'a self,
+        node: &'a str,
+        spec: &'a holdfast_proxy::driver::RestartSpec,
+    ) -> holdfast_proxy::driver::DriverFuture<'a> {
+        Box::pin(async move {
+            let (dir, node, spec) = (self.dir.clone(), node.to_string(), spec.clone());
+            tokio::task::spawn_blocking(move || {
+                let binary = spec.binary.as_deref().map(std::path::Path::new);
+                holdfast_lab::restart_node(&dir, &node, binary, &spec.set)
+                    .map(|_| ())
+                    .map_err(|e| format!("{e:#}"))
+            })
+            .await
+            .map_err(|e| e.to_string())?
+        })
+    }
 }

@@ -197,6 +197,16 @@ struct LaunchInfo {
     mariadbd: PathBuf,
     extra_server_args: Vec<String>,
     replicas: usize,
+    /// Per-node binary and options set by [`restart_node`] (upgrades, resizes).
+    #[serde(default)]
+    node_overrides: BTreeMap<String, NodeOverride>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+struct NodeOverride {
+    mariadbd: Option<PathBuf>,
+    /// `--key=value` options, appended last so they win.
+    args: BTreeMap<String, String>,
 }
 
 /// A helper process (HAProxy, holdfast under benchmark) that `down` must also stop.
@@ -317,6 +327,37 @@ pub fn kill_node(dir: &Path, name: &str) -> Result<NodeStatus> {
     let out = node.clone();
     write_status(&st)?;
     Ok(out)
+}
+
+/// Restarts one node cleanly with another binary (a minor-version upgrade) and/or other
+/// server options (`key=value`, e.g. `innodb_buffer_pool_size=256M`: a resize). The choice
+/// is remembered for later restarts of that node.
+pub fn restart_node(
+    dir: &Path,
+    name: &str,
+    mariadbd: Option<&Path>,
+    set: &[String],
+) -> Result<NodeStatus> {
+    let mut launch = read_launch(dir)?;
+    let o = launch.node_overrides.entry(name.to_string()).or_default();
+    if let Some(bin) = mariadbd {
+        if !bin.exists() {
+            bail!("no server binary at {}", bin.display());
+        }
+        o.mariadbd = Some(bin.to_path_buf());
+    }
+    for kv in set {
+        let (k, v) = kv
+            .split_once('=')
+            .with_context(|| format!("server option {kv:?} is not KEY=VALUE"))?;
+        o.args.insert(
+            k.trim().trim_start_matches("--").replace('_', "-"),
+            v.trim().to_string(),
+        );
+    }
+    stop_node(dir, name)?;
+    write_json(&dir.join(LAUNCH_FILE), &launch)?;
+    start_node(dir, name)
 }
 
 /// Starts a stopped node again with its data and waits until it accepts connections.
@@ -583,6 +624,7 @@ fn fresh_lab(dir: &Path, opts: &LabOptions) -> Result<LabStatus> {
         mariadbd,
         extra_server_args: opts.extra_server_args.clone(),
         replicas: opts.replicas,
+        node_overrides: BTreeMap::new(),
     };
     write_json(&dir.join(LAUNCH_FILE), &launch)?;
 
@@ -784,6 +826,9 @@ fn node_args(launch: &LaunchInfo, node: &NodeStatus) -> Result<Vec<String>> {
         args.push("--read-only=ON".into());
     }
     args.extend(launch.extra_server_args.iter().cloned());
+    if let Some(o) = launch.node_overrides.get(&node.name) {
+        args.extend(o.args.iter().map(|(k, v)| format!("--{k}={v}")));
+    }
     Ok(args)
 }
 
@@ -791,7 +836,12 @@ fn spawn_node(launch: &LaunchInfo, node: &NodeStatus) -> Result<u32> {
     // A socket left by a killed server would make the readiness probe fail confusingly.
     let _ = fs::remove_file(&node.socket);
     let args = node_args(launch, node)?;
-    let mut cmd = Command::new(&launch.mariadbd);
+    let binary = launch
+        .node_overrides
+        .get(&node.name)
+        .and_then(|o| o.mariadbd.clone())
+        .unwrap_or_else(|| launch.mariadbd.clone());
+    let mut cmd = Command::new(&binary);
     cmd.args(&args);
     let pid = procs::spawn_detached(&mut cmd, Some(&node.error_log()))
         .with_context(|| format!("starting {} for {}", launch.mariadbd.display(), node.name))?;
@@ -1161,7 +1211,10 @@ fn write_config(st: &LabStatus) -> Result<()> {
          [auth]\nmonitor_user = {mu}\nmonitor_password = {mp}\n\n\
          # holdfast manages the lab's replication: `holdfast ctl switchover|failover|rejoin`,\n\
          # automatic failover when the primary is lost.\n\
-         [ha]\nmode = \"managed\"\nrepl_user = {ru}\nrepl_password = {rp}\n",
+         [ha]\nmode = \"managed\"\nrepl_user = {ru}\nrepl_password = {rp}\n\n\
+         # The lab's processes: `holdfast ctl restart|resize NODE` restarts them.\n\
+         [driver]\nkind = \"lab\"\nlab_dir = {labdir}\n",
+        labdir = toml_str(&st.dir.display().to_string()),
         ru = toml_str(REPL_USER),
         rp = toml_str(REPL_PASSWORD),
         dir = st.dir.display(),
@@ -1227,6 +1280,13 @@ mod tests {
             mariadbd: "/usr/sbin/mariadbd".into(),
             extra_server_args: vec!["--general-log=ON".into()],
             replicas: 1,
+            node_overrides: BTreeMap::from([(
+                "node2".to_string(),
+                NodeOverride {
+                    mariadbd: None,
+                    args: BTreeMap::from([("max-connections".to_string(), "500".to_string())]),
+                },
+            )]),
         };
         let node = NodeStatus {
             name: "node2".into(),
@@ -1251,6 +1311,11 @@ mod tests {
             assert!(args.iter().any(|a| a == want), "missing {want} in {args:?}");
         }
         assert_eq!(args[0], "--no-defaults");
+        // A resize's option comes last, so it wins over the defaults.
+        assert_eq!(
+            args.last().map(String::as_str),
+            Some("--max-connections=500")
+        );
     }
 
     #[test]

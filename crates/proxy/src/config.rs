@@ -32,6 +32,8 @@ pub struct Config {
     pub auth: AuthConfig,
     #[serde(default, rename = "backend")]
     pub backends: Vec<BackendConfig>,
+    #[serde(default)]
+    pub driver: DriverConfig,
     /// Switchover, failover and rejoin (`[ha]`); external mode by default.
     #[serde(default)]
     pub ha: HaConfig,
@@ -146,6 +148,16 @@ impl Default for AuthConfig {
             verifier_miss_refresh_ms: 1_000,
         }
     }
+}
+
+/// How holdfast restarts nodes for `ctl restart` / `ctl resize`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DriverConfig {
+    /// `"none"` (or empty): restart and resize are refused. `"lab"`: the nodes are processes
+    /// of a `holdfast lab` in `lab_dir`.
+    pub kind: String,
+    pub lab_dir: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

@@ -8,6 +8,12 @@ pub const ER_NET_PACKET_TOO_LARGE: u16 = 1153;
 pub const ER_UNKNOWN_STMT_HANDLER: u16 = 1243;
 pub const ER_NOT_SUPPORTED_AUTH_MODE: u16 = 1251;
 pub const ER_MALFORMED_PACKET: u16 = 1835;
+/// Sent by a server that is shutting down.
+pub const ER_SERVER_SHUTDOWN: u16 = 1053;
+/// Sent when the connection was killed (KILL, or holdfast's own fence in a switchover).
+pub const ER_CONNECTION_KILLED: u16 = 1927;
+/// MariaDB's idle-timeout disconnect.
+pub const ER_CLIENT_IDLE_TIMEOUT: u16 = 4031;
 /// Client-side code, used when holdfast cannot reach any backend.
 pub const CR_CONN_HOST_ERROR: u16 = 2003;
 /// Client-side code, used when the backend is lost during a command.

@@ -4,6 +4,7 @@
 pub mod backend;
 pub mod config;
 pub mod conn;
+pub mod driver;
 pub mod errors;
 pub mod ha;
 pub mod login;
@@ -40,6 +41,8 @@ pub struct Shared {
     pub ha: Arc<HaController>,
     /// True while a planned switchover runs: sessions at a safe point hold their requests.
     pub switching: watch::Sender<bool>,
+    /// How nodes are restarted (upgrade, resize); none means restart/resize are refused.
+    pub driver: std::sync::OnceLock<Arc<dyn driver::NodeDriver>>,
     /// Mirror of `switching` that sessions read per request without a lock.
     pub switching_now: std::sync::atomic::AtomicBool,
     next_session_id: AtomicU32,
@@ -57,8 +60,73 @@ impl Shared {
             started: Instant::now(),
             switching: watch::channel(false).0,
             switching_now: std::sync::atomic::AtomicBool::new(false),
+            driver: std::sync::OnceLock::new(),
             next_session_id: AtomicU32::new(1),
         }
+    }
+
+    /// A planned restart of `node` (upgrade or resize) that clients do not notice: if it is
+    /// the primary, sessions are first switched over to another node (parked at safe
+    /// points); the node restarts through the driver, rejoins as a replica, and, if it was
+    /// the primary, becomes primary again by another switchover. Returns the steps taken.
+    pub async fn restart_node(
+        &self,
+        node: &str,
+        spec: &driver::RestartSpec,
+    ) -> Result<Vec<String>, String> {
+        let driver = self
+            .driver
+            .get()
+            .cloned()
+            .ok_or("no control driver is configured ([driver] kind = \"lab\"); holdfast cannot restart nodes")?;
+        let mut steps = Vec::new();
+        let t = Instant::now();
+        let was_primary = self
+            .topology
+            .borrow()
+            .primary_node()
+            .is_some_and(|n| n.name == node);
+        if was_primary {
+            let r = self
+                .switchover(None)
+                .await
+                .map_err(|e| format!("switchover away from {node}: {e}"))?;
+            steps.push(format!(
+                "switched over {} -> {} ({} ms)",
+                r.old_primary,
+                r.new_primary,
+                t.elapsed().as_millis()
+            ));
+        }
+        let t = Instant::now();
+        driver
+            .restart(node, spec)
+            .await
+            .map_err(|e| format!("restarting {node}: {e}"))?;
+        steps.push(format!("restarted {node} ({} ms)", t.elapsed().as_millis()));
+        let t = Instant::now();
+        self.ha
+            .rejoin(node.to_string())
+            .await
+            .map_err(|e| format!("rejoining {node}: {e}"))?;
+        steps.push(format!(
+            "{node} replicates again ({} ms)",
+            t.elapsed().as_millis()
+        ));
+        if was_primary {
+            let t = Instant::now();
+            let r = self
+                .switchover(Some(node.to_string()))
+                .await
+                .map_err(|e| format!("switchover back to {node}: {e}"))?;
+            steps.push(format!(
+                "switched over {} -> {} ({} ms)",
+                r.old_primary,
+                r.new_primary,
+                t.elapsed().as_millis()
+            ));
+        }
+        Ok(steps)
     }
 
     /// A planned switchover clients do not notice: sessions first finish their transactions

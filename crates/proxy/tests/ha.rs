@@ -35,6 +35,7 @@ fn config(lab: &TestLab) -> Config {
             })
             .collect(),
         ha: ha_config(),
+        driver: Default::default(),
     }
 }
 

@@ -253,3 +253,29 @@ fn a_session_that_never_reaches_a_safe_point_is_closed_after_the_cooldown() {
         "the idle session moved to the new primary"
     );
 }
+
+/// A planned resize of the primary (restart with other server options): sessions move to a
+/// replica and back with their state; the new option is in effect afterwards.
+#[test]
+fn session_state_survives_a_planned_resize_of_the_primary() {
+    let h = Harness::start_with(Options::default().replicas(2));
+    let mut c = connect(&h);
+    let (before, stmt) = set_state(&mut c);
+    let node1 = h.lab.status.node("node1").unwrap().port;
+    assert_eq!(port(&mut c), node1);
+    let (code, body) = h.admin_post("/resize?node=node1&set=innodb_buffer_pool_size=256M", None);
+    assert_eq!(code, 200, "{body}");
+    wait_for("node1 primary again", Duration::from_secs(20), || {
+        (h.status().topology.primary.as_deref() == Some("node1")).then_some(())
+    });
+    assert_same_session(&mut c, &before, &stmt);
+    assert_eq!(
+        port(&mut c),
+        node1,
+        "the session is back on the resized primary"
+    );
+    let pool: Option<u64> = c.query_first("SELECT @@innodb_buffer_pool_size").unwrap();
+    assert_eq!(pool, Some(256 << 20));
+    let closed = metric(&h.metrics(), "holdfast_sessions_closed_by_holdfast_total");
+    assert_eq!(closed, None, "no session was closed");
+}

@@ -528,7 +528,23 @@ impl Session {
                     );
                 }
                 Event::Eof(eof) => self.record.status = eof.status,
-                Event::Err(e) => self.shared.metrics.count_error(e.code),
+                Event::Err(e) => {
+                    // The server going away answers (or pre-empts) the command with one of
+                    // these before it closes; nothing ran, so treat it as a lost backend.
+                    if ready == 0
+                        && !self.response_started
+                        && matches!(
+                            e.code,
+                            ER_SERVER_SHUTDOWN | ER_CONNECTION_KILLED | ER_CLIENT_IDLE_TIMEOUT
+                        )
+                    {
+                        return Err(End::BackendLost {
+                            started: false,
+                            error: ConnError::Closed,
+                        });
+                    }
+                    self.shared.metrics.count_error(e.code)
+                }
                 Event::PrepareOk(p) => {
                     let sql = prepare_sql.take().unwrap_or_default();
                     let retry_safe = relocate::retry_safe_sql(&sql);

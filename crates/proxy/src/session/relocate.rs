@@ -7,6 +7,7 @@
 use super::{End, Session};
 use crate::backend::{self, BackendConn, BackendError, LoginParams};
 use crate::conn::{ConnError, PacketConn};
+use crate::errors::ER_CONNECTION_KILLED;
 use crate::restore::{self, RestoreError, VariableTypes};
 use crate::topology::{NodeState, Topology};
 use bytes::BytesMut;
@@ -26,7 +27,6 @@ use tokio::sync::watch;
 const ER_LOCK_DEADLOCK: u16 = 1213;
 const ER_ERROR_DURING_COMMIT: u16 = 1180;
 const ER_QUERY_INTERRUPTED: u16 = 1317;
-const ER_CONNECTION_KILLED: u16 = 1927;
 
 /// Pause between attempts to open a backend on a node that is not ready yet.
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
