@@ -14,8 +14,11 @@ pub enum Scenario {
     Switchover,
     /// The primary is killed (kill -9); holdfast fails over to the most advanced replica.
     Failover,
-    /// The primary's mariadbd is stopped and started again (a minor-version upgrade).
+    /// Planned restart of the primary with a server binary (a minor-version upgrade) through
+    /// `POST /restart`: sessions move to a replica and back.
     Restart,
+    /// Planned restart of the primary with another buffer pool size through `POST /resize`.
+    Resize,
     /// Every scenario above, one after the other.
     All,
 }
@@ -187,7 +190,12 @@ pub fn run(args: &DrillArgs) -> Result<()> {
         );
     }
     let scenarios: Vec<Scenario> = match args.scenario {
-        Scenario::All => vec![Scenario::Switchover, Scenario::Restart, Scenario::Failover],
+        Scenario::All => vec![
+            Scenario::Switchover,
+            Scenario::Restart,
+            Scenario::Resize,
+            Scenario::Failover,
+        ],
         s => vec![s],
     };
     let mut rows = Vec::new();
@@ -236,6 +244,7 @@ fn run_scenario(
         Scenario::Switchover => "switchover",
         Scenario::Failover => "failover",
         Scenario::Restart => "restart",
+        Scenario::Resize => "resize",
         Scenario::All => "all",
     };
     println!(
@@ -330,12 +339,31 @@ fn perform(lab: &holdfast_lab::LabStatus, scenario: Scenario) -> Result<String> 
             ))
         }
         Scenario::Restart => {
-            holdfast_lab::stop_node(&lab.dir, &primary)?;
-            let node = holdfast_lab::start_node(&lab.dir, &primary)?;
-            // Lab replicas start read-only; the restarted primary must take writes again.
-            holdfast_lab::node_sql(&node, "SET GLOBAL read_only=OFF")?;
+            let binary = std::env::var("HOLDFAST_DRILL_BINARY")
+                .ok()
+                .or_else(|| {
+                    ["/usr/sbin/mariadbd", "/usr/sbin/mysqld"]
+                        .into_iter()
+                        .find(|p| std::path::Path::new(p).exists())
+                        .map(String::from)
+                })
+                .context("no mariadbd binary for the upgrade")?;
+            admin_post(
+                &lab.admin,
+                &format!("/restart?node={primary}&binary={binary}"),
+            )?;
             Ok(format!(
-                "restarted {primary} in {} ms",
+                "upgraded {primary} (restart with {binary}) and back in {} ms",
+                t.elapsed().as_millis()
+            ))
+        }
+        Scenario::Resize => {
+            admin_post(
+                &lab.admin,
+                &format!("/resize?node={primary}&set=innodb_buffer_pool_size=192M"),
+            )?;
+            Ok(format!(
+                "resized {primary} (innodb_buffer_pool_size=192M) and back in {} ms",
                 t.elapsed().as_millis()
             ))
         }
