@@ -28,11 +28,12 @@ pub struct SessionInfo {
     pub parked: AtomicBool,
 }
 
-pub const BLOCKERS: [&str; 7] = [
+pub const BLOCKERS: [&str; 8] = [
     "open transaction",
     "temporary table",
     "LOCK TABLES",
     "GET_LOCK",
+    "XA transaction",
     "open cursor",
     "pending long data",
     "session trackers unavailable",

@@ -24,6 +24,8 @@ pub struct SessionRecord {
     pub temporary_tables: bool,
     pub table_locks: bool,
     pub named_locks: bool,
+    /// An XA transaction was started and not yet committed or rolled back.
+    pub xa: bool,
     pub open_cursors: usize,
     pub pending_long_data: bool,
     pub prepared_statements: usize,
@@ -74,6 +76,8 @@ impl SessionRecord {
             Some("LOCK TABLES")
         } else if self.named_locks {
             Some("GET_LOCK")
+        } else if self.xa {
+            Some("XA transaction")
         } else if self.open_cursors > 0 {
             Some("open cursor")
         } else if self.pending_long_data {

@@ -279,3 +279,69 @@ fn session_state_survives_a_planned_resize_of_the_primary() {
     let closed = metric(&h.metrics(), "holdfast_sessions_closed_by_holdfast_total");
     assert_eq!(closed, None, "no session was closed");
 }
+
+/// Unplanned failover: the primary is killed; the session (idle, between transactions)
+/// continues on the promoted replica with its state, user variables included (captured when
+/// they were set, since the old node cannot be asked any more).
+#[test]
+fn session_state_survives_a_failover() {
+    let mut h = Harness::start_with(Options::default().replicas(2));
+    let mut c = connect(&h);
+    let (before, stmt) = set_state(&mut c);
+    // Let the replicas apply what was written, as a quiet primary's replicas would have.
+    wait_for("replicas caught up", Duration::from_secs(20), || {
+        let primary_pos =
+            holdfast_lab::node_sql_value(h.lab.primary(), "SELECT @@gtid_binlog_pos").ok()??;
+        h.lab
+            .replicas()
+            .iter()
+            .all(|r| {
+                holdfast_lab::node_sql_value(r, "SELECT @@gtid_slave_pos")
+                    .ok()
+                    .flatten()
+                    == Some(primary_pos.clone())
+            })
+            .then_some(())
+    });
+    let old_port = port(&mut c);
+    h.lab.kill_node("node1").unwrap();
+    wait_for("a new primary", Duration::from_secs(30), || {
+        h.status().topology.primary.filter(|p| p != "node1")
+    });
+    let new_port = port(&mut c);
+    assert_ne!(new_port, old_port);
+    assert_same_session(&mut c, &before, &stmt);
+}
+
+/// An XA transaction pins the session until it is committed or rolled back.
+#[test]
+fn an_xa_transaction_blocks_moves() {
+    let h = Harness::start();
+    let mut c = connect(&h);
+    let blocked = |h: &Harness| {
+        h.status()
+            .sessions
+            .first()
+            .and_then(|s| s.blocked_by.clone())
+    };
+    c.query_drop("XA START 'x1'").unwrap();
+    c.query_drop("SELECT 1").unwrap();
+    wait_for("XA shown as a blocker", Duration::from_secs(10), || {
+        blocked(&h).filter(|b| b == "open transaction" || b == "XA transaction")
+    });
+    c.query_drop("XA END 'x1'").unwrap();
+    c.query_drop("XA PREPARE 'x1'").unwrap();
+    wait_for(
+        "a prepared XA transaction still blocks",
+        Duration::from_secs(10),
+        || blocked(&h).filter(|b| b == "open transaction" || b == "XA transaction"),
+    );
+    c.query_drop("XA COMMIT 'x1'").unwrap();
+    wait_for("movable again", Duration::from_secs(10), || {
+        h.status()
+            .sessions
+            .first()
+            .filter(|s| s.movable)
+            .map(|_| ())
+    });
+}

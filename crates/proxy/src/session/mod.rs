@@ -318,7 +318,11 @@ impl Session {
                     &request
                         [HEADER_LEN + 1..header.len.min(request.len() - HEADER_LEN) + HEADER_LEN],
                 );
-                self.note_query(flags);
+                self.note_query(
+                    flags,
+                    &request
+                        [HEADER_LEN + 1..header.len.min(request.len() - HEADER_LEN) + HEADER_LEN],
+                );
                 self.forward(&request).await?;
                 self.relay(Expect::ResultSets).await
             }
@@ -376,7 +380,7 @@ impl Session {
         }
     }
 
-    fn note_query(&mut self, flags: C) {
+    fn note_query(&mut self, flags: C, sql: &[u8]) {
         let r = &mut self.record;
         if flags.intersects(
             C::LAST_INSERT_ID_CALL
@@ -398,6 +402,17 @@ impl Session {
         }
         if flags.has(C::GET_LOCK) {
             r.named_locks = true;
+        }
+        if flags.has(C::XA) {
+            // XA START/BEGIN opens one; XA COMMIT/ROLLBACK ends it (END/PREPARE keep it).
+            let mut words =
+                holdfast_sql::Lexer::new(sql).filter(|t| t.kind == holdfast_sql::TokenKind::Word);
+            let _xa = words.next();
+            match words.next() {
+                Some(t) if t.is_word("START") || t.is_word("BEGIN") => r.xa = true,
+                Some(t) if t.is_word("COMMIT") || t.is_word("ROLLBACK") => r.xa = false,
+                _ => {}
+            }
         }
     }
 

@@ -333,6 +333,17 @@ impl Session {
                     }
                     Err(MoveError::Fatal { reason, message }) => {
                         self.shared.metrics.move_failed(reason);
+                        // Say why (e.g. which variable the new node refused) before closing.
+                        let _ = self
+                            .send_error(
+                                1,
+                                ER_CONNECTION_KILLED,
+                                &format!(
+                                    "holdfast: the session could not be moved to {}: {message}",
+                                    node.name
+                                ),
+                            )
+                            .await;
                         return Err(End::Closed { reason, message });
                     }
                     Err(MoveError::Retry(e)) => {
@@ -516,6 +527,8 @@ fn lost_state(record: &crate::state::SessionRecord) -> Option<(&'static str, &'s
         Some(("table_locks_lost", "its LOCK TABLES locks"))
     } else if record.named_locks {
         Some(("named_locks_lost", "its GET_LOCK locks"))
+    } else if record.xa {
+        Some(("xa_lost", "its XA transaction"))
     } else if record.open_cursors > 0 {
         Some(("cursor_lost", "an open cursor"))
     } else if record.pending_long_data {
@@ -531,6 +544,7 @@ fn cooldown_reason(blocker: &str) -> &'static str {
         "temporary table" => "cooldown_temporary_table",
         "LOCK TABLES" => "cooldown_lock_tables",
         "GET_LOCK" => "cooldown_get_lock",
+        "XA transaction" => "cooldown_xa",
         "open cursor" => "cooldown_open_cursor",
         "pending long data" => "cooldown_long_data",
         _ => "cooldown_other",
