@@ -60,6 +60,21 @@ pub struct Counters {
     pub commands: u64,
     pub backend_connects: u64,
     pub backend_connect_failures: u64,
+    /// Keep-alive: sessions moved to another backend with their state.
+    #[serde(default)]
+    pub sessions_moved: u64,
+    /// Requests that waited for a backend while it was switching.
+    #[serde(default)]
+    pub requests_held: u64,
+    /// In-flight requests re-run on a new backend.
+    #[serde(default)]
+    pub requests_retried: u64,
+    /// In-flight requests answered with an error because their backend was lost.
+    #[serde(default)]
+    pub requests_failed_on_backend_loss: u64,
+    /// Mean time to move a session, in milliseconds (by reason and histogram: /metrics).
+    #[serde(default)]
+    pub mean_move_ms: f64,
 }
 
 /// Mirror of [`SessionView`] that can also be deserialized by `ctl`.
@@ -136,6 +151,11 @@ pub fn status(shared: &Shared) -> Status {
             commands: m.query_latency.count(),
             backend_connects: m.backend_connects.get(),
             backend_connect_failures: m.backend_connect_failures.get(),
+            sessions_moved: m.sessions_moved.get(),
+            requests_held: m.requests_held.get(),
+            requests_retried: m.requests_retried.get(),
+            requests_failed_on_backend_loss: m.requests_failed_on_backend_loss.get(),
+            mean_move_ms: m.move_latency.mean().as_secs_f64() * 1000.0,
         },
         ha: shared.ha.state(),
         sessions,
@@ -410,6 +430,11 @@ pub fn render_status(s: &Status) -> String {
         o,
         "sessions open: {}  accepted: {}  logins failed: {}  commands: {}  backend connects: {} (failed {})",
         c.sessions_open, c.connections_accepted, c.logins_failed, c.commands, c.backend_connects, c.backend_connect_failures
+    );
+    let _ = writeln!(
+        o,
+        "keep-alive: sessions moved: {} (mean {:.0} ms)  requests held: {}  retried: {}  failed on backend loss: {}",
+        c.sessions_moved, c.mean_move_ms, c.requests_held, c.requests_retried, c.requests_failed_on_backend_loss
     );
     let _ = writeln!(
         o,

@@ -60,6 +60,14 @@ impl LatencyHistogram {
     pub fn count(&self) -> u64 {
         self.0.count.load(Ordering::Relaxed)
     }
+
+    pub fn mean(&self) -> Duration {
+        let n = self.count();
+        if n == 0 {
+            return Duration::ZERO;
+        }
+        Duration::from_nanos(self.0.sum_nanos.load(Ordering::Relaxed) / n)
+    }
 }
 
 impl TypedMetric for LatencyHistogram {

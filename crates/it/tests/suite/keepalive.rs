@@ -72,6 +72,9 @@ fn session_state_survives_a_switchover() {
     assert_same_session(&mut c, &before, &stmt);
     let moved = metric(&h.metrics(), "holdfast_sessions_moved_total").unwrap_or(0.0);
     assert!(moved >= 1.0, "sessions_moved {moved}");
+    let counters = h.status().counters;
+    assert!(counters.sessions_moved >= 1, "{counters:?}");
+    assert!(counters.mean_move_ms > 0.0, "{counters:?}");
     // The data written before the switchover is there, and writes work on the new primary.
     c.query_drop("INSERT INTO sbtest.ka (v) VALUES (4)")
         .unwrap();
