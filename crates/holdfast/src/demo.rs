@@ -4,7 +4,7 @@
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct DemoArgs {
@@ -31,17 +31,6 @@ impl Drop for Guard {
             let _ = c.wait();
         }
     }
-}
-
-fn wait_port(addr: &str, deadline: Duration) -> Result<()> {
-    let start = Instant::now();
-    while start.elapsed() < deadline {
-        if std::net::TcpStream::connect(addr).is_ok() {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    bail!("{addr} did not accept connections within {deadline:?}")
 }
 
 fn mariadb(addr: &str, user: &str, password: &str, db: &str, sql: &str) -> Result<String> {
@@ -102,7 +91,11 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         .spawn()
         .context("cannot start holdfast serve")?;
     let mut guard = Guard(Some(child));
-    wait_port(&lab.proxy, Duration::from_secs(10))?;
+    crate::drill::wait_for(
+        "holdfast to accept connections",
+        Duration::from_secs(10),
+        || std::net::TcpStream::connect(&lab.proxy).ok(),
+    )?;
     println!(
         "holdfast serving on {} (admin {}), log in {}",
         lab.proxy,

@@ -88,7 +88,11 @@ fn admin_status(admin: &str) -> Result<holdfast_admin::Status> {
     Ok(serde_json::from_str(&body)?)
 }
 
-fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Result<T> {
+pub(crate) fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    mut f: impl FnMut() -> Option<T>,
+) -> Result<T> {
     let start = Instant::now();
     loop {
         if let Some(v) = f() {

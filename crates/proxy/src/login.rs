@@ -40,6 +40,20 @@ pub struct Identity {
     pub database: Option<String>,
 }
 
+impl Identity {
+    fn of(req: &LoginRequest) -> Identity {
+        Identity {
+            user: req.user.clone(),
+            charset: req.charset,
+            attributes: req.attributes.clone(),
+            database: req
+                .database
+                .as_ref()
+                .map(|d| String::from_utf8_lossy(d).into_owned()),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum LoginError {
     /// An ERR packet was sent to the client; the connection ends.
@@ -246,15 +260,7 @@ pub async fn login(
                 secret,
                 can_reauthenticate: true,
                 scramble,
-                identity: Identity {
-                    user: req.user.clone(),
-                    charset: req.charset,
-                    attributes: req.attributes.clone(),
-                    database: req
-                        .database
-                        .as_ref()
-                        .map(|d| String::from_utf8_lossy(d).into_owned()),
-                },
+                identity: Identity::of(&req),
             })
         }
         other => {
@@ -280,15 +286,7 @@ pub async fn login(
                 secret: None,
                 can_reauthenticate: false,
                 scramble,
-                identity: Identity {
-                    user: req.user.clone(),
-                    charset: req.charset,
-                    attributes: req.attributes.clone(),
-                    database: req
-                        .database
-                        .as_ref()
-                        .map(|d| String::from_utf8_lossy(d).into_owned()),
-                },
+                identity: Identity::of(&req),
             })
         }
     }

@@ -729,6 +729,29 @@ impl Session {
         }
     }
 
+    /// Asks the client for its mysql_native_password answer to `scramble` (AuthSwitchRequest);
+    /// returns the answer and the next sequence id.
+    async fn ask_native_answer(
+        &mut self,
+        scramble: Vec<u8>,
+        seq: u8,
+    ) -> Result<(Vec<u8>, u8), End> {
+        let switch = AuthSwitch {
+            plugin: NATIVE_PASSWORD.as_bytes().to_vec(),
+            data: scramble,
+        };
+        self.client
+            .write_packet(&switch.encode(), seq)
+            .await
+            .map_err(End::Client)?;
+        let answer = self
+            .client
+            .read_packet(1 << 20)
+            .await
+            .map_err(End::Client)?;
+        Ok((answer.payload.to_vec(), answer.seq.wrapping_add(1)))
+    }
+
     /// COM_CHANGE_USER, checked against the verifiers like a login, then replayed on the
     /// backend with an answer to the backend's own scramble.
     async fn change_user(&mut self, request: &[u8]) -> Result<(), End> {
@@ -757,21 +780,8 @@ impl Session {
             Some(v @ (Verifier::Native(_) | Verifier::Empty)) => {
                 let mut response = cu.auth_response.clone();
                 if !(cu.auth_plugin.is_empty() || cu.auth_plugin == NATIVE_PASSWORD.as_bytes()) {
-                    let switch = AuthSwitch {
-                        plugin: NATIVE_PASSWORD.as_bytes().to_vec(),
-                        data: self.scramble.to_vec(),
-                    };
-                    self.client
-                        .write_packet(&switch.encode(), seq)
-                        .await
-                        .map_err(End::Client)?;
-                    let answer = self
-                        .client
-                        .read_packet(1 << 20)
-                        .await
-                        .map_err(End::Client)?;
-                    seq = answer.seq.wrapping_add(1);
-                    response = answer.payload.to_vec();
+                    let scramble = self.scramble.to_vec();
+                    (response, seq) = self.ask_native_answer(scramble, seq).await?;
                 }
                 let secret = match v {
                     Verifier::Native(stored) => verify_native(&response, &self.scramble, &stored),
@@ -807,25 +817,10 @@ impl Session {
                     (Vec::new(), NATIVE_PASSWORD.as_bytes().to_vec(), None)
                 } else {
                     // Unknown account: the client answers the backend's own scramble.
-                    let switch = AuthSwitch {
-                        plugin: NATIVE_PASSWORD.as_bytes().to_vec(),
-                        data: self.backend.greeting.scramble.clone(),
-                    };
-                    self.client
-                        .write_packet(&switch.encode(), seq)
-                        .await
-                        .map_err(End::Client)?;
-                    let answer = self
-                        .client
-                        .read_packet(1 << 20)
-                        .await
-                        .map_err(End::Client)?;
-                    seq = answer.seq.wrapping_add(1);
-                    (
-                        answer.payload.to_vec(),
-                        NATIVE_PASSWORD.as_bytes().to_vec(),
-                        None,
-                    )
+                    let scramble = self.backend.greeting.scramble.clone();
+                    let answer;
+                    (answer, seq) = self.ask_native_answer(scramble, seq).await?;
+                    (answer, NATIVE_PASSWORD.as_bytes().to_vec(), None)
                 }
             }
         };
