@@ -22,6 +22,9 @@ use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+pub mod serverless;
+pub use serverless::{parse_since, render_instance};
+
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Status {
     pub version: String,
@@ -34,6 +37,9 @@ pub struct Status {
     /// HA mode, the running operation, the last result and counters.
     pub ha: HaState,
     pub sessions: Vec<SessionViewOwned>,
+    /// The serverless instance (`[serverless]`), if any.
+    #[serde(default)]
+    pub serverless: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -159,6 +165,10 @@ pub fn status(shared: &Shared) -> Status {
         },
         ha: shared.ha.state(),
         sessions,
+        serverless: shared
+            .serverless
+            .as_ref()
+            .and_then(|l| serde_json::to_value(l.view()).ok()),
     }
 }
 
@@ -202,7 +212,7 @@ fn ha_answer<T: Serialize>(result: Result<T, HaError>) -> Response {
     }
 }
 
-fn bad_request(msg: String) -> Response {
+pub(crate) fn bad_request(msg: String) -> Response {
     (StatusCode::BAD_REQUEST, Json(ErrorBody { error: msg })).into_response()
 }
 
@@ -320,6 +330,10 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/rejoin", post(post_rejoin))
         .route("/restart", post(post_restart))
         .route("/resize", post(post_restart))
+        .route("/pause", post(serverless::post_pause))
+        .route("/resume", post(serverless::post_resume))
+        .route("/scale", post(serverless::post_scale))
+        .route("/usage", get(serverless::get_usage))
         .with_state(shared)
 }
 
@@ -409,6 +423,9 @@ pub fn render_status(s: &Status) -> String {
         s.topology.primary.as_deref().unwrap_or("(none)")
     );
     o.push_str(&render_ha(&s.ha, unix_ms_now()));
+    if let Some(v) = &s.serverless {
+        o.push_str(&render_instance(v));
+    }
     let _ = writeln!(
         o,
         "{:<10} {:<22} {:<10} {:<10} version",

@@ -123,6 +123,40 @@ enum CtlCommand {
     /// their connections and session state throughout.
     ///
     /// Example: holdfast ctl restart node1 --binary /usr/sbin/mariadbd
+    /// Pause the serverless instance now (needs `[serverless]`). Idle sessions stay open and
+    /// wake it when they next speak; sessions that could not survive the pause (open
+    /// transaction, temporary table, lock, pass-through) refuse it, and are listed.
+    ///
+    /// Example: holdfast ctl pause --tier stop
+    Pause {
+        /// freeze (suspend the process: resumes in milliseconds) or stop (frees its memory);
+        /// by default serverless.pause_tier.
+        #[arg(long, value_parser = ["freeze", "stop"])]
+        tier: Option<String>,
+    },
+    /// Resume the paused serverless instance now (a client connecting does the same).
+    Resume,
+    /// Set the serverless instance's size in capacity units (1 CCU = 1 CPU + 2 GiB),
+    /// applied in place: CPU limit and buffer pool, no restart. The autoscaler carries on
+    /// from this size.
+    ///
+    /// Example: holdfast ctl scale 2
+    Scale { ccu: f64 },
+    /// The usage ledger: one line per billing period (hourly by default) with running and
+    /// paused seconds, CCU-hours and storage GiB-hours, and a total per instance.
+    ///
+    /// Example: holdfast ctl usage --since 24h
+    Usage {
+        /// Only this instance.
+        #[arg(long)]
+        instance: Option<String>,
+        /// Unix seconds, or an age: 90s, 30m, 6h, 7d.
+        #[arg(long)]
+        since: Option<String>,
+        /// Print the lines as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     Restart {
         node: String,
         /// Server binary to run from now on.
@@ -262,6 +296,47 @@ async fn ctl(admin: &str, command: CtlCommand) -> Result<()> {
             );
             restart_operation(admin, &path).await?
         }
+        CtlCommand::Pause { tier } => {
+            let path = match tier {
+                Some(t) => format!("/pause?tier={}", query_escape(&t)),
+                None => "/pause".to_string(),
+            };
+            instance_operation(admin, &path).await?
+        }
+        CtlCommand::Resume => instance_operation(admin, "/resume").await?,
+        CtlCommand::Scale { ccu } => {
+            instance_operation(admin, &format!("/scale?ccu={ccu}")).await?
+        }
+        CtlCommand::Usage {
+            instance,
+            since,
+            json,
+        } => {
+            let mut query = Vec::new();
+            if let Some(i) = instance {
+                query.push(format!("instance={}", query_escape(&i)));
+            }
+            if let Some(t) = since {
+                query.push(format!("since={}", query_escape(&t)));
+            }
+            let path = format!("/usage?{}", query.join("&"));
+            let (code, body) = holdfast_admin::http_get(admin, &path)
+                .await
+                .with_context(|| format!("cannot reach the admin API at {admin}"))?;
+            if code != 200 {
+                let error = serde_json::from_str::<holdfast_admin::ErrorBody>(&body)
+                    .map(|e| e.error)
+                    .unwrap_or(body);
+                bail!("refused (HTTP {code}): {error}");
+            }
+            if json {
+                println!("{body}");
+            } else {
+                let lines: Vec<holdfast_serverless::ledger::UsageLine> =
+                    serde_json::from_str(&body).context("unexpected /usage body")?;
+                print!("{}", holdfast_serverless::ledger::render_bill(&lines));
+            }
+        }
         CtlCommand::Rejoin { node, json } => {
             ha_operation(
                 admin,
@@ -271,6 +346,24 @@ async fn ctl(admin: &str, command: CtlCommand) -> Result<()> {
             .await?
         }
     }
+    Ok(())
+}
+
+/// POSTs a serverless operation and prints the instance afterwards.
+async fn instance_operation(admin: &str, path: &str) -> Result<()> {
+    let (code, body) = holdfast_admin::http_post(admin, path, None)
+        .await
+        .with_context(|| {
+            format!("cannot reach the admin API at {admin} (is holdfast serve running?)")
+        })?;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or(serde_json::Value::Null);
+    if !(200..300).contains(&code) {
+        bail!(
+            "failed (HTTP {code}): {}",
+            v.get("error").and_then(|e| e.as_str()).unwrap_or(&body)
+        );
+    }
+    print!("{}", holdfast_admin::render_instance(&v));
     Ok(())
 }
 

@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 use holdfast_lab::TestLab;
 use holdfast_proxy::config::{AdminConfig, AuthConfig, BackendConfig, Config, ProxyConfig};
 use holdfast_proxy::ha::{HaConfig, HaMode};
+use holdfast_proxy::serverless::ServerlessConfig;
 use holdfast_proxy::{Proxy, Shared};
 use std::net::SocketAddr;
 use std::process::{Command, Output};
@@ -32,7 +33,12 @@ pub struct Options {
     pub tweak: Option<ConfigTweak>,
     /// Replicas of node1 in the lab (see [`Options::replicas`]).
     pub replicas: usize,
+    /// Make node1 a serverless instance (see [`Options::serverless`]).
+    pub serverless: Option<ServerlessTweak>,
 }
+
+/// A change to the serverless section the lab writes, applied before the proxy starts.
+pub type ServerlessTweak = Box<dyn FnOnce(&mut ServerlessConfig)>;
 
 impl Options {
     pub fn server_args(mut self, args: &[&str]) -> Self {
@@ -44,6 +50,13 @@ impl Options {
     /// managed mode with the lab's replication account (tweaks apply afterwards).
     pub fn replicas(mut self, n: usize) -> Self {
         self.replicas = n;
+        self
+    }
+
+    /// node1 becomes a serverless instance run by the process driver, with the section
+    /// `holdfast lab up --serverless` writes (idle pause and the rest changed by `f`).
+    pub fn serverless(mut self, f: impl FnOnce(&mut ServerlessConfig) + 'static) -> Self {
+        self.serverless = Some(Box::new(f));
         self
     }
 
@@ -60,6 +73,8 @@ pub struct Harness {
     pub proxy: SocketAddr,
     /// holdfast's admin HTTP listener.
     pub admin: SocketAddr,
+    /// The `[[listener]]`s the test configured, in order.
+    pub listeners: Vec<SocketAddr>,
     /// The proxy's shared state (metrics, registry, topology).
     pub shared: Arc<Shared>,
     runtime: Option<tokio::runtime::Runtime>,
@@ -109,7 +124,21 @@ impl Harness {
             }],
             ha: HaConfig::default(),
             driver: Default::default(),
+            listeners: Vec::new(),
+            serverless: None,
         };
+        if let Some(f) = opts.serverless {
+            #[derive(serde::Deserialize)]
+            struct Section {
+                serverless: ServerlessConfig,
+            }
+            let text = holdfast_lab::serverless_section(&st.dir, lab.primary())?;
+            let mut section: Section =
+                toml::from_str(&text).context("parsing the lab's serverless section")?;
+            section.serverless.ledger = st.dir.join("usage.db");
+            f(&mut section.serverless);
+            cfg.serverless = Some(section.serverless);
+        }
         if opts.replicas > 0 {
             cfg.backends = st
                 .nodes
@@ -136,12 +165,14 @@ impl Harness {
             .enable_all()
             .build()
             .context("building the proxy runtime")?;
-        let (proxy, admin, shared) = runtime.block_on(async {
+        let (proxy, admin, listeners, shared) = runtime.block_on(async {
             let proxy = Proxy::start(cfg).await.context("binding the proxy")?;
             let admin = tokio::net::TcpListener::bind("127.0.0.1:0")
                 .await
                 .context("binding the admin listener")?;
             let proxy_addr = proxy.local_addr()?;
+            let listeners: Vec<SocketAddr> =
+                proxy.listener_addrs().into_iter().map(|(a, _)| a).collect();
             let admin_addr = admin.local_addr()?;
             let shared = proxy.shared.clone();
             let _ = shared.driver.set(Arc::new(LabDriver {
@@ -149,11 +180,12 @@ impl Harness {
             }));
             tokio::spawn(proxy.run());
             tokio::spawn(holdfast_admin::serve(admin, shared.clone()));
-            anyhow::Ok((proxy_addr, admin_addr, shared))
+            anyhow::Ok((proxy_addr, admin_addr, listeners, shared))
         })?;
         let h = Harness {
             proxy,
             admin,
+            listeners,
             shared,
             runtime: Some(runtime),
             lab,
@@ -168,6 +200,14 @@ impl Harness {
             },
         );
         Ok(h)
+    }
+
+    /// Stops holdfast (its runtime and every task in it) and leaves the lab running, as if
+    /// the process had died.
+    pub fn stop_proxy(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_timeout(Duration::from_secs(5));
+        }
     }
 
     /// The primary's address (to compare holdfast with the server itself).

@@ -22,9 +22,14 @@ pub enum LabCommand {
         /// Lab directory (data, sockets, logs, lab.json, holdfast.toml).
         #[arg(long, default_value = "holdfast-lab")]
         dir: PathBuf,
-        /// Number of replicas besides the primary.
-        #[arg(long, default_value_t = 2)]
-        replicas: usize,
+        /// Number of replicas besides the primary [default: 2, or 0 with --serverless].
+        #[arg(long)]
+        replicas: Option<usize>,
+        /// A serverless instance instead of a cluster: one node that holdfast starts,
+        /// pauses when idle, wakes on connect, scales and meters (`[serverless]` in
+        /// DIR/holdfast.toml).
+        #[arg(long)]
+        serverless: bool,
         /// Base port of the port layout (proxy = BASE, admin = BASE+1, nodes from BASE+10).
         #[arg(long, default_value_t = DEFAULT_BASE_PORT)]
         base_port: u16,
@@ -64,13 +69,15 @@ pub fn run(cmd: LabCommand) -> Result<()> {
             base_port,
             mariadbd,
             server_args,
+            serverless,
         } => {
             let opts = LabOptions {
                 dir,
-                replicas,
+                replicas: replicas.unwrap_or(if serverless { 0 } else { 2 }),
                 base_port: Some(base_port),
                 mariadbd,
                 extra_server_args: server_args,
+                serverless,
             };
             let started = std::time::Instant::now();
             let st = lab::up(&opts)?;

@@ -76,6 +76,9 @@ pub struct LabOptions {
     pub mariadbd: Option<PathBuf>,
     /// Extra `mariadbd` options appended to every node's command line.
     pub extra_server_args: Vec<String>,
+    /// Make the lab a serverless instance: `holdfast.toml` gets a `[serverless]` section
+    /// whose process driver runs node1 (replicas make no sense there and are refused).
+    pub serverless: bool,
 }
 
 impl LabOptions {
@@ -87,6 +90,7 @@ impl LabOptions {
             base_port: None,
             mariadbd: None,
             extra_server_args: Vec::new(),
+            serverless: false,
         }
     }
 }
@@ -120,6 +124,9 @@ pub struct LabStatus {
     pub config: PathBuf,
     /// The nodes; `nodes[0]` is the primary.
     pub nodes: Vec<NodeStatus>,
+    /// node1 is a serverless instance that holdfast starts, pauses and scales.
+    #[serde(default)]
+    pub serverless: bool,
 }
 
 /// One MariaDB server of a lab.
@@ -231,6 +238,9 @@ pub(crate) struct AuxProcess {
 ///   its data; its shape (replica count, ports) is kept.
 /// * A directory holding a running lab, or anything else, is an error.
 pub fn up(opts: &LabOptions) -> Result<LabStatus> {
+    if opts.serverless && opts.replicas > 0 {
+        bail!("a serverless lab is a single instance: use --replicas 0 with --serverless");
+    }
     let dir = std::path::absolute(&opts.dir)
         .with_context(|| format!("resolving {}", opts.dir.display()))?;
     if dir.join(STATUS_FILE).exists() {
@@ -686,6 +696,7 @@ fn fresh_lab(dir: &Path, opts: &LabOptions) -> Result<LabStatus> {
         ed25519_password: ed25519.then(|| ED25519_PASSWORD.into()),
         config: dir.join(CONFIG_FILE),
         nodes,
+        serverless: opts.serverless,
     };
     write_config(&st)?;
     write_status(&st)?;
@@ -1201,8 +1212,48 @@ fn toml_str(s: &str) -> String {
     toml::Value::String(s.to_string()).to_string()
 }
 
+/// The full command line (binary first) that runs `name`, as the lab would start it: what a
+/// serverless process driver needs to start the node itself.
+pub fn node_command(dir: &Path, name: &str) -> Result<Vec<String>> {
+    let st = status(dir)?;
+    let node = st.node(name)?;
+    let launch = read_launch(dir)?;
+    let binary = launch
+        .node_overrides
+        .get(name)
+        .and_then(|o| o.mariadbd.clone())
+        .unwrap_or_else(|| launch.mariadbd.clone());
+    let mut cmd = vec![binary.display().to_string()];
+    cmd.extend(node_args(&launch, node)?);
+    Ok(cmd)
+}
+
+/// The `[serverless]` section for a lab's node1: pauses after 60 s idle (freeze, then stop
+/// after 5 minutes), small sizes for a laptop, the ledger in the lab directory.
+pub fn serverless_section(dir: &Path, node: &NodeStatus) -> Result<String> {
+    let command = node_command(dir, &node.name)?;
+    let command = toml::Value::Array(command.into_iter().map(toml::Value::String).collect());
+    Ok(format!(
+        "# node1 is a serverless instance: holdfast pauses it when idle (idle sessions stay\n\
+         # open), wakes it when a client connects or speaks, scales it and meters it.\n\
+         [serverless]\ninstance = \"lab\"\nidle_pause_secs = 60\npause_tier = \"freeze\"\n\
+         stop_after_secs = 300\nresume_deadline_ms = 10000\nbuffer_pool_mib_per_ccu = 128\n\
+         ledger = {ledger}\nperiod_secs = 3600\n\n\
+         [serverless.scale]\nmin_ccu = 0.5\nmax_ccu = 2.0\nstep_ccu = 0.5\n\n\
+         [serverless.driver]\nkind = \"process\"\ncommand = {command}\npid_file = {pid}\n\
+         datadir = {datadir}\nlog = {log}\n",
+        ledger = toml_str(&dir.join("usage.db").display().to_string()),
+        pid = toml_str(&node.pid_file().display().to_string()),
+        datadir = toml_str(&node.datadir.display().to_string()),
+        log = toml_str(&node.error_log().display().to_string()),
+    ))
+}
+
 /// Writes `DIR/holdfast.toml` (schema of `holdfast.example.toml`).
 fn write_config(st: &LabStatus) -> Result<()> {
+    if st.serverless {
+        return write_serverless_config(st);
+    }
     let mut out = format!(
         "# holdfast configuration for the lab in {dir}\n\
          # Written by `holdfast lab up`; start with: holdfast serve --config {config}\n\n\
@@ -1233,6 +1284,30 @@ fn write_config(st: &LabStatus) -> Result<()> {
         ));
     }
     // Fail here, not in holdfast, if we ever write something unparsable.
+    toml::from_str::<toml::Value>(&out).context("generated holdfast.toml does not parse")?;
+    write_atomic(&st.config, &out)
+}
+
+/// `DIR/holdfast.toml` for a serverless lab: one instance, no replication to manage.
+fn write_serverless_config(st: &LabStatus) -> Result<()> {
+    let node = st.primary()?;
+    let out = format!(
+        "# holdfast configuration for the serverless lab in {dir}\n\
+         # Written by `holdfast lab up --serverless`; start with: holdfast serve --config {config}\n\n\
+         [proxy]\nlisten = {proxy}\n\n\
+         [admin]\nlisten = {admin}\n\n\
+         [auth]\nmonitor_user = {mu}\nmonitor_password = {mp}\n\n\
+         [[backend]]\nname = {name}\naddress = {addr}\n\n{section}",
+        dir = st.dir.display(),
+        config = st.config.display(),
+        proxy = toml_str(&st.proxy),
+        admin = toml_str(&st.admin),
+        mu = toml_str(&st.monitor_user),
+        mp = toml_str(&st.monitor_password),
+        name = toml_str(&node.name),
+        addr = toml_str(&node.address),
+        section = serverless_section(&st.dir, node)?,
+    );
     toml::from_str::<toml::Value>(&out).context("generated holdfast.toml does not parse")?;
     write_atomic(&st.config, &out)
 }

@@ -179,6 +179,9 @@ pub fn terminate(pid: u32, grace: Duration) -> Result<()> {
     if !is_alive(pid) {
         return Ok(());
     }
+    // A frozen (SIGSTOP) server, e.g. a paused serverless instance, acts on SIGTERM only
+    // once it runs again.
+    signal(pid, libc::SIGCONT)?;
     signal(pid, libc::SIGTERM)?;
     if wait_dead(pid, grace) {
         return Ok(());

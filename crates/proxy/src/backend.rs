@@ -68,6 +68,10 @@ pub struct LoginParams<'a> {
     /// semantics plus what holdfast needs ([`BACKEND_REQUIRED`]).
     pub client_capabilities: u32,
     pub attributes: &'a [u8],
+    /// Pass-through connections: the backend gets exactly the client's semantics, without
+    /// the session tracking holdfast would otherwise add, because holdfast will not read
+    /// the responses.
+    pub exact_capabilities: bool,
 }
 
 pub struct BackendConn {
@@ -104,6 +108,12 @@ pub fn backend_capabilities(client_caps: u32, server_caps: u32) -> u32 {
     ((client_caps & PROXY_CAPABILITIES) | BACKEND_REQUIRED) & (server_caps | CLIENT_SESSION_TRACK)
 }
 
+/// Capabilities for a pass-through backend connection: the client's own, plus only what
+/// holdfast's login exchange needs.
+pub fn exact_capabilities(client_caps: u32, server_caps: u32) -> u32 {
+    ((client_caps & PROXY_CAPABILITIES) | (BACKEND_REQUIRED & !CLIENT_SESSION_TRACK)) & server_caps
+}
+
 /// Opens a connection and logs in with a known secret (mysql_native_password).
 pub async fn connect(
     addr: &str,
@@ -112,7 +122,11 @@ pub async fn connect(
 ) -> Result<BackendConn, BackendError> {
     let fut = async {
         let (mut conn, greeting) = open(addr, timeout).await?;
-        let capabilities = backend_capabilities(params.client_capabilities, greeting.capabilities);
+        let capabilities = if params.exact_capabilities {
+            exact_capabilities(params.client_capabilities, greeting.capabilities)
+        } else {
+            backend_capabilities(params.client_capabilities, greeting.capabilities)
+        };
         let auth_response = match params.secret {
             Some(s) => s.scramble_response(&greeting.scramble).to_vec(),
             None => Vec::new(),

@@ -37,6 +37,34 @@ pub struct Config {
     /// Switchover, failover and rejoin (`[ha]`); external mode by default.
     #[serde(default)]
     pub ha: HaConfig,
+    /// More client listeners (`[[listener]]`), each with its own mode.
+    #[serde(default, rename = "listener")]
+    pub listeners: Vec<ListenerConfig>,
+    /// The backend is a serverless instance (`[serverless]`): paused when idle, woken on
+    /// connect, scaled in place, metered.
+    #[serde(default)]
+    pub serverless: Option<crate::serverless::ServerlessConfig>,
+}
+
+/// An extra client listener.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerConfig {
+    pub listen: String,
+    #[serde(default)]
+    pub mode: ListenerMode,
+}
+
+/// What holdfast does with a client's connection after login.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ListenerMode {
+    /// Every packet is parsed: sessions survive switchovers, restarts and pauses.
+    #[default]
+    Session,
+    /// After login, bytes are relayed unparsed (the cheapest path). Such connections do
+    /// not survive a backend change, and they keep a serverless instance from pausing.
+    Passthrough,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -209,6 +237,20 @@ impl Config {
             return Err(ConfigError::Invalid(
                 "proxy.max_connections must be at least 1".into(),
             ));
+        }
+        if let Some(sl) = &self.serverless {
+            if self.backends.len() != 1 {
+                return Err(ConfigError::Invalid(format!(
+                    "[serverless] needs exactly one [[backend]] (the instance), found {}",
+                    self.backends.len()
+                )));
+            }
+            if self.ha.mode != crate::ha::HaMode::External {
+                return Err(ConfigError::Invalid(
+                    "[serverless] cannot be combined with [ha] mode = \"managed\": a paused instance would look failed".into(),
+                ));
+            }
+            sl.validate().map_err(ConfigError::Invalid)?;
         }
         self.ha.validate().map_err(|e| match e {
             HaError::InvalidConfig(msg) => ConfigError::Invalid(msg),

@@ -14,6 +14,9 @@ pub const ER_SERVER_SHUTDOWN: u16 = 1053;
 pub const ER_CONNECTION_KILLED: u16 = 1927;
 /// MariaDB's idle-timeout disconnect.
 pub const ER_CLIENT_IDLE_TIMEOUT: u16 = 4031;
+/// "The server is currently in offline mode": a serverless instance did not resume in time;
+/// nothing ran and the connection stays usable.
+pub const ER_INSTANCE_UNAVAILABLE: u16 = 3032;
 /// Client-side code, used when holdfast cannot reach any backend.
 pub const CR_CONN_HOST_ERROR: u16 = 2003;
 /// Client-side code, used when the backend is lost during a command.

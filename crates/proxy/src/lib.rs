@@ -11,12 +11,13 @@ pub mod login;
 pub mod metrics;
 pub mod registry;
 pub mod restore;
+pub mod serverless;
 pub mod session;
 pub mod state;
 pub mod topology;
 pub mod verifiers;
 
-use config::Config;
+use config::{Config, ListenerMode};
 use ha::controller::HaController;
 use metrics::Metrics;
 use registry::SessionRegistry;
@@ -45,12 +46,22 @@ pub struct Shared {
     pub driver: std::sync::OnceLock<Arc<dyn driver::NodeDriver>>,
     /// Mirror of `switching` that sessions read per request without a lock.
     pub switching_now: std::sync::atomic::AtomicBool,
+    /// The serverless instance's lifecycle, with `[serverless]`.
+    pub serverless: Option<Arc<serverless::Lifecycle>>,
+    /// The usage ledger, with `[serverless]`.
+    pub ledger: Option<Arc<holdfast_serverless::ledger::Ledger>>,
     next_session_id: AtomicU32,
 }
 
 impl Shared {
     pub fn new(config: Arc<Config>, topology: watch::Receiver<Arc<Topology>>) -> Self {
+        let serverless = config.serverless.as_ref().and_then(|sl| {
+            let address = config.backends.first()?.address.clone();
+            Some(serverless::Lifecycle::new(sl.clone(), address))
+        });
         Shared {
+            serverless,
+            ledger: None,
             ha: HaController::new(config.clone(), topology.clone()),
             config,
             metrics: Metrics::new(),
@@ -186,55 +197,112 @@ impl Shared {
 pub struct Proxy {
     pub shared: Arc<Shared>,
     listener: TcpListener,
+    /// `[[listener]]`s, each with its mode.
+    extra: Vec<(TcpListener, ListenerMode)>,
 }
 
 impl Proxy {
-    /// Binds the client listener and starts the background tasks.
+    /// Binds the client listeners, opens the usage ledger (with `[serverless]`) and starts
+    /// the background tasks.
     pub async fn start(config: Config) -> std::io::Result<Proxy> {
         let config = Arc::new(config);
         let listener = TcpListener::bind(&config.proxy.listen).await?;
+        let mut extra = Vec::new();
+        for l in &config.listeners {
+            let bound = TcpListener::bind(&l.listen).await.map_err(|e| {
+                std::io::Error::new(e.kind(), format!("binding listener {}: {e}", l.listen))
+            })?;
+            extra.push((bound, l.mode));
+        }
         let (tx, rx) = watch::channel(Arc::new(Topology::from_config(&config)));
-        let shared = Arc::new(Shared::new(config.clone(), rx));
-        tokio::spawn(topology::run_monitor_nudged(
+        let mut shared = Shared::new(config.clone(), rx);
+        if let Some(sl) = &config.serverless {
+            let ledger = holdfast_serverless::ledger::Ledger::open(&sl.ledger)
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            shared.ledger = Some(Arc::new(ledger));
+        }
+        let shared = Arc::new(shared);
+        tokio::spawn(topology::run_monitor_gated(
             config.clone(),
             tx,
             shared.ha.topology_nudge(),
+            shared.serverless.clone(),
         ));
         tokio::spawn(shared.ha.clone().run());
         tokio::spawn(refresh_verifiers(shared.clone()));
-        Ok(Proxy { shared, listener })
+        if let Some(lc) = &shared.serverless {
+            tokio::spawn(serverless::run_lifecycle(shared.clone(), lc.clone()));
+            tokio::spawn(serverless::run_autoscaler(shared.clone(), lc.clone()));
+            if let Some(ledger) = &shared.ledger {
+                tokio::spawn(serverless::run_meter(
+                    shared.clone(),
+                    lc.clone(),
+                    ledger.clone(),
+                ));
+            }
+        }
+        Ok(Proxy {
+            shared,
+            listener,
+            extra,
+        })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.listener.local_addr()
     }
 
-    /// Accepts clients until the task is dropped.
+    /// The addresses of the `[[listener]]`s, in config order.
+    pub fn listener_addrs(&self) -> Vec<(SocketAddr, ListenerMode)> {
+        self.extra
+            .iter()
+            .filter_map(|(l, m)| l.local_addr().ok().map(|a| (a, *m)))
+            .collect()
+    }
+
+    /// Accepts clients on every listener until the task is dropped.
     pub async fn run(self) {
         let limit = Arc::new(Semaphore::new(self.shared.config.proxy.max_connections));
-        loop {
-            let (stream, peer) = match self.listener.accept().await {
-                Ok(x) => x,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let _ = stream.set_nodelay(true);
-            self.shared.metrics.connections_accepted.inc();
-            let shared = self.shared.clone();
-            match limit.clone().try_acquire_owned() {
-                Ok(permit) => {
-                    tokio::spawn(async move {
-                        session::run(shared, stream, peer).await;
-                        drop(permit);
-                    });
-                }
-                Err(_) => {
-                    tokio::spawn(session::refuse_too_many(shared, stream, peer));
-                }
+        for (listener, mode) in self.extra {
+            tokio::spawn(accept_loop(
+                self.shared.clone(),
+                listener,
+                mode,
+                limit.clone(),
+            ));
+        }
+        accept_loop(self.shared, self.listener, ListenerMode::Session, limit).await
+    }
+}
+
+async fn accept_loop(
+    shared: Arc<Shared>,
+    listener: TcpListener,
+    mode: ListenerMode,
+    limit: Arc<Semaphore>,
+) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                // Out of file descriptors and the like: back off instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        shared.metrics.connections_accepted.inc();
+        let shared = shared.clone();
+        match limit.clone().try_acquire_owned() {
+            Ok(permit) => {
+                tokio::spawn(async move {
+                    session::run(shared, stream, peer, mode).await;
+                    drop(permit);
+                });
+            }
+            Err(_) => {
+                tokio::spawn(session::refuse_too_many(shared, stream, peer));
             }
         }
     }
@@ -244,10 +312,13 @@ async fn refresh_verifiers(shared: Arc<Shared>) {
     let every = Duration::from_secs(shared.config.auth.verifier_refresh_secs.max(1));
     let mut warned = false;
     loop {
+        // A paused instance is not woken for this: logins of unknown accounts wake it.
+        let paused = shared.serverless.as_ref().is_some_and(|l| !l.is_running());
         let addr = shared
             .topology
             .borrow()
             .primary_node()
+            .filter(|_| !paused)
             .map(|n| n.address.clone());
         if let Some(addr) = addr {
             match shared

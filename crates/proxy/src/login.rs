@@ -2,8 +2,10 @@
 //! checked against the server's verifiers (or relayed), and the backend login behind it.
 
 use crate::backend::{self, BackendConn, BackendError, LoginParams};
+use crate::config::ListenerMode;
 use crate::conn::{ConnError, PacketConn};
 use crate::errors::*;
+use crate::serverless::LoginGuard;
 use crate::verifiers::Verifier;
 use crate::Shared;
 use holdfast_wire::auth::{printable_scramble, verify_native, PasswordHash, NATIVE_PASSWORD};
@@ -130,7 +132,9 @@ pub async fn login(
     client: &mut PacketConn,
     peer: SocketAddr,
     id: u32,
+    mode: ListenerMode,
 ) -> Result<LoggedIn, LoginError> {
+    let exact = mode == ListenerMode::Passthrough;
     let scramble = printable_scramble(rand::random());
     let greeting = Greeting {
         server_version: server_version(shared),
@@ -142,9 +146,22 @@ pub async fn login(
         auth_plugin: NATIVE_PASSWORD.as_bytes().to_vec(),
     };
     client.write_packet(&greeting.encode(), 0).await?;
-    let hello = client.read_packet(LOGIN_MAX_PACKET).await?;
+    let paused = shared.serverless.as_ref().is_some_and(|l| !l.is_running());
+    let hello = match client.read_packet(LOGIN_MAX_PACKET).await {
+        Ok(h) => h,
+        Err(e) => {
+            if paused {
+                shared.metrics.count_closed_without_wake("no_login");
+            }
+            return Err(e.into());
+        }
+    };
     let mut seq = hello.seq.wrapping_add(1);
-    let req = match ClientHello::parse(&hello.payload) {
+    let parsed = ClientHello::parse(&hello.payload);
+    if paused && !matches!(parsed, Ok(ClientHello::Login(_))) {
+        shared.metrics.count_closed_without_wake("not_a_login");
+    }
+    let req = match parsed {
         Ok(ClientHello::Login(req)) => req,
         Ok(ClientHello::SslRequest { .. }) => {
             return Err(refuse(
@@ -170,27 +187,23 @@ pub async fn login(
     let capabilities = req.capabilities & PROXY_CAPABILITIES;
     let user = String::from_utf8_lossy(&req.user).into_owned();
 
-    let Some(node) = shared.topology.borrow().primary_node().cloned() else {
-        return Err(refuse(
-            client,
-            shared,
-            seq,
-            CR_CONN_HOST_ERROR,
-            "holdfast: no writable database node is available".into(),
-        )
-        .await);
-    };
-
     let mut account = shared.verifiers.lookup(&user, peer.ip());
     if account.is_none() {
-        let min = std::time::Duration::from_millis(shared.config.auth.verifier_miss_refresh_ms);
-        if let Ok(true) = shared
-            .verifiers
-            .refresh(&shared.config, &node.address, min)
-            .await
-        {
-            account = shared.verifiers.lookup(&user, peer.ip());
+        // An account holdfast has not seen: the server must be asked, so a paused instance
+        // wakes first.
+        let gate = pass_gate(shared, client, seq).await?;
+        let addr = shared
+            .topology
+            .borrow()
+            .primary_node()
+            .map(|n| n.address.clone());
+        if let Some(addr) = addr {
+            let min = std::time::Duration::from_millis(shared.config.auth.verifier_miss_refresh_ms);
+            if let Ok(true) = shared.verifiers.refresh(&shared.config, &addr, min).await {
+                account = shared.verifiers.lookup(&user, peer.ip());
+            }
         }
+        drop(gate);
     }
     let verifier = account.as_ref().map(|a| a.verifier());
 
@@ -221,6 +234,9 @@ pub async fn login(
                 _ => response.is_empty(),
             };
             if !ok {
+                if shared.serverless.as_ref().is_some_and(|l| !l.is_running()) {
+                    shared.metrics.count_closed_without_wake("wrong_password");
+                }
                 shared.metrics.logins_failed.inc();
                 let using = if response.is_empty() { "NO" } else { "YES" };
                 let msg = format!(
@@ -230,6 +246,8 @@ pub async fn login(
                 tracing::info!(user = %user, client = %peer, "login refused: wrong password");
                 return Err(refuse(client, shared, seq, ER_ACCESS_DENIED_ERROR, msg).await);
             }
+            let _gate = pass_gate(shared, client, seq).await?;
+            let node = primary(shared, client, seq).await?;
             let params = LoginParams {
                 user: &req.user,
                 secret: secret.as_ref(),
@@ -237,6 +255,7 @@ pub async fn login(
                 charset: req.charset,
                 client_capabilities: capabilities,
                 attributes: &req.attributes,
+                exact_capabilities: exact,
             };
             shared.metrics.backend_connects.inc();
             let backend = match backend::connect(
@@ -268,11 +287,13 @@ pub async fn login(
                 Some(Verifier::Relay { plugin }) => Some(plugin),
                 _ => None,
             };
+            let _gate = pass_gate(shared, client, seq).await?;
+            let node = primary(shared, client, seq).await?;
             let backend = relay_login(
                 shared,
                 client,
                 &req,
-                capabilities,
+                (capabilities, exact),
                 seq,
                 &node.address,
                 plugin,
@@ -292,6 +313,57 @@ pub async fn login(
     }
 }
 
+/// Where a new login goes: the writable node.
+async fn primary(
+    shared: &Shared,
+    client: &mut PacketConn,
+    seq: u8,
+) -> Result<crate::topology::NodeState, LoginError> {
+    let node = shared.topology.borrow().primary_node().cloned();
+    match node {
+        Some(n) => Ok(n),
+        None => Err(refuse(
+            client,
+            shared,
+            seq,
+            CR_CONN_HOST_ERROR,
+            "holdfast: no writable database node is available".into(),
+        )
+        .await),
+    }
+}
+
+/// The serverless gate for a login that must reach the server: wakes a paused instance
+/// (waiting up to its resume deadline) and marks the login in flight, so a pause waits for
+/// it until the guard drops. Without `[serverless]` there is no gate.
+async fn pass_gate<'a>(
+    shared: &'a Shared,
+    client: &mut PacketConn,
+    seq: u8,
+) -> Result<Option<LoginGuard<'a>>, LoginError> {
+    let Some(lc) = shared.serverless.as_deref() else {
+        return Ok(None);
+    };
+    loop {
+        let guard = lc.login_started();
+        if lc.is_running() {
+            return Ok(Some(guard));
+        }
+        drop(guard);
+        shared.metrics.wake("login");
+        if let Err(e) = lc.wake("login").await {
+            return Err(refuse(
+                client,
+                shared,
+                seq,
+                ER_INSTANCE_UNAVAILABLE,
+                format!("holdfast: {e}; try again later"),
+            )
+            .await);
+        }
+    }
+}
+
 /// The client-side name of a server auth plugin.
 fn client_plugin(server_plugin: &str) -> &str {
     match server_plugin {
@@ -307,7 +379,7 @@ async fn relay_login(
     shared: &Shared,
     client: &mut PacketConn,
     req: &LoginRequest,
-    capabilities: u32,
+    (capabilities, exact): (u32, bool),
     mut seq: u8,
     addr: &str,
     plugin: Option<String>,
@@ -321,7 +393,11 @@ async fn relay_login(
             Ok(x) => x,
             Err(e) => return Err(relay_backend_err(client, shared, seq, e).await),
         };
-    let backend_caps = backend::backend_capabilities(capabilities, greeting.capabilities);
+    let backend_caps = if exact {
+        backend::exact_capabilities(capabilities, greeting.capabilities)
+    } else {
+        backend::backend_capabilities(capabilities, greeting.capabilities)
+    };
     let server_default = String::from_utf8_lossy(&greeting.auth_plugin).into_owned();
     let account_plugin = plugin.unwrap_or_else(|| server_default.clone());
     let (auth_plugin, auth_response) = if client_plugin(&account_plugin) == NATIVE_PASSWORD {

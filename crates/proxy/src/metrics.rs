@@ -26,6 +26,19 @@ pub struct ReasonLabel {
     pub reason: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransitionLabel {
+    pub from: &'static str,
+    pub to: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabel {
+    pub phase: &'static str,
+}
+
+const PHASES: [&str; 4] = ["running", "pausing", "paused", "resuming"];
+
 /// Upper bounds in seconds.
 const BUCKETS: [f64; 16] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -114,6 +127,19 @@ pub struct Metrics {
     pub requests_held: Counter,
     pub requests_retried: Counter,
     pub requests_failed_on_backend_loss: Counter,
+    /// Serverless instance: one gauge per phase, 1 for the current one.
+    instance_phase: Family<PhaseLabel, Gauge>,
+    instance_transitions: Family<TransitionLabel, Counter>,
+    pub instance_resume_latency: LatencyHistogram,
+    pub instance_resume_failures: Counter,
+    pub instance_ccu: Gauge<f64, AtomicU64>,
+    pub instance_ccu_seconds: Counter<f64, AtomicU64>,
+    pub instance_cpu_used: Gauge<f64, AtomicU64>,
+    pub instance_storage_bytes: Gauge,
+    /// Wakes asked for, by trigger (login, statement, admin).
+    pub instance_wakes: Family<ReasonLabel, Counter>,
+    /// Connections to a paused instance closed without waking it, by reason.
+    pub closed_without_wake: Family<ReasonLabel, Counter>,
     commands: Family<CommandLabel, Counter>,
     command_counters: Vec<Counter>,
 }
@@ -229,6 +255,66 @@ impl Metrics {
             "In-flight requests answered with an error because their backend was lost",
             requests_failed_on_backend_loss.clone(),
         );
+        let instance_phase = Family::<PhaseLabel, Gauge>::default();
+        registry.register(
+            "instance_phase",
+            "Serverless instance: 1 for the phase it is in (running, pausing, paused, resuming)",
+            instance_phase.clone(),
+        );
+        let instance_transitions = Family::<TransitionLabel, Counter>::default();
+        registry.register(
+            "instance_transitions",
+            "Serverless instance lifecycle transitions (running, frozen, stopped)",
+            instance_transitions.clone(),
+        );
+        let instance_resume_latency = LatencyHistogram::default();
+        registry.register(
+            "instance_resume_seconds",
+            "Time to resume a paused instance (thaw or start, until it answers)",
+            instance_resume_latency.clone(),
+        );
+        let instance_resume_failures = Counter::default();
+        registry.register(
+            "instance_resume_failures",
+            "Resume attempts that failed (retried with backoff)",
+            instance_resume_failures.clone(),
+        );
+        let instance_ccu = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "instance_ccu",
+            "Serverless instance size in capacity units (1 CCU = 1 CPU + 2 GiB)",
+            instance_ccu.clone(),
+        );
+        let instance_ccu_seconds = Counter::<f64, AtomicU64>::default();
+        registry.register(
+            "instance_ccu_seconds",
+            "Capacity-unit seconds used (counted while the instance is not paused)",
+            instance_ccu_seconds.clone(),
+        );
+        let instance_cpu_used = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "instance_cpu_used",
+            "CPUs the instance's server used over the last second",
+            instance_cpu_used.clone(),
+        );
+        let instance_storage_bytes = Gauge::default();
+        registry.register(
+            "instance_storage_bytes",
+            "Bytes the instance stores (its data directory)",
+            instance_storage_bytes.clone(),
+        );
+        let instance_wakes = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "instance_wakes",
+            "Requests to wake the paused instance, by trigger",
+            instance_wakes.clone(),
+        );
+        let closed_without_wake = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "closed_without_wake",
+            "Connections to the paused instance closed without waking it, by reason",
+            closed_without_wake.clone(),
+        );
         let commands = Family::<CommandLabel, Counter>::default();
         registry.register("commands", "Client commands, by command", commands.clone());
         let command_counters = (0..=0x1fu8)
@@ -260,9 +346,45 @@ impl Metrics {
             requests_held,
             requests_retried,
             requests_failed_on_backend_loss,
+            instance_phase,
+            instance_transitions,
+            instance_resume_latency,
+            instance_resume_failures,
+            instance_ccu,
+            instance_ccu_seconds,
+            instance_cpu_used,
+            instance_storage_bytes,
+            instance_wakes,
+            closed_without_wake,
             commands,
             command_counters,
         }
+    }
+
+    pub fn set_instance_phase(&self, phase: &'static str) {
+        for p in PHASES {
+            self.instance_phase
+                .get_or_create(&PhaseLabel { phase: p })
+                .set(i64::from(p == phase));
+        }
+    }
+
+    pub fn instance_transition(&self, from: &'static str, to: &'static str) {
+        self.instance_transitions
+            .get_or_create(&TransitionLabel { from, to })
+            .inc();
+    }
+
+    pub fn wake(&self, trigger: &'static str) {
+        self.instance_wakes
+            .get_or_create(&ReasonLabel { reason: trigger })
+            .inc();
+    }
+
+    pub fn count_closed_without_wake(&self, reason: &'static str) {
+        self.closed_without_wake
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
     }
 
     pub fn count_command(&self, cmd: u8) {

@@ -28,7 +28,7 @@ pub struct SessionInfo {
     pub parked: AtomicBool,
 }
 
-pub const BLOCKERS: [&str; 8] = [
+pub const BLOCKERS: [&str; 9] = [
     "open transaction",
     "temporary table",
     "LOCK TABLES",
@@ -37,6 +37,7 @@ pub const BLOCKERS: [&str; 8] = [
     "open cursor",
     "pending long data",
     "session trackers unavailable",
+    "pass-through connection",
 ];
 
 impl SessionInfo {
@@ -110,6 +111,8 @@ pub struct SessionView {
 #[derive(Default)]
 pub struct SessionRegistry {
     inner: Mutex<HashMap<u32, Arc<SessionInfo>>>,
+    /// Commands of sessions that have ended, so [`SessionRegistry::activity`] never goes back.
+    closed_commands: AtomicU64,
 }
 
 impl SessionRegistry {
@@ -121,8 +124,64 @@ impl SessionRegistry {
 
     pub fn remove(&self, id: u32) {
         if let Ok(mut m) = self.inner.lock() {
-            m.remove(&id);
+            if let Some(info) = m.remove(&id) {
+                self.closed_commands
+                    .fetch_add(info.commands.load(Ordering::Relaxed), Ordering::Relaxed);
+            }
         }
+    }
+
+    /// Commands run so far by all sessions (a monotonic count) and whether one is handling
+    /// a request right now. Polled once a second by the serverless idle timer.
+    pub fn activity(&self) -> (u64, bool) {
+        let Ok(m) = self.inner.lock() else {
+            return (0, true);
+        };
+        let mut total = self.closed_commands.load(Ordering::Relaxed);
+        let mut busy = false;
+        for s in m.values() {
+            total += s.commands.load(Ordering::Relaxed);
+            busy |= s.busy.load(Ordering::SeqCst);
+        }
+        (total, busy)
+    }
+
+    /// Whether no session is handling a request.
+    pub fn none_busy(&self) -> bool {
+        let Ok(m) = self.inner.lock() else {
+            return false;
+        };
+        m.values().all(|s| !s.busy.load(Ordering::SeqCst))
+    }
+
+    /// Sessions that could not survive a pause: those that could not move (open
+    /// transaction, temporary table, lock...), and with `stop` (the server restarts), those
+    /// whose login was relayed, which holdfast cannot repeat.
+    pub fn pause_blockers(&self, stop: bool) -> Vec<String> {
+        let Ok(m) = self.inner.lock() else {
+            return vec!["session registry unavailable".into()];
+        };
+        let mut out: Vec<(u32, String)> = Vec::new();
+        for s in m.values() {
+            let blocker = s.blocker.load(Ordering::Relaxed);
+            let who = || {
+                let user = s.user.lock().map(|u| u.clone()).unwrap_or_default();
+                format!("session {} ({user}@{})", s.id, s.client.ip())
+            };
+            if blocker > 0 {
+                out.push((
+                    s.id,
+                    format!("{}: {}", who(), BLOCKERS[usize::from(blocker - 1)]),
+                ));
+            } else if stop && !s.can_reauthenticate.load(Ordering::Relaxed) {
+                out.push((
+                    s.id,
+                    format!("{}: login was relayed (its auth plugin), holdfast cannot log in again after a stop", who()),
+                ));
+            }
+        }
+        out.sort_by_key(|(id, _)| *id);
+        out.into_iter().map(|(_, s)| s).collect()
     }
 
     pub fn snapshot(&self) -> Vec<SessionView> {

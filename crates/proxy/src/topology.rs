@@ -3,6 +3,7 @@
 
 use crate::backend::BackendConn;
 use crate::config::Config;
+use crate::serverless::Lifecycle;
 use crate::verifiers::monitor_connect;
 use serde::Serialize;
 use std::sync::Arc;
@@ -73,6 +74,18 @@ pub async fn run_monitor_nudged(
     tx: watch::Sender<Arc<Topology>>,
     nudge: Arc<Notify>,
 ) {
+    run_monitor_gated(cfg, tx, nudge, None).await
+}
+
+/// [`run_monitor_nudged`] that leaves a paused serverless instance alone: while it is
+/// paused the last view stands (the node is still where sessions go once it resumes), and
+/// probing would only hang on a frozen process.
+pub async fn run_monitor_gated(
+    cfg: Arc<Config>,
+    tx: watch::Sender<Arc<Topology>>,
+    nudge: Arc<Notify>,
+    gate: Option<Arc<Lifecycle>>,
+) {
     let mut conns: Vec<Option<BackendConn>> = cfg.backends.iter().map(|_| None).collect();
     let mut ticker = tokio::time::interval(MONITOR_INTERVAL);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -81,10 +94,20 @@ pub async fn run_monitor_nudged(
             _ = ticker.tick() => {}
             _ = nudge.notified() => ticker.reset(),
         }
+        if gate.as_ref().is_some_and(|l| !l.is_running()) {
+            continue;
+        }
         let mut topo = Topology::from_config(&cfg);
         topo.observed = true;
         for (i, node) in topo.nodes.iter_mut().enumerate() {
-            match probe(&cfg, &node.address, &mut conns[i]).await {
+            let mut result = probe(&cfg, &node.address, &mut conns[i]).await;
+            if result.is_err() && conns[i].is_some() {
+                // A monitor connection the server dropped (restart, KILL): one fresh try
+                // before the node counts as unreachable.
+                conns[i] = None;
+                result = probe(&cfg, &node.address, &mut conns[i]).await;
+            }
+            match result {
                 Ok((read_only, version)) => {
                     node.reachable = true;
                     node.read_only = Some(read_only);

@@ -171,6 +171,7 @@ pub async fn monitor_connect(
         // Plain semantics: no NO_SCHEMA/IGNORE_SPACE quirks a client might have asked for.
         client_capabilities: CLIENT_MULTI_RESULTS | CLIENT_DEPRECATE_EOF,
         attributes: &[],
+        exact_capabilities: false,
     };
     backend::connect(addr, &params, cfg.proxy.connect_timeout()).await
 }

@@ -36,6 +36,8 @@ fn config(lab: &TestLab) -> Config {
             .collect(),
         ha: ha_config(),
         driver: Default::default(),
+        listeners: Vec::new(),
+        serverless: None,
     }
 }
 

@@ -9,5 +9,6 @@ mod keepalive;
 mod python;
 mod restore;
 mod rust_client;
+mod serverless;
 mod session;
 mod sysbench;

@@ -35,6 +35,7 @@ async fn connect(h: &Harness) -> BackendConn {
             | CLIENT_MULTI_RESULTS
             | CLIENT_PS_MULTI_RESULTS,
         attributes: &[],
+        exact_capabilities: false,
     };
     let mut c = backend::connect(&h.direct().to_string(), &params, Duration::from_secs(10))
         .await

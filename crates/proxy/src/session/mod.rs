@@ -2,6 +2,7 @@
 //! forwards commands, streams responses back, and keeps the session record current.
 
 use crate::backend::{BackendConn, BackendError};
+use crate::config::ListenerMode;
 use crate::conn::{ConnError, PacketConn};
 use crate::errors::*;
 use crate::login::{self, Identity, LoggedIn};
@@ -27,6 +28,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::watch;
 
+mod passthrough;
 mod relocate;
 use relocate::{idle_watch, IdleEvent};
 use tokio::io::AsyncWriteExt;
@@ -94,6 +96,8 @@ struct Session {
     backend_name: String,
     /// The backend connection is gone; the session moves before its next command.
     backend_dead: bool,
+    /// The serverless epoch the backend connection was opened in (see `Lifecycle::epoch`).
+    backend_epoch: u64,
     /// The backend died inside a transaction: the next statement gets 1213 (rolled back).
     transaction_lost: bool,
     /// The last capture of what the trackers do not report (user variables...).
@@ -116,13 +120,18 @@ pub async fn refuse_too_many(shared: Arc<Shared>, stream: TcpStream, peer: Socke
         .await;
 }
 
-pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
+pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr, mode: ListenerMode) {
     let id = shared.next_session_id();
     let mut client = PacketConn::new(stream);
-    let deadline = shared.config.proxy.handshake_timeout();
+    let mut deadline = shared.config.proxy.handshake_timeout();
+    if let Some(lc) = &shared.serverless {
+        // A login may wait for the instance to resume.
+        deadline += lc.config.resume_deadline();
+    }
+    let epoch = shared.serverless.as_ref().map_or(0, |l| l.epoch());
     let logged_in = match tokio::time::timeout(
         deadline,
-        login::login(&shared, &mut client, peer, id),
+        login::login(&shared, &mut client, peer, id, mode),
     )
     .await
     {
@@ -133,11 +142,18 @@ pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
             return;
         }
         Err(_) => {
+            if shared.serverless.as_ref().is_some_and(|l| !l.is_running()) {
+                shared.metrics.count_closed_without_wake("no_login");
+            }
             shared.metrics.reject("handshake_timeout");
             tracing::info!(session = id, client = %peer, timeout_ms = deadline.as_millis() as u64, "handshake not finished in time; closing");
             return;
         }
     };
+    if mode == ListenerMode::Passthrough {
+        passthrough::run(shared, client, logged_in, peer, id).await;
+        return;
+    }
     let LoggedIn {
         mut backend,
         backend_name,
@@ -190,6 +206,7 @@ pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         can_reauthenticate,
         backend_name,
         backend_dead: false,
+        backend_epoch: epoch,
         transaction_lost: false,
         captured: Captured::default(),
         topology: shared.topology.clone(),

@@ -7,7 +7,7 @@
 use super::{End, Session};
 use crate::backend::{self, BackendConn, BackendError, LoginParams};
 use crate::conn::{ConnError, PacketConn};
-use crate::errors::ER_CONNECTION_KILLED;
+use crate::errors::{ER_CONNECTION_KILLED, ER_INSTANCE_UNAVAILABLE};
 use crate::restore::{self, RestoreError, VariableTypes};
 use crate::topology::{NodeState, Topology};
 use bytes::BytesMut;
@@ -91,6 +91,11 @@ async fn sleep_until_opt(deadline: Option<Instant>) {
 }
 
 impl Session {
+    /// The serverless instance's current epoch (0 without one).
+    pub(super) fn server_epoch(&self) -> u64 {
+        self.shared.serverless.as_ref().map_or(0, |l| l.epoch())
+    }
+
     fn primary(&self) -> Option<NodeState> {
         self.topology
             .borrow()
@@ -151,6 +156,28 @@ impl Session {
     /// backend lost while the request was in flight.
     pub(super) async fn run_request(&mut self, request: BytesMut) -> Result<(), End> {
         let reply_seq = parse_header(&request).map_or(1, |h| h.seq.wrapping_add(1));
+        if let Some(lc) = &self.shared.serverless {
+            if !lc.is_running() {
+                let lc = lc.clone();
+                self.shared.metrics.wake("statement");
+                self.shared.metrics.requests_held.inc();
+                if let Err(e) = lc.wake("statement").await {
+                    let message = format!("holdfast: {e}; the statement was not run");
+                    return self
+                        .send_error(reply_seq, ER_INSTANCE_UNAVAILABLE, &message)
+                        .await;
+                }
+            }
+            if lc.epoch() != self.backend_epoch && !self.backend_dead {
+                // The server stopped while this session was idle: its connection is gone
+                // even if the socket has not said so yet.
+                tracing::debug!(
+                    session = self.info.id,
+                    "backend connection predates a server stop"
+                );
+                self.mark_backend_dead();
+            }
+        }
         if self.topology.has_changed().unwrap_or(false) && !self.backend_dead {
             self.topology.borrow_and_update();
             self.on_topology_change().await?;
@@ -311,6 +338,7 @@ impl Session {
         }
         let mut last_error = String::from("no writable node known");
         loop {
+            let epoch_before = self.server_epoch();
             if let Some(node) = self.primary() {
                 match self.open_restored(&node).await {
                     Ok(new) => {
@@ -326,6 +354,7 @@ impl Session {
                         self.info.set_backend(&node.name);
                         self.info.moves.fetch_add(1, Ordering::Relaxed);
                         self.backend_dead = false;
+                        self.backend_epoch = epoch_before;
                         self.move_pending_since = None;
                         self.shared.metrics.sessions_moved.inc();
                         self.shared.metrics.move_latency.observe(elapsed);
@@ -384,6 +413,7 @@ impl Session {
             charset: self.identity.charset,
             client_capabilities: self.capabilities,
             attributes: &self.identity.attributes,
+            exact_capabilities: false,
         };
         self.shared.metrics.backend_connects.inc();
         let mut new =

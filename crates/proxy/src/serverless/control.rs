@@ -1,0 +1,340 @@
+//! The lifecycle task: notices idleness, pauses the instance (freeze, then stop after a
+//! while), resumes it when a client needs it, and retries failed resumes with backoff.
+
+use super::{Lifecycle, PauseTier, Phase};
+use crate::Shared;
+use holdfast_serverless::driver::PowerState;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How often idleness is checked.
+const TICK: Duration = Duration::from_secs(1);
+/// How long a pause waits for requests and logins in flight to finish before giving up.
+const PAUSE_DRAIN: Duration = Duration::from_secs(2);
+/// Longest pause between failed resume attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// When a frozen instance cannot be stopped yet (sessions that could not survive it), try
+/// again after this long.
+const ESCALATE_RETRY: Duration = Duration::from_secs(30);
+
+/// Runs the instance's lifecycle until the process ends.
+pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>) {
+    adopt_initial_state(&shared, &lc).await;
+    let mut activity = Activity::default();
+    let mut escalate_at: Option<Instant> = None;
+    loop {
+        match lc.phase() {
+            Phase::Running => {
+                tokio::select! {
+                    _ = tokio::time::sleep(TICK) => {}
+                    _ = lc.wake_notify.notified() => {
+                        // A wake that raced with a resume needs nothing; a pause asked for
+                        // over the admin API runs now.
+                        lc.wake_requested.store(false, Ordering::SeqCst);
+                        let requested = lc.lock().requested_pause.take();
+                        if let Some((tier, answer)) = requested {
+                            let tier = if lc.driver.supports_freeze() { tier } else { PauseTier::Stop };
+                            let outcome = if pause(&shared, &lc, tier).await {
+                                escalate_at = escalation_deadline(&lc, tier);
+                                Ok(())
+                            } else {
+                                Err(why_not_paused(&lc))
+                            };
+                            let _ = answer.send(outcome);
+                        }
+                        continue;
+                    }
+                }
+                if activity.changed(&shared) {
+                    lc.touch();
+                }
+                let idle_limit = lc.config.idle_pause_secs;
+                let idle = lc.lock().last_activity.elapsed();
+                if idle_limit > 0 && idle >= Duration::from_secs(idle_limit) {
+                    let tier = first_tier(&lc);
+                    if pause(&shared, &lc, tier).await {
+                        escalate_at = escalation_deadline(&lc, tier);
+                    }
+                } else {
+                    lc.lock().pause_blocked_by.clear();
+                }
+            }
+            Phase::Paused => {
+                if !lc.wake_requested.load(Ordering::SeqCst) {
+                    tokio::select! {
+                        _ = lc.wake_notify.notified() => {}
+                        _ = sleep_until_opt(escalate_at) => {
+                            escalate_at = escalate(&shared, &lc).await;
+                            continue;
+                        }
+                    }
+                }
+                if lc.wake_requested.load(Ordering::SeqCst) {
+                    escalate_at = None;
+                    resume(&shared, &lc).await;
+                    activity.changed(&shared);
+                }
+            }
+            // Transitional phases are entered and left inside pause() and resume().
+            Phase::Pausing | Phase::Resuming => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+/// Asks the driver what the server is doing at start-up: a stopped or frozen server starts
+/// out paused, so the first client wakes it.
+async fn adopt_initial_state(shared: &Shared, lc: &Lifecycle) {
+    let state = match lc.driver.status().await {
+        Ok(s) => s,
+        Err(e) => PowerState::Unknown(e.to_string()),
+    };
+    let tier = match state {
+        PowerState::Running => {
+            tracing::info!(instance = %lc.config.instance, driver = lc.driver.kind(), "serverless instance is running");
+            set_metrics_phase(shared, Phase::Running);
+            return;
+        }
+        PowerState::Frozen => PauseTier::Freeze,
+        PowerState::Stopped => PauseTier::Stop,
+        PowerState::Unknown(why) => {
+            // Treat it as stopped: a start adopts a server that is in fact running.
+            tracing::warn!(instance = %lc.config.instance, %why, "cannot tell whether the instance runs; treating it as paused");
+            PauseTier::Stop
+        }
+    };
+    lc.running.store(false, Ordering::SeqCst);
+    lc.set_phase(Phase::Paused, Some(tier));
+    set_metrics_phase(shared, Phase::Paused);
+    tracing::info!(instance = %lc.config.instance, tier = tier.name(), "serverless instance is paused; the first client wakes it");
+}
+
+fn first_tier(lc: &Lifecycle) -> PauseTier {
+    match lc.config.pause_tier {
+        PauseTier::Freeze if lc.driver.supports_freeze() => PauseTier::Freeze,
+        _ => PauseTier::Stop,
+    }
+}
+
+fn escalation_deadline(lc: &Lifecycle, tier: PauseTier) -> Option<Instant> {
+    (tier == PauseTier::Freeze && lc.config.stop_after_secs > 0)
+        .then(|| Instant::now() + Duration::from_secs(lc.config.stop_after_secs))
+}
+
+/// Sessions and connections that keep the instance from pausing to `tier`.
+fn blockers(shared: &Shared, tier: PauseTier) -> Vec<String> {
+    shared.sessions.pause_blockers(tier == PauseTier::Stop)
+}
+
+/// Pauses the instance unless something keeps it busy. Returns whether it paused.
+async fn pause(shared: &Shared, lc: &Lifecycle, tier: PauseTier) -> bool {
+    let blocked = blockers(shared, tier);
+    if !blocked.is_empty() {
+        let mut inner = lc.lock();
+        if inner.pause_blocked_by != blocked {
+            tracing::info!(instance = %lc.config.instance, blocked_by = ?blocked, "idle, but not pausing");
+            inner.pause_blocked_by = blocked;
+        }
+        return false;
+    }
+    lc.lock().pause_blocked_by.clear();
+    // Close the gate first, then wait for what got through it: a session marks itself busy
+    // before it reads the gate, and the pause reads the busy marks after closing it, so
+    // every request either sees the gate closed or is seen here.
+    lc.running.store(false, Ordering::SeqCst);
+    lc.set_phase(Phase::Pausing, Some(tier));
+    set_metrics_phase(shared, Phase::Pausing);
+    let drained = Instant::now() + PAUSE_DRAIN;
+    let abort = loop {
+        if lc.wake_requested.load(Ordering::SeqCst) {
+            break Some("a client arrived");
+        }
+        if shared.sessions.none_busy() && lc.logins_in_flight.load(Ordering::SeqCst) == 0 {
+            break None;
+        }
+        if Instant::now() >= drained {
+            break Some("requests still in flight");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    let abort = abort
+        .or_else(|| (!blockers(shared, tier).is_empty()).then_some("a session became unmovable"));
+    if let Some(why) = abort {
+        tracing::info!(instance = %lc.config.instance, why, "pause abandoned");
+        reopen(shared, lc);
+        return false;
+    }
+    let t = Instant::now();
+    let result = match tier {
+        PauseTier::Freeze => lc.driver.freeze().await,
+        PauseTier::Stop => lc.driver.stop().await,
+    };
+    match result {
+        Ok(()) => {
+            if tier == PauseTier::Stop {
+                lc.epoch.fetch_add(1, Ordering::SeqCst);
+            }
+            lc.pauses.fetch_add(1, Ordering::Relaxed);
+            lc.set_phase(Phase::Paused, Some(tier));
+            set_metrics_phase(shared, Phase::Paused);
+            shared
+                .metrics
+                .instance_transition("running", tier_state(tier));
+            tracing::info!(instance = %lc.config.instance, tier = tier.name(), ms = t.elapsed().as_millis() as u64, sessions_kept = shared.sessions.len(), "instance paused");
+            true
+        }
+        Err(e) => {
+            tracing::warn!(instance = %lc.config.instance, tier = tier.name(), error = %e, "pause failed; the instance keeps running");
+            lc.lock().last_error = Some(format!("pause ({}) failed: {e}", tier.name()));
+            reopen(shared, lc);
+            false
+        }
+    }
+}
+
+/// Why the last pause did not happen, for whoever asked for it.
+fn why_not_paused(lc: &Lifecycle) -> String {
+    let inner = lc.lock();
+    if !inner.pause_blocked_by.is_empty() {
+        format!(
+            "sessions keep the instance from pausing: {}",
+            inner.pause_blocked_by.join("; ")
+        )
+    } else if let Some(e) = &inner.last_error {
+        format!("the instance did not pause: {e}")
+    } else {
+        "the pause was abandoned: requests were in flight or a client arrived".into()
+    }
+}
+
+fn tier_state(tier: PauseTier) -> &'static str {
+    match tier {
+        PauseTier::Freeze => "frozen",
+        PauseTier::Stop => "stopped",
+    }
+}
+
+/// Back to running after an abandoned pause.
+fn reopen(shared: &Shared, lc: &Lifecycle) {
+    lc.touch();
+    lc.running.store(true, Ordering::SeqCst);
+    lc.set_phase(Phase::Running, None);
+    set_metrics_phase(shared, Phase::Running);
+}
+
+/// A frozen instance that stayed paused long enough is stopped to free its memory. Idle
+/// sessions survive: they reconnect and restore their state when they next speak.
+async fn escalate(shared: &Shared, lc: &Lifecycle) -> Option<Instant> {
+    let blocked = blockers(shared, PauseTier::Stop);
+    if !blocked.is_empty() {
+        tracing::info!(instance = %lc.config.instance, blocked_by = ?blocked, "staying frozen: stopping would lose these sessions");
+        lc.lock().pause_blocked_by = blocked;
+        return Some(Instant::now() + ESCALATE_RETRY);
+    }
+    lc.set_phase(Phase::Pausing, Some(PauseTier::Stop));
+    match lc.driver.stop().await {
+        Ok(()) => {
+            lc.epoch.fetch_add(1, Ordering::SeqCst);
+            lc.set_phase(Phase::Paused, Some(PauseTier::Stop));
+            shared.metrics.instance_transition("frozen", "stopped");
+            tracing::info!(instance = %lc.config.instance, "frozen instance stopped to free its memory");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(instance = %lc.config.instance, error = %e, "stopping the frozen instance failed; it stays frozen");
+            lc.lock().last_error = Some(format!("stop after freeze failed: {e}"));
+            lc.set_phase(Phase::Paused, Some(PauseTier::Freeze));
+            Some(Instant::now() + ESCALATE_RETRY)
+        }
+    }
+}
+
+/// Resumes the paused instance: thaw or start, retried with backoff while clients wait.
+async fn resume(shared: &Shared, lc: &Lifecycle) {
+    let Some(mut tier) = lc.lock().tier else {
+        return;
+    };
+    let started = Instant::now();
+    lc.set_phase(Phase::Resuming, Some(tier));
+    set_metrics_phase(shared, Phase::Resuming);
+    let mut backoff = Duration::from_millis(lc.config.retry_backoff_ms.max(1));
+    loop {
+        let result = match tier {
+            PauseTier::Freeze => lc.driver.thaw().await,
+            PauseTier::Stop => lc.driver.start().await,
+        };
+        match result {
+            Ok(()) => break,
+            Err(e) => {
+                lc.resume_failures.fetch_add(1, Ordering::Relaxed);
+                shared.metrics.instance_resume_failures.inc();
+                tracing::warn!(instance = %lc.config.instance, tier = tier.name(), error = %e, retry_in_ms = backoff.as_millis() as u64, "resume failed");
+                lc.lock().last_error = Some(format!("resume ({}) failed: {e}", tier.name()));
+                if tier == PauseTier::Freeze {
+                    // A frozen server that is gone (killed, crashed) is started afresh.
+                    if let Ok(PowerState::Stopped) = lc.driver.status().await {
+                        tier = PauseTier::Stop;
+                        lc.epoch.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+                if lc.waiters.load(Ordering::SeqCst) == 0 {
+                    // Nobody waits any more: stay paused; the next client tries again.
+                    lc.wake_requested.store(false, Ordering::SeqCst);
+                    lc.set_phase(Phase::Paused, Some(tier));
+                    set_metrics_phase(shared, Phase::Paused);
+                    return;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+    let took = started.elapsed();
+    lc.wake_requested.store(false, Ordering::SeqCst);
+    {
+        let mut inner = lc.lock();
+        inner.last_resume = Some(took);
+        inner.last_error = None;
+        inner.last_activity = Instant::now();
+    }
+    lc.resumes.fetch_add(1, Ordering::Relaxed);
+    lc.running.store(true, Ordering::SeqCst);
+    lc.set_phase(Phase::Running, None);
+    set_metrics_phase(shared, Phase::Running);
+    shared.metrics.instance_resume_latency.observe(took);
+    shared
+        .metrics
+        .instance_transition(tier_state(tier), "running");
+    shared.ha.topology_nudge().notify_one();
+    tracing::info!(instance = %lc.config.instance, tier = tier.name(), ms = took.as_secs_f64() * 1e3, "instance resumed");
+}
+
+fn set_metrics_phase(shared: &Shared, phase: Phase) {
+    shared.metrics.set_instance_phase(phase.name());
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Notices statements and logins between ticks without touching the query path: it
+/// compares counters the sessions keep anyway.
+#[derive(Default)]
+struct Activity {
+    last: Option<(u64, u64)>,
+}
+
+impl Activity {
+    fn changed(&mut self, shared: &Shared) -> bool {
+        let (commands, busy) = shared.sessions.activity();
+        let now = (commands, shared.metrics.connections_accepted.get());
+        let changed = self.last != Some(now) || busy;
+        self.last = Some(now);
+        changed
+    }
+}

@@ -1,0 +1,116 @@
+//! Metering: one usage sample per second (CCU while running, zero while paused, storage),
+//! rolled up per billing period into the durable ledger.
+
+use super::{Lifecycle, Phase};
+use crate::Shared;
+use holdfast_serverless::ledger::{Ledger, LedgerError, Meter, UsageLine, UsageSample};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The data directory is walked this often for the storage figure.
+const STORAGE_EVERY: Duration = Duration::from_secs(30);
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+async fn blocking<T: Send + 'static>(
+    ledger: &Arc<Ledger>,
+    f: impl FnOnce(&Ledger) -> Result<T, LedgerError> + Send + 'static,
+) -> Result<T, String> {
+    let ledger = ledger.clone();
+    tokio::task::spawn_blocking(move || f(&ledger))
+        .await
+        .map_err(|e| format!("ledger task failed: {e}"))?
+        .map_err(|e| e.to_string())
+}
+
+/// Samples the instance every second until the process ends.
+pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>, ledger: Arc<Ledger>) {
+    let instance = lc.config.instance.clone();
+    let now = unix_now();
+    if let Err(e) = blocking(&ledger, move |l| l.settle_stale(now)).await {
+        tracing::warn!(error = %e, "usage ledger: settling old periods failed");
+    }
+    let name = instance.clone();
+    let open = match blocking(&ledger, move |l| l.open_line(&name)).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(error = %e, "usage ledger: cannot read the open period; starting a new one");
+            None
+        }
+    };
+    let mut meter = Meter::new(&instance, lc.config.period_secs, open);
+    meter.set_flush_every(lc.config.flush_secs);
+    let mut storage: Option<u64> = None;
+    let mut storage_at: Option<tokio::time::Instant> = None;
+    let mut unwritten: Vec<UsageLine> = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tick.tick().await;
+        if storage_at.is_none_or(|t| t.elapsed() >= STORAGE_EVERY) {
+            storage_at = Some(tokio::time::Instant::now());
+            if let Ok(Some(bytes)) = lc.driver.storage_bytes().await {
+                storage = Some(bytes);
+                lc.lock().storage_bytes = Some(bytes);
+                shared.metrics.instance_storage_bytes.set(bytes as i64);
+            }
+        }
+        let running = lc.phase() != Phase::Paused;
+        let ccu = lc.ccu();
+        if running {
+            shared.metrics.instance_ccu_seconds.inc_by(ccu);
+        }
+        let sample = UsageSample {
+            at_unix: unix_now(),
+            running,
+            ccu,
+            storage_bytes: storage,
+        };
+        // Lines that could not be written are kept and written again (an upsert of the
+        // same totals is harmless), so a settled period is never lost to a transient error.
+        unwritten.extend(meter.add(&sample));
+        if unwritten.is_empty() {
+            continue;
+        }
+        // Only the latest totals of each period matter (an outage must not pile up lines).
+        let mut lines: Vec<UsageLine> = Vec::new();
+        for line in std::mem::take(&mut unwritten) {
+            lines.retain(|l| l.period_start != line.period_start);
+            lines.push(line);
+        }
+        let result = blocking(&ledger, move |l| {
+            let mut failed = Vec::new();
+            let mut first_error = None;
+            for line in lines {
+                if let Err(e) = l.upsert(&line) {
+                    first_error.get_or_insert(e.to_string());
+                    failed.push(line);
+                }
+            }
+            Ok((failed, first_error))
+        })
+        .await;
+        match result {
+            Ok((failed, error)) => {
+                if let Some(e) = error {
+                    tracing::warn!(error = %e, lines = failed.len(), "usage ledger write failed; retrying next second");
+                }
+                unwritten = failed;
+            }
+            Err(e) => tracing::warn!(error = %e, "usage ledger task failed"),
+        }
+    }
+}
+
+/// The ledger's lines for `instance` (all when None) from `since` (unix seconds).
+pub async fn usage_lines(
+    ledger: &Arc<Ledger>,
+    instance: Option<String>,
+    since: Option<i64>,
+) -> Result<Vec<UsageLine>, String> {
+    blocking(ledger, move |l| l.lines(instance.as_deref(), since)).await
+}

@@ -1,0 +1,426 @@
+//! Serverless instances: holdfast pauses the database when nobody uses it, wakes it when a
+//! client connects or an idle session speaks again, scales it in place and meters it.
+//!
+//! The gate is one atomic ([`Lifecycle::is_running`]) that sessions read per request; when it
+//! is closed they call [`Lifecycle::wake`], which is single-flight: however many clients
+//! arrive together, the lifecycle task resumes the instance once. Idle sessions stay open
+//! across a pause: with the freeze tier their backend connections survive as they are;
+//! with the stop tier they are recreated by the keep-alive moves (`session::relocate`).
+
+mod control;
+mod meter;
+mod scale;
+
+use holdfast_serverless::autoscale::ScalePolicy;
+use holdfast_serverless::driver::{DriverConfig, InstanceDriver};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{watch, Notify};
+
+pub use control::run as run_lifecycle;
+pub use meter::{run as run_meter, usage_lines};
+pub use scale::run as run_autoscaler;
+
+/// `[serverless]`: present means the (single) backend is a serverless instance.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerlessConfig {
+    /// The instance's name in logs, errors, metrics and usage lines.
+    #[serde(default = "default_instance")]
+    pub instance: String,
+    /// Pause after this many seconds without a statement or login; 0 never pauses on its own.
+    #[serde(default = "default_idle_pause_secs")]
+    pub idle_pause_secs: u64,
+    /// The tier a pause starts with: "freeze" (suspend the process: resume in milliseconds,
+    /// memory kept) or "stop" (shut the server down: memory freed, resume is a cold start).
+    #[serde(default)]
+    pub pause_tier: PauseTier,
+    /// A frozen instance is stopped after this many seconds; 0 keeps it frozen.
+    #[serde(default = "default_stop_after_secs")]
+    pub stop_after_secs: u64,
+    /// How long a client waits for a paused instance to resume before it gets an error.
+    #[serde(default = "default_resume_deadline_ms")]
+    pub resume_deadline_ms: u64,
+    /// First pause between failed resume attempts; doubles up to 5 s.
+    #[serde(default = "default_retry_backoff_ms")]
+    pub retry_backoff_ms: u64,
+    /// Whether the autoscaler changes the size with the load.
+    #[serde(default = "default_true")]
+    pub autoscale: bool,
+    /// The size the instance starts with (default: the policy's minimum).
+    #[serde(default)]
+    pub start_ccu: Option<f64>,
+    /// InnoDB buffer pool per capacity unit, resized online with the size; 0 leaves it alone.
+    #[serde(default = "default_buffer_pool_mib_per_ccu")]
+    pub buffer_pool_mib_per_ccu: u64,
+    #[serde(default)]
+    pub scale: ScalePolicy,
+    /// The usage ledger (SQLite); relative paths are relative to the working directory.
+    #[serde(default = "default_ledger")]
+    pub ledger: PathBuf,
+    /// Length of a billing period (one usage line each); tests shorten it.
+    #[serde(default = "default_period_secs")]
+    pub period_secs: u32,
+    /// The open period is written to the ledger every this many seconds (what a crash of
+    /// holdfast can lose at most; settled periods are written at once).
+    #[serde(default = "default_flush_secs")]
+    pub flush_secs: u32,
+    pub driver: DriverConfig,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PauseTier {
+    #[default]
+    Freeze,
+    Stop,
+}
+
+impl PauseTier {
+    pub fn name(self) -> &'static str {
+        match self {
+            PauseTier::Freeze => "freeze",
+            PauseTier::Stop => "stop",
+        }
+    }
+}
+
+fn default_instance() -> String {
+    "default".into()
+}
+fn default_idle_pause_secs() -> u64 {
+    300
+}
+fn default_stop_after_secs() -> u64 {
+    900
+}
+fn default_resume_deadline_ms() -> u64 {
+    10_000
+}
+fn default_retry_backoff_ms() -> u64 {
+    200
+}
+fn default_true() -> bool {
+    true
+}
+fn default_buffer_pool_mib_per_ccu() -> u64 {
+    1024
+}
+fn default_ledger() -> PathBuf {
+    PathBuf::from("holdfast-usage.db")
+}
+fn default_period_secs() -> u32 {
+    3600
+}
+fn default_flush_secs() -> u32 {
+    10
+}
+
+impl ServerlessConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        self.scale
+            .validate()
+            .map_err(|e| format!("serverless.scale: {e}"))?;
+        if let Some(c) = self.start_ccu {
+            if !(self.scale.min_ccu..=self.scale.max_ccu).contains(&c) {
+                return Err(format!(
+                    "serverless.start_ccu {c} is outside [{}, {}]",
+                    self.scale.min_ccu, self.scale.max_ccu
+                ));
+            }
+        }
+        if self.period_secs == 0 || self.flush_secs == 0 {
+            return Err("serverless.period_secs and flush_secs must be at least 1".into());
+        }
+        if self.resume_deadline_ms == 0 {
+            return Err("serverless.resume_deadline_ms must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    pub fn resume_deadline(&self) -> Duration {
+        Duration::from_millis(self.resume_deadline_ms)
+    }
+}
+
+/// Where the instance is in its lifecycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Running,
+    Pausing,
+    Paused,
+    Resuming,
+}
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Running => "running",
+            Phase::Pausing => "pausing",
+            Phase::Paused => "paused",
+            Phase::Resuming => "resuming",
+        }
+    }
+}
+
+/// What `/status` shows about the instance.
+#[derive(Debug, Clone, Serialize)]
+pub struct InstanceView {
+    pub instance: String,
+    pub driver: &'static str,
+    pub phase: Phase,
+    /// The pause tier while paused (or pausing/resuming).
+    pub tier: Option<PauseTier>,
+    pub phase_secs: f64,
+    pub idle_secs: f64,
+    pub idle_pause_secs: u64,
+    pub ccu: f64,
+    pub cpu_used: f64,
+    pub storage_bytes: Option<u64>,
+    pub pauses: u64,
+    pub resumes: u64,
+    pub resume_failures: u64,
+    pub last_resume_ms: Option<f64>,
+    pub last_error: Option<String>,
+    /// Why the instance is not pausing although it is idle (sessions that cannot move...).
+    pub pause_blocked_by: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WakeError {
+    #[error("instance '{instance}' did not resume within {deadline_ms} ms{}", last_error.as_ref().map(|e| format!(" (last error: {e})")).unwrap_or_default())]
+    Timeout {
+        instance: String,
+        deadline_ms: u64,
+        last_error: Option<String>,
+    },
+}
+
+/// Mutable state the lifecycle task owns and `/status` reads (not on the query path).
+#[derive(Debug)]
+struct Inner {
+    phase: Phase,
+    tier: Option<PauseTier>,
+    phase_since: Instant,
+    last_activity: Instant,
+    ccu: f64,
+    cpu_used: f64,
+    storage_bytes: Option<u64>,
+    last_resume: Option<Duration>,
+    last_error: Option<String>,
+    pause_blocked_by: Vec<String>,
+    /// A size asked for over the admin API, applied by the scaling task.
+    requested_ccu: Option<f64>,
+    /// A pause asked for over the admin API, run by the lifecycle task, which answers
+    /// whether it paused (or why not).
+    requested_pause: Option<(PauseTier, tokio::sync::oneshot::Sender<Result<(), String>>)>,
+}
+
+/// The instance's lifecycle as sessions and the admin API see it.
+pub struct Lifecycle {
+    pub config: ServerlessConfig,
+    /// The instance's server address (the single backend).
+    pub address: String,
+    pub driver: Box<dyn InstanceDriver>,
+    /// The gate: true while statements may go to the server.
+    running: AtomicBool,
+    /// Bumped on every phase change; waiters watch it.
+    phase_tx: watch::Sender<Phase>,
+    /// Set by [`Lifecycle::wake`]; the lifecycle task resumes (or aborts a pause) when set.
+    wake_requested: AtomicBool,
+    wake_notify: Notify,
+    /// Clients waiting in [`Lifecycle::wake`] right now.
+    waiters: AtomicUsize,
+    /// Logins between the wake check and their backend connection.
+    logins_in_flight: AtomicUsize,
+    /// Bumped when the server stops: backend connections opened before are gone.
+    epoch: AtomicU64,
+    pauses: AtomicU64,
+    resumes: AtomicU64,
+    resume_failures: AtomicU64,
+    inner: Mutex<Inner>,
+}
+
+impl Lifecycle {
+    pub fn new(config: ServerlessConfig, address: String) -> Arc<Lifecycle> {
+        let driver = config.driver.build(&address);
+        let ccu = config.start_ccu.unwrap_or(config.scale.min_ccu);
+        let now = Instant::now();
+        Arc::new(Lifecycle {
+            driver,
+            address,
+            // Until the lifecycle task has asked the driver, assume the server is up: the
+            // task closes the gate within its first step if it is not.
+            running: AtomicBool::new(true),
+            phase_tx: watch::channel(Phase::Running).0,
+            wake_requested: AtomicBool::new(false),
+            wake_notify: Notify::new(),
+            waiters: AtomicUsize::new(0),
+            logins_in_flight: AtomicUsize::new(0),
+            epoch: AtomicU64::new(0),
+            pauses: AtomicU64::new(0),
+            resumes: AtomicU64::new(0),
+            resume_failures: AtomicU64::new(0),
+            inner: Mutex::new(Inner {
+                phase: Phase::Running,
+                tier: None,
+                phase_since: now,
+                last_activity: now,
+                ccu,
+                cpu_used: 0.0,
+                storage_bytes: None,
+                last_resume: None,
+                last_error: None,
+                pause_blocked_by: Vec::new(),
+                requested_ccu: None,
+                requested_pause: None,
+            }),
+            config,
+        })
+    }
+
+    /// Whether statements may go to the server now. One atomic load: read per request.
+    pub fn is_running(&self) -> bool {
+        self.running.load(Ordering::SeqCst)
+    }
+
+    /// Which run of the server this is: a backend connection opened under another epoch
+    /// died when the server stopped.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    pub fn phase(&self) -> Phase {
+        *self.phase_tx.borrow()
+    }
+
+    /// Waits until the instance runs, asking the lifecycle task to resume it. Returns at
+    /// once when it already runs; fails after the resume deadline.
+    pub async fn wake(&self, reason: &'static str) -> Result<(), WakeError> {
+        if self.is_running() {
+            return Ok(());
+        }
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        let _waiting = Decrement(&self.waiters);
+        let mut rx = self.phase_tx.subscribe();
+        if !self.wake_requested.swap(true, Ordering::SeqCst) {
+            tracing::info!(instance = %self.config.instance, reason, "wake requested");
+        }
+        self.wake_notify.notify_one();
+        let deadline = self.config.resume_deadline();
+        let ok = tokio::time::timeout(deadline, rx.wait_for(|_| self.is_running()))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        if ok {
+            Ok(())
+        } else {
+            Err(WakeError::Timeout {
+                instance: self.config.instance.clone(),
+                deadline_ms: self.config.resume_deadline_ms,
+                last_error: self.lock().last_error.clone(),
+            })
+        }
+    }
+
+    /// Marks a login that has passed the gate and is opening its backend connection, so a
+    /// pause waits for it. Dropping the guard ends the mark.
+    pub fn login_started(&self) -> LoginGuard<'_> {
+        self.logins_in_flight.fetch_add(1, Ordering::SeqCst);
+        LoginGuard(&self.logins_in_flight)
+    }
+
+    /// Counts as activity for the idle timer (a login, an admin resume).
+    pub fn touch(&self) {
+        self.lock().last_activity = Instant::now();
+    }
+
+    /// Asks the scaling task to apply `ccu` (snapped to the policy's steps and bounds).
+    pub fn request_scale(&self, ccu: f64) {
+        self.lock().requested_ccu = Some(ccu);
+    }
+
+    /// Whether a size asked for with [`Lifecycle::request_scale`] is still to be applied.
+    pub fn scale_pending(&self) -> bool {
+        self.lock().requested_ccu.is_some()
+    }
+
+    /// Pauses now (sessions that cannot survive it still block): the lifecycle task runs
+    /// the pause; the answer says why it did not happen.
+    pub async fn pause_now(&self, tier: PauseTier) -> Result<(), String> {
+        if self.phase() == Phase::Paused {
+            return Ok(());
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.lock().requested_pause = Some((tier, tx));
+        self.wake_notify.notify_one();
+        rx.await
+            .unwrap_or_else(|_| Err("the lifecycle task is gone".into()))
+    }
+
+    pub fn ccu(&self) -> f64 {
+        self.lock().ccu
+    }
+
+    pub fn view(&self) -> InstanceView {
+        let i = self.lock();
+        InstanceView {
+            instance: self.config.instance.clone(),
+            driver: self.driver.kind(),
+            phase: i.phase,
+            tier: i.tier,
+            phase_secs: i.phase_since.elapsed().as_secs_f64(),
+            idle_secs: i.last_activity.elapsed().as_secs_f64(),
+            idle_pause_secs: self.config.idle_pause_secs,
+            ccu: i.ccu,
+            cpu_used: i.cpu_used,
+            storage_bytes: i.storage_bytes,
+            pauses: self.pauses.load(Ordering::Relaxed),
+            resumes: self.resumes.load(Ordering::Relaxed),
+            resume_failures: self.resume_failures.load(Ordering::Relaxed),
+            last_resume_ms: i.last_resume.map(|d| d.as_secs_f64() * 1e3),
+            last_error: i.last_error.clone(),
+            pause_blocked_by: i.pause_blocked_by.clone(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // The state is plain data: a panic elsewhere cannot leave it half-updated in a way
+        // that matters more than losing the lifecycle altogether.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_phase(&self, phase: Phase, tier: Option<PauseTier>) {
+        let from = {
+            let mut i = self.lock();
+            let from = i.phase;
+            i.phase = phase;
+            i.tier = tier;
+            i.phase_since = Instant::now();
+            from
+        };
+        if from != phase {
+            tracing::info!(instance = %self.config.instance, from = from.name(), to = phase.name(), tier = tier.map(PauseTier::name), "instance lifecycle");
+        }
+        self.phase_tx.send_replace(phase);
+    }
+}
+
+struct Decrement<'a>(&'a AtomicUsize);
+
+impl Drop for Decrement<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+pub struct LoginGuard<'a>(&'a AtomicUsize);
+
+impl Drop for LoginGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
