@@ -54,6 +54,11 @@ enum Command {
     Lab(holdfast_lab::LabCommand),
     /// sysbench through direct, HAProxy and holdfast, interleaved, with medians and ratios.
     Bench(holdfast_lab::BenchArgs),
+    /// Serverless resume latency per pause tier (freeze, stop) next to a raw mariadbd cold
+    /// start, and sysbench threads arriving together at a stopped instance.
+    ///
+    /// Example: holdfast bench-resume --cycles 20 --out resume.md
+    BenchResume(holdfast_lab::ResumeBenchArgs),
     /// The embedded default: a lab cluster, the proxy in front of it, real clients through it.
     Demo(demo::DemoArgs),
     /// sysbench through holdfast while the primary is switched over, restarted or killed
@@ -203,6 +208,10 @@ fn main() -> Result<()> {
         Command::Bench(args) => {
             let exe = std::env::current_exe().context("cannot find the holdfast executable")?;
             holdfast_lab::run_bench(&args, &exe)
+        }
+        Command::BenchResume(args) => {
+            let exe = std::env::current_exe().context("cannot find the holdfast executable")?;
+            holdfast_lab::run_resume_bench(&args, &exe)
         }
         Command::Demo(args) => demo::run(&args),
         Command::Drill(args) => drill::run(&args),

@@ -1216,22 +1216,24 @@ fn toml_str(s: &str) -> String {
 /// serverless process driver needs to start the node itself.
 pub fn node_command(dir: &Path, name: &str) -> Result<Vec<String>> {
     let st = status(dir)?;
-    let node = st.node(name)?;
-    let launch = read_launch(dir)?;
+    node_command_for(&read_launch(dir)?, st.node(name)?)
+}
+
+fn node_command_for(launch: &LaunchInfo, node: &NodeStatus) -> Result<Vec<String>> {
     let binary = launch
         .node_overrides
-        .get(name)
+        .get(&node.name)
         .and_then(|o| o.mariadbd.clone())
         .unwrap_or_else(|| launch.mariadbd.clone());
     let mut cmd = vec![binary.display().to_string()];
-    cmd.extend(node_args(&launch, node)?);
+    cmd.extend(node_args(launch, node)?);
     Ok(cmd)
 }
 
 /// The `[serverless]` section for a lab's node1: pauses after 60 s idle (freeze, then stop
 /// after 5 minutes), small sizes for a laptop, the ledger in the lab directory.
 pub fn serverless_section(dir: &Path, node: &NodeStatus) -> Result<String> {
-    let command = node_command(dir, &node.name)?;
+    let command = node_command_for(&read_launch(dir)?, node)?;
     let command = toml::Value::Array(command.into_iter().map(toml::Value::String).collect());
     Ok(format!(
         "# node1 is a serverless instance: holdfast pauses it when idle (idle sessions stay\n\

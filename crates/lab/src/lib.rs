@@ -7,7 +7,9 @@
 //! * [`TestLab`] is the same in a temp directory on free ports, torn down on drop.
 //! * [`node_sql`] runs SQL as root on a node through its unix socket.
 //! * [`LabCommand`] / [`run`] are the `holdfast lab` CLI; [`BenchArgs`] / [`run_bench`]
-//!   the `holdfast bench` comparison of direct, HAProxy and holdfast with sysbench.
+//!   the `holdfast bench` comparison of direct, HAProxy and holdfast with sysbench;
+//!   [`ResumeBenchArgs`] / [`run_resume_bench`] the `holdfast bench-resume` serverless
+//!   resume latencies.
 //!
 //! # Port layout
 //! With base port `P` ([`DEFAULT_BASE_PORT`] = 3310 for the CLI): holdfast's proxy
@@ -25,7 +27,7 @@ pub mod mysql_client;
 mod procs;
 mod template;
 
-pub use bench::{run_bench, BenchArgs};
+pub use bench::{run_bench, run_resume_bench, BenchArgs, ResumeBenchArgs};
 pub use cli::{run, status_table, LabCommand};
 pub use lab::{
     down, kill_node, node_command, node_sql, node_sql_maps, node_sql_value, purge, restart_node,

@@ -278,6 +278,37 @@ mod tests {
     }
 
     #[test]
+    fn serverless_example_config_parses() {
+        let text = include_str!("../../../holdfast.serverless.example.toml");
+        let cfg = Config::parse(text, "serverless example").unwrap();
+        let sl = cfg.serverless.expect("[serverless]");
+        assert_eq!(sl.idle_pause_secs, 300);
+        assert_eq!(sl.pause_tier, crate::serverless::PauseTier::Freeze);
+        assert_eq!(
+            sl.scale,
+            holdfast_serverless::autoscale::ScalePolicy::default()
+        );
+        assert_eq!(cfg.listeners.len(), 1);
+        assert_eq!(cfg.listeners[0].mode, ListenerMode::Passthrough);
+    }
+
+    #[test]
+    fn serverless_needs_one_backend_and_external_ha() {
+        let text = include_str!("../../../holdfast.serverless.example.toml");
+        let two = text.replace(
+            "[serverless]\n",
+            "[[backend]]\nname = \"b\"\naddress = \"127.0.0.1:1\"\n\n[serverless]\n",
+        );
+        let err = Config::parse(&two, "t").unwrap_err().to_string();
+        assert!(err.contains("exactly one [[backend]]"), "{err}");
+        let managed = format!("{text}\n[ha]\nmode = \"managed\"\nrepl_user = \"r\"\n");
+        let err = Config::parse(&managed, "t").unwrap_err().to_string();
+        assert!(err.contains("managed"), "{err}");
+        let bad = text.replace("min_ccu = 0.5", "min_ccu = 8.0");
+        assert!(Config::parse(&bad, "t").is_err());
+    }
+
+    #[test]
     fn ha_section_is_validated() {
         let base = "[[backend]]\nname=\"a\"\naddress=\"127.0.0.1:1\"\n";
         let cfg = Config::parse(&format!("{base}[ha]\nmode = \"managed\"\n"), "t").unwrap();

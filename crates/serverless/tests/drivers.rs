@@ -28,6 +28,13 @@ fn template() -> &'static Path {
             .expect("run mariadbd --version");
         let version = String::from_utf8_lossy(&version.stdout).trim().to_string();
         let root = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        // nextest runs each test in its own process: one installs, the others wait here.
+        let lock = std::fs::File::create(root.join("holdfast-drivers-datadir.lock"))
+            .expect("create the template lock file");
+        // SAFETY: flock on a descriptor this function owns for the rest of the install; the
+        // lock is released when `lock` is dropped (the descriptor closes).
+        let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) };
+        assert_eq!(rc, 0, "flock: {}", std::io::Error::last_os_error());
         let datadir = root.join("holdfast-drivers-datadir");
         let marker = datadir.join("holdfast-template-version");
         if std::fs::read_to_string(&marker).ok().as_deref() == Some(version.as_str()) {
@@ -739,6 +746,34 @@ async fn exec_driver_failures_and_timeouts() {
         wait_dead(pid, Duration::from_secs(5)),
         "the command's child {pid} survived the timeout"
     );
+
+    // A background process that keeps the command's stdout open does not hold it up.
+    let holder_pid = dir.path().join("holder.pid");
+    let holder = ExecDriver::new(
+        ExecDriverConfig {
+            start: "true".into(),
+            stop: format!("sleep 30 & echo $! > {}", sh_quote(&holder_pid)),
+            freeze: None,
+            thaw: None,
+            status: None,
+            scale: None,
+            cpu_seconds: None,
+            storage_bytes: None,
+            timeout_ms: 10_000,
+        },
+        &address,
+    );
+    let t = Instant::now();
+    let stopped = holder.stop().await;
+    let took = t.elapsed();
+    let pid: u32 = std::fs::read_to_string(&holder_pid)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    kill(pid, libc::SIGKILL);
+    stopped.expect("the command itself succeeded");
+    assert!(took < Duration::from_secs(3), "took {took:?}");
 
     // The server address never answers: start's readiness wait times out.
     let silent = ExecDriver::new(

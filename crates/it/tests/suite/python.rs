@@ -6,10 +6,10 @@ use std::time::Duration;
 
 /// Runs a check script; returns false (after saying why) when the driver is missing.
 fn run_script(h: &Harness, script: &str) -> bool {
-    run_script_at(h, h.proxy, script)
+    run_script_at(h, h.proxy, script, &[])
 }
 
-fn run_script_at(h: &Harness, addr: std::net::SocketAddr, script: &str) -> bool {
+fn run_script_at(h: &Harness, addr: std::net::SocketAddr, script: &str, extra: &[&str]) -> bool {
     if !have("python3") {
         eprintln!("SKIP {script}: python3 is not installed");
         return false;
@@ -19,7 +19,8 @@ fn run_script_at(h: &Harness, addr: std::net::SocketAddr, script: &str) -> bool 
     cmd.arg(&path)
         .arg(addr.ip().to_string())
         .arg(addr.port().to_string())
-        .args([h.user(), h.password(), h.database()]);
+        .args([h.user(), h.password(), h.database()])
+        .args(extra);
     let out = run_with_deadline(cmd, Duration::from_secs(120));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -63,4 +64,18 @@ fn mysql_connector_python() {
 fn pymysql() {
     let h = Harness::start();
     run_script(&h, "pymysql_check.py");
+}
+
+/// A connection pool from another ecosystem keeps its idle connections open while the
+/// serverless instance is stopped; they all work afterwards without reconnecting.
+#[test]
+fn a_python_connection_pool_survives_a_pause() {
+    let h = Harness::start_with(holdfast_it::Options::default().serverless(|s| {
+        s.idle_pause_secs = 0;
+    }));
+    let admin = h.admin.to_string();
+    assert!(
+        run_script_at(&h, h.proxy, "serverless_pool.py", &[&admin]),
+        "mysql-connector-python is required (scripts/deps.sh installs it)"
+    );
 }

@@ -83,3 +83,36 @@ fn oltp_point_select() {
 fn oltp_read_write() {
     run("oltp_read_write");
 }
+
+/// Twenty sysbench threads connect at once to a paused (stopped) serverless instance: all
+/// log in, one resume serves them all, and the run has no errors.
+#[test]
+fn twenty_threads_connect_at_once_to_a_paused_instance() {
+    holdfast_it::require("sysbench").expect("sysbench");
+    let h = Harness::start_with(holdfast_it::Options::default().serverless(|s| {
+        s.idle_pause_secs = 0;
+    }));
+    sysbench(&h, "oltp_read_only", "prepare", &[]);
+    let (code, body) = h.admin_post("/pause?tier=stop", None);
+    assert_eq!(code, 200, "{body}");
+    let out = sysbench(
+        &h,
+        "oltp_read_only",
+        "run",
+        &["--threads=20", "--time=5", "--report-interval=0"],
+    );
+    let transactions = number(&out, "transactions:");
+    let ignored = number(&out, "ignored errors:");
+    assert!(transactions > 0.0, "{out}");
+    assert_eq!(ignored, 0.0, "{out}");
+    assert!(
+        out.contains("threads: 20") || out.contains("Number of threads: 20"),
+        "{out}"
+    );
+    let v = h.status_json()["serverless"].clone();
+    assert_eq!(
+        v["resumes"].as_u64(),
+        Some(1),
+        "one resume for twenty threads: {v}"
+    );
+}

@@ -1,8 +1,14 @@
 //! `holdfast bench`: sysbench against the primary directly, through HAProxy (TCP mode) and
-//! through holdfast, interleaved over several rounds, plus idle-session memory.
+//! through holdfast (session and pass-through listeners), interleaved over several rounds,
+//! plus idle-session memory. `holdfast bench-resume` ([`resume`]) measures serverless
+//! resume latency.
 
+mod http;
 mod idle;
+mod resume;
 mod sysbench;
+
+pub use resume::{run_resume_bench, ResumeBenchArgs};
 
 use std::fmt::Write as _;
 use std::fs;
@@ -27,17 +33,36 @@ pub enum Target {
     Direct,
     /// Through HAProxy in TCP mode (a plain byte pump: the floor for any proxy).
     Haproxy,
-    /// Through `holdfast serve`.
+    /// Through `holdfast serve` (its `[proxy] listen`, session mode).
     Holdfast,
+    /// Through a `[[listener]]` of the same holdfast with `mode = "passthrough"`: login is
+    /// handled by holdfast, then bytes are relayed unparsed.
+    #[value(name = "holdfast_passthrough", alias = "holdfast-passthrough")]
+    HoldfastPassthrough,
 }
 
 impl Target {
+    /// Short name for file names and `--targets`.
     fn name(self) -> &'static str {
         match self {
             Target::Direct => "direct",
             Target::Haproxy => "haproxy",
             Target::Holdfast => "holdfast",
+            Target::HoldfastPassthrough => "holdfast_passthrough",
         }
+    }
+
+    /// Name shown in reports.
+    fn label(self) -> &'static str {
+        match self {
+            Target::HoldfastPassthrough => "holdfast (pass-through)",
+            other => other.name(),
+        }
+    }
+
+    /// Whether this target is a holdfast listener.
+    fn is_holdfast(self) -> bool {
+        matches!(self, Target::Holdfast | Target::HoldfastPassthrough)
     }
 }
 
@@ -76,7 +101,8 @@ pub struct BenchArgs {
         default_value = "oltp_point_select,oltp_read_write"
     )]
     pub workloads: Vec<String>,
-    /// Targets to compare, comma-separated.
+    /// Targets to compare, comma-separated: direct, haproxy, holdfast, holdfast_passthrough
+    /// (a pass-through `[[listener]]` of the same holdfast process).
     #[arg(
         long,
         value_enum,
@@ -210,6 +236,44 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
     if let Some(pid) = primary.pid {
         pids.push((Target::Direct, pid));
     }
+    // One holdfast process serves both holdfast targets.
+    let holdfast = if args.targets.iter().any(|t| t.is_holdfast()) {
+        let started = if args.targets.contains(&Target::HoldfastPassthrough) {
+            procs::free_ports(1).and_then(|p| {
+                let config = passthrough_config(&st, p[0])?;
+                start_holdfast(
+                    holdfast_exe,
+                    &st,
+                    &config,
+                    &st.dir.join("holdfast.log"),
+                    &[p[0]],
+                )
+                .map(|(helper, port)| (helper, port, Some(p[0])))
+            })
+        } else {
+            start_holdfast(
+                holdfast_exe,
+                &st,
+                &st.config,
+                &st.dir.join("holdfast.log"),
+                &[],
+            )
+            .map(|(helper, port)| (helper, port, None))
+        };
+        match started {
+            Ok((helper, port, passthrough)) => {
+                let pid = helper.pid;
+                helpers.push(helper);
+                Ok((pid, port, passthrough))
+            }
+            Err(e) => {
+                eprintln!("bench: holdfast unavailable: {e:#}");
+                Err(format!("{e:#}"))
+            }
+        }
+    } else {
+        Err("not started".to_string())
+    };
     for &target in &args.targets {
         match target {
             Target::Direct => ports.push((Target::Direct, primary.port)),
@@ -232,16 +296,19 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
                     }
                 }
             }
-            Target::Holdfast => match start_holdfast(holdfast_exe, &st) {
-                Ok((helper, port)) => {
-                    pids.push((Target::Holdfast, helper.pid));
-                    ports.push((Target::Holdfast, port));
-                    helpers.push(helper);
+            Target::Holdfast | Target::HoldfastPassthrough => match &holdfast {
+                Ok((pid, session_port, passthrough_port)) => {
+                    let port = if target == Target::Holdfast {
+                        Some(*session_port)
+                    } else {
+                        *passthrough_port
+                    };
+                    if let Some(port) = port {
+                        pids.push((target, *pid));
+                        ports.push((target, port));
+                    }
                 }
-                Err(e) => {
-                    eprintln!("bench: holdfast unavailable: {e:#}");
-                    unavailable.push((target, format!("{e:#}")));
-                }
+                Err(e) => unavailable.push((target, e.clone())),
             },
         }
     }
@@ -257,9 +324,9 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
                 n += 1;
                 let log = logs.join(format!("r{}-{workload}-{}.log", round + 1, target.name()));
                 eprint!(
-                    "bench: [{n}/{total}] round {} {workload} {:<8} … ",
+                    "bench: [{n}/{total}] round {} {workload} {:<23} … ",
                     round + 1,
-                    target.name()
+                    target.label()
                 );
                 let result = sb.run(workload, port, args.threads, args.time, &log)?;
                 match &result {
@@ -282,7 +349,12 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
     // Idle sessions.
     let mut idle = Vec::new();
     if args.idle_clients > 0 {
-        for target in [Target::Holdfast, Target::Haproxy, Target::Direct] {
+        for target in [
+            Target::Holdfast,
+            Target::HoldfastPassthrough,
+            Target::Haproxy,
+            Target::Direct,
+        ] {
             let (Some(&(_, port)), Some(&(_, pid))) = (
                 ports.iter().find(|(t, _)| *t == target),
                 pids.iter().find(|(t, _)| *t == target),
@@ -292,7 +364,7 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
             eprint!(
                 "bench: idle sessions: {} clients to {} … ",
                 args.idle_clients,
-                target.name()
+                target.label()
             );
             let r = idle::measure(
                 &format!("127.0.0.1:{port}"),
@@ -440,7 +512,16 @@ fn start_haproxy(exe: &Path, dir: &Path, backend_port: u16) -> Result<(Helper, u
     Ok((helper, port))
 }
 
-fn start_holdfast(exe: &Path, st: &LabStatus) -> Result<(Helper, u16)> {
+/// Starts `holdfast serve --config CONFIG` (output appended to `log`) and waits until its
+/// proxy listener (the lab's proxy address) and every port in `also` accept connections.
+/// Returns the helper and the proxy listener's port.
+fn start_holdfast(
+    exe: &Path,
+    st: &LabStatus,
+    config: &Path,
+    log: &Path,
+    also: &[u16],
+) -> Result<(Helper, u16)> {
     let exe = if exe.is_file() {
         exe.to_path_buf()
     } else if exe.components().count() == 1 {
@@ -455,24 +536,78 @@ fn start_holdfast(exe: &Path, st: &LabStatus) -> Result<(Helper, u16)> {
         .proxy
         .parse()
         .with_context(|| format!("bad proxy address {:?} in lab.json", st.proxy))?;
-    if procs::tcp_accepts(&addr) {
-        bail!("something already listens on holdfast's address {addr}; stop it first");
+    let mut addrs = vec![addr];
+    addrs.extend(also.iter().map(|&p| SocketAddr::from(([127, 0, 0, 1], p))));
+    if let Some(busy) = addrs.iter().find(|a| procs::tcp_accepts(a)) {
+        bail!("something already listens on holdfast's address {busy}; stop it first");
     }
-    let log = st.dir.join("holdfast.log");
     let mut cmd = Command::new(exe);
-    cmd.arg("serve").arg("--config").arg(&st.config);
-    let pid = procs::spawn_detached(&mut cmd, Some(&log))?;
+    // A log file, not a terminal: no colour codes in it.
+    cmd.arg("serve")
+        .arg("--config")
+        .arg(config)
+        .env("NO_COLOR", "1");
+    let pid = procs::spawn_detached(&mut cmd, Some(log))?;
     let helper = register(&st.dir, "holdfast", pid)?;
-    if let Err(e) = procs::wait_tcp(&addr, LISTEN_TIMEOUT, || procs::is_alive(helper.pid)) {
-        let tail = procs::tail_file(&log, 10);
-        let tail = if tail.trim().is_empty() {
-            format!("{} is empty", log.display())
-        } else {
-            format!("last lines of {}:\n{tail}", log.display())
-        };
-        bail!("holdfast ({}): {e:#}; {tail}", exe.display());
+    for a in &addrs {
+        if let Err(e) = procs::wait_tcp(a, LISTEN_TIMEOUT, || procs::is_alive(helper.pid)) {
+            let tail = procs::tail_file(log, 10);
+            let tail = if tail.trim().is_empty() {
+                format!("{} is empty", log.display())
+            } else {
+                format!("last lines of {}:\n{tail}", log.display())
+            };
+            bail!("holdfast ({}): {e:#}; {tail}", exe.display());
+        }
     }
     Ok((helper, addr.port()))
+}
+
+/// Writes `DIR/NAME`: the lab's `holdfast.toml` changed by `edit`, headed by `note`.
+fn config_variant(
+    st: &LabStatus,
+    name: &str,
+    note: &str,
+    edit: impl FnOnce(&mut toml::Table) -> Result<()>,
+) -> Result<PathBuf> {
+    let text = fs::read_to_string(&st.config)
+        .with_context(|| format!("reading {}", st.config.display()))?;
+    let mut table: toml::Table =
+        toml::from_str(&text).with_context(|| format!("parsing {}", st.config.display()))?;
+    edit(&mut table)?;
+    let body = toml::to_string(&table).context("serialising the holdfast config")?;
+    let path = st.dir.join(name);
+    let text = format!(
+        "# Written by holdfast's benchmark from {}: {note}\n\n{body}",
+        st.config.display()
+    );
+    fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+/// The lab's config plus a pass-through `[[listener]]` on 127.0.0.1:`port`.
+fn passthrough_config(st: &LabStatus, port: u16) -> Result<PathBuf> {
+    config_variant(
+        st,
+        "bench-holdfast.toml",
+        "plus a pass-through listener",
+        |t| {
+            let mut listener = toml::Table::new();
+            listener.insert("listen".into(), format!("127.0.0.1:{port}").into());
+            listener.insert("mode".into(), "passthrough".into());
+            let list = t
+                .entry("listener")
+                .or_insert_with(|| toml::Value::Array(Vec::new()));
+            let Some(list) = list.as_array_mut() else {
+                bail!(
+                    "`listener` in {} is not an array of tables",
+                    st.config.display()
+                );
+            };
+            list.push(toml::Value::Table(listener));
+            Ok(())
+        },
+    )
 }
 
 fn register(dir: &Path, name: &'static str, pid: u32) -> Result<Helper> {
@@ -601,7 +736,7 @@ impl Report<'_> {
             let ports: Vec<String> = self
                 .targets
                 .iter()
-                .map(|(t, p)| format!("{} 127.0.0.1:{p}", t.name()))
+                .map(|(t, p)| format!("{} 127.0.0.1:{p}", t.label()))
                 .collect();
             let _ = writeln!(out, "- targets: {}", ports.join(", "));
         } else {
@@ -616,7 +751,7 @@ impl Report<'_> {
                 out,
                 "{}{} NOT MEASURED: {}",
                 if md { "\n> **" } else { "" },
-                t.name(),
+                t.label(),
                 why.replace('\n', " / ")
             );
         }
@@ -638,7 +773,7 @@ impl Report<'_> {
                 let s = self.summary(w, target);
                 t.row(vec![
                     w.clone(),
-                    target.name().into(),
+                    target.label().into(),
                     fmt_opt(s.tps, 0),
                     fmt_opt(s.qps, 0),
                     fmt_opt(s.avg, 2),
@@ -651,26 +786,36 @@ impl Report<'_> {
         }
         out.push_str(&t.render(md));
 
-        if self.targets.iter().any(|(t, _)| *t == Target::Holdfast) {
+        let proxied: Vec<Target> = self
+            .targets
+            .iter()
+            .map(|(t, _)| *t)
+            .filter(|t| t.is_holdfast())
+            .collect();
+        if !proxied.is_empty() {
             h(&mut out, "Ratios (medians)");
             let mut t = Table::new(&[
                 "workload",
-                "tps holdfast/direct",
-                "tps holdfast/haproxy",
-                "p95 holdfast/direct",
-                "p95 holdfast/haproxy",
+                "target",
+                "tps /direct",
+                "tps /haproxy",
+                "p95 /direct",
+                "p95 /haproxy",
             ]);
             for w in &a.workloads {
-                let hf = self.summary(w, Target::Holdfast);
                 let d = self.summary(w, Target::Direct);
                 let hp = self.summary(w, Target::Haproxy);
-                t.row(vec![
-                    w.clone(),
-                    ratio(hf.tps, d.tps),
-                    ratio(hf.tps, hp.tps),
-                    ratio(hf.p95, d.p95),
-                    ratio(hf.p95, hp.p95),
-                ]);
+                for &target in &proxied {
+                    let hf = self.summary(w, target);
+                    t.row(vec![
+                        w.clone(),
+                        target.label().into(),
+                        ratio(hf.tps, d.tps),
+                        ratio(hf.tps, hp.tps),
+                        ratio(hf.p95, d.p95),
+                        ratio(hf.p95, hp.p95),
+                    ]);
+                }
             }
             out.push_str(&t.render(md));
         }
@@ -692,7 +837,7 @@ impl Report<'_> {
             let mut row = vec![
                 r.round.to_string(),
                 r.workload.clone(),
-                r.target.name().into(),
+                r.target.label().into(),
             ];
             match &r.result {
                 Ok(m) => row.extend([
@@ -728,6 +873,7 @@ impl Report<'_> {
                     Target::Direct => "mariadbd (direct)",
                     Target::Haproxy => "haproxy",
                     Target::Holdfast => "holdfast",
+                    Target::HoldfastPassthrough => "holdfast (pass-through)",
                 };
                 match r {
                     Ok(r) => t.row(vec![
@@ -939,5 +1085,24 @@ mod tests {
         assert_eq!(cli.bench.idle_clients, 1000);
         assert_eq!(cli.bench.workloads, vec!["oltp_point_select"]);
         assert_eq!(cli.bench.targets, vec![Target::Direct, Target::Haproxy]);
+        for list in [
+            "direct,haproxy,holdfast,holdfast_passthrough",
+            "direct,haproxy,holdfast,holdfast-passthrough",
+        ] {
+            let cli = Cli::try_parse_from(["bench", "--targets", list]).unwrap();
+            assert_eq!(
+                cli.bench.targets,
+                vec![
+                    Target::Direct,
+                    Target::Haproxy,
+                    Target::Holdfast,
+                    Target::HoldfastPassthrough
+                ]
+            );
+        }
+        assert_eq!(
+            Target::HoldfastPassthrough.label(),
+            "holdfast (pass-through)"
+        );
     }
 }

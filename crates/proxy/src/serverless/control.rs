@@ -26,25 +26,33 @@ pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>) {
     loop {
         match lc.phase() {
             Phase::Running => {
-                tokio::select! {
-                    _ = tokio::time::sleep(TICK) => {}
-                    _ = lc.wake_notify.notified() => {
-                        // A wake that raced with a resume needs nothing; a pause asked for
-                        // over the admin API runs now.
-                        lc.wake_requested.store(false, Ordering::SeqCst);
-                        let requested = lc.lock().requested_pause.take();
-                        if let Some((tier, answer)) = requested {
-                            let tier = if lc.driver.supports_freeze() { tier } else { PauseTier::Stop };
-                            let outcome = if pause(&shared, &lc, tier).await {
-                                escalate_at = escalation_deadline(&lc, tier);
-                                Ok(())
-                            } else {
-                                Err(why_not_paused(&lc))
-                            };
-                            let _ = answer.send(outcome);
-                        }
-                        continue;
-                    }
+                let notified = tokio::select! {
+                    _ = tokio::time::sleep(TICK) => false,
+                    _ = lc.wake_notify.notified() => true,
+                };
+                if notified {
+                    // A wake that raced with a resume needs nothing.
+                    lc.wake_requested.store(false, Ordering::SeqCst);
+                }
+                // A pause asked for over the admin API runs now.
+                let requested = lc.lock().requested_pause.take();
+                if let Some((tier, answer)) = requested {
+                    let tier = if lc.driver.supports_freeze() {
+                        tier
+                    } else {
+                        PauseTier::Stop
+                    };
+                    let outcome = if pause(&shared, &lc, tier).await {
+                        escalate_at = escalation_deadline(&lc, tier);
+                        Ok(())
+                    } else {
+                        Err(why_not_paused(&lc))
+                    };
+                    let _ = answer.send(outcome);
+                    continue;
+                }
+                if notified {
+                    continue;
                 }
                 if activity.changed(&shared) {
                     lc.touch();
@@ -74,6 +82,24 @@ pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>) {
                     escalate_at = None;
                     resume(&shared, &lc).await;
                     activity.changed(&shared);
+                    continue;
+                }
+                // A pause asked for while paused: already done, unless it asks to go
+                // from frozen to stopped.
+                let requested = lc.lock().requested_pause.take();
+                if let Some((tier, answer)) = requested {
+                    let frozen = lc.lock().tier == Some(PauseTier::Freeze);
+                    let outcome = if tier == PauseTier::Stop && frozen {
+                        escalate_at = escalate(&shared, &lc).await;
+                        if lc.lock().tier == Some(PauseTier::Stop) {
+                            Ok(())
+                        } else {
+                            Err(why_not_paused(&lc))
+                        }
+                    } else {
+                        Ok(())
+                    };
+                    let _ = answer.send(outcome);
                 }
             }
             // Transitional phases are entered and left inside pause() and resume().
@@ -94,6 +120,9 @@ async fn adopt_initial_state(shared: &Shared, lc: &Lifecycle) {
     let tier = match state {
         PowerState::Running => {
             tracing::info!(instance = %lc.config.instance, driver = lc.driver.kind(), "serverless instance is running");
+            lc.wake_requested.store(false, Ordering::SeqCst);
+            lc.running.store(true, Ordering::SeqCst);
+            lc.set_phase(Phase::Running, None);
             set_metrics_phase(shared, Phase::Running);
             return;
         }

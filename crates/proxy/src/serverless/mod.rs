@@ -253,10 +253,10 @@ impl Lifecycle {
         Arc::new(Lifecycle {
             driver,
             address,
-            // Until the lifecycle task has asked the driver, assume the server is up: the
-            // task closes the gate within its first step if it is not.
-            running: AtomicBool::new(true),
-            phase_tx: watch::channel(Phase::Running).0,
+            // Closed until the lifecycle task has asked the driver what the server does:
+            // nothing (logins, the monitor, the verifier refresh) goes to it before that.
+            running: AtomicBool::new(false),
+            phase_tx: watch::channel(Phase::Resuming).0,
             wake_requested: AtomicBool::new(false),
             wake_notify: Notify::new(),
             waiters: AtomicUsize::new(0),
@@ -266,7 +266,7 @@ impl Lifecycle {
             resumes: AtomicU64::new(0),
             resume_failures: AtomicU64::new(0),
             inner: Mutex::new(Inner {
-                phase: Phase::Running,
+                phase: Phase::Resuming,
                 tier: None,
                 phase_since: now,
                 last_activity: now,
@@ -351,14 +351,19 @@ impl Lifecycle {
     /// Pauses now (sessions that cannot survive it still block): the lifecycle task runs
     /// the pause; the answer says why it did not happen.
     pub async fn pause_now(&self, tier: PauseTier) -> Result<(), String> {
-        if self.phase() == Phase::Paused {
-            return Ok(());
-        }
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.lock().requested_pause = Some((tier, tx));
         self.wake_notify.notify_one();
-        rx.await
-            .unwrap_or_else(|_| Err("the lifecycle task is gone".into()))
+        // A stop waits for the server's shutdown (stop_timeout_ms at most); this bound only
+        // keeps an admin request from hanging if the lifecycle task is stuck.
+        match tokio::time::timeout(Duration::from_secs(180), rx).await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(_)) => Err("the lifecycle task is gone".into()),
+            Err(_) => Err(format!(
+                "no answer within 180 s; the instance is {}",
+                self.phase().name()
+            )),
+        }
     }
 
     pub fn ccu(&self) -> f64 {

@@ -350,6 +350,16 @@ impl Collector {
     }
 }
 
+impl Drop for Collector {
+    /// A cancelled command must not leave a reader behind on a pipe a background process
+    /// keeps open.
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
 impl InstanceDriver for ExecDriver {
     fn kind(&self) -> &'static str {
         "exec"
