@@ -157,7 +157,7 @@ pub(crate) async fn get_usage(
         None => None,
     };
     let instance = q.instance.filter(|i| !i.is_empty());
-    match serverless::usage_lines(&ledger, instance, since).await {
+    match serverless::usage_lines(&ledger, shared.serverless.as_deref(), instance, since).await {
         Ok(lines) => (StatusCode::OK, Json(lines)).into_response(),
         Err(error) => {
             (StatusCode::INTERNAL_SERVER_ERROR, Json(ErrorBody { error })).into_response()

@@ -19,6 +19,10 @@ pub enum Scenario {
     Restart,
     /// Planned restart of the primary with another buffer pool size through `POST /resize`.
     Resize,
+    /// A serverless instance (its own lab) that pauses whenever idle, frozen then stopped,
+    /// with a pool of idle connections open throughout and sysbench connecting to it while
+    /// it is paused.
+    Serverless,
     /// Every scenario above, one after the other.
     All,
 }
@@ -57,7 +61,7 @@ struct Row {
     event: String,
 }
 
-struct Serve(std::process::Child);
+pub(crate) struct Serve(pub(crate) std::process::Child);
 
 impl Drop for Serve {
     fn drop(&mut self) {
@@ -143,6 +147,9 @@ fn sysbench_args(
 }
 
 pub fn run(args: &DrillArgs) -> Result<()> {
+    if args.scenario == Scenario::Serverless {
+        return crate::drill_serverless::run(args);
+    }
     let lab = match holdfast_lab::status(&args.dir) {
         Ok(st) if st.nodes.iter().all(|n| n.alive) && st.nodes.len() >= 3 => st,
         _ => {
@@ -236,6 +243,10 @@ pub fn run(args: &DrillArgs) -> Result<()> {
         drop(_serve);
         holdfast_lab::down(&args.dir)?;
     }
+    if args.scenario == Scenario::All {
+        println!();
+        crate::drill_serverless::run(args)?;
+    }
     Ok(())
 }
 
@@ -249,6 +260,7 @@ fn run_scenario(
         Scenario::Failover => "failover",
         Scenario::Restart => "restart",
         Scenario::Resize => "resize",
+        Scenario::Serverless => "serverless",
         Scenario::All => "all",
     };
     println!(
@@ -371,11 +383,11 @@ fn perform(lab: &holdfast_lab::LabStatus, scenario: Scenario) -> Result<String> 
                 t.elapsed().as_millis()
             ))
         }
-        Scenario::All => Ok(String::new()),
+        Scenario::Serverless | Scenario::All => Ok(String::new()),
     }
 }
 
-fn number_after(text: &str, key: &str) -> u64 {
+pub(crate) fn number_after(text: &str, key: &str) -> u64 {
     text.lines()
         .find_map(|l| l.trim().strip_prefix(key))
         .and_then(|rest| rest.split_whitespace().next())

@@ -2,6 +2,7 @@
 
 mod demo;
 mod drill;
+mod drill_serverless;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -242,7 +243,7 @@ async fn serve(cfg: Config) -> Result<()> {
             None => bail!("[driver] kind = \"lab\" needs lab_dir"),
         }
     }
-    let admin_task = tokio::spawn(holdfast_admin::serve(admin, shared));
+    let admin_task = tokio::spawn(holdfast_admin::serve(admin, shared.clone()));
     let proxy_task = tokio::spawn(proxy.run());
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
@@ -250,6 +251,9 @@ async fn serve(cfg: Config) -> Result<()> {
         _ = term.recv() => tracing::info!("terminated; stopping"),
         r = admin_task => bail!("admin listener stopped: {r:?}"),
         r = proxy_task => bail!("proxy listener stopped: {r:?}"),
+    }
+    if let Err(e) = holdfast_proxy::serverless::flush_usage(&shared).await {
+        tracing::warn!(error = %e, "could not write the open usage period on the way out");
     }
     Ok(())
 }

@@ -73,6 +73,7 @@ pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>, ledger: Arc<Ledger>) {
         // Lines that could not be written are kept and written again (an upsert of the
         // same totals is harmless), so a settled period is never lost to a transient error.
         unwritten.extend(meter.add(&sample));
+        lc.lock().open_usage = meter.open_line().cloned();
         if unwritten.is_empty() {
             continue;
         }
@@ -106,11 +107,47 @@ pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>, ledger: Arc<Ledger>) {
     }
 }
 
-/// The ledger's lines for `instance` (all when None) from `since` (unix seconds).
+/// The ledger's lines for `instance` (all when None) from `since` (unix seconds), with the
+/// open period as of the last second rather than the last flush.
 pub async fn usage_lines(
     ledger: &Arc<Ledger>,
+    lc: Option<&Lifecycle>,
     instance: Option<String>,
     since: Option<i64>,
 ) -> Result<Vec<UsageLine>, String> {
-    blocking(ledger, move |l| l.lines(instance.as_deref(), since)).await
+    let mut lines = blocking(ledger, {
+        let instance = instance.clone();
+        move |l| l.lines(instance.as_deref(), since)
+    })
+    .await?;
+    let live = lc.and_then(|lc| lc.lock().open_usage.clone());
+    if let Some(live) = live {
+        let wanted = instance.as_deref().is_none_or(|i| i == live.instance)
+            && since.is_none_or(|t| live.period_start >= t);
+        if wanted {
+            match lines.iter_mut().find(|l| {
+                l.instance == live.instance
+                    && l.period_start == live.period_start
+                    && l.period_secs == live.period_secs
+            }) {
+                Some(stored) if !stored.settled => *stored = live,
+                Some(_) => {}
+                None => lines.push(live),
+            }
+        }
+    }
+    Ok(lines)
+}
+
+/// Writes the open period's totals now (on a clean shutdown, so a stop of holdfast loses
+/// none of them; a crash loses at most `flush_secs`).
+pub async fn flush_usage(shared: &crate::Shared) -> Result<(), String> {
+    let (Some(lc), Some(ledger)) = (&shared.serverless, &shared.ledger) else {
+        return Ok(());
+    };
+    let open = lc.lock().open_usage.clone();
+    match open {
+        Some(line) => blocking(ledger, move |l| l.upsert(&line)).await,
+        None => Ok(()),
+    }
 }

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify};
 
 pub use control::run as run_lifecycle;
-pub use meter::{run as run_meter, usage_lines};
+pub use meter::{flush_usage, run as run_meter, usage_lines};
 pub use scale::run as run_autoscaler;
 
 /// `[serverless]`: present means the (single) backend is a serverless instance.
@@ -215,6 +215,9 @@ struct Inner {
     pause_blocked_by: Vec<String>,
     /// A size asked for over the admin API, applied by the scaling task.
     requested_ccu: Option<f64>,
+    /// The meter's open period as of the last second (the ledger has it as of the last
+    /// flush).
+    open_usage: Option<holdfast_serverless::ledger::UsageLine>,
     /// A pause asked for over the admin API, run by the lifecycle task, which answers
     /// whether it paused (or why not).
     requested_pause: Option<(PauseTier, tokio::sync::oneshot::Sender<Result<(), String>>)>,
@@ -278,6 +281,7 @@ impl Lifecycle {
                 pause_blocked_by: Vec::new(),
                 requested_ccu: None,
                 requested_pause: None,
+                open_usage: None,
             }),
             config,
         })

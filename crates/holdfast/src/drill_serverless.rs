@@ -1,0 +1,222 @@
+//! `holdfast drill --scenario serverless`: a serverless lab instance that pauses whenever it
+//! is idle, with a pool of idle client connections kept open throughout, and sysbench
+//! connecting to the paused instance again and again. Reports what a user would notice:
+//! connections kept (with their state), sysbench errors, the login delay on a paused
+//! instance, and the pauses and resumes holdfast made.
+
+use crate::drill::{wait_for, DrillArgs, Serve};
+use anyhow::{bail, Context, Result};
+use holdfast_lab::mysql_client::Conn;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Pause after this much idle time in the drill (the default is 300 s).
+const IDLE_PAUSE_SECS: u64 = 2;
+/// A frozen instance is stopped after this long in the drill, so both tiers occur.
+const STOP_AFTER_SECS: u64 = 3;
+
+fn admin_json(admin: &str, path: &str) -> Result<serde_json::Value> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (code, body) = rt.block_on(holdfast_admin::http_get(admin, path))?;
+    if code != 200 {
+        bail!("GET {path} answered HTTP {code}: {body}");
+    }
+    Ok(serde_json::from_str(&body)?)
+}
+
+fn instance(admin: &str) -> Result<serde_json::Value> {
+    Ok(admin_json(admin, "/status")?["serverless"].clone())
+}
+
+fn wait_paused(admin: &str, tier: &str) -> Result<()> {
+    wait_for(
+        &format!("the instance to pause ({tier})"),
+        Duration::from_secs(60),
+        || {
+            let v = instance(admin).ok()?;
+            (v["phase"] == "paused" && v["tier"] == tier).then_some(())
+        },
+    )
+}
+
+struct Cycle {
+    tier: &'static str,
+    login_ms: f64,
+    transactions: u64,
+    errors: u64,
+    fatal: bool,
+    kept: usize,
+}
+
+pub fn run(args: &DrillArgs) -> Result<()> {
+    let dir = args.dir.with_file_name(format!(
+        "{}-serverless",
+        args.dir.file_name().map_or("holdfast-drill".into(), |n| n
+            .to_string_lossy()
+            .into_owned())
+    ));
+    let _ = holdfast_lab::down(&dir);
+    let _ = holdfast_lab::purge(&dir);
+    println!("starting a serverless lab instance in {}", dir.display());
+    let mut opts = holdfast_lab::LabOptions::new(&dir, 0);
+    opts.serverless = true;
+    opts.base_port = Some(holdfast_lab::DEFAULT_BASE_PORT + 200);
+    let lab = holdfast_lab::up(&opts)?;
+    let config = std::fs::read_to_string(&lab.config)?
+        .replace(
+            "idle_pause_secs = 60",
+            &format!("idle_pause_secs = {IDLE_PAUSE_SECS}"),
+        )
+        .replace(
+            "stop_after_secs = 300",
+            &format!("stop_after_secs = {STOP_AFTER_SECS}"),
+        );
+    std::fs::write(&lab.config, config)?;
+    let log = std::fs::File::create(dir.join("holdfast-drill.log"))?;
+    let child = Command::new(std::env::current_exe()?)
+        .args(["serve", "--config"])
+        .arg(&lab.config)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .context("cannot start holdfast serve")?;
+    let serve = Serve(child);
+    wait_for(
+        "holdfast to accept connections",
+        Duration::from_secs(10),
+        || std::net::TcpStream::connect(&lab.proxy).ok(),
+    )?;
+    let sysbench = |cmd: &str, extra: &[String]| -> Result<std::process::Output> {
+        let (host, port) = lab.proxy.rsplit_once(':').unwrap_or(("127.0.0.1", "3306"));
+        Command::new("sysbench")
+            .arg("oltp_read_write")
+            .args([
+                format!("--mysql-host={host}"),
+                format!("--mysql-port={port}"),
+                format!("--mysql-user={}", lab.app_user),
+                format!("--mysql-password={}", lab.app_password),
+                format!("--mysql-db={}", lab.database),
+                format!("--tables={}", args.tables),
+                format!("--table-size={}", args.table_size),
+            ])
+            .args(extra)
+            .arg(cmd)
+            .output()
+            .context("cannot run sysbench (apt-get install sysbench)")
+    };
+    let prep = sysbench("prepare", &[])?;
+    if !prep.status.success() {
+        bail!(
+            "sysbench prepare failed: {}",
+            String::from_utf8_lossy(&prep.stderr)
+        );
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let login = |rt: &tokio::runtime::Runtime| -> Result<Conn> {
+        rt.block_on(Conn::connect(
+            &lab.proxy,
+            &lab.app_user,
+            &lab.app_password,
+            Some(&lab.database),
+            Duration::from_secs(30),
+        ))
+    };
+    // The application's pool: idle connections, each with its own session state.
+    let pool_size = args.threads as usize;
+    let mut pool = Vec::with_capacity(pool_size);
+    for i in 0..pool_size {
+        let mut c = login(&rt)?;
+        rt.block_on(c.query(&format!("SET @pool_slot = {i}")))?;
+        pool.push(c);
+    }
+    println!(
+        "{pool_size} pooled connections open; the instance pauses after {IDLE_PAUSE_SECS} s idle (freeze), stops after {STOP_AFTER_SECS} s more"
+    );
+    let mut cycles = Vec::new();
+    for tier in ["freeze", "stop", "freeze", "stop"] {
+        wait_paused(&lab.admin, tier)?;
+        // A new client logs in to the paused instance.
+        let t = Instant::now();
+        let mut fresh = login(&rt)?;
+        rt.block_on(fresh.query("SELECT 1"))?;
+        let login_ms = t.elapsed().as_secs_f64() * 1e3;
+        let _ = rt.block_on(fresh.quit());
+        // Then sysbench: threads connecting at once, running for a few seconds.
+        let out = sysbench(
+            "run",
+            &[
+                format!("--threads={}", args.threads),
+                "--time=4".into(),
+                "--db-ps-mode=auto".into(),
+            ],
+        )?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        let fatal = !out.status.success() || text.contains("FATAL");
+        // The idle pool: every connection still open, with its state.
+        let mut kept = 0;
+        for (i, c) in pool.iter_mut().enumerate() {
+            let rows = rt.block_on(c.query(&format!("SELECT 1 FROM DUAL WHERE @pool_slot = {i}")));
+            if matches!(rows, Ok(1)) {
+                kept += 1;
+            }
+        }
+        let row = Cycle {
+            tier,
+            login_ms,
+            transactions: crate::drill::number_after(&text, "transactions:"),
+            errors: crate::drill::number_after(&text, "ignored errors:"),
+            fatal,
+            kept,
+        };
+        println!(
+            "   paused ({tier}): first login + SELECT 1 {:.1} ms; sysbench {} transactions, {} errors{}; pool {kept}/{pool_size} kept",
+            row.login_ms,
+            row.transactions,
+            row.errors,
+            if fatal { ", FATAL" } else { "" }
+        );
+        cycles.push(row);
+    }
+    let v = instance(&lab.admin)?;
+    println!();
+    println!("paused tier   first login + SELECT 1   sysbench transactions   ignored errors   pooled connections kept");
+    for c in &cycles {
+        println!(
+            "{:<13} {:>18.1} ms   {:>21}   {:>14}   {}/{} ({:.0}%){}",
+            c.tier,
+            c.login_ms,
+            c.transactions,
+            c.errors,
+            c.kept,
+            pool_size,
+            100.0 * c.kept as f64 / pool_size.max(1) as f64,
+            if c.fatal { "  sysbench FATAL" } else { "" }
+        );
+    }
+    println!(
+        "holdfast: {} pauses, {} resumes, {} failed resumes; usage ledger:",
+        v["pauses"], v["resumes"], v["resume_failures"]
+    );
+    let (code, body) = rt.block_on(holdfast_admin::http_get(&lab.admin, "/usage"))?;
+    if code == 200 {
+        let lines: Vec<holdfast_serverless::ledger::UsageLine> = serde_json::from_str(&body)?;
+        print!("{}", holdfast_serverless::ledger::render_bill(&lines));
+    }
+    println!("holdfast log: {}", dir.join("holdfast-drill.log").display());
+    drop(pool);
+    if !args.keep {
+        drop(serve);
+        holdfast_lab::down(&dir)?;
+    }
+    // Ignored errors are sysbench's retried deadlocks (1213, 1205), which its own row
+    // contention causes with or without pauses; they are reported, not failed on.
+    if cycles.iter().any(|c| c.fatal || c.kept < pool_size) {
+        bail!("the serverless drill saw sysbench fail or lost pooled connections (see above)");
+    }
+    Ok(())
+}
