@@ -19,6 +19,8 @@ pub struct SessionInfo {
     pub moves: AtomicU64,
     pub can_reauthenticate: AtomicBool,
     pub commands: AtomicU64,
+    /// COM_PINGs (with `[serverless]`): keep-alive pings are not activity.
+    pub pings: AtomicU64,
     pub status: AtomicU16,
     /// Index into [`BLOCKERS`] + 1; 0 when the session could move.
     pub blocker: AtomicU16,
@@ -51,11 +53,19 @@ impl SessionInfo {
             moves: AtomicU64::new(0),
             can_reauthenticate: AtomicBool::new(false),
             commands: AtomicU64::new(0),
+            pings: AtomicU64::new(0),
             status: AtomicU16::new(0),
             blocker: AtomicU16::new(0),
             busy: AtomicBool::new(false),
             parked: AtomicBool::new(false),
         }
+    }
+
+    /// Commands that count as use of the database: all but keep-alive pings.
+    pub fn activity(&self) -> u64 {
+        self.commands
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.pings.load(Ordering::Relaxed))
     }
 
     pub fn set_user(&self, user: &str) {
@@ -126,7 +136,7 @@ impl SessionRegistry {
         if let Ok(mut m) = self.inner.lock() {
             if let Some(info) = m.remove(&id) {
                 self.closed_commands
-                    .fetch_add(info.commands.load(Ordering::Relaxed), Ordering::Relaxed);
+                    .fetch_add(info.activity(), Ordering::Relaxed);
             }
         }
     }
@@ -140,7 +150,7 @@ impl SessionRegistry {
         let mut total = self.closed_commands.load(Ordering::Relaxed);
         let mut busy = false;
         for s in m.values() {
-            total += s.commands.load(Ordering::Relaxed);
+            total += s.activity();
             busy |= s.busy.load(Ordering::SeqCst);
         }
         (total, busy)

@@ -472,3 +472,28 @@ fn usage_is_metered_per_second_and_survives_a_restart_of_holdfast() {
         );
     }
 }
+
+/// A pool's keep-alive pings do not keep the instance awake, and while it is paused they
+/// are answered without waking it.
+#[test]
+fn keepalive_pings_neither_keep_it_awake_nor_wake_it() {
+    let h = Harness::start_with(Options::default().serverless(|s| {
+        s.idle_pause_secs = 1;
+        s.stop_after_secs = 0;
+    }));
+    let mut c = connect(&h);
+    let paused = poll(WAIT, || {
+        c.ping().expect("ping");
+        std::thread::sleep(Duration::from_millis(200));
+        (phase(&h) == "paused").then_some(())
+    });
+    assert!(paused.is_some(), "pinging kept the instance awake");
+    for _ in 0..5 {
+        c.ping().expect("ping while paused");
+    }
+    assert_eq!(phase(&h), "paused");
+    assert_eq!(count(&h, "resumes"), 0, "pings woke the instance");
+    let one: Option<i64> = c.query_first("SELECT 1").unwrap();
+    assert_eq!(one, Some(1));
+    assert_eq!(count(&h, "resumes"), 1);
+}

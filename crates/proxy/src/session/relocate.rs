@@ -157,7 +157,26 @@ impl Session {
     pub(super) async fn run_request(&mut self, request: BytesMut) -> Result<(), End> {
         let reply_seq = parse_header(&request).map_or(1, |h| h.seq.wrapping_add(1));
         if let Some(lc) = &self.shared.serverless {
+            let ping = request.get(HEADER_LEN) == Some(&COM_PING);
+            if ping {
+                // Pools' keep-alive pings are not use: they never keep the instance awake.
+                self.info.pings.fetch_add(1, Ordering::Relaxed);
+            }
             if !lc.is_running() {
+                // A pool's keep-alive ping and a client leaving are answered here: neither
+                // is worth waking the instance for.
+                match request.get(HEADER_LEN) {
+                    Some(&COM_PING) => {
+                        let ok = holdfast_wire::packets::ok_payload(0, 0, self.record.status, 0);
+                        return self
+                            .client
+                            .write_packet(&ok, reply_seq)
+                            .await
+                            .map_err(End::Client);
+                    }
+                    Some(&COM_QUIT) => return Err(End::Quit),
+                    _ => {}
+                }
                 let lc = lc.clone();
                 self.shared.metrics.wake("statement");
                 self.shared.metrics.requests_held.inc();
