@@ -497,3 +497,66 @@ fn keepalive_pings_neither_keep_it_awake_nor_wake_it() {
     assert_eq!(one, Some(1));
     assert_eq!(count(&h, "resumes"), 1);
 }
+
+/// An account holdfast cannot verify itself (ed25519) still wakes the instance, through the
+/// relayed login; its session survives a freeze but keeps the instance from stopping, since
+/// holdfast could not log in again for it.
+#[test]
+fn relayed_logins_wake_the_instance_and_block_only_the_stop_tier() {
+    let h = Harness::start_with(Options::default().serverless(|s| {
+        s.idle_pause_secs = 0;
+        s.stop_after_secs = 0;
+    }));
+    let (user, password) = (holdfast_lab::ED25519_USER, holdfast_lab::ED25519_PASSWORD);
+    let (code, body) = h.admin_post("/pause?tier=stop", None);
+    assert_eq!(code, 200, "{body}");
+    let out = h.mariadb_as(
+        h.proxy,
+        user,
+        password,
+        &["-N", "-e", "SELECT CURRENT_USER()"],
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout.trim(), format!("{user}@%"));
+    assert_eq!(count(&h, "resumes"), 1);
+    // An open relayed session (the mariadb CLI reading statements from a pipe): freezing
+    // keeps its connection; stopping would lose it.
+    let mut cli = std::process::Command::new("mariadb")
+        .args([
+            "--no-defaults",
+            "--protocol=TCP",
+            "-h127.0.0.1",
+            &format!("-P{}", h.proxy.port()),
+            &format!("-u{user}"),
+            &format!("-p{password}"),
+            "--batch",
+            "-N",
+            "--unbuffered",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("mariadb CLI");
+    let mut stdin = cli.stdin.take().unwrap();
+    let mut lines = std::io::BufReader::new(cli.stdout.take().unwrap());
+    let mut ask = |sql: &str| -> String {
+        use std::io::BufRead;
+        writeln!(stdin, "{sql}").unwrap();
+        let mut line = String::new();
+        lines.read_line(&mut line).unwrap();
+        line.trim().to_string()
+    };
+    assert_eq!(ask("SET @kept = 9; SELECT 'ready';"), "ready");
+    let (code, body) = h.admin_post("/pause?tier=stop", None);
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("login was relayed"), "{body}");
+    let (code, body) = h.admin_post("/pause?tier=freeze", None);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        ask("SELECT @kept;"),
+        "9",
+        "the relayed session survives the freeze"
+    );
+    let _ = cli.kill();
+    let _ = cli.wait();
+}
