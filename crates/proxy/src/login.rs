@@ -147,13 +147,29 @@ pub async fn login(
     };
     client.write_packet(&greeting.encode(), 0).await?;
     let paused = shared.serverless.as_ref().is_some_and(|l| !l.is_running());
-    let hello = match client.read_packet(LOGIN_MAX_PACKET).await {
-        Ok(h) => h,
-        Err(e) => {
+    // The client's part of the handshake has its own deadline; the whole login may take
+    // longer only while a paused instance resumes.
+    let hello = tokio::time::timeout(
+        shared.config.proxy.handshake_timeout(),
+        client.read_packet(LOGIN_MAX_PACKET),
+    )
+    .await;
+    let hello = match hello {
+        Ok(Ok(h)) => h,
+        Ok(Err(e)) => {
             if paused {
                 shared.metrics.count_closed_without_wake("no_login");
             }
             return Err(e.into());
+        }
+        Err(_) => {
+            if paused {
+                shared.metrics.count_closed_without_wake("no_login");
+            }
+            return Err(LoginError::Refused(format!(
+                "no login within the handshake timeout of {} ms",
+                shared.config.proxy.handshake_timeout_ms
+            )));
         }
     };
     let mut seq = hello.seq.wrapping_add(1);

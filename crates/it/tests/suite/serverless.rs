@@ -72,7 +72,7 @@ fn an_idle_instance_freezes_and_the_mariadb_cli_wakes_it() {
     let out = h.mariadb(h.proxy, &["-N", "-e", "SELECT 1 + 1"]);
     assert_eq!(out.code, Some(0), "{out:?}");
     assert_eq!(out.stdout.trim(), "2");
-    assert_ne!(proc_state(pid), Some('T'), "woken");
+    // (It may already be frozen again: it pauses after 1 s idle.)
     assert_eq!(server_pid(&h), Some(pid), "a thaw keeps the same process");
     let v = instance(&h);
     assert!(v["resumes"].as_u64() >= Some(1), "{v}");
@@ -112,13 +112,14 @@ fn set_state(c: &mut Conn) -> (StateRow, mysql::Statement) {
 /// state: the seed's "pause with connections open", which Aurora and Neon do not do.
 #[test]
 fn idle_connections_survive_a_stop_pause_with_their_state() {
-    let h = Harness::start_with(Options::default().serverless(|s| {
-        s.idle_pause_secs = 1;
-        s.pause_tier = holdfast_proxy::serverless::PauseTier::Stop;
-    }));
+    // Paused over the admin API rather than by the idle timer, so that it cannot pause
+    // again between the checks below on a slow machine.
+    let h = Harness::start_with(Options::default().serverless(|s| s.idle_pause_secs = 0));
     let mut pool: Vec<Conn> = (0..3).map(|_| connect(&h)).collect();
     let (before, stmt) = set_state(&mut pool[0]);
     assert_eq!(before.0, 7);
+    let (code, body) = h.admin_post("/pause?tier=stop", None);
+    assert_eq!(code, 200, "{body}");
     wait_phase(&h, "paused", Some("stop"));
     assert!(!port_answers(&h), "the server is stopped");
     assert_eq!(
@@ -227,11 +228,14 @@ fn probes_garbage_and_wrong_passwords_do_not_wake_a_paused_instance() {
     let mut answer = Vec::new();
     let _ = s.read_to_end(&mut answer);
     assert_eq!(answer.get(4), Some(&0xff), "an ERR packet for garbage");
-    // Silence until the handshake timeout.
+    // Silence: closed after the handshake timeout (500 ms), not the resume deadline.
     let mut s = TcpStream::connect(h.proxy).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let t = Instant::now();
     let mut all = Vec::new();
-    let _ = s.read_to_end(&mut all);
+    let closed = s.read_to_end(&mut all).is_ok();
+    assert!(closed, "a silent connection is closed by holdfast");
+    assert!(t.elapsed() < Duration::from_secs(5));
     // A wrong password for an account whose verifier holdfast holds.
     let out = h.mariadb_as(h.proxy, "app", "wrong", &["-e", "SELECT 1"]);
     assert_ne!(out.code, Some(0));
@@ -394,6 +398,10 @@ fn the_autoscaler_scales_up_under_load() {
     let h = Harness::start_with(Options::default().serverless(|s| {
         s.idle_pause_secs = 0;
         s.scale.down_after_secs = 600;
+        // Half of the 0.5-CPU quota is enough to count as load, so the test holds on a
+        // busy machine where the server does not get its whole quota.
+        s.scale.up_utilization = 0.5;
+        s.scale.target_utilization = 0.4;
     }));
     assert_eq!(instance(&h)["ccu"].as_f64(), Some(0.5));
     let url = h.url();
