@@ -3,8 +3,7 @@
 
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 #[derive(clap::Args)]
 pub struct DemoArgs {
@@ -20,17 +19,6 @@ pub struct DemoArgs {
     /// Leave the lab and proxy running afterwards.
     #[arg(long)]
     keep: bool,
-}
-
-struct Guard(Option<Child>);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 fn mariadb(addr: &str, user: &str, password: &str, db: &str, sql: &str) -> Result<String> {
@@ -82,20 +70,8 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     };
     print!("{}", holdfast_lab::status_table(&lab));
     let exe = std::env::current_exe()?;
-    let log = std::fs::File::create(args.dir.join("holdfast.log"))?;
-    let child = Command::new(&exe)
-        .args(["serve", "--config"])
-        .arg(&lab.config)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .context("cannot start holdfast serve")?;
-    let mut guard = Guard(Some(child));
-    crate::drill::wait_for(
-        "holdfast to accept connections",
-        Duration::from_secs(10),
-        || std::net::TcpStream::connect(&lab.proxy).ok(),
-    )?;
+    let serve =
+        crate::drill::Serve::start(&lab.config, &args.dir.join("holdfast.log"), &lab.proxy)?;
     println!(
         "holdfast serving on {} (admin {}), log in {}",
         lab.proxy,
@@ -127,11 +103,11 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         .output()?;
     println!("{}", String::from_utf8_lossy(&status.stdout));
     if args.keep {
-        if let Some(c) = guard.0.take() {
-            println!("left running: holdfast (pid {}), lab in {}; stop with: kill {} && holdfast lab down --dir {}", c.id(), args.dir.display(), c.id(), args.dir.display());
+        if let Some(pid) = serve.keep() {
+            println!("left running: holdfast (pid {pid}), lab in {}; stop with: kill {pid} && holdfast lab down --dir {}", args.dir.display(), args.dir.display());
         }
     } else {
-        drop(guard);
+        drop(serve);
         holdfast_lab::down(&args.dir)?;
         println!("lab stopped (data left in {})", args.dir.display());
     }

@@ -61,12 +61,45 @@ struct Row {
     event: String,
 }
 
-pub(crate) struct Serve(pub(crate) std::process::Child);
+/// A `holdfast serve` subprocess, killed when dropped (unless taken with [`Serve::keep`]).
+pub(crate) struct Serve(Option<std::process::Child>);
+
+impl Serve {
+    /// Starts `holdfast serve --config CONFIG` (this executable) with its log in `log`, and
+    /// waits until it accepts connections on `proxy`.
+    pub(crate) fn start(
+        config: &std::path::Path,
+        log: &std::path::Path,
+        proxy: &str,
+    ) -> Result<Serve> {
+        let child = Command::new(std::env::current_exe()?)
+            .args(["serve", "--config"])
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log)?)
+            .spawn()
+            .context("cannot start holdfast serve")?;
+        let serve = Serve(Some(child));
+        wait_for(
+            "holdfast to accept connections",
+            Duration::from_secs(10),
+            || std::net::TcpStream::connect(proxy).ok(),
+        )?;
+        Ok(serve)
+    }
+
+    /// Leaves the process running; returns its pid.
+    pub(crate) fn keep(mut self) -> Option<u32> {
+        self.0.take().map(|c| c.id())
+    }
+}
 
 impl Drop for Serve {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }
 
@@ -164,20 +197,10 @@ pub fn run(args: &DrillArgs) -> Result<()> {
             holdfast_lab::up(&opts)?
         }
     };
-    let exe = std::env::current_exe()?;
-    let log = std::fs::File::create(args.dir.join("holdfast-drill.log"))?;
-    let child = Command::new(&exe)
-        .args(["serve", "--config"])
-        .arg(&lab.config)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .context("cannot start holdfast serve")?;
-    let _serve = Serve(child);
-    wait_for(
-        "holdfast to accept connections",
-        Duration::from_secs(10),
-        || std::net::TcpStream::connect(&lab.proxy).ok(),
+    let _serve = Serve::start(
+        &lab.config,
+        &args.dir.join("holdfast-drill.log"),
+        &lab.proxy,
     )?;
     wait_for("holdfast to see a primary", Duration::from_secs(10), || {
         admin_status(&lab.admin).ok()?.topology.primary

@@ -7,7 +7,7 @@
 use crate::drill::{wait_for, DrillArgs, Serve};
 use anyhow::{bail, Context, Result};
 use holdfast_lab::mysql_client::Conn;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// Pause after this much idle time in the drill (the default is 300 s).
@@ -74,20 +74,7 @@ pub fn run(args: &DrillArgs) -> Result<()> {
             &format!("stop_after_secs = {STOP_AFTER_SECS}"),
         );
     std::fs::write(&lab.config, config)?;
-    let log = std::fs::File::create(dir.join("holdfast-drill.log"))?;
-    let child = Command::new(std::env::current_exe()?)
-        .args(["serve", "--config"])
-        .arg(&lab.config)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .context("cannot start holdfast serve")?;
-    let serve = Serve(child);
-    wait_for(
-        "holdfast to accept connections",
-        Duration::from_secs(10),
-        || std::net::TcpStream::connect(&lab.proxy).ok(),
-    )?;
+    let serve = Serve::start(&lab.config, &dir.join("holdfast-drill.log"), &lab.proxy)?;
     let sysbench = |cmd: &str, extra: &[String]| -> Result<std::process::Output> {
         let (host, port) = lab.proxy.rsplit_once(':').unwrap_or(("127.0.0.1", "3306"));
         Command::new("sysbench")

@@ -233,7 +233,12 @@ async fn serve(cfg: Config) -> Result<()> {
     let admin = tokio::net::TcpListener::bind(&admin_addr)
         .await
         .with_context(|| format!("cannot bind the admin listener {admin_addr}"))?;
-    tracing::info!(proxy = %proxy.local_addr()?, admin = %admin_addr, "holdfast serving");
+    let listeners: Vec<String> = proxy
+        .listener_addrs()
+        .iter()
+        .map(|(addr, mode)| format!("{addr} ({mode:?})"))
+        .collect();
+    tracing::info!(proxy = %proxy.local_addr()?, admin = %admin_addr, listeners = ?listeners, "holdfast serving");
     let shared = proxy.shared.clone();
     if shared.config.driver.kind == "lab" {
         match shared.config.driver.lab_dir.clone() {
