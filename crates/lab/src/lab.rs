@@ -1240,6 +1240,7 @@ pub fn serverless_section(dir: &Path, node: &NodeStatus) -> Result<String> {
          # open), wakes it when a client connects or speaks, scales it and meters it.\n\
          [serverless]\ninstance = \"lab\"\nidle_pause_secs = 60\npause_tier = \"freeze\"\n\
          stop_after_secs = 300\nresume_deadline_ms = 10000\nbuffer_pool_mib_per_ccu = 128\n\
+         max_connections_per_ccu = 200\n\
          ledger = {ledger}\nperiod_secs = 3600\n\n\
          [serverless.scale]\nmin_ccu = 0.5\nmax_ccu = 2.0\nstep_ccu = 0.5\n\n\
          [serverless.driver]\nkind = \"process\"\ncommand = {command}\npid_file = {pid}\n\

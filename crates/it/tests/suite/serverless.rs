@@ -375,6 +375,8 @@ fn scaling_applies_cpu_and_buffer_pool_in_place() {
     });
     let pool: Option<u64> = c.query_first("SELECT @@innodb_buffer_pool_size").unwrap();
     assert_eq!(pool, Some(192 << 20), "128 MiB per CCU in the lab");
+    let max: Option<u64> = c.query_first("SELECT @@max_connections").unwrap();
+    assert_eq!(max, Some(300), "200 connections per CCU in the lab");
     let id_after: Option<u64> = c.query_first("SELECT CONNECTION_ID()").unwrap();
     assert_eq!(id_before, id_after, "no reconnect, no restart");
     let pid = server_pid(&h).expect("pid");

@@ -20,9 +20,9 @@ const ESCALATE_RETRY: Duration = Duration::from_secs(30);
 
 /// Runs the instance's lifecycle until the process ends.
 pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>) {
-    adopt_initial_state(&shared, &lc).await;
+    let initial = adopt_initial_state(&shared, &lc).await;
     let mut activity = Activity::default();
-    let mut escalate_at: Option<Instant> = None;
+    let mut escalate_at: Option<Instant> = initial.and_then(|t| escalation_deadline(&lc, t));
     loop {
         match lc.phase() {
             Phase::Running => {
@@ -111,8 +111,8 @@ pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>) {
 }
 
 /// Asks the driver what the server is doing at start-up: a stopped or frozen server starts
-/// out paused, so the first client wakes it.
-async fn adopt_initial_state(shared: &Shared, lc: &Lifecycle) {
+/// out paused, so the first client wakes it. Returns the tier it is paused in, if any.
+async fn adopt_initial_state(shared: &Shared, lc: &Lifecycle) -> Option<PauseTier> {
     let state = match lc.driver.status().await {
         Ok(s) => s,
         Err(e) => PowerState::Unknown(e.to_string()),
@@ -124,7 +124,7 @@ async fn adopt_initial_state(shared: &Shared, lc: &Lifecycle) {
             lc.running.store(true, Ordering::SeqCst);
             lc.set_phase(Phase::Running, None);
             set_metrics_phase(shared, Phase::Running);
-            return;
+            return None;
         }
         PowerState::Frozen => PauseTier::Freeze,
         PowerState::Stopped => PauseTier::Stop,
@@ -138,6 +138,7 @@ async fn adopt_initial_state(shared: &Shared, lc: &Lifecycle) {
     lc.set_phase(Phase::Paused, Some(tier));
     set_metrics_phase(shared, Phase::Paused);
     tracing::info!(instance = %lc.config.instance, tier = tier.name(), "serverless instance is paused; the first client wakes it");
+    Some(tier)
 }
 
 fn first_tier(lc: &Lifecycle) -> PauseTier {
@@ -263,7 +264,10 @@ async fn escalate(shared: &Shared, lc: &Lifecycle) -> Option<Instant> {
         return Some(Instant::now() + ESCALATE_RETRY);
     }
     lc.set_phase(Phase::Pausing, Some(PauseTier::Stop));
-    match lc.driver.stop().await {
+    set_metrics_phase(shared, Phase::Pausing);
+    let result = lc.driver.stop().await;
+    set_metrics_phase(shared, Phase::Paused);
+    match result {
         Ok(()) => {
             lc.epoch.fetch_add(1, Ordering::SeqCst);
             lc.set_phase(Phase::Paused, Some(PauseTier::Stop));

@@ -56,6 +56,9 @@ pub struct ServerlessConfig {
     /// InnoDB buffer pool per capacity unit, resized online with the size; 0 leaves it alone.
     #[serde(default = "default_buffer_pool_mib_per_ccu")]
     pub buffer_pool_mib_per_ccu: u64,
+    /// The server's max_connections per CCU, set with the size; 0 leaves it alone.
+    #[serde(default)]
+    pub max_connections_per_ccu: u64,
     #[serde(default)]
     pub scale: ScalePolicy,
     /// The usage ledger (SQLite); relative paths are relative to the working directory.

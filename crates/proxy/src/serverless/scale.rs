@@ -64,7 +64,8 @@ pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>) {
     }
 }
 
-/// Applies a size: CPU limit through the driver, buffer pool over SQL. Failures are logged
+/// Applies a size: CPU limit through the driver, buffer pool (and max_connections when
+/// configured) over SQL. Failures are logged
 /// and shown in status; the size is recorded either way (it is what is billed).
 async fn apply(shared: &Shared, lc: &Lifecycle, ccu: f64, why: &'static str) {
     let from = lc.ccu();
@@ -73,12 +74,23 @@ async fn apply(shared: &Shared, lc: &Lifecycle, ccu: f64, why: &'static str) {
         Ok(applied) => notes.push(applied.note),
         Err(e) => notes.push(format!("cpu limit not applied: {e}")),
     }
+    let mut settings = Vec::new();
     let mib = lc.config.buffer_pool_mib_per_ccu;
     if mib > 0 {
         let bytes = (ccu * mib as f64 * 1024.0 * 1024.0) as u64;
-        match resize_buffer_pool(shared, &lc.address, bytes).await {
-            Ok(()) => notes.push(format!("innodb_buffer_pool_size={} MiB", bytes >> 20)),
-            Err(e) => notes.push(format!("buffer pool not resized: {e}")),
+        settings.push(("innodb_buffer_pool_size", bytes));
+    }
+    let per_ccu = lc.config.max_connections_per_ccu;
+    if per_ccu > 0 {
+        // Never below what is open now: lowering it does not close connections, but new
+        // ones would be refused while the count is above it.
+        let open = shared.sessions.len() as u64 + 10;
+        settings.push(("max_connections", ((ccu * per_ccu as f64) as u64).max(open)));
+    }
+    if !settings.is_empty() {
+        match set_globals(shared, &lc.address, &settings).await {
+            Ok(()) => notes.extend(settings.iter().map(|(k, v)| format!("{k}={v}"))),
+            Err(e) => notes.push(format!("server settings not changed: {e}")),
         }
     }
     lc.lock().ccu = ccu;
@@ -86,12 +98,19 @@ async fn apply(shared: &Shared, lc: &Lifecycle, ccu: f64, why: &'static str) {
     tracing::info!(instance = %lc.config.instance, from, to = ccu, why, applied = %notes.join("; "), "instance scaled");
 }
 
-async fn resize_buffer_pool(shared: &Shared, address: &str, bytes: u64) -> Result<(), String> {
+/// Sets global server variables over one monitor connection (all are dynamic: no restart).
+async fn set_globals(
+    shared: &Shared,
+    address: &str,
+    settings: &[(&str, u64)],
+) -> Result<(), String> {
     let mut conn = monitor_connect(&shared.config, address)
         .await
         .map_err(|e| e.to_string())?;
-    conn.query(&format!("SET GLOBAL innodb_buffer_pool_size = {bytes}"))
-        .await
-        .map_err(|e| e.to_string())?;
+    for (name, value) in settings {
+        conn.query(&format!("SET GLOBAL {name} = {value}"))
+            .await
+            .map_err(|e| format!("{name}: {e}"))?;
+    }
     Ok(())
 }
