@@ -570,3 +570,37 @@ fn relayed_logins_wake_the_instance_and_block_only_the_stop_tier() {
     let _ = cli.kill();
     let _ = cli.wait();
 }
+
+/// The instance's server is killed (kill -9) while sessions are idle: holdfast starts it
+/// again on its own, and the sessions carry on with their state.
+#[test]
+fn a_killed_server_is_started_again_and_idle_sessions_carry_on() {
+    let h = Harness::start_with(Options::default().serverless(|s| s.idle_pause_secs = 0));
+    let mut c = connect(&h);
+    let (before, stmt) = set_state(&mut c);
+    let pid = server_pid(&h).expect("pid");
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    wait_for("holdfast to start the server again", WAIT, || {
+        let v = instance(&h);
+        (v["resumes"].as_u64() >= Some(1) && v["phase"] == "running").then_some(())
+    });
+    assert_ne!(server_pid(&h), Some(pid), "a new server process");
+    let after: StateRow = c.query_first(STATE).unwrap().expect("state");
+    assert_eq!(after, before, "the idle session carries on with its state");
+    let four: Option<i64> = c.exec_first(&stmt, (2,)).unwrap();
+    assert_eq!(four, Some(4));
+    let m = h.metrics();
+    assert!(
+        metric(
+            &m,
+            "holdfast_instance_transitions_total{from=\"running\",to=\"crashed\"}"
+        )
+        .unwrap_or(0.0)
+            >= 1.0,
+        "{m}"
+    );
+}

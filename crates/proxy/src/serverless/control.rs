@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 
 /// How often idleness is checked.
 const TICK: Duration = Duration::from_secs(1);
+/// How often a running instance's server is checked to be alive (a /proc read for the
+/// process driver, the status command for the exec driver).
+const HEALTH_CHECK: Duration = Duration::from_secs(2);
 /// How long a pause waits for requests and logins in flight to finish before giving up.
 const PAUSE_DRAIN: Duration = Duration::from_secs(2);
 /// Longest pause between failed resume attempts.
@@ -23,6 +26,7 @@ pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>) {
     let initial = adopt_initial_state(&shared, &lc).await;
     let mut activity = Activity::default();
     let mut escalate_at: Option<Instant> = initial.and_then(|t| escalation_deadline(&lc, t));
+    let mut last_health_check = Instant::now();
     loop {
         match lc.phase() {
             Phase::Running => {
@@ -53,6 +57,13 @@ pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>) {
                 }
                 if notified {
                     continue;
+                }
+                if last_health_check.elapsed() >= HEALTH_CHECK {
+                    last_health_check = Instant::now();
+                    if let Ok(PowerState::Stopped) = lc.driver.status().await {
+                        crashed(&shared, &lc);
+                        continue;
+                    }
                 }
                 if activity.changed(&shared) {
                     lc.touch();
@@ -237,6 +248,20 @@ fn why_not_paused(lc: &Lifecycle) -> String {
     } else {
         "the pause was abandoned: requests were in flight or a client arrived".into()
     }
+}
+
+/// The server of a running instance is gone (crashed, killed, stopped outside holdfast):
+/// close the gate and start it again, as for a stopped instance. Sessions keep their client
+/// connections; their next statement waits for the start and moves to the new server.
+fn crashed(shared: &Shared, lc: &Lifecycle) {
+    tracing::warn!(instance = %lc.config.instance, "the instance's server is not running (crashed or stopped outside holdfast); starting it again");
+    lc.running.store(false, Ordering::SeqCst);
+    lc.epoch.fetch_add(1, Ordering::SeqCst);
+    lc.lock().last_error = Some("the server stopped unexpectedly; restarted".into());
+    lc.set_phase(Phase::Paused, Some(PauseTier::Stop));
+    set_metrics_phase(shared, Phase::Paused);
+    shared.metrics.instance_transition("running", "crashed");
+    lc.wake_requested.store(true, Ordering::SeqCst);
 }
 
 fn tier_state(tier: PauseTier) -> &'static str {

@@ -413,6 +413,17 @@ impl Session {
                     message,
                 });
             }
+            if let Some(lc) = self.shared.serverless.clone() {
+                if !lc.is_running() {
+                    // The instance is down (paused, or restarting after a crash): this
+                    // session waits for it like a new request would.
+                    self.shared.metrics.wake("move");
+                    if let Err(e) = lc.wake("move").await {
+                        last_error = e.to_string();
+                    }
+                    continue;
+                }
+            }
             let pause = (deadline - now).min(RETRY_PAUSE);
             tokio::select! {
                 _ = self.topology.changed() => {}
