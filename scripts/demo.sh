@@ -4,7 +4,9 @@
 # drives the mariadb CLI and sysbench through it, then runs the keep-alive drill: sysbench
 # oltp_read_write (20 threads, 20 tables x 10,000 rows, prepared statements) through holdfast
 # while the primary is switched over, restarted and killed, and prints connections kept,
-# errors and the longest stall per scenario. Extra arguments go to `holdfast drill`.
+# errors and the longest stall per scenario; last, the serverless drill (an instance that
+# pauses whenever idle, a pool of idle connections kept across the pauses, sysbench
+# connecting to the paused instance). Extra arguments go to `holdfast drill`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
