@@ -358,6 +358,19 @@ async fn process_driver_lifecycle_on_real_mariadbd() {
         let applied = driver.scale(2.0).await.expect("scale up");
         assert_eq!(applied.cpu_limit, Some(2.0));
         assert_eq!(read_trimmed(&dir.join("cpu.cfs_quota_us")), "200000");
+        // 2 GiB per CCU, in the server's own memory group (nested under this process's).
+        if Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists() {
+            let cgroups = read_trimmed(Path::new(&format!("/proc/{pid}/cgroup")));
+            let group = cgroups
+                .lines()
+                .find_map(|l| l.split_once(":memory:").map(|(_, g)| g.to_string()))
+                .expect("memory cgroup line");
+            assert!(group.contains("/holdfast-"), "{group}: {}", applied.note);
+            let limit = read_trimmed(Path::new(&format!(
+                "/sys/fs/cgroup/memory{group}/memory.limit_in_bytes"
+            )));
+            assert_eq!(limit, (4u64 << 30).to_string(), "{}", applied.note);
+        }
     } else {
         assert_eq!(applied.cpu_limit, None);
         assert!(!applied.note.is_empty());
@@ -476,7 +489,13 @@ async fn process_driver_limits_cpu_in_a_configured_cgroup() {
 
     let applied = driver.scale(0.2).await.expect("scale");
     assert_eq!(applied.cpu_limit, Some(0.2));
-    assert_eq!(applied.note, format!("cgroup v1 {group_text}"));
+    assert!(
+        applied
+            .note
+            .starts_with(&format!("cgroup v1 {group_text};")),
+        "{}",
+        applied.note
+    );
     assert_eq!(read_trimmed(&group.join("cpu.cfs_quota_us")), "20000");
 
     let port = inst.address.rsplit(':').next().unwrap().to_string();

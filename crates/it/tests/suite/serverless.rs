@@ -393,6 +393,17 @@ fn scaling_applies_cpu_and_buffer_pool_in_place() {
             std::fs::read_to_string(format!("/sys/fs/cgroup/cpu{group}/cpu.cfs_quota_us")).unwrap();
         assert_eq!(quota.trim(), "150000", "1.5 CPUs");
     }
+    if std::path::Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists() {
+        let group = cgroups
+            .lines()
+            .find_map(|l| l.split_once(":memory:").map(|(_, g)| g))
+            .expect("the server's memory cgroup");
+        let limit = std::fs::read_to_string(format!(
+            "/sys/fs/cgroup/memory{group}/memory.limit_in_bytes"
+        ))
+        .unwrap();
+        assert_eq!(limit.trim(), (3u64 << 30).to_string(), "2 GiB per CCU");
+    }
 }
 
 #[test]

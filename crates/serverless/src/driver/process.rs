@@ -88,7 +88,13 @@ enum CgroupVersion {
 struct Cgroup {
     version: CgroupVersion,
     dir: PathBuf,
+    /// cgroup v1 keeps memory in its own hierarchy: the group there (auto mode only, nested
+    /// under holdfast's own memory group). On v2 memory is limited in `dir`.
+    memory_dir: Option<PathBuf>,
 }
+
+/// Memory that comes with one capacity unit.
+const BYTES_PER_CCU: f64 = 2.0 * 1024.0 * 1024.0 * 1024.0;
 
 impl Cgroup {
     fn describe(&self) -> String {
@@ -114,16 +120,43 @@ impl Cgroup {
                 }
             }
         }
-        match fs::create_dir_all(&self.dir) {
-            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(e),
-            _ => Ok(()),
-        }
+        create_group(&self.dir)
     }
 
     /// Moves the whole process (all its threads) into the group.
     fn attach(&self, pid: u32) -> io::Result<()> {
         self.ensure()?;
-        fs::write(self.dir.join("cgroup.procs"), pid.to_string())
+        fs::write(self.dir.join("cgroup.procs"), pid.to_string())?;
+        if let Some(mem) = &self.memory_dir {
+            create_group(mem)?;
+            fs::write(mem.join("cgroup.procs"), pid.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Caps the group's memory (v2 `memory.max`, v1 `memory.limit_in_bytes`). Returns the
+    /// file written, or None where memory is not limited (v1 without a memory group). The
+    /// kernel refuses a cap below what the server uses now (EBUSY on v1).
+    fn limit_memory(&self, bytes: u64) -> io::Result<Option<PathBuf>> {
+        let file = match (self.version, &self.memory_dir) {
+            (CgroupVersion::V2, _) => {
+                if let Some(parent) = self.dir.parent() {
+                    let control = parent.join("cgroup.subtree_control");
+                    let enabled = fs::read_to_string(&control)?;
+                    if !enabled.split_whitespace().any(|c| c == "memory") {
+                        fs::write(&control, "+memory")?;
+                    }
+                }
+                self.dir.join("memory.max")
+            }
+            (CgroupVersion::V1, Some(mem)) => {
+                create_group(mem)?;
+                mem.join("memory.limit_in_bytes")
+            }
+            (CgroupVersion::V1, None) => return Ok(None),
+        };
+        fs::write(&file, bytes.to_string())?;
+        Ok(Some(file))
     }
 
     fn limit_cpu(&self, quota_us: u64) -> io::Result<()> {
@@ -142,6 +175,32 @@ impl Cgroup {
             }
         }
     }
+}
+
+fn create_group(dir: &Path) -> io::Result<()> {
+    match fs::create_dir_all(dir) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// The cgroup v1 memory group for `name`, nested under the memory group holdfast itself runs
+/// in (so the server stays inside whatever limits the host put on holdfast).
+fn v1_memory_group(name: &str) -> Option<PathBuf> {
+    let root = Path::new("/sys/fs/cgroup/memory");
+    if !root.join("memory.limit_in_bytes").exists() {
+        return None;
+    }
+    let own = fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path = own.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        controllers
+            .split(',')
+            .any(|c| c == "memory")
+            .then(|| path.trim_start_matches('/').to_string())
+    })?;
+    Some(root.join(path).join(name))
 }
 
 /// Which cgroup hierarchy a directory (or the directory it will be created in) belongs to.
@@ -168,7 +227,11 @@ fn resolve_cgroup(setting: Option<&str>, pid_file: &Path) -> Result<Cgroup, Stri
     }
     let dir = PathBuf::from(path);
     match detect_version(&dir) {
-        Some(version) => Ok(Cgroup { version, dir }),
+        Some(version) => Ok(Cgroup {
+            version,
+            dir,
+            memory_dir: None,
+        }),
         None => {
             let note = format!("no CPU limit: {path} is not in a cgroup hierarchy");
             tracing::warn!("process driver: {note}");
@@ -190,6 +253,7 @@ fn auto_cgroup(pid_file: &Path) -> Result<Cgroup, String> {
             return Ok(Cgroup {
                 version: CgroupVersion::V2,
                 dir: v2_root.join(name),
+                memory_dir: None,
             });
         }
     }
@@ -197,6 +261,7 @@ fn auto_cgroup(pid_file: &Path) -> Result<Cgroup, String> {
     if v1_root.join("cpu.cfs_quota_us").exists() {
         return Ok(Cgroup {
             version: CgroupVersion::V1,
+            memory_dir: v1_memory_group(&name),
             dir: v1_root.join(name),
         });
     }
@@ -571,9 +636,22 @@ impl ProcessDriver {
         if let Some(pid) = self.live_pid() {
             self.attach_cgroup(pid);
         }
+        let memory = (ccu * BYTES_PER_CCU) as u64;
+        let memory_note = match cgroup.limit_memory(memory) {
+            Ok(Some(file)) => format!("memory {} MiB ({})", memory >> 20, file.display()),
+            Ok(None) => "memory not limited (cgroup v1: only \"auto\" groups get a memory group)"
+                .to_string(),
+            Err(e) => {
+                tracing::warn!(
+                    "process driver: memory limit of {} MiB not applied: {e}",
+                    memory >> 20
+                );
+                format!("memory not limited: {e}")
+            }
+        };
         Ok(ScaleApplied {
             cpu_limit: Some(quota_us as f64 / CFS_PERIOD_US as f64),
-            note: cgroup.describe(),
+            note: format!("{}; {memory_note}", cgroup.describe()),
         })
     }
 }
@@ -603,11 +681,13 @@ impl Drop for ProcessDriver {
         }
         if let Ok(cgroup) = &self.cgroup {
             // Fails harmlessly (EBUSY) if some process is still in the group.
-            match fs::remove_dir(&cgroup.dir) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                    tracing::debug!("process driver: keeping {}: {e}", cgroup.describe());
+            for dir in std::iter::once(&cgroup.dir).chain(cgroup.memory_dir.as_ref()) {
+                match fs::remove_dir(dir) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                        tracing::debug!("process driver: keeping {}: {e}", dir.display());
+                    }
+                    _ => {}
                 }
-                _ => {}
             }
         }
     }
