@@ -61,6 +61,9 @@ pub enum LoginError {
     /// An ERR packet was sent to the client; the connection ends.
     #[error("login refused: {0}")]
     Refused(String),
+    /// The client sent no complete login in time; the connection is closed silently.
+    #[error("no login within the handshake timeout of {0} ms")]
+    HandshakeTimeout(u64),
     #[error("client: {0}")]
     Client(#[from] ConnError),
 }
@@ -166,10 +169,9 @@ pub async fn login(
             if paused {
                 shared.metrics.count_closed_without_wake("no_login");
             }
-            return Err(LoginError::Refused(format!(
-                "no login within the handshake timeout of {} ms",
-                shared.config.proxy.handshake_timeout_ms
-            )));
+            return Err(LoginError::HandshakeTimeout(
+                shared.config.proxy.handshake_timeout_ms,
+            ));
         }
     };
     let mut seq = hello.seq.wrapping_add(1);

@@ -136,6 +136,11 @@ pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr, mode:
     .await
     {
         Ok(Ok(l)) => l,
+        Ok(Err(e @ login::LoginError::HandshakeTimeout(_))) => {
+            shared.metrics.reject("handshake_timeout");
+            tracing::info!(session = id, client = %peer, error = %e, "closing");
+            return;
+        }
         Ok(Err(e)) => {
             shared.metrics.reject("login_failed");
             tracing::info!(session = id, client = %peer, error = %e, "login ended");
