@@ -582,8 +582,8 @@ fn relayed_logins_wake_the_instance_and_block_only_the_stop_tier() {
     let _ = cli.wait();
 }
 
-/// The instance's server is killed (kill -9) while sessions are idle: holdfast starts it
-/// again on its own, and the sessions carry on with their state.
+/// The instance's server is killed (kill -9) while sessions are idle: holdfast notices,
+/// the next statement starts it again, and the sessions carry on with their state.
 #[test]
 fn a_killed_server_is_started_again_and_idle_sessions_carry_on() {
     let h = Harness::start_with(Options::default().serverless(|s| s.idle_pause_secs = 0));
@@ -595,13 +595,19 @@ fn a_killed_server_is_started_again_and_idle_sessions_carry_on() {
         .status()
         .unwrap();
     assert!(killed.success());
-    wait_for("holdfast to start the server again", WAIT, || {
-        let v = instance(&h);
-        (v["resumes"].as_u64() >= Some(1) && v["phase"] == "running").then_some(())
-    });
-    assert_ne!(server_pid(&h), Some(pid), "a new server process");
+    wait_phase(&h, "paused", Some("stop"));
+    let v = instance(&h);
+    assert!(
+        v["last_error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("outside holdfast"),
+        "{v}"
+    );
     let after: StateRow = c.query_first(STATE).unwrap().expect("state");
     assert_eq!(after, before, "the idle session carries on with its state");
+    assert_ne!(server_pid(&h), Some(pid), "a new server process");
+    assert_eq!(count(&h, "resumes"), 1);
     let four: Option<i64> = c.exec_first(&stmt, (2,)).unwrap();
     assert_eq!(four, Some(4));
     let m = h.metrics();

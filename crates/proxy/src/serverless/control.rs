@@ -250,18 +250,18 @@ fn why_not_paused(lc: &Lifecycle) -> String {
     }
 }
 
-/// The server of a running instance is gone (crashed, killed, stopped outside holdfast):
-/// close the gate and start it again, as for a stopped instance. Sessions keep their client
-/// connections; their next statement waits for the start and moves to the new server.
+/// The server of a running instance is gone (crashed, killed, or stopped outside holdfast,
+/// e.g. by `holdfast lab down`): the instance counts as paused in the stop tier. It is not
+/// restarted at once (an operator's stop stays a stop); the next client or statement wakes
+/// it, and sessions keep their client connections and move to the new server.
 fn crashed(shared: &Shared, lc: &Lifecycle) {
-    tracing::warn!(instance = %lc.config.instance, "the instance's server is not running (crashed or stopped outside holdfast); starting it again");
+    tracing::warn!(instance = %lc.config.instance, "the instance's server is not running (crashed or stopped outside holdfast); the next client starts it again");
     lc.running.store(false, Ordering::SeqCst);
     lc.epoch.fetch_add(1, Ordering::SeqCst);
-    lc.lock().last_error = Some("the server stopped unexpectedly; restarted".into());
+    lc.lock().last_error = Some("the server stopped outside holdfast (crash or kill)".into());
     lc.set_phase(Phase::Paused, Some(PauseTier::Stop));
     set_metrics_phase(shared, Phase::Paused);
     shared.metrics.instance_transition("running", "crashed");
-    lc.wake_requested.store(true, Ordering::SeqCst);
 }
 
 fn tier_state(tier: PauseTier) -> &'static str {
