@@ -243,7 +243,9 @@ async fn serve(cfg: Config) -> Result<()> {
     if shared.config.driver.kind == "lab" {
         match shared.config.driver.lab_dir.clone() {
             Some(dir) => {
-                let _ = shared.driver.set(std::sync::Arc::new(LabDriver { dir }));
+                let _ = shared
+                    .driver
+                    .set(std::sync::Arc::new(holdfast_lab::LabNodeDriver { dir }));
             }
             None => bail!("[driver] kind = \"lab\" needs lab_dir"),
         }
@@ -449,30 +451,4 @@ fn query_escape(s: &str) -> String {
         }
     }
     out
-}
-
-/// The lab's local process driver: restarts a node's mariadbd with its data, optionally with
-/// another binary or other options.
-struct LabDriver {
-    dir: std::path::PathBuf,
-}
-
-impl holdfast_proxy::driver::NodeDriver for LabDriver {
-    fn restart<'a>(
-        &'a self,
-        node: &'a str,
-        spec: &'a holdfast_proxy::driver::RestartSpec,
-    ) -> holdfast_proxy::driver::DriverFuture<'a> {
-        Box::pin(async move {
-            let (dir, node, spec) = (self.dir.clone(), node.to_string(), spec.clone());
-            tokio::task::spawn_blocking(move || {
-                let binary = spec.binary.as_deref().map(std::path::Path::new);
-                holdfast_lab::restart_node(&dir, &node, binary, &spec.set)
-                    .map(|_| ())
-                    .map_err(|e| format!("{e:#}"))
-            })
-            .await
-            .map_err(|e| e.to_string())?
-        })
-    }
 }

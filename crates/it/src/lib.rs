@@ -175,7 +175,7 @@ impl Harness {
                 proxy.listener_addrs().into_iter().map(|(a, _)| a).collect();
             let admin_addr = admin.local_addr()?;
             let shared = proxy.shared.clone();
-            let _ = shared.driver.set(Arc::new(LabDriver {
+            let _ = shared.driver.set(Arc::new(holdfast_lab::LabNodeDriver {
                 dir: st.dir.clone(),
             }));
             tokio::spawn(proxy.run());
@@ -452,30 +452,4 @@ pub fn require(program: &str) -> Result<()> {
         bail!("{program} is not installed");
     }
     Ok(())
-}
-
-/// The lab's process driver for `POST /restart` and `/resize` in tests (the `holdfast`
-/// binary installs its own from `[driver] kind = "lab"`).
-struct LabDriver {
-    dir: std::path::PathBuf,
-}
-
-impl holdfast_proxy::driver::NodeDriver for LabDriver {
-    fn restart<'a>(
-        &'a self,
-        node: &'a str,
-        spec: &'a holdfast_proxy::driver::RestartSpec,
-    ) -> holdfast_proxy::driver::DriverFuture<'a> {
-        Box::pin(async move {
-            let (dir, node, spec) = (self.dir.clone(), node.to_string(), spec.clone());
-            tokio::task::spawn_blocking(move || {
-                let binary = spec.binary.as_deref().map(std::path::Path::new);
-                holdfast_lab::restart_node(&dir, &node, binary, &spec.set)
-                    .map(|_| ())
-                    .map_err(|e| format!("{e:#}"))
-            })
-            .await
-            .map_err(|e| e.to_string())?
-        })
-    }
 }

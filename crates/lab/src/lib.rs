@@ -24,6 +24,7 @@ mod bench;
 mod cli;
 mod lab;
 pub mod mysql_client;
+mod node_driver;
 mod procs;
 mod template;
 
@@ -36,3 +37,4 @@ pub use lab::{
     ED25519_PASSWORD, ED25519_USER, MONITOR_PASSWORD, MONITOR_USER, NODE_PORT_OFFSET,
     PROXY_PORT_OFFSET, REPL_PASSWORD, REPL_USER,
 };
+pub use node_driver::LabNodeDriver;

@@ -9,6 +9,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 pub mod exec;
+pub mod node;
 pub mod process;
 pub mod ready;
 
