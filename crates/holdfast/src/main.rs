@@ -369,8 +369,8 @@ async fn ctl(admin: &str, command: CtlCommand) -> Result<()> {
     Ok(())
 }
 
-/// POSTs a serverless operation and prints the instance afterwards.
-async fn instance_operation(admin: &str, path: &str) -> Result<()> {
+/// POSTs an operation; its JSON answer, or an error with the API's message.
+async fn post_json(admin: &str, path: &str) -> Result<serde_json::Value> {
     let (code, body) = holdfast_admin::http_post(admin, path, None)
         .await
         .with_context(|| {
@@ -383,24 +383,19 @@ async fn instance_operation(admin: &str, path: &str) -> Result<()> {
             v.get("error").and_then(|e| e.as_str()).unwrap_or(&body)
         );
     }
+    Ok(v)
+}
+
+/// POSTs a serverless operation and prints the instance afterwards.
+async fn instance_operation(admin: &str, path: &str) -> Result<()> {
+    let v = post_json(admin, path).await?;
     print!("{}", holdfast_admin::render_instance(&v));
     Ok(())
 }
 
 /// POSTs a restart or resize and prints its steps.
 async fn restart_operation(admin: &str, path: &str) -> Result<()> {
-    let (code, body) = holdfast_admin::http_post(admin, path, None)
-        .await
-        .with_context(|| {
-            format!("cannot reach the admin API at {admin} (is holdfast serve running?)")
-        })?;
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or(serde_json::Value::Null);
-    if !(200..300).contains(&code) {
-        bail!(
-            "failed (HTTP {code}): {}",
-            v.get("error").and_then(|e| e.as_str()).unwrap_or(&body)
-        );
-    }
+    let v = post_json(admin, path).await?;
     for step in v
         .get("steps")
         .and_then(|s| s.as_array())

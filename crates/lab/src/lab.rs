@@ -1252,65 +1252,60 @@ pub fn serverless_section(dir: &Path, node: &NodeStatus) -> Result<String> {
     ))
 }
 
-/// Writes `DIR/holdfast.toml` (schema of `holdfast.example.toml`).
-fn write_config(st: &LabStatus) -> Result<()> {
-    if st.serverless {
-        return write_serverless_config(st);
-    }
-    let mut out = format!(
-        "# holdfast configuration for the lab in {dir}\n\
-         # Written by `holdfast lab up`; start with: holdfast serve --config {config}\n\n\
+/// The start of every lab config: where it came from, listeners and the monitor account.
+fn config_header(st: &LabStatus, what: &str, command: &str) -> String {
+    format!(
+        "# holdfast configuration for the {what} in {dir}\n\
+         # Written by `{command}`; start with: holdfast serve --config {config}\n\n\
          [proxy]\nlisten = {proxy}\n\n\
          [admin]\nlisten = {admin}\n\n\
-         [auth]\nmonitor_user = {mu}\nmonitor_password = {mp}\n\n\
-         # holdfast manages the lab's replication: `holdfast ctl switchover|failover|rejoin`,\n\
-         # automatic failover when the primary is lost.\n\
-         [ha]\nmode = \"managed\"\nrepl_user = {ru}\nrepl_password = {rp}\n\n\
-         # The lab's processes: `holdfast ctl restart|resize NODE` restarts them.\n\
-         [driver]\nkind = \"lab\"\nlab_dir = {labdir}\n",
-        labdir = toml_str(&st.dir.display().to_string()),
-        ru = toml_str(REPL_USER),
-        rp = toml_str(REPL_PASSWORD),
+         [auth]\nmonitor_user = {mu}\nmonitor_password = {mp}\n\n",
         dir = st.dir.display(),
         config = st.config.display(),
         proxy = toml_str(&st.proxy),
         admin = toml_str(&st.admin),
         mu = toml_str(&st.monitor_user),
         mp = toml_str(&st.monitor_password),
-    );
-    for node in &st.nodes {
-        out.push_str(&format!(
-            "\n# {role}\n[[backend]]\nname = {name}\naddress = {addr}\n",
-            role = node.role,
-            name = toml_str(&node.name),
-            addr = toml_str(&node.address),
-        ));
-    }
-    // Fail here, not in holdfast, if we ever write something unparsable.
-    toml::from_str::<toml::Value>(&out).context("generated holdfast.toml does not parse")?;
-    write_atomic(&st.config, &out)
+    )
 }
 
-/// `DIR/holdfast.toml` for a serverless lab: one instance, no replication to manage.
-fn write_serverless_config(st: &LabStatus) -> Result<()> {
-    let node = st.primary()?;
-    let out = format!(
-        "# holdfast configuration for the serverless lab in {dir}\n\
-         # Written by `holdfast lab up --serverless`; start with: holdfast serve --config {config}\n\n\
-         [proxy]\nlisten = {proxy}\n\n\
-         [admin]\nlisten = {admin}\n\n\
-         [auth]\nmonitor_user = {mu}\nmonitor_password = {mp}\n\n\
-         [[backend]]\nname = {name}\naddress = {addr}\n\n{section}",
-        dir = st.dir.display(),
-        config = st.config.display(),
-        proxy = toml_str(&st.proxy),
-        admin = toml_str(&st.admin),
-        mu = toml_str(&st.monitor_user),
-        mp = toml_str(&st.monitor_password),
-        name = toml_str(&node.name),
-        addr = toml_str(&node.address),
-        section = serverless_section(&st.dir, node)?,
-    );
+/// Writes `DIR/holdfast.toml` (schema of `holdfast.example.toml`, or of
+/// `holdfast.serverless.example.toml` for a serverless lab).
+fn write_config(st: &LabStatus) -> Result<()> {
+    let out = if st.serverless {
+        // One instance, no replication to manage.
+        let node = st.primary()?;
+        format!(
+            "{header}[[backend]]\nname = {name}\naddress = {addr}\n\n{section}",
+            header = config_header(st, "serverless lab", "holdfast lab up --serverless"),
+            name = toml_str(&node.name),
+            addr = toml_str(&node.address),
+            section = serverless_section(&st.dir, node)?,
+        )
+    } else {
+        let mut out = format!(
+            "{header}\
+             # holdfast manages the lab's replication: `holdfast ctl switchover|failover|rejoin`,\n\
+             # automatic failover when the primary is lost.\n\
+             [ha]\nmode = \"managed\"\nrepl_user = {ru}\nrepl_password = {rp}\n\n\
+             # The lab's processes: `holdfast ctl restart|resize NODE` restarts them.\n\
+             [driver]\nkind = \"lab\"\nlab_dir = {labdir}\n",
+            header = config_header(st, "lab", "holdfast lab up"),
+            labdir = toml_str(&st.dir.display().to_string()),
+            ru = toml_str(REPL_USER),
+            rp = toml_str(REPL_PASSWORD),
+        );
+        for node in &st.nodes {
+            out.push_str(&format!(
+                "\n# {role}\n[[backend]]\nname = {name}\naddress = {addr}\n",
+                role = node.role,
+                name = toml_str(&node.name),
+                addr = toml_str(&node.address),
+            ));
+        }
+        out
+    };
+    // Fail here, not in holdfast, if we ever write something unparsable.
     toml::from_str::<toml::Value>(&out).context("generated holdfast.toml does not parse")?;
     write_atomic(&st.config, &out)
 }
