@@ -66,13 +66,13 @@
 //! [`capture_session`] reads `@@collation_connection` and [`Captured::apply_to`] fills it in.
 
 use crate::backend::{BackendConn, BackendError};
+pub use crate::backend::{Executed, OkInfo};
 use crate::conn::ConnError;
 use crate::state::SessionRecord;
 use holdfast_wire::caps::*;
 use holdfast_wire::codec::Reader;
-use holdfast_wire::command::{COM_QUERY, COM_STMT_CLOSE, COM_STMT_EXECUTE, COM_STMT_PREPARE};
-use holdfast_wire::packets::{OkPacket, PrepareOk, EOF_HEADER, ERR_HEADER};
-use holdfast_wire::response::{Event, Expect, Kind, ResponseMachine};
+use holdfast_wire::command::{COM_STMT_CLOSE, COM_STMT_EXECUTE, COM_STMT_PREPARE};
+use holdfast_wire::packets::{PrepareOk, EOF_HEADER, ERR_HEADER};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
@@ -887,87 +887,9 @@ fn decode_user_value(
 // Statement execution
 // ---------------------------------------------------------------------------------------
 
-/// One OK packet of a statement's answer.
-#[derive(Debug, Clone, Default)]
-pub struct OkInfo {
-    pub affected_rows: u64,
-    pub last_insert_id: u64,
-    pub status: u16,
-    /// The raw session state block (see [`SessionRecord::apply_session_state`]).
-    pub session_state: Vec<u8>,
-}
-
-/// A text-protocol answer with raw column bytes (no charset decoding), the last result
-/// set's rows and every OK packet.
-#[derive(Debug, Clone, Default)]
-pub struct Executed {
-    pub rows: Vec<Vec<Option<Vec<u8>>>>,
-    pub oks: Vec<OkInfo>,
-}
-
 /// Runs one statement (COM_QUERY) and buffers its answer. For holdfast's own statements.
 pub async fn execute(conn: &mut BackendConn, sql: &[u8]) -> Result<Executed, BackendError> {
-    let mut cmd = Vec::with_capacity(sql.len() + 1);
-    cmd.push(COM_QUERY);
-    cmd.extend_from_slice(sql);
-    conn.conn.write_packet(&cmd, 0).await?;
-    let mut m = ResponseMachine::new(
-        Expect::ResultSets,
-        conn.capabilities & CLIENT_DEPRECATE_EOF != 0,
-    );
-    let mut out = Executed::default();
-    let mut definitions_left: u64 = 0;
-    let mut error = None;
-    while !m.is_done() {
-        let p = conn.conn.read_packet(CAPTURE_MAX_PACKET).await?;
-        let len = p.payload.len().min(holdfast_wire::frame::MAX_PAYLOAD - 1);
-        match m.classify(len, p.payload.first().copied()) {
-            Kind::Opaque if definitions_left > 0 => definitions_left -= 1,
-            Kind::Opaque => out.rows.push(text_row(&p.payload)),
-            Kind::Inspect => match m.on_packet(&p.payload).map_err(ConnError::Wire)? {
-                Event::Err(_) => error = Some(BackendError::from_err_payload(&p.payload)),
-                Event::Ok(ok) => out.oks.push(ok_info(&ok)),
-                Event::Eof(_) | Event::PrepareOk(_) => {}
-                Event::None => {
-                    out.rows.clear();
-                    definitions_left = Reader::new(&p.payload).lenenc_int("columns").unwrap_or(0);
-                }
-                Event::LocalInfile => {
-                    conn.conn.write_packet(&[], p.seq.wrapping_add(1)).await?;
-                }
-            },
-        }
-    }
-    match error {
-        Some(e) => Err(e),
-        None => Ok(out),
-    }
-}
-
-fn ok_info(ok: &OkPacket<'_>) -> OkInfo {
-    OkInfo {
-        affected_rows: ok.affected_rows,
-        last_insert_id: ok.last_insert_id,
-        status: ok.status,
-        session_state: ok.session_state.to_vec(),
-    }
-}
-
-fn text_row(payload: &[u8]) -> Vec<Option<Vec<u8>>> {
-    let mut r = Reader::new(payload);
-    let mut row = Vec::new();
-    while !r.is_empty() {
-        if payload.get(r.position()) == Some(&0xfb) {
-            let _ = r.u8("null");
-            row.push(None);
-            continue;
-        }
-        match r.lenenc_bytes("column") {
-            Ok(v) => row.push(Some(v.to_vec())),
-            Err(_) => break,
-        }
-    }
-    row
+    conn.execute(sql, CAPTURE_MAX_PACKET).await
 }
 
 // ---------------------------------------------------------------------------------------

@@ -2,14 +2,9 @@
 
 use super::gtid::GtidPos;
 use super::HaError;
-use crate::backend::{parse_text_row, BackendConn, BackendError};
+use crate::backend::{BackendConn, BackendError};
 use crate::config::{BackendConfig, Config};
-use crate::conn::ConnError;
 use crate::verifiers::monitor_connect;
-use holdfast_wire::caps::CLIENT_DEPRECATE_EOF;
-use holdfast_wire::codec::Reader;
-use holdfast_wire::command::COM_QUERY;
-use holdfast_wire::response::{Event, Expect, Kind, ResponseMachine};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -172,54 +167,19 @@ fn redact(sql: &str) -> String {
 
 /// Runs `sql` and collects its last result with column names.
 async fn query_named(conn: &mut BackendConn, sql: &str) -> Result<NamedResult, BackendError> {
-    let mut cmd = Vec::with_capacity(sql.len() + 1);
-    cmd.push(COM_QUERY);
-    cmd.extend_from_slice(sql.as_bytes());
-    conn.conn.write_packet(&cmd, 0).await?;
-    let mut m = ResponseMachine::new(
-        Expect::ResultSets,
-        conn.capabilities & CLIENT_DEPRECATE_EOF != 0,
-    );
-    let mut result = NamedResult::default();
-    let mut definitions_left: u64 = 0;
-    let mut error = None;
-    while !m.is_done() {
-        let p = conn.conn.read_packet(MAX_PACKET).await?;
-        let len = p.payload.len().min(holdfast_wire::frame::MAX_PAYLOAD - 1);
-        match m.classify(len, p.payload.first().copied()) {
-            Kind::Opaque if definitions_left > 0 => {
-                definitions_left -= 1;
-                result.columns.push(column_name(&p.payload));
-            }
-            Kind::Opaque => result.rows.push(parse_text_row(&p.payload)),
-            Kind::Inspect => match m.on_packet(&p.payload).map_err(ConnError::Wire)? {
-                Event::Err(_) => error = Some(BackendError::from_err_payload(&p.payload)),
-                Event::None => {
-                    result = NamedResult::default();
-                    definitions_left = Reader::new(&p.payload).lenenc_int("columns").unwrap_or(0);
-                }
-                Event::LocalInfile => conn.conn.write_packet(&[], p.seq.wrapping_add(1)).await?,
-                Event::Ok(_) | Event::Eof(_) | Event::PrepareOk(_) => {}
-            },
-        }
-    }
-    match error {
-        Some(e) => Err(e),
-        None => Ok(result),
-    }
-}
-
-/// The `name` of a ColumnDefinition41 (after catalog, schema, table, org_table).
-fn column_name(payload: &[u8]) -> String {
-    let mut r = Reader::new(payload);
-    for what in ["catalog", "schema", "table", "org_table"] {
-        if r.lenenc_bytes(what).is_err() {
-            return String::new();
-        }
-    }
-    r.lenenc_bytes("name")
-        .map(|b| String::from_utf8_lossy(b).into_owned())
-        .unwrap_or_default()
+    let r = conn.execute(sql.as_bytes(), MAX_PACKET).await?;
+    Ok(NamedResult {
+        columns: r.columns,
+        rows: r
+            .rows
+            .into_iter()
+            .map(|row| {
+                row.into_iter()
+                    .map(|c| c.map(|b| String::from_utf8_lossy(&b).into_owned()))
+                    .collect()
+            })
+            .collect(),
+    })
 }
 
 /// The parts of `SHOW SLAVE STATUS` the manager uses.
