@@ -207,6 +207,20 @@ pub struct Executed {
     pub status: u16,
 }
 
+impl Executed {
+    /// The rows as text (invalid UTF-8 replaced).
+    pub fn text_rows(&self) -> Vec<Vec<Option<String>>> {
+        self.rows
+            .iter()
+            .map(|row| {
+                row.iter()
+                    .map(|c| c.as_ref().map(|b| String::from_utf8_lossy(b).into_owned()))
+                    .collect()
+            })
+            .collect()
+    }
+}
+
 impl BackendConn {
     /// Runs one statement (COM_QUERY) and buffers its whole answer. For holdfast's own
     /// statements only (control queries, session capture and restore); packets larger than
@@ -273,15 +287,7 @@ impl BackendConn {
     pub async fn query(&mut self, sql: &str) -> Result<TextResult, BackendError> {
         let r = self.execute(sql.as_bytes(), CONTROL_MAX_PACKET).await?;
         Ok(TextResult {
-            rows: r
-                .rows
-                .into_iter()
-                .map(|row| {
-                    row.into_iter()
-                        .map(|c| c.map(|b| String::from_utf8_lossy(&b).into_owned()))
-                        .collect()
-                })
-                .collect(),
+            rows: r.text_rows(),
             status: r.status,
             affected_rows: r.oks.last().map_or(0, |ok| ok.affected_rows),
         })

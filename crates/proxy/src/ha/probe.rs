@@ -169,16 +169,8 @@ fn redact(sql: &str) -> String {
 async fn query_named(conn: &mut BackendConn, sql: &str) -> Result<NamedResult, BackendError> {
     let r = conn.execute(sql.as_bytes(), MAX_PACKET).await?;
     Ok(NamedResult {
+        rows: r.text_rows(),
         columns: r.columns,
-        rows: r
-            .rows
-            .into_iter()
-            .map(|row| {
-                row.into_iter()
-                    .map(|c| c.map(|b| String::from_utf8_lossy(&b).into_owned()))
-                    .collect()
-            })
-            .collect(),
     })
 }
 
