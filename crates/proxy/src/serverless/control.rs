@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 /// How often idleness is checked.
 const TICK: Duration = Duration::from_secs(1);
-/// How often a running instance's server is checked to be alive (a /proc read for the
-/// process driver, the status command for the exec driver).
+/// How often a running instance's server is checked to be alive (process driver: a /proc
+/// read).
 const HEALTH_CHECK: Duration = Duration::from_secs(2);
 /// How long a pause waits for requests and logins in flight to finish before giving up.
 const PAUSE_DRAIN: Duration = Duration::from_secs(2);
@@ -58,7 +58,9 @@ pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>) {
                 if notified {
                     continue;
                 }
-                if last_health_check.elapsed() >= HEALTH_CHECK {
+                // Only where asking is cheap (a /proc read): an exec driver's status command
+                // or a probe connection every few seconds would load the server's host.
+                if lc.driver.kind() == "process" && last_health_check.elapsed() >= HEALTH_CHECK {
                     last_health_check = Instant::now();
                     if let Ok(PowerState::Stopped) = lc.driver.status().await {
                         crashed(&shared, &lc);
