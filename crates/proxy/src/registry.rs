@@ -227,3 +227,57 @@ impl SessionRegistry {
         self.len() == 0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(id: u32) -> Arc<SessionInfo> {
+        let s = Arc::new(SessionInfo::new(id, "127.0.0.1:5000".parse().unwrap()));
+        s.set_user("app");
+        s.can_reauthenticate.store(true, Ordering::Relaxed);
+        s
+    }
+
+    #[test]
+    fn activity_counts_commands_but_not_pings_and_survives_closes() {
+        let r = SessionRegistry::default();
+        let a = session(1);
+        r.insert(a.clone());
+        a.commands.store(5, Ordering::Relaxed);
+        a.pings.store(2, Ordering::Relaxed);
+        assert_eq!(r.activity(), (3, false));
+        a.busy.store(true, Ordering::SeqCst);
+        assert_eq!(r.activity(), (3, true));
+        assert!(!r.none_busy());
+        a.busy.store(false, Ordering::SeqCst);
+        r.remove(1);
+        // The closed session's count stays, so a close never looks like "no activity".
+        assert_eq!(r.activity(), (3, false));
+        let b = session(2);
+        r.insert(b.clone());
+        b.commands.store(1, Ordering::Relaxed);
+        assert_eq!(r.activity(), (4, false));
+        assert!(r.none_busy());
+    }
+
+    #[test]
+    fn pause_blockers_name_the_session_and_the_reason() {
+        let r = SessionRegistry::default();
+        let idle = session(1);
+        let in_txn = session(2);
+        in_txn.set_blocker(Some("open transaction"));
+        let relayed = session(3);
+        relayed.can_reauthenticate.store(false, Ordering::Relaxed);
+        for s in [&idle, &in_txn, &relayed] {
+            r.insert((*s).clone());
+        }
+        let freeze = r.pause_blockers(false);
+        assert_eq!(freeze, vec!["session 2 (app@127.0.0.1): open transaction"]);
+        let stop = r.pause_blockers(true);
+        assert_eq!(stop.len(), 2, "{stop:?}");
+        assert!(stop[1].starts_with("session 3 (app@127.0.0.1): login was relayed"));
+        in_txn.set_blocker(Some("pass-through connection"));
+        assert!(r.pause_blockers(false)[0].ends_with("pass-through connection"));
+    }
+}
