@@ -10,9 +10,13 @@ use holdfast_proxy::config::Config;
 use std::path::PathBuf;
 
 /// holdfast keeps MySQL/MariaDB client connections alive while the database behind them
-/// changes. Point any MySQL client at `holdfast serve` instead of the server.
+/// changes, and can make an instance serverless (paused when idle with idle connections
+/// kept open, woken on connect, scaled in place, metered). Point any MySQL client at
+/// `holdfast serve` instead of the server.
 ///
 /// Quick start on a fresh machine:  holdfast demo --dir /tmp/holdfast-demo
+///
+/// A serverless instance:  holdfast lab up --serverless --dir /tmp/hf-sl
 #[derive(Parser)]
 #[command(name = "holdfast", version, about, long_about)]
 struct Cli {
@@ -33,14 +37,18 @@ enum LogFormat {
 enum Command {
     /// Run the proxy. Log level via RUST_LOG (default: info).
     ///
+    /// With a `[serverless]` section (holdfast.serverless.example.toml) holdfast also runs
+    /// the instance's lifecycle: pauses, wakes, scaling and the usage ledger.
+    ///
     /// Example: holdfast serve --config holdfast.example.toml
     Serve {
         /// The TOML config; see holdfast.example.toml for every key with comments.
         #[arg(long, short)]
         config: PathBuf,
     },
-    /// Talk to a running proxy through its admin API: status, metrics, and the HA operations
-    /// switchover, failover and rejoin.
+    /// Talk to a running proxy through its admin API: status, metrics, the HA operations
+    /// (switchover, failover, rejoin, restart, resize) and the serverless ones (pause,
+    /// resume, scale, usage).
     ///
     /// Exits non-zero when the proxy refuses or an operation fails (the error text on stderr).
     Ctl {
@@ -121,17 +129,11 @@ enum CtlCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Planned restart of NODE, e.g. a minor-version upgrade with --binary (needs a control
-    /// driver: `[driver] kind = "lab"`).
+    /// Pause the serverless instance now (needs `[serverless]`).
     ///
-    /// If NODE is the primary, sessions are first parked at safe points and switched over to
-    /// another node; NODE restarts, rejoins as a replica, and is switched back. Clients keep
-    /// their connections and session state throughout.
-    ///
-    /// Example: holdfast ctl restart node1 --binary /usr/sbin/mariadbd
-    /// Pause the serverless instance now (needs `[serverless]`). Idle sessions stay open and
-    /// wake it when they next speak; sessions that could not survive the pause (open
-    /// transaction, temporary table, lock, pass-through) refuse it, and are listed.
+    /// Idle sessions stay open and wake it when they next speak; sessions that could not
+    /// survive the pause (open transaction, temporary table, lock, pass-through) refuse it,
+    /// and are listed.
     ///
     /// Example: holdfast ctl pause --tier stop
     Pause {
@@ -142,14 +144,17 @@ enum CtlCommand {
     },
     /// Resume the paused serverless instance now (a client connecting does the same).
     Resume,
-    /// Set the serverless instance's size in capacity units (1 CCU = 1 CPU + 2 GiB),
-    /// applied in place: CPU limit and buffer pool, no restart. The autoscaler carries on
-    /// from this size.
+    /// Set the serverless instance's size in capacity units (1 CCU = 1 CPU + 2 GiB).
+    ///
+    /// Applied in place, no restart: CPU quota and memory cap (cgroup), buffer pool and
+    /// (opt-in) max_connections. The autoscaler carries on from this size.
     ///
     /// Example: holdfast ctl scale 2
     Scale { ccu: f64 },
-    /// The usage ledger: one line per billing period (hourly by default) with running and
-    /// paused seconds, CCU-hours and storage GiB-hours, and a total per instance.
+    /// The usage ledger: one line per billing period, and a total per instance.
+    ///
+    /// Each line has running and paused seconds, CCU-hours and storage GiB-hours; periods
+    /// are hourly by default (serverless.period_secs).
     ///
     /// Example: holdfast ctl usage --since 24h
     Usage {
@@ -163,6 +168,14 @@ enum CtlCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Planned restart of NODE, e.g. a minor-version upgrade with --binary (needs a control
+    /// driver: `[driver] kind = "lab"`).
+    ///
+    /// If NODE is the primary, sessions are first parked at safe points and switched over to
+    /// another node; NODE restarts, rejoins as a replica, and is switched back. Clients keep
+    /// their connections and session state throughout.
+    ///
+    /// Example: holdfast ctl restart node1 --binary /usr/sbin/mariadbd
     Restart {
         node: String,
         /// Server binary to run from now on.
