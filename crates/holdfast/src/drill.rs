@@ -159,7 +159,7 @@ fn closed_sessions(admin: &str) -> f64 {
         .sum()
 }
 
-fn sysbench_args(
+pub(crate) fn sysbench_args(
     lab: &holdfast_lab::LabStatus,
     args: &DrillArgs,
     host_port: &str,

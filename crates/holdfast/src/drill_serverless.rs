@@ -76,20 +76,13 @@ pub fn run(args: &DrillArgs) -> Result<()> {
     std::fs::write(&lab.config, config)?;
     let serve = Serve::start(&lab.config, &dir.join("holdfast-drill.log"), &lab.proxy)?;
     let sysbench = |cmd: &str, extra: &[String]| -> Result<std::process::Output> {
-        let (host, port) = lab.proxy.rsplit_once(':').unwrap_or(("127.0.0.1", "3306"));
+        let mut sb = crate::drill::sysbench_args(&lab, args, &lab.proxy, cmd);
+        // Options go before the command, which sysbench_args puts last.
+        let command = sb.pop();
+        sb.extend(extra.iter().cloned());
+        sb.extend(command);
         Command::new("sysbench")
-            .arg("oltp_read_write")
-            .args([
-                format!("--mysql-host={host}"),
-                format!("--mysql-port={port}"),
-                format!("--mysql-user={}", lab.app_user),
-                format!("--mysql-password={}", lab.app_password),
-                format!("--mysql-db={}", lab.database),
-                format!("--tables={}", args.tables),
-                format!("--table-size={}", args.table_size),
-            ])
-            .args(extra)
-            .arg(cmd)
+            .args(&sb)
             .output()
             .context("cannot run sysbench (apt-get install sysbench)")
     };

@@ -5,7 +5,7 @@ use crate::backend::{self, BackendConn, BackendError, LoginParams};
 use crate::config::ListenerMode;
 use crate::conn::{ConnError, PacketConn};
 use crate::errors::*;
-use crate::serverless::LoginGuard;
+use crate::serverless::InFlight;
 use crate::verifiers::Verifier;
 use crate::Shared;
 use holdfast_wire::auth::{printable_scramble, verify_native, PasswordHash, NATIVE_PASSWORD};
@@ -358,7 +358,7 @@ async fn pass_gate<'a>(
     shared: &'a Shared,
     client: &mut PacketConn,
     seq: u8,
-) -> Result<Option<LoginGuard<'a>>, LoginError> {
+) -> Result<Option<InFlight<'a>>, LoginError> {
     let Some(lc) = shared.serverless.as_deref() else {
         return Ok(None);
     };

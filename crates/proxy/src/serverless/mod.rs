@@ -206,7 +206,6 @@ pub enum WakeError {
 /// Mutable state the lifecycle task owns and `/status` reads (not on the query path).
 #[derive(Debug)]
 struct Inner {
-    phase: Phase,
     tier: Option<PauseTier>,
     phase_since: Instant,
     last_activity: Instant,
@@ -272,7 +271,6 @@ impl Lifecycle {
             resumes: AtomicU64::new(0),
             resume_failures: AtomicU64::new(0),
             inner: Mutex::new(Inner {
-                phase: Phase::Resuming,
                 tier: None,
                 phase_since: now,
                 last_activity: now,
@@ -312,7 +310,7 @@ impl Lifecycle {
             return Ok(());
         }
         self.waiters.fetch_add(1, Ordering::SeqCst);
-        let _waiting = Decrement(&self.waiters);
+        let _waiting = InFlight(&self.waiters);
         let mut rx = self.phase_tx.subscribe();
         if !self.wake_requested.swap(true, Ordering::SeqCst) {
             tracing::info!(instance = %self.config.instance, reason, "wake requested");
@@ -335,9 +333,9 @@ impl Lifecycle {
 
     /// Marks a login that has passed the gate and is opening its backend connection, so a
     /// pause waits for it. Dropping the guard ends the mark.
-    pub fn login_started(&self) -> LoginGuard<'_> {
+    pub fn login_started(&self) -> InFlight<'_> {
         self.logins_in_flight.fetch_add(1, Ordering::SeqCst);
-        LoginGuard(&self.logins_in_flight)
+        InFlight(&self.logins_in_flight)
     }
 
     /// Counts as activity for the idle timer (a login, an admin resume).
@@ -382,7 +380,7 @@ impl Lifecycle {
         InstanceView {
             instance: self.config.instance.clone(),
             driver: self.driver.kind(),
-            phase: i.phase,
+            phase: self.phase(),
             tier: i.tier,
             phase_secs: i.phase_since.elapsed().as_secs_f64(),
             idle_secs: i.last_activity.elapsed().as_secs_f64(),
@@ -407,31 +405,22 @@ impl Lifecycle {
 
     fn set_phase(&self, phase: Phase, tier: Option<PauseTier>) {
         let from = {
+            // Under the state lock, so that `view` sees the phase with its tier and time.
             let mut i = self.lock();
-            let from = i.phase;
-            i.phase = phase;
             i.tier = tier;
             i.phase_since = Instant::now();
-            from
+            self.phase_tx.send_replace(phase)
         };
         if from != phase {
             tracing::info!(instance = %self.config.instance, from = from.name(), to = phase.name(), tier = tier.map(PauseTier::name), "instance lifecycle");
         }
-        self.phase_tx.send_replace(phase);
     }
 }
 
-struct Decrement<'a>(&'a AtomicUsize);
+/// Counts one waiter or login in flight until dropped.
+pub struct InFlight<'a>(&'a AtomicUsize);
 
-impl Drop for Decrement<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-pub struct LoginGuard<'a>(&'a AtomicUsize);
-
-impl Drop for LoginGuard<'_> {
+impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }

@@ -147,9 +147,6 @@ pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr, mode:
             return;
         }
         Err(_) => {
-            if shared.serverless.as_ref().is_some_and(|l| !l.is_running()) {
-                shared.metrics.count_closed_without_wake("no_login");
-            }
             shared.metrics.reject("handshake_timeout");
             tracing::info!(session = id, client = %peer, timeout_ms = deadline.as_millis() as u64, "handshake not finished in time; closing");
             return;
