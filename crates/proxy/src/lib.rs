@@ -5,9 +5,9 @@ pub mod backend;
 pub mod config;
 pub mod conn;
 pub mod driver;
-pub mod errors;
+pub mod error;
+pub mod gate;
 pub mod ha;
-pub mod login;
 pub mod metrics;
 pub mod registry;
 pub mod restore;
@@ -48,6 +48,9 @@ pub struct Shared {
     pub switching_now: std::sync::atomic::AtomicBool,
     /// The serverless instance's lifecycle, with `[serverless]`.
     pub serverless: Option<Arc<serverless::Lifecycle>>,
+    /// What sessions ask before a request reaches a server: the lifecycle with
+    /// `[serverless]`, always open without.
+    pub gate: Arc<dyn gate::BackendGate>,
     /// The usage ledger, with `[serverless]`.
     pub ledger: Option<Arc<holdfast_serverless::ledger::Ledger>>,
     next_session_id: AtomicU32,
@@ -59,8 +62,13 @@ impl Shared {
             let address = config.backends.first()?.address.clone();
             Some(serverless::Lifecycle::new(sl.clone(), address))
         });
+        let gate: Arc<dyn gate::BackendGate> = match &serverless {
+            Some(lc) => lc.clone(),
+            None => Arc::new(gate::Ungated),
+        };
         Shared {
             serverless,
+            gate,
             ledger: None,
             ha: HaController::new(config.clone(), topology.clone()),
             config,
@@ -313,7 +321,7 @@ async fn refresh_verifiers(shared: Arc<Shared>) {
     let mut warned = false;
     loop {
         // A paused instance is not woken for this: logins of unknown accounts wake it.
-        let paused = shared.serverless.as_ref().is_some_and(|l| !l.is_running());
+        let paused = !shared.gate.is_open();
         let addr = shared
             .topology
             .borrow()

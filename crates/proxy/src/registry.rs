@@ -1,10 +1,11 @@
 //! Open sessions, for the admin API. Sessions register at login and deregister at close; the
 //! per-query updates are atomics on the session's own [`SessionInfo`].
 
+use crate::state::Blocker;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -22,25 +23,13 @@ pub struct SessionInfo {
     /// COM_PINGs (with `[serverless]`): keep-alive pings are not activity.
     pub pings: AtomicU64,
     pub status: AtomicU16,
-    /// Index into [`BLOCKERS`] + 1; 0 when the session could move.
-    pub blocker: AtomicU16,
+    /// `Blocker as u8`; 0 when the session could move.
+    pub blocker: AtomicU8,
     /// Handling a request right now.
     pub busy: AtomicBool,
     /// Holding its next request while a planned switchover runs.
     pub parked: AtomicBool,
 }
-
-pub const BLOCKERS: [&str; 9] = [
-    "open transaction",
-    "temporary table",
-    "LOCK TABLES",
-    "GET_LOCK",
-    "XA transaction",
-    "open cursor",
-    "pending long data",
-    "session trackers unavailable",
-    "pass-through connection",
-];
 
 impl SessionInfo {
     pub fn new(id: u32, client: SocketAddr) -> Self {
@@ -55,7 +44,7 @@ impl SessionInfo {
             commands: AtomicU64::new(0),
             pings: AtomicU64::new(0),
             status: AtomicU16::new(0),
-            blocker: AtomicU16::new(0),
+            blocker: AtomicU8::new(0),
             busy: AtomicBool::new(false),
             parked: AtomicBool::new(false),
         }
@@ -80,15 +69,17 @@ impl SessionInfo {
         }
     }
 
-    pub fn set_blocker(&self, blocker: Option<&str>) {
-        let code = blocker
-            .and_then(|b| BLOCKERS.iter().position(|x| *x == b))
-            .map_or(0, |i| i as u16 + 1);
-        self.blocker.store(code, Ordering::Relaxed);
+    pub fn set_blocker(&self, blocker: Option<Blocker>) {
+        self.blocker
+            .store(blocker.map_or(0, |b| b as u8), Ordering::Relaxed);
+    }
+
+    pub fn blocker(&self) -> Option<Blocker> {
+        Blocker::from_code(self.blocker.load(Ordering::Relaxed))
     }
 
     pub fn view(&self) -> SessionView {
-        let blocker = self.blocker.load(Ordering::Relaxed);
+        let blocker = self.blocker();
         SessionView {
             id: self.id,
             client: self.client.to_string(),
@@ -98,8 +89,8 @@ impl SessionInfo {
             age_secs: self.started.elapsed().as_secs(),
             commands: self.commands.load(Ordering::Relaxed),
             can_reauthenticate: self.can_reauthenticate.load(Ordering::Relaxed),
-            movable: blocker == 0,
-            blocked_by: (blocker > 0).then(|| BLOCKERS[usize::from(blocker - 1)].to_string()),
+            movable: blocker.is_none(),
+            blocked_by: blocker.map(|b| b.as_str().to_string()),
         }
     }
 }
@@ -173,16 +164,13 @@ impl SessionRegistry {
         };
         let mut out: Vec<(u32, String)> = Vec::new();
         for s in m.values() {
-            let blocker = s.blocker.load(Ordering::Relaxed);
+            let blocker = s.blocker();
             let who = || {
                 let user = s.user.lock().map(|u| u.clone()).unwrap_or_default();
                 format!("session {} ({user}@{})", s.id, s.client.ip())
             };
-            if blocker > 0 {
-                out.push((
-                    s.id,
-                    format!("{}: {}", who(), BLOCKERS[usize::from(blocker - 1)]),
-                ));
+            if let Some(b) = blocker {
+                out.push((s.id, format!("{}: {b}", who())));
             } else if stop && !s.can_reauthenticate.load(Ordering::Relaxed) {
                 out.push((
                     s.id,
@@ -266,7 +254,7 @@ mod tests {
         let r = SessionRegistry::default();
         let idle = session(1);
         let in_txn = session(2);
-        in_txn.set_blocker(Some("open transaction"));
+        in_txn.set_blocker(Some(Blocker::OpenTransaction));
         let relayed = session(3);
         relayed.can_reauthenticate.store(false, Ordering::Relaxed);
         for s in [&idle, &in_txn, &relayed] {
@@ -277,7 +265,7 @@ mod tests {
         let stop = r.pause_blockers(true);
         assert_eq!(stop.len(), 2, "{stop:?}");
         assert!(stop[1].starts_with("session 3 (app@127.0.0.1): login was relayed"));
-        in_txn.set_blocker(Some("pass-through connection"));
+        in_txn.set_blocker(Some(Blocker::PassThrough));
         assert!(r.pause_blockers(false)[0].ends_with("pass-through connection"));
     }
 }

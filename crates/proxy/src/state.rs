@@ -67,26 +67,32 @@ impl SessionRecord {
     }
 
     /// Why the session could not move to another backend right now, if it could not.
-    pub fn blocker(&self) -> Option<&'static str> {
+    pub fn blocker(&self) -> Option<Blocker> {
         if self.in_transaction() {
-            Some("open transaction")
+            Some(Blocker::OpenTransaction)
         } else if self.temporary_tables {
-            Some("temporary table")
+            Some(Blocker::TemporaryTable)
         } else if self.table_locks {
-            Some("LOCK TABLES")
+            Some(Blocker::LockTables)
         } else if self.named_locks {
-            Some("GET_LOCK")
+            Some(Blocker::GetLock)
         } else if self.xa {
-            Some("XA transaction")
+            Some(Blocker::Xa)
         } else if self.open_cursors > 0 {
-            Some("open cursor")
+            Some(Blocker::OpenCursor)
         } else if self.pending_long_data {
-            Some("pending long data")
+            Some(Blocker::PendingLongData)
         } else if self.untracked {
-            Some("session trackers unavailable")
+            Some(Blocker::Untracked)
         } else {
             None
         }
+    }
+
+    /// State that died with a lost backend and cannot be recreated on another node (an open
+    /// transaction is not here: it is rolled back and the client told so).
+    pub fn lost_with_backend(&self) -> Option<Blocker> {
+        self.blocker().filter(|b| b.dies_with_backend())
     }
 
     pub fn reset(&mut self) {
@@ -94,6 +100,116 @@ impl SessionRecord {
             untracked: self.untracked,
             ..SessionRecord::default()
         };
+    }
+}
+
+/// What keeps a session from moving to another node right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Blocker {
+    OpenTransaction = 1,
+    TemporaryTable,
+    LockTables,
+    GetLock,
+    Xa,
+    OpenCursor,
+    PendingLongData,
+    /// The session trackers could not be enabled, so holdfast cannot know the state.
+    Untracked,
+    /// A pass-through listener's connection: holdfast does not see its statements.
+    PassThrough,
+}
+
+impl Blocker {
+    pub const ALL: [Blocker; 9] = [
+        Blocker::OpenTransaction,
+        Blocker::TemporaryTable,
+        Blocker::LockTables,
+        Blocker::GetLock,
+        Blocker::Xa,
+        Blocker::OpenCursor,
+        Blocker::PendingLongData,
+        Blocker::Untracked,
+        Blocker::PassThrough,
+    ];
+
+    /// As `/status` and `ctl status` show it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Blocker::OpenTransaction => "open transaction",
+            Blocker::TemporaryTable => "temporary table",
+            Blocker::LockTables => "LOCK TABLES",
+            Blocker::GetLock => "GET_LOCK",
+            Blocker::Xa => "XA transaction",
+            Blocker::OpenCursor => "open cursor",
+            Blocker::PendingLongData => "pending long data",
+            Blocker::Untracked => "session trackers unavailable",
+            Blocker::PassThrough => "pass-through connection",
+        }
+    }
+
+    /// What the client lost when the backend died holding it, as a close message says it.
+    pub fn what_is_lost(self) -> &'static str {
+        match self {
+            Blocker::OpenTransaction => "its open transaction",
+            Blocker::TemporaryTable => "its temporary tables",
+            Blocker::LockTables => "its LOCK TABLES locks",
+            Blocker::GetLock => "its GET_LOCK locks",
+            Blocker::Xa => "its XA transaction",
+            Blocker::OpenCursor => "an open cursor",
+            Blocker::PendingLongData => "pending COM_STMT_SEND_LONG_DATA data",
+            Blocker::Untracked => "its untracked session state",
+            Blocker::PassThrough => "its pass-through connection",
+        }
+    }
+
+    /// Server-side state that cannot be recreated on another node.
+    pub fn dies_with_backend(self) -> bool {
+        !matches!(
+            self,
+            Blocker::OpenTransaction | Blocker::Untracked | Blocker::PassThrough
+        )
+    }
+
+    /// The metric label of a session closed because the backend died holding this.
+    pub fn lost_label(self) -> &'static str {
+        match self {
+            Blocker::OpenTransaction => "transaction_lost",
+            Blocker::TemporaryTable => "temporary_tables_lost",
+            Blocker::LockTables => "table_locks_lost",
+            Blocker::GetLock => "named_locks_lost",
+            Blocker::Xa => "xa_lost",
+            Blocker::OpenCursor => "cursor_lost",
+            Blocker::PendingLongData => "long_data_lost",
+            Blocker::Untracked => "untracked_lost",
+            Blocker::PassThrough => "passthrough_lost",
+        }
+    }
+
+    /// The metric label of a session closed because it kept this past the cool-down.
+    pub fn cooldown_label(self) -> &'static str {
+        match self {
+            Blocker::OpenTransaction => "cooldown_open_transaction",
+            Blocker::TemporaryTable => "cooldown_temporary_table",
+            Blocker::LockTables => "cooldown_lock_tables",
+            Blocker::GetLock => "cooldown_get_lock",
+            Blocker::Xa => "cooldown_xa",
+            Blocker::OpenCursor => "cooldown_open_cursor",
+            Blocker::PendingLongData => "cooldown_long_data",
+            Blocker::Untracked => "cooldown_untracked",
+            Blocker::PassThrough => "cooldown_passthrough",
+        }
+    }
+
+    /// The inverse of `as u8`, for the registry's atomic slot (0 is "none").
+    pub fn from_code(code: u8) -> Option<Blocker> {
+        Blocker::ALL.get(usize::from(code).checked_sub(1)?).copied()
+    }
+}
+
+impl std::fmt::Display for Blocker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -120,7 +236,15 @@ mod tests {
             Some("ANSI_QUOTES")
         );
         assert_eq!(r.schema.as_deref(), Some("sbtest"));
+        for b in Blocker::ALL {
+            assert_eq!(Blocker::from_code(b as u8), Some(b));
+        }
+        assert_eq!(Blocker::from_code(0), None);
         r.status = SERVER_STATUS_IN_TRANS;
-        assert_eq!(r.blocker(), Some("open transaction"));
+        assert_eq!(r.blocker(), Some(Blocker::OpenTransaction));
+        assert_eq!(r.lost_with_backend(), None);
+        r.status = 0;
+        r.temporary_tables = true;
+        assert_eq!(r.lost_with_backend(), Some(Blocker::TemporaryTable));
     }
 }

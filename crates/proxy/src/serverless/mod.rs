@@ -203,6 +203,20 @@ pub enum WakeError {
     },
 }
 
+impl WakeError {
+    /// What a client is told: the instance and the deadline, not the driver's error text
+    /// (that goes to the log and `/status`).
+    pub fn client_message(&self) -> String {
+        match self {
+            WakeError::Timeout {
+                instance,
+                deadline_ms,
+                ..
+            } => format!("instance '{instance}' did not resume within {deadline_ms} ms"),
+        }
+    }
+}
+
 /// Mutable state the lifecycle task owns and `/status` reads (not on the query path).
 #[derive(Debug)]
 struct Inner {
@@ -414,6 +428,32 @@ impl Lifecycle {
         if from != phase {
             tracing::info!(instance = %self.config.instance, from = from.name(), to = phase.name(), tier = tier.map(PauseTier::name), "instance lifecycle");
         }
+    }
+}
+
+impl crate::gate::BackendGate for Lifecycle {
+    fn is_open(&self) -> bool {
+        self.is_running()
+    }
+
+    fn epoch(&self) -> u64 {
+        Lifecycle::epoch(self)
+    }
+
+    fn open(&self, trigger: &'static str) -> crate::gate::GateFuture<'_> {
+        Box::pin(self.wake(trigger))
+    }
+
+    fn hold_open(&self) -> Option<InFlight<'_>> {
+        Some(self.login_started())
+    }
+
+    fn login_grace(&self) -> Duration {
+        self.config.resume_deadline()
+    }
+
+    fn wakes_on_login(&self) -> bool {
+        true
     }
 }
 

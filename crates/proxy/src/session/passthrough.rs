@@ -3,9 +3,10 @@
 //! cannot move: it ends with its backend connection, and it keeps a serverless instance
 //! from pausing (the registry lists it as a pause blocker).
 
+use super::LoggedIn;
 use crate::conn::PacketConn;
-use crate::login::LoggedIn;
 use crate::registry::SessionInfo;
+use crate::state::Blocker;
 use crate::Shared;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -23,7 +24,7 @@ pub(super) async fn run(
     let info = Arc::new(SessionInfo::new(id, peer));
     info.set_user(&logged_in.user);
     info.set_backend(&logged_in.backend_name);
-    info.set_blocker(Some("pass-through connection"));
+    info.set_blocker(Some(Blocker::PassThrough));
     shared.sessions.insert(info.clone());
     shared.metrics.sessions_active.inc();
     let result = async {

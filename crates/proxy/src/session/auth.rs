@@ -1,0 +1,670 @@
+//! Authentication: the client's login (holdfast's greeting, the client's answer checked
+//! against the server's verifiers or relayed to the backend, the backend login behind it)
+//! and COM_CHANGE_USER, the same exchange again mid-session. One native-password check
+//! ([`check_native`]) and one relay loop ([`relay_exchange`]) serve both.
+
+use super::{End, Session};
+use crate::backend::{self, BackendConn, BackendError, LoginParams};
+use crate::config::ListenerMode;
+use crate::conn::{ConnError, PacketConn};
+use crate::error::{ClientError, ErrorKind};
+use crate::restore::Captured;
+use crate::serverless::InFlight;
+use crate::topology::NodeState;
+use crate::verifiers::Verifier;
+use crate::Shared;
+use holdfast_wire::auth::{printable_scramble, verify_native, PasswordHash, NATIVE_PASSWORD};
+use holdfast_wire::caps::*;
+use holdfast_wire::frame::{self, parse_header};
+use holdfast_wire::handshake::{AuthSwitch, ChangeUser, ClientHello, Greeting, LoginRequest};
+use holdfast_wire::packets::{ok_payload, ERR_HEADER, OK_HEADER};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+
+/// Largest packet accepted during an authentication exchange: logins are small.
+const AUTH_MAX_PACKET: usize = 1 << 20;
+
+pub struct LoggedIn {
+    pub backend: BackendConn,
+    pub backend_name: String,
+    pub user: String,
+    pub capabilities: u32,
+    /// `SHA1(password)` when holdfast verified the login itself; `None` with an empty
+    /// password or after a relayed login.
+    pub secret: Option<PasswordHash>,
+    pub can_reauthenticate: bool,
+    /// The scramble holdfast sent in its greeting (COM_CHANGE_USER answers are computed over it).
+    pub scramble: [u8; 20],
+    /// What the client logged in with, to log in again on another node.
+    pub identity: Identity,
+}
+
+/// The parts of a client's login that a new backend connection repeats.
+#[derive(Debug, Clone, Default)]
+pub struct Identity {
+    pub user: Vec<u8>,
+    pub charset: u8,
+    pub attributes: Vec<u8>,
+    /// The database named in the login, if any (the schema tracker reports only changes).
+    pub database: Option<String>,
+}
+
+impl Identity {
+    fn of(req: &LoginRequest) -> Identity {
+        Identity {
+            user: req.user.clone(),
+            charset: req.charset,
+            attributes: req.attributes.clone(),
+            database: req
+                .database
+                .as_ref()
+                .map(|d| String::from_utf8_lossy(d).into_owned()),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoginError {
+    /// holdfast refused the login with this error (already sent to the client).
+    #[error("login refused: {0}")]
+    Refused(ClientError),
+    /// The backend refused the login; its ERR packet was relayed to the client.
+    #[error("the backend refused the login: {0}")]
+    BackendRefused(BackendError),
+    /// The client sent no complete login in time; the connection is closed silently.
+    #[error("no login within the handshake timeout of {0} ms")]
+    HandshakeTimeout(u64),
+    #[error("client: {0}")]
+    Client(#[from] ConnError),
+}
+
+impl LoginError {
+    /// The `reason` label of `holdfast_client_connections_rejected_total`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            LoginError::Refused(e) => e.kind.label(),
+            LoginError::BackendRefused(BackendError::Server { code, .. })
+                if *code == crate::error::code::ER_ACCESS_DENIED_ERROR =>
+            {
+                ErrorKind::AccessDenied.label()
+            }
+            LoginError::BackendRefused(_) => "backend_refused",
+            LoginError::HandshakeTimeout(_) => "handshake_timeout",
+            LoginError::Client(ConnError::TooLarge { .. }) => ErrorKind::PacketTooLarge.label(),
+            LoginError::Client(ConnError::Wire(_)) => ErrorKind::MalformedPacket.label(),
+            LoginError::Client(_) => "client_gone",
+        }
+    }
+}
+
+/// Why an authentication exchange with a backend failed.
+#[derive(Debug, thiserror::Error)]
+enum RelayError {
+    #[error("client: {0}")]
+    Client(ConnError),
+    #[error("backend connection lost during authentication: {0}")]
+    Backend(ConnError),
+}
+
+impl From<RelayError> for End {
+    fn from(e: RelayError) -> End {
+        match e {
+            RelayError::Client(e) => End::Client(e),
+            RelayError::Backend(e) => End::Backend(e),
+        }
+    }
+}
+
+pub fn server_version(shared: &Shared) -> Vec<u8> {
+    if !shared.config.proxy.server_version.is_empty() {
+        return shared.config.proxy.server_version.as_bytes().to_vec();
+    }
+    let topo = shared.topology.borrow();
+    let v = topo
+        .primary_node()
+        .map(|n| n.version.clone())
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "10.11.0-MariaDB-holdfast".to_string());
+    // MariaDB clients recognise MariaDB by this prefix in the greeting.
+    if v.contains("MariaDB") && !v.starts_with("5.5.5-") {
+        format!("5.5.5-{v}").into_bytes()
+    } else {
+        v.into_bytes()
+    }
+}
+
+/// Sends `error` to a client still in its login and returns the matching [`LoginError`].
+async fn refuse(
+    client: &mut PacketConn,
+    shared: &Shared,
+    seq: u8,
+    error: ClientError,
+) -> LoginError {
+    shared.metrics.count_error(error.kind.code());
+    let _ = client.write_packet(&error.payload(), seq).await;
+    LoginError::Refused(error)
+}
+
+/// A backend refused or could not be reached during a login: its own ERR goes to the
+/// client unchanged; a connection failure is logged and the client told only that.
+async fn backend_failed(
+    client: &mut PacketConn,
+    shared: &Shared,
+    seq: u8,
+    node: &str,
+    e: BackendError,
+) -> LoginError {
+    match e {
+        BackendError::Server {
+            code, ref payload, ..
+        } => {
+            shared.metrics.count_error(code);
+            let _ = client.write_packet(payload, seq).await;
+            LoginError::BackendRefused(e)
+        }
+        other => {
+            shared.metrics.backend_connect_failures.inc();
+            tracing::warn!(node, error = %other, "login: cannot open a backend connection");
+            let error = ClientError::new(
+                ErrorKind::NoBackend,
+                format!("holdfast: cannot open a connection to database node {node}"),
+            );
+            refuse(client, shared, seq, error).await
+        }
+    }
+}
+
+/// Runs the whole connection phase. On success the client has received its OK.
+pub async fn login(
+    shared: &Shared,
+    client: &mut PacketConn,
+    peer: SocketAddr,
+    id: u32,
+    mode: ListenerMode,
+) -> Result<LoggedIn, LoginError> {
+    let scramble = printable_scramble(rand::random());
+    let greeting = Greeting {
+        server_version: server_version(shared),
+        connection_id: id,
+        scramble: scramble.to_vec(),
+        capabilities: PROXY_CAPABILITIES,
+        charset: 45,
+        status: SERVER_STATUS_AUTOCOMMIT,
+        auth_plugin: NATIVE_PASSWORD.as_bytes().to_vec(),
+    };
+    client.write_packet(&greeting.encode(), 0).await?;
+    // Refusals while the instance is paused count as connections turned away unwoken.
+    let closed_unwoken = |reason| {
+        if shared.gate.wakes_on_login() && !shared.gate.is_open() {
+            shared.metrics.count_closed_without_wake(reason);
+        }
+    };
+    let (req, mut seq) = match read_login_request(shared, client).await {
+        Ok(x) => x,
+        Err(e) => {
+            closed_unwoken(match e {
+                LoginError::Refused(_) => "not_a_login",
+                _ => "no_login",
+            });
+            return Err(e);
+        }
+    };
+    let capabilities = req.capabilities & PROXY_CAPABILITIES;
+    let user = String::from_utf8_lossy(&req.user).into_owned();
+    let verifier = find_verifier(shared, client, seq, &user, peer).await?;
+    let exact = mode == ListenerMode::Passthrough;
+    let Some(v @ (Verifier::Native(_) | Verifier::Empty)) = verifier else {
+        // Another plugin, or an account holdfast cannot see: the backend authenticates.
+        let plugin = match verifier {
+            Some(Verifier::Relay { plugin }) => Some(plugin),
+            _ => None,
+        };
+        let _held = pass_gate(shared, client, seq).await?;
+        let node = writable_node(shared, client, seq).await?;
+        let backend = relay_login(
+            shared,
+            client,
+            &req,
+            (capabilities, exact),
+            seq,
+            &node,
+            plugin,
+        )
+        .await?;
+        return Ok(LoggedIn {
+            backend,
+            backend_name: node.name,
+            user,
+            capabilities,
+            secret: None,
+            can_reauthenticate: false,
+            scramble,
+            identity: Identity::of(&req),
+        });
+    };
+    let response = if req.auth_plugin.is_empty() || req.auth_plugin == NATIVE_PASSWORD.as_bytes() {
+        req.auth_response.clone()
+    } else if capabilities & CLIENT_PLUGIN_AUTH != 0 {
+        let answer;
+        (answer, seq) = ask_native_answer(client, scramble.to_vec(), seq).await?;
+        answer
+    } else {
+        let error = ClientError::auth_method_unsupported();
+        return Err(refuse(client, shared, seq, error).await);
+    };
+    let Ok(secret) = check_native(&v, &response, &scramble) else {
+        closed_unwoken("wrong_password");
+        shared.metrics.logins_failed.inc();
+        tracing::info!(user = %user, client = %peer, "login refused: wrong password");
+        let error = ClientError::access_denied(&user, peer.ip(), !response.is_empty());
+        return Err(refuse(client, shared, seq, error).await);
+    };
+    let _held = pass_gate(shared, client, seq).await?;
+    let node = writable_node(shared, client, seq).await?;
+    let params = LoginParams {
+        user: &req.user,
+        secret: secret.as_ref(),
+        database: req.database.as_deref(),
+        charset: req.charset,
+        client_capabilities: capabilities,
+        attributes: &req.attributes,
+        exact_capabilities: exact,
+    };
+    shared.metrics.backend_connects.inc();
+    let timeout = shared.config.proxy.connect_timeout();
+    let backend = match backend::connect(&node.address, &params, timeout).await {
+        Ok(b) => b,
+        Err(e) => return Err(backend_failed(client, shared, seq, &node.name, e).await),
+    };
+    client
+        .write_packet(&ok_payload(0, 0, SERVER_STATUS_AUTOCOMMIT, 0), seq)
+        .await?;
+    Ok(LoggedIn {
+        backend,
+        backend_name: node.name,
+        user,
+        capabilities,
+        secret,
+        can_reauthenticate: true,
+        scramble,
+        identity: Identity::of(&req),
+    })
+}
+
+/// Reads the client's handshake response within the handshake timeout (the whole login
+/// may take longer only while a paused instance resumes). Returns it with the next
+/// sequence id.
+async fn read_login_request(
+    shared: &Shared,
+    client: &mut PacketConn,
+) -> Result<(LoginRequest, u8), LoginError> {
+    let timeout = shared.config.proxy.handshake_timeout();
+    let hello = match tokio::time::timeout(timeout, client.read_packet(AUTH_MAX_PACKET)).await {
+        Ok(h) => h?,
+        Err(_) => {
+            return Err(LoginError::HandshakeTimeout(
+                shared.config.proxy.handshake_timeout_ms,
+            ))
+        }
+    };
+    let seq = hello.seq.wrapping_add(1);
+    let refusal = match ClientHello::parse(&hello.payload) {
+        Ok(ClientHello::Login(req)) => return Ok((req, seq)),
+        Ok(ClientHello::SslRequest { .. }) => ClientError::new(
+            ErrorKind::BadHandshake,
+            "holdfast does not offer TLS on this listener; connect without TLS",
+        ),
+        Err(e) => ClientError::new(ErrorKind::BadHandshake, format!("Bad handshake: {e}")),
+    };
+    Err(refuse(client, shared, seq, refusal).await)
+}
+
+/// The verifier of the account `user` would log in as from `peer`. An account holdfast has
+/// not seen makes it ask the server again (waking a paused instance), rate-limited.
+async fn find_verifier(
+    shared: &Shared,
+    client: &mut PacketConn,
+    seq: u8,
+    user: &str,
+    peer: SocketAddr,
+) -> Result<Option<Verifier>, LoginError> {
+    if let Some(account) = shared.verifiers.lookup(user, peer.ip()) {
+        return Ok(Some(account.verifier()));
+    }
+    let _held = pass_gate(shared, client, seq).await?;
+    let addr = shared
+        .topology
+        .borrow()
+        .primary_node()
+        .map(|n| n.address.clone());
+    if let Some(addr) = addr {
+        let min = std::time::Duration::from_millis(shared.config.auth.verifier_miss_refresh_ms);
+        if let Ok(true) = shared.verifiers.refresh(&shared.config, &addr, min).await {
+            return Ok(shared
+                .verifiers
+                .lookup(user, peer.ip())
+                .map(|a| a.verifier()));
+        }
+    }
+    Ok(None)
+}
+
+/// Checks a mysql_native_password answer to `scramble` against the account's verifier.
+/// Ok carries `SHA1(password)` (None for an account with an empty password); Err means the
+/// password is wrong.
+fn check_native(
+    verifier: &Verifier,
+    response: &[u8],
+    scramble: &[u8],
+) -> Result<Option<PasswordHash>, ()> {
+    match verifier {
+        Verifier::Native(stored) => verify_native(response, scramble, stored)
+            .map(Some)
+            .ok_or(()),
+        Verifier::Empty if response.is_empty() => Ok(None),
+        _ => Err(()),
+    }
+}
+
+/// Where a new login goes: the writable node.
+async fn writable_node(
+    shared: &Shared,
+    client: &mut PacketConn,
+    seq: u8,
+) -> Result<NodeState, LoginError> {
+    let node = shared.topology.borrow().primary_node().cloned();
+    match node {
+        Some(n) => Ok(n),
+        None => {
+            let error = ClientError::new(
+                ErrorKind::NoBackend,
+                "holdfast: no writable database node is available",
+            );
+            Err(refuse(client, shared, seq, error).await)
+        }
+    }
+}
+
+/// The route phase of a login that must reach the server: opens the backend gate (wakes a
+/// paused instance, waiting up to its resume deadline) and holds it open until the guard
+/// drops, so a pause waits for the login.
+async fn pass_gate<'a>(
+    shared: &'a Shared,
+    client: &mut PacketConn,
+    seq: u8,
+) -> Result<Option<InFlight<'a>>, LoginError> {
+    loop {
+        let held = shared.gate.hold_open();
+        if shared.gate.is_open() {
+            return Ok(held);
+        }
+        drop(held);
+        if let Err(error) = super::route::open_gate(shared, "login").await {
+            return Err(refuse(client, shared, seq, error).await);
+        }
+    }
+}
+
+/// Asks the client for its mysql_native_password answer to `scramble` (AuthSwitchRequest);
+/// returns the answer and the next sequence id.
+async fn ask_native_answer(
+    client: &mut PacketConn,
+    scramble: Vec<u8>,
+    seq: u8,
+) -> Result<(Vec<u8>, u8), ConnError> {
+    let switch = AuthSwitch {
+        plugin: NATIVE_PASSWORD.as_bytes().to_vec(),
+        data: scramble,
+    };
+    client.write_packet(&switch.encode(), seq).await?;
+    let answer = client.read_packet(AUTH_MAX_PACKET).await?;
+    Ok((answer.payload.to_vec(), answer.seq.wrapping_add(1)))
+}
+
+/// The client-side name of a server auth plugin.
+fn client_plugin(server_plugin: &str) -> &str {
+    match server_plugin {
+        "ed25519" => "client_ed25519",
+        "unix_socket" | "" => NATIVE_PASSWORD,
+        p => p,
+    }
+}
+
+/// How an authentication exchange with a backend ended.
+enum Exchange {
+    /// The backend accepted; the next client sequence id.
+    Accepted(u8),
+    /// The backend refused with this ERR payload; the client sequence id to relay it with.
+    Refused(Vec<u8>, u8),
+}
+
+/// Relays an authentication exchange between a backend and the client until the backend
+/// answers OK or ERR: every request for more data goes to the client and its answer back.
+/// With `secret`, a switch to mysql_native_password is answered by holdfast itself.
+async fn relay_exchange(
+    client: &mut PacketConn,
+    backend: &mut PacketConn,
+    mut seq: u8,
+    secret: Option<&PasswordHash>,
+) -> Result<Exchange, RelayError> {
+    loop {
+        let p = backend
+            .read_packet(AUTH_MAX_PACKET)
+            .await
+            .map_err(RelayError::Backend)?;
+        let answer = match p.payload.first() {
+            Some(&OK_HEADER) => return Ok(Exchange::Accepted(seq)),
+            Some(&ERR_HEADER) => return Ok(Exchange::Refused(p.payload.to_vec(), seq)),
+            Some(0xfe) if secret.is_some() => {
+                let switch = AuthSwitch::parse(&p.payload)
+                    .map_err(|e| RelayError::Backend(ConnError::Wire(e)))?;
+                secret
+                    .map(|s| s.scramble_response(&switch.data).to_vec())
+                    .unwrap_or_default()
+            }
+            _ => {
+                client
+                    .write_packet(&p.payload, seq)
+                    .await
+                    .map_err(RelayError::Client)?;
+                let answer = client
+                    .read_packet(AUTH_MAX_PACKET)
+                    .await
+                    .map_err(RelayError::Client)?;
+                seq = answer.seq.wrapping_add(1);
+                answer.payload.to_vec()
+            }
+        };
+        backend
+            .write_packet(&answer, p.seq.wrapping_add(1))
+            .await
+            .map_err(RelayError::Backend)?;
+    }
+}
+
+/// Relays the authentication exchange between the client and a backend: the client answers
+/// the backend's scramble, and holdfast never learns anything it could reuse.
+async fn relay_login(
+    shared: &Shared,
+    client: &mut PacketConn,
+    req: &LoginRequest,
+    (capabilities, exact): (u32, bool),
+    mut seq: u8,
+    node: &NodeState,
+    plugin: Option<String>,
+) -> Result<BackendConn, LoginError> {
+    if capabilities & CLIENT_PLUGIN_AUTH == 0 {
+        let error = ClientError::auth_method_unsupported();
+        return Err(refuse(client, shared, seq, error).await);
+    }
+    shared.metrics.backend_connects.inc();
+    let (mut conn, greeting) =
+        match backend::open(&node.address, shared.config.proxy.connect_timeout()).await {
+            Ok(x) => x,
+            Err(e) => return Err(backend_failed(client, shared, seq, &node.name, e).await),
+        };
+    let backend_caps = if exact {
+        backend::exact_capabilities(capabilities, greeting.capabilities)
+    } else {
+        backend::backend_capabilities(capabilities, greeting.capabilities)
+    };
+    let server_default = String::from_utf8_lossy(&greeting.auth_plugin).into_owned();
+    let account_plugin = plugin.unwrap_or_else(|| server_default.clone());
+    let auth_response = if client_plugin(&account_plugin) == NATIVE_PASSWORD {
+        // Password plugins that answer the greeting's scramble: ask the client for that
+        // answer right away.
+        let answer;
+        (answer, seq) = ask_native_answer(client, greeting.scramble.clone(), seq).await?;
+        answer
+    } else {
+        // Other plugins (ed25519 sends its own nonce, caching_sha2_password may ask for
+        // more): offer nothing, so the server switches to the account's plugin itself and
+        // the exchange below relays every step verbatim.
+        Vec::new()
+    };
+    let login = LoginRequest {
+        capabilities: backend_caps,
+        max_packet: 1 << 30,
+        charset: req.charset,
+        user: req.user.clone(),
+        auth_response,
+        database: req.database.clone(),
+        auth_plugin: NATIVE_PASSWORD.as_bytes().to_vec(),
+        attributes: req.attributes.clone(),
+    };
+    let lost = |e: ConnError| {
+        tracing::info!(node = %node.name, error = %e, "backend connection lost during a relayed login");
+        LoginError::BackendRefused(BackendError::Conn(e))
+    };
+    conn.write_packet(&login.encode(), 1).await.map_err(lost)?;
+    match relay_exchange(client, &mut conn, seq, None).await {
+        Ok(Exchange::Accepted(seq)) => {
+            client
+                .write_packet(&ok_payload(0, 0, SERVER_STATUS_AUTOCOMMIT, 0), seq)
+                .await?;
+            Ok(BackendConn {
+                conn,
+                greeting,
+                capabilities: backend_caps,
+            })
+        }
+        Ok(Exchange::Refused(payload, seq)) => {
+            shared.metrics.logins_failed.inc();
+            let e = BackendError::from_err_payload(&payload);
+            Err(backend_failed(client, shared, seq, &node.name, e).await)
+        }
+        Err(RelayError::Client(e)) => Err(LoginError::Client(e)),
+        Err(RelayError::Backend(e)) => Err(lost(e)),
+    }
+}
+
+impl Session {
+    /// COM_CHANGE_USER, checked against the verifiers like a login, then replayed on the
+    /// backend with an answer to the backend's own scramble.
+    pub(super) async fn change_user(&mut self, request: &[u8]) -> Result<(), End> {
+        let payload = frame::logical_payload(request);
+        let mut seq = parse_header(request).map_or(0, |h| h.seq).wrapping_add(1);
+        let cu = match ChangeUser::parse(&payload, self.capabilities) {
+            Ok(c) => c,
+            Err(e) => {
+                let error = ClientError::malformed(format!("COM_CHANGE_USER: {e}"));
+                self.send_error(seq, &error).await?;
+                return Err(End::Protocol("malformed COM_CHANGE_USER".into()));
+            }
+        };
+        let user = String::from_utf8_lossy(&cu.user).into_owned();
+        let peer = self.info.client.ip();
+        let verifier = self
+            .shared
+            .verifiers
+            .lookup(&user, peer)
+            .map(|a| a.verifier());
+        let (auth, secret) = match &verifier {
+            Some(v @ (Verifier::Native(_) | Verifier::Empty)) => {
+                let mut response = cu.auth_response.clone();
+                if !(cu.auth_plugin.is_empty() || cu.auth_plugin == NATIVE_PASSWORD.as_bytes()) {
+                    (response, seq) =
+                        ask_native_answer(&mut self.client, self.scramble.to_vec(), seq)
+                            .await
+                            .map_err(End::Client)?;
+                }
+                let Ok(secret) = check_native(v, &response, &self.scramble) else {
+                    self.shared.metrics.logins_failed.inc();
+                    let error = ClientError::access_denied(&user, peer, !response.is_empty());
+                    self.send_error(seq, &error).await?;
+                    return Err(End::Protocol("COM_CHANGE_USER refused".into()));
+                };
+                let answer = secret
+                    .as_ref()
+                    .map(|s| {
+                        s.scramble_response(&self.backend.greeting.scramble)
+                            .to_vec()
+                    })
+                    .unwrap_or_default();
+                (answer, secret)
+            }
+            // ed25519, caching_sha2_password...: the server switches to the account's
+            // plugin itself and every step is relayed verbatim.
+            Some(Verifier::Relay { .. }) => (Vec::new(), None),
+            None => {
+                // Unknown account: the client answers the backend's own scramble.
+                let scramble = self.backend.greeting.scramble.clone();
+                let answer;
+                (answer, seq) = ask_native_answer(&mut self.client, scramble, seq)
+                    .await
+                    .map_err(End::Client)?;
+                (answer, None)
+            }
+        };
+        let forwarded = ChangeUser {
+            auth_response: auth,
+            auth_plugin: NATIVE_PASSWORD.as_bytes().to_vec(),
+            ..cu
+        };
+        self.backend
+            .conn
+            .write_packet(&forwarded.encode(self.backend.capabilities), 0)
+            .await
+            .map_err(End::Backend)?;
+        match relay_exchange(
+            &mut self.client,
+            &mut self.backend.conn,
+            seq,
+            secret.as_ref(),
+        )
+        .await?
+        {
+            Exchange::Accepted(next) => seq = next,
+            Exchange::Refused(payload, seq) => {
+                self.client
+                    .write_packet(&payload, seq)
+                    .await
+                    .map_err(End::Client)?;
+                return Err(End::Protocol(
+                    "COM_CHANGE_USER refused by the backend".into(),
+                ));
+            }
+        }
+        self.statements.clear();
+        self.record.reset();
+        let database = String::from_utf8_lossy(&forwarded.database).into_owned();
+        self.record.schema = Some(database).filter(|d| !d.is_empty());
+        self.identity.user = forwarded.user.clone();
+        self.identity.database = self.record.schema.clone();
+        if let Some(cs) = forwarded.charset {
+            self.identity.charset = cs as u8;
+        }
+        self.captured = Captured::default();
+        let can = secret.is_some() || matches!(verifier, Some(Verifier::Empty));
+        self.can_reauthenticate = can;
+        self.secret = secret;
+        self.info.set_user(&user);
+        self.user = user;
+        self.info.can_reauthenticate.store(can, Ordering::Relaxed);
+        self.restore_trackers().await?;
+        self.client
+            .write_packet(&ok_payload(0, 0, SERVER_STATUS_AUTOCOMMIT, 0), seq)
+            .await
+            .map_err(End::Client)
+    }
+}

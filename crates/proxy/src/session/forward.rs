@@ -1,0 +1,598 @@
+//! The forward and observe phase: a request goes to the backend and its response streams
+//! back to the client. Only the packets that carry state (OK, EOF, ERR, PREPARE-OK, the
+//! column count) are parsed, to keep the session record current; rows and column
+//! definitions pass through in the reads they arrived in.
+
+use super::statements::Statement;
+use super::{End, Session};
+use crate::conn::ConnError;
+use crate::error::code::{ER_CLIENT_IDLE_TIMEOUT, ER_CONNECTION_KILLED, ER_SERVER_SHUTDOWN};
+use crate::error::{ClientError, ErrorKind};
+use crate::state::SessionRecord;
+use bytes::{Buf, Bytes, BytesMut};
+use holdfast_sql::{classify, first_keyword, Classification as C};
+use holdfast_wire::caps::*;
+use holdfast_wire::command::*;
+use holdfast_wire::frame::{self, parse_header, HEADER_LEN};
+use holdfast_wire::packets::{self, OkPacket};
+use holdfast_wire::response::{Event, Expect, Kind, ResponseMachine};
+use tokio::io::AsyncWriteExt;
+
+impl Session {
+    /// Forwards one request and relays its response. A backend lost before any of the
+    /// response reached the client is hidden: the session moves and the request runs again
+    /// when that is safe, or the client learns what became of it.
+    pub(super) async fn forward_request(&mut self, mut request: BytesMut) -> Result<(), End> {
+        let Some(header) = parse_header(&request) else {
+            return Err(End::Protocol("empty request".into()));
+        };
+        let reply_seq = header.seq.wrapping_add(1);
+        let in_transaction = self.record.in_transaction();
+        // A COM_QUERY is classified once, here, for both the record and retry safety (from
+        // its first frame: a longer one is never retried).
+        let query = if request.get(HEADER_LEN) == Some(&COM_QUERY) {
+            let end = HEADER_LEN + header.len.min(request.len() - HEADER_LEN);
+            let sql = &request[HEADER_LEN + 1..end];
+            let flags = classify(sql);
+            let commit = is_commit(sql);
+            self.note_query(flags, &request[HEADER_LEN + 1..end]);
+            Some((flags, commit))
+        } else {
+            None
+        };
+        let retry = !in_transaction
+            && !header.continues()
+            && match query {
+                Some((flags, _)) => retry_safe_flags(flags),
+                None => self.retry_safe_command(&request),
+            };
+        // Statement commands carry the backend's statement id once forwarded: a retry on
+        // another backend starts again from the client's.
+        let client_statement = packets::statement_id(&request[HEADER_LEN..]);
+        match self.command(&mut request).await {
+            Err(End::BackendLost {
+                started: false,
+                error,
+            }) => {
+                let retry = retry.then(|| {
+                    if let (Some(id), Some(&cmd)) = (client_statement, request.get(HEADER_LEN)) {
+                        if is_statement_command(cmd) {
+                            packets::set_statement_id(&mut request[HEADER_LEN..], id);
+                        }
+                    }
+                    request
+                });
+                let commit = query.is_some_and(|(_, commit)| commit);
+                self.recover_lost_request(error, retry, reply_seq, in_transaction, commit)
+                    .await
+            }
+            other => other,
+        }
+    }
+
+    /// Whether a command other than COM_QUERY, lost with its backend outside a transaction,
+    /// may run again on another node.
+    fn retry_safe_command(&self, request: &[u8]) -> bool {
+        let Some(&cmd) = request.get(HEADER_LEN) else {
+            return false;
+        };
+        match cmd {
+            COM_PING | COM_INIT_DB | COM_STMT_PREPARE | COM_STMT_RESET | COM_STATISTICS
+            | COM_FIELD_LIST => true,
+            COM_STMT_EXECUTE => packets::statement_id(&request[HEADER_LEN..])
+                .and_then(|id| self.statements.get(id))
+                .is_some_and(|s| s.retry_safe),
+            _ => false,
+        }
+    }
+
+    /// Handles one client request (`request` holds the whole logical packet, headers
+    /// included); statement commands get the backend's statement id written into it.
+    pub(super) async fn command(&mut self, request: &mut BytesMut) -> Result<(), End> {
+        let Some(header) = parse_header(request) else {
+            return Err(End::Protocol("empty request".into()));
+        };
+        let reply_seq = header.seq.wrapping_add(1);
+        let Some(&cmd) = request.get(HEADER_LEN) else {
+            return self
+                .send_error(reply_seq, &ClientError::malformed("empty command"))
+                .await;
+        };
+        self.shared.metrics.count_command(cmd);
+        self.response_started = false;
+        match cmd {
+            COM_QUIT => Err(End::Quit),
+            COM_QUERY => {
+                self.forward(request).await?;
+                self.relay(Expect::ResultSets).await
+            }
+            COM_STMT_PREPARE => {
+                self.forward(request).await?;
+                let sql = Bytes::copy_from_slice(&frame::logical_payload(request)[1..]);
+                self.relay_prepare(sql).await
+            }
+            COM_STMT_EXECUTE
+            | COM_STMT_FETCH
+            | COM_STMT_RESET
+            | COM_STMT_CLOSE
+            | COM_STMT_SEND_LONG_DATA => self.statement_command(cmd, request, reply_seq).await,
+            COM_CHANGE_USER => self.change_user(request).await,
+            COM_RESET_CONNECTION => {
+                self.forward(request).await?;
+                self.relay(Expect::Status).await?;
+                self.statements.clear();
+                self.record.reset();
+                self.restore_trackers().await
+            }
+            COM_INIT_DB | COM_PING | COM_SET_OPTION | COM_PROCESS_KILL | COM_DEBUG
+            | COM_REFRESH | COM_CREATE_DB | COM_DROP_DB => {
+                self.forward(request).await?;
+                self.relay(Expect::Status).await
+            }
+            COM_FIELD_LIST => {
+                self.forward(request).await?;
+                self.relay(Expect::FieldList).await
+            }
+            COM_STATISTICS => {
+                self.forward(request).await?;
+                self.relay(Expect::OnePacket).await
+            }
+            COM_PROCESS_INFO => {
+                self.forward(request).await?;
+                self.relay(Expect::ResultSets).await
+            }
+            other => {
+                tracing::info!(
+                    command = other,
+                    name = name(other),
+                    "unsupported command refused"
+                );
+                let message = format!(
+                    "Unknown command 0x{other:02x} ({}): holdfast does not forward it",
+                    name(other)
+                );
+                self.send_error_kind(reply_seq, ErrorKind::UnknownCommand, message)
+                    .await
+            }
+        }
+    }
+
+    fn note_query(&mut self, flags: C, sql: &[u8]) {
+        let r = &mut self.record;
+        if flags.intersects(
+            C::LAST_INSERT_ID_CALL
+                .union(C::SET_USER_VAR)
+                .union(C::CALL)
+                .union(C::EXECUTE_SQL)
+                .union(C::COMPOUND),
+        ) {
+            r.user_variables_touched = true;
+        }
+        if flags.has(C::CREATE_TEMP_TABLE) {
+            r.temporary_tables = true;
+        }
+        if flags.has(C::LOCK_TABLES) {
+            r.table_locks = true;
+        }
+        if flags.has(C::UNLOCK_TABLES) {
+            r.table_locks = false;
+        }
+        if flags.has(C::GET_LOCK) {
+            r.named_locks = true;
+        }
+        if flags.has(C::XA) {
+            // XA START/BEGIN opens one; XA COMMIT/ROLLBACK ends it (END/PREPARE keep it).
+            let mut words =
+                holdfast_sql::Lexer::new(sql).filter(|t| t.kind == holdfast_sql::TokenKind::Word);
+            let _xa = words.next();
+            match words.next() {
+                Some(t) if t.is_word("START") || t.is_word("BEGIN") => r.xa = true,
+                Some(t) if t.is_word("COMMIT") || t.is_word("ROLLBACK") => r.xa = false,
+                _ => {}
+            }
+        }
+    }
+
+    async fn forward(&mut self, request: &[u8]) -> Result<(), End> {
+        self.backend
+            .conn
+            .write_raw(request)
+            .await
+            .map_err(|error| End::BackendLost {
+                started: false,
+                error,
+            })
+    }
+
+    /// Writes the first `n` buffered backend bytes to the client.
+    async fn flush(&mut self, n: usize) -> Result<(), End> {
+        if n == 0 {
+            return Ok(());
+        }
+        let chunk = self.backend.conn.rbuf.split_to(n);
+        self.response_started = true;
+        self.shared.metrics.bytes_to_clients.inc_by(n as u64);
+        self.client
+            .stream
+            .write_all(&chunk)
+            .await
+            .map_err(|e| End::Client(e.into()))
+    }
+
+    /// Reads more from the backend. A loss is returned to the caller, which decides whether
+    /// the command can be re-run elsewhere or must fail.
+    async fn fill_backend(&mut self) -> Result<(), End> {
+        match self.backend.conn.fill().await {
+            Ok(_) => Ok(()),
+            Err(error) => Err(End::BackendLost {
+                started: self.response_started,
+                error,
+            }),
+        }
+    }
+
+    /// Streams one command's response to the client, inspecting only the packets that carry
+    /// state. Rows and column definitions pass through in the reads they arrived in.
+    async fn relay(&mut self, expect: Expect) -> Result<(), End> {
+        self.relay_inner(expect, None).await.map(|_| ())
+    }
+
+    async fn relay_prepare(&mut self, sql: Bytes) -> Result<(), End> {
+        self.relay_inner(Expect::Prepare, Some(sql))
+            .await
+            .map(|_| ())
+    }
+
+    async fn relay_inner(
+        &mut self,
+        expect: Expect,
+        prepare_sql: Option<Bytes>,
+    ) -> Result<u16, End> {
+        let mut m = ResponseMachine::new(expect, self.deprecate_eof());
+        let mut ready = 0usize;
+        let mut passing = 0usize;
+        let mut pending: Option<usize> = None;
+        let mut prepare_sql = prepare_sql;
+        loop {
+            if passing > 0 {
+                let n = (self.backend.conn.rbuf.len() - ready).min(passing);
+                ready += n;
+                passing -= n;
+                if passing > 0 {
+                    self.flush(ready).await?;
+                    ready = 0;
+                    self.fill_backend().await?;
+                    continue;
+                }
+            }
+            if m.is_done() && pending.is_none() {
+                break;
+            }
+            let rest = &self.backend.conn.rbuf[ready..];
+            let wire_len = match pending {
+                Some(n) => n,
+                None => {
+                    let Some(h) = parse_header(rest) else {
+                        self.flush(ready).await?;
+                        ready = 0;
+                        self.fill_backend().await?;
+                        continue;
+                    };
+                    if h.len > 0 && rest.len() <= HEADER_LEN {
+                        self.flush(ready).await?;
+                        ready = 0;
+                        self.fill_backend().await?;
+                        continue;
+                    }
+                    match m.classify(h.len, rest.get(HEADER_LEN).copied()) {
+                        Kind::Opaque => {
+                            let have = rest.len().min(h.packet_len());
+                            ready += have;
+                            passing = h.packet_len() - have;
+                            continue;
+                        }
+                        Kind::Inspect => h.packet_len(),
+                    }
+                }
+            };
+            if rest.len() < wire_len {
+                pending = Some(wire_len);
+                self.flush(ready).await?;
+                ready = 0;
+                self.fill_backend().await?;
+                continue;
+            }
+            pending = None;
+            let seq = rest[3];
+            // Borrow the buffer through the field alone, so the record can be updated below.
+            let payload = &self.backend.conn.rbuf[ready + HEADER_LEN..ready + wire_len];
+            let event = m
+                .on_packet(payload)
+                .map_err(|e| End::Protocol(format!("backend sent a malformed response: {e}")))?;
+            let mut replacement: Option<Vec<u8>> = None;
+            let mut is_infile = false;
+            match event {
+                Event::Ok(ok) => {
+                    replacement = observe_ok(
+                        &mut self.record,
+                        &ok,
+                        self.capabilities & CLIENT_SESSION_TRACK != 0,
+                    );
+                }
+                Event::Eof(eof) => self.record.status = eof.status,
+                Event::Err(e) => {
+                    // The server going away answers (or pre-empts) the command with one of
+                    // these before it closes; nothing ran, so treat it as a lost backend.
+                    if ready == 0
+                        && !self.response_started
+                        && matches!(
+                            e.code,
+                            ER_SERVER_SHUTDOWN | ER_CONNECTION_KILLED | ER_CLIENT_IDLE_TIMEOUT
+                        )
+                    {
+                        return Err(End::BackendLost {
+                            started: false,
+                            error: ConnError::Closed,
+                        });
+                    }
+                    self.shared.metrics.count_error(e.code)
+                }
+                Event::PrepareOk(p) => {
+                    let sql = prepare_sql.take().unwrap_or_default();
+                    let retry_safe = retry_safe_sql(&sql);
+                    let client_id = self.statements.insert(Statement {
+                        backend_id: p.statement_id,
+                        sql,
+                        params: p.num_params,
+                        cursor_open: false,
+                        long_data: false,
+                        retry_safe,
+                        types: None,
+                        types_pending: false,
+                    });
+                    self.record.prepared_statements = self.statements.len();
+                    let mut patched = payload.to_vec();
+                    packets::set_statement_id(&mut patched, client_id);
+                    replacement = Some(patched);
+                }
+                Event::LocalInfile => is_infile = true,
+                Event::None => {}
+            }
+            match replacement {
+                Some(new_payload) => {
+                    self.flush(ready).await?;
+                    ready = 0;
+                    self.backend.conn.rbuf.advance(wire_len);
+                    let framed = frame::packet(&new_payload, seq);
+                    self.response_started = true;
+                    self.shared
+                        .metrics
+                        .bytes_to_clients
+                        .inc_by(framed.len() as u64);
+                    self.client.write_raw(&framed).await.map_err(End::Client)?;
+                }
+                None => ready += wire_len,
+            }
+            if is_infile {
+                self.flush(ready).await?;
+                ready = 0;
+                self.relay_infile().await?;
+            }
+        }
+        self.flush(ready).await?;
+        Ok(m.last_status())
+    }
+
+    /// LOCAL INFILE: the client's file data goes to the backend up to the empty packet.
+    async fn relay_infile(&mut self) -> Result<(), End> {
+        let max = self.shared.config.proxy.max_packet_size;
+        loop {
+            let wire_len = self.client.buffer_packet(max).await.map_err(End::Client)?;
+            let chunk = self.client.rbuf.split_to(wire_len);
+            self.shared
+                .metrics
+                .bytes_from_clients
+                .inc_by(wire_len as u64);
+            self.forward(&chunk).await?;
+            if parse_header(&chunk).is_some_and(|h| h.len == 0) {
+                return Ok(());
+            }
+        }
+    }
+
+    async fn statement_command(
+        &mut self,
+        cmd: u8,
+        request: &mut BytesMut,
+        reply_seq: u8,
+    ) -> Result<(), End> {
+        let Some(client_id) = packets::statement_id(&request[HEADER_LEN..]) else {
+            if cmd == COM_STMT_CLOSE || cmd == COM_STMT_SEND_LONG_DATA {
+                return Ok(());
+            }
+            return self
+                .send_error(reply_seq, &ClientError::malformed("no statement id"))
+                .await;
+        };
+        let Some(stmt) = self.statements.get_mut(client_id) else {
+            // The server sends nothing back for these two, whatever the id.
+            if cmd == COM_STMT_CLOSE || cmd == COM_STMT_SEND_LONG_DATA {
+                return Ok(());
+            }
+            let msg = format!(
+                "Unknown prepared statement handler ({client_id}) given to {}",
+                name(cmd)
+            );
+            return self
+                .send_error_kind(reply_seq, ErrorKind::UnknownStatement, msg)
+                .await;
+        };
+        packets::set_statement_id(&mut request[HEADER_LEN..], stmt.backend_id);
+        match cmd {
+            COM_STMT_CLOSE => {
+                self.statements.remove(client_id);
+                self.record.prepared_statements = self.statements.len();
+                self.forward(request).await
+            }
+            COM_STMT_SEND_LONG_DATA => {
+                stmt.long_data = true;
+                self.record.pending_long_data = true;
+                self.forward(request).await
+            }
+            COM_STMT_RESET => {
+                stmt.long_data = false;
+                stmt.cursor_open = false;
+                self.forward(request).await?;
+                self.relay(Expect::Status).await?;
+                self.recount_statement_state();
+                Ok(())
+            }
+            COM_STMT_EXECUTE => {
+                stmt.long_data = false;
+                if let Some(patched) = bind_types(stmt, request) {
+                    *request = patched;
+                }
+                let wants_cursor = request
+                    .get(HEADER_LEN + 5)
+                    .is_some_and(|f| f & CURSOR_TYPE_READ_ONLY != 0);
+                self.forward(request).await?;
+                let status = self.relay_inner(Expect::ResultSets, None).await?;
+                if let Some(stmt) = self.statements.get_mut(client_id) {
+                    stmt.cursor_open = wants_cursor && status & SERVER_STATUS_CURSOR_EXISTS != 0;
+                }
+                self.recount_statement_state();
+                Ok(())
+            }
+            _ => {
+                // COM_STMT_FETCH
+                self.forward(request).await?;
+                let status = self.relay_inner(Expect::Fetch, None).await?;
+                if status & SERVER_STATUS_LAST_ROW_SENT != 0 {
+                    if let Some(stmt) = self.statements.get_mut(client_id) {
+                        stmt.cursor_open = false;
+                    }
+                }
+                self.recount_statement_state();
+                Ok(())
+            }
+        }
+    }
+
+    fn recount_statement_state(&mut self) {
+        self.record.open_cursors = self.statements.open_cursors();
+        self.record.pending_long_data = self.statements.pending_long_data();
+        self.record.prepared_statements = self.statements.len();
+    }
+}
+
+/// Records what an OK packet says; returns a re-encoded payload without the session state
+/// when the client did not negotiate session tracking (the rest is byte-identical).
+fn observe_ok(
+    record: &mut SessionRecord,
+    ok: &OkPacket<'_>,
+    client_tracks: bool,
+) -> Option<Vec<u8>> {
+    record.status = ok.status;
+    if ok.last_insert_id != 0 {
+        record.last_insert_id = ok.last_insert_id;
+    }
+    if !ok.session_state.is_empty() {
+        record.apply_session_state(ok.session_state);
+    }
+    if client_tracks {
+        return None;
+    }
+    (ok.status & SERVER_SESSION_STATE_CHANGED != 0).then(|| ok.encode(false))
+}
+
+/// Remembers the parameter types a COM_STMT_EXECUTE sends, and puts them back into an execute
+/// that relies on the server remembering them when the statement was re-prepared on a new
+/// backend that never saw them. Returns the rewritten request when one is needed.
+fn bind_types(stmt: &mut Statement, request: &[u8]) -> Option<BytesMut> {
+    let header = parse_header(request)?;
+    if header.continues() || stmt.params == 0 {
+        return None;
+    }
+    let payload = request.get(HEADER_LEN..HEADER_LEN + header.len)?;
+    let n = usize::from(stmt.params);
+    let flag_pos = 10 + n.div_ceil(8);
+    match *payload.get(flag_pos)? {
+        1 => {
+            stmt.types = Some(payload.get(flag_pos + 1..flag_pos + 1 + 2 * n)?.to_vec());
+            stmt.types_pending = false;
+            None
+        }
+        _ if stmt.types_pending => {
+            let types = stmt.types.as_ref()?;
+            let mut patched = Vec::with_capacity(payload.len() + types.len());
+            patched.extend_from_slice(&payload[..flag_pos]);
+            patched.push(1);
+            patched.extend_from_slice(types);
+            patched.extend_from_slice(&payload[flag_pos + 1..]);
+            stmt.types_pending = false;
+            Some(BytesMut::from(&frame::packet(&patched, header.seq)[..]))
+        }
+        _ => None,
+    }
+}
+
+/// Whether a statement lost in flight (outside a transaction) may simply run again: it only
+/// reads, only starts a transaction, or only sets session variables.
+pub(super) fn retry_safe_sql(sql: &[u8]) -> bool {
+    retry_safe_flags(classify(sql))
+}
+
+fn retry_safe_flags(flags: C) -> bool {
+    if flags.has(C::MULTI) {
+        return false;
+    }
+    let only = |allowed: u32| flags.bits & !(allowed | C::WRITE.bits) == 0;
+    flags.is_read_only()
+        || (flags.has(C::BEGIN_TXN) && only(C::BEGIN_TXN.bits))
+        || (flags.has(C::SET_SESSION_VAR) && only(C::SET_SESSION_VAR.bits | C::AUTOCOMMIT.bits))
+}
+
+fn is_commit(sql: &[u8]) -> bool {
+    first_keyword(sql).is_some_and(|k| k.eq_ignore_ascii_case(b"COMMIT"))
+}
+
+fn is_statement_command(cmd: u8) -> bool {
+    matches!(
+        cmd,
+        COM_STMT_EXECUTE
+            | COM_STMT_FETCH
+            | COM_STMT_RESET
+            | COM_STMT_CLOSE
+            | COM_STMT_SEND_LONG_DATA
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::retry_safe_sql;
+
+    #[test]
+    fn only_provably_harmless_statements_are_retried() {
+        for sql in [
+            "SELECT 1",
+            "BEGIN",
+            "START TRANSACTION",
+            "SET autocommit=0",
+            "SET NAMES utf8mb4",
+            "SHOW TABLES",
+        ] {
+            assert!(retry_safe_sql(sql.as_bytes()), "{sql} should be retried");
+        }
+        for sql in [
+            "INSERT INTO t VALUES (1)",
+            "UPDATE t SET a=1",
+            "COMMIT",
+            "SET @a = 1",
+            "SELECT 1; SELECT 2",
+            "SELECT GET_LOCK('x', 1)",
+            "CALL p()",
+        ] {
+            assert!(!retry_safe_sql(sql.as_bytes()), "{sql} must not be retried");
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! Between requests: the session reads the client's next request while watching what can
+//! happen to an idle session (the topology changes, its backend goes away, its cool-down
+//! ends). The watch arms only after a short silence, so a busy session pays no extra
+//! syscall or lock per command for it.
+
+use super::{CloseReason, End, Session};
+use crate::conn::{ConnError, PacketConn};
+use crate::error::ErrorKind;
+use crate::state::Blocker;
+use crate::topology::Topology;
+use bytes::BytesMut;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// How long a client must be silent before its session watches for idle-time events.
+const IDLE_PROBE: Duration = Duration::from_millis(20);
+
+enum IdleEvent {
+    /// The topology changed (false: the monitor is gone).
+    Topology(bool),
+    BackendGone,
+    Cooldown,
+}
+
+impl Session {
+    /// The client's next request (the whole logical packet, headers included), dealing
+    /// with idle-time events while waiting for it.
+    pub(super) async fn next_request(&mut self) -> Result<BytesMut, End> {
+        let max = self.shared.config.proxy.max_packet_size;
+        loop {
+            let cooldown_end = self
+                .move_pending_since
+                .map(|t| t + self.shared.config.proxy.cooldown());
+            let read = tokio::select! {
+                biased;
+                r = self.client.buffer_packet(max) => r,
+                event = idle_watch(
+                    &mut self.backend.conn,
+                    &mut self.topology,
+                    self.backend_dead,
+                    cooldown_end,
+                ) => {
+                    match event {
+                        IdleEvent::Topology(false) => {
+                            return Err(End::Protocol("topology monitor stopped".into()));
+                        }
+                        IdleEvent::Topology(true) => self.on_topology_change().await?,
+                        IdleEvent::BackendGone => {
+                            tracing::info!(session = self.info.id, node = %self.backend_name, "backend connection lost while idle");
+                            self.mark_backend_dead();
+                        }
+                        IdleEvent::Cooldown => return Err(self.cooldown_expired()),
+                    }
+                    continue;
+                }
+            };
+            let wire_len = match read {
+                Ok(n) => n,
+                Err(ConnError::TooLarge { len, max }) => {
+                    let msg = format!("Got a packet bigger than 'max_allowed_packet' bytes ({len} > {max}); holdfast closes the connection");
+                    let _ = self
+                        .send_error_kind(1, ErrorKind::PacketTooLarge, msg.clone())
+                        .await;
+                    return Err(End::Protocol(msg));
+                }
+                Err(e) => return Err(End::Client(e)),
+            };
+            self.shared
+                .metrics
+                .bytes_from_clients
+                .inc_by(wire_len as u64);
+            return Ok(self.client.rbuf.split_to(wire_len));
+        }
+    }
+
+    fn cooldown_expired(&mut self) -> End {
+        let blocker = self.record.blocker().unwrap_or(Blocker::Untracked);
+        End::Closed {
+            reason: CloseReason::Cooldown(blocker),
+            message: format!(
+                "closed: its node is no longer the primary and the session did not reach a safe point within the cool-down of {} ms ({blocker})",
+                self.shared.config.proxy.cooldown_ms
+            ),
+        }
+    }
+}
+
+/// What can happen to an idle session, armed only after [`IDLE_PROBE`] of client silence.
+async fn idle_watch(
+    conn: &mut PacketConn,
+    topology: &mut watch::Receiver<Arc<Topology>>,
+    backend_dead: bool,
+    cooldown_end: Option<Instant>,
+) -> IdleEvent {
+    tokio::time::sleep(IDLE_PROBE).await;
+    tokio::select! {
+        r = topology.changed(), if !backend_dead => IdleEvent::Topology(r.is_ok()),
+        _ = backend_gone(conn), if !backend_dead => IdleEvent::BackendGone,
+        _ = sleep_until_opt(cooldown_end), if cooldown_end.is_some() => IdleEvent::Cooldown,
+        else => std::future::pending().await,
+    }
+}
+
+/// Resolves when the backend connection of an idle session closes or sends something on its
+/// own (servers send an ERR before they close a connection on shutdown or KILL).
+async fn backend_gone(conn: &mut PacketConn) {
+    loop {
+        if conn.stream.readable().await.is_err() {
+            return;
+        }
+        match conn.stream.try_read_buf(&mut conn.rbuf) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            _ => return,
+        }
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d.into()).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,381 @@
+//! The move phase: the session goes to another backend connection when its node stops being
+//! the primary, when its backend connection is lost, or after a planned switchover. The
+//! client's connection stays open; its state (schema, variables, user variables,
+//! LAST_INSERT_ID, prepared statements under the ids the client holds) is recreated on the
+//! new node, and the request that was waiting runs there. A request lost in flight with its
+//! backend is re-run there when that is safe, and answered with an error that says what
+//! happened otherwise.
+
+use super::{CloseReason, End, Session};
+use crate::backend::{self, BackendConn, BackendError, LoginParams};
+use crate::conn::ConnError;
+use crate::error::{ClientError, ErrorKind};
+use crate::restore::{self, RestoreError, VariableTypes};
+use crate::topology::NodeState;
+use holdfast_wire::caps::{CLIENT_DEPRECATE_EOF, SERVER_STATUS_IN_TRANS};
+use holdfast_wire::command::*;
+use holdfast_wire::response::{Event, Expect, Kind, ResponseMachine};
+use std::fmt;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Pause between attempts to open a backend on a node that is not ready yet.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// Why a node could not take the session yet (worth another try within the hold window).
+/// Shown to the client when the hold window expires, so it names nodes, never addresses;
+/// the backend's own error text goes to the log.
+enum NotReady {
+    NoWritableNode,
+    Unreachable(String),
+    ReadOnly(String),
+    InstanceDown,
+}
+
+impl fmt::Display for NotReady {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NotReady::NoWritableNode => f.write_str("no writable node known"),
+            NotReady::Unreachable(n) => write!(f, "{n} could not be reached"),
+            NotReady::ReadOnly(n) => write!(f, "{n} is read-only"),
+            NotReady::InstanceDown => f.write_str("the instance did not resume"),
+        }
+    }
+}
+
+/// Why one attempt to move failed.
+enum MoveError {
+    Retry(NotReady),
+    /// The session cannot be moved at all.
+    Fatal {
+        reason: CloseReason,
+        message: String,
+    },
+}
+
+impl Session {
+    /// Notes that the backend connection is gone: the session moves before its next command,
+    /// and an open transaction went with the connection.
+    pub(super) fn mark_backend_dead(&mut self) {
+        self.backend_dead = true;
+        if self.record.status & SERVER_STATUS_IN_TRANS != 0 {
+            self.transaction_lost = true;
+            self.record.status &= !SERVER_STATUS_IN_TRANS;
+            // Inside a transaction the characteristics tracker describes the open one
+            // ("START TRANSACTION;"), which is gone; one-shot SET TRANSACTION went with it.
+            self.record.next_transaction.clear();
+        }
+    }
+
+    /// The backend was lost before any of the response reached the client: move, then run
+    /// `retry` again there, or tell the client what became of its request.
+    pub(super) async fn recover_lost_request(
+        &mut self,
+        error: ConnError,
+        retry: Option<bytes::BytesMut>,
+        reply_seq: u8,
+        in_transaction: bool,
+        commit: bool,
+    ) -> Result<(), End> {
+        tracing::info!(session = self.info.id, node = %self.backend_name, %error, "backend lost during a command");
+        self.mark_backend_dead();
+        self.transaction_lost = false;
+        self.relocate("backend_lost").await?;
+        if let Some(mut again) = retry {
+            self.shared.metrics.requests_retried.inc();
+            return self.command(&mut again).await;
+        }
+        self.shared.metrics.requests_failed_on_backend_loss.inc();
+        let error = if in_transaction && commit {
+            ClientError::commit_outcome_unknown()
+        } else if in_transaction {
+            ClientError::transaction_rolled_back()
+        } else {
+            ClientError::statement_interrupted()
+        };
+        self.send_error(reply_seq, &error).await
+    }
+
+    /// After a command: move at a safe point if a move is pending, and capture what the
+    /// trackers do not report when a statement may have changed it.
+    pub(super) async fn after_command(&mut self) -> Result<(), End> {
+        if self.move_pending_since.is_some() && self.record.blocker().is_none() {
+            self.relocate("primary_changed").await?;
+        }
+        if self.record.user_variables_touched && !self.backend_dead {
+            match restore::capture_session(&mut self.backend).await {
+                Ok(c) => {
+                    self.record.last_insert_id = c.last_insert_id;
+                    self.captured = c;
+                    self.record.user_variables_touched = false;
+                }
+                Err(e) => {
+                    tracing::debug!(session = self.info.id, error = %e, "capture failed; will retry after the next statement")
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves the session to the current primary, waiting for one up to the hold window.
+    pub(super) async fn relocate(&mut self, why: &'static str) -> Result<(), End> {
+        let started = Instant::now();
+        let hold = self.shared.config.proxy.hold_window();
+        let deadline = started + hold;
+        if !self.can_reauthenticate {
+            return Err(self.closed(
+                CloseReason::CannotReauthenticate,
+                "closed: the session must move to another node, but its login was relayed (auth plugin holdfast cannot answer), so holdfast cannot log in again for it".into(),
+            ));
+        }
+        if self.backend_dead {
+            if let Some(lost) = self.record.lost_with_backend() {
+                return Err(self.closed(
+                    CloseReason::StateLost(lost),
+                    format!(
+                        "closed: the backend was lost and with it {}, which cannot be recreated",
+                        lost.what_is_lost()
+                    ),
+                ));
+            }
+            self.captured.last_insert_id = self.record.last_insert_id;
+        } else {
+            match restore::capture_session(&mut self.backend).await {
+                Ok(c) => self.captured = c,
+                Err(e) => {
+                    tracing::info!(session = self.info.id, error = %e, "capture on the old backend failed; using the last capture");
+                    self.captured.last_insert_id = self.record.last_insert_id;
+                }
+            }
+        }
+        let mut last = NotReady::NoWritableNode;
+        loop {
+            let epoch_before = self.shared.gate.epoch();
+            if let Some(node) = self.primary() {
+                match self.open_restored(&node).await {
+                    Ok(new) => {
+                        self.switch_backend(new, &node, epoch_before, why, started);
+                        return Ok(());
+                    }
+                    Err(MoveError::Fatal { reason, message }) => {
+                        // Say why (e.g. which variable the new node refused) before closing.
+                        let error = ClientError::new(
+                            ErrorKind::SessionLost,
+                            format!(
+                                "holdfast: the session could not be moved to {}: {message}",
+                                node.name
+                            ),
+                        );
+                        let _ = self.send_error(1, &error).await;
+                        return Err(self.closed(reason, message));
+                    }
+                    Err(MoveError::Retry(why_not)) => last = why_not,
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let message = format!(
+                    "holdfast: no writable database node became available within the hold window of {} ms ({last}); closing the connection",
+                    hold.as_millis()
+                );
+                let error = ClientError::new(ErrorKind::SessionLost, message.clone());
+                let _ = self.send_error(1, &error).await;
+                return Err(self.closed(CloseReason::HoldWindowExpired, message));
+            }
+            if !self.shared.gate.is_open() {
+                // The instance is down (paused, or restarting after a crash): this session
+                // waits for it like a new request would.
+                if super::route::open_gate(&self.shared, "move").await.is_err() {
+                    last = NotReady::InstanceDown;
+                }
+                continue;
+            }
+            let pause = (deadline - now).min(RETRY_PAUSE);
+            tokio::select! {
+                _ = self.topology.changed() => {}
+                _ = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+
+    /// Counts a failed move and the close it causes.
+    fn closed(&self, reason: CloseReason, message: String) -> End {
+        self.shared.metrics.move_failed(reason.label());
+        End::Closed { reason, message }
+    }
+
+    fn switch_backend(
+        &mut self,
+        new: BackendConn,
+        node: &NodeState,
+        epoch: u64,
+        why: &'static str,
+        started: Instant,
+    ) {
+        let old = std::mem::replace(&mut self.backend, new);
+        if !self.backend_dead {
+            // Best effort, without waiting: tell the old server we are leaving.
+            let _ = old.conn.stream.try_write(&[1, 0, 0, 0, COM_QUIT]);
+        }
+        drop(old);
+        let elapsed = started.elapsed();
+        tracing::info!(session = self.info.id, from = %self.backend_name, to = %node.name, reason = why, ms = elapsed.as_millis() as u64, "session moved");
+        self.backend_name = node.name.clone();
+        self.info.set_backend(&node.name);
+        self.info.moves.fetch_add(1, Ordering::Relaxed);
+        self.backend_dead = false;
+        self.backend_epoch = epoch;
+        self.move_pending_since = None;
+        self.shared.metrics.sessions_moved.inc();
+        self.shared.metrics.move_latency.observe(elapsed);
+    }
+
+    /// Logs in on `node`, checks it is writable, restores the session state and prepares
+    /// the session's statements again.
+    async fn open_restored(&mut self, node: &NodeState) -> Result<BackendConn, MoveError> {
+        let unreachable = |e: &dyn fmt::Display| {
+            tracing::debug!(node = %node.name, error = %e, "node not ready for the session yet");
+            MoveError::Retry(NotReady::Unreachable(node.name.clone()))
+        };
+        let cfg = &self.shared.config;
+        let params = LoginParams {
+            user: &self.identity.user,
+            secret: self.secret.as_ref(),
+            database: None,
+            charset: self.identity.charset,
+            client_capabilities: self.capabilities,
+            attributes: &self.identity.attributes,
+            exact_capabilities: false,
+        };
+        self.shared.metrics.backend_connects.inc();
+        let mut new =
+            match backend::connect(&node.address, &params, cfg.proxy.connect_timeout()).await {
+                Ok(b) => b,
+                Err(BackendError::Server {
+                    code: crate::error::code::ER_ACCESS_DENIED_ERROR,
+                    message,
+                    ..
+                }) => {
+                    return Err(MoveError::Fatal {
+                        reason: CloseReason::LoginRefused,
+                        message: format!(
+                            "closed: the new node {} refused the session's login: {message}",
+                            node.name
+                        ),
+                    })
+                }
+                Err(e) => {
+                    self.shared.metrics.backend_connect_failures.inc();
+                    return Err(unreachable(&e));
+                }
+            };
+        let read_only = new
+            .query("SELECT @@global.read_only")
+            .await
+            .map_err(|e| unreachable(&e))?;
+        if read_only
+            .rows
+            .first()
+            .and_then(|r| r.first())
+            .cloned()
+            .flatten()
+            .as_deref()
+            != Some("0")
+        {
+            return Err(MoveError::Retry(NotReady::ReadOnly(node.name.clone())));
+        }
+        if !new.enable_trackers().await.map_err(|e| unreachable(&e))? {
+            self.record.untracked = true;
+        }
+        let types = VariableTypes::load(&mut new)
+            .await
+            .map_err(|e| unreachable(&e))?;
+        let mut record = self.record.clone();
+        self.captured.apply_to(&mut record);
+        match restore::restore_session(&mut new, &record, &self.captured.user_variables, &types)
+            .await
+        {
+            Ok(()) => {}
+            Err(RestoreError::Backend(e)) => return Err(unreachable(&e)),
+            Err(e) => {
+                return Err(MoveError::Fatal {
+                    reason: CloseReason::StateRejected,
+                    message: format!("closed: {e}"),
+                })
+            }
+        }
+        let deprecate_eof = new.capabilities & CLIENT_DEPRECATE_EOF != 0;
+        let mut ids = Vec::with_capacity(self.statements.len());
+        for (client_id, stmt) in self.statements.iter() {
+            let id = prepare(&mut new, &stmt.sql, deprecate_eof)
+                .await
+                .map_err(|e| match e {
+                    PrepareError::Conn(e) => unreachable(&e),
+                    PrepareError::Refused(m) => MoveError::Fatal {
+                        reason: CloseReason::ReprepareRefused,
+                        message: format!(
+                            "closed: prepared statement {client_id} cannot be prepared on {}: {m}",
+                            node.name
+                        ),
+                    },
+                })?;
+            ids.push((client_id, id));
+        }
+        for (client_id, id) in ids {
+            if let Some(stmt) = self.statements.get_mut(client_id) {
+                stmt.backend_id = id;
+                stmt.types_pending = stmt.params > 0 && stmt.types.is_some();
+            }
+        }
+        Ok(new)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum PrepareError {
+    #[error("{0}")]
+    Conn(ConnError),
+    #[error("refused: {0}")]
+    Refused(String),
+}
+
+/// Prepares `sql` on a backend, returning the backend's statement id.
+async fn prepare(
+    conn: &mut BackendConn,
+    sql: &[u8],
+    deprecate_eof: bool,
+) -> Result<u32, PrepareError> {
+    let mut packet = Vec::with_capacity(sql.len() + 1);
+    packet.push(COM_STMT_PREPARE);
+    packet.extend_from_slice(sql);
+    conn.conn
+        .write_packet(&packet, 0)
+        .await
+        .map_err(PrepareError::Conn)?;
+    let mut m = ResponseMachine::new(Expect::Prepare, deprecate_eof);
+    let mut id = None;
+    let mut refused = None;
+    while !m.is_done() {
+        let p = conn
+            .conn
+            .read_packet(64 << 20)
+            .await
+            .map_err(PrepareError::Conn)?;
+        let len = p.payload.len().min(holdfast_wire::frame::MAX_PAYLOAD - 1);
+        if m.classify(len, p.payload.first().copied()) == Kind::Inspect {
+            match m.on_packet(&p.payload) {
+                Ok(Event::PrepareOk(ok)) => id = Some(ok.statement_id),
+                Ok(Event::Err(e)) => refused = Some(format!("{} {}", e.code, e.message_lossy())),
+                Ok(_) => {}
+                Err(e) => return Err(PrepareError::Conn(ConnError::Wire(e))),
+            }
+        }
+    }
+    match (id, refused) {
+        (Some(id), None) => Ok(id),
+        (_, Some(m)) => Err(PrepareError::Refused(m)),
+        (None, None) => Err(PrepareError::Refused(
+            "no statement id in the answer".into(),
+        )),
+    }
+}

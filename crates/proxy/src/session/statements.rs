@@ -1,0 +1,145 @@
+//! The session's prepared statements under the ids holdfast gave the client. Ids are handed
+//! out in sequence and never reused within a session (as the server does), so a stale id
+//! cannot reach another statement; lookups hash the id with the identity function.
+
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// A prepared statement. The text, shape and last bound parameter types are kept so the
+/// statement can be prepared again on another backend.
+pub(super) struct Statement {
+    pub backend_id: u32,
+    pub sql: Bytes,
+    pub params: u16,
+    pub cursor_open: bool,
+    pub long_data: bool,
+    /// An execute lost with its backend outside a transaction may run again elsewhere (the
+    /// statement only reads, only begins a transaction, or only sets session variables).
+    pub retry_safe: bool,
+    /// The parameter type block of the last execute that sent types.
+    pub types: Option<Vec<u8>>,
+    /// Re-prepared on a new backend that has not seen the types yet.
+    pub types_pending: bool,
+}
+
+/// Statement ids are small sequential integers: they are their own hash.
+#[derive(Default)]
+pub(super) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n);
+    }
+}
+
+pub(super) struct Statements {
+    by_id: HashMap<u32, Statement, BuildHasherDefault<IdHasher>>,
+    next_id: u32,
+}
+
+impl Default for Statements {
+    fn default() -> Self {
+        Statements {
+            by_id: HashMap::default(),
+            next_id: 1,
+        }
+    }
+}
+
+impl Statements {
+    /// Stores a newly prepared statement; returns the id the client gets.
+    pub fn insert(&mut self, stmt: Statement) -> u32 {
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1).max(1);
+        self.by_id.insert(id, stmt);
+        id
+    }
+
+    pub fn get(&self, id: u32) -> Option<&Statement> {
+        self.by_id.get(&id)
+    }
+
+    pub fn get_mut(&mut self, id: u32) -> Option<&mut Statement> {
+        self.by_id.get_mut(&id)
+    }
+
+    pub fn remove(&mut self, id: u32) {
+        self.by_id.remove(&id);
+    }
+
+    /// COM_RESET_CONNECTION and COM_CHANGE_USER drop every statement; ids keep counting.
+    pub fn clear(&mut self) {
+        self.by_id.clear();
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &Statement)> {
+        self.by_id.iter().map(|(&id, s)| (id, s))
+    }
+
+    pub fn open_cursors(&self) -> usize {
+        self.by_id.values().filter(|s| s.cursor_open).count()
+    }
+
+    pub fn pending_long_data(&self) -> bool {
+        self.by_id.values().any(|s| s.long_data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stmt() -> Statement {
+        Statement {
+            backend_id: 7,
+            sql: Bytes::from_static(b"SELECT ?"),
+            params: 1,
+            cursor_open: false,
+            long_data: false,
+            retry_safe: true,
+            types: None,
+            types_pending: false,
+        }
+    }
+
+    #[test]
+    fn ids_are_sequential_and_never_reused() {
+        let mut s = Statements::default();
+        let a = s.insert(stmt());
+        let b = s.insert(stmt());
+        assert_eq!((a, b), (1, 2));
+        s.remove(a);
+        s.clear();
+        assert_eq!(s.insert(stmt()), 3);
+        assert!(s.get(a).is_none());
+        assert_eq!(s.len(), 1);
+    }
+
+    #[test]
+    fn counts_cursors_and_long_data() {
+        let mut s = Statements::default();
+        let a = s.insert(stmt());
+        s.insert(stmt());
+        assert_eq!((s.open_cursors(), s.pending_long_data()), (0, false));
+        if let Some(x) = s.get_mut(a) {
+            x.cursor_open = true;
+            x.long_data = true;
+        }
+        assert_eq!((s.open_cursors(), s.pending_long_data()), (1, true));
+    }
+}
