@@ -39,7 +39,10 @@ impl PacketConn {
 
     /// Reads more bytes into the buffer; `Closed` at end of stream.
     pub async fn fill(&mut self) -> Result<usize, ConnError> {
-        if self.rbuf.capacity() - self.rbuf.len() < 1024 {
+        if self.rbuf.capacity() == 0 {
+            // A buffer released while idle: most requests fit in a small one.
+            self.rbuf.reserve(4096);
+        } else if self.rbuf.capacity() - self.rbuf.len() < 1024 {
             self.rbuf.reserve(16 * 1024);
         }
         let n = self.stream.read_buf(&mut self.rbuf).await?;

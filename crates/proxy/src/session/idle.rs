@@ -17,6 +17,8 @@ use tokio::sync::watch;
 const IDLE_PROBE: Duration = Duration::from_millis(20);
 
 enum IdleEvent {
+    /// The client has been silent for [`IDLE_PROBE`]: the session is idle from now on.
+    Quiet,
     /// The topology changed (false: the monitor is gone).
     Topology(bool),
     BackendGone,
@@ -28,6 +30,7 @@ impl Session {
     /// with idle-time events while waiting for it.
     pub(super) async fn next_request(&mut self) -> Result<BytesMut, End> {
         let max = self.shared.config.proxy.max_packet_size;
+        let mut quiet = false;
         loop {
             let cooldown_end = self
                 .move_pending_since
@@ -40,8 +43,13 @@ impl Session {
                     &mut self.topology,
                     self.backend_dead,
                     cooldown_end,
+                    quiet,
                 ) => {
                     match event {
+                        IdleEvent::Quiet => {
+                            quiet = true;
+                            self.release_buffers();
+                        }
                         IdleEvent::Topology(false) => {
                             return Err(End::Protocol("topology monitor stopped".into()));
                         }
@@ -74,6 +82,16 @@ impl Session {
         }
     }
 
+    /// An idle session keeps no read buffers: they are most of its memory, and the next
+    /// read allocates them again.
+    fn release_buffers(&mut self) {
+        for buf in [&mut self.client.rbuf, &mut self.backend.conn.rbuf] {
+            if buf.is_empty() {
+                *buf = BytesMut::new();
+            }
+        }
+    }
+
     fn cooldown_expired(&mut self) -> End {
         let blocker = self.record.blocker().unwrap_or(Blocker::Untracked);
         End::Closed {
@@ -86,14 +104,19 @@ impl Session {
     }
 }
 
-/// What can happen to an idle session, armed only after [`IDLE_PROBE`] of client silence.
+/// What can happen to an idle session. Until the session is `quiet`, only the
+/// [`IDLE_PROBE`] of client silence that makes it so.
 async fn idle_watch(
     conn: &mut PacketConn,
     topology: &mut watch::Receiver<Arc<Topology>>,
     backend_dead: bool,
     cooldown_end: Option<Instant>,
+    quiet: bool,
 ) -> IdleEvent {
-    tokio::time::sleep(IDLE_PROBE).await;
+    if !quiet {
+        tokio::time::sleep(IDLE_PROBE).await;
+        return IdleEvent::Quiet;
+    }
     tokio::select! {
         r = topology.changed(), if !backend_dead => IdleEvent::Topology(r.is_ok()),
         _ = backend_gone(conn), if !backend_dead => IdleEvent::BackendGone,
