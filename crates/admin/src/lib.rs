@@ -83,35 +83,8 @@ pub struct Counters {
     pub mean_move_ms: f64,
 }
 
-/// Mirror of [`SessionView`] that can also be deserialized by `ctl`.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct SessionViewOwned {
-    pub id: u32,
-    pub client: String,
-    pub user: String,
-    pub backend: String,
-    pub age_secs: u64,
-    pub commands: u64,
-    pub can_reauthenticate: bool,
-    pub movable: bool,
-    pub blocked_by: Option<String>,
-}
-
-impl From<SessionView> for SessionViewOwned {
-    fn from(s: SessionView) -> Self {
-        SessionViewOwned {
-            id: s.id,
-            client: s.client,
-            user: s.user,
-            backend: s.backend,
-            age_secs: s.age_secs,
-            commands: s.commands,
-            can_reauthenticate: s.can_reauthenticate,
-            movable: s.movable,
-            blocked_by: s.blocked_by,
-        }
-    }
-}
+/// The sessions as `/status` lists them and `ctl` reads them back.
+pub type SessionViewOwned = SessionView;
 
 fn topology_view(t: &Topology) -> TopologyView {
     TopologyView {
@@ -137,12 +110,7 @@ fn topology_view(t: &Topology) -> TopologyView {
 pub fn status(shared: &Shared) -> Status {
     let m = &shared.metrics;
     let topo = shared.topology.borrow().clone();
-    let sessions: Vec<SessionViewOwned> = shared
-        .sessions
-        .snapshot()
-        .into_iter()
-        .map(Into::into)
-        .collect();
+    let sessions = shared.sessions.snapshot();
     Status {
         version: env!("CARGO_PKG_VERSION").to_string(),
         uptime_secs: shared.started.elapsed().as_secs(),

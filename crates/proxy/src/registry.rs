@@ -2,7 +2,7 @@
 //! per-query updates are atomics on the session's own [`SessionInfo`].
 
 use crate::state::Blocker;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicU8, Ordering};
@@ -29,6 +29,9 @@ pub struct SessionInfo {
     pub busy: AtomicBool,
     /// Holding its next request while a planned switchover runs.
     pub parked: AtomicBool,
+    /// State only a capture reads changed and has not been captured yet (the session
+    /// captures once idle; a switchover waits for it).
+    pub capture_due: AtomicBool,
 }
 
 impl SessionInfo {
@@ -47,6 +50,7 @@ impl SessionInfo {
             blocker: AtomicU8::new(0),
             busy: AtomicBool::new(false),
             parked: AtomicBool::new(false),
+            capture_due: AtomicBool::new(false),
         }
     }
 
@@ -91,11 +95,12 @@ impl SessionInfo {
             can_reauthenticate: self.can_reauthenticate.load(Ordering::Relaxed),
             movable: blocker.is_none(),
             blocked_by: blocker.map(|b| b.as_str().to_string()),
+            capture_due: self.capture_due.load(Ordering::Relaxed),
         }
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SessionView {
     pub id: u32,
     pub client: String,
@@ -107,6 +112,10 @@ pub struct SessionView {
     pub can_reauthenticate: bool,
     pub movable: bool,
     pub blocked_by: Option<String>,
+    /// State only a capture reads changed and is not captured yet (see the session's
+    /// `capture_if_due`): a crash of its node now would lose it.
+    #[serde(default)]
+    pub capture_due: bool,
 }
 
 #[derive(Default)]
@@ -192,8 +201,9 @@ impl SessionRegistry {
         v
     }
 
-    /// Whether every session is parked or idle outside a transaction: nothing in flight on
-    /// the current primary that a switchover would cut.
+    /// Whether every session is parked or idle outside a transaction with its state
+    /// captured: nothing in flight on the current primary that a switchover would cut, and
+    /// nothing only the old primary knows.
     pub fn quiescent(&self) -> bool {
         let Ok(m) = self.inner.lock() else {
             return false;
@@ -201,6 +211,7 @@ impl SessionRegistry {
         m.values().all(|s| {
             s.parked.load(Ordering::SeqCst)
                 || (!s.busy.load(Ordering::SeqCst)
+                    && !s.capture_due.load(Ordering::SeqCst)
                     && s.status.load(Ordering::SeqCst)
                         & holdfast_wire::caps::SERVER_STATUS_IN_TRANS
                         == 0)

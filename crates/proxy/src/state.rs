@@ -19,8 +19,9 @@ pub struct SessionRecord {
     /// Status flags from the last OK/EOF.
     pub status: u16,
     pub last_insert_id: u64,
-    /// Whether a statement may have assigned user variables since the last capture.
-    pub user_variables_touched: bool,
+    /// A statement may have changed what only a capture reads (user variables,
+    /// `LAST_INSERT_ID(expr)`, `collation_connection`) since the last capture.
+    pub capture_due: bool,
     pub temporary_tables: bool,
     pub table_locks: bool,
     pub named_locks: bool,

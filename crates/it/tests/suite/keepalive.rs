@@ -87,6 +87,15 @@ fn session_survives_a_restart_of_its_node() {
     let mut h = Harness::start();
     let mut c = connect(&h);
     let (before, stmt) = set_state(&mut c);
+    // User variables are captured once the session is idle, not after each statement: an
+    // unplanned stop within those few milliseconds would lose the last assignment.
+    wait_for("the session's capture", Duration::from_secs(10), || {
+        h.status()
+            .sessions
+            .iter()
+            .all(|s| !s.capture_due)
+            .then_some(())
+    });
     h.lab.stop_node("node1").unwrap();
     h.lab.start_node("node1").unwrap();
     // The next statement is held until the node is back, then runs in the restored session.
@@ -346,4 +355,25 @@ fn an_xa_transaction_blocks_moves() {
             .filter(|s| s.movable)
             .map(|_| ())
     });
+}
+
+/// State changed by the very statement before a switchover (a user variable, which only a
+/// capture reads, and a session variable) is there after it: the switchover waits for the
+/// session's capture, which runs while the old primary is still alive.
+#[test]
+fn state_set_right_before_a_switchover_survives_it() {
+    let h = Harness::start_with(Options::default().replicas(1));
+    let mut c = connect(&h);
+    c.query_drop("SET @u = 7, SESSION time_zone = '+03:00'")
+        .unwrap();
+    let (code, body) = h.admin_post("/switchover?to=node2", None);
+    assert_eq!(code, 200, "{body}");
+    let node2 = h.lab.status.node("node2").unwrap().port;
+    wait_for(
+        "topology shows node2 as primary",
+        Duration::from_secs(20),
+        || (h.status().topology.primary.as_deref() == Some("node2")).then_some(()),
+    );
+    let row: Option<(i64, String, u16)> = c.query_first("SELECT @u, @@time_zone, @@port").unwrap();
+    assert_eq!(row, Some((7, "+03:00".to_string(), node2)));
 }

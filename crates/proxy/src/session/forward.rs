@@ -162,11 +162,12 @@ impl Session {
         if flags.intersects(
             C::LAST_INSERT_ID_CALL
                 .union(C::SET_USER_VAR)
+                .union(C::SET_SESSION_VAR)
                 .union(C::CALL)
                 .union(C::EXECUTE_SQL)
                 .union(C::COMPOUND),
         ) {
-            r.user_variables_touched = true;
+            r.capture_due = true;
         }
         if flags.has(C::CREATE_TEMP_TABLE) {
             r.temporary_tables = true;

@@ -48,6 +48,7 @@ impl Session {
                     match event {
                         IdleEvent::Quiet => {
                             quiet = true;
+                            self.capture_if_due().await;
                             self.release_buffers();
                         }
                         IdleEvent::Topology(false) => {

@@ -19,6 +19,9 @@ use std::fmt;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+/// A session busy without pause still captures its state this often while it is due.
+const CAPTURE_AT_LEAST_EVERY: Duration = Duration::from_secs(1);
+
 /// Pause between attempts to open a backend on a node that is not ready yet.
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
@@ -96,25 +99,49 @@ impl Session {
         self.send_error(reply_seq, &error).await
     }
 
-    /// After a command: move at a safe point if a move is pending, and capture what the
-    /// trackers do not report when a statement may have changed it.
+    /// After a command: move at a safe point if a move is pending, and keep the capture of
+    /// what the trackers do not report from falling behind a session that never idles.
     pub(super) async fn after_command(&mut self) -> Result<(), End> {
         if self.move_pending_since.is_some() && self.record.blocker().is_none() {
             self.relocate("primary_changed").await?;
         }
-        if self.record.user_variables_touched && !self.backend_dead {
-            match restore::capture_session(&mut self.backend).await {
-                Ok(c) => {
-                    self.record.last_insert_id = c.last_insert_id;
-                    self.captured = c;
-                    self.record.user_variables_touched = false;
-                }
-                Err(e) => {
-                    tracing::debug!(session = self.info.id, error = %e, "capture failed; will retry after the next statement")
-                }
+        if self.record.capture_due {
+            let since = *self.capture_due_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= CAPTURE_AT_LEAST_EVERY {
+                self.capture_if_due().await;
+            }
+        } else {
+            self.capture_due_since = None;
+        }
+        // A switchover waits for due captures, but not for one that keeps failing.
+        let waiting = self.record.capture_due && !self.capture_failing;
+        self.info.capture_due.store(waiting, Ordering::Release);
+        Ok(())
+    }
+
+    /// Reads what the trackers do not report (user variables, `LAST_INSERT_ID()`, the
+    /// connection collation) when a statement may have changed it: 1-3 round trips, so
+    /// done when the session goes idle, before a planned move, or at least every
+    /// [`CAPTURE_AT_LEAST_EVERY`], not after each statement.
+    pub(super) async fn capture_if_due(&mut self) {
+        if !self.record.capture_due || self.backend_dead {
+            return;
+        }
+        match restore::capture_session(&mut self.backend).await {
+            Ok(c) => {
+                self.record.last_insert_id = c.last_insert_id;
+                self.captured = c;
+                self.record.capture_due = false;
+                self.capture_due_since = None;
+                self.capture_failing = false;
+                self.info.capture_due.store(false, Ordering::SeqCst);
+            }
+            Err(e) => {
+                tracing::debug!(session = self.info.id, error = %e, "capture failed; will retry");
+                self.capture_failing = true;
+                self.info.capture_due.store(false, Ordering::SeqCst);
             }
         }
-        Ok(())
     }
 
     /// Moves the session to the current primary, waiting for one up to the hold window.
@@ -140,13 +167,14 @@ impl Session {
             }
             self.captured.last_insert_id = self.record.last_insert_id;
         } else {
-            match restore::capture_session(&mut self.backend).await {
-                Ok(c) => self.captured = c,
-                Err(e) => {
-                    tracing::info!(session = self.info.id, error = %e, "capture on the old backend failed; using the last capture");
-                    self.captured.last_insert_id = self.record.last_insert_id;
-                }
+            self.capture_if_due().await;
+            if self.record.capture_due {
+                tracing::info!(
+                    session = self.info.id,
+                    "capture on the old backend failed; using the last capture"
+                );
             }
+            self.captured.last_insert_id = self.record.last_insert_id;
         }
         let mut last = NotReady::NoWritableNode;
         loop {

@@ -124,6 +124,10 @@ struct Session {
     transaction_lost: bool,
     /// The last capture of what the trackers do not report (user variables...).
     captured: Captured,
+    /// Since when a capture is due (see `Session::capture_if_due`).
+    capture_due_since: Option<Instant>,
+    /// The last capture attempt failed (e.g. no `information_schema.USER_VARIABLES`).
+    capture_failing: bool,
     topology: watch::Receiver<Arc<Topology>>,
     switching: watch::Receiver<bool>,
     /// The session's node stopped being the primary at this time; it moves at its next
@@ -246,6 +250,8 @@ impl Session {
             backend_epoch: epoch,
             transaction_lost: false,
             captured: Captured::default(),
+            capture_due_since: None,
+            capture_failing: false,
             topology,
             switching: shared.switching.subscribe(),
             move_pending_since: None,

@@ -137,6 +137,8 @@ impl Session {
     /// Holds the request while a planned switchover runs, then moves if the primary changed.
     async fn park(&mut self) -> Result<(), End> {
         self.shared.metrics.requests_held.inc();
+        // The switchover fences the old primary next: read what only it knows first.
+        self.capture_if_due().await;
         self.info.parked.store(true, Ordering::Release);
         self.info.busy.store(false, Ordering::Release);
         let hold = self.shared.config.proxy.hold_window();
