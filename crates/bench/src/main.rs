@@ -83,8 +83,8 @@ fn holdfast_exe(explicit: Option<&Path>) -> Result<PathBuf> {
     let sibling = me.with_file_name("holdfast");
     if !sibling.is_file() {
         bail!(
-            "no holdfast binary next to {}: build it with `cargo build --release -p holdfast` \
-             (the same profile as holdfast-bench), or pass --holdfast PATH",
+            "no holdfast binary next to {}: build it with `cargo build --release -p holdfast -p holdfast-bench` \
+             (both into the same directory), or pass --holdfast PATH",
             me.display()
         );
     }

@@ -12,9 +12,11 @@ use std::path::PathBuf;
 /// `holdfast serve` instead of the server.
 ///
 /// Quick start on a fresh machine:  holdfast-bench demo --dir /tmp/holdfast-demo
-/// (benchmarks and drills: holdfast-bench --help)
 ///
 /// A serverless instance:  holdfast lab up --serverless --dir /tmp/hf-sl
+///
+/// The benchmarks, maintenance drills and the demo are a separate binary built beside this
+/// one: holdfast-bench --help
 #[derive(Parser)]
 #[command(name = "holdfast", version, about, long_about)]
 struct Cli {

@@ -50,6 +50,7 @@ pub struct DrillArgs {
     /// scenario uses DIR-serverless).
     #[arg(long, default_value = "/tmp/holdfast-drill")]
     pub dir: PathBuf,
+    /// The maintenance event to drill, or all of them.
     #[arg(long, value_enum, default_value_t = Scenario::All)]
     pub scenario: Scenario,
     /// Seconds of sysbench per scenario; the event happens a third of the way in.
