@@ -585,28 +585,31 @@ fn view(admin: &str) -> Result<View> {
     })
 }
 
-/// Polls `GET /status` every 10 ms until `done`; fails after `limit` with the last view.
+/// Polls `GET /status` until `done`; fails after `limit` with the last view, or at once
+/// when the status cannot be read.
 fn wait_view(
     admin: &str,
     limit: Duration,
     what: &str,
     done: impl Fn(&View) -> bool,
 ) -> Result<View> {
-    let deadline = Instant::now() + limit;
-    loop {
-        let v = view(admin)?;
-        if done(&v) {
-            return Ok(v);
+    let mut last = View::default();
+    let outcome = holdfast_lab::poll(limit, || match view(admin) {
+        Ok(v) if done(&v) => Some(Ok(v)),
+        Ok(v) => {
+            last = v;
+            None
         }
-        if Instant::now() >= deadline {
-            bail!(
-                "the instance was not {what} within {limit:?}: phase {}, tier {}, last error {}",
-                v.phase,
-                v.tier.as_deref().unwrap_or("-"),
-                v.last_error.as_deref().unwrap_or("-")
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
+        Err(e) => Some(Err(e)),
+    });
+    match outcome {
+        Some(v) => v,
+        None => bail!(
+            "the instance was not {what} within {limit:?}: phase {}, tier {}, last error {}",
+            last.phase,
+            last.tier.as_deref().unwrap_or("-"),
+            last.last_error.as_deref().unwrap_or("-")
+        ),
     }
 }
 

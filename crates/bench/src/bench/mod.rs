@@ -389,7 +389,7 @@ fn start_haproxy(exe: &Path, dir: &Path, backend_port: u16) -> Result<(Helper, u
     let port = procs::free_ports(1)?[0];
     let cfg = dir.join("haproxy.cfg");
     let text = format!(
-        "# Written by `holdfast bench`: a TCP pass-through to the primary, for comparison.\n\
+        "# Written by `holdfast-bench bench`: a TCP pass-through to the primary, for comparison.\n\
          global\n    maxconn 8192\n    nbthread 2\n\n\
          defaults\n    mode tcp\n    timeout connect 5s\n    timeout client 1h\n    \
          timeout server 1h\n    maxconn 8192\n\n\
