@@ -1,6 +1,6 @@
 //! The HTTP admin API: `GET /status` (JSON), `GET /metrics` (Prometheus text), the HA
-//! operations `POST /switchover`, `POST /failover`, `POST /rejoin` (JSON reports), and the
-//! small HTTP client `holdfast ctl` uses.
+//! operations `POST /switchover`, `POST /failover`, `POST /rejoin` (JSON reports), and
+//! ([`client`]) the small HTTP client of `holdfast ctl` and `holdfast-bench`.
 //!
 //! HA answers: 200 with the operation's report; 409 when another operation is running;
 //! 400 when the request cannot apply (unknown node, external mode, the primary is alive…);
@@ -19,10 +19,12 @@ use holdfast_proxy::topology::Topology;
 use holdfast_proxy::Shared;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+pub mod client;
 pub mod serverless;
+
+pub use client::{http_get, http_post};
 pub use serverless::{parse_since, render_instance};
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -308,72 +310,6 @@ pub fn router(shared: Arc<Shared>) -> Router {
 /// Serves the admin API on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io::Result<()> {
     axum::serve(listener, router(shared)).await
-}
-
-/// A minimal HTTP/1.1 GET for `holdfast ctl`: returns the status code and body.
-pub async fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
-    let req =
-        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: */*\r\n\r\n");
-    http_request(addr, req.as_bytes()).await
-}
-
-/// A minimal HTTP/1.1 POST (optional JSON body) for `holdfast ctl`: status code and body.
-pub async fn http_post(
-    addr: &str,
-    path: &str,
-    json: Option<&str>,
-) -> std::io::Result<(u16, String)> {
-    let body = json.unwrap_or("");
-    let content_type = if json.is_some() {
-        "Content-Type: application/json\r\n"
-    } else {
-        ""
-    };
-    let req = format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: */*\r\n\
-         {content_type}Content-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    http_request(addr, req.as_bytes()).await
-}
-
-async fn http_request(addr: &str, req: &[u8]) -> std::io::Result<(u16, String)> {
-    let mut s = tokio::net::TcpStream::connect(addr).await?;
-    s.write_all(req).await?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).await?;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((text.as_str(), ""));
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(body)
-    } else {
-        body.to_string()
-    };
-    Ok((code, body))
-}
-
-fn dechunk(body: &str) -> String {
-    let mut out = String::new();
-    let mut rest = body;
-    while let Some((size, after)) = rest.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
-            break;
-        };
-        if n == 0 || after.len() < n {
-            break;
-        }
-        out.push_str(&after[..n]);
-        rest = after[n..].trim_start_matches("\r\n");
-    }
-    out
 }
 
 /// Renders a status for a person.

@@ -1,8 +1,5 @@
-//! `holdfast`: a session-aware MySQL-protocol proxy, with its lab, benchmark and control CLI.
-
-mod demo;
-mod drill;
-mod drill_serverless;
+//! `holdfast`: a session-aware MySQL-protocol proxy, with its lab and control CLI. The
+//! benchmarks, drills and demo are the separate `holdfast-bench` binary (crates/bench).
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -14,9 +11,12 @@ use std::path::PathBuf;
 /// kept open, woken on connect, scaled in place, metered). Point any MySQL client at
 /// `holdfast serve` instead of the server.
 ///
-/// Quick start on a fresh machine:  holdfast demo --dir /tmp/holdfast-demo
+/// Quick start on a fresh machine:  holdfast-bench demo --dir /tmp/holdfast-demo
 ///
 /// A serverless instance:  holdfast lab up --serverless --dir /tmp/hf-sl
+///
+/// The benchmarks, maintenance drills and the demo are a separate binary built beside this
+/// one: holdfast-bench --help
 #[derive(Parser)]
 #[command(name = "holdfast", version, about, long_about)]
 struct Cli {
@@ -61,20 +61,6 @@ enum Command {
     /// Start, inspect and stop a local lab cluster of real mariadbd processes.
     #[command(subcommand)]
     Lab(holdfast_lab::LabCommand),
-    /// sysbench through direct, HAProxy and holdfast, interleaved, with medians and ratios.
-    Bench(holdfast_lab::BenchArgs),
-    /// Serverless resume latency per pause tier (freeze, stop) next to a raw mariadbd cold
-    /// start, and sysbench threads arriving together at a stopped instance.
-    ///
-    /// Example: holdfast bench-resume --cycles 20 --out resume.md
-    BenchResume(holdfast_lab::ResumeBenchArgs),
-    /// The embedded default: a lab cluster, the proxy in front of it, real clients through it.
-    Demo(demo::DemoArgs),
-    /// sysbench through holdfast while the primary is switched over, restarted or killed
-    /// mid-run; prints connections kept, errors and the longest stall per scenario.
-    ///
-    /// Example: holdfast drill --scenario all
-    Drill(drill::DrillArgs),
 }
 
 #[derive(Subcommand)]
@@ -219,16 +205,6 @@ fn main() -> Result<()> {
         }
         Command::Ctl { admin, command } => runtime()?.block_on(ctl(&admin, command)),
         Command::Lab(cmd) => holdfast_lab::run(cmd),
-        Command::Bench(args) => {
-            let exe = std::env::current_exe().context("cannot find the holdfast executable")?;
-            holdfast_lab::run_bench(&args, &exe)
-        }
-        Command::BenchResume(args) => {
-            let exe = std::env::current_exe().context("cannot find the holdfast executable")?;
-            holdfast_lab::run_resume_bench(&args, &exe)
-        }
-        Command::Demo(args) => demo::run(&args),
-        Command::Drill(args) => drill::run(&args),
     }
 }
 

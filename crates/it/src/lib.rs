@@ -407,23 +407,11 @@ pub fn run_with_deadline(mut cmd: Command, timeout: Duration) -> Output {
     }
 }
 
-/// Polls `f` every 20 ms until it returns `Some`, or returns `None` after `timeout`.
-pub fn poll<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+pub use holdfast_lab::poll;
 
-/// Like [`poll`], but panics naming `what` on timeout.
+/// [`holdfast_lab::wait_for`] for tests: panics naming `what` on timeout.
 pub fn wait_for<T>(what: &str, timeout: Duration, f: impl FnMut() -> Option<T>) -> T {
-    poll(timeout, f).unwrap_or_else(|| panic!("timed out after {timeout:?} waiting for {what}"))
+    holdfast_lab::wait_for(what, timeout, f).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The value of a Prometheus sample line `name{labels} value` (labels as written, or

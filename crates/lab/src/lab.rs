@@ -218,7 +218,7 @@ struct NodeOverride {
 
 /// A helper process (HAProxy, holdfast under benchmark) that `down` must also stop.
 #[derive(Serialize, Deserialize, Clone, Debug)]
-pub(crate) struct AuxProcess {
+pub struct AuxProcess {
     pub name: String,
     pub pid: u32,
     /// Its start time ([`procs::start_time`]), guarding against pid reuse.
@@ -560,7 +560,7 @@ impl Drop for TestLab {
 // ---------------------------------------------------------------------------------------
 
 /// Records a helper process so that [`down`] stops it too.
-pub(crate) fn register_aux(dir: &Path, aux: AuxProcess) -> Result<()> {
+pub fn register_aux(dir: &Path, aux: AuxProcess) -> Result<()> {
     let mut list = read_aux(dir);
     list.retain(|a| a.pid != aux.pid);
     list.push(aux);
@@ -568,7 +568,7 @@ pub(crate) fn register_aux(dir: &Path, aux: AuxProcess) -> Result<()> {
 }
 
 /// Forgets a helper process (after it was stopped).
-pub(crate) fn unregister_aux(dir: &Path, pid: u32) -> Result<()> {
+pub fn unregister_aux(dir: &Path, pid: u32) -> Result<()> {
     let mut list = read_aux(dir);
     list.retain(|a| a.pid != pid);
     write_json(&dir.join(AUX_FILE), &list)
@@ -594,7 +594,7 @@ fn read_aux(dir: &Path) -> Vec<AuxProcess> {
 }
 
 /// The `mariadbd` binary named in the options, or found on PATH.
-pub(crate) fn resolve_mariadbd(explicit: Option<&Path>) -> Result<PathBuf> {
+pub fn resolve_mariadbd(explicit: Option<&Path>) -> Result<PathBuf> {
     match explicit {
         Some(p) if p.is_file() => Ok(p.to_path_buf()),
         Some(p) => bail!("server binary {} does not exist", p.display()),

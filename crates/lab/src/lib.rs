@@ -6,10 +6,9 @@
 //!   [`LabStatus`]; `DIR/holdfast.toml` points holdfast at the nodes.
 //! * [`TestLab`] is the same in a temp directory on free ports, torn down on drop.
 //! * [`node_sql`] runs SQL as root on a node through its unix socket.
-//! * [`LabCommand`] / [`run`] are the `holdfast lab` CLI; [`BenchArgs`] / [`run_bench`]
-//!   the `holdfast bench` comparison of direct, HAProxy and holdfast with sysbench;
-//!   [`ResumeBenchArgs`] / [`run_resume_bench`] the `holdfast bench-resume` serverless
-//!   resume latencies.
+//! * [`LabCommand`] / [`run`] are the `holdfast lab` CLI.
+//! * [`wait_for`] / [`poll`]: polling until a condition holds, for tests and tools.
+//! * [`procs`]: process and port helpers (also used by `holdfast-bench`).
 //!
 //! # Port layout
 //! With base port `P` ([`DEFAULT_BASE_PORT`] = 3310 for the CLI): holdfast's proxy
@@ -20,21 +19,21 @@
 //! `mariadb-install-db` runs once per server version into a cached template
 //! (`$TMPDIR/holdfast-lab-template-<version>/`); nodes get a `cp -a` of it.
 
-mod bench;
 mod cli;
 mod lab;
 pub mod mysql_client;
 mod node_driver;
-mod procs;
+pub mod procs;
 mod template;
+mod wait;
 
-pub use bench::{run_bench, run_resume_bench, BenchArgs, ResumeBenchArgs};
 pub use cli::{run, status_table, LabCommand};
 pub use lab::{
-    down, kill_node, node_command, node_sql, node_sql_maps, node_sql_value, purge, restart_node,
-    serverless_section, start_node, status, stop_node, up, LabOptions, LabStatus, NodeStatus,
-    TestLab, ADMIN_PORT_OFFSET, APP_PASSWORD, APP_USER, DATABASE, DEFAULT_BASE_PORT,
-    ED25519_PASSWORD, ED25519_USER, MONITOR_PASSWORD, MONITOR_USER, NODE_PORT_OFFSET,
-    PROXY_PORT_OFFSET, REPL_PASSWORD, REPL_USER,
+    down, kill_node, node_command, node_sql, node_sql_maps, node_sql_value, purge, register_aux,
+    resolve_mariadbd, restart_node, serverless_section, start_node, status, stop_node,
+    unregister_aux, up, AuxProcess, LabOptions, LabStatus, NodeStatus, TestLab, ADMIN_PORT_OFFSET,
+    APP_PASSWORD, APP_USER, DATABASE, DEFAULT_BASE_PORT, ED25519_PASSWORD, ED25519_USER,
+    MONITOR_PASSWORD, MONITOR_USER, NODE_PORT_OFFSET, PROXY_PORT_OFFSET, REPL_PASSWORD, REPL_USER,
 };
 pub use node_driver::LabNodeDriver;
+pub use wait::{poll, wait_for};

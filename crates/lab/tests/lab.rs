@@ -3,22 +3,9 @@
 use std::time::{Duration, Instant};
 
 use holdfast_lab::mysql_client::{Conn, ServerError};
-use holdfast_lab::{node_sql, node_sql_maps, node_sql_value, LabStatus, NodeStatus, TestLab};
-
-/// Polls `f` until it returns `Some`, or fails after `timeout`.
-fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+use holdfast_lab::{
+    node_sql, node_sql_maps, node_sql_value, wait_for, LabStatus, NodeStatus, TestLab,
+};
 
 fn pid_alive(pid: u32) -> bool {
     // Zombies (exited, not yet reaped) count as dead.
@@ -104,7 +91,8 @@ fn primary_and_two_replicas_replicate() {
             node_sql(r, "SELECT id, v FROM sbtest.t ORDER BY id")
                 .ok()
                 .filter(|rows| rows.len() == 2)
-        });
+        })
+        .unwrap();
         assert_eq!(rows[0], vec!["1".to_string(), "tab\there".to_string()]);
         assert_eq!(rows[1], vec!["2".to_string(), "NULL".to_string()]);
     }
@@ -243,7 +231,8 @@ fn nodes_restart_with_their_data() {
             .ok()
             .flatten()
             .filter(|c| c == "2")
-    });
+    })
+    .unwrap();
 
     // A whole-lab down/up cycle keeps data and refuses a second up while running.
     let dir = lab.dir().to_path_buf();

@@ -4,7 +4,7 @@
 //! Every wait polls with a deadline; timings are printed, never asserted.
 
 use holdfast_lab::{
-    node_sql, node_sql_maps, NodeStatus, TestLab, DATABASE, REPL_PASSWORD, REPL_USER,
+    node_sql, node_sql_maps, wait_for, NodeStatus, TestLab, DATABASE, REPL_PASSWORD, REPL_USER,
 };
 use holdfast_proxy::config::{AuthConfig, BackendConfig, Config, ProxyConfig};
 use holdfast_proxy::ha::{self, HaConfig, HaError, LossVerdict};
@@ -78,21 +78,6 @@ fn value(n: &NodeStatus, s: &str) -> String {
         .unwrap_or_default()
 }
 
-/// Polls `f` until it gives `Some`, or panics after `limit`.
-fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn count(n: &NodeStatus) -> u64 {
     node_sql(n, &format!("SELECT COUNT(*) FROM {DATABASE}.ha_t"))
         .ok()
@@ -105,7 +90,8 @@ fn count(n: &NodeStatus) -> u64 {
 fn wait_count(n: &NodeStatus, want: u64) {
     wait_for(&format!("{want} rows on {}", n.name), WAIT, || {
         (count(n) == want).then_some(())
-    });
+    })
+    .unwrap();
 }
 
 fn insert(n: &NodeStatus, from: u64, to: u64) {
@@ -142,7 +128,8 @@ fn assert_topology(lab: &TestLab, primary: &str) {
                     && row.get("Slave_SQL_Running").map(String::as_str) == Some("Yes");
                 ok.then_some(())
             },
-        );
+        )
+        .unwrap();
     }
 }
 

@@ -1,9 +1,14 @@
-//! `holdfast demo`: the README's first command. Brings up a lab cluster, starts the proxy in
+//! `holdfast-bench demo`: the README's first command. Brings up a lab cluster, starts the proxy in
 //! front of it, and drives real clients (the mariadb CLI and sysbench) through it.
 
-use anyhow::{bail, Context, Result};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use holdfast_lab::LabStatus;
+
+use crate::serve::{self, proxy_port};
+use crate::sysbench::Sysbench;
 
 #[derive(clap::Args)]
 pub struct DemoArgs {
@@ -49,7 +54,7 @@ fn mariadb(addr: &str, user: &str, password: &str, db: &str, sql: &str) -> Resul
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-pub fn run(args: &DemoArgs) -> Result<()> {
+pub fn run(args: &DemoArgs, holdfast: &Path) -> Result<()> {
     let lab = match holdfast_lab::status(&args.dir) {
         Ok(st) if st.nodes.iter().all(|n| n.alive) => {
             println!("using the lab already running in {}", args.dir.display());
@@ -69,14 +74,13 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         }
     };
     print!("{}", holdfast_lab::status_table(&lab));
-    let exe = std::env::current_exe()?;
-    let serve =
-        crate::drill::Serve::start(&lab.config, &args.dir.join("holdfast.log"), &lab.proxy)?;
+    let log = args.dir.join("holdfast.log");
+    let (server, _) = serve::start_holdfast(holdfast, &lab, &lab.config, &log, &[])?;
     println!(
         "holdfast serving on {} (admin {}), log in {}",
         lab.proxy,
         lab.admin,
-        args.dir.join("holdfast.log").display()
+        log.display()
     );
 
     let out = mariadb(
@@ -98,37 +102,29 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         Err(e) => println!("wrong password refused as the server would: {e}"),
     }
     sysbench(&lab, args.seconds)?;
-    let status = Command::new(&exe)
+    let status = Command::new(holdfast)
         .args(["ctl", "--admin", &lab.admin, "status"])
         .output()?;
     println!("{}", String::from_utf8_lossy(&status.stdout));
     if args.keep {
-        if let Some(pid) = serve.keep() {
-            println!("left running: holdfast (pid {pid}), lab in {}; stop with: kill {pid} && holdfast lab down --dir {}", args.dir.display(), args.dir.display());
-        }
+        let pid = server.keep();
+        println!(
+            "left running: holdfast (pid {pid}), lab in {}; stop both with: holdfast lab down --dir {}",
+            args.dir.display(),
+            args.dir.display()
+        );
     } else {
-        drop(serve);
+        drop(server);
         holdfast_lab::down(&args.dir)?;
         println!("lab stopped (data left in {})", args.dir.display());
     }
     Ok(())
 }
 
-fn sysbench(lab: &holdfast_lab::LabStatus, seconds: u32) -> Result<()> {
-    let (host, port) = lab.proxy.rsplit_once(':').context("bad proxy address")?;
-    let common = |cmd: &str| -> Vec<String> {
-        vec![
-            "oltp_read_write".into(),
-            format!("--mysql-host={host}"),
-            format!("--mysql-port={port}"),
-            format!("--mysql-user={}", lab.app_user),
-            format!("--mysql-password={}", lab.app_password),
-            format!("--mysql-db={}", lab.database),
-            "--tables=4".into(),
-            "--table-size=1000".into(),
-            cmd.into(),
-        ]
-    };
+fn sysbench(lab: &LabStatus, seconds: u32) -> Result<()> {
+    let sb = Sysbench::for_lab("sysbench".into(), lab, 4, 1000, "");
+    let port = proxy_port(lab)?;
+    let common = |cmd: &str| sb.command("oltp_read_write", port, &[], cmd);
     let prep = Command::new("sysbench").args(common("cleanup")).output();
     if prep.is_err() {
         println!("sysbench not installed; skipping the load step");
@@ -138,14 +134,16 @@ fn sysbench(lab: &holdfast_lab::LabStatus, seconds: u32) -> Result<()> {
         Command::new("sysbench").args(common("prepare")),
         "sysbench prepare",
     )?;
-    let mut args = common("run");
-    args.extend([
+    let options = [
         format!("--time={seconds}"),
         "--threads=8".into(),
         "--db-ps-mode=auto".into(),
         "--report-interval=0".into(),
-    ]);
-    let out = run_checked(Command::new("sysbench").args(args), "sysbench run")?;
+    ];
+    let out = run_checked(
+        Command::new("sysbench").args(sb.command("oltp_read_write", port, &options, "run")),
+        "sysbench run",
+    )?;
     println!(
         "sysbench oltp_read_write through holdfast ({seconds} s, 8 threads, prepared statements):"
     );

@@ -1,4 +1,4 @@
-//! Running sysbench and reading its report.
+//! Running sysbench against a lab and reading its report.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -6,8 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-
-use crate::procs;
+use holdfast_lab::{procs, LabStatus};
 
 /// Connection and sizing parameters shared by every sysbench invocation.
 #[derive(Clone, Debug)]
@@ -34,7 +33,53 @@ pub struct Metrics {
     pub reconnects: u64,
 }
 
+/// Column headers of [`Metrics::cells`].
+pub const METRIC_HEADERS: [&str; 6] = ["tps", "qps", "avg ms", "p95 ms", "max ms", "errors"];
+
+impl Metrics {
+    /// Throughput, latencies and errors as report cells (see [`METRIC_HEADERS`]).
+    pub fn cells(&self) -> [String; 6] {
+        [
+            format!("{:.0}", self.tps),
+            format!("{:.0}", self.qps),
+            format!("{:.2}", self.lat_avg_ms),
+            format!("{:.2}", self.lat_p95_ms),
+            format!("{:.2}", self.lat_max_ms),
+            self.errors.to_string(),
+        ]
+    }
+}
+
 impl Sysbench {
+    /// sysbench (`exe`) as the lab's application user on its database.
+    pub fn for_lab(
+        exe: PathBuf,
+        st: &LabStatus,
+        tables: u32,
+        table_size: u32,
+        ignore_errors: &str,
+    ) -> Sysbench {
+        Sysbench {
+            exe,
+            user: st.app_user.clone(),
+            password: st.app_password.clone(),
+            db: st.database.clone(),
+            tables,
+            table_size,
+            ignore_errors: ignore_errors.into(),
+        }
+    }
+
+    /// `WORKLOAD --mysql-…(port) --tables… OPTIONS… COMMAND`, for callers that run sysbench
+    /// themselves (`--mysql-ignore-errors` is left to them).
+    pub fn command(&self, workload: &str, port: u16, options: &[String], cmd: &str) -> Vec<String> {
+        let mut args = vec![workload.to_string()];
+        args.extend(self.common_args(port));
+        args.extend(options.iter().cloned());
+        args.push(cmd.into());
+        args
+    }
+
     fn common_args(&self, port: u16) -> Vec<String> {
         vec![
             "--mysql-host=127.0.0.1".into(),
@@ -49,10 +94,8 @@ impl Sysbench {
 
     /// `sysbench oltp_read_write prepare` against `port`, logging to `log`.
     pub fn prepare(&self, port: u16, log: &Path) -> Result<()> {
-        let mut args = vec!["oltp_read_write".to_string()];
-        args.extend(self.common_args(port));
-        args.push(format!("--threads={}", self.tables.clamp(1, 4)));
-        args.push("prepare".into());
+        let threads = format!("--threads={}", self.tables.clamp(1, 4));
+        let args = self.command("oltp_read_write", port, &[threads], "prepare");
         // Generous: 20 × 10 000 rows take a few seconds; large sizes take minutes.
         let budget =
             Duration::from_secs(600 + u64::from(self.tables) * u64::from(self.table_size) / 2_000);
@@ -69,20 +112,17 @@ impl Sysbench {
 
     /// The exact command line of a benchmark run (for reports).
     pub fn run_args(&self, workload: &str, port: u16, threads: u32, time: u32) -> Vec<String> {
-        let mut args = vec![workload.to_string()];
-        args.extend(self.common_args(port));
-        args.extend([
+        let mut options = vec![
             format!("--threads={threads}"),
             format!("--time={time}"),
             "--db-ps-mode=auto".into(),
             "--report-interval=0".into(),
             format!("--mysql-ignore-errors={}", self.ignore_errors),
-        ]);
+        ];
         if workload == "oltp_point_select" {
-            args.push("--rand-type=uniform".into());
+            options.push("--rand-type=uniform".into());
         }
-        args.push("run".into());
-        args
+        self.command(workload, port, &options, "run")
     }
 
     /// One benchmark run; `Err` carries the reason a run failed (exit status, output tail).
@@ -140,6 +180,45 @@ impl Sysbench {
             )),
         }
     }
+}
+
+/// Prepares the sysbench tables on the primary unless they already hold the right shape.
+pub fn prepare_tables(sb: &Sysbench, st: &LabStatus, logs: &Path) -> Result<()> {
+    let primary = st.primary()?;
+    let db = &st.database;
+    let count = |sql: &str| -> Result<u64> {
+        Ok(holdfast_lab::node_sql_value(primary, sql)?
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0))
+    };
+    let tables = count(&format!(
+        "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA='{db}' \
+         AND TABLE_NAME REGEXP '^sbtest[0-9]+$'"
+    ))?;
+    let ready = tables == u64::from(sb.tables)
+        && [1, sb.tables].iter().all(|i| {
+            count(&format!("SELECT COUNT(*) FROM `{db}`.`sbtest{i}`")).ok()
+                == Some(u64::from(sb.table_size))
+        });
+    if ready {
+        eprintln!(
+            "sysbench tables already prepared ({} × {} rows)",
+            sb.tables, sb.table_size
+        );
+        return Ok(());
+    }
+    eprintln!(
+        "preparing {} sysbench tables × {} rows on {} …",
+        sb.tables, sb.table_size, primary.name
+    );
+    let t = Instant::now();
+    holdfast_lab::node_sql(
+        primary,
+        &format!("DROP DATABASE IF EXISTS `{db}`; CREATE DATABASE `{db}`"),
+    )?;
+    sb.prepare(primary.port, &logs.join("prepare.log"))?;
+    eprintln!("prepared in {:.1} s", t.elapsed().as_secs_f64());
+    Ok(())
 }
 
 fn tail(text: &str, n: usize) -> String {

@@ -1,4 +1,4 @@
-//! `holdfast bench-resume`: how long a client waits for a paused serverless instance, per
+//! `holdfast-bench bench-resume`: how long a client waits for a paused serverless instance, per
 //! pause tier, next to a raw cold start of the same `mariadbd` measured in the same run,
 //! plus a burst of sysbench threads arriving at a stopped instance together.
 //!
@@ -17,16 +17,13 @@ use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
+use holdfast_lab::mysql_client::Conn;
+use holdfast_lab::{self as lab, procs, LabOptions, LabStatus, NodeStatus};
 
-use super::http;
-use super::sysbench::{self, Metrics, Sysbench};
-use super::{
-    command_line, fmt_opt, format_utc, median, prepare_tables, ratio, shell_quote, start_holdfast,
-    LabGuard, Table,
-};
-use crate::lab::{self, LabOptions, LabStatus, NodeStatus};
-use crate::mysql_client::Conn;
-use crate::procs;
+use crate::admin;
+use crate::report::{fmt_opt, median, percentile, ratio, shell_words, Doc, Provenance, Table};
+use crate::serve::{config_variant, start_holdfast, LabGuard};
+use crate::sysbench::{self, prepare_tables, Metrics, Sysbench, METRIC_HEADERS};
 
 /// Goal for the stop tier's median, client connect → first `SELECT 1`.
 const STOP_GOAL_MS: f64 = 400.0;
@@ -57,7 +54,7 @@ const CONFIG_NAME: &str = "bench-resume.toml";
 /// holdfast's output (stderr) goes here, in the lab directory.
 const HOLDFAST_LOG: &str = "bench-resume-holdfast.log";
 
-/// Options of `holdfast bench-resume`.
+/// Options of `holdfast-bench bench-resume`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ResumeBenchArgs {
     /// Lab directory. A serverless lab is started there and stopped at the end; a lab that
@@ -184,7 +181,7 @@ impl Drop for Thaw {
     }
 }
 
-/// Runs `holdfast bench-resume`; `holdfast_exe` is started as `holdfast_exe serve`.
+/// Runs `holdfast-bench bench-resume`; `holdfast_exe` is started as `holdfast_exe serve`.
 /// Blocking; progress on stderr, the report on stdout (and in `--out`). Fails after
 /// printing the report when a measurement failed or the sysbench burst missed its
 /// requirements.
@@ -228,15 +225,7 @@ pub fn run_resume_bench(args: &ResumeBenchArgs, holdfast_exe: &Path) -> Result<(
     let _thaw = Thaw(node.pid_file());
     let logs = dir.join("bench-logs");
     fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
-    let sb = Sysbench {
-        exe: sysbench_exe.clone(),
-        user: st.app_user.clone(),
-        password: st.app_password.clone(),
-        db: st.database.clone(),
-        tables: SB_TABLES,
-        table_size: SB_TABLE_SIZE,
-        ignore_errors: "none".into(),
-    };
+    let sb = Sysbench::for_lab(sysbench_exe.clone(), &st, SB_TABLES, SB_TABLE_SIZE, "none");
     prepare_tables(&sb, &st, &logs)?;
     let raw_command = lab::node_command(&dir, &node.name)?;
 
@@ -318,11 +307,7 @@ pub fn run_resume_bench(args: &ResumeBenchArgs, holdfast_exe: &Path) -> Result<(
 
     let report = Report {
         args,
-        command: command_line(),
-        date: format_utc(started_at),
-        nproc: std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(0),
+        provenance: Provenance::of_this_run(started_at),
         mariadbd: raw_command
             .first()
             .map(|exe| {
@@ -336,28 +321,18 @@ pub fn run_resume_bench(args: &ResumeBenchArgs, holdfast_exe: &Path) -> Result<(
         log,
         proxy: bench.proxy.clone(),
         node: node.address.clone(),
-        sysbench_command: sb
-            .run_args(
-                "oltp_read_only",
-                proxy_port,
-                args.sysbench_threads,
-                args.sysbench_time,
-            )
-            .iter()
-            .map(|a| shell_quote(a))
-            .collect::<Vec<_>>()
-            .join(" "),
+        sysbench_command: shell_words(sb.run_args(
+            "oltp_read_only",
+            proxy_port,
+            args.sysbench_threads,
+            args.sysbench_time,
+        )),
         samples,
         burst,
         notes,
     };
     drop(holdfast);
-    println!("{}", report.render(false));
-    if let Some(out) = &args.out {
-        fs::write(out, report.render(true))
-            .with_context(|| format!("writing {}", out.display()))?;
-        eprintln!("bench-resume: report written to {}", out.display());
-    }
+    crate::report::publish(|md| report.render(md), args.out.as_deref(), "bench-resume")?;
     let failed = report.samples.iter().filter(|s| s.result.is_err()).count();
     if failed > 0 {
         bail!("{failed} measurement(s) failed; see the report");
@@ -376,7 +351,7 @@ fn bench_config(st: &LabStatus, cpu_limit: bool) -> Result<PathBuf> {
         "idle_pause_secs = 0, stop_after_secs = 0 (only the benchmark pauses), \
          cgroup = \"none\" (no CPU limit)"
     };
-    super::config_variant(st, CONFIG_NAME, note, |t| {
+    config_variant(st, CONFIG_NAME, note, |t| {
         let sl = t
             .get_mut("serverless")
             .and_then(|v| v.as_table_mut())
@@ -588,7 +563,7 @@ async fn select_one(addr: &str, user: &str, password: &str, timeout: Duration) -
 
 /// `GET /status`, the parts about the instance.
 fn view(admin: &str) -> Result<View> {
-    let v = http::get_json(admin, "/status")?;
+    let v = admin::get_json(admin, "/status")?;
     let sl = v
         .get("serverless")
         .filter(|s| !s.is_null())
@@ -610,28 +585,31 @@ fn view(admin: &str) -> Result<View> {
     })
 }
 
-/// Polls `GET /status` every 10 ms until `done`; fails after `limit` with the last view.
+/// Polls `GET /status` until `done`; fails after `limit` with the last view, or at once
+/// when the status cannot be read.
 fn wait_view(
     admin: &str,
     limit: Duration,
     what: &str,
     done: impl Fn(&View) -> bool,
 ) -> Result<View> {
-    let deadline = Instant::now() + limit;
-    loop {
-        let v = view(admin)?;
-        if done(&v) {
-            return Ok(v);
+    let mut last = View::default();
+    let outcome = holdfast_lab::poll(limit, || match view(admin) {
+        Ok(v) if done(&v) => Some(Ok(v)),
+        Ok(v) => {
+            last = v;
+            None
         }
-        if Instant::now() >= deadline {
-            bail!(
-                "the instance was not {what} within {limit:?}: phase {}, tier {}, last error {}",
-                v.phase,
-                v.tier.as_deref().unwrap_or("-"),
-                v.last_error.as_deref().unwrap_or("-")
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
+        Err(e) => Some(Err(e)),
+    });
+    match outcome {
+        Some(v) => v,
+        None => bail!(
+            "the instance was not {what} within {limit:?}: phase {}, tier {}, last error {}",
+            last.phase,
+            last.tier.as_deref().unwrap_or("-"),
+            last.last_error.as_deref().unwrap_or("-")
+        ),
     }
 }
 
@@ -640,7 +618,7 @@ fn wait_view(
 fn pause(admin: &str, tier: &str, notes: &mut Notes) -> Result<()> {
     let path = format!("/pause?tier={tier}");
     for attempt in 1..=PAUSE_ATTEMPTS {
-        let (code, body) = http::request(admin, "POST", &path, ADMIN_TIMEOUT)?;
+        let (code, body) = admin::request(admin, "POST", &path, ADMIN_TIMEOUT)?;
         if code == 200 {
             break;
         }
@@ -660,7 +638,7 @@ fn pause(admin: &str, tier: &str, notes: &mut Notes) -> Result<()> {
 
 /// `POST /resume` (200 once running).
 fn resume(admin: &str) -> Result<()> {
-    let (code, body) = http::request(admin, "POST", "/resume", ADMIN_TIMEOUT)?;
+    let (code, body) = admin::request(admin, "POST", "/resume", ADMIN_TIMEOUT)?;
     if code != 200 {
         bail!("POST /resume answered HTTP {code}: {}", body.trim());
     }
@@ -668,15 +646,6 @@ fn resume(admin: &str) -> Result<()> {
         v.phase == "running"
     })?;
     Ok(())
-}
-
-/// Nearest-rank percentile of sorted values.
-fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
-    sorted.get(rank.clamp(1, sorted.len()) - 1).copied()
 }
 
 /// p50 (median), p95, max, count of successful values.
@@ -701,9 +670,7 @@ fn stats(values: impl Iterator<Item = f64>) -> Stats {
 
 struct Report<'a> {
     args: &'a ResumeBenchArgs,
-    command: String,
-    date: String,
-    nproc: usize,
+    provenance: Provenance,
     mariadbd: String,
     sysbench: String,
     config: PathBuf,
@@ -737,65 +704,48 @@ impl Report<'_> {
 
     fn render(&self, md: bool) -> String {
         let a = self.args;
-        let mut out = String::new();
-        let h = |out: &mut String, title: &str| {
-            if md {
-                let _ = writeln!(out, "\n## {title}\n");
+        let mut out = Doc::new(md);
+        self.provenance
+            .header(&mut out, "holdfast resume benchmark");
+        out.item(format_args!("mariadbd: {}", self.mariadbd));
+        out.item(format_args!("sysbench: {}", self.sysbench));
+        out.item(format_args!(
+            "holdfast: `holdfast serve --config {}` (proxy {}, log {}); {}",
+            self.config.display(),
+            self.proxy,
+            self.log.display(),
+            if a.cpu_limit {
+                "idle_pause_secs = 0, stop_after_secs = 0, the lab's CPU limit kept"
             } else {
-                let _ = writeln!(out, "\n{title}\n{}", "-".repeat(title.len()));
+                "idle_pause_secs = 0, stop_after_secs = 0, cgroup = \"none\" (no CPU limit)"
             }
-        };
-        if md {
-            let _ = writeln!(out, "# holdfast resume benchmark\n");
-            let _ = writeln!(out, "- command: `{}`", self.command);
-            let _ = writeln!(out, "- date: {}", self.date);
-            let _ = writeln!(out, "- nproc: {}", self.nproc);
-            let _ = writeln!(out, "- mariadbd: {}", self.mariadbd);
-            let _ = writeln!(out, "- sysbench: {}", self.sysbench);
-            let _ = writeln!(
-                out,
-                "- holdfast: `holdfast serve --config {}` (proxy {}, log {}); {}",
-                self.config.display(),
-                self.proxy,
-                self.log.display(),
-                if a.cpu_limit {
-                    "idle_pause_secs = 0, stop_after_secs = 0, the lab's CPU limit kept"
-                } else {
-                    "idle_pause_secs = 0, stop_after_secs = 0, cgroup = \"none\" (no CPU limit)"
-                }
-            );
-            let _ = writeln!(
-                out,
-                "- client path (tiers): `POST /pause?tier=T` (200, status paused), then TCP \
-                 connect to holdfast's proxy listener → login (app, mysql_native_password) → \
-                 `SELECT 1` answered"
-            );
-            let _ = writeln!(
-                out,
-                "- raw cold start: `POST /pause?tier=stop`, then the node's own mariadbd \
-                 command line spawned → `SELECT 1` answered on {} (same client, retried every \
-                 {} ms); SIGTERM, then `POST /resume` hands the instance back to holdfast",
-                self.node,
-                RAW_RETRY.as_millis()
-            );
-            let _ = writeln!(
-                out,
-                "- {} cycles, order rotated each cycle, {} ms settle after each measurement",
-                a.cycles,
-                SETTLE.as_millis()
-            );
-        } else {
+        ));
+        out.item(
+            "client path (tiers): `POST /pause?tier=T` (200, status paused), then TCP \
+             connect to holdfast's proxy listener → login (app, mysql_native_password) → \
+             `SELECT 1` answered",
+        );
+        out.item(format_args!(
+            "raw cold start: `POST /pause?tier=stop`, then the node's own mariadbd \
+             command line spawned → `SELECT 1` answered on {} (same client, retried every \
+             {} ms); SIGTERM, then `POST /resume` hands the instance back to holdfast",
+            self.node,
+            RAW_RETRY.as_millis()
+        ));
+        out.item(format_args!(
+            "{} cycles, order rotated each cycle, {} ms settle after each measurement",
+            a.cycles,
+            SETTLE.as_millis()
+        ));
+        if !md {
             let _ = writeln!(
                 out,
                 "holdfast resume benchmark — {} cycles, nproc {}, {}",
-                a.cycles, self.nproc, self.mariadbd
+                a.cycles, self.provenance.nproc, self.mariadbd
             );
         }
 
-        h(
-            &mut out,
-            "Resume latency: client connect → first SELECT 1 (ms)",
-        );
+        out.heading("Resume latency: client connect → first SELECT 1 (ms)");
         let mut t = Table::new(&[
             "path",
             "cycles",
@@ -840,50 +790,37 @@ impl Report<'_> {
                 },
             ]);
         }
-        out.push_str(&t.render(md));
+        out.table(&t);
         let stop = self.client(Kind::Stop);
         let raw = self.client(Kind::Raw);
-        let _ = writeln!(
-            out,
-            "{}p50(stop tier) / p50(raw cold start) = {}; holdfast's own resume p50 (stop) / \
+        out.paragraph(format_args!(
+            "p50(stop tier) / p50(raw cold start) = {}; holdfast's own resume p50 (stop) / \
              p50(raw) = {}",
-            if md { "\n" } else { "" },
             ratio(stop.p50, raw.p50),
             ratio(self.holdfast(Kind::Stop).p50, raw.p50)
-        );
+        ));
 
-        h(
-            &mut out,
-            &format!(
-                "{} sysbench threads arriving at a stopped instance",
-                a.sysbench_threads
-            ),
-        );
+        out.heading(&format!(
+            "{} sysbench threads arriving at a stopped instance",
+            a.sysbench_threads
+        ));
         let b = &self.burst;
-        let mut t = Table::new(&[
-            "threads",
-            "seconds",
-            "tps",
-            "qps",
-            "avg ms",
-            "p95 ms",
-            "max ms",
-            "errors",
-            "logins accepted",
-            "logins failed",
-            "resumes caused",
-            "verdict",
-        ]);
+        let mut t = Table::new(
+            &[
+                &["threads", "seconds"][..],
+                &METRIC_HEADERS,
+                &[
+                    "logins accepted",
+                    "logins failed",
+                    "resumes caused",
+                    "verdict",
+                ],
+            ]
+            .concat(),
+        );
         let mut row = vec![a.sysbench_threads.to_string(), a.sysbench_time.to_string()];
         match &b.result {
-            Ok(m) => row.extend([
-                format!("{:.0}", m.tps),
-                format!("{:.0}", m.qps),
-                format!("{:.2}", m.lat_avg_ms),
-                format!("{:.2}", m.lat_p95_ms),
-                format!("{:.2}", m.lat_max_ms),
-                m.errors.to_string(),
-            ]),
+            Ok(m) => row.extend(m.cells()),
             Err(_) => row.extend(std::iter::repeat_n("-".to_string(), 6)),
         }
         row.extend([
@@ -896,12 +833,12 @@ impl Report<'_> {
             },
         ]);
         t.row(row);
-        out.push_str(&t.render(md));
+        out.table(&t);
         if md {
             let _ = writeln!(out, "\nsysbench: `sysbench {}`", self.sysbench_command);
         }
 
-        h(&mut out, "Notes");
+        out.heading("Notes");
         let n = &self.notes;
         let raw_runs = self.samples.iter().filter(|s| s.kind == Kind::Raw).count();
         let mut lines = vec![format!(
@@ -926,10 +863,14 @@ impl Report<'_> {
             }
         }
         for l in lines {
-            let _ = writeln!(out, "{}{l}", if md { "- " } else { "" });
+            if md {
+                out.item(l);
+            } else {
+                let _ = writeln!(out, "{l}");
+            }
         }
 
-        h(&mut out, "Per cycle (ms)");
+        out.heading("Per cycle (ms)");
         let mut t = Table::new(&[
             "cycle",
             "freeze",
@@ -959,8 +900,8 @@ impl Report<'_> {
                 client(Kind::Raw),
             ]);
         }
-        out.push_str(&t.render(md));
-        out
+        out.table(&t);
+        out.finish()
     }
 }
 
@@ -969,12 +910,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn nearest_rank_percentiles() {
-        let v: Vec<f64> = (1..=20).map(f64::from).collect();
-        assert_eq!(percentile(&v, 95.0), Some(19.0));
-        assert_eq!(percentile(&v, 100.0), Some(20.0));
-        assert_eq!(percentile(&[3.0], 95.0), Some(3.0));
-        assert_eq!(percentile(&[], 95.0), None);
+    fn stats_of_values() {
         let s = stats([5.0, 1.0, 3.0].into_iter());
         assert_eq!((s.p50, s.max, s.ok), (Some(3.0), Some(5.0), 3));
     }

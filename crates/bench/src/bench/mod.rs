@@ -1,30 +1,23 @@
-//! `holdfast bench`: sysbench against the primary directly, through HAProxy (TCP mode) and
-//! through holdfast (session and pass-through listeners), interleaved over several rounds,
-//! plus idle-session memory. `holdfast bench-resume` ([`resume`]) measures serverless
-//! resume latency.
+//! `holdfast-bench bench`: sysbench against the primary directly, through HAProxy (TCP
+//! mode) and through holdfast (session and pass-through listeners), interleaved over
+//! several rounds, plus idle-session memory.
 
-mod http;
 mod idle;
-mod resume;
-mod sysbench;
 
-pub use resume::{run_resume_bench, ResumeBenchArgs};
-
+use std::ffi::OsStr;
 use std::fmt::Write as _;
 use std::fs;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
+use holdfast_lab::{self as lab, procs, LabOptions, LabStatus, NodeStatus};
 
-use crate::lab::{self, AuxProcess, LabOptions, LabStatus};
-use crate::procs;
-use sysbench::{Metrics, Sysbench};
-
-/// How long holdfast and HAProxy get to start accepting TCP connections.
-const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
+use crate::report::{fmt_opt, median, ratio, shell_words, Doc, Provenance, Table};
+use crate::serve::{config_variant, start_holdfast, Helper, LabGuard, LISTEN_TIMEOUT};
+use crate::sysbench::{self, prepare_tables, Metrics, Sysbench, METRIC_HEADERS};
 
 /// Which way the benchmark clients reach the primary.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -66,7 +59,7 @@ impl Target {
     }
 }
 
-/// Options of `holdfast bench`.
+/// Options of `holdfast-bench bench`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
     /// Lab directory. A lab is brought up there if none runs (and stopped again at the
@@ -134,36 +127,6 @@ struct Run {
     result: std::result::Result<Metrics, String>,
 }
 
-/// A helper process started by the benchmark; terminated on drop.
-struct Helper {
-    name: &'static str,
-    pid: u32,
-    dir: PathBuf,
-}
-
-impl Drop for Helper {
-    fn drop(&mut self) {
-        if let Err(e) = procs::terminate(self.pid, Duration::from_secs(10)) {
-            eprintln!("bench: stopping {} (pid {}): {e:#}", self.name, self.pid);
-        }
-        let _ = lab::unregister_aux(&self.dir, self.pid);
-    }
-}
-
-/// Stops a lab the benchmark started, on drop.
-struct LabGuard(Option<PathBuf>);
-
-impl Drop for LabGuard {
-    fn drop(&mut self) {
-        if let Some(dir) = self.0.take() {
-            eprintln!("bench: stopping the lab in {}", dir.display());
-            if let Err(e) = lab::down(&dir) {
-                eprintln!("bench: stopping the lab: {e:#}");
-            }
-        }
-    }
-}
-
 /// Runs the benchmark described by `args`; `holdfast_exe` is the binary started as
 /// `holdfast_exe serve --config DIR/holdfast.toml`. Blocking; prints progress to stderr
 /// and the report to stdout. If holdfast (or HAProxy) cannot be started, that target is
@@ -217,15 +180,13 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
     let logs = dir.join("bench-logs");
     fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
 
-    let sb = Sysbench {
-        exe: sysbench_exe.clone(),
-        user: st.app_user.clone(),
-        password: st.app_password.clone(),
-        db: st.database.clone(),
-        tables: args.tables,
-        table_size: args.table_size,
-        ignore_errors: args.ignore_errors.clone(),
-    };
+    let sb = Sysbench::for_lab(
+        sysbench_exe.clone(),
+        &st,
+        args.tables,
+        args.table_size,
+        &args.ignore_errors,
+    );
     prepare_tables(&sb, &st, &logs)?;
 
     // Targets.
@@ -366,13 +327,14 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
                 args.idle_clients,
                 target.label()
             );
-            let r = idle::measure(
-                &format!("127.0.0.1:{port}"),
+            let r = idle::IdleClients {
+                addr: &format!("127.0.0.1:{port}"),
                 pid,
-                args.idle_clients,
-                &st.app_user,
-                &st.app_password,
-            );
+                clients: args.idle_clients,
+                user: &st.app_user,
+                password: &st.app_password,
+            }
+            .measure();
             match &r {
                 Ok(r) => eprintln!("{:.1} KiB per session", r.per_session_kib()),
                 Err(e) => eprintln!("FAILED: {e:#}"),
@@ -402,82 +364,32 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
 
     let report = Report {
         args,
-        command: command_line(),
-        date: format_utc(started_at),
-        nproc: std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(0),
+        provenance: Provenance::of_this_run(started_at),
         versions,
         targets: ports.clone(),
         unavailable,
         runs,
         idle,
-        sysbench_example: sb
-            .run_args("WORKLOAD", 0, args.threads, args.time)
-            .iter()
-            .map(|a| {
-                if a == "--mysql-port=0" {
-                    "--mysql-port=PORT".to_string()
-                } else {
-                    shell_quote(a)
-                }
-            })
-            .collect::<Vec<_>>()
-            .join(" "),
+        sysbench_example: shell_words(
+            sb.run_args("WORKLOAD", 0, args.threads, args.time)
+                .into_iter()
+                .map(|a| {
+                    if a == "--mysql-port=0" {
+                        "--mysql-port=PORT".to_string()
+                    } else {
+                        a
+                    }
+                }),
+        ),
     };
-    println!("{}", report.render(false));
-    if let Some(out) = &args.out {
-        fs::write(out, report.render(true))
-            .with_context(|| format!("writing {}", out.display()))?;
-        eprintln!("bench: report written to {}", out.display());
-    }
-    Ok(())
-}
-
-/// Prepares the sysbench tables on the primary unless they already hold the right shape.
-fn prepare_tables(sb: &Sysbench, st: &LabStatus, logs: &Path) -> Result<()> {
-    let primary = st.primary()?;
-    let db = &st.database;
-    let count = |sql: &str| -> Result<u64> {
-        Ok(lab::node_sql_value(primary, sql)?
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0))
-    };
-    let tables = count(&format!(
-        "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA='{db}' \
-         AND TABLE_NAME REGEXP '^sbtest[0-9]+$'"
-    ))?;
-    let ready = tables == u64::from(sb.tables)
-        && [1, sb.tables].iter().all(|i| {
-            count(&format!("SELECT COUNT(*) FROM `{db}`.`sbtest{i}`")).ok()
-                == Some(u64::from(sb.table_size))
-        });
-    if ready {
-        eprintln!(
-            "bench: sysbench tables already prepared ({} × {} rows)",
-            sb.tables, sb.table_size
-        );
-        return Ok(());
-    }
-    eprintln!(
-        "bench: preparing {} sysbench tables × {} rows on {} …",
-        sb.tables, sb.table_size, primary.name
-    );
-    let t = Instant::now();
-    lab::node_sql(
-        primary,
-        &format!("DROP DATABASE IF EXISTS `{db}`; CREATE DATABASE `{db}`"),
-    )?;
-    sb.prepare(primary.port, &logs.join("prepare.log"))?;
-    eprintln!("bench: prepared in {:.1} s", t.elapsed().as_secs_f64());
-    Ok(())
+    crate::report::publish(|md| report.render(md), args.out.as_deref(), "bench")
 }
 
 fn start_haproxy(exe: &Path, dir: &Path, backend_port: u16) -> Result<(Helper, u16)> {
     let port = procs::free_ports(1)?[0];
     let cfg = dir.join("haproxy.cfg");
     let text = format!(
-        "# Written by `holdfast bench`: a TCP pass-through to the primary, for comparison.\n\
+        "# Written by `holdfast-bench bench`: a TCP pass-through to the primary, for comparison.\n\
          global\n    maxconn 8192\n    nbthread 2\n\n\
          defaults\n    mode tcp\n    timeout connect 5s\n    timeout client 1h\n    \
          timeout server 1h\n    maxconn 8192\n\n\
@@ -485,23 +397,12 @@ fn start_haproxy(exe: &Path, dir: &Path, backend_port: u16) -> Result<(Helper, u
          backend primary\n    server primary 127.0.0.1:{backend_port} maxconn 8192\n"
     );
     fs::write(&cfg, text).with_context(|| format!("writing {}", cfg.display()))?;
-    let check = Command::new(exe)
-        .arg("-c")
-        .arg("-f")
-        .arg(&cfg)
-        .output()
-        .with_context(|| format!("running {}", exe.display()))?;
-    if !check.status.success() {
-        bail!(
-            "haproxy rejects {}: {}",
-            cfg.display(),
-            String::from_utf8_lossy(&check.stderr).trim()
-        );
-    }
+    procs::run_capture(exe, [OsStr::new("-c"), OsStr::new("-f"), cfg.as_os_str()])
+        .with_context(|| format!("haproxy rejects {}", cfg.display()))?;
     let mut cmd = Command::new(exe);
     cmd.arg("-db").arg("-f").arg(&cfg);
     let pid = procs::spawn_detached(&mut cmd, Some(&dir.join("haproxy.log")))?;
-    let helper = register(dir, "haproxy", pid)?;
+    let helper = Helper::register(dir, "haproxy", pid)?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     procs::wait_tcp(&addr, LISTEN_TIMEOUT, || procs::is_alive(helper.pid)).with_context(|| {
         format!(
@@ -510,79 +411,6 @@ fn start_haproxy(exe: &Path, dir: &Path, backend_port: u16) -> Result<(Helper, u
         )
     })?;
     Ok((helper, port))
-}
-
-/// Starts `holdfast serve --config CONFIG` (output appended to `log`) and waits until its
-/// proxy listener (the lab's proxy address) and every port in `also` accept connections.
-/// Returns the helper and the proxy listener's port.
-fn start_holdfast(
-    exe: &Path,
-    st: &LabStatus,
-    config: &Path,
-    log: &Path,
-    also: &[u16],
-) -> Result<(Helper, u16)> {
-    let exe = if exe.is_file() {
-        exe.to_path_buf()
-    } else if exe.components().count() == 1 {
-        let name = exe.to_string_lossy();
-        procs::find_program(&[&name])
-            .with_context(|| format!("holdfast binary {name:?} not found on PATH"))?
-    } else {
-        bail!("holdfast binary {} does not exist", exe.display());
-    };
-    let exe = exe.as_path();
-    let addr: SocketAddr = st
-        .proxy
-        .parse()
-        .with_context(|| format!("bad proxy address {:?} in lab.json", st.proxy))?;
-    let mut addrs = vec![addr];
-    addrs.extend(also.iter().map(|&p| SocketAddr::from(([127, 0, 0, 1], p))));
-    if let Some(busy) = addrs.iter().find(|a| procs::tcp_accepts(a)) {
-        bail!("something already listens on holdfast's address {busy}; stop it first");
-    }
-    let mut cmd = Command::new(exe);
-    // A log file, not a terminal: no colour codes in it.
-    cmd.arg("serve")
-        .arg("--config")
-        .arg(config)
-        .env("NO_COLOR", "1");
-    let pid = procs::spawn_detached(&mut cmd, Some(log))?;
-    let helper = register(&st.dir, "holdfast", pid)?;
-    for a in &addrs {
-        if let Err(e) = procs::wait_tcp(a, LISTEN_TIMEOUT, || procs::is_alive(helper.pid)) {
-            let tail = procs::tail_file(log, 10);
-            let tail = if tail.trim().is_empty() {
-                format!("{} is empty", log.display())
-            } else {
-                format!("last lines of {}:\n{tail}", log.display())
-            };
-            bail!("holdfast ({}): {e:#}; {tail}", exe.display());
-        }
-    }
-    Ok((helper, addr.port()))
-}
-
-/// Writes `DIR/NAME`: the lab's `holdfast.toml` changed by `edit`, headed by `note`.
-fn config_variant(
-    st: &LabStatus,
-    name: &str,
-    note: &str,
-    edit: impl FnOnce(&mut toml::Table) -> Result<()>,
-) -> Result<PathBuf> {
-    let text = fs::read_to_string(&st.config)
-        .with_context(|| format!("reading {}", st.config.display()))?;
-    let mut table: toml::Table =
-        toml::from_str(&text).with_context(|| format!("parsing {}", st.config.display()))?;
-    edit(&mut table)?;
-    let body = toml::to_string(&table).context("serialising the holdfast config")?;
-    let path = st.dir.join(name);
-    let text = format!(
-        "# Written by holdfast's benchmark from {}: {note}\n\n{body}",
-        st.config.display()
-    );
-    fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
-    Ok(path)
 }
 
 /// The lab's config plus a pass-through `[[listener]]` on 127.0.0.1:`port`.
@@ -610,27 +438,9 @@ fn passthrough_config(st: &LabStatus, port: u16) -> Result<PathBuf> {
     )
 }
 
-fn register(dir: &Path, name: &'static str, pid: u32) -> Result<Helper> {
-    let helper = Helper {
-        name,
-        pid,
-        dir: dir.to_path_buf(),
-    };
-    lab::register_aux(
-        dir,
-        AuxProcess {
-            name: name.to_string(),
-            pid,
-            // Unknown only if it already exited (then there is nothing to stop).
-            start_time: procs::start_time(pid).unwrap_or(0),
-        },
-    )?;
-    Ok(helper)
-}
-
 /// After closing idle clients, waits (up to 20 s) until the primary is back to a handful
 /// of sessions, so the next measurement does not run into max_connections.
-fn wait_sessions_closed(primary: &crate::NodeStatus) {
+fn wait_sessions_closed(primary: &NodeStatus) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while Instant::now() < deadline {
         let connected = lab::node_sql(primary, "SHOW GLOBAL STATUS LIKE 'Threads_connected'")
@@ -652,28 +462,13 @@ struct Versions {
 
 struct Report<'a> {
     args: &'a BenchArgs,
-    command: String,
-    date: String,
-    nproc: usize,
+    provenance: Provenance,
     versions: Versions,
     targets: Vec<(Target, u16)>,
     unavailable: Vec<(Target, String)>,
     runs: Vec<Run>,
     idle: Vec<(Target, std::result::Result<idle::IdleResult, String>)>,
     sysbench_example: String,
-}
-
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let mid = v.len() / 2;
-    Some(if v.len() % 2 == 0 {
-        (v[mid - 1] + v[mid]) / 2.0
-    } else {
-        v[mid]
-    })
 }
 
 #[derive(Clone, Copy, Default)]
@@ -711,39 +506,30 @@ impl Report<'_> {
 
     fn render(&self, md: bool) -> String {
         let a = self.args;
-        let mut out = String::new();
-        let h = |out: &mut String, title: &str| {
-            if md {
-                let _ = writeln!(out, "\n## {title}\n");
-            } else {
-                let _ = writeln!(out, "\n{title}\n{}", "-".repeat(title.len()));
-            }
-        };
-        if md {
-            let _ = writeln!(out, "# holdfast benchmark\n");
-            let _ = writeln!(out, "- command: `{}`", self.command);
-            let _ = writeln!(out, "- date: {}", self.date);
-            let _ = writeln!(out, "- nproc: {}", self.nproc);
-            let _ = writeln!(out, "- mariadbd: {}", self.versions.mariadbd);
-            let _ = writeln!(out, "- sysbench: {}", self.versions.sysbench);
-            let _ = writeln!(out, "- haproxy: {}", self.versions.haproxy);
-            let _ = writeln!(
-                out,
-                "- setup: {} round(s) × {} s, {} threads, {} tables × {} rows; order rotated each round",
-                a.rounds, a.time, a.threads, a.tables, a.table_size
-            );
-            let _ = writeln!(out, "- sysbench: `sysbench {}`", self.sysbench_example);
-            let ports: Vec<String> = self
-                .targets
-                .iter()
-                .map(|(t, p)| format!("{} 127.0.0.1:{p}", t.label()))
-                .collect();
-            let _ = writeln!(out, "- targets: {}", ports.join(", "));
-        } else {
+        let mut out = Doc::new(md);
+        self.provenance.header(&mut out, "holdfast benchmark");
+        out.item(format_args!("mariadbd: {}", self.versions.mariadbd));
+        out.item(format_args!("sysbench: {}", self.versions.sysbench));
+        out.item(format_args!("haproxy: {}", self.versions.haproxy));
+        out.item(format_args!(
+            "setup: {} round(s) × {} s, {} threads, {} tables × {} rows; order rotated each round",
+            a.rounds, a.time, a.threads, a.tables, a.table_size
+        ));
+        out.item(format_args!(
+            "sysbench: `sysbench {}`",
+            self.sysbench_example
+        ));
+        let ports: Vec<String> = self
+            .targets
+            .iter()
+            .map(|(t, p)| format!("{} 127.0.0.1:{p}", t.label()))
+            .collect();
+        out.item(format_args!("targets: {}", ports.join(", ")));
+        if !md {
             let _ = writeln!(
                 out,
                 "holdfast benchmark — {} round(s) × {} s, {} threads, {} tables × {} rows, nproc {}",
-                a.rounds, a.time, a.threads, a.tables, a.table_size, self.nproc
+                a.rounds, a.time, a.threads, a.tables, a.table_size, self.provenance.nproc
             );
         }
         for (t, why) in &self.unavailable {
@@ -756,7 +542,7 @@ impl Report<'_> {
             );
         }
 
-        h(&mut out, "Medians");
+        out.heading("Medians");
         let mut t = Table::new(&[
             "workload",
             "target",
@@ -784,7 +570,7 @@ impl Report<'_> {
                 ]);
             }
         }
-        out.push_str(&t.render(md));
+        out.table(&t);
 
         let proxied: Vec<Target> = self
             .targets
@@ -793,7 +579,7 @@ impl Report<'_> {
             .filter(|t| t.is_holdfast())
             .collect();
         if !proxied.is_empty() {
-            h(&mut out, "Ratios (medians)");
+            out.heading("Ratios (medians)");
             let mut t = Table::new(&[
                 "workload",
                 "target",
@@ -817,22 +603,18 @@ impl Report<'_> {
                     ]);
                 }
             }
-            out.push_str(&t.render(md));
+            out.table(&t);
         }
 
-        h(&mut out, "Per run");
-        let mut t = Table::new(&[
-            "round",
-            "workload",
-            "target",
-            "tps",
-            "qps",
-            "avg ms",
-            "p95 ms",
-            "max ms",
-            "errors",
-            "reconnects",
-        ]);
+        out.heading("Per run");
+        let mut t = Table::new(
+            &[
+                &["round", "workload", "target"][..],
+                &METRIC_HEADERS,
+                &["reconnects"],
+            ]
+            .concat(),
+        );
         for r in &self.runs {
             let mut row = vec![
                 r.round.to_string(),
@@ -840,15 +622,10 @@ impl Report<'_> {
                 r.target.label().into(),
             ];
             match &r.result {
-                Ok(m) => row.extend([
-                    format!("{:.0}", m.tps),
-                    format!("{:.0}", m.qps),
-                    format!("{:.2}", m.lat_avg_ms),
-                    format!("{:.2}", m.lat_p95_ms),
-                    format!("{:.2}", m.lat_max_ms),
-                    m.errors.to_string(),
-                    m.reconnects.to_string(),
-                ]),
+                Ok(m) => {
+                    row.extend(m.cells());
+                    row.push(m.reconnects.to_string());
+                }
                 Err(e) => {
                     row.push(format!("FAILED: {e}"));
                     row.extend(std::iter::repeat_n(String::new(), 6));
@@ -856,10 +633,10 @@ impl Report<'_> {
             }
             t.row(row);
         }
-        out.push_str(&t.render(md));
+        out.table(&t);
 
         if !self.idle.is_empty() {
-            h(&mut out, "Idle session memory (RSS)");
+            out.heading("Idle session memory (RSS)");
             let mut t = Table::new(&[
                 "process",
                 "clients",
@@ -899,12 +676,10 @@ impl Report<'_> {
                     ]),
                 }
             }
-            out.push_str(&t.render(md));
-            let _ = writeln!(
-                out,
-                "{}Each client logs in (app, mysql_native_password), runs SELECT 1 and stays idle. \
+            out.table(&t);
+            out.paragraph(
+                "Each client logs in (app, mysql_native_password), runs SELECT 1 and stays idle. \
                  For haproxy and holdfast the server-side sessions live in mariadbd, not in the proxy.",
-                if md { "\n" } else { "" }
             );
         }
         if !md {
@@ -914,154 +689,13 @@ impl Report<'_> {
                 self.versions.mariadbd, self.versions.sysbench, self.versions.haproxy
             );
         }
-        out
+        out.finish()
     }
-}
-
-fn fmt_opt(v: Option<f64>, decimals: usize) -> String {
-    v.map(|v| format!("{v:.decimals$}"))
-        .unwrap_or_else(|| "-".into())
-}
-
-fn ratio(a: Option<f64>, b: Option<f64>) -> String {
-    match (a, b) {
-        (Some(a), Some(b)) if b > 0.0 => format!("{:.3}", a / b),
-        _ => "-".into(),
-    }
-}
-
-/// A small text/Markdown table.
-struct Table {
-    headers: Vec<String>,
-    rows: Vec<Vec<String>>,
-}
-
-impl Table {
-    fn new(headers: &[&str]) -> Self {
-        Table {
-            headers: headers.iter().map(|s| s.to_string()).collect(),
-            rows: Vec::new(),
-        }
-    }
-
-    fn row(&mut self, row: Vec<String>) {
-        self.rows.push(row);
-    }
-
-    fn render(&self, md: bool) -> String {
-        let mut out = String::new();
-        if md {
-            let esc = |s: &str| s.replace('|', "\\|").replace('\n', " ");
-            let _ = writeln!(out, "| {} |", self.headers.join(" | "));
-            let _ = writeln!(out, "|{}", "---|".repeat(self.headers.len()));
-            for r in &self.rows {
-                let cells: Vec<String> = r.iter().map(|c| esc(c)).collect();
-                let _ = writeln!(out, "| {} |", cells.join(" | "));
-            }
-            return out;
-        }
-        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
-        for r in &self.rows {
-            for (i, c) in r.iter().enumerate() {
-                // A failure message spans the rest of the row; don't widen the column for it.
-                if c.starts_with("FAILED: ") {
-                    continue;
-                }
-                if let Some(w) = widths.get_mut(i) {
-                    *w = (*w).max(c.chars().count());
-                }
-            }
-        }
-        let line = |cells: &[String]| {
-            let mut s = String::new();
-            for (i, c) in cells.iter().enumerate() {
-                let w = widths.get(i).copied().unwrap_or(0);
-                let numeric = c.parse::<f64>().is_ok() || c == "-";
-                if i > 0 {
-                    s.push_str("  ");
-                }
-                if numeric {
-                    let _ = write!(s, "{c:>w$}");
-                } else {
-                    let _ = write!(s, "{c:<w$}");
-                }
-            }
-            s.trim_end().to_string()
-        };
-        let _ = writeln!(out, "{}", line(&self.headers));
-        for r in &self.rows {
-            let _ = writeln!(out, "{}", line(r));
-        }
-        out
-    }
-}
-
-fn shell_quote(s: &str) -> String {
-    if !s.is_empty()
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_=./:,@+%".contains(c))
-    {
-        s.to_string()
-    } else {
-        format!("'{}'", s.replace('\'', "'\\''"))
-    }
-}
-
-fn command_line() -> String {
-    std::env::args()
-        .map(|a| shell_quote(&a))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// `YYYY-MM-DD HH:MM:SS UTC` without a date crate (civil-from-days, H. Hinnant).
-fn format_utc(t: SystemTime) -> String {
-    let secs = t
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0) as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn formats_utc_dates() {
-        assert_eq!(format_utc(UNIX_EPOCH), "1970-01-01 00:00:00 UTC");
-        let t = UNIX_EPOCH + Duration::from_secs(1_709_210_096); // 2024-02-29 12:34:56
-        assert_eq!(format_utc(t), "2024-02-29 12:34:56 UTC");
-    }
-
-    #[test]
-    fn medians() {
-        assert_eq!(median(vec![]), None);
-        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
-        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), Some(2.5));
-    }
-
-    #[test]
-    fn quotes_shell_words() {
-        assert_eq!(shell_quote("--time=5"), "--time=5");
-        assert_eq!(shell_quote("a b"), "'a b'");
-        assert_eq!(shell_quote("it's"), "'it'\\''s'");
-    }
 
     #[test]
     fn bench_args_parse() {

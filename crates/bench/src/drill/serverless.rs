@@ -1,33 +1,27 @@
-//! `holdfast drill --scenario serverless`: a serverless lab instance that pauses whenever it
+//! `holdfast-bench drill --scenario serverless`: a serverless lab instance that pauses whenever it
 //! is idle, with a pool of idle client connections kept open throughout, and sysbench
 //! connecting to the paused instance again and again. Reports what a user would notice:
 //! connections kept (with their state), sysbench errors, the login delay on a paused
 //! instance, and the pauses and resumes holdfast made.
 
-use crate::drill::{wait_for, DrillArgs, Serve};
-use anyhow::{bail, Context, Result};
-use holdfast_lab::mysql_client::Conn;
-use std::process::Command;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// Pause after this much idle time in the drill (the default is 300 s).
-const IDLE_PAUSE_SECS: u64 = 2;
-/// A frozen instance is stopped after this long in the drill, so both tiers occur.
-const STOP_AFTER_SECS: u64 = 3;
+use anyhow::{bail, Context, Result};
+use holdfast_lab::mysql_client::Conn;
+use holdfast_lab::wait_for;
 
-fn admin_json(admin: &str, path: &str) -> Result<serde_json::Value> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let (code, body) = rt.block_on(holdfast_admin::http_get(admin, path))?;
-    if code != 200 {
-        bail!("GET {path} answered HTTP {code}: {body}");
-    }
-    Ok(serde_json::from_str(&body)?)
-}
+use super::common::{self, output_text, value_after, DrillArgs};
+use crate::admin;
+use crate::serve::{self, config_variant};
+
+/// Pause after this much idle time in the drill (the default is 300 s).
+const IDLE_PAUSE_SECS: i64 = 2;
+/// A frozen instance is stopped after this long in the drill, so both tiers occur.
+const STOP_AFTER_SECS: i64 = 3;
 
 fn instance(admin: &str) -> Result<serde_json::Value> {
-    Ok(admin_json(admin, "/status")?["serverless"].clone())
+    Ok(admin::get_json(admin, "/status")?["serverless"].clone())
 }
 
 fn wait_paused(admin: &str, tier: &str) -> Result<()> {
@@ -50,7 +44,7 @@ struct Cycle {
     kept: usize,
 }
 
-pub fn run(args: &DrillArgs) -> Result<()> {
+pub fn run(args: &DrillArgs, holdfast: &Path) -> Result<()> {
     let dir = args.dir.with_file_name(format!(
         "{}-serverless",
         args.dir.file_name().map_or("holdfast-drill".into(), |n| n
@@ -64,35 +58,30 @@ pub fn run(args: &DrillArgs) -> Result<()> {
     opts.serverless = true;
     opts.base_port = Some(holdfast_lab::DEFAULT_BASE_PORT + 200);
     let lab = holdfast_lab::up(&opts)?;
-    let config = std::fs::read_to_string(&lab.config)?
-        .replace(
-            "idle_pause_secs = 60",
-            &format!("idle_pause_secs = {IDLE_PAUSE_SECS}"),
-        )
-        .replace(
-            "stop_after_secs = 300",
-            &format!("stop_after_secs = {STOP_AFTER_SECS}"),
-        );
-    std::fs::write(&lab.config, config)?;
-    let serve = Serve::start(&lab.config, &dir.join("holdfast-drill.log"), &lab.proxy)?;
-    let sysbench = |cmd: &str, extra: &[String]| -> Result<std::process::Output> {
-        let mut sb = crate::drill::sysbench_args(&lab, args, &lab.proxy, cmd);
-        // Options go before the command, which sysbench_args puts last.
-        let command = sb.pop();
-        sb.extend(extra.iter().cloned());
-        sb.extend(command);
-        Command::new("sysbench")
-            .args(&sb)
-            .output()
-            .context("cannot run sysbench (apt-get install sysbench)")
-    };
-    let prep = sysbench("prepare", &[])?;
-    if !prep.status.success() {
-        bail!(
-            "sysbench prepare failed: {}",
-            String::from_utf8_lossy(&prep.stderr)
-        );
-    }
+    let config = config_variant(
+        &lab,
+        "holdfast-drill.toml",
+        &format!("idle_pause_secs = {IDLE_PAUSE_SECS}, stop_after_secs = {STOP_AFTER_SECS}"),
+        |t| {
+            let sl = t
+                .get_mut("serverless")
+                .and_then(|v| v.as_table_mut())
+                .context("no [serverless] in the lab's holdfast.toml")?;
+            sl.insert(
+                "idle_pause_secs".into(),
+                toml::Value::Integer(IDLE_PAUSE_SECS),
+            );
+            sl.insert(
+                "stop_after_secs".into(),
+                toml::Value::Integer(STOP_AFTER_SECS),
+            );
+            Ok(())
+        },
+    )?;
+    let log = dir.join("holdfast-drill.log");
+    let (server, port) = serve::start_holdfast(holdfast, &lab, &config, &log, &[])?;
+    let sb = common::sysbench(&lab, args);
+    common::prepare(&sb, port)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -126,16 +115,13 @@ pub fn run(args: &DrillArgs) -> Result<()> {
         let login_ms = t.elapsed().as_secs_f64() * 1e3;
         let _ = rt.block_on(fresh.quit());
         // Then sysbench: threads connecting at once, running for a few seconds.
-        let out = sysbench(
-            "run",
-            &[
-                format!("--threads={}", args.threads),
-                "--time=4".into(),
-                "--db-ps-mode=auto".into(),
-            ],
-        )?;
-        let text = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
+        let options = [
+            format!("--threads={}", args.threads),
+            "--time=4".into(),
+            "--db-ps-mode=auto".into(),
+        ];
+        let out = common::run_sysbench(&sb.command("oltp_read_write", port, &options, "run"))?;
+        let text = output_text(&out);
         let fatal = !out.status.success() || text.contains("FATAL");
         // The idle pool: every connection still open, with its state.
         let mut kept = 0;
@@ -148,8 +134,8 @@ pub fn run(args: &DrillArgs) -> Result<()> {
         let row = Cycle {
             tier,
             login_ms,
-            transactions: crate::drill::number_after(&text, "transactions:"),
-            errors: crate::drill::number_after(&text, "ignored errors:"),
+            transactions: value_after(&text, "transactions:"),
+            errors: value_after(&text, "ignored errors:"),
             fatal,
             kept,
         };
@@ -182,15 +168,14 @@ pub fn run(args: &DrillArgs) -> Result<()> {
         "holdfast: {} pauses, {} resumes, {} failed resumes; usage ledger:",
         v["pauses"], v["resumes"], v["resume_failures"]
     );
-    let (code, body) = rt.block_on(holdfast_admin::http_get(&lab.admin, "/usage"))?;
-    if code == 200 {
+    if let Ok(body) = admin::get(&lab.admin, "/usage") {
         let lines: Vec<holdfast_serverless::ledger::UsageLine> = serde_json::from_str(&body)?;
         print!("{}", holdfast_serverless::ledger::render_bill(&lines));
     }
-    println!("holdfast log: {}", dir.join("holdfast-drill.log").display());
+    println!("holdfast log: {}", log.display());
     drop(pool);
     if !args.keep {
-        drop(serve);
+        drop(server);
         holdfast_lab::down(&dir)?;
     }
     // Ignored errors are sysbench's retried deadlocks (1213, 1205), which its own row

@@ -1,0 +1,156 @@
+//! Idle-session memory: how much resident memory a process gains per logged-in, idle
+//! client connection.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use holdfast_lab::mysql_client::Conn;
+use holdfast_lab::procs;
+
+/// Outcome of one idle-session measurement.
+#[derive(Clone, Debug)]
+pub struct IdleResult {
+    pub clients: usize,
+    pub rss_before_kib: u64,
+    pub rss_after_kib: u64,
+    /// Whether RSS settled (else the last reading was used).
+    pub stable: bool,
+}
+
+impl IdleResult {
+    /// (after − before) / clients, in KiB.
+    pub fn per_session_kib(&self) -> f64 {
+        (self.rss_after_kib as f64 - self.rss_before_kib as f64) / self.clients.max(1) as f64
+    }
+}
+
+/// Logins that may be in flight at once (keeps accept queues and CPU sane).
+const LOGIN_CONCURRENCY: usize = 32;
+const LOGIN_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Idle logged-in client connections to open against a process.
+pub struct IdleClients<'a> {
+    /// Where the clients connect.
+    pub addr: &'a str,
+    /// The process whose memory is measured.
+    pub pid: u32,
+    pub clients: usize,
+    pub user: &'a str,
+    pub password: &'a str,
+}
+
+impl IdleClients<'_> {
+    /// Measures `pid`'s RSS, opens `clients` connections to `addr` that log in and run
+    /// `SELECT 1`, waits for RSS to settle, measures again, then closes them.
+    ///
+    /// Runs its own Tokio runtime on a dedicated thread, so it may be called from anywhere
+    /// (including from inside another runtime).
+    pub fn measure(&self) -> Result<IdleResult> {
+        std::thread::scope(|s| {
+            s.spawn(|| -> Result<IdleResult> {
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                    .context("building the Tokio runtime for idle clients")?;
+                rt.block_on(self.measure_async())
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("idle-client thread panicked"))?
+        })
+    }
+
+    async fn measure_async(&self) -> Result<IdleResult> {
+        let IdleClients {
+            addr,
+            pid,
+            clients,
+            user,
+            password,
+        } = *self;
+        let (rss_before_kib, _) = stable_rss(pid).await?;
+        let sem = Arc::new(Semaphore::new(LOGIN_CONCURRENCY));
+        let mut set = JoinSet::new();
+        for i in 0..clients {
+            let sem = sem.clone();
+            let (addr, user, password) = (addr.to_string(), user.to_string(), password.to_string());
+            set.spawn(async move {
+                let _permit = sem.acquire_owned().await.context("semaphore closed")?;
+                let mut conn = Conn::connect(&addr, &user, &password, None, LOGIN_TIMEOUT)
+                    .await
+                    .with_context(|| format!("idle client #{}", i + 1))?;
+                conn.query("SELECT 1")
+                    .await
+                    .with_context(|| format!("idle client #{}: SELECT 1", i + 1))?;
+                anyhow::Ok(conn)
+            });
+        }
+        let mut conns = Vec::with_capacity(clients);
+        let mut first_error = None;
+        while let Some(joined) = set.join_next().await {
+            match joined {
+                Ok(Ok(conn)) => conns.push(conn),
+                Ok(Err(e)) => {
+                    if first_error.is_none() {
+                        first_error = Some(e);
+                        set.abort_all();
+                    }
+                }
+                Err(e) if e.is_cancelled() => {}
+                Err(e) => {
+                    if first_error.is_none() {
+                        first_error = Some(anyhow::anyhow!("idle client task failed: {e}"));
+                    }
+                }
+            }
+        }
+        if let Some(e) = first_error {
+            let opened = conns.len();
+            drop(conns);
+            return Err(e.context(format!(
+                "{opened} of {clients} idle clients had logged in to {addr} when one failed"
+            )));
+        }
+        let (rss_after_kib, stable) = stable_rss(pid).await?;
+        // Close politely so servers free the sessions promptly.
+        for c in conns {
+            let _ = c.quit().await;
+        }
+        Ok(IdleResult {
+            clients,
+            rss_before_kib,
+            rss_after_kib,
+            stable,
+        })
+    }
+}
+
+/// Samples RSS every 250 ms until four consecutive samples lie within
+/// max(64 KiB, 0.5 %) of each other, or 15 s pass. Returns (last sample, settled?).
+async fn stable_rss(pid: u32) -> Result<(u64, bool)> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut window: Vec<u64> = Vec::new();
+    loop {
+        let rss = procs::rss_kib(pid)?;
+        window.push(rss);
+        if window.len() > 4 {
+            window.remove(0);
+        }
+        if window.len() == 4 {
+            let (lo, hi) = window
+                .iter()
+                .fold((u64::MAX, 0), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+            if hi - lo <= (hi / 200).max(64) {
+                return Ok((rss, true));
+            }
+        }
+        if Instant::now() >= deadline {
+            return Ok((rss, false));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}

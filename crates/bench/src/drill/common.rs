@@ -1,0 +1,141 @@
+//! What the drills share: their options, sysbench against the lab, and reading sysbench's
+//! output.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::str::FromStr;
+
+use anyhow::{bail, Context, Result};
+use clap::ValueEnum;
+use holdfast_lab::LabStatus;
+
+use crate::sysbench::Sysbench;
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum, Debug)]
+pub enum Scenario {
+    /// Planned switchover to a replica (holdfast's HA manager, over the admin API).
+    Switchover,
+    /// The primary is killed (kill -9); holdfast fails over to the most advanced replica.
+    Failover,
+    /// Planned restart of the primary with a server binary (a minor-version upgrade) through
+    /// `POST /restart`: sessions move to a replica and back.
+    Restart,
+    /// Planned restart of the primary with another buffer pool size through `POST /resize`.
+    Resize,
+    /// A serverless instance (its own lab) that pauses whenever idle, frozen then stopped,
+    /// with a pool of idle connections open throughout and sysbench connecting to it while
+    /// it is paused.
+    Serverless,
+    /// Every scenario above, one after the other.
+    All,
+}
+
+impl Scenario {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Switchover => "switchover",
+            Scenario::Failover => "failover",
+            Scenario::Restart => "restart",
+            Scenario::Resize => "resize",
+            Scenario::Serverless => "serverless",
+            Scenario::All => "all",
+        }
+    }
+}
+
+/// Options of `holdfast-bench drill`.
+#[derive(clap::Args)]
+pub struct DrillArgs {
+    /// Lab directory; a lab with two replicas is started there if none runs (the serverless
+    /// scenario uses DIR-serverless).
+    #[arg(long, default_value = "/tmp/holdfast-drill")]
+    pub dir: PathBuf,
+    /// The maintenance event to drill, or all of them.
+    #[arg(long, value_enum, default_value_t = Scenario::All)]
+    pub scenario: Scenario,
+    /// Seconds of sysbench per scenario; the event happens a third of the way in.
+    #[arg(long, default_value_t = 30)]
+    pub seconds: u64,
+    /// sysbench threads (and, in the serverless scenario, pooled idle connections).
+    #[arg(long, default_value_t = 20)]
+    pub threads: u32,
+    /// sysbench tables.
+    #[arg(long, default_value_t = 20)]
+    pub tables: u32,
+    /// Rows per sysbench table.
+    #[arg(long, default_value_t = 10_000)]
+    pub table_size: u32,
+    /// Leave the lab running afterwards.
+    #[arg(long)]
+    pub keep: bool,
+}
+
+/// sysbench (from PATH) against `lab` with the drill's table sizes.
+pub fn sysbench(lab: &LabStatus, args: &DrillArgs) -> Sysbench {
+    // The drills leave --mysql-ignore-errors at sysbench's default (deadlocks retried).
+    Sysbench::for_lab("sysbench".into(), lab, args.tables, args.table_size, "")
+}
+
+/// Runs sysbench with `args` to its end.
+pub fn run_sysbench(args: &[String]) -> Result<Output> {
+    Command::new("sysbench")
+        .args(args)
+        .output()
+        .context("cannot run sysbench (apt-get install sysbench)")
+}
+
+/// sysbench `cleanup` (errors ignored), then `prepare` of the oltp tables through `port`.
+pub fn prepare(sb: &Sysbench, port: u16) -> Result<()> {
+    let _ = run_sysbench(&sb.command("oltp_read_write", port, &[], "cleanup"));
+    let prep = run_sysbench(&sb.command("oltp_read_write", port, &[], "prepare"))?;
+    if !prep.status.success() {
+        bail!(
+            "sysbench prepare failed: {}",
+            String::from_utf8_lossy(&prep.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// stdout then stderr of a finished process, as text.
+pub fn output_text(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
+/// The first word after `key` at the start of a (trimmed) line, parsed; the default when
+/// there is none (sysbench leaves out what did not happen).
+pub fn value_after<T: FromStr + Default>(text: &str, key: &str) -> T {
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix(key))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_sysbench_figures() {
+        let text = "    transactions:  1234  (41.1 per sec.)\n         max:   20.11\n";
+        assert_eq!(value_after::<u64>(text, "transactions:"), 1234);
+        assert_eq!(value_after::<f64>(text, "max:"), 20.11);
+        assert_eq!(value_after::<u64>(text, "reconnects:"), 0);
+    }
+
+    #[test]
+    fn drill_args_parse() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: DrillArgs,
+        }
+        let cli =
+            Cli::try_parse_from(["drill", "--scenario", "switchover", "--seconds", "9"]).unwrap();
+        assert_eq!(cli.args.scenario, Scenario::Switchover);
+        assert_eq!(cli.args.seconds, 9);
+        assert_eq!(cli.args.threads, 20);
+    }
+}

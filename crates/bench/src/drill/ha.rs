@@ -1,0 +1,272 @@
+//! The HA scenarios of `holdfast-bench drill`: sysbench oltp_read_write through holdfast on
+//! a lab cluster while the primary is switched over, restarted, resized or killed mid-run,
+//! then PolarDB's table: scenario, connections kept, errors seen by sysbench, longest stall.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use holdfast_lab::{wait_for, LabStatus};
+
+use super::common::{self, output_text, value_after, DrillArgs, Scenario};
+use crate::admin;
+use crate::serve::{self, proxy_port};
+
+/// The HA scenarios in the order `--scenario all` runs them (the failover last: it kills
+/// a node).
+pub const SCENARIOS: [Scenario; 4] = [
+    Scenario::Switchover,
+    Scenario::Restart,
+    Scenario::Resize,
+    Scenario::Failover,
+];
+
+/// How long holdfast may take to see a primary, or a new one after a kill.
+const PRIMARY_TIMEOUT: Duration = Duration::from_secs(10);
+const FAILOVER_TIMEOUT: Duration = Duration::from_secs(30);
+
+struct Row {
+    scenario: &'static str,
+    threads: u32,
+    kept: u32,
+    fatal: bool,
+    transactions: u64,
+    ignored_errors: u64,
+    reconnects: u64,
+    max_latency_ms: f64,
+    longest_gap_s: u64,
+    event: String,
+}
+
+/// Runs `scenarios` one after the other on a lab in `args.dir` (started unless one runs).
+pub fn run(args: &DrillArgs, holdfast: &Path, scenarios: &[Scenario]) -> Result<()> {
+    let lab = match holdfast_lab::status(&args.dir) {
+        Ok(st) if st.nodes.iter().all(|n| n.alive) && st.nodes.len() >= 3 => st,
+        _ => {
+            println!(
+                "starting a lab (1 primary, 2 replicas) in {}",
+                args.dir.display()
+            );
+            let _ = holdfast_lab::down(&args.dir);
+            let _ = holdfast_lab::purge(&args.dir);
+            let mut opts = holdfast_lab::LabOptions::new(&args.dir, 2);
+            opts.base_port = Some(holdfast_lab::DEFAULT_BASE_PORT + 100);
+            holdfast_lab::up(&opts)?
+        }
+    };
+    let log = args.dir.join("holdfast-drill.log");
+    let (server, _) = serve::start_holdfast(holdfast, &lab, &lab.config, &log, &[])?;
+    wait_for("holdfast to see a primary", PRIMARY_TIMEOUT, || {
+        admin::status(&lab.admin).ok()?.topology.primary
+    })?;
+    println!(
+        "preparing sysbench: {} tables x {} rows",
+        args.tables, args.table_size
+    );
+    common::prepare(&common::sysbench(&lab, args), lab.primary()?.port)?;
+    let mut rows = Vec::new();
+    for &s in scenarios {
+        rows.push(run_scenario(&lab, args, s)?);
+    }
+    println!();
+    println!("scenario     connections kept   sysbench errors (ignored/fatal)   reconnects   transactions   longest stall   event");
+    for r in &rows {
+        let pct = 100.0 * f64::from(r.kept) / f64::from(r.threads.max(1));
+        let stall = format!(
+            "{:.0} ms max latency, {} s without a transaction",
+            r.max_latency_ms, r.longest_gap_s
+        );
+        println!(
+            "{:<12} {:>3}/{:<3} ({:>5.1}%)   {:>6} / {:<24} {:>10}   {:>12}   {:<40}  {}",
+            r.scenario,
+            r.kept,
+            r.threads,
+            pct,
+            r.ignored_errors,
+            if r.fatal { "FATAL" } else { "0" },
+            r.reconnects,
+            r.transactions,
+            stall,
+            r.event
+        );
+    }
+    println!("holdfast log: {}", log.display());
+    drop(server);
+    if !args.keep {
+        holdfast_lab::down(&args.dir)?;
+    }
+    Ok(())
+}
+
+fn closed_sessions(admin_addr: &str) -> f64 {
+    let Ok(text) = admin::get(admin_addr, "/metrics") else {
+        return 0.0;
+    };
+    text.lines()
+        .filter(|l| l.starts_with("holdfast_sessions_closed_by_holdfast_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn run_scenario(lab: &LabStatus, args: &DrillArgs, scenario: Scenario) -> Result<Row> {
+    let name = scenario.name();
+    println!(
+        "== {name}: sysbench oltp_read_write, {} threads, {} s, event at {} s",
+        args.threads,
+        args.seconds,
+        args.seconds / 3
+    );
+    let closed_before = closed_sessions(&lab.admin);
+    let options = [
+        format!("--threads={}", args.threads),
+        format!("--time={}", args.seconds),
+        "--db-ps-mode=auto".into(),
+        "--report-interval=1".into(),
+    ];
+    let sb =
+        common::sysbench(lab, args).command("oltp_read_write", proxy_port(lab)?, &options, "run");
+    let child = Command::new("sysbench")
+        .args(&sb)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("cannot run sysbench")?;
+    std::thread::sleep(Duration::from_secs(args.seconds / 3));
+    let event = perform(lab, scenario)?;
+    println!("   {event}");
+    let out = child.wait_with_output()?;
+    let text = output_text(&out);
+    std::fs::write(args.dir.join(format!("drill-{name}.log")), &text)?;
+    let closed = (closed_sessions(&lab.admin) - closed_before).max(0.0) as u32;
+    let fatal = !out.status.success() || text.contains("FATAL");
+    if scenario == Scenario::Failover {
+        // Bring the killed node back as a replica for the next drill.
+        if let Some(dead) = event.split_whitespace().nth(1) {
+            let _ = holdfast_lab::start_node(&lab.dir, dead);
+            let _ = admin::post(&lab.admin, &format!("/rejoin?node={dead}"));
+        }
+    }
+    Ok(Row {
+        scenario: name,
+        threads: args.threads,
+        kept: if fatal {
+            0
+        } else {
+            args.threads.saturating_sub(closed)
+        },
+        fatal,
+        transactions: value_after(&text, "transactions:"),
+        ignored_errors: value_after(&text, "ignored errors:"),
+        reconnects: value_after(&text, "reconnects:"),
+        max_latency_ms: value_after(&text, "max:"),
+        longest_gap_s: longest_gap(&text),
+        event,
+    })
+}
+
+fn perform(lab: &LabStatus, scenario: Scenario) -> Result<String> {
+    let status = admin::status(&lab.admin)?;
+    let primary = status
+        .topology
+        .primary
+        .clone()
+        .context("no primary before the event")?;
+    let t = Instant::now();
+    match scenario {
+        Scenario::Switchover => {
+            let target = status
+                .topology
+                .nodes
+                .iter()
+                .find(|n| n.name != primary && n.reachable)
+                .map(|n| n.name.clone())
+                .context("no replica to switch over to")?;
+            admin::post(&lab.admin, &format!("/switchover?to={target}"))?;
+            Ok(format!(
+                "switchover {primary} -> {target} took {} ms",
+                t.elapsed().as_millis()
+            ))
+        }
+        Scenario::Failover => {
+            holdfast_lab::kill_node(&lab.dir, &primary)?;
+            let new = wait_for("a new primary", FAILOVER_TIMEOUT, || {
+                admin::status(&lab.admin)
+                    .ok()?
+                    .topology
+                    .primary
+                    .filter(|p| *p != primary)
+            })?;
+            Ok(format!(
+                "killed {primary} (kill -9); {new} primary after {} ms",
+                t.elapsed().as_millis()
+            ))
+        }
+        Scenario::Restart => {
+            let binary = std::env::var("HOLDFAST_DRILL_BINARY")
+                .ok()
+                .or_else(|| {
+                    ["/usr/sbin/mariadbd", "/usr/sbin/mysqld"]
+                        .into_iter()
+                        .find(|p| Path::new(p).exists())
+                        .map(String::from)
+                })
+                .context("no mariadbd binary for the upgrade")?;
+            admin::post(
+                &lab.admin,
+                &format!("/restart?node={primary}&binary={binary}"),
+            )?;
+            Ok(format!(
+                "upgraded {primary} (restart with {binary}) and back in {} ms",
+                t.elapsed().as_millis()
+            ))
+        }
+        Scenario::Resize => {
+            admin::post(
+                &lab.admin,
+                &format!("/resize?node={primary}&set=innodb_buffer_pool_size=192M"),
+            )?;
+            Ok(format!(
+                "resized {primary} (innodb_buffer_pool_size=192M) and back in {} ms",
+                t.elapsed().as_millis()
+            ))
+        }
+        Scenario::Serverless | Scenario::All => Ok(String::new()),
+    }
+}
+
+/// The longest run of per-second reports with zero transactions per second.
+fn longest_gap(text: &str) -> u64 {
+    let mut longest = 0;
+    let mut run = 0;
+    for l in text
+        .lines()
+        .filter(|l| l.starts_with('[') && l.contains(" tps: "))
+    {
+        let tps = l
+            .split(" tps: ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|n| n.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        if tps == 0.0 {
+            run += 1;
+            longest = longest.max(run);
+        } else {
+            run = 0;
+        }
+    }
+    longest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn longest_run_without_transactions() {
+        let text = "[ 1s ] thds: 20 tps: 100.00 qps\n[ 2s ] thds: 20 tps: 0.00 qps\n\
+                    [ 3s ] thds: 20 tps: 0.00 qps\n[ 4s ] thds: 20 tps: 50.00 qps\n";
+        assert_eq!(longest_gap(text), 2);
+    }
+}

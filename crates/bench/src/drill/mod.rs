@@ -1,0 +1,28 @@
+//! `holdfast-bench drill`: sysbench through holdfast on a lab while the database goes
+//! through a maintenance event mid-run ([`ha`]: switchover, restart, resize, failover), and
+//! a serverless instance pausing under a pool of idle connections ([`serverless`]). What the
+//! scenarios share (options, sysbench, reading its output) is in [`common`].
+
+mod common;
+mod ha;
+mod serverless;
+
+use std::path::Path;
+
+use anyhow::Result;
+
+pub use common::DrillArgs;
+use common::Scenario;
+
+/// Runs the scenario(s) `args` names against `holdfast`.
+pub fn run(args: &DrillArgs, holdfast: &Path) -> Result<()> {
+    match args.scenario {
+        Scenario::Serverless => serverless::run(args, holdfast),
+        Scenario::All => {
+            ha::run(args, holdfast, &ha::SCENARIOS)?;
+            println!();
+            serverless::run(args, holdfast)
+        }
+        one => ha::run(args, holdfast, &[one]),
+    }
+}

@@ -1,0 +1,92 @@
+//! `holdfast-bench`: benchmarks, maintenance drills and the demo, run against a built
+//! `holdfast` binary (started as `holdfast serve`), so the server binary carries none of it.
+
+mod admin;
+mod bench;
+mod demo;
+mod drill;
+mod report;
+mod resume;
+mod serve;
+mod sysbench;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+/// Benchmarks, maintenance drills and the demo for holdfast, on a local lab cluster of real
+/// mariadbd processes. Each starts the `holdfast` binary next to this one (same target
+/// directory) as `holdfast serve`; build both with
+/// `cargo build --release -p holdfast -p holdfast-bench`, or name another with --holdfast.
+///
+/// Quick start on a fresh machine:  holdfast-bench demo --dir /tmp/holdfast-demo
+#[derive(Parser)]
+#[command(name = "holdfast-bench", version, about, long_about)]
+struct Cli {
+    /// The holdfast binary to run [default: `holdfast` next to this executable].
+    #[arg(long, global = true, value_name = "PATH", env = "HOLDFAST_BIN")]
+    holdfast: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// sysbench through direct, HAProxy and holdfast, interleaved, with medians and ratios.
+    ///
+    /// Example: holdfast-bench bench --rounds 3 --time 20 --out bench.md
+    Bench(bench::BenchArgs),
+    /// Serverless resume latency per pause tier (freeze, stop) next to a raw mariadbd cold
+    /// start, and sysbench threads arriving together at a stopped instance.
+    ///
+    /// Example: holdfast-bench bench-resume --cycles 20 --out resume.md
+    BenchResume(resume::ResumeBenchArgs),
+    /// sysbench through holdfast while the primary is switched over, restarted, resized or
+    /// killed mid-run, and a serverless instance pausing under a pool of idle connections;
+    /// prints connections kept, errors and the longest stall per scenario.
+    ///
+    /// Example: holdfast-bench drill --scenario all
+    Drill(drill::DrillArgs),
+    /// The embedded default: a lab cluster, the proxy in front of it, real clients through it.
+    ///
+    /// Example: holdfast-bench demo --dir /tmp/holdfast-demo
+    Demo(demo::DemoArgs),
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let holdfast = holdfast_exe(cli.holdfast.as_deref())?;
+    match cli.command {
+        Command::Bench(args) => bench::run_bench(&args, &holdfast),
+        Command::BenchResume(args) => resume::run_resume_bench(&args, &holdfast),
+        Command::Drill(args) => drill::run(&args, &holdfast),
+        Command::Demo(args) => demo::run(&args, &holdfast),
+    }
+}
+
+/// The `holdfast` binary: `explicit` (a path, or a bare name looked up on PATH), else the
+/// `holdfast` next to this executable, as cargo builds both into the same target directory.
+fn holdfast_exe(explicit: Option<&Path>) -> Result<PathBuf> {
+    if let Some(exe) = explicit {
+        if exe.is_file() {
+            return Ok(exe.to_path_buf());
+        }
+        if exe.components().count() == 1 {
+            let name = exe.to_string_lossy();
+            return holdfast_lab::procs::find_program(&[&name])
+                .with_context(|| format!("--holdfast {name:?}: not a file, nor on PATH"));
+        }
+        bail!("--holdfast {}: no such file", exe.display());
+    }
+    let me = std::env::current_exe().context("cannot find this executable's path")?;
+    let sibling = me.with_file_name("holdfast");
+    if !sibling.is_file() {
+        bail!(
+            "no holdfast binary next to {}: build it with `cargo build --release -p holdfast -p holdfast-bench` \
+             (both into the same directory), or pass --holdfast PATH",
+            me.display()
+        );
+    }
+    Ok(sibling)
+}
