@@ -1,0 +1,299 @@
+//! holdfast's TOML configuration (see `holdfast.example.toml` for every key with comments):
+//! the serde types, their defaults and their validation, and nothing else. A leaf crate, so
+//! that everything writing or reading a holdfast config (the proxy, the lab, the tests) names
+//! the same types: a renamed key does not compile instead of being written wrong.
+//!
+//! * [`Config`]: the whole file, with [`Config::load`], [`Config::parse`],
+//!   [`Config::validate`] and [`Config::to_toml`].
+//! * [`ha`]: the `[ha]` section.
+//! * [`serverless`]: the `[serverless]` section, its scaling policy and instance drivers.
+
+pub mod ha;
+pub mod serverless;
+
+pub use ha::{HaConfig, HaMode};
+pub use serverless::{PauseTier, ServerlessConfig};
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("invalid config {path}: {source}")]
+    Parse {
+        path: String,
+        source: toml::de::Error,
+    },
+    #[error("cannot write the config as TOML: {0}")]
+    Serialize(#[from] toml::ser::Error),
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub proxy: ProxyConfig,
+    #[serde(default)]
+    pub admin: AdminConfig,
+    #[serde(default)]
+    pub auth: AuthConfig,
+    #[serde(default, rename = "backend")]
+    pub backends: Vec<BackendConfig>,
+    #[serde(default)]
+    pub driver: DriverConfig,
+    /// Switchover, failover and rejoin (`[ha]`); external mode by default.
+    #[serde(default)]
+    pub ha: HaConfig,
+    /// More client listeners (`[[listener]]`), each with its own mode.
+    #[serde(default, rename = "listener", skip_serializing_if = "Vec::is_empty")]
+    pub listeners: Vec<ListenerConfig>,
+    /// The backend is a serverless instance (`[serverless]`): paused when idle, woken on
+    /// connect, scaled in place, metered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serverless: Option<ServerlessConfig>,
+}
+
+/// An extra client listener.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerConfig {
+    pub listen: String,
+    #[serde(default)]
+    pub mode: ListenerMode,
+}
+
+/// What holdfast does with a client's connection after login.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ListenerMode {
+    /// Every packet is parsed: sessions survive switchovers, restarts and pauses.
+    #[default]
+    Session,
+    /// After login, bytes are relayed unparsed (the cheapest path). Such connections do
+    /// not survive a backend change, and they keep a serverless instance from pausing.
+    Passthrough,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProxyConfig {
+    pub listen: String,
+    pub max_connections: usize,
+    pub max_packet_size: usize,
+    pub handshake_timeout_ms: u64,
+    pub connect_timeout_ms: u64,
+    pub server_version: String,
+    /// How long a request waits for a writable primary while the backend is switching.
+    pub hold_window_ms: u64,
+    /// How long a session that must move gets to reach a safe point (end its transaction,
+    /// drop its temporary tables, release its locks) before it is closed.
+    pub cooldown_ms: u64,
+    /// Before a planned switchover, sessions finish what they are doing (their transaction,
+    /// their statement) and hold their next request; the switchover waits this long for all
+    /// of them, then goes ahead anyway.
+    pub switchover_drain_ms: u64,
+    /// Runtime worker threads; 0 means half the CPU cores, at least one (see
+    /// [`ProxyConfig::effective_worker_threads`]).
+    pub worker_threads: usize,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            listen: "127.0.0.1:6033".into(),
+            max_connections: 10_000,
+            max_packet_size: 64 << 20,
+            handshake_timeout_ms: 10_000,
+            connect_timeout_ms: 5_000,
+            server_version: String::new(),
+            worker_threads: 0,
+            hold_window_ms: 60_000,
+            cooldown_ms: 60_000,
+            switchover_drain_ms: 5_000,
+        }
+    }
+}
+
+impl ProxyConfig {
+    /// The worker threads to run. By default half the cores: holdfast usually shares its
+    /// host with the database or the application, and on the 2-core lab machine one worker
+    /// measured 0.99-1.02x HAProxy against 0.85-0.88x with two (docs/benchmarks.md).
+    pub fn effective_worker_threads(&self) -> usize {
+        if self.worker_threads > 0 {
+            return self.worker_threads;
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (cores / 2).max(1)
+    }
+
+    pub fn handshake_timeout(&self) -> Duration {
+        Duration::from_millis(self.handshake_timeout_ms)
+    }
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+    pub fn hold_window(&self) -> Duration {
+        Duration::from_millis(self.hold_window_ms)
+    }
+    pub fn cooldown(&self) -> Duration {
+        Duration::from_millis(self.cooldown_ms)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    pub listen: String,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            listen: "127.0.0.1:6034".into(),
+        }
+    }
+}
+
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    pub monitor_user: String,
+    pub monitor_password: String,
+    pub verifier_refresh_secs: u64,
+    pub verifier_miss_refresh_ms: u64,
+}
+
+impl std::fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthConfig")
+            .field("monitor_user", &self.monitor_user)
+            .field("monitor_password", &"<redacted>")
+            .field("verifier_refresh_secs", &self.verifier_refresh_secs)
+            .field("verifier_miss_refresh_ms", &self.verifier_miss_refresh_ms)
+            .finish()
+    }
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            monitor_user: "holdfast_monitor".into(),
+            monitor_password: String::new(),
+            verifier_refresh_secs: 60,
+            verifier_miss_refresh_ms: 1_000,
+        }
+    }
+}
+
+/// How holdfast restarts nodes for `ctl restart` / `ctl resize` (`[driver]`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DriverConfig {
+    pub kind: DriverKind,
+    /// With `kind = "lab"`: the lab's directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lab_dir: Option<PathBuf>,
+}
+
+/// The node control driver of `[driver]`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DriverKind {
+    /// Restart and resize are refused. An empty `kind` (what older configs wrote) means
+    /// the same.
+    #[default]
+    #[serde(alias = "")]
+    None,
+    /// The nodes are processes of a `holdfast lab` in `lab_dir`.
+    Lab,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    pub name: String,
+    pub address: String,
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// Parses and validates `text`; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|source| ConfigError::Parse {
+            path: origin.to_string(),
+            source,
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The config as TOML that [`Config::parse`] reads back to an equal value.
+    pub fn to_toml(&self) -> Result<String, ConfigError> {
+        Ok(toml::to_string(self)?)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.backends.is_empty() {
+            return Err(ConfigError::Invalid(
+                "no [[backend]] configured: holdfast needs at least one database node".into(),
+            ));
+        }
+        let mut names = std::collections::HashSet::new();
+        for b in &self.backends {
+            if !names.insert(&b.name) {
+                return Err(ConfigError::Invalid(format!(
+                    "backend name {:?} used twice",
+                    b.name
+                )));
+            }
+        }
+        if self.proxy.max_packet_size < 1024 {
+            return Err(ConfigError::Invalid(
+                "proxy.max_packet_size must be at least 1024".into(),
+            ));
+        }
+        if self.proxy.max_connections == 0 {
+            return Err(ConfigError::Invalid(
+                "proxy.max_connections must be at least 1".into(),
+            ));
+        }
+        if self.driver.kind == DriverKind::Lab && self.driver.lab_dir.is_none() {
+            return Err(ConfigError::Invalid(
+                "[driver] kind = \"lab\" needs lab_dir".into(),
+            ));
+        }
+        if let Some(sl) = &self.serverless {
+            if self.backends.len() != 1 {
+                return Err(ConfigError::Invalid(format!(
+                    "[serverless] needs exactly one [[backend]] (the instance), found {}",
+                    self.backends.len()
+                )));
+            }
+            if self.ha.mode != HaMode::External {
+                return Err(ConfigError::Invalid(
+                    "[serverless] cannot be combined with [ha] mode = \"managed\": a paused instance would look failed".into(),
+                ));
+            }
+            sl.validate()?;
+        }
+        self.ha.validate()
+    }
+}
+
+#[cfg(test)]
+mod tests;
