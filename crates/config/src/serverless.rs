@@ -105,6 +105,27 @@ fn default_flush_secs() -> u32 {
 }
 
 impl ServerlessConfig {
+    /// A section with every default (what a config that only names its driver gets).
+    pub fn new(driver: InstanceDriverConfig) -> Self {
+        ServerlessConfig {
+            instance: default_instance(),
+            idle_pause_secs: default_idle_pause_secs(),
+            pause_tier: PauseTier::default(),
+            stop_after_secs: default_stop_after_secs(),
+            resume_deadline_ms: default_resume_deadline_ms(),
+            retry_backoff_ms: default_retry_backoff_ms(),
+            autoscale: default_true(),
+            start_ccu: None,
+            buffer_pool_mib_per_ccu: default_buffer_pool_mib_per_ccu(),
+            max_connections_per_ccu: 0,
+            scale: ScalePolicy::default(),
+            ledger: default_ledger(),
+            period_secs: default_period_secs(),
+            flush_secs: default_flush_secs(),
+            driver,
+        }
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.scale.validate()?;
         if let Some(c) = self.start_ccu {
@@ -281,6 +302,21 @@ pub struct ProcessDriverConfig {
     /// to use the group is logged, never fatal: the server then runs without limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup: Option<String>,
+}
+
+impl ProcessDriverConfig {
+    /// A process driver running `command` with every default.
+    pub fn new(command: Vec<String>, pid_file: PathBuf) -> Self {
+        ProcessDriverConfig {
+            command,
+            pid_file,
+            datadir: None,
+            log: None,
+            start_timeout_ms: default_start_timeout_ms(),
+            stop_timeout_ms: default_stop_timeout_ms(),
+            cgroup: None,
+        }
+    }
 }
 
 fn default_timeout_ms() -> u64 {

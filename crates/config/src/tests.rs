@@ -197,11 +197,14 @@ fn scale_policy_validate_rejects_inconsistent_policies() {
 
 /// A config with every section and every optional key set, from defaults.
 fn full_config() -> Config {
-    let serverless: ServerlessConfig = toml::from_str(
+    let driver = ProcessDriverConfig::new(vec!["mariadbd".into()], "/p".into());
+    let mut serverless = ServerlessConfig::new(InstanceDriverConfig::Process(driver));
+    // The constructors give what a config that leaves the keys out gets.
+    let parsed: ServerlessConfig = toml::from_str(
         "driver = { kind = \"process\", command = [\"mariadbd\"], pid_file = \"/p\" }",
     )
     .unwrap();
-    let mut serverless = serverless;
+    assert_eq!(parsed, serverless);
     serverless.start_ccu = Some(1.0);
     if let InstanceDriverConfig::Process(p) = &mut serverless.driver {
         p.datadir = Some("/d".into());

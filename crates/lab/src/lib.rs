@@ -31,9 +31,9 @@ mod template;
 pub use bench::{run_bench, run_resume_bench, BenchArgs, ResumeBenchArgs};
 pub use cli::{run, status_table, LabCommand};
 pub use lab::{
-    down, kill_node, node_command, node_sql, node_sql_maps, node_sql_value, purge, restart_node,
-    serverless_section, start_node, status, stop_node, up, LabOptions, LabStatus, NodeStatus,
-    TestLab, ADMIN_PORT_OFFSET, APP_PASSWORD, APP_USER, DATABASE, DEFAULT_BASE_PORT,
+    down, holdfast_config, kill_node, node_command, node_sql, node_sql_maps, node_sql_value, purge,
+    restart_node, serverless_section, start_node, status, stop_node, up, LabOptions, LabStatus,
+    NodeStatus, TestLab, ADMIN_PORT_OFFSET, APP_PASSWORD, APP_USER, DATABASE, DEFAULT_BASE_PORT,
     ED25519_PASSWORD, ED25519_USER, MONITOR_PASSWORD, MONITOR_USER, NODE_PORT_OFFSET,
     PROXY_PORT_OFFSET, REPL_PASSWORD, REPL_USER,
 };
