@@ -404,7 +404,7 @@ fn ms(v: f64) -> String {
 
 /// The HA lines of `holdfast ctl status` (`now_unix_ms` for "… ago").
 pub fn render_ha(h: &HaState, now_unix_ms: u64) -> String {
-    use holdfast_proxy::ha::HaMode;
+    use holdfast_config::HaMode;
     use std::fmt::Write;
     let mut o = String::new();
     let c = &h.counters;
@@ -576,7 +576,7 @@ mod tests {
     fn ha_line() {
         use holdfast_proxy::ha::controller::{HaCounters, LastOp, OpKind};
         let h = HaState {
-            mode: holdfast_proxy::ha::HaMode::Managed,
+            mode: holdfast_config::HaMode::Managed,
             in_progress: None,
             last: Some(LastOp {
                 operation: OpKind::Switchover,

@@ -17,6 +17,7 @@ use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
+use holdfast_config::serverless::InstanceDriverConfig;
 use holdfast_lab::mysql_client::Conn;
 use holdfast_lab::{self as lab, procs, LabOptions, LabStatus, NodeStatus};
 
@@ -351,19 +352,21 @@ fn bench_config(st: &LabStatus, cpu_limit: bool) -> Result<PathBuf> {
         "idle_pause_secs = 0, stop_after_secs = 0 (only the benchmark pauses), \
          cgroup = \"none\" (no CPU limit)"
     };
-    config_variant(st, CONFIG_NAME, note, |t| {
-        let sl = t
-            .get_mut("serverless")
-            .and_then(|v| v.as_table_mut())
+    config_variant(st, CONFIG_NAME, note, |c| {
+        let sl = c
+            .serverless
+            .as_mut()
             .with_context(|| format!("no [serverless] in {}", st.config.display()))?;
-        sl.insert("idle_pause_secs".into(), toml::Value::Integer(0));
-        sl.insert("stop_after_secs".into(), toml::Value::Integer(0));
+        sl.idle_pause_secs = 0;
+        sl.stop_after_secs = 0;
         if !cpu_limit {
-            let driver = sl
-                .get_mut("driver")
-                .and_then(|v| v.as_table_mut())
-                .with_context(|| format!("no [serverless.driver] in {}", st.config.display()))?;
-            driver.insert("cgroup".into(), "none".into());
+            let InstanceDriverConfig::Process(driver) = &mut sl.driver else {
+                bail!(
+                    "{} has no process driver to lift the CPU limit of",
+                    st.config.display()
+                );
+            };
+            driver.cgroup = Some("none".into());
         }
         Ok(())
     })

@@ -9,6 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use holdfast_config::Config;
 use holdfast_lab::{procs, AuxProcess, LabStatus};
 
 /// How long holdfast and HAProxy get to start accepting TCP connections.
@@ -131,14 +132,11 @@ pub fn config_variant(
     st: &LabStatus,
     name: &str,
     note: &str,
-    edit: impl FnOnce(&mut toml::Table) -> Result<()>,
+    edit: impl FnOnce(&mut Config) -> Result<()>,
 ) -> Result<PathBuf> {
-    let text = fs::read_to_string(&st.config)
-        .with_context(|| format!("reading {}", st.config.display()))?;
-    let mut table: toml::Table =
-        toml::from_str(&text).with_context(|| format!("parsing {}", st.config.display()))?;
-    edit(&mut table)?;
-    let body = toml::to_string(&table).context("serialising the holdfast config")?;
+    let mut config = Config::load(&st.config)?;
+    edit(&mut config)?;
+    let body = config.to_toml()?;
     let path = st.dir.join(name);
     let text = format!(
         "# Written by holdfast-bench from {}: {note}\n\n{body}",

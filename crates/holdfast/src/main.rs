@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use holdfast_proxy::config::Config;
+use holdfast_config::{Config, DriverKind};
 use std::path::PathBuf;
 
 /// holdfast keeps MySQL/MariaDB client connections alive while the database behind them
@@ -229,15 +229,16 @@ async fn serve(cfg: Config) -> Result<()> {
         .collect();
     tracing::info!(proxy = %proxy.local_addr()?, admin = %admin_addr, listeners = ?listeners, "holdfast serving");
     let shared = proxy.shared.clone();
-    if shared.config.driver.kind == "lab" {
-        match shared.config.driver.lab_dir.clone() {
+    match shared.config.driver.kind {
+        DriverKind::None => {}
+        DriverKind::Lab => match shared.config.driver.lab_dir.clone() {
             Some(dir) => {
                 let _ = shared
                     .driver
                     .set(std::sync::Arc::new(holdfast_lab::LabNodeDriver { dir }));
             }
             None => bail!("[driver] kind = \"lab\" needs lab_dir"),
-        }
+        },
     }
     let admin_task = tokio::spawn(holdfast_admin::serve(admin, shared.clone()));
     let proxy_task = tokio::spawn(proxy.run());

@@ -8,10 +8,10 @@
 pub mod raw;
 
 use anyhow::{bail, Context, Result};
+use holdfast_config::{
+    AdminConfig, AuthConfig, BackendConfig, Config, HaConfig, HaMode, ProxyConfig, ServerlessConfig,
+};
 use holdfast_lab::TestLab;
-use holdfast_proxy::config::{AdminConfig, AuthConfig, BackendConfig, Config, ProxyConfig};
-use holdfast_proxy::ha::{HaConfig, HaMode};
-use holdfast_proxy::serverless::ServerlessConfig;
 use holdfast_proxy::{Proxy, Shared};
 use std::net::SocketAddr;
 use std::process::{Command, Output};
@@ -128,16 +128,10 @@ impl Harness {
             serverless: None,
         };
         if let Some(f) = opts.serverless {
-            #[derive(serde::Deserialize)]
-            struct Section {
-                serverless: ServerlessConfig,
-            }
-            let text = holdfast_lab::serverless_section(&st.dir, lab.primary())?;
-            let mut section: Section =
-                toml::from_str(&text).context("parsing the lab's serverless section")?;
-            section.serverless.ledger = st.dir.join("usage.db");
-            f(&mut section.serverless);
-            cfg.serverless = Some(section.serverless);
+            let mut section = holdfast_lab::serverless_section(&st.dir, lab.primary())
+                .context("the lab's serverless section")?;
+            f(&mut section);
+            cfg.serverless = Some(section);
         }
         if opts.replicas > 0 {
             cfg.backends = st

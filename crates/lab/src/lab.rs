@@ -12,6 +12,13 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use holdfast_config::serverless::{
+    InstanceDriverConfig, PauseTier, ProcessDriverConfig, ScalePolicy, ServerlessConfig,
+};
+use holdfast_config::{
+    AdminConfig, AuthConfig, BackendConfig, Config, DriverConfig, DriverKind, HaConfig, HaMode,
+    ProxyConfig,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::procs;
@@ -1208,10 +1215,6 @@ fn write_atomic(path: &Path, text: &str) -> Result<()> {
         .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
 }
 
-fn toml_str(s: &str) -> String {
-    toml::Value::String(s.to_string()).to_string()
-}
-
 /// The full command line (binary first) that runs `name`, as the lab would start it: what a
 /// serverless process driver needs to start the node itself.
 pub fn node_command(dir: &Path, name: &str) -> Result<Vec<String>> {
@@ -1232,81 +1235,135 @@ fn node_command_for(launch: &LaunchInfo, node: &NodeStatus) -> Result<Vec<String
 
 /// The `[serverless]` section for a lab's node1: pauses after 60 s idle (freeze, then stop
 /// after 5 minutes), small sizes for a laptop, the ledger in the lab directory.
-pub fn serverless_section(dir: &Path, node: &NodeStatus) -> Result<String> {
+pub fn serverless_section(dir: &Path, node: &NodeStatus) -> Result<ServerlessConfig> {
     let command = node_command_for(&read_launch(dir)?, node)?;
-    let command = toml::Value::Array(command.into_iter().map(toml::Value::String).collect());
-    Ok(format!(
-        "# node1 is a serverless instance: holdfast pauses it when idle (idle sessions stay\n\
-         # open), wakes it when a client connects or speaks, scales it and meters it.\n\
-         [serverless]\ninstance = \"lab\"\nidle_pause_secs = 60\npause_tier = \"freeze\"\n\
-         stop_after_secs = 300\nresume_deadline_ms = 10000\nbuffer_pool_mib_per_ccu = 128\n\
-         max_connections_per_ccu = 200\n\
-         ledger = {ledger}\nperiod_secs = 3600\n\n\
-         [serverless.scale]\nmin_ccu = 0.5\nmax_ccu = 2.0\nstep_ccu = 0.5\n\n\
-         [serverless.driver]\nkind = \"process\"\ncommand = {command}\npid_file = {pid}\n\
-         datadir = {datadir}\nlog = {log}\n",
-        ledger = toml_str(&dir.join("usage.db").display().to_string()),
-        pid = toml_str(&node.pid_file().display().to_string()),
-        datadir = toml_str(&node.datadir.display().to_string()),
-        log = toml_str(&node.error_log().display().to_string()),
-    ))
+    Ok(serverless_config(dir, node, command))
 }
 
-/// The start of every lab config: where it came from, listeners and the monitor account.
-fn config_header(st: &LabStatus, what: &str, command: &str) -> String {
-    format!(
+fn serverless_config(dir: &Path, node: &NodeStatus, command: Vec<String>) -> ServerlessConfig {
+    let driver = ProcessDriverConfig {
+        datadir: Some(node.datadir.clone()),
+        log: Some(node.error_log()),
+        ..ProcessDriverConfig::new(command, node.pid_file())
+    };
+    ServerlessConfig {
+        instance: "lab".into(),
+        idle_pause_secs: 60,
+        pause_tier: PauseTier::Freeze,
+        stop_after_secs: 300,
+        resume_deadline_ms: 10_000,
+        buffer_pool_mib_per_ccu: 128,
+        max_connections_per_ccu: 200,
+        scale: ScalePolicy {
+            min_ccu: 0.5,
+            max_ccu: 2.0,
+            step_ccu: 0.5,
+            ..ScalePolicy::default()
+        },
+        ledger: dir.join("usage.db"),
+        period_secs: 3600,
+        ..ServerlessConfig::new(InstanceDriverConfig::Process(driver))
+    }
+}
+
+/// The holdfast configuration for a lab: every node a backend, holdfast managing the lab's
+/// replication and restarting its processes; or, with `serverless` (node1's section), one
+/// serverless instance without replication to manage.
+pub fn holdfast_config(st: &LabStatus, serverless: Option<ServerlessConfig>) -> Result<Config> {
+    let backend = |n: &NodeStatus| BackendConfig {
+        name: n.name.clone(),
+        address: n.address.clone(),
+    };
+    let mut cfg = Config {
+        proxy: ProxyConfig {
+            listen: st.proxy.clone(),
+            ..ProxyConfig::default()
+        },
+        admin: AdminConfig {
+            listen: st.admin.clone(),
+        },
+        auth: AuthConfig {
+            monitor_user: st.monitor_user.clone(),
+            monitor_password: st.monitor_password.clone(),
+            ..AuthConfig::default()
+        },
+        ..Config::default()
+    };
+    match serverless {
+        Some(section) => {
+            cfg.backends = vec![backend(st.primary()?)];
+            cfg.serverless = Some(section);
+        }
+        None => {
+            cfg.backends = st.nodes.iter().map(backend).collect();
+            cfg.ha = HaConfig {
+                mode: HaMode::Managed,
+                repl_user: REPL_USER.into(),
+                repl_password: REPL_PASSWORD.into(),
+                ..HaConfig::default()
+            };
+            cfg.driver = DriverConfig {
+                kind: DriverKind::Lab,
+                lab_dir: Some(st.dir.clone()),
+            };
+        }
+    }
+    Ok(cfg)
+}
+
+/// `cfg` as the text of `DIR/holdfast.toml`: a comment header, then the serialised config.
+fn config_text(st: &LabStatus, cfg: &Config) -> Result<String> {
+    let (what, command, about) = if cfg.serverless.is_some() {
+        (
+            "serverless lab",
+            "holdfast lab up --serverless",
+            "# node1 is a serverless instance: holdfast pauses it when idle (idle sessions stay\n\
+             # open), wakes it when a client connects or speaks, scales it and meters it.\n",
+        )
+    } else {
+        (
+            "lab",
+            "holdfast lab up",
+            "# holdfast manages the lab's replication: `holdfast ctl switchover|failover|rejoin`,\n\
+             # automatic failover when the primary is lost. The lab's processes ([driver]):\n\
+             # `holdfast ctl restart|resize NODE` restarts them.\n",
+        )
+    };
+    let roles: Vec<String> = st
+        .nodes
+        .iter()
+        .filter(|n| cfg.backends.iter().any(|b| b.name == n.name))
+        .map(|n| format!("{} ({})", n.name, n.role))
+        .collect();
+    let body = cfg.to_toml().context("serialising the holdfast config")?;
+    Ok(format!(
         "# holdfast configuration for the {what} in {dir}\n\
-         # Written by `{command}`; start with: holdfast serve --config {config}\n\n\
-         [proxy]\nlisten = {proxy}\n\n\
-         [admin]\nlisten = {admin}\n\n\
-         [auth]\nmonitor_user = {mu}\nmonitor_password = {mp}\n\n",
+         # Written by `{command}`; start with: holdfast serve --config {config}\n\
+         # Every key is documented in holdfast.example.toml / holdfast.serverless.example.toml.\n\
+         {about}\
+         # Backends: {roles}\n\n\
+         {body}",
         dir = st.dir.display(),
         config = st.config.display(),
-        proxy = toml_str(&st.proxy),
-        admin = toml_str(&st.admin),
-        mu = toml_str(&st.monitor_user),
-        mp = toml_str(&st.monitor_password),
-    )
+        roles = roles.join(", "),
+    ))
 }
 
 /// Writes `DIR/holdfast.toml` (schema of `holdfast.example.toml`, or of
 /// `holdfast.serverless.example.toml` for a serverless lab).
 fn write_config(st: &LabStatus) -> Result<()> {
-    let out = if st.serverless {
-        // One instance, no replication to manage.
-        let node = st.primary()?;
-        format!(
-            "{header}[[backend]]\nname = {name}\naddress = {addr}\n\n{section}",
-            header = config_header(st, "serverless lab", "holdfast lab up --serverless"),
-            name = toml_str(&node.name),
-            addr = toml_str(&node.address),
-            section = serverless_section(&st.dir, node)?,
-        )
+    let serverless = if st.serverless {
+        Some(serverless_section(&st.dir, st.primary()?)?)
     } else {
-        let mut out = format!(
-            "{header}\
-             # holdfast manages the lab's replication: `holdfast ctl switchover|failover|rejoin`,\n\
-             # automatic failover when the primary is lost.\n\
-             [ha]\nmode = \"managed\"\nrepl_user = {ru}\nrepl_password = {rp}\n\n\
-             # The lab's processes: `holdfast ctl restart|resize NODE` restarts them.\n\
-             [driver]\nkind = \"lab\"\nlab_dir = {labdir}\n",
-            header = config_header(st, "lab", "holdfast lab up"),
-            labdir = toml_str(&st.dir.display().to_string()),
-            ru = toml_str(REPL_USER),
-            rp = toml_str(REPL_PASSWORD),
-        );
-        for node in &st.nodes {
-            out.push_str(&format!(
-                "\n# {role}\n[[backend]]\nname = {name}\naddress = {addr}\n",
-                role = node.role,
-                name = toml_str(&node.name),
-                addr = toml_str(&node.address),
-            ));
-        }
-        out
+        None
     };
-    // Fail here, not in holdfast, if we ever write something unparsable.
-    toml::from_str::<toml::Value>(&out).context("generated holdfast.toml does not parse")?;
+    let cfg = holdfast_config(st, serverless)?;
+    let out = config_text(st, &cfg)?;
+    // Fail here, not in holdfast, if we ever write something holdfast would not read back.
+    let back = Config::parse(&out, "generated holdfast.toml")?;
+    if back != cfg {
+        bail!("generated holdfast.toml does not read back to the config it was written from");
+    }
     write_atomic(&st.config, &out)
 }
 
@@ -1389,6 +1446,77 @@ mod tests {
             args.last().map(String::as_str),
             Some("--max-connections=500")
         );
+    }
+
+    fn lab_status(nodes: usize, serverless: bool) -> LabStatus {
+        LabStatus {
+            dir: "/tmp/lab \"x\"".into(),
+            proxy: "127.0.0.1:6033".into(),
+            admin: "127.0.0.1:6034".into(),
+            app_user: APP_USER.into(),
+            app_password: APP_PASSWORD.into(),
+            database: DATABASE.into(),
+            monitor_user: MONITOR_USER.into(),
+            monitor_password: "p'w\"d".into(),
+            ed25519_user: None,
+            ed25519_password: None,
+            config: "/tmp/lab/holdfast.toml".into(),
+            nodes: (1..=nodes)
+                .map(|i| NodeStatus {
+                    name: format!("node{i}"),
+                    address: format!("127.0.0.1:{}", 3300 + i),
+                    port: 3300 + i as u16,
+                    role: if i == 1 { "primary" } else { "replica" }.into(),
+                    pid: None,
+                    alive: false,
+                    socket: format!("/tmp/lab/node{i}.sock").into(),
+                    datadir: format!("/tmp/lab/node{i}").into(),
+                })
+                .collect(),
+            serverless,
+        }
+    }
+
+    #[test]
+    fn written_config_reads_back_equal() {
+        let st = lab_status(3, false);
+        let cfg = holdfast_config(&st, None).unwrap();
+        let text = config_text(&st, &cfg).unwrap();
+        assert_eq!(Config::parse(&text, "t").unwrap(), cfg, "{text}");
+        assert!(
+            text.starts_with("# holdfast configuration for the lab in"),
+            "{text}"
+        );
+        assert!(text.contains("# Backends: node1 (primary), node2 (replica), node3 (replica)"));
+        assert_eq!(cfg.backends.len(), 3);
+        assert_eq!(cfg.ha.mode, HaMode::Managed);
+        assert_eq!(cfg.driver.kind, DriverKind::Lab);
+        assert!(
+            cfg.serverless.is_none() && !text.contains("[serverless"),
+            "{text}"
+        );
+
+        let st = lab_status(1, true);
+        let command = vec!["/usr/sbin/mariadbd".to_string(), "--port=3301".to_string()];
+        let section = serverless_config(&st.dir, st.primary().unwrap(), command);
+        let cfg = holdfast_config(&st, Some(section)).unwrap();
+        let text = config_text(&st, &cfg).unwrap();
+        assert_eq!(Config::parse(&text, "t").unwrap(), cfg, "{text}");
+        assert_eq!(cfg.driver.kind, DriverKind::None);
+        assert!(!text.contains("lab_dir"), "{text}");
+        let sl = cfg.serverless.as_ref().unwrap();
+        assert_eq!(sl.ledger, st.dir.join("usage.db"));
+        match &sl.driver {
+            InstanceDriverConfig::Process(p) => {
+                assert_eq!(p.pid_file, PathBuf::from("/tmp/lab/node1.pid"));
+                assert_eq!(p.log, Some(PathBuf::from("/tmp/lab/node1.err")));
+            }
+            other => panic!("{other:?}"),
+        }
+        // `holdfast drill` edits these two lines of the serverless lab's config.
+        for line in ["\nidle_pause_secs = 60\n", "\nstop_after_secs = 300\n"] {
+            assert!(text.contains(line), "{line:?} missing from\n{text}");
+        }
     }
 
     #[test]

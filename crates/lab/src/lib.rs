@@ -29,11 +29,12 @@ mod wait;
 
 pub use cli::{run, status_table, LabCommand};
 pub use lab::{
-    down, kill_node, node_command, node_sql, node_sql_maps, node_sql_value, purge, register_aux,
-    resolve_mariadbd, restart_node, serverless_section, start_node, status, stop_node,
-    unregister_aux, up, AuxProcess, LabOptions, LabStatus, NodeStatus, TestLab, ADMIN_PORT_OFFSET,
-    APP_PASSWORD, APP_USER, DATABASE, DEFAULT_BASE_PORT, ED25519_PASSWORD, ED25519_USER,
-    MONITOR_PASSWORD, MONITOR_USER, NODE_PORT_OFFSET, PROXY_PORT_OFFSET, REPL_PASSWORD, REPL_USER,
+    down, holdfast_config, kill_node, node_command, node_sql, node_sql_maps, node_sql_value, purge,
+    register_aux, resolve_mariadbd, restart_node, serverless_section, start_node, status,
+    stop_node, unregister_aux, up, AuxProcess, LabOptions, LabStatus, NodeStatus, TestLab,
+    ADMIN_PORT_OFFSET, APP_PASSWORD, APP_USER, DATABASE, DEFAULT_BASE_PORT, ED25519_PASSWORD,
+    ED25519_USER, MONITOR_PASSWORD, MONITOR_USER, NODE_PORT_OFFSET, PROXY_PORT_OFFSET,
+    REPL_PASSWORD, REPL_USER,
 };
 pub use node_driver::LabNodeDriver;
 pub use wait::{poll, wait_for};

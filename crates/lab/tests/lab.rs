@@ -122,24 +122,16 @@ fn primary_and_two_replicas_replicate() {
     let back: LabStatus = serde_json::from_str(&json).unwrap();
     assert_eq!(back.nodes.len(), 3);
 
-    // holdfast.toml parses and lists every node.
-    let cfg: toml::Value = toml::from_str(&std::fs::read_to_string(&st.config).unwrap()).unwrap();
-    assert_eq!(cfg["proxy"]["listen"].as_str(), Some(st.proxy.as_str()));
-    assert_eq!(cfg["admin"]["listen"].as_str(), Some(st.admin.as_str()));
-    assert_eq!(
-        cfg["auth"]["monitor_user"].as_str(),
-        Some("holdfast_monitor")
-    );
-    assert_eq!(
-        cfg["auth"]["monitor_password"].as_str(),
-        Some("monitor_pass")
-    );
-    let backends = cfg["backend"].as_array().unwrap();
-    assert_eq!(backends.len(), 3);
-    assert_eq!(
-        backends[1]["address"].as_str(),
-        Some(st.nodes[1].address.as_str())
-    );
+    // holdfast.toml is a valid holdfast config that lists every node.
+    let cfg = holdfast_config::Config::load(&st.config).unwrap();
+    assert_eq!(cfg.proxy.listen, st.proxy);
+    assert_eq!(cfg.admin.listen, st.admin);
+    assert_eq!(cfg.auth.monitor_user, "holdfast_monitor");
+    assert_eq!(cfg.auth.monitor_password, "monitor_pass");
+    assert_eq!(cfg.backends.len(), 3);
+    assert_eq!(cfg.backends[1].address, st.nodes[1].address);
+    assert_eq!(cfg.driver.kind, holdfast_config::DriverKind::Lab);
+    assert_eq!(cfg, holdfast_lab::holdfast_config(st, None).unwrap());
 
     // down() stops everything; status() agrees.
     let pids: Vec<u32> = st.nodes.iter().filter_map(|n| n.pid).collect();

@@ -2,7 +2,9 @@
 //! from the servers' own verifiers, and the metrics and registry the admin API reads.
 
 pub mod backend;
-pub mod config;
+/// The TOML configuration lives in the `holdfast-config` leaf crate; re-exported so that
+/// `crate::config::X` paths stay as they were.
+pub use holdfast_config as config;
 pub mod conn;
 pub mod driver;
 pub mod error;

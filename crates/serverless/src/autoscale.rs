@@ -11,8 +11,6 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 /// Tolerance for comparing sizes, which are sums and products of decimal fractions.
 const EPS: f64 = 1e-9;
 
@@ -23,107 +21,18 @@ const QUANTUM: f64 = 1e9;
 /// Tolerance, in steps, when deciding which multiple of the step a size is.
 const STEP_EPS: f64 = 1e-6;
 
-/// The autoscaling knobs. Every field has a default, so a config may set only some of them.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct ScalePolicy {
-    /// Smallest size, in CCU.
-    pub min_ccu: f64,
-    /// Largest size, in CCU.
-    pub max_ccu: f64,
-    /// Granularity of sizes, in CCU; fractional steps are allowed.
-    pub step_ccu: f64,
-    /// Utilization (CPU used / current size) at or above which a sample counts as busy.
-    pub up_utilization: f64,
-    /// Consecutive busy samples needed to scale up, so a one-second spike does not.
-    pub up_samples: u32,
-    /// Utilization a scale-up aims for: the new size is the smallest one with
-    /// `used / size <= target` (at least one step up, at most `max_ccu`).
-    pub target_utilization: f64,
-    /// Utilization below which a sample counts as quiet.
-    pub down_utilization: f64,
-    /// How long load must stay quiet, without interruption, before stepping down once.
-    pub down_after_secs: u64,
-}
+pub use holdfast_config::serverless::ScalePolicy;
 
-impl Default for ScalePolicy {
-    fn default() -> Self {
-        ScalePolicy {
-            min_ccu: 0.5,
-            max_ccu: 4.0,
-            step_ccu: 0.5,
-            up_utilization: 0.8,
-            up_samples: 2,
-            target_utilization: 0.6,
-            down_utilization: 0.3,
-            down_after_secs: 60,
-        }
-    }
-}
-
-impl ScalePolicy {
-    /// Checks the knobs are consistent. The [`Autoscaler`] never panics on an invalid policy,
-    /// but its decisions are only meaningful for a valid one, so configs should be checked here.
-    pub fn validate(&self) -> Result<(), String> {
-        let finite = [
-            ("min_ccu", self.min_ccu),
-            ("max_ccu", self.max_ccu),
-            ("step_ccu", self.step_ccu),
-            ("up_utilization", self.up_utilization),
-            ("target_utilization", self.target_utilization),
-            ("down_utilization", self.down_utilization),
-        ];
-        for (name, value) in finite {
-            if !value.is_finite() {
-                return Err(format!("{name} must be a finite number, not {value}"));
-            }
-        }
-        if self.min_ccu <= 0.0 {
-            return Err(format!("min_ccu must be above 0, not {}", self.min_ccu));
-        }
-        if self.min_ccu > self.max_ccu {
-            return Err(format!(
-                "min_ccu ({}) must not exceed max_ccu ({})",
-                self.min_ccu, self.max_ccu
-            ));
-        }
-        if self.step_ccu <= 0.0 {
-            return Err(format!("step_ccu must be above 0, not {}", self.step_ccu));
-        }
-        for (name, value) in [
-            ("up_utilization", self.up_utilization),
-            ("target_utilization", self.target_utilization),
-            ("down_utilization", self.down_utilization),
-        ] {
-            if value <= 0.0 || value > 1.0 {
-                return Err(format!("{name} must be in (0, 1], not {value}"));
-            }
-        }
-        if self.down_utilization >= self.up_utilization {
-            return Err(format!(
-                "down_utilization ({}) must be below up_utilization ({})",
-                self.down_utilization, self.up_utilization
-            ));
-        }
-        if self.target_utilization > self.up_utilization {
-            return Err(format!(
-                "target_utilization ({}) must not exceed up_utilization ({}), \
-                 or a scale-up could land on a size that is already busy",
-                self.target_utilization, self.up_utilization
-            ));
-        }
-        if self.up_samples == 0 {
-            return Err("up_samples must be at least 1".to_string());
-        }
-        Ok(())
-    }
-}
-
-impl ScalePolicy {
+/// Sizing helpers on the policy (whose type lives in `holdfast-config`, without behaviour).
+pub trait ScalePolicyExt {
     /// The size nearest to `ccu` on this policy's ladder (see the module documentation), the
-    /// larger one on a tie; NaN gives the minimum. Use it for sizes requested by an operator, so
-    /// they match what the [`Autoscaler`] would pick.
-    pub fn snap(&self, ccu: f64) -> f64 {
+    /// larger one on a tie; NaN gives the minimum. Use it for sizes requested by an operator,
+    /// so they match what the [`Autoscaler`] would pick.
+    fn snap(&self, ccu: f64) -> f64;
+}
+
+impl ScalePolicyExt for ScalePolicy {
+    fn snap(&self, ccu: f64) -> f64 {
         Ladder::new(self).snap(ccu)
     }
 }
@@ -371,81 +280,6 @@ mod tests {
     }
 
     #[test]
-    fn default_policy_is_valid_and_matches_documented_values() {
-        let p = ScalePolicy::default();
-        assert_eq!(p.validate(), Ok(()));
-        assert_eq!((p.min_ccu, p.max_ccu, p.step_ccu), (0.5, 4.0, 0.5));
-        assert_eq!((p.up_utilization, p.up_samples), (0.8, 2));
-        assert_eq!(p.target_utilization, 0.6);
-        assert_eq!((p.down_utilization, p.down_after_secs), (0.3, 60));
-    }
-
-    #[test]
-    fn validate_rejects_inconsistent_policies() {
-        let bad: Vec<(&str, ScalePolicy)> = vec![
-            ("min_ccu", policy_with_step(0.0, 4.0, 0.5)),
-            ("min_ccu", policy_with_step(-1.0, 4.0, 0.5)),
-            ("must not exceed max_ccu", policy_with_step(5.0, 4.0, 0.5)),
-            ("step_ccu", policy_with_step(0.5, 4.0, 0.0)),
-            ("finite", policy_with_step(0.5, f64::INFINITY, 0.5)),
-            ("finite", policy_with_step(f64::NAN, 4.0, 0.5)),
-            (
-                "up_utilization",
-                ScalePolicy {
-                    up_utilization: 1.5,
-                    ..ScalePolicy::default()
-                },
-            ),
-            (
-                "down_utilization",
-                ScalePolicy {
-                    down_utilization: 0.0,
-                    ..ScalePolicy::default()
-                },
-            ),
-            (
-                "must be below up_utilization",
-                ScalePolicy {
-                    down_utilization: 0.8,
-                    ..ScalePolicy::default()
-                },
-            ),
-            (
-                "must not exceed up_utilization",
-                ScalePolicy {
-                    target_utilization: 0.9,
-                    ..ScalePolicy::default()
-                },
-            ),
-            (
-                "up_samples",
-                ScalePolicy {
-                    up_samples: 0,
-                    ..ScalePolicy::default()
-                },
-            ),
-        ];
-        for (needle, policy) in bad {
-            match policy.validate() {
-                Err(message) => assert!(
-                    message.contains(needle),
-                    "{policy:?}: {message:?} should mention {needle:?}"
-                ),
-                Ok(()) => panic!("{policy:?} should be rejected ({needle})"),
-            }
-        }
-        // Boundaries that are allowed: min == max, thresholds of exactly 1, target == up.
-        let edge = ScalePolicy {
-            min_ccu: 2.0,
-            max_ccu: 2.0,
-            up_utilization: 1.0,
-            target_utilization: 1.0,
-            ..ScalePolicy::default()
-        };
-        assert_eq!(edge.validate(), Ok(()));
-    }
-
-    #[test]
     fn one_sample_spike_does_not_scale_up() {
         let mut a = Autoscaler::new(ScalePolicy::default(), 1.0);
         // Busy, calm, busy, calm...: never two busy samples in a row.
@@ -577,7 +411,7 @@ mod tests {
             step_ccu: 0.25,
             ..ScalePolicy::default()
         };
-        assert_eq!(policy.validate(), Ok(()));
+        assert!(policy.validate().is_ok());
         let mut a = Autoscaler::new(policy.clone(), 0.5);
         // 0.5 CPU / 0.6 = 0.83 -> 1.0.
         assert_eq!(run(&mut a, 0, 2, 0.5), vec![(1, 1.0)]);
@@ -598,7 +432,7 @@ mod tests {
     #[test]
     fn bounds_that_are_not_multiples_of_the_step_are_reachable() {
         let policy = policy_with_step(0.3, 2.2, 0.5);
-        assert_eq!(policy.validate(), Ok(()));
+        assert!(policy.validate().is_ok());
         let mut a = Autoscaler::new(policy.clone(), 0.3);
         assert_eq!(run(&mut a, 0, 2, 0.25), vec![(1, 0.5)]);
         let mut a = Autoscaler::new(policy.clone(), 2.0);

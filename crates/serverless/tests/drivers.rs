@@ -850,7 +850,10 @@ fn driver_config_parses_with_defaults() {
         DriverConfig::Exec(e) => assert_eq!(e.timeout_ms, 60_000),
         other => panic!("{other:?}"),
     }
-    assert_eq!(cfg.build("127.0.0.1:1").kind(), "exec");
+    assert_eq!(
+        holdfast_serverless::driver::build(&cfg, "127.0.0.1:1").kind(),
+        "exec"
+    );
     assert!(serde_json::from_str::<DriverConfig>(
         r#"{"kind": "exec", "start": "a", "stop": "b", "typo": 1}"#
     )

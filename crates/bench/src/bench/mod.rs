@@ -13,6 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
+use holdfast_config::{ListenerConfig, ListenerMode};
 use holdfast_lab::{self as lab, procs, LabOptions, LabStatus, NodeStatus};
 
 use crate::report::{fmt_opt, median, ratio, shell_words, Doc, Provenance, Table};
@@ -419,20 +420,11 @@ fn passthrough_config(st: &LabStatus, port: u16) -> Result<PathBuf> {
         st,
         "bench-holdfast.toml",
         "plus a pass-through listener",
-        |t| {
-            let mut listener = toml::Table::new();
-            listener.insert("listen".into(), format!("127.0.0.1:{port}").into());
-            listener.insert("mode".into(), "passthrough".into());
-            let list = t
-                .entry("listener")
-                .or_insert_with(|| toml::Value::Array(Vec::new()));
-            let Some(list) = list.as_array_mut() else {
-                bail!(
-                    "`listener` in {} is not an array of tables",
-                    st.config.display()
-                );
-            };
-            list.push(toml::Value::Table(listener));
+        |c| {
+            c.listeners.push(ListenerConfig {
+                listen: format!("127.0.0.1:{port}"),
+                mode: ListenerMode::Passthrough,
+            });
             Ok(())
         },
     )

@@ -16,9 +16,9 @@ use crate::admin;
 use crate::serve::{self, config_variant};
 
 /// Pause after this much idle time in the drill (the default is 300 s).
-const IDLE_PAUSE_SECS: i64 = 2;
+const IDLE_PAUSE_SECS: u64 = 2;
 /// A frozen instance is stopped after this long in the drill, so both tiers occur.
-const STOP_AFTER_SECS: i64 = 3;
+const STOP_AFTER_SECS: u64 = 3;
 
 fn instance(admin: &str) -> Result<serde_json::Value> {
     Ok(admin::get_json(admin, "/status")?["serverless"].clone())
@@ -62,19 +62,13 @@ pub fn run(args: &DrillArgs, holdfast: &Path) -> Result<()> {
         &lab,
         "holdfast-drill.toml",
         &format!("idle_pause_secs = {IDLE_PAUSE_SECS}, stop_after_secs = {STOP_AFTER_SECS}"),
-        |t| {
-            let sl = t
-                .get_mut("serverless")
-                .and_then(|v| v.as_table_mut())
+        |c| {
+            let sl = c
+                .serverless
+                .as_mut()
                 .context("no [serverless] in the lab's holdfast.toml")?;
-            sl.insert(
-                "idle_pause_secs".into(),
-                toml::Value::Integer(IDLE_PAUSE_SECS),
-            );
-            sl.insert(
-                "stop_after_secs".into(),
-                toml::Value::Integer(STOP_AFTER_SECS),
-            );
+            sl.idle_pause_secs = IDLE_PAUSE_SECS;
+            sl.stop_after_secs = STOP_AFTER_SECS;
             Ok(())
         },
     )?;

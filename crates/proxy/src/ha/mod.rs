@@ -46,151 +46,9 @@ pub use ops::{
 pub use probe::{probe_all, probe_node, NodeReplication, SlaveStatus};
 
 use crate::backend::BackendError;
-use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
-/// How holdfast treats replication.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum HaMode {
-    /// Something else manages replication; holdfast follows the writable node.
-    #[default]
-    External,
-    /// holdfast runs switchovers and failovers itself.
-    Managed,
-}
-
-/// The `[ha]` configuration section.
-#[derive(Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct HaConfig {
-    pub mode: HaMode,
-    /// Account the replicas connect to the primary with (`REPLICATION SLAVE`).
-    pub repl_user: String,
-    pub repl_password: String,
-    /// `MASTER_CONNECT_RETRY` for re-pointed replicas, seconds.
-    pub master_connect_retry_secs: u32,
-    /// How long a switchover target (or a rejoining node) may take to catch up.
-    pub catchup_timeout_ms: u64,
-    /// `lock_wait_timeout` for fencing the old primary with `FLUSH TABLES WITH READ LOCK`.
-    pub fence_timeout_ms: u64,
-    /// Kill client connections on the old primary after `read_only=ON` (their open
-    /// transactions roll back; accounts that bypass `read_only` cannot write any more).
-    pub kill_old_primary_connections: bool,
-    /// Upper bound for any single control statement.
-    pub statement_timeout_ms: u64,
-    /// Failure detector: time between probes of the primary.
-    pub probe_interval_ms: u64,
-    /// Failure detector: a probe slower than this counts as failed.
-    pub probe_timeout_ms: u64,
-    /// Failure detector: the primary is lost once probes have failed this long…
-    pub failover_after_ms: u64,
-    /// …and at least this many in a row.
-    pub failure_threshold: u32,
-    /// Only fail over when every reachable replica has lost the primary too.
-    pub require_replica_confirmation: bool,
-    /// During failover, how long replicas get to apply what their IO thread received.
-    pub relay_apply_timeout_ms: u64,
-    /// No second automatic failover within this window.
-    pub failover_cooloff_ms: u64,
-}
-
-impl Default for HaConfig {
-    fn default() -> Self {
-        HaConfig {
-            mode: HaMode::External,
-            repl_user: "repl".into(),
-            repl_password: String::new(),
-            master_connect_retry_secs: 1,
-            catchup_timeout_ms: 30_000,
-            fence_timeout_ms: 5_000,
-            kill_old_primary_connections: true,
-            statement_timeout_ms: 10_000,
-            probe_interval_ms: 250,
-            probe_timeout_ms: 500,
-            failover_after_ms: 1_000,
-            failure_threshold: 3,
-            require_replica_confirmation: true,
-            relay_apply_timeout_ms: 5_000,
-            failover_cooloff_ms: 60_000,
-        }
-    }
-}
-
-impl std::fmt::Debug for HaConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HaConfig")
-            .field("mode", &self.mode)
-            .field("repl_user", &self.repl_user)
-            .field("repl_password", &"<redacted>")
-            .field("master_connect_retry_secs", &self.master_connect_retry_secs)
-            .field("catchup_timeout_ms", &self.catchup_timeout_ms)
-            .field("fence_timeout_ms", &self.fence_timeout_ms)
-            .field(
-                "kill_old_primary_connections",
-                &self.kill_old_primary_connections,
-            )
-            .field("statement_timeout_ms", &self.statement_timeout_ms)
-            .field("probe_interval_ms", &self.probe_interval_ms)
-            .field("probe_timeout_ms", &self.probe_timeout_ms)
-            .field("failover_after_ms", &self.failover_after_ms)
-            .field("failure_threshold", &self.failure_threshold)
-            .field(
-                "require_replica_confirmation",
-                &self.require_replica_confirmation,
-            )
-            .field("relay_apply_timeout_ms", &self.relay_apply_timeout_ms)
-            .field("failover_cooloff_ms", &self.failover_cooloff_ms)
-            .finish()
-    }
-}
-
-impl HaConfig {
-    pub fn catchup_timeout(&self) -> Duration {
-        Duration::from_millis(self.catchup_timeout_ms)
-    }
-    pub fn fence_timeout(&self) -> Duration {
-        Duration::from_millis(self.fence_timeout_ms)
-    }
-    pub fn statement_timeout(&self) -> Duration {
-        Duration::from_millis(self.statement_timeout_ms)
-    }
-    pub fn probe_interval(&self) -> Duration {
-        Duration::from_millis(self.probe_interval_ms)
-    }
-    pub fn probe_timeout(&self) -> Duration {
-        Duration::from_millis(self.probe_timeout_ms)
-    }
-    pub fn failover_after(&self) -> Duration {
-        Duration::from_millis(self.failover_after_ms)
-    }
-    pub fn relay_apply_timeout(&self) -> Duration {
-        Duration::from_millis(self.relay_apply_timeout_ms)
-    }
-    pub fn failover_cooloff(&self) -> Duration {
-        Duration::from_millis(self.failover_cooloff_ms)
-    }
-
-    /// Checks the values the manager cannot work with.
-    pub fn validate(&self) -> Result<(), HaError> {
-        if self.mode == HaMode::Managed && self.repl_user.is_empty() {
-            return Err(HaError::InvalidConfig(
-                "ha.repl_user must be set in managed mode".into(),
-            ));
-        }
-        if self.probe_interval_ms == 0 || self.probe_timeout_ms == 0 {
-            return Err(HaError::InvalidConfig(
-                "ha.probe_interval_ms and ha.probe_timeout_ms must be positive".into(),
-            ));
-        }
-        if self.failure_threshold == 0 {
-            return Err(HaError::InvalidConfig(
-                "ha.failure_threshold must be at least 1".into(),
-            ));
-        }
-        Ok(())
-    }
-}
+pub use holdfast_config::ha::{HaConfig, HaMode};
 
 /// Why an HA operation did not happen or did not finish.
 #[derive(Debug, thiserror::Error)]
@@ -251,8 +109,6 @@ pub enum HaError {
         since: Duration,
         remaining: Duration,
     },
-    #[error("invalid HA configuration: {0}")]
-    InvalidConfig(String),
     /// Another operation holds the controller (HTTP 409 in the admin API).
     #[error("another HA operation is running: {0}")]
     Busy(String),
@@ -274,7 +130,6 @@ impl HaError {
                 | HaError::AlreadyPrimary(_)
                 | HaError::PrimaryAlive(_)
                 | HaError::CoolingOff { .. }
-                | HaError::InvalidConfig(_)
                 | HaError::NotManaged
         )
     }
@@ -322,16 +177,5 @@ mod tests {
         assert_eq!(split_address("[::1]:33").unwrap(), ("::1".into(), 33));
         assert!(split_address("nohost").is_err());
         assert!(split_address(":1").is_err());
-    }
-
-    #[test]
-    fn config_defaults_and_redaction() {
-        let c: HaConfig = toml::from_str("repl_password = \"s3cret\"\nmode = \"managed\"").unwrap();
-        assert_eq!(c.mode, HaMode::Managed);
-        assert_eq!(c.repl_user, "repl");
-        assert!(c.failover_after() <= Duration::from_secs(2));
-        assert!(c.validate().is_ok());
-        assert!(!format!("{c:?}").contains("s3cret"));
-        assert!(toml::from_str::<HaConfig>("bogus = 1").is_err());
     }
 }

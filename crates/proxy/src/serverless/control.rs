@@ -3,7 +3,7 @@
 
 use super::{Lifecycle, PauseTier, Phase};
 use crate::Shared;
-use holdfast_serverless::driver::PowerState;
+use holdfast_serverless::driver::{DriverConfig, PowerState};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,7 +60,9 @@ pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>) {
                 }
                 // Only where asking is cheap (a /proc read): an exec driver's status command
                 // or a probe connection every few seconds would load the server's host.
-                if lc.driver.kind() == "process" && last_health_check.elapsed() >= HEALTH_CHECK {
+                if matches!(lc.config.driver, DriverConfig::Process(_))
+                    && last_health_check.elapsed() >= HEALTH_CHECK
+                {
                     last_health_check = Instant::now();
                     if let Ok(PowerState::Stopped) = lc.driver.status().await {
                         crashed(&shared, &lc);

@@ -11,10 +11,8 @@ mod control;
 mod meter;
 mod scale;
 
-use holdfast_serverless::autoscale::ScalePolicy;
-use holdfast_serverless::driver::{DriverConfig, InstanceDriver};
-use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
+use holdfast_serverless::driver::InstanceDriver;
+use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -24,130 +22,7 @@ pub use control::run as run_lifecycle;
 pub use meter::{flush_usage, run as run_meter, usage_lines};
 pub use scale::run as run_autoscaler;
 
-/// `[serverless]`: present means the (single) backend is a serverless instance.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ServerlessConfig {
-    /// The instance's name in logs, errors, metrics and usage lines.
-    #[serde(default = "default_instance")]
-    pub instance: String,
-    /// Pause after this many seconds without a statement or login; 0 never pauses on its own.
-    #[serde(default = "default_idle_pause_secs")]
-    pub idle_pause_secs: u64,
-    /// The tier a pause starts with: "freeze" (suspend the process: resume in milliseconds,
-    /// memory kept) or "stop" (shut the server down: memory freed, resume is a cold start).
-    #[serde(default)]
-    pub pause_tier: PauseTier,
-    /// A frozen instance is stopped after this many seconds; 0 keeps it frozen.
-    #[serde(default = "default_stop_after_secs")]
-    pub stop_after_secs: u64,
-    /// How long a client waits for a paused instance to resume before it gets an error.
-    #[serde(default = "default_resume_deadline_ms")]
-    pub resume_deadline_ms: u64,
-    /// First pause between failed resume attempts; doubles up to 5 s.
-    #[serde(default = "default_retry_backoff_ms")]
-    pub retry_backoff_ms: u64,
-    /// Whether the autoscaler changes the size with the load.
-    #[serde(default = "default_true")]
-    pub autoscale: bool,
-    /// The size the instance starts with (default: the policy's minimum).
-    #[serde(default)]
-    pub start_ccu: Option<f64>,
-    /// InnoDB buffer pool per capacity unit, resized online with the size; 0 leaves it alone.
-    #[serde(default = "default_buffer_pool_mib_per_ccu")]
-    pub buffer_pool_mib_per_ccu: u64,
-    /// The server's max_connections per CCU, set with the size; 0 leaves it alone.
-    #[serde(default)]
-    pub max_connections_per_ccu: u64,
-    #[serde(default)]
-    pub scale: ScalePolicy,
-    /// The usage ledger (SQLite); relative paths are relative to the working directory.
-    #[serde(default = "default_ledger")]
-    pub ledger: PathBuf,
-    /// Length of a billing period (one usage line each); tests shorten it.
-    #[serde(default = "default_period_secs")]
-    pub period_secs: u32,
-    /// The open period is written to the ledger every this many seconds (what a crash of
-    /// holdfast can lose at most; settled periods are written at once).
-    #[serde(default = "default_flush_secs")]
-    pub flush_secs: u32,
-    pub driver: DriverConfig,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PauseTier {
-    #[default]
-    Freeze,
-    Stop,
-}
-
-impl PauseTier {
-    pub fn name(self) -> &'static str {
-        match self {
-            PauseTier::Freeze => "freeze",
-            PauseTier::Stop => "stop",
-        }
-    }
-}
-
-fn default_instance() -> String {
-    "default".into()
-}
-fn default_idle_pause_secs() -> u64 {
-    300
-}
-fn default_stop_after_secs() -> u64 {
-    900
-}
-fn default_resume_deadline_ms() -> u64 {
-    10_000
-}
-fn default_retry_backoff_ms() -> u64 {
-    200
-}
-fn default_true() -> bool {
-    true
-}
-fn default_buffer_pool_mib_per_ccu() -> u64 {
-    1024
-}
-fn default_ledger() -> PathBuf {
-    PathBuf::from("holdfast-usage.db")
-}
-fn default_period_secs() -> u32 {
-    3600
-}
-fn default_flush_secs() -> u32 {
-    10
-}
-
-impl ServerlessConfig {
-    pub fn validate(&self) -> Result<(), String> {
-        self.scale
-            .validate()
-            .map_err(|e| format!("serverless.scale: {e}"))?;
-        if let Some(c) = self.start_ccu {
-            if !(self.scale.min_ccu..=self.scale.max_ccu).contains(&c) {
-                return Err(format!(
-                    "serverless.start_ccu {c} is outside [{}, {}]",
-                    self.scale.min_ccu, self.scale.max_ccu
-                ));
-            }
-        }
-        if self.period_secs == 0 || self.flush_secs == 0 {
-            return Err("serverless.period_secs and flush_secs must be at least 1".into());
-        }
-        if self.resume_deadline_ms == 0 {
-            return Err("serverless.resume_deadline_ms must be at least 1".into());
-        }
-        Ok(())
-    }
-
-    pub fn resume_deadline(&self) -> Duration {
-        Duration::from_millis(self.resume_deadline_ms)
-    }
-}
+pub use holdfast_config::serverless::{PauseTier, ServerlessConfig};
 
 /// Where the instance is in its lifecycle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -266,7 +141,7 @@ pub struct Lifecycle {
 
 impl Lifecycle {
     pub fn new(config: ServerlessConfig, address: String) -> Arc<Lifecycle> {
-        let driver = config.driver.build(&address);
+        let driver = holdfast_serverless::driver::build(&config.driver, &address);
         let ccu = config.start_ccu.unwrap_or(config.scale.min_ccu);
         let now = Instant::now();
         Arc::new(Lifecycle {

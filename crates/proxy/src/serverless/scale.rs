@@ -5,7 +5,7 @@
 use super::{Lifecycle, Phase};
 use crate::verifiers::monitor_connect;
 use crate::Shared;
-use holdfast_serverless::autoscale::Autoscaler;
+use holdfast_serverless::autoscale::{Autoscaler, ScalePolicyExt};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

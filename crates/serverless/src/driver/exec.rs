@@ -2,7 +2,7 @@
 //! whatever already manages the database (systemd, Kubernetes, a cloud CLI) keeps doing so.
 
 use super::{ready, DriverError, DriverFuture, InstanceDriver, PowerState, ScaleApplied};
-use serde::{Deserialize, Serialize};
+use holdfast_config::serverless::ExecDriverConfig;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -20,65 +20,6 @@ const ERROR_LINES: usize = 10;
 /// background process started by the command may hold the pipes open indefinitely; it is
 /// not waited for.
 const OUTPUT_GRACE: Duration = Duration::from_millis(200);
-
-fn default_timeout_ms() -> u64 {
-    60_000
-}
-
-/// `[serverless.driver]` with `kind = "exec"`: shell commands that control the server.
-///
-/// Each command runs with `sh -c` and gets `HOLDFAST_ADDRESS` (the server's `host:port`) in
-/// its environment. A command succeeds when it exits with status 0 within `timeout_ms`;
-/// otherwise it is killed (with its process group) and the action fails, quoting its stderr.
-/// `start` and `thaw` only have to set things in motion: the driver then waits until the
-/// server answers on its address. `stop` must return once the server is down. A command that
-/// leaves a server running in the background must redirect that server's output (`>>log
-/// 2>&1`); the driver does not wait for pipes held by background processes.
-///
-/// A MariaDB managed by systemd, with CPU and memory limits through the unit's cgroup:
-///
-/// ```toml
-/// [serverless.driver]
-/// kind = "exec"
-/// start = "systemctl start mariadb"
-/// stop = "systemctl stop mariadb"
-/// freeze = "systemctl kill --signal=SIGSTOP --kill-whom=main mariadb"
-/// thaw = "systemctl kill --signal=SIGCONT --kill-whom=main mariadb"
-/// status = "systemctl is-active -q mariadb && echo running || echo stopped"
-/// scale = "systemctl set-property --runtime mariadb CPUQuota=$((HOLDFAST_CPU_MILLIS / 10))% MemoryMax=${HOLDFAST_MEMORY_MIB}M"
-/// ```
-///
-/// A server in Kubernetes: `start = "kubectl scale statefulset/db --replicas=1 && kubectl
-/// rollout status statefulset/db"`, `stop = "kubectl scale statefulset/db --replicas=0 &&
-/// kubectl wait --for=delete pod/db-0 --timeout=120s"`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ExecDriverConfig {
-    pub start: String,
-    pub stop: String,
-    #[serde(default)]
-    pub freeze: Option<String>,
-    #[serde(default)]
-    pub thaw: Option<String>,
-    /// Prints running / frozen / stopped (first word of stdout); non-zero exit =>
-    /// `PowerState::Unknown(stderr)`. Without it the server is running if it answers on its
-    /// address.
-    #[serde(default)]
-    pub status: Option<String>,
-    /// Gets `HOLDFAST_CCU` (e.g. "1.5"), `HOLDFAST_CPU_MILLIS` (1500) and
-    /// `HOLDFAST_MEMORY_MIB` (2048 MiB per CCU).
-    #[serde(default)]
-    pub scale: Option<String>,
-    /// Prints the server's cumulative CPU seconds.
-    #[serde(default)]
-    pub cpu_seconds: Option<String>,
-    /// Prints the bytes the instance stores.
-    #[serde(default)]
-    pub storage_bytes: Option<String>,
-    /// Per command; also how long start and thaw wait for the server to answer.
-    #[serde(default = "default_timeout_ms")]
-    pub timeout_ms: u64,
-}
 
 /// Runs the operator's commands; see [`ExecDriverConfig`].
 pub struct ExecDriver {

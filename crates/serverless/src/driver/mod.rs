@@ -4,7 +4,7 @@
 //! connections and buffers stay, resume takes milliseconds; *stop* shuts the server down and
 //! frees its memory, resume is a cold start. Drivers report what they support.
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::future::Future;
 use std::pin::Pin;
 
@@ -13,8 +13,9 @@ pub mod node;
 pub mod process;
 pub mod ready;
 
-pub use exec::{ExecDriver, ExecDriverConfig};
-pub use process::{ProcessDriver, ProcessDriverConfig};
+pub use exec::ExecDriver;
+pub use holdfast_config::serverless::{ExecDriverConfig, ProcessDriverConfig};
+pub use process::ProcessDriver;
 
 /// What the instance's server is doing, as far as the driver can tell.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -73,21 +74,15 @@ pub trait InstanceDriver: Send + Sync {
     fn storage_bytes(&self) -> DriverFuture<'_, Option<u64>>;
 }
 
-/// Which driver a serverless instance uses, from `[serverless.driver]`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum DriverConfig {
-    Process(ProcessDriverConfig),
-    Exec(ExecDriverConfig),
-}
+/// Which driver a serverless instance uses, from `[serverless.driver]` (the type lives in
+/// `holdfast-config`).
+pub use holdfast_config::serverless::InstanceDriverConfig as DriverConfig;
 
-impl DriverConfig {
-    /// Builds the driver; `address` is the server's `host:port`, used to wait until it is
-    /// ready after a start or thaw.
-    pub fn build(&self, address: &str) -> Box<dyn InstanceDriver> {
-        match self {
-            DriverConfig::Process(c) => Box::new(ProcessDriver::new(c.clone(), address)),
-            DriverConfig::Exec(c) => Box::new(ExecDriver::new(c.clone(), address)),
-        }
+/// Builds the driver `config` names; `address` is the server's `host:port`, used to wait
+/// until it is ready after a start or thaw.
+pub fn build(config: &DriverConfig, address: &str) -> Box<dyn InstanceDriver> {
+    match config {
+        DriverConfig::Process(c) => Box::new(ProcessDriver::new(c.clone(), address)),
+        DriverConfig::Exec(c) => Box::new(ExecDriver::new(c.clone(), address)),
     }
 }

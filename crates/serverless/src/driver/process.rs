@@ -11,7 +11,7 @@
 //! pid file whose pid now belongs to another program is never signalled.
 
 use super::{ready, DriverError, DriverFuture, InstanceDriver, PowerState, ScaleApplied};
-use serde::{Deserialize, Serialize};
+use holdfast_config::serverless::ProcessDriverConfig;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom};
 use std::os::unix::process::CommandExt;
@@ -37,45 +37,6 @@ const KILL_GRACE: Duration = Duration::from_secs(5);
 const LOG_TAIL_LINES: usize = 20;
 /// At most this much of the log's end is read to find those lines.
 const LOG_TAIL_BYTES: u64 = 64 * 1024;
-
-fn default_start_timeout_ms() -> u64 {
-    30_000
-}
-
-fn default_stop_timeout_ms() -> u64 {
-    60_000
-}
-
-/// `[serverless.driver]` with `kind = "process"`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ProcessDriverConfig {
-    /// argv of the server, e.g. `["/usr/sbin/mariadbd", "--defaults-file=/x/my.cnf"]`. The
-    /// program must be the server itself (not a wrapper such as `mysqld_safe`): its pid is
-    /// the one that gets signalled and that the pid file must name.
-    pub command: Vec<String>,
-    /// Where the server writes its pid (its pid-file option): lets holdfast adopt a server it
-    /// did not start (e.g. after holdfast restarts).
-    pub pid_file: PathBuf,
-    /// Data directory, summed up for `storage_bytes`.
-    #[serde(default)]
-    pub datadir: Option<PathBuf>,
-    /// The server's stdout/stderr are appended here; quoted when start-up fails.
-    #[serde(default)]
-    pub log: Option<PathBuf>,
-    #[serde(default = "default_start_timeout_ms")]
-    pub start_timeout_ms: u64,
-    /// Grace period after SIGTERM (a clean InnoDB shutdown can take a while) before SIGKILL.
-    #[serde(default = "default_stop_timeout_ms")]
-    pub stop_timeout_ms: u64,
-    /// CPU limits: a cgroup directory to put the server in. `"auto"` or unset = pick one if
-    /// the machine allows (cgroup v2 at /sys/fs/cgroup if its cgroup.controllers offers cpu,
-    /// else cgroup v1 at /sys/fs/cgroup/cpu; the group is named after the pid file and removed
-    /// when the driver is dropped while the server is down); `"none"` = no limits. Failing
-    /// to use the group is logged, never fatal: the server then runs without limits.
-    #[serde(default)]
-    pub cgroup: Option<String>,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum CgroupVersion {

@@ -1,8 +1,21 @@
-//! The TOML configuration (see `holdfast.example.toml` for every key with comments).
+//! holdfast's TOML configuration (see `holdfast.example.toml` for every key with comments):
+//! the serde types, their defaults and their validation, and nothing else. A leaf crate, so
+//! that everything writing or reading a holdfast config (the proxy, the lab, the tests) names
+//! the same types: a renamed key does not compile instead of being written wrong.
+//!
+//! * [`Config`]: the whole file, with [`Config::load`], [`Config::parse`],
+//!   [`Config::validate`] and [`Config::to_toml`].
+//! * [`ha`]: the `[ha]` section.
+//! * [`serverless`]: the `[serverless]` section, its scaling policy and instance drivers.
 
-use crate::ha::{HaConfig, HaError};
+pub mod ha;
+pub mod serverless;
+
+pub use ha::{HaConfig, HaMode};
+pub use serverless::{PauseTier, ServerlessConfig};
+
 use serde::{Deserialize, Serialize};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
@@ -17,11 +30,13 @@ pub enum ConfigError {
         path: String,
         source: toml::de::Error,
     },
+    #[error("cannot write the config as TOML: {0}")]
+    Serialize(#[from] toml::ser::Error),
     #[error("invalid config: {0}")]
     Invalid(String),
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     #[serde(default)]
@@ -38,12 +53,12 @@ pub struct Config {
     #[serde(default)]
     pub ha: HaConfig,
     /// More client listeners (`[[listener]]`), each with its own mode.
-    #[serde(default, rename = "listener")]
+    #[serde(default, rename = "listener", skip_serializing_if = "Vec::is_empty")]
     pub listeners: Vec<ListenerConfig>,
     /// The backend is a serverless instance (`[serverless]`): paused when idle, woken on
     /// connect, scaled in place, metered.
-    #[serde(default)]
-    pub serverless: Option<crate::serverless::ServerlessConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serverless: Option<ServerlessConfig>,
 }
 
 /// An extra client listener.
@@ -67,7 +82,7 @@ pub enum ListenerMode {
     Passthrough,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ProxyConfig {
     pub listen: String,
@@ -133,7 +148,7 @@ impl ProxyConfig {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
     pub listen: String,
@@ -147,7 +162,7 @@ impl Default for AdminConfig {
     }
 }
 
-#[derive(Clone, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
     pub monitor_user: String,
@@ -178,14 +193,27 @@ impl Default for AuthConfig {
     }
 }
 
-/// How holdfast restarts nodes for `ctl restart` / `ctl resize`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+/// How holdfast restarts nodes for `ctl restart` / `ctl resize` (`[driver]`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DriverConfig {
-    /// `"none"` (or empty): restart and resize are refused. `"lab"`: the nodes are processes
-    /// of a `holdfast lab` in `lab_dir`.
-    pub kind: String,
-    pub lab_dir: Option<std::path::PathBuf>,
+    pub kind: DriverKind,
+    /// With `kind = "lab"`: the lab's directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lab_dir: Option<PathBuf>,
+}
+
+/// The node control driver of `[driver]`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DriverKind {
+    /// Restart and resize are refused. An empty `kind` (what older configs wrote) means
+    /// the same.
+    #[default]
+    #[serde(alias = "")]
+    None,
+    /// The nodes are processes of a `holdfast lab` in `lab_dir`.
+    Lab,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -204,6 +232,7 @@ impl Config {
         Self::parse(&text, &path.display().to_string())
     }
 
+    /// Parses and validates `text`; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
         let cfg: Config = toml::from_str(text).map_err(|source| ConfigError::Parse {
             path: origin.to_string(),
@@ -211,6 +240,11 @@ impl Config {
         })?;
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// The config as TOML that [`Config::parse`] reads back to an equal value.
+    pub fn to_toml(&self) -> Result<String, ConfigError> {
+        Ok(toml::to_string(self)?)
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -238,6 +272,11 @@ impl Config {
                 "proxy.max_connections must be at least 1".into(),
             ));
         }
+        if self.driver.kind == DriverKind::Lab && self.driver.lab_dir.is_none() {
+            return Err(ConfigError::Invalid(
+                "[driver] kind = \"lab\" needs lab_dir".into(),
+            ));
+        }
         if let Some(sl) = &self.serverless {
             if self.backends.len() != 1 {
                 return Err(ConfigError::Invalid(format!(
@@ -245,98 +284,16 @@ impl Config {
                     self.backends.len()
                 )));
             }
-            if self.ha.mode != crate::ha::HaMode::External {
+            if self.ha.mode != HaMode::External {
                 return Err(ConfigError::Invalid(
                     "[serverless] cannot be combined with [ha] mode = \"managed\": a paused instance would look failed".into(),
                 ));
             }
-            sl.validate().map_err(ConfigError::Invalid)?;
+            sl.validate()?;
         }
-        self.ha.validate().map_err(|e| match e {
-            HaError::InvalidConfig(msg) => ConfigError::Invalid(msg),
-            e => ConfigError::Invalid(e.to_string()),
-        })?;
-        Ok(())
+        self.ha.validate()
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn example_config_parses() {
-        let text = include_str!("../../../holdfast.example.toml");
-        let cfg = Config::parse(text, "example").unwrap();
-        assert_eq!(cfg.backends.len(), 1);
-        assert_eq!(cfg.proxy.max_packet_size, 64 << 20);
-        // The example documents every [ha] key with its default value.
-        let defaults = HaConfig::default();
-        assert_eq!(cfg.ha.mode, crate::ha::HaMode::External);
-        assert_eq!(format!("{:?}", cfg.ha), format!("{defaults:?}"));
-        assert_eq!(cfg.ha.repl_password, defaults.repl_password);
-    }
-
-    #[test]
-    fn serverless_example_config_parses() {
-        let text = include_str!("../../../holdfast.serverless.example.toml");
-        let cfg = Config::parse(text, "serverless example").unwrap();
-        let sl = cfg.serverless.expect("[serverless]");
-        assert_eq!(sl.idle_pause_secs, 300);
-        assert_eq!(sl.pause_tier, crate::serverless::PauseTier::Freeze);
-        assert_eq!(
-            sl.scale,
-            holdfast_serverless::autoscale::ScalePolicy::default()
-        );
-        assert_eq!(cfg.listeners.len(), 1);
-        assert_eq!(cfg.listeners[0].mode, ListenerMode::Passthrough);
-    }
-
-    #[test]
-    fn serverless_needs_one_backend_and_external_ha() {
-        let text = include_str!("../../../holdfast.serverless.example.toml");
-        let two = text.replace(
-            "[serverless]\n",
-            "[[backend]]\nname = \"b\"\naddress = \"127.0.0.1:1\"\n\n[serverless]\n",
-        );
-        let err = Config::parse(&two, "t").unwrap_err().to_string();
-        assert!(err.contains("exactly one [[backend]]"), "{err}");
-        let managed = format!("{text}\n[ha]\nmode = \"managed\"\nrepl_user = \"r\"\n");
-        let err = Config::parse(&managed, "t").unwrap_err().to_string();
-        assert!(err.contains("managed"), "{err}");
-        let bad = text.replace("min_ccu = 0.5", "min_ccu = 8.0");
-        assert!(Config::parse(&bad, "t").is_err());
-    }
-
-    #[test]
-    fn ha_section_is_validated() {
-        let base = "[[backend]]\nname=\"a\"\naddress=\"127.0.0.1:1\"\n";
-        let cfg = Config::parse(&format!("{base}[ha]\nmode = \"managed\"\n"), "t").unwrap();
-        assert_eq!(cfg.ha.mode, crate::ha::HaMode::Managed);
-        let err = Config::parse(&format!("{base}[ha]\nfailure_threshold = 0\n"), "t")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("failure_threshold"), "{err}");
-        assert!(Config::parse(&format!("{base}[ha]\nmode = \"auto\"\n"), "t").is_err());
-        assert!(Config::parse(&format!("{base}[ha]\nbogus = 1\n"), "t").is_err());
-    }
-
-    #[test]
-    fn unknown_keys_and_missing_backends_are_refused() {
-        assert!(Config::parse(
-            "[proxy]\nlisen = \"x\"\n[[backend]]\nname=\"a\"\naddress=\"b\"",
-            "t"
-        )
-        .is_err());
-        assert!(Config::parse("", "t").is_err());
-    }
-
-    #[test]
-    fn debug_redacts_monitor_password() {
-        let a = AuthConfig {
-            monitor_password: "hunter2".into(),
-            ..Default::default()
-        };
-        assert!(!format!("{a:?}").contains("hunter2"));
-    }
-}
+mod tests;

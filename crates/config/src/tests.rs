@@ -1,0 +1,327 @@
+use super::serverless::{ExecDriverConfig, InstanceDriverConfig, ProcessDriverConfig, ScalePolicy};
+use super::*;
+use std::collections::BTreeSet;
+
+const EXAMPLE: &str = include_str!("../../../holdfast.example.toml");
+const SERVERLESS_EXAMPLE: &str = include_str!("../../../holdfast.serverless.example.toml");
+
+#[test]
+fn example_config_parses() {
+    let cfg = Config::parse(EXAMPLE, "example").unwrap();
+    assert_eq!(cfg.backends.len(), 1);
+    assert_eq!(cfg.proxy.max_packet_size, 64 << 20);
+    assert_eq!(cfg.driver.kind, DriverKind::None);
+    // The example documents every [ha] key with its default value.
+    let defaults = HaConfig::default();
+    assert_eq!(cfg.ha.mode, HaMode::External);
+    assert_eq!(format!("{:?}", cfg.ha), format!("{defaults:?}"));
+    assert_eq!(cfg.ha, defaults);
+}
+
+#[test]
+fn serverless_example_config_parses() {
+    let cfg = Config::parse(SERVERLESS_EXAMPLE, "serverless example").unwrap();
+    let sl = cfg.serverless.expect("[serverless]");
+    assert_eq!(sl.idle_pause_secs, 300);
+    assert_eq!(sl.pause_tier, PauseTier::Freeze);
+    assert_eq!(sl.scale, ScalePolicy::default());
+    assert!(matches!(sl.driver, InstanceDriverConfig::Process(_)));
+    assert_eq!(cfg.listeners.len(), 1);
+    assert_eq!(cfg.listeners[0].mode, ListenerMode::Passthrough);
+}
+
+#[test]
+fn serverless_needs_one_backend_and_external_ha() {
+    let two = SERVERLESS_EXAMPLE.replace(
+        "[serverless]\n",
+        "[[backend]]\nname = \"b\"\naddress = \"127.0.0.1:1\"\n\n[serverless]\n",
+    );
+    let err = Config::parse(&two, "t").unwrap_err().to_string();
+    assert!(err.contains("exactly one [[backend]]"), "{err}");
+    let managed = format!("{SERVERLESS_EXAMPLE}\n[ha]\nmode = \"managed\"\nrepl_user = \"r\"\n");
+    let err = Config::parse(&managed, "t").unwrap_err().to_string();
+    assert!(err.contains("managed"), "{err}");
+    let bad = SERVERLESS_EXAMPLE.replace("min_ccu = 0.5", "min_ccu = 8.0");
+    let err = Config::parse(&bad, "t").unwrap_err();
+    assert!(matches!(err, ConfigError::Invalid(_)), "{err}");
+}
+
+#[test]
+fn ha_section_is_validated() {
+    let base = "[[backend]]\nname=\"a\"\naddress=\"127.0.0.1:1\"\n";
+    let cfg = Config::parse(&format!("{base}[ha]\nmode = \"managed\"\n"), "t").unwrap();
+    assert_eq!(cfg.ha.mode, HaMode::Managed);
+    let err = Config::parse(&format!("{base}[ha]\nfailure_threshold = 0\n"), "t").unwrap_err();
+    assert!(matches!(err, ConfigError::Invalid(_)), "{err}");
+    assert!(err.to_string().contains("failure_threshold"), "{err}");
+    assert!(Config::parse(&format!("{base}[ha]\nmode = \"auto\"\n"), "t").is_err());
+    assert!(Config::parse(&format!("{base}[ha]\nbogus = 1\n"), "t").is_err());
+}
+
+#[test]
+fn ha_defaults_and_redaction() {
+    let c: HaConfig = toml::from_str("repl_password = \"s3cret\"\nmode = \"managed\"").unwrap();
+    assert_eq!(c.mode, HaMode::Managed);
+    assert_eq!(c.repl_user, "repl");
+    assert!(c.failover_after() <= Duration::from_secs(2));
+    assert!(c.validate().is_ok());
+    assert!(!format!("{c:?}").contains("s3cret"));
+    assert!(toml::from_str::<HaConfig>("bogus = 1").is_err());
+}
+
+#[test]
+fn driver_kinds_are_an_enum() {
+    let base = "[[backend]]\nname=\"a\"\naddress=\"127.0.0.1:1\"\n";
+    let lab = Config::parse(
+        &format!("{base}[driver]\nkind = \"lab\"\nlab_dir = \"/x\"\n"),
+        "t",
+    )
+    .unwrap();
+    assert_eq!(lab.driver.kind, DriverKind::Lab);
+    assert_eq!(lab.driver.lab_dir, Some(PathBuf::from("/x")));
+    // What older configs wrote for "no driver".
+    let empty = Config::parse(&format!("{base}[driver]\nkind = \"\"\n"), "t").unwrap();
+    assert_eq!(empty.driver.kind, DriverKind::None);
+    assert!(Config::parse(&format!("{base}[driver]\nkind = \"k8s\"\n"), "t").is_err());
+    let err = Config::parse(&format!("{base}[driver]\nkind = \"lab\"\n"), "t").unwrap_err();
+    assert!(err.to_string().contains("lab_dir"), "{err}");
+
+    let exec: InstanceDriverConfig =
+        toml::from_str("kind = \"exec\"\nstart = \"a\"\nstop = \"b\"\n").unwrap();
+    match exec {
+        InstanceDriverConfig::Exec(e) => assert_eq!(e.timeout_ms, 60_000),
+        other => panic!("{other:?}"),
+    }
+    assert!(toml::from_str::<InstanceDriverConfig>("kind = \"docker\"\n").is_err());
+}
+
+#[test]
+fn unknown_keys_and_missing_backends_are_refused() {
+    assert!(Config::parse(
+        "[proxy]\nlisen = \"x\"\n[[backend]]\nname=\"a\"\naddress=\"b\"",
+        "t"
+    )
+    .is_err());
+    assert!(Config::parse("", "t").is_err());
+}
+
+#[test]
+fn debug_redacts_monitor_password() {
+    let a = AuthConfig {
+        monitor_password: "hunter2".into(),
+        ..Default::default()
+    };
+    assert!(!format!("{a:?}").contains("hunter2"));
+}
+
+#[test]
+fn scale_policy_default_is_valid_and_matches_documented_values() {
+    let p = ScalePolicy::default();
+    assert!(p.validate().is_ok());
+    assert_eq!((p.min_ccu, p.max_ccu, p.step_ccu), (0.5, 4.0, 0.5));
+    assert_eq!((p.up_utilization, p.up_samples), (0.8, 2));
+    assert_eq!(p.target_utilization, 0.6);
+    assert_eq!((p.down_utilization, p.down_after_secs), (0.3, 60));
+}
+
+#[test]
+fn scale_policy_validate_rejects_inconsistent_policies() {
+    let with_step = |min: f64, max: f64, step: f64| ScalePolicy {
+        min_ccu: min,
+        max_ccu: max,
+        step_ccu: step,
+        ..ScalePolicy::default()
+    };
+    let bad: Vec<(&str, ScalePolicy)> = vec![
+        ("min_ccu", with_step(0.0, 4.0, 0.5)),
+        ("min_ccu", with_step(-1.0, 4.0, 0.5)),
+        ("must not exceed max_ccu", with_step(5.0, 4.0, 0.5)),
+        ("step_ccu", with_step(0.5, 4.0, 0.0)),
+        ("finite", with_step(0.5, f64::INFINITY, 0.5)),
+        ("finite", with_step(f64::NAN, 4.0, 0.5)),
+        (
+            "up_utilization",
+            ScalePolicy {
+                up_utilization: 1.5,
+                ..ScalePolicy::default()
+            },
+        ),
+        (
+            "down_utilization",
+            ScalePolicy {
+                down_utilization: 0.0,
+                ..ScalePolicy::default()
+            },
+        ),
+        (
+            "must be below up_utilization",
+            ScalePolicy {
+                down_utilization: 0.8,
+                ..ScalePolicy::default()
+            },
+        ),
+        (
+            "must not exceed up_utilization",
+            ScalePolicy {
+                target_utilization: 0.9,
+                ..ScalePolicy::default()
+            },
+        ),
+        (
+            "up_samples",
+            ScalePolicy {
+                up_samples: 0,
+                ..ScalePolicy::default()
+            },
+        ),
+    ];
+    for (needle, policy) in bad {
+        match policy.validate() {
+            Err(ConfigError::Invalid(message)) => assert!(
+                message.contains(needle) && message.starts_with("serverless.scale: "),
+                "{policy:?}: {message:?} should mention {needle:?}"
+            ),
+            other => panic!("{policy:?} should be rejected ({needle}): {other:?}"),
+        }
+    }
+    // Boundaries that are allowed: min == max, thresholds of exactly 1, target == up.
+    let edge = ScalePolicy {
+        min_ccu: 2.0,
+        max_ccu: 2.0,
+        up_utilization: 1.0,
+        target_utilization: 1.0,
+        ..ScalePolicy::default()
+    };
+    assert!(edge.validate().is_ok());
+}
+
+/// A config with every section and every optional key set, from defaults.
+fn full_config() -> Config {
+    let driver = ProcessDriverConfig::new(vec!["mariadbd".into()], "/p".into());
+    let mut serverless = ServerlessConfig::new(InstanceDriverConfig::Process(driver));
+    // The constructors give what a config that leaves the keys out gets.
+    let parsed: ServerlessConfig = toml::from_str(
+        "driver = { kind = \"process\", command = [\"mariadbd\"], pid_file = \"/p\" }",
+    )
+    .unwrap();
+    assert_eq!(parsed, serverless);
+    serverless.start_ccu = Some(1.0);
+    if let InstanceDriverConfig::Process(p) = &mut serverless.driver {
+        p.datadir = Some("/d".into());
+        p.log = Some("/l".into());
+        p.cgroup = Some("auto".into());
+    }
+    Config {
+        backends: vec![BackendConfig {
+            name: "node1".into(),
+            address: "127.0.0.1:3306".into(),
+        }],
+        driver: DriverConfig {
+            kind: DriverKind::Lab,
+            lab_dir: Some("/lab".into()),
+        },
+        listeners: vec![ListenerConfig {
+            listen: "127.0.0.1:6035".into(),
+            mode: ListenerMode::Passthrough,
+        }],
+        serverless: Some(serverless),
+        ..Config::default()
+    }
+}
+
+/// Every key path (`a.b.c`; array elements share their array's path) in a TOML document.
+fn key_paths(value: &toml::Value) -> BTreeSet<String> {
+    fn walk(prefix: &str, value: &toml::Value, out: &mut BTreeSet<String>) {
+        match value {
+            toml::Value::Table(t) => {
+                for (k, v) in t {
+                    let path = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    out.insert(path.clone());
+                    walk(&path, v, out);
+                }
+            }
+            toml::Value::Array(a) => a.iter().for_each(|v| walk(prefix, v, out)),
+            _ => {}
+        }
+    }
+    let mut out = BTreeSet::new();
+    walk("", value, &mut out);
+    out
+}
+
+#[test]
+fn default_config_round_trips_with_every_key() {
+    let cfg = full_config();
+    cfg.validate().unwrap();
+    let text = cfg.to_toml().unwrap();
+    let back = Config::parse(&text, "serialised").unwrap();
+    assert_eq!(back, cfg, "{text}");
+    // Every key either example documents is written (none is lost or renamed on the way),
+    // and with every option set the default config writes each key the types know.
+    let written = key_paths(&toml::from_str(&text).unwrap());
+    for example in [EXAMPLE, SERVERLESS_EXAMPLE] {
+        let documented = key_paths(&toml::from_str(example).unwrap());
+        let missing: Vec<_> = documented.difference(&written).collect();
+        assert!(missing.is_empty(), "not serialised: {missing:?}\n{text}");
+    }
+    for key in [
+        "proxy.switchover_drain_ms",
+        "auth.verifier_miss_refresh_ms",
+        "ha.failover_cooloff_ms",
+        "driver.lab_dir",
+        "listener.mode",
+        "serverless.start_ccu",
+        "serverless.scale.down_after_secs",
+        "serverless.driver.kind",
+        "serverless.driver.cgroup",
+    ] {
+        assert!(written.contains(key), "{key} not written:\n{text}");
+    }
+}
+
+#[test]
+fn unset_options_are_left_out() {
+    let mut cfg = full_config();
+    cfg.driver = DriverConfig::default();
+    cfg.listeners.clear();
+    cfg.serverless = None;
+    let text = cfg.to_toml().unwrap();
+    assert!(!text.contains("lab_dir"), "{text}");
+    assert!(!text.contains("listener"), "{text}");
+    assert!(!text.contains("serverless"), "{text}");
+    assert_eq!(Config::parse(&text, "t").unwrap(), cfg);
+
+    let exec = InstanceDriverConfig::Exec(ExecDriverConfig {
+        start: "a".into(),
+        stop: "b".into(),
+        freeze: None,
+        thaw: None,
+        status: None,
+        scale: None,
+        cpu_seconds: None,
+        storage_bytes: None,
+        timeout_ms: 1,
+    });
+    let text = toml::to_string(&exec).unwrap();
+    assert_eq!(
+        text,
+        "kind = \"exec\"\nstart = \"a\"\nstop = \"b\"\ntimeout_ms = 1\n"
+    );
+    let process = ProcessDriverConfig {
+        command: vec!["x".into()],
+        pid_file: "/p".into(),
+        datadir: None,
+        log: None,
+        start_timeout_ms: 1,
+        stop_timeout_ms: 2,
+        cgroup: None,
+    };
+    let back: InstanceDriverConfig =
+        toml::from_str(&toml::to_string(&InstanceDriverConfig::Process(process.clone())).unwrap())
+            .unwrap();
+    assert_eq!(back, InstanceDriverConfig::Process(process));
+}
