@@ -171,19 +171,19 @@ fn ha_answer<T: Serialize>(result: Result<T, HaError>) -> Response {
                 e if e.is_refusal() => StatusCode::BAD_REQUEST,
                 _ => StatusCode::INTERNAL_SERVER_ERROR,
             };
-            (
-                code,
-                Json(ErrorBody {
-                    error: e.to_string(),
-                }),
-            )
-                .into_response()
+            error_answer(code, e)
         }
     }
 }
 
+/// `{"error": "..."}` with `status`.
+pub(crate) fn error_answer(status: StatusCode, error: impl std::fmt::Display) -> Response {
+    let error = error.to_string();
+    (status, Json(ErrorBody { error })).into_response()
+}
+
 pub(crate) fn bad_request(msg: String) -> Response {
-    (StatusCode::BAD_REQUEST, Json(ErrorBody { error: msg })).into_response()
+    error_answer(StatusCode::BAD_REQUEST, msg)
 }
 
 /// `?to=node2` or `{"to": "node2"}`.
@@ -285,9 +285,7 @@ async fn post_restart(
     };
     match shared.restart_node(&node, &spec).await {
         Ok(steps) => (StatusCode::OK, Json(RestartReport { node, steps })).into_response(),
-        Err(error) => {
-            (StatusCode::INTERNAL_SERVER_ERROR, Json(ErrorBody { error })).into_response()
-        }
+        Err(error) => error_answer(StatusCode::INTERNAL_SERVER_ERROR, error),
     }
 }
 

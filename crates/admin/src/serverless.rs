@@ -1,7 +1,8 @@
 //! The serverless part of the admin API: `POST /pause`, `POST /resume`, `POST /scale`,
 //! `GET /usage`, and the text `holdfast ctl` prints for them.
 
-use crate::{bad_request, ErrorBody};
+use crate::bad_request;
+use crate::error_answer;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -55,7 +56,7 @@ pub(crate) async fn post_pause(
     };
     match lc.pause_now(tier).await {
         Ok(()) => (StatusCode::OK, Json(lc.view())).into_response(),
-        Err(error) => (StatusCode::CONFLICT, Json(ErrorBody { error })).into_response(),
+        Err(error) => error_answer(StatusCode::CONFLICT, error),
     }
 }
 
@@ -67,13 +68,7 @@ pub(crate) async fn post_resume(State(shared): State<Arc<Shared>>) -> Response {
     shared.metrics.wake("admin");
     match lc.wake("admin").await {
         Ok(()) => (StatusCode::OK, Json(lc.view())).into_response(),
-        Err(e) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(ErrorBody {
-                error: e.to_string(),
-            }),
-        )
-            .into_response(),
+        Err(e) => error_answer(StatusCode::SERVICE_UNAVAILABLE, e),
     }
 }
 
@@ -94,16 +89,14 @@ pub(crate) async fn post_scale(
         return bad_request("how large? POST /scale?ccu=1.5".into());
     };
     if lc.phase() != Phase::Running {
-        return (
+        return error_answer(
             StatusCode::CONFLICT,
-            Json(ErrorBody {
-                error: format!(
-                    "the instance is {}; resume it first (POST /resume)",
-                    lc.phase().name()
-                ),
-            }),
+            format!(
+                "the instance is {}; resume it first (POST /resume)",
+                lc.phase().name()
+            ),
         )
-            .into_response();
+        .into_response();
     }
     lc.request_scale(ccu);
     wait_until(Duration::from_secs(10), || !lc.scale_pending()).await;
@@ -160,9 +153,7 @@ pub(crate) async fn get_usage(
     let instance = q.instance.filter(|i| !i.is_empty());
     match serverless::usage_lines(&ledger, shared.serverless.as_deref(), instance, since).await {
         Ok(lines) => (StatusCode::OK, Json(lines)).into_response(),
-        Err(error) => {
-            (StatusCode::INTERNAL_SERVER_ERROR, Json(ErrorBody { error })).into_response()
-        }
+        Err(error) => error_answer(StatusCode::INTERNAL_SERVER_ERROR, error),
     }
 }
 

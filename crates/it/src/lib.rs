@@ -293,6 +293,23 @@ impl Harness {
             .unwrap_or_else(|e| panic!("/status does not parse ({e}): {body}"))
     }
 
+    /// Waits until every session has captured the state only a capture reads (user
+    /// variables...): sessions capture once idle, so a crash right after a statement that
+    /// set user variables would lose them; tests that crash a node wait for this first.
+    pub fn wait_captured(&self) {
+        wait_for(
+            "the sessions' state captured",
+            Duration::from_secs(10),
+            || {
+                self.status()
+                    .sessions
+                    .iter()
+                    .all(|s| !s.capture_due)
+                    .then_some(())
+            },
+        );
+    }
+
     /// `/metrics` text.
     pub fn metrics(&self) -> String {
         self.admin_get("/metrics")

@@ -2,6 +2,7 @@
 //! its data, optionally with another binary or other options ([`crate::restart_node`]).
 
 use holdfast_serverless::driver::node::{NodeDriver, NodeFuture, RestartSpec};
+use holdfast_serverless::driver::DriverError;
 use std::path::PathBuf;
 
 pub struct LabNodeDriver {
@@ -17,10 +18,10 @@ impl NodeDriver for LabNodeDriver {
                 let binary = spec.binary.as_deref().map(std::path::Path::new);
                 crate::restart_node(&dir, &node, binary, &spec.set)
                     .map(|_| ())
-                    .map_err(|e| format!("{e:#}"))
+                    .map_err(|e| DriverError::Failed(format!("{e:#}")))
             })
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(|e| DriverError::Failed(format!("restart task: {e}")))?
         })
     }
 }

@@ -94,12 +94,8 @@ impl Shared {
         &self,
         node: &str,
         spec: &driver::RestartSpec,
-    ) -> Result<Vec<String>, String> {
-        let driver = self
-            .driver
-            .get()
-            .cloned()
-            .ok_or("no control driver is configured ([driver] kind = \"lab\"); holdfast cannot restart nodes")?;
+    ) -> Result<Vec<String>, RestartError> {
+        let driver = self.driver.get().cloned().ok_or(RestartError::NoDriver)?;
         let mut steps = Vec::new();
         let t = Instant::now();
         let was_primary = self
@@ -111,7 +107,11 @@ impl Shared {
             let r = self
                 .switchover(None)
                 .await
-                .map_err(|e| format!("switchover away from {node}: {e}"))?;
+                .map_err(|source| RestartError::Switchover {
+                    step: "away from",
+                    node: node.to_string(),
+                    source,
+                })?;
             steps.push(format!(
                 "switched over {} -> {} ({} ms)",
                 r.old_primary,
@@ -123,13 +123,19 @@ impl Shared {
         driver
             .restart(node, spec)
             .await
-            .map_err(|e| format!("restarting {node}: {e}"))?;
+            .map_err(|source| RestartError::Driver {
+                node: node.to_string(),
+                source,
+            })?;
         steps.push(format!("restarted {node} ({} ms)", t.elapsed().as_millis()));
         let t = Instant::now();
         self.ha
             .rejoin(node.to_string())
             .await
-            .map_err(|e| format!("rejoining {node}: {e}"))?;
+            .map_err(|source| RestartError::Rejoin {
+                node: node.to_string(),
+                source,
+            })?;
         steps.push(format!(
             "{node} replicates again ({} ms)",
             t.elapsed().as_millis()
@@ -139,7 +145,11 @@ impl Shared {
             let r = self
                 .switchover(Some(node.to_string()))
                 .await
-                .map_err(|e| format!("switchover back to {node}: {e}"))?;
+                .map_err(|source| RestartError::Switchover {
+                    step: "back to",
+                    node: node.to_string(),
+                    source,
+                })?;
             steps.push(format!(
                 "switched over {} -> {} ({} ms)",
                 r.old_primary,
@@ -200,6 +210,28 @@ impl Shared {
     pub fn next_session_id(&self) -> u32 {
         self.next_session_id.fetch_add(1, Ordering::Relaxed)
     }
+}
+
+/// Why a planned restart of a node stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RestartError {
+    #[error(
+        "no control driver is configured ([driver] kind = \"lab\"); holdfast cannot restart nodes"
+    )]
+    NoDriver,
+    #[error("switchover {step} {node}: {source}")]
+    Switchover {
+        step: &'static str,
+        node: String,
+        source: ha::HaError,
+    },
+    #[error("restarting {node}: {source}")]
+    Driver {
+        node: String,
+        source: holdfast_serverless::driver::DriverError,
+    },
+    #[error("rejoining {node}: {source}")]
+    Rejoin { node: String, source: ha::HaError },
 }
 
 /// Everything `holdfast serve` runs: the monitor, the verifier refresher, the HA controller

@@ -156,12 +156,14 @@ impl SessionRegistry {
         (total, busy)
     }
 
-    /// Whether no session is handling a request.
+    /// Whether no session is handling a request or has state to capture from the server
+    /// (it does so within moments of going idle, and a pause must let it).
     pub fn none_busy(&self) -> bool {
         let Ok(m) = self.inner.lock() else {
             return false;
         };
-        m.values().all(|s| !s.busy.load(Ordering::SeqCst))
+        m.values()
+            .all(|s| !s.busy.load(Ordering::SeqCst) && !s.capture_due.load(Ordering::SeqCst))
     }
 
     /// Sessions that could not survive a pause: those that could not move (open

@@ -87,15 +87,7 @@ fn session_survives_a_restart_of_its_node() {
     let mut h = Harness::start();
     let mut c = connect(&h);
     let (before, stmt) = set_state(&mut c);
-    // User variables are captured once the session is idle, not after each statement: an
-    // unplanned stop within those few milliseconds would lose the last assignment.
-    wait_for("the session's capture", Duration::from_secs(10), || {
-        h.status()
-            .sessions
-            .iter()
-            .all(|s| !s.capture_due)
-            .then_some(())
-    });
+    h.wait_captured();
     h.lab.stop_node("node1").unwrap();
     h.lab.start_node("node1").unwrap();
     // The next statement is held until the node is back, then runs in the restored session.
@@ -299,6 +291,7 @@ fn session_state_survives_a_failover() {
     let mut h = Harness::start_with(Options::default().replicas(2));
     let mut c = connect(&h);
     let (before, stmt) = set_state(&mut c);
+    h.wait_captured();
     // Let the replicas apply what was written, as a quiet primary's replicas would have.
     wait_for("replicas caught up", Duration::from_secs(20), || {
         let primary_pos =

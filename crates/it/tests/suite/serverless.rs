@@ -589,6 +589,7 @@ fn a_killed_server_is_started_again_and_idle_sessions_carry_on() {
     let h = Harness::start_with(Options::default().serverless(|s| s.idle_pause_secs = 0));
     let mut c = connect(&h);
     let (before, stmt) = set_state(&mut c);
+    h.wait_captured();
     let pid = server_pid(&h).expect("pid");
     let killed = std::process::Command::new("kill")
         .args(["-9", &pid.to_string()])

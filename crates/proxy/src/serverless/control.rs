@@ -1,7 +1,7 @@
 //! The lifecycle task: notices idleness, pauses the instance (freeze, then stop after a
 //! while), resumes it when a client needs it, and retries failed resumes with backoff.
 
-use super::{Lifecycle, PauseTier, Phase};
+use super::{Lifecycle, PauseError, PauseTier, Phase};
 use crate::Shared;
 use holdfast_serverless::driver::{DriverConfig, PowerState};
 use std::sync::atomic::Ordering;
@@ -240,17 +240,14 @@ async fn pause(shared: &Shared, lc: &Lifecycle, tier: PauseTier) -> bool {
 }
 
 /// Why the last pause did not happen, for whoever asked for it.
-fn why_not_paused(lc: &Lifecycle) -> String {
+fn why_not_paused(lc: &Lifecycle) -> PauseError {
     let inner = lc.lock();
     if !inner.pause_blocked_by.is_empty() {
-        format!(
-            "sessions keep the instance from pausing: {}",
-            inner.pause_blocked_by.join("; ")
-        )
+        PauseError::Blocked(inner.pause_blocked_by.clone())
     } else if let Some(e) = &inner.last_error {
-        format!("the instance did not pause: {e}")
+        PauseError::Failed(e.clone())
     } else {
-        "the pause was abandoned: requests were in flight or a client arrived".into()
+        PauseError::Abandoned
     }
 }
 

@@ -16,15 +16,20 @@ fn unix_now() -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum UsageError {
+    #[error("{0}")]
+    Ledger(#[from] LedgerError),
+    #[error("ledger task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
 async fn blocking<T: Send + 'static>(
     ledger: &Arc<Ledger>,
     f: impl FnOnce(&Ledger) -> Result<T, LedgerError> + Send + 'static,
-) -> Result<T, String> {
+) -> Result<T, UsageError> {
     let ledger = ledger.clone();
-    tokio::task::spawn_blocking(move || f(&ledger))
-        .await
-        .map_err(|e| format!("ledger task failed: {e}"))?
-        .map_err(|e| e.to_string())
+    Ok(tokio::task::spawn_blocking(move || f(&ledger)).await??)
 }
 
 /// Samples the instance every second until the process ends.
@@ -114,7 +119,7 @@ pub async fn usage_lines(
     lc: Option<&Lifecycle>,
     instance: Option<String>,
     since: Option<i64>,
-) -> Result<Vec<UsageLine>, String> {
+) -> Result<Vec<UsageLine>, UsageError> {
     let mut lines = blocking(ledger, {
         let instance = instance.clone();
         move |l| l.lines(instance.as_deref(), since)
@@ -141,7 +146,7 @@ pub async fn usage_lines(
 
 /// Writes the open period's totals now (on a clean shutdown, so a stop of holdfast loses
 /// none of them; a crash loses at most `flush_secs`).
-pub async fn flush_usage(shared: &crate::Shared) -> Result<(), String> {
+pub async fn flush_usage(shared: &crate::Shared) -> Result<(), UsageError> {
     let (Some(lc), Some(ledger)) = (&shared.serverless, &shared.ledger) else {
         return Ok(());
     };

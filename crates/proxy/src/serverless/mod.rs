@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify};
 
 pub use control::run as run_lifecycle;
-pub use meter::{flush_usage, run as run_meter, usage_lines};
+pub use meter::{flush_usage, run as run_meter, usage_lines, UsageError};
 pub use scale::run as run_autoscaler;
 
 pub use holdfast_config::serverless::{PauseTier, ServerlessConfig};
@@ -78,6 +78,21 @@ pub enum WakeError {
     },
 }
 
+/// Why a pause asked for over the admin API did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum PauseError {
+    #[error("sessions keep the instance from pausing: {}", .0.join("; "))]
+    Blocked(Vec<String>),
+    #[error("the instance did not pause: {0}")]
+    Failed(String),
+    #[error("the pause was abandoned: requests were in flight or a client arrived")]
+    Abandoned,
+    #[error("the lifecycle task is gone")]
+    LifecycleGone,
+    #[error("no answer within 180 s; the instance is {phase}")]
+    NoAnswer { phase: &'static str },
+}
+
 impl WakeError {
     /// What a client is told: the instance and the deadline, not the driver's error text
     /// (that goes to the log and `/status`).
@@ -111,7 +126,10 @@ struct Inner {
     open_usage: Option<holdfast_serverless::ledger::UsageLine>,
     /// A pause asked for over the admin API, run by the lifecycle task, which answers
     /// whether it paused (or why not).
-    requested_pause: Option<(PauseTier, tokio::sync::oneshot::Sender<Result<(), String>>)>,
+    requested_pause: Option<(
+        PauseTier,
+        tokio::sync::oneshot::Sender<Result<(), PauseError>>,
+    )>,
 }
 
 /// The instance's lifecycle as sessions and the admin API see it.
@@ -244,7 +262,7 @@ impl Lifecycle {
 
     /// Pauses now (sessions that cannot survive it still block): the lifecycle task runs
     /// the pause; the answer says why it did not happen.
-    pub async fn pause_now(&self, tier: PauseTier) -> Result<(), String> {
+    pub async fn pause_now(&self, tier: PauseTier) -> Result<(), PauseError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.lock().requested_pause = Some((tier, tx));
         self.wake_notify.notify_one();
@@ -252,11 +270,10 @@ impl Lifecycle {
         // keeps an admin request from hanging if the lifecycle task is stuck.
         match tokio::time::timeout(Duration::from_secs(180), rx).await {
             Ok(Ok(outcome)) => outcome,
-            Ok(Err(_)) => Err("the lifecycle task is gone".into()),
-            Err(_) => Err(format!(
-                "no answer within 180 s; the instance is {}",
-                self.phase().name()
-            )),
+            Ok(Err(_)) => Err(PauseError::LifecycleGone),
+            Err(_) => Err(PauseError::NoAnswer {
+                phase: self.phase().name(),
+            }),
         }
     }
 

@@ -165,6 +165,14 @@ impl Session {
                     ),
                 ));
             }
+            if self.record.capture_due {
+                // The node died before the session went idle long enough to capture: the
+                // user variables restored are those of the last capture.
+                tracing::warn!(
+                    session = self.info.id,
+                    "backend lost before the session's last user variable changes were captured; restoring the last capture"
+                );
+            }
             self.captured.last_insert_id = self.record.last_insert_id;
         } else {
             self.capture_if_due().await;

@@ -15,7 +15,7 @@ pub struct RestartSpec {
     pub set: Vec<String>,
 }
 
-pub type NodeFuture<'a> = Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
+pub type NodeFuture<'a> = Pin<Box<dyn Future<Output = Result<(), super::DriverError>> + Send + 'a>>;
 
 /// Restarts one node and returns once it accepts connections again.
 pub trait NodeDriver: Send + Sync {
