@@ -304,29 +304,8 @@ fn is_decimal(s: &str) -> bool {
         && frac.is_none_or(|f| !f.is_empty() && f.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// A string literal that reads the same under any connection character set and with or
-/// without `NO_BACKSLASH_ESCAPES`: `'…'` (quotes doubled) for printable ASCII without
-/// backslashes, `CONVERT(X'…' USING utf8mb4)` otherwise.
-pub fn string_literal(s: &str) -> String {
-    if s.bytes().all(|b| (0x20..0x7f).contains(&b) && b != b'\\') {
-        format!("'{}'", s.replace('\'', "''"))
-    } else {
-        format!("CONVERT(X'{}' USING utf8mb4)", hex(s.as_bytes()))
-    }
-}
-
-/// A backquoted identifier (backquotes doubled).
-pub fn quote_identifier(s: &str) -> String {
-    format!("`{}`", s.replace('`', "``"))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(out, "{b:02X}");
-    }
-    out
-}
+use holdfast_sql::quote::hex;
+pub use holdfast_sql::quote::{identifier as quote_identifier, string_literal};
 
 /// Variables whose value may be NULL; the tracker reports NULL as an empty value.
 fn nullable(name: &str) -> bool {
@@ -1153,16 +1132,6 @@ mod tests {
         // Unknown variables: numbers stay numbers.
         assert_eq!(lit("no_such_var", "12"), "12");
         assert_eq!(lit("no_such_var", "x"), "'x'");
-    }
-
-    #[test]
-    fn string_escaping_is_mode_independent() {
-        assert_eq!(string_literal("it's"), "'it''s'");
-        assert_eq!(string_literal(""), "''");
-        assert_eq!(string_literal("a\\b"), "CONVERT(X'615C62' USING utf8mb4)");
-        assert_eq!(string_literal("é"), "CONVERT(X'C3A9' USING utf8mb4)");
-        assert_eq!(string_literal("a\nb"), "CONVERT(X'610A62' USING utf8mb4)");
-        assert_eq!(quote_identifier("we`ird"), "`we``ird`");
     }
 
     #[test]

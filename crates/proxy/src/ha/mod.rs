@@ -46,6 +46,7 @@ pub use ops::{
 pub use probe::{probe_all, probe_node, NodeReplication, SlaveStatus};
 
 use crate::backend::BackendError;
+use holdfast_sql::quote;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -188,6 +189,16 @@ impl HaConfig {
                 "ha.failure_threshold must be at least 1".into(),
             ));
         }
+        // CHANGE MASTER TO takes only plain literals: refuse now what a switchover could
+        // not write (see `holdfast_sql::quote::plain_string_literal`).
+        for (what, value) in [
+            ("ha.repl_user", self.repl_user.as_str()),
+            ("ha.repl_password", self.repl_password.as_str()),
+        ] {
+            if let Err(e) = quote::plain_string_literal(value) {
+                return Err(HaError::InvalidConfig(format!("{what}: {e}")));
+            }
+        }
         Ok(())
     }
 }
@@ -280,22 +291,6 @@ impl HaError {
     }
 }
 
-/// Quotes `s` as an SQL string literal (backslash and quote escaped).
-pub(crate) fn sql_str(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('\'');
-    for c in s.chars() {
-        match c {
-            '\'' => out.push_str("''"),
-            '\\' => out.push_str("\\\\"),
-            '\0' => out.push_str("\\0"),
-            c => out.push(c),
-        }
-    }
-    out.push('\'');
-    out
-}
-
 /// Splits `host:port` (IPv6 as `[::1]:3306`).
 pub(crate) fn split_address(addr: &str) -> Result<(String, u16), HaError> {
     let bad = || HaError::BadAddress(addr.to_string());
@@ -313,8 +308,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn quoting_and_addresses() {
-        assert_eq!(sql_str("a'b\\c"), "'a''b\\\\c'");
+    fn addresses() {
         assert_eq!(
             split_address("127.0.0.1:3306").unwrap(),
             ("127.0.0.1".into(), 3306)
@@ -333,5 +327,9 @@ mod tests {
         assert!(c.validate().is_ok());
         assert!(!format!("{c:?}").contains("s3cret"));
         assert!(toml::from_str::<HaConfig>("bogus = 1").is_err());
+        let c: HaConfig = toml::from_str("repl_password = 'a\\b'\nmode = \"managed\"").unwrap();
+        assert!(
+            matches!(c.validate(), Err(HaError::InvalidConfig(m)) if m.contains("repl_password"))
+        );
     }
 }
