@@ -189,14 +189,15 @@ impl HaConfig {
                 "ha.failure_threshold must be at least 1".into(),
             ));
         }
-        // CHANGE MASTER TO takes only plain literals: refuse now what a switchover could
-        // not write (see `holdfast_sql::quote::plain_string_literal`).
-        for (what, value) in [
-            ("ha.repl_user", self.repl_user.as_str()),
-            ("ha.repl_password", self.repl_password.as_str()),
-        ] {
-            if let Err(e) = quote::plain_string_literal(value) {
-                return Err(HaError::InvalidConfig(format!("{what}: {e}")));
+        // CHANGE MASTER TO takes only plain literals: in managed mode, refuse now what a
+        // switchover could not write (see `holdfast_sql::quote::plain_string_literal`).
+        if self.mode == HaMode::Managed {
+            for (what, value) in [
+                ("ha.repl_user", self.repl_user.as_str()),
+                ("ha.repl_password", self.repl_password.as_str()),
+            ] {
+                quote::plain_string_literal(value)
+                    .map_err(|e| HaError::InvalidConfig(format!("{what}: {e}")))?;
             }
         }
         Ok(())
