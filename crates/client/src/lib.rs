@@ -6,7 +6,8 @@
 //! password or its stored hash, [`PasswordHash`]) and buffers whole answers: it is not a
 //! general driver. Packets are built and parsed by `holdfast_wire`; this crate adds the
 //! socket ([`PacketConn`]), the login exchange ([`open`], [`login`], [`connect`]) and
-//! statement execution ([`Client::execute`], [`Client::query`]).
+//! statement execution ([`Client::execute`], [`Client::query`], and
+//! [`Client::execute_prepared`] for exact values through the binary protocol).
 //!
 //! The byte-level test client of the integration suite (`holdfast_it::raw`) is
 //! deliberately separate and synchronous: it must send malformed and half-written
@@ -15,12 +16,14 @@
 //! shares the packet codecs of `holdfast_wire` and [`ServerError`] with this crate.
 
 pub mod conn;
+mod prepared;
 mod query;
 #[cfg(test)]
 mod tests;
 
 pub use conn::{ConnError, Packet, PacketConn};
 pub use holdfast_wire::auth::PasswordHash;
+pub use prepared::BinaryResult;
 pub use query::{parse_text_row, Executed, OkInfo, TextResult};
 
 use holdfast_wire::auth::NATIVE_PASSWORD;

@@ -3,7 +3,9 @@
 
 use super::*;
 use holdfast_wire::auth::verify_native;
+use holdfast_wire::binary_row::{TYPE_LONGLONG, UNSIGNED_FLAG};
 use holdfast_wire::codec::put_lenenc_bytes;
+use holdfast_wire::command::{COM_STMT_CLOSE, COM_STMT_EXECUTE, COM_STMT_PREPARE};
 use holdfast_wire::handshake::{AuthSwitch, ClientHello};
 use holdfast_wire::packets::{err_payload, ok_payload};
 use tokio::net::TcpListener;
@@ -18,6 +20,11 @@ fn column(name: &str) -> Vec<u8> {
     p.push(0x0c);
     p.extend_from_slice(&[45, 0, 10, 0, 0, 0, 253, 0, 0, 0, 0, 0]);
     p
+}
+
+/// The OK that ends a result set under `CLIENT_DEPRECATE_EOF`.
+fn eof() -> Vec<u8> {
+    vec![0xfe, 0, 0, 2, 0, 0, 0]
 }
 
 /// Serves one connection: switches the login to a fresh scramble, checks the password,
@@ -61,6 +68,30 @@ async fn serve(listener: TcpListener) -> Result<(), ClientError> {
         if cmd.payload.first() == Some(&COM_QUIT) {
             return Ok(());
         }
+        match cmd.payload.first().copied() {
+            Some(COM_STMT_PREPARE) => {
+                // Statement 9: one column, no parameters.
+                let ok = [0, 9, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0];
+                conn.write_packet(&ok, 1).await?;
+                conn.write_packet(&column("v"), 2).await?;
+                continue;
+            }
+            Some(COM_STMT_EXECUTE) => {
+                let mut def = column("v");
+                let at = def.len() - 6; // type byte, then flags
+                def[at] = TYPE_LONGLONG;
+                def[at + 1] = UNSIGNED_FLAG as u8;
+                let mut row = vec![0, 0];
+                row.extend_from_slice(&u64::MAX.to_le_bytes());
+                for (i, p) in [vec![1], def, row, eof()].iter().enumerate() {
+                    conn.write_packet(p, i as u8 + 1).await?;
+                }
+                continue;
+            }
+            // No answer.
+            Some(COM_STMT_CLOSE) => continue,
+            _ => {}
+        }
         if cmd.payload.get(1..7) != Some(b"SELECT") {
             conn.write_packet(&err_payload(1064, "42000", "syntax"), 1)
                 .await?;
@@ -70,10 +101,7 @@ async fn serve(listener: TcpListener) -> Result<(), ClientError> {
         for row in [&[1u8, b'x', 0xfb][..], &[0, 1, b'y']] {
             packets.push(row.to_vec());
         }
-        let mut eof = vec![0xfe, 0, 0];
-        eof.extend_from_slice(&2u16.to_le_bytes());
-        eof.extend_from_slice(&[0, 0]);
-        packets.push(eof);
+        packets.push(eof());
         for (i, p) in packets.iter().enumerate() {
             conn.write_packet(p, i as u8 + 1).await?;
         }
@@ -99,6 +127,13 @@ async fn logs_in_queries_and_reports_errors() {
             vec![Some("x".to_string()), None],
             vec![Some(String::new()), Some("y".to_string())]
         ]
+    );
+    let b = c.execute_prepared(b"SELECT @v", 1 << 20).await.unwrap();
+    assert_eq!(b.columns.len(), 1);
+    assert!(b.columns[0].is_unsigned());
+    assert_eq!(
+        b.first_row,
+        Some(vec![Some(u64::MAX.to_le_bytes().to_vec())])
     );
     let e = c.query("BOGUS").await.unwrap_err();
     assert_eq!(e.server_error().map(|s| s.code), Some(1064), "{e}");

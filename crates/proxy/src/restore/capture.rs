@@ -6,11 +6,6 @@ use super::{execute, CaptureError, UserVariable, CAPTURE_MAX_PACKET};
 use crate::backend::{BackendConn, BackendError};
 use crate::state::SessionRecord;
 use holdfast_sql::quote::identifier;
-use holdfast_wire::binary_row::{decode_binary_row, ColumnType};
-use holdfast_wire::caps::CLIENT_DEPRECATE_EOF;
-use holdfast_wire::codec::Reader;
-use holdfast_wire::command::{COM_STMT_CLOSE, COM_STMT_EXECUTE, COM_STMT_PREPARE};
-use holdfast_wire::packets::{PrepareOk, EOF_HEADER, ERR_HEADER};
 use std::fmt::Write as _;
 
 /// User variables and what the trackers do not report exactly, read from a backend
@@ -146,7 +141,7 @@ fn utf8_charset(charset: &str) -> bool {
 const PER_VARIABLE: usize = 4;
 
 /// Prepares and executes `SELECT @a, CAST(@a AS BINARY), CHARSET(@a), COLLATION(@a), …`
-/// and decodes the binary row. A string value travels twice (once converted, unused).
+/// (binary protocol, [`BackendConn::execute_prepared`]) and decodes the row. A string value travels twice (once converted, unused).
 async fn read_user_variables(
     conn: &mut BackendConn,
     names: &[String],
@@ -172,47 +167,13 @@ async fn read_user_variables(
             "{r}, CAST({r} AS BINARY), CHARSET({r}), COLLATION({r})"
         );
     }
-    let deprecate_eof = conn.capabilities & CLIENT_DEPRECATE_EOF != 0;
-
-    // PREPARE
-    let mut cmd = vec![COM_STMT_PREPARE];
-    cmd.extend_from_slice(sql.as_bytes());
-    conn.conn.write_packet(&cmd, 0).await?;
-    let first = conn.conn.read_packet(CAPTURE_MAX_PACKET).await?;
-    if first.payload.first() == Some(&ERR_HEADER) {
-        return Err(BackendError::from_err_payload(&first.payload).into());
-    }
-    let prepared =
-        PrepareOk::parse(&first.payload).map_err(|e| CaptureError::Malformed(e.to_string()))?;
-    for (count, _) in [
-        (prepared.num_params, "params"),
-        (prepared.num_columns, "columns"),
-    ] {
-        if count > 0 {
-            for _ in 0..count {
-                conn.conn.read_packet(CAPTURE_MAX_PACKET).await?;
-            }
-            if !deprecate_eof {
-                conn.conn.read_packet(CAPTURE_MAX_PACKET).await?;
-            }
-        }
-    }
-
-    // EXECUTE: id, no cursor, iteration count 1, no parameters.
-    let mut cmd = vec![COM_STMT_EXECUTE];
-    cmd.extend_from_slice(&prepared.statement_id.to_le_bytes());
-    cmd.push(0);
-    cmd.extend_from_slice(&1u32.to_le_bytes());
-    conn.conn.write_packet(&cmd, 0).await?;
-    let outcome = read_binary_result(conn, deprecate_eof).await;
-
-    // CLOSE (no answer), whatever the execute gave.
-    let mut cmd = vec![COM_STMT_CLOSE];
-    cmd.extend_from_slice(&prepared.statement_id.to_le_bytes());
-    conn.conn.write_packet(&cmd, 0).await?;
-
-    let (columns, row) = outcome?;
-    let row = row.ok_or_else(|| CaptureError::Malformed("no row".into()))?;
+    let result = conn
+        .execute_prepared(sql.as_bytes(), CAPTURE_MAX_PACKET)
+        .await?;
+    let columns = result.columns;
+    let row = result
+        .first_row
+        .ok_or_else(|| CaptureError::Malformed("no row".into()))?;
     if columns.len() != names.len() * PER_VARIABLE || row.len() != columns.len() {
         return Err(CaptureError::Malformed(format!(
             "{} columns for {} variables",
@@ -243,54 +204,4 @@ async fn read_user_variables(
         });
     }
     Ok(out)
-}
-
-/// Column types of a binary result, and its first row's values.
-type BinaryResult = (Vec<ColumnType>, Option<Vec<Option<Vec<u8>>>>);
-
-/// Reads a COM_STMT_EXECUTE answer: column definitions and the first binary row.
-async fn read_binary_result(
-    conn: &mut BackendConn,
-    deprecate_eof: bool,
-) -> Result<BinaryResult, CaptureError> {
-    let first = conn.conn.read_packet(CAPTURE_MAX_PACKET).await?;
-    match first.payload.first() {
-        Some(&ERR_HEADER) => return Err(BackendError::from_err_payload(&first.payload).into()),
-        Some(0) => return Err(CaptureError::Malformed("OK instead of a result set".into())),
-        _ => {}
-    }
-    let count = Reader::new(&first.payload)
-        .lenenc_int("column count")
-        .map_err(|e| CaptureError::Malformed(e.to_string()))?;
-    let mut columns = Vec::new();
-    for _ in 0..count {
-        let p = conn.conn.read_packet(CAPTURE_MAX_PACKET).await?;
-        columns.push(
-            ColumnType::parse(&p.payload).map_err(|e| CaptureError::Malformed(e.to_string()))?,
-        );
-    }
-    if !deprecate_eof {
-        conn.conn.read_packet(CAPTURE_MAX_PACKET).await?;
-    }
-    let mut row = None;
-    loop {
-        let p = conn.conn.read_packet(CAPTURE_MAX_PACKET).await?;
-        match p.payload.first() {
-            Some(&ERR_HEADER) => return Err(BackendError::from_err_payload(&p.payload).into()),
-            Some(&EOF_HEADER) if p.payload.len() < 0xff_ffff => break,
-            Some(0) => {
-                if row.is_none() {
-                    let values = decode_binary_row(&p.payload, &columns)
-                        .map_err(|e| CaptureError::Malformed(e.to_string()))?;
-                    row = Some(values.into_iter().map(|v| v.map(<[u8]>::to_vec)).collect());
-                }
-            }
-            _ => {
-                return Err(CaptureError::Malformed(
-                    "unexpected packet in the rows".into(),
-                ))
-            }
-        }
-    }
-    Ok((columns, row))
 }
