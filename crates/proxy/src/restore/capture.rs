@@ -23,7 +23,7 @@ pub struct Captured {
 
 impl Captured {
     /// Puts the captured values the record lacks or has inexactly into it, before
-    /// [`restore_session`].
+    /// [`restore_session`](super::restore_session).
     pub fn apply_to(&self, record: &mut SessionRecord) {
         record.last_insert_id = self.last_insert_id;
         if !self.collation_connection.is_empty() {

@@ -72,6 +72,9 @@
 //! the old connection), `plan` (the statement text) and `apply` (running it on the new
 //! connection). Binary result rows are split by [`holdfast_wire::binary_row`]; literals
 //! and identifiers are quoted by [`holdfast_sql::quote`].
+//!
+//! [`SessionRecord::schema`]: crate::state::SessionRecord::schema
+//! [`SessionRecord::last_insert_id`]: crate::state::SessionRecord::last_insert_id
 
 mod apply;
 mod capture;

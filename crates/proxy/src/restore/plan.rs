@@ -46,7 +46,7 @@ pub(super) fn system_assignment(name: &str, value: &str, types: &VariableTypes) 
     }
 }
 
-/// Builds the restore statements for a record (pure; [`restore_session`] runs them).
+/// Builds the restore statements for a record (pure; [`restore_session`](super::restore_session) runs them).
 pub fn plan(
     record: &SessionRecord,
     user_vars: &[UserVariable],

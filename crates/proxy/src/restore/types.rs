@@ -108,7 +108,8 @@ impl VariableTypes {
 ///
 /// * `session_track_*`: holdfast's own trackers ([`crate::backend::ENABLE_TRACKERS`]), set
 ///   on every backend connection; replaying a client's change would blind holdfast.
-/// * `last_insert_id`, `identity`: restored from [`SessionRecord::last_insert_id`] instead.
+/// * `last_insert_id`, `identity`: restored from
+///   [`SessionRecord::last_insert_id`](crate::state::SessionRecord::last_insert_id) instead.
 /// * `insert_id`, `rand_seed1`, `rand_seed2`, `gtid_seq_no`: one-shot values the next
 ///   statement consumes (and the server clears); a stale value would change that
 ///   statement's effect.
