@@ -143,6 +143,21 @@ impl HaConfig {
                 "ha.failure_threshold must be at least 1".into(),
             ));
         }
+        // CHANGE MASTER TO takes only plain '...' literals, and a backslash or control byte
+        // reads differently with and without NO_BACKSLASH_ESCAPES: refuse now what a
+        // switchover could not write.
+        if self.mode == HaMode::Managed {
+            for (what, value) in [
+                ("ha.repl_user", &self.repl_user),
+                ("ha.repl_password", &self.repl_password),
+            ] {
+                if value.chars().any(|c| c == '\\' || c.is_control()) {
+                    return Err(ConfigError::Invalid(format!(
+                        "{what} must not contain a backslash or control character (CHANGE MASTER TO cannot carry it under every sql_mode)"
+                    )));
+                }
+            }
+        }
         Ok(())
     }
 }

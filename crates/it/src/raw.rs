@@ -1,14 +1,23 @@
 //! A small synchronous raw-protocol client for byte-level tests: log in with chosen
 //! capabilities, send arbitrary packets, read responses packet by packet. Packets are built
 //! and parsed with `holdfast_wire`. Every read has a socket timeout, so nothing hangs.
+//!
+//! It stays separate from `holdfast_client` (the async client the proxy, the lab and the
+//! harness share) on purpose: byte-level tests need to write half packets and malformed
+//! payloads, choose every capability bit, read one packet at a time and see exactly what
+//! arrives before a hang-up, all without a runtime in the test thread. A client built to
+//! complete well-formed exchanges would have to grow all of that as escape hatches. What
+//! is protocol knowledge is shared: the codecs of `holdfast_wire`, and
+//! `holdfast_client`'s [`ServerErr`] and text-row decoding.
 
 use anyhow::{bail, ensure, Context, Result};
+use holdfast_client::parse_text_row;
 use holdfast_wire::auth::PasswordHash;
 use holdfast_wire::caps::*;
 use holdfast_wire::codec::Reader;
 use holdfast_wire::frame::{self, MAX_PAYLOAD};
 use holdfast_wire::handshake::{AuthSwitch, Greeting, LoginRequest};
-use holdfast_wire::packets::{ErrPacket, OkPacket};
+use holdfast_wire::packets::OkPacket;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
@@ -27,32 +36,10 @@ pub const BASE_CAPS: u32 = CLIENT_PROTOCOL_41
     | CLIENT_MULTI_RESULTS
     | CLIENT_PS_MULTI_RESULTS;
 
-/// An ERR packet from the server (or holdfast).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServerErr {
-    pub code: u16,
-    pub state: String,
-    pub message: String,
-}
-
-impl std::fmt::Display for ServerErr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ERROR {} ({}): {}", self.code, self.state, self.message)
-    }
-}
-
-impl std::error::Error for ServerErr {}
-
-impl ServerErr {
-    pub fn parse(payload: &[u8]) -> Result<ServerErr> {
-        let e = ErrPacket::parse(payload).map_err(|e| anyhow::anyhow!("bad ERR packet: {e}"))?;
-        Ok(ServerErr {
-            code: e.code,
-            state: String::from_utf8_lossy(&e.sql_state).into_owned(),
-            message: e.message_lossy(),
-        })
-    }
-}
+/// An ERR packet from the server (or holdfast): the client library's [`ServerError`].
+///
+/// [`ServerError`]: holdfast_client::ServerError
+pub use holdfast_client::ServerError as ServerErr;
 
 /// The server error inside an error chain, if there is one.
 pub fn server_err(e: &anyhow::Error) -> Option<&ServerErr> {
@@ -113,7 +100,7 @@ pub fn read_packet_from(stream: &mut TcpStream) -> Result<Packet> {
         stream
             .read_exact(&mut head)
             .context("reading a packet header")?;
-        let len = usize::from(head[0]) | usize::from(head[1]) << 8 | usize::from(head[2]) << 16;
+        let len = frame::parse_header(&head).map_or(0, |h| h.len);
         let start = payload.len();
         payload.resize(start + len, 0);
         stream
@@ -392,13 +379,11 @@ impl RawConn {
         for r in res {
             if let Response::Rows { rows, .. } = r {
                 let row = rows.first().context("no row")?;
-                if row.first() == Some(&0xfb) {
-                    return Ok(None);
-                }
-                let v = Reader::new(row)
-                    .lenenc_bytes("value")
-                    .map_err(|e| anyhow::anyhow!("{e}"))?;
-                return Ok(Some(String::from_utf8_lossy(v).into_owned()));
+                let value = parse_text_row(row)
+                    .into_iter()
+                    .next()
+                    .context("no column")?;
+                return Ok(value);
             }
         }
         bail!("{sql:?} returned no result set")

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::procs;
 use crate::template;
+use holdfast_sql::quote;
 
 /// Port of holdfast's MySQL listener, as an offset from the base port.
 pub const PROXY_PORT_OFFSET: u16 = 0;
@@ -927,6 +928,8 @@ fn configure(nodes: &[NodeStatus]) -> Result<bool> {
     let primary = &nodes[0];
     // Per node, outside the binlog: the plugin and the replication account (the replicas
     // must be able to connect before anything else happens on the primary).
+    let user = quote::plain_string_literal(REPL_USER)?;
+    let password = quote::plain_string_literal(REPL_PASSWORD)?;
     let prepared = in_parallel(nodes, |node| {
         let plugin = node_sql(
             node,
@@ -939,8 +942,8 @@ fn configure(nodes: &[NodeStatus]) -> Result<bool> {
             node,
             &format!(
                 "SET SESSION sql_log_bin=0; \
-                 CREATE USER '{REPL_USER}'@'%' IDENTIFIED BY '{REPL_PASSWORD}'; \
-                 GRANT REPLICATION SLAVE, REPLICATION SLAVE ADMIN, BINLOG MONITOR ON *.* TO '{REPL_USER}'@'%';"
+                 CREATE USER {user}@'%' IDENTIFIED BY {password}; \
+                 GRANT REPLICATION SLAVE, REPLICATION SLAVE ADMIN, BINLOG MONITOR ON *.* TO {user}@'%';"
             ),
         )?;
         Ok(plugin.is_ok())
@@ -955,7 +958,7 @@ fn configure(nodes: &[NodeStatus]) -> Result<bool> {
             replica,
             &format!(
                 "CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={}, \
-                 MASTER_USER='{REPL_USER}', MASTER_PASSWORD='{REPL_PASSWORD}', \
+                 MASTER_USER={user}, MASTER_PASSWORD={password}, \
                  MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1; START SLAVE;",
                 primary.port
             ),
@@ -971,14 +974,18 @@ fn configure(nodes: &[NodeStatus]) -> Result<bool> {
         (APP_USER, APP_PASSWORD, " WITH GRANT OPTION", true),
         (MONITOR_USER, MONITOR_PASSWORD, "", false),
     ] {
+        let (user, pass) = (
+            quote::plain_string_literal(user)?,
+            quote::plain_string_literal(pass)?,
+        );
         for host in ["%", "localhost"] {
             sql.push_str(&format!(
-                "CREATE USER '{user}'@'{host}' IDENTIFIED BY '{pass}'; \
-                 GRANT ALL PRIVILEGES ON *.* TO '{user}'@'{host}'{grant_option};"
+                "CREATE USER {user}@'{host}' IDENTIFIED BY {pass}; \
+                 GRANT ALL PRIVILEGES ON *.* TO {user}@'{host}'{grant_option};"
             ));
             if app {
                 sql.push_str(&format!(
-                    "REVOKE READ_ONLY ADMIN ON *.* FROM '{user}'@'{host}';"
+                    "REVOKE READ_ONLY ADMIN ON *.* FROM {user}@'{host}';"
                 ));
             }
         }

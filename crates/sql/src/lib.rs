@@ -9,6 +9,8 @@
 //!   does it change session state, start or end a transaction, take locks...
 //! - [`split_statements`] finds the statements of a multi-statement text.
 //! - [`Lexer`] is the underlying tokenizer, for callers that need more.
+//! - [`quote`] writes strings and identifiers into SQL text, correctly under every
+//!   `sql_mode`.
 //!
 //! ```
 //! use holdfast_sql::{classify, Classification};
@@ -29,6 +31,7 @@
 mod classify;
 mod keyword;
 mod lexer;
+pub mod quote;
 mod split;
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 //! ([`response`]), and to build and read the handshake ([`handshake`]).
 
 pub mod auth;
+pub mod binary_row;
 pub mod caps;
 pub mod codec;
 pub mod command;

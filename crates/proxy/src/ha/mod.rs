@@ -55,6 +55,9 @@ pub use holdfast_config::ha::{HaConfig, HaMode};
 pub enum HaError {
     #[error("no node named {0:?} is configured")]
     UnknownNode(String),
+    /// A replication account value `CHANGE MASTER TO` cannot carry under every sql_mode.
+    #[error("ha.repl_user / ha.repl_password: {0}")]
+    Unquotable(holdfast_sql::quote::QuoteError),
     #[error("backend address {0:?} is not host:port")]
     BadAddress(String),
     #[error("cannot reach {node}: {source}")]
@@ -135,22 +138,6 @@ impl HaError {
     }
 }
 
-/// Quotes `s` as an SQL string literal (backslash and quote escaped).
-pub(crate) fn sql_str(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('\'');
-    for c in s.chars() {
-        match c {
-            '\'' => out.push_str("''"),
-            '\\' => out.push_str("\\\\"),
-            '\0' => out.push_str("\\0"),
-            c => out.push(c),
-        }
-    }
-    out.push('\'');
-    out
-}
-
 /// Splits `host:port` (IPv6 as `[::1]:3306`).
 pub(crate) fn split_address(addr: &str) -> Result<(String, u16), HaError> {
     let bad = || HaError::BadAddress(addr.to_string());
@@ -168,8 +155,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn quoting_and_addresses() {
-        assert_eq!(sql_str("a'b\\c"), "'a''b\\\\c'");
+    fn addresses() {
         assert_eq!(
             split_address("127.0.0.1:3306").unwrap(),
             ("127.0.0.1".into(), 3306)

@@ -3,9 +3,10 @@
 use super::detect::{find_writable, replicas_confirm_loss};
 use super::gtid::GtidPos;
 use super::probe::{probe_all, NodeReplication, NodeSession};
-use super::{split_address, sql_str, HaConfig, HaError};
+use super::{split_address, HaConfig, HaError};
 use crate::backend::BackendError;
 use crate::config::{BackendConfig, Config};
+use holdfast_sql::quote;
 use serde::Serialize;
 use std::time::{Duration, Instant};
 
@@ -199,16 +200,16 @@ impl NodeSession {
         let pos = me.executed();
         self.exec(&format!(
             "SET GLOBAL gtid_slave_pos={}",
-            sql_str(&pos.to_string())
+            quote::string_literal(&pos.to_string())
         ))
         .await?;
         self.exec(&format!(
             "CHANGE MASTER TO MASTER_HOST={}, MASTER_PORT={port}, MASTER_USER={}, \
              MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY={}, MASTER_PASSWORD={}",
-            sql_str(&host),
-            sql_str(&ha.repl_user),
+            plain(&host)?,
+            plain(&ha.repl_user)?,
             ha.master_connect_retry_secs.max(1),
-            sql_str(&ha.repl_password),
+            plain(&ha.repl_password)?,
         ))
         .await?;
         self.exec("START SLAVE").await?;
@@ -249,7 +250,7 @@ impl NodeSession {
     async fn wait_gtid(&mut self, pos: &GtidPos, limit: Duration) -> Result<bool, HaError> {
         let sql = format!(
             "SELECT MASTER_GTID_WAIT({}, {:.3})",
-            sql_str(&pos.to_string()),
+            quote::string_literal(&pos.to_string()),
             limit.as_secs_f64()
         );
         let r = self.query_within(&sql, limit + self_margin()).await?;
@@ -753,6 +754,12 @@ pub async fn rejoin(
     };
     tracing::info!(node = %node, primary = %report.primary, total = ?report.total, "ha: rejoined");
     Ok(report)
+}
+
+/// A plain `'…'` literal for `CHANGE MASTER TO`, which takes no expressions (and so no hex
+/// form); values it cannot write under every `sql_mode` are a configuration error.
+fn plain(value: &str) -> Result<String, HaError> {
+    quote::plain_string_literal(value).map_err(HaError::Unquotable)
 }
 
 #[cfg(test)]

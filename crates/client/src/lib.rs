@@ -1,0 +1,291 @@
+//! holdfast's asynchronous MySQL/MariaDB client for control connections: the proxy's
+//! backend connections (login on a client's behalf, monitor and HA queries, session
+//! capture and restore), the lab's logins and the benchmarks' idle sessions.
+//!
+//! It speaks the text protocol only, logs in with `mysql_native_password` (a known
+//! password or its stored hash, [`PasswordHash`]) and buffers whole answers: it is not a
+//! general driver. Packets are built and parsed by `holdfast_wire`; this crate adds the
+//! socket ([`PacketConn`]), the login exchange ([`open`], [`login`], [`connect`]) and
+//! statement execution ([`Client::execute`], [`Client::query`], and
+//! [`Client::execute_prepared`] for exact values through the binary protocol).
+//!
+//! The byte-level test client of the integration suite (`holdfast_it::raw`) is
+//! deliberately separate and synchronous: it must send malformed and half-written
+//! packets, pick every capability bit and read packet by packet with socket timeouts,
+//! which a client that always completes well-formed exchanges is built not to do. It
+//! shares the packet codecs of `holdfast_wire` and [`ServerError`] with this crate.
+
+pub mod conn;
+mod prepared;
+mod query;
+#[cfg(test)]
+mod tests;
+
+pub use conn::{ConnError, Packet, PacketConn};
+pub use holdfast_wire::auth::PasswordHash;
+pub use prepared::BinaryResult;
+pub use query::{parse_text_row, Executed, OkInfo, TextResult};
+
+use holdfast_wire::auth::NATIVE_PASSWORD;
+use holdfast_wire::caps::*;
+use holdfast_wire::command::COM_QUIT;
+use holdfast_wire::handshake::{AuthSwitch, Greeting, LoginRequest};
+use holdfast_wire::packets::{ErrPacket, ERR_HEADER, OK_HEADER};
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+/// The statement that turns on every session tracker holdfast reads.
+pub const ENABLE_TRACKERS: &str = "SET SESSION session_track_system_variables='*', \
+session_track_schema=ON, session_track_state_change=ON, \
+session_track_transaction_info='CHARACTERISTICS'";
+
+/// Largest packet accepted during login and in [`Client::query`].
+pub const CONTROL_MAX_PACKET: usize = 64 << 20;
+
+/// `utf8mb4_general_ci`, the character set [`Client::connect_native`] asks for.
+pub const UTF8MB4_GENERAL_CI: u8 = 45;
+
+/// What [`Client::connect_native`] asks for (when the server offers it): protocol 4.1
+/// with plugin authentication, transactions, multiple results and no intermediate EOFs.
+pub const DEFAULT_CAPABILITIES: u32 = CLIENT_PROTOCOL_41
+    | CLIENT_SECURE_CONNECTION
+    | CLIENT_PLUGIN_AUTH
+    | CLIENT_PLUGIN_AUTH_LENENC_CLIENT_DATA
+    | CLIENT_LONG_PASSWORD
+    | CLIENT_TRANSACTIONS
+    | CLIENT_MULTI_RESULTS
+    | CLIENT_DEPRECATE_EOF;
+
+/// Why a connection, login or statement failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("timed out after {0:?} connecting to the backend")]
+    Timeout(Duration),
+    #[error("backend refused: {code} ({state}) {message}")]
+    Server {
+        code: u16,
+        state: String,
+        message: String,
+        /// The ERR payload as the server sent it, to relay to a client unchanged.
+        payload: Vec<u8>,
+    },
+    #[error("backend asked for auth plugin {0}, which holdfast cannot answer for this account")]
+    UnsupportedPlugin(String),
+    #[error("backend connection: {0}")]
+    Conn(#[from] ConnError),
+}
+
+impl ClientError {
+    /// The error an ERR payload carries ([`ClientError::Server`]), or a wire error if the
+    /// payload is malformed.
+    pub fn from_err_payload(payload: &[u8]) -> Self {
+        match ErrPacket::parse(payload) {
+            Ok(e) => ClientError::Server {
+                code: e.code,
+                state: String::from_utf8_lossy(&e.sql_state).into_owned(),
+                message: e.message_lossy(),
+                payload: payload.to_vec(),
+            },
+            Err(e) => ClientError::Conn(ConnError::Wire(e)),
+        }
+    }
+
+    /// The server's refusal, if this is one.
+    pub fn server_error(&self) -> Option<ServerError> {
+        match self {
+            ClientError::Server {
+                code,
+                state,
+                message,
+                ..
+            } => Some(ServerError {
+                code: *code,
+                state: state.clone(),
+                message: message.clone(),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// An ERR packet's contents, as a standalone error (for `anyhow` chains: downcast to it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("ERROR {code} ({state}): {message}")]
+pub struct ServerError {
+    /// Error number, e.g. 1045.
+    pub code: u16,
+    /// SQLSTATE, e.g. `28000` (empty if the server sent none).
+    pub state: String,
+    /// Human-readable message (invalid UTF-8 replaced).
+    pub message: String,
+}
+
+impl ServerError {
+    /// Parses an ERR payload.
+    pub fn parse(payload: &[u8]) -> Result<ServerError, holdfast_wire::WireError> {
+        let e = ErrPacket::parse(payload)?;
+        Ok(ServerError {
+            code: e.code,
+            state: String::from_utf8_lossy(&e.sql_state).into_owned(),
+            message: e.message_lossy(),
+        })
+    }
+}
+
+/// Who logs in, and with what.
+#[derive(Debug, Clone, Copy)]
+pub struct Login<'a> {
+    pub user: &'a [u8],
+    /// `None`: the account has an empty password.
+    pub secret: Option<&'a PasswordHash>,
+    pub database: Option<&'a [u8]>,
+    pub charset: u8,
+    /// Raw connection attributes block (sent when `CLIENT_CONNECT_ATTRS` is negotiated).
+    pub attributes: &'a [u8],
+}
+
+/// A logged-in connection.
+pub struct Client {
+    pub conn: PacketConn,
+    pub greeting: Greeting,
+    /// The capabilities sent in the login request.
+    pub capabilities: u32,
+}
+
+/// Opens a TCP connection and reads the server's greeting.
+pub async fn open(addr: &str, timeout: Duration) -> Result<(PacketConn, Greeting), ClientError> {
+    let fut = async {
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|source| ClientError::Connect {
+                addr: addr.to_string(),
+                source,
+            })?;
+        let _ = stream.set_nodelay(true);
+        let mut conn = PacketConn::new(stream);
+        let greet = conn.read_packet(CONTROL_MAX_PACKET).await?;
+        if greet.payload.first() == Some(&ERR_HEADER) {
+            return Err(ClientError::from_err_payload(&greet.payload));
+        }
+        let greeting = Greeting::parse(&greet.payload).map_err(ConnError::Wire)?;
+        Ok((conn, greeting))
+    };
+    tokio::time::timeout(timeout, fut)
+        .await
+        .map_err(|_| ClientError::Timeout(timeout))?
+}
+
+/// Logs in on an opened connection with `capabilities` (mysql_native_password, following
+/// an auth switch to it). No timeout of its own: [`connect`] puts one around it.
+pub async fn login(
+    mut conn: PacketConn,
+    greeting: Greeting,
+    login: &Login<'_>,
+    capabilities: u32,
+) -> Result<Client, ClientError> {
+    let scramble = |data: &[u8]| match login.secret {
+        Some(s) => s.scramble_response(data).to_vec(),
+        None => Vec::new(),
+    };
+    let request = LoginRequest {
+        capabilities,
+        max_packet: 1 << 30,
+        charset: login.charset,
+        user: login.user.to_vec(),
+        auth_response: scramble(&greeting.scramble),
+        database: login.database.map(<[u8]>::to_vec),
+        auth_plugin: NATIVE_PASSWORD.as_bytes().to_vec(),
+        attributes: login.attributes.to_vec(),
+    };
+    conn.write_packet(&request.encode(), 1).await?;
+    loop {
+        let p = conn.read_packet(CONTROL_MAX_PACKET).await?;
+        match p.payload.first() {
+            Some(&OK_HEADER) => break,
+            Some(&ERR_HEADER) => return Err(ClientError::from_err_payload(&p.payload)),
+            Some(0xfe) => {
+                let switch = AuthSwitch::parse(&p.payload).map_err(ConnError::Wire)?;
+                if switch.plugin != NATIVE_PASSWORD.as_bytes() {
+                    return Err(ClientError::UnsupportedPlugin(
+                        String::from_utf8_lossy(&switch.plugin).into_owned(),
+                    ));
+                }
+                conn.write_packet(&scramble(&switch.data), p.seq.wrapping_add(1))
+                    .await?;
+            }
+            _ => {
+                return Err(ClientError::UnsupportedPlugin(
+                    "(extra auth data requested)".into(),
+                ))
+            }
+        }
+    }
+    Ok(Client {
+        conn,
+        greeting,
+        capabilities,
+    })
+}
+
+/// Opens a connection and logs in, all within `timeout`. `capabilities` picks the login
+/// request's capabilities from the server's.
+pub async fn connect(
+    addr: &str,
+    login_as: &Login<'_>,
+    capabilities: impl FnOnce(u32) -> u32,
+    timeout: Duration,
+) -> Result<Client, ClientError> {
+    let fut = async {
+        let (conn, greeting) = open(addr, timeout).await?;
+        let caps = capabilities(greeting.capabilities);
+        login(conn, greeting, login_as, caps).await
+    };
+    tokio::time::timeout(timeout, fut)
+        .await
+        .map_err(|_| ClientError::Timeout(timeout))?
+}
+
+impl Client {
+    /// Logs in as `user` with a plain-text password and [`DEFAULT_CAPABILITIES`], in
+    /// `utf8mb4`.
+    pub async fn connect_native(
+        addr: &str,
+        user: &str,
+        password: &str,
+        database: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Client, ClientError> {
+        let secret = PasswordHash::from_password(password.as_bytes());
+        let login = Login {
+            user: user.as_bytes(),
+            secret: (!password.is_empty()).then_some(&secret),
+            database: database.map(str::as_bytes),
+            charset: UTF8MB4_GENERAL_CI,
+            attributes: &[],
+        };
+        let caps = |server: u32| DEFAULT_CAPABILITIES & (server | CLIENT_LONG_PASSWORD);
+        connect(addr, &login, caps, timeout).await
+    }
+
+    /// Turns on the session trackers holdfast relies on; false when the server has none.
+    pub async fn enable_trackers(&mut self) -> Result<bool, ClientError> {
+        match self.query(ENABLE_TRACKERS).await {
+            Ok(_) => Ok(true),
+            Err(ClientError::Server { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sends COM_QUIT and closes the connection.
+    pub async fn quit(mut self) -> Result<(), ClientError> {
+        self.conn.write_packet(&[COM_QUIT], 0).await?;
+        let _ = self.conn.stream.shutdown().await;
+        Ok(())
+    }
+}
