@@ -53,6 +53,22 @@ pub fn put_packet(out: &mut Vec<u8>, payload: &[u8], mut seq: u8) -> u8 {
     }
 }
 
+/// Appends one packet to `out`: its header (`seq`, and the length once known), then the
+/// payload `write` appends. The payload must fit one frame (< 16 MiB); returns false, with
+/// `out` as it was, when it does not.
+pub fn frame_into(out: &mut Vec<u8>, seq: u8, write: impl FnOnce(&mut Vec<u8>)) -> bool {
+    let start = out.len();
+    out.extend_from_slice(&[0, 0, 0, seq]);
+    write(out);
+    let len = out.len() - start - HEADER_LEN;
+    if len >= MAX_PAYLOAD {
+        out.truncate(start);
+        return false;
+    }
+    out[start..start + 3].copy_from_slice(&(len as u32).to_le_bytes()[..3]);
+    true
+}
+
 /// A packet (payload of one logical packet) framed with `seq`.
 pub fn packet(payload: &[u8], seq: u8) -> Vec<u8> {
     let mut out = Vec::with_capacity(payload.len() + HEADER_LEN);
@@ -138,6 +154,21 @@ pub fn logical_payload(wire: &[u8]) -> std::borrow::Cow<'_, [u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn frame_into_matches_packet_and_appends() {
+        let mut out = b"ahead".to_vec();
+        assert!(frame_into(&mut out, 7, |o| o.extend_from_slice(b"\x03SELECT 1")));
+        assert_eq!(&out[..5], b"ahead");
+        assert_eq!(&out[5..], &packet(b"\x03SELECT 1", 7)[..]);
+        let too_big = frame_into(&mut out, 0, |o| o.resize(o.len() + MAX_PAYLOAD, 0));
+        assert!(!too_big);
+        assert_eq!(
+            out.len(),
+            5 + 13,
+            "a payload too large for one frame leaves out as it was"
+        );
+    }
 
     #[test]
     fn small_packet_round_trip() {

@@ -68,9 +68,15 @@ impl<'a> OkPacket<'a> {
     /// length-encoded, as servers send it.
     pub fn encode(&self, session_track: bool) -> Vec<u8> {
         let mut out = Vec::with_capacity(16 + self.info.len() + self.session_state.len());
+        self.encode_into(session_track, &mut out);
+        out
+    }
+
+    /// [`OkPacket::encode`], appended to `out`.
+    pub fn encode_into(&self, session_track: bool, out: &mut Vec<u8>) {
         out.push(self.header);
-        put_lenenc_int(&mut out, self.affected_rows);
-        put_lenenc_int(&mut out, self.last_insert_id);
+        put_lenenc_int(out, self.affected_rows);
+        put_lenenc_int(out, self.last_insert_id);
         let mut status = self.status;
         if !session_track || self.session_state.is_empty() {
             status &= !crate::caps::SERVER_SESSION_STATE_CHANGED;
@@ -80,12 +86,11 @@ impl<'a> OkPacket<'a> {
         // Servers length-encode the info text whatever the client negotiated (MariaDB and
         // MySQL both do, and clients such as the Rust `mysql` crate rely on it).
         if !self.info.is_empty() || status & crate::caps::SERVER_SESSION_STATE_CHANGED != 0 {
-            put_lenenc_bytes(&mut out, self.info);
+            put_lenenc_bytes(out, self.info);
         }
         if status & crate::caps::SERVER_SESSION_STATE_CHANGED != 0 {
-            put_lenenc_bytes(&mut out, self.session_state);
+            put_lenenc_bytes(out, self.session_state);
         }
-        out
     }
 }
 

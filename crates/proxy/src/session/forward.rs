@@ -310,15 +310,21 @@ impl Session {
             let event = m
                 .on_packet(payload)
                 .map_err(|e| End::Protocol(format!("backend sent a malformed response: {e}")))?;
-            let mut replacement: Option<Vec<u8>> = None;
+            // A packet the client must see changed is framed into `scratch` (reused).
+            let mut replaced = false;
             let mut is_infile = false;
             match event {
                 Event::Ok(ok) => {
-                    replacement = observe_ok(
-                        &mut self.record,
-                        &ok,
-                        self.capabilities & CLIENT_SESSION_TRACK != 0,
-                    );
+                    observe_ok(&mut self.record, &ok);
+                    let client_tracks = self.capabilities & CLIENT_SESSION_TRACK != 0;
+                    if !client_tracks && ok.status & SERVER_SESSION_STATE_CHANGED != 0 {
+                        // Without SESSION_TRACK the client gets the same OK minus the
+                        // session state (the rest is byte-identical).
+                        self.scratch.clear();
+                        replaced = frame::frame_into(&mut self.scratch, seq, |out| {
+                            ok.encode_into(false, out)
+                        });
+                    }
                 }
                 Event::Eof(eof) => self.record.status = eof.status,
                 Event::Err(e) => {
@@ -352,27 +358,33 @@ impl Session {
                         types_pending: false,
                     });
                     self.record.prepared_statements = self.statements.len();
-                    let mut patched = payload.to_vec();
-                    packets::set_statement_id(&mut patched, client_id);
-                    replacement = Some(patched);
+                    // The client sees the statement under holdfast's id.
+                    self.scratch.clear();
+                    replaced = frame::frame_into(&mut self.scratch, seq, |out| {
+                        let at = out.len();
+                        out.extend_from_slice(payload);
+                        packets::set_statement_id(&mut out[at..], client_id);
+                    });
                 }
                 Event::LocalInfile => is_infile = true,
                 Event::None => {}
             }
-            match replacement {
-                Some(new_payload) => {
-                    self.flush(ready).await?;
-                    ready = 0;
-                    self.backend.conn.rbuf.advance(wire_len);
-                    let framed = frame::packet(&new_payload, seq);
-                    self.response_started = true;
-                    self.shared
-                        .metrics
-                        .bytes_to_clients
-                        .inc_by(framed.len() as u64);
-                    self.client.write_raw(&framed).await.map_err(End::Client)?;
-                }
-                None => ready += wire_len,
+            if replaced {
+                // What came before it and the changed packet, in one write.
+                let before = self.backend.conn.rbuf.split_to(ready);
+                ready = 0;
+                self.backend.conn.rbuf.advance(wire_len);
+                self.response_started = true;
+                let n = before.len() + self.scratch.len();
+                self.shared.metrics.bytes_to_clients.inc_by(n as u64);
+                let mut out = before.chain(&self.scratch[..]);
+                self.client
+                    .stream
+                    .write_all_buf(&mut out)
+                    .await
+                    .map_err(|e| End::Client(e.into()))?;
+            } else {
+                ready += wire_len;
             }
             if is_infile {
                 self.flush(ready).await?;
@@ -486,13 +498,8 @@ impl Session {
     }
 }
 
-/// Records what an OK packet says; returns a re-encoded payload without the session state
-/// when the client did not negotiate session tracking (the rest is byte-identical).
-fn observe_ok(
-    record: &mut SessionRecord,
-    ok: &OkPacket<'_>,
-    client_tracks: bool,
-) -> Option<Vec<u8>> {
+/// Records what an OK packet says.
+fn observe_ok(record: &mut SessionRecord, ok: &OkPacket<'_>) {
     record.status = ok.status;
     if ok.last_insert_id != 0 {
         record.last_insert_id = ok.last_insert_id;
@@ -500,10 +507,6 @@ fn observe_ok(
     if !ok.session_state.is_empty() {
         record.apply_session_state(ok.session_state);
     }
-    if client_tracks {
-        return None;
-    }
-    (ok.status & SERVER_SESSION_STATE_CHANGED != 0).then(|| ok.encode(false))
 }
 
 /// Remembers the parameter types a COM_STMT_EXECUTE sends, and puts them back into an execute
@@ -519,7 +522,15 @@ fn bind_types(stmt: &mut Statement, request: &[u8]) -> Option<BytesMut> {
     let flag_pos = 10 + n.div_ceil(8);
     match *payload.get(flag_pos)? {
         1 => {
-            stmt.types = Some(payload.get(flag_pos + 1..flag_pos + 1 + 2 * n)?.to_vec());
+            let types = payload.get(flag_pos + 1..flag_pos + 1 + 2 * n)?;
+            match &mut stmt.types {
+                Some(known) if known.as_slice() == types => {}
+                Some(known) => {
+                    known.clear();
+                    known.extend_from_slice(types);
+                }
+                None => stmt.types = Some(types.to_vec()),
+            }
             stmt.types_pending = false;
             None
         }

@@ -9,12 +9,14 @@ use crate::error::ErrorKind;
 use crate::state::Blocker;
 use crate::topology::Topology;
 use bytes::BytesMut;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
+use tokio::time::Sleep;
 
 /// How long a client must be silent before its session watches for idle-time events.
-const IDLE_PROBE: Duration = Duration::from_millis(20);
+pub(super) const IDLE_PROBE: Duration = Duration::from_millis(20);
 
 enum IdleEvent {
     /// The client has been silent for [`IDLE_PROBE`]: the session is idle from now on.
@@ -31,6 +33,11 @@ impl Session {
     pub(super) async fn next_request(&mut self) -> Result<BytesMut, End> {
         let max = self.shared.config.proxy.max_packet_size;
         let mut quiet = false;
+        // One timer for the session's life, moved forward per request rather than a new
+        // one registered and cancelled each time.
+        self.idle_timer
+            .as_mut()
+            .reset(tokio::time::Instant::now() + IDLE_PROBE);
         loop {
             let cooldown_end = self
                 .move_pending_since
@@ -43,6 +50,7 @@ impl Session {
                     &mut self.topology,
                     self.backend_dead,
                     cooldown_end,
+                    self.idle_timer.as_mut(),
                     quiet,
                 ) => {
                     match event {
@@ -91,6 +99,7 @@ impl Session {
                 *buf = BytesMut::new();
             }
         }
+        self.scratch = Vec::new();
     }
 
     fn cooldown_expired(&mut self) -> End {
@@ -112,10 +121,11 @@ async fn idle_watch(
     topology: &mut watch::Receiver<Arc<Topology>>,
     backend_dead: bool,
     cooldown_end: Option<Instant>,
+    probe: Pin<&mut Sleep>,
     quiet: bool,
 ) -> IdleEvent {
     if !quiet {
-        tokio::time::sleep(IDLE_PROBE).await;
+        probe.await;
         return IdleEvent::Quiet;
     }
     tokio::select! {

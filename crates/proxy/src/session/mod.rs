@@ -110,6 +110,10 @@ struct Session {
     scramble: [u8; 20],
     record: SessionRecord,
     statements: Statements,
+    /// Reused for the packets holdfast rewrites on their way to the client.
+    scratch: Vec<u8>,
+    /// The client's silence that makes the session idle (see `idle.rs`).
+    idle_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
     /// Client bytes of the current response already sent (a lost backend after this point
     /// cannot be hidden).
     response_started: bool,
@@ -242,6 +246,8 @@ impl Session {
             scramble,
             record,
             statements: Statements::default(),
+            scratch: Vec::new(),
+            idle_timer: Box::pin(tokio::time::sleep(idle::IDLE_PROBE)),
             response_started: false,
             identity,
             can_reauthenticate,
