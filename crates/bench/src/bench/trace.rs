@@ -1,0 +1,344 @@
+//! Tools attached to a proxy for the length of one extra sysbench run: `strace -c -f`
+//! (syscalls per query) and `perf record -g` (profiles), and reading their output.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use holdfast_lab::procs;
+
+/// A tracing tool attached to a process; stopped with SIGINT by [`Attached::stop`] (both
+/// strace and perf record write their results on SIGINT).
+pub struct Attached {
+    child: Child,
+    what: String,
+}
+
+/// How long a tool gets to attach before the run starts, and to finish after SIGINT.
+const ATTACH_DELAY: Duration = Duration::from_millis(1000);
+const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl Attached {
+    /// Starts `exe args…` with its output to `log`, and gives it time to attach.
+    pub fn start(exe: &Path, args: &[String], log: &Path) -> Result<Attached> {
+        let file = fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let file2 = file.try_clone().context("duplicating log handle")?;
+        let mut child = Command::new(exe)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(file2)
+            .spawn()
+            .with_context(|| format!("starting {}", exe.display()))?;
+        std::thread::sleep(ATTACH_DELAY);
+        if let Some(status) = child.try_wait().context("waiting for the tracer")? {
+            bail!(
+                "{} exited at once ({status}): {}",
+                exe.display(),
+                procs::tail_file(log, 5).replace('\n', " / ")
+            );
+        }
+        Ok(Attached {
+            child,
+            what: exe.display().to_string(),
+        })
+    }
+
+    /// Sends SIGINT and waits for the tool to write its output and exit.
+    pub fn stop(mut self) -> Result<()> {
+        procs::signal(self.child.id(), libc::SIGINT)?;
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        loop {
+            if self.child.try_wait()?.is_some() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                bail!("{} still running {STOP_TIMEOUT:?} after SIGINT", self.what);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        // Only if stop() was not reached (an error in between): never leave a tracer behind.
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// `strace -c -f -o OUT -p PID`.
+pub fn strace_args(pid: u32, out: &Path) -> Vec<String> {
+    vec![
+        "-c".into(),
+        "-f".into(),
+        "-o".into(),
+        out.display().to_string(),
+        "-p".into(),
+        pid.to_string(),
+    ]
+}
+
+/// `perf record -F 999 -g -o OUT -p PID`.
+pub fn perf_record_args(pid: u32, out: &Path) -> Vec<String> {
+    vec![
+        "record".into(),
+        "-F".into(),
+        "999".into(),
+        "-g".into(),
+        "-o".into(),
+        out.display().to_string(),
+        "-p".into(),
+        pid.to_string(),
+    ]
+}
+
+/// Syscall counts of an `strace -c` summary.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SyscallCounts {
+    pub total: u64,
+    /// Per syscall, most calls first.
+    pub calls: Vec<(String, u64)>,
+}
+
+/// Parses the table `strace -c` writes:
+/// `% time  seconds  usecs/call  calls  errors  syscall` rows, then a `total` row.
+pub fn parse_strace_summary(text: &str) -> Result<SyscallCounts> {
+    let mut counts = SyscallCounts::default();
+    let mut total = None;
+    for line in text.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        // The errors column is blank for syscalls that never failed: 5 or 6 words.
+        if !(5..=6).contains(&words.len()) || words[0].parse::<f64>().is_err() {
+            continue;
+        }
+        let (Ok(calls), Some(name)) = (words[3].parse::<u64>(), words.last()) else {
+            continue;
+        };
+        if *name == "total" {
+            total = Some(calls);
+        } else {
+            counts.calls.push((name.to_string(), calls));
+        }
+    }
+    if counts.calls.is_empty() {
+        bail!("no syscall rows in the strace -c summary");
+    }
+    counts
+        .calls
+        .sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    counts.total = total.unwrap_or_else(|| counts.calls.iter().map(|c| c.1).sum());
+    Ok(counts)
+}
+
+/// Names with counts, most first.
+pub type Counted = Vec<(String, u64)>;
+
+/// Files of one profile.
+pub struct ProfileFiles {
+    pub data: PathBuf,
+    pub script: PathBuf,
+    pub folded: PathBuf,
+    pub summary: PathBuf,
+}
+
+impl ProfileFiles {
+    pub fn in_dir(dir: &Path, name: &str) -> ProfileFiles {
+        ProfileFiles {
+            data: dir.join(format!("perf-{name}.data")),
+            script: dir.join(format!("perf-{name}.script")),
+            folded: dir.join(format!("perf-{name}.folded")),
+            summary: dir.join(format!("perf-{name}.top.txt")),
+        }
+    }
+}
+
+/// Folded stacks (`root;…;leaf` → samples), as `stackcollapse-perf.pl` makes them from
+/// `perf script` output: one sample is a header line then one indented line per frame,
+/// leaf first, and a blank line. The process name is the root frame.
+pub fn fold_perf_script(text: &str) -> Vec<(String, u64)> {
+    let mut folded: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut comm: Option<String> = None;
+    let mut frames: Vec<String> = Vec::new();
+    let mut flush = |comm: &mut Option<String>, frames: &mut Vec<String>| {
+        if let Some(c) = comm.take() {
+            let mut stack = vec![c];
+            stack.extend(frames.drain(..).rev());
+            *folded.entry(stack.join(";")).or_default() += 1;
+        }
+        frames.clear();
+    };
+    for line in text.lines() {
+        if line.trim().is_empty() {
+            flush(&mut comm, &mut frames);
+        } else if line.starts_with(|c: char| c.is_whitespace()) {
+            if comm.is_some() {
+                frames.push(frame_name(line.trim()));
+            }
+        } else if !line.starts_with('#') {
+            flush(&mut comm, &mut frames);
+            // `comm pid[/tid] [cpu] time: period event:`; comm may contain spaces, so take
+            // everything before the first word that is a pid (or pid/tid).
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let pid_at = words
+                .iter()
+                .position(|w| w.split('/').all(|p| p.parse::<u64>().is_ok()))
+                .unwrap_or(1)
+                .max(1);
+            comm = Some(words[..pid_at.min(words.len())].join(" ").replace(';', ":"));
+        }
+    }
+    flush(&mut comm, &mut frames);
+    let mut out: Vec<(String, u64)> = folded.into_iter().collect();
+    out.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    out
+}
+
+/// `ffffffff817003a2 __d_lookup_rcu+0x32 ([kernel.kallsyms])` → `__d_lookup_rcu`;
+/// an unknown symbol becomes `[dso]` (or `[unknown]`).
+fn frame_name(line: &str) -> String {
+    let rest = line
+        .split_once(char::is_whitespace)
+        .map(|(_, r)| r.trim())
+        .unwrap_or("");
+    let (sym, dso) = match rest.rfind(" (") {
+        Some(i) if rest.ends_with(')') => (&rest[..i], &rest[i + 2..rest.len() - 1]),
+        _ => (rest, ""),
+    };
+    let sym = match sym.rfind("+0x") {
+        Some(i) => &sym[..i],
+        None => sym,
+    };
+    let name = if sym.is_empty() || sym == "[unknown]" {
+        match dso.rsplit('/').next().unwrap_or("") {
+            "" => "[unknown]".to_string(),
+            base if base.starts_with('[') => base.to_string(),
+            base => format!("[{base}]"),
+        }
+    } else {
+        sym.to_string()
+    };
+    name.replace(';', ":")
+}
+
+/// The `n` functions with the most samples as the leaf frame (self time) and as any frame
+/// (inclusive, counted once per sample), as (function, samples).
+pub fn top_functions(folded: &[(String, u64)], n: usize) -> (Counted, Counted) {
+    let mut selfs: std::collections::HashMap<&str, u64> = Default::default();
+    let mut incl: std::collections::HashMap<&str, u64> = Default::default();
+    for (stack, count) in folded {
+        // Skip the root (process name).
+        let frames: Vec<&str> = stack.split(';').skip(1).collect();
+        if let Some(leaf) = frames.last() {
+            *selfs.entry(leaf).or_default() += count;
+        }
+        let mut seen = std::collections::HashSet::new();
+        for f in frames {
+            if seen.insert(f) {
+                *incl.entry(f).or_default() += count;
+            }
+        }
+    }
+    let top = |m: std::collections::HashMap<&str, u64>| {
+        let mut v: Vec<(String, u64)> = m.into_iter().map(|(k, c)| (k.to_string(), c)).collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        v.truncate(n);
+        v
+    };
+    (top(selfs), top(incl))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STRACE: &str = "\
+% time     seconds  usecs/call     calls    errors syscall
+------ ----------- ----------- --------- --------- ----------------
+ 45.10    0.134222          12     11000           sendto
+ 30.00    0.090000           8     11000      2000 recvfrom
+ 20.00    0.060000          20      3000           epoll_wait
+  4.90    0.014000           7      2000           futex
+------ ----------- ----------- --------- --------- ----------------
+100.00    0.298222          11     27000      2000 total
+";
+
+    #[test]
+    fn parses_strace_c_summary() {
+        let c = parse_strace_summary(STRACE).unwrap();
+        assert_eq!(c.total, 27000);
+        assert_eq!(
+            c.calls,
+            vec![
+                ("recvfrom".to_string(), 11000),
+                ("sendto".to_string(), 11000),
+                ("epoll_wait".to_string(), 3000),
+                ("futex".to_string(), 2000),
+            ]
+        );
+        let no_total: String = STRACE.lines().take(6).collect::<Vec<_>>().join("\n");
+        assert_eq!(parse_strace_summary(&no_total).unwrap().total, 27000);
+        assert!(parse_strace_summary("strace: attach: ptrace(PTRACE_SEIZE, 1): EPERM").is_err());
+    }
+
+    const PERF_SCRIPT: &str = "\
+holdfast 4242/4243 [001]  5450.669970:    1001001 cpu-clock:ppp: 
+\tffffffff817003a2 __d_lookup_rcu+0x32 ([kernel.kallsyms])
+\t    55d0c0ffee01 holdfast::proxy::relay+0x1a (/work/target/release/holdfast)
+\t    55d0c0ffee00 main+0x10 (/work/target/release/holdfast)
+
+holdfast 4242/4243 [001]  5450.670971:    1001001 cpu-clock:ppp: 
+\t    55d0c0ffee01 holdfast::proxy::relay+0x1a (/work/target/release/holdfast)
+\t    55d0c0ffee00 main+0x10 (/work/target/release/holdfast)
+
+tokio-runtime-w 4242/4244 [000]  5450.671000:    1001001 cpu-clock:ppp: 
+\t    7f0000000001 [unknown] (/usr/lib/x86_64-linux-gnu/libc.so.6)
+\t    55d0c0ffee01 <T as core::ops::Fn>::call+0x1 (/work/target/release/holdfast)
+
+";
+
+    #[test]
+    fn folds_perf_script() {
+        let folded = fold_perf_script(PERF_SCRIPT);
+        assert_eq!(
+            folded,
+            vec![
+                ("holdfast;main;holdfast::proxy::relay".to_string(), 1),
+                (
+                    "holdfast;main;holdfast::proxy::relay;__d_lookup_rcu".to_string(),
+                    1
+                ),
+                (
+                    "tokio-runtime-w;<T as core::ops::Fn>::call;[libc.so.6]".to_string(),
+                    1
+                ),
+            ]
+        );
+        let (selfs, incl) = top_functions(&folded, 2);
+        assert_eq!(selfs[0].1, 1);
+        assert_eq!(
+            incl,
+            vec![
+                ("holdfast::proxy::relay".to_string(), 2),
+                ("main".to_string(), 2)
+            ]
+        );
+    }
+
+    #[test]
+    fn names_frames() {
+        assert_eq!(
+            frame_name("ffffffff81000130 entry_SYSCALL_64_after_hwframe+0x76 ([kernel.kallsyms])"),
+            "entry_SYSCALL_64_after_hwframe"
+        );
+        assert_eq!(frame_name("0 [unknown] ([unknown])"), "[unknown]");
+        assert_eq!(frame_name("55d0 a;b+0x1 (/x/holdfast)"), "a:b");
+    }
+}
