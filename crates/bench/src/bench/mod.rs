@@ -124,11 +124,16 @@ pub struct BenchArgs {
     /// apart and never enter the medians.
     #[arg(long)]
     pub syscalls: bool,
-    /// Also profile holdfast: `perf record -F 999 -g` during one extra oltp_point_select run
-    /// per holdfast target; writes the `perf script` output, folded stacks (for any
-    /// flamegraph tool) and the top functions by self and inclusive samples to DIR.
+    /// Also profile holdfast: `perf record -F 999 --call-graph MODE` during one extra
+    /// oltp_point_select run per holdfast target; writes the `perf script` output, folded
+    /// stacks (for any flamegraph tool) and the top functions by self and inclusive samples
+    /// to DIR.
     #[arg(long, value_name = "DIR")]
     pub profile: Option<PathBuf>,
+    /// perf's --call-graph for --profile: `dwarf` unwinds through code built without frame
+    /// pointers (libc, a release holdfast); `fp` is cheaper but stops at such frames.
+    #[arg(long, default_value = "dwarf", value_name = "MODE")]
+    pub call_graph: String,
     /// Seconds of each extra run of --syscalls and --profile.
     #[arg(long, default_value_t = 5)]
     pub trace_time: u32,
@@ -182,6 +187,8 @@ struct ProfileRun {
 struct Profile {
     metrics: Metrics,
     samples: u64,
+    /// Share of samples in kernel code (leaf frame).
+    kernel_share: Option<f64>,
     files: trace::ProfileFiles,
     top_self: Vec<(String, u64)>,
     top_inclusive: Vec<(String, u64)>,
@@ -575,7 +582,7 @@ impl ExtraRuns<'_> {
                 let metrics = self.attached_run(
                     port,
                     exe,
-                    &trace::perf_record_args(pid, &files.data),
+                    &trace::perf_record_args(pid, &args.call_graph, &files.data),
                     &name,
                 )?;
                 let script = Command::new(exe)
@@ -601,10 +608,12 @@ impl ExtraRuns<'_> {
                 fs::write(&files.folded, text)
                     .with_context(|| format!("writing {}", files.folded.display()))?;
                 let samples = folded.iter().map(|(_, n)| n).sum();
+                let kernel_share = trace::kernel_share(&folded);
                 let (top_self, top_inclusive) = trace::top_functions(&folded, TOP_FUNCTIONS);
                 let p = Profile {
                     metrics,
                     samples,
+                    kernel_share,
                     files,
                     top_self,
                     top_inclusive,
@@ -632,6 +641,16 @@ impl Profile {
     /// The top functions by self and by inclusive samples, as two tables.
     fn render_tops(&self, out: &mut Doc) {
         let total = self.samples.max(1) as f64;
+        let _ = writeln!(
+            out,
+            "{}{} samples, {} % of them in the kernel (`_[k]` frames).",
+            if out.md { "\n" } else { "" },
+            self.samples,
+            fmt_opt(self.kernel_share.map(|k| k * 100.0), 1)
+        );
+        if out.md {
+            out.paragraph("");
+        }
         for (title, list) in [("self", &self.top_self), ("inclusive", &self.top_inclusive)] {
             let mut t = Table::new(&["samples", "%", &format!("function ({title})")]);
             for (f, n) in list {
@@ -1080,16 +1099,16 @@ impl Report<'_> {
     fn render_profiles(&self, out: &mut Doc) {
         for r in &self.profiles {
             out.heading(&format!(
-                "Profile of {} (perf record -F 999 -g, separate run)",
+                "Profile of {} (perf record, separate run)",
                 r.target.label()
             ));
             match &r.result {
                 Ok(p) => {
                     out.paragraph(format_args!(
-                        "{} samples over a {} s {TRACED_WORKLOAD} run ({} queries, {:.0} qps). \
-                         Files: {} (perf script), {} (folded stacks: `flamegraph.pl` or \
+                        "perf record -F 999 --call-graph {} over a {} s {TRACED_WORKLOAD} run \
+                         ({} queries, {:.0} qps). Files: {} (perf script), {} (folded stacks: `flamegraph.pl` or \
                          `inferno-flamegraph` draw them), {} (these tables).",
-                        p.samples,
+                        self.args.call_graph,
                         self.args.trace_time,
                         p.metrics.queries,
                         p.metrics.qps,
@@ -1097,9 +1116,6 @@ impl Report<'_> {
                         p.files.folded.display(),
                         p.files.summary.display(),
                     ));
-                    if out.md {
-                        out.paragraph("");
-                    }
                     p.render_tops(out);
                 }
                 Err(e) => out.paragraph(format_args!("FAILED: {}", e.replace('\n', " / "))),

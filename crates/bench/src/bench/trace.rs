@@ -86,13 +86,14 @@ pub fn strace_args(pid: u32, out: &Path) -> Vec<String> {
     ]
 }
 
-/// `perf record -F 999 -g -o OUT -p PID`.
-pub fn perf_record_args(pid: u32, out: &Path) -> Vec<String> {
+/// `perf record -F 999 --call-graph CALL_GRAPH -o OUT -p PID`.
+pub fn perf_record_args(pid: u32, call_graph: &str, out: &Path) -> Vec<String> {
     vec![
         "record".into(),
         "-F".into(),
         "999".into(),
-        "-g".into(),
+        "--call-graph".into(),
+        call_graph.into(),
         "-o".into(),
         out.display().to_string(),
         "-p".into(),
@@ -202,7 +203,8 @@ pub fn fold_perf_script(text: &str) -> Vec<(String, u64)> {
 }
 
 /// `ffffffff817003a2 __d_lookup_rcu+0x32 ([kernel.kallsyms])` → `__d_lookup_rcu`;
-/// an unknown symbol becomes `[dso]` (or `[unknown]`).
+/// an unknown symbol becomes `[dso]` (or `[unknown]`); kernel functions get the `_[k]`
+/// suffix flamegraph.pl colours as kernel (as `stackcollapse-perf.pl --kernel` does).
 fn frame_name(line: &str) -> String {
     let rest = line
         .split_once(char::is_whitespace)
@@ -216,7 +218,9 @@ fn frame_name(line: &str) -> String {
         Some(i) => &sym[..i],
         None => sym,
     };
-    let name = if sym.is_empty() || sym == "[unknown]" {
+    let name = if dso == "[kernel.kallsyms]" && !sym.is_empty() {
+        format!("{sym}{KERNEL_SUFFIX}")
+    } else if sym.is_empty() || sym == "[unknown]" {
         match dso.rsplit('/').next().unwrap_or("") {
             "" => "[unknown]".to_string(),
             base if base.starts_with('[') => base.to_string(),
@@ -228,8 +232,23 @@ fn frame_name(line: &str) -> String {
     name.replace(';', ":")
 }
 
+/// Marks kernel frames in folded stacks.
+pub const KERNEL_SUFFIX: &str = "_[k]";
+
+/// The share of samples whose leaf frame is in the kernel.
+pub fn kernel_share(folded: &[(String, u64)]) -> Option<f64> {
+    let total: u64 = folded.iter().map(|(_, n)| n).sum();
+    let kernel: u64 = folded
+        .iter()
+        .filter(|(s, _)| s.ends_with(KERNEL_SUFFIX))
+        .map(|(_, n)| n)
+        .sum();
+    (total > 0).then(|| kernel as f64 / total as f64)
+}
+
 /// The `n` functions with the most samples as the leaf frame (self time) and as any frame
-/// (inclusive, counted once per sample), as (function, samples).
+/// (inclusive, counted once per sample; frames without a symbol left out), as (function,
+/// samples).
 pub fn top_functions(folded: &[(String, u64)], n: usize) -> (Counted, Counted) {
     let mut selfs: std::collections::HashMap<&str, u64> = Default::default();
     let mut incl: std::collections::HashMap<&str, u64> = Default::default();
@@ -240,7 +259,8 @@ pub fn top_functions(folded: &[(String, u64)], n: usize) -> (Counted, Counted) {
             *selfs.entry(leaf).or_default() += count;
         }
         let mut seen = std::collections::HashSet::new();
-        for f in frames {
+        // `[unknown]`/`[dso]` frames (where unwinding gave up) say nothing inclusive.
+        for f in frames.into_iter().filter(|f| !f.starts_with('[')) {
             if seen.insert(f) {
                 *incl.entry(f).or_default() += count;
             }
@@ -312,7 +332,7 @@ tokio-runtime-w 4242/4244 [000]  5450.671000:    1001001 cpu-clock:ppp:
             vec![
                 ("holdfast;main;holdfast::proxy::relay".to_string(), 1),
                 (
-                    "holdfast;main;holdfast::proxy::relay;__d_lookup_rcu".to_string(),
+                    "holdfast;main;holdfast::proxy::relay;__d_lookup_rcu_[k]".to_string(),
                     1
                 ),
                 (
@@ -321,6 +341,10 @@ tokio-runtime-w 4242/4244 [000]  5450.671000:    1001001 cpu-clock:ppp:
                 ),
             ]
         );
+        assert_eq!(kernel_share(&folded), Some(1.0 / 3.0));
+        let (selfs, all) = top_functions(&folded, 10);
+        assert!(selfs.iter().any(|(f, _)| f == "[libc.so.6]"));
+        assert!(all.iter().all(|(f, _)| !f.starts_with('[')));
         let (selfs, incl) = top_functions(&folded, 2);
         assert_eq!(selfs[0].1, 1);
         assert_eq!(
@@ -336,7 +360,7 @@ tokio-runtime-w 4242/4244 [000]  5450.671000:    1001001 cpu-clock:ppp:
     fn names_frames() {
         assert_eq!(
             frame_name("ffffffff81000130 entry_SYSCALL_64_after_hwframe+0x76 ([kernel.kallsyms])"),
-            "entry_SYSCALL_64_after_hwframe"
+            "entry_SYSCALL_64_after_hwframe_[k]"
         );
         assert_eq!(frame_name("0 [unknown] ([unknown])"), "[unknown]");
         assert_eq!(frame_name("55d0 a;b+0x1 (/x/holdfast)"), "a:b");
