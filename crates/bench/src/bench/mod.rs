@@ -172,9 +172,11 @@ impl Run {
     }
 }
 
-/// A --syscalls run: the proxy's syscalls under strace, per query.
+/// A --syscalls run: the proxy's syscalls counted by strace or perf stat.
 struct SyscallRun {
     target: Target,
+    /// `strace -c` or `perf stat`.
+    tool: &'static str,
     result: std::result::Result<(Metrics, trace::SyscallCounts), String>,
 }
 
@@ -522,41 +524,77 @@ impl ExtraRuns<'_> {
         Ok(metrics)
     }
 
-    /// --syscalls: one run per proxy target under `strace -c -f`.
+    /// --syscalls: per proxy target, one run under `strace -c -f` (every syscall by name,
+    /// the proxy slowed down), then one under `perf stat` (all syscalls and the five most
+    /// frequent of the strace run, at little cost to the proxy).
     fn syscalls(&self) -> Vec<SyscallRun> {
-        let (args, logs) = (self.args, self.logs);
+        let logs = self.logs;
         let strace = procs::find_program(&["strace"]);
+        let perf = procs::find_program(&["perf"]);
         let mut out = Vec::new();
         for &(target, port) in self.ports.iter().filter(|(t, _)| *t != Target::Direct) {
-            eprint!(
-                "bench: syscalls: {TRACED_WORKLOAD} {} s through {} under strace -c … ",
-                args.trace_time,
-                target.label()
-            );
-            let result = (|| -> Result<(Metrics, trace::SyscallCounts)> {
+            let pid = pid_of(self.pids, target);
+            let traced = self.counted_run(target, "strace -c", || {
                 let exe = strace.as_deref().context("strace not found on PATH")?;
-                let pid = pid_of(self.pids, target).context("no pid for this target")?;
+                let pid = pid.context("no pid for this target")?;
                 let summary = logs.join(format!("strace-{}.txt", target.name()));
                 let name = format!("strace-{}", target.name());
                 let m = self.attached_run(port, exe, &trace::strace_args(pid, &summary), &name)?;
                 let text = fs::read_to_string(&summary)
                     .with_context(|| format!("reading {}", summary.display()))?;
                 Ok((m, trace::parse_strace_summary(&text)?))
-            })();
-            match &result {
-                Ok((m, c)) => eprintln!(
-                    "{} queries, {:.1} syscalls per query",
-                    m.queries,
-                    c.total as f64 / m.queries.max(1) as f64
-                ),
-                Err(e) => eprintln!("FAILED: {e:#}"),
-            }
-            out.push(SyscallRun {
-                target,
-                result: result.map_err(|e| format!("{e:#}")),
             });
+            let top: Vec<String> = match &traced.result {
+                Ok((_, c)) => c.calls.iter().take(5).map(|(n, _)| n.clone()).collect(),
+                Err(_) => Vec::new(),
+            };
+            out.push(traced);
+            out.push(self.counted_run(target, "perf stat", || {
+                let exe = perf.as_deref().context("perf not found on PATH")?;
+                let pid = pid.context("no pid for this target")?;
+                let counts = logs.join(format!("perf-stat-{}.csv", target.name()));
+                let name = format!("perf-stat-{}", target.name());
+                let events = trace::perf_stat_events(&top);
+                let m = self.attached_run(
+                    port,
+                    exe,
+                    &trace::perf_stat_args(pid, &events, &counts),
+                    &name,
+                )?;
+                let text = fs::read_to_string(&counts)
+                    .with_context(|| format!("reading {}", counts.display()))?;
+                Ok((m, trace::parse_perf_stat(&text)?))
+            }));
         }
         out
+    }
+
+    /// Runs `run` (one traced run), with progress on stderr.
+    fn counted_run(
+        &self,
+        target: Target,
+        tool: &'static str,
+        run: impl FnOnce() -> Result<(Metrics, trace::SyscallCounts)>,
+    ) -> SyscallRun {
+        eprint!(
+            "bench: syscalls: {TRACED_WORKLOAD} {} s through {} under {tool} … ",
+            self.args.trace_time,
+            target.label()
+        );
+        let result = run();
+        match &result {
+            Ok((m, c)) => eprintln!(
+                "{} queries, {:.1} syscalls per query",
+                m.queries,
+                c.total as f64 / m.queries.max(1) as f64
+            ),
+            Err(e) => eprintln!("FAILED: {e:#}"),
+        }
+        SyscallRun {
+            target,
+            tool,
+            result: result.map_err(|e| format!("{e:#}")),
+        }
     }
 
     /// --profile DIR: one run per holdfast target under `perf record -g`, then `perf script`,
@@ -1043,11 +1081,12 @@ impl Report<'_> {
         if self.syscall_runs.is_empty() {
             return;
         }
-        out.heading("Syscalls per query (strace -c -f, separate runs)");
+        out.heading("Syscalls per query (separate runs)");
         let mut t = Table::new(&[
             "target",
+            "counted by",
             "queries",
-            "qps (traced)",
+            "qps (counted run)",
             "syscalls/q",
             "top 5 syscalls per query",
             "vol cs/q",
@@ -1070,6 +1109,7 @@ impl Report<'_> {
                         .collect();
                     let mut row = vec![
                         r.target.label().into(),
+                        r.tool.into(),
                         m.queries.to_string(),
                         format!("{:.0}", m.qps),
                         format!("{:.2}", c.total as f64 / q),
@@ -1080,17 +1120,21 @@ impl Report<'_> {
                 }
                 Err(e) => t.row(vec![
                     r.target.label().into(),
+                    r.tool.into(),
                     format!("FAILED: {}", e.replace('\n', " / ")),
                 ]),
             }
         }
         out.table(&t);
         out.paragraph(format_args!(
-            "One extra {TRACED_WORKLOAD} run of {} s per proxy with `strace -c -f -p PID` \
-             attached (summaries in bench-logs/strace-TARGET.txt). strace stops the proxy at \
-             every syscall, so throughput in these runs is far below the rounds' and they are \
-             not part of the medians; the counts per query are what they measure. The context \
-             switches per query are the medians of the untraced {TRACED_WORKLOAD} rounds.",
+            "Two extra {TRACED_WORKLOAD} runs of {} s per proxy, not part of the medians \
+             (outputs in bench-logs/strace-TARGET.txt and perf-stat-TARGET.csv): one with \
+             `strace -c -f -p PID` attached, which names every syscall but stops the proxy at \
+             each, so the run is several times slower and a slowed proxy may batch more per \
+             epoll_wait; then one with `perf stat -p PID` counting raw_syscalls:sys_enter and \
+             the five most frequent syscalls of the strace run, at little cost to the proxy. \
+             The context switches per query are the medians of the untraced {TRACED_WORKLOAD} \
+             rounds.",
             self.args.trace_time
         ));
     }

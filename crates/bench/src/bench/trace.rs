@@ -101,7 +101,71 @@ pub fn perf_record_args(pid: u32, call_graph: &str, out: &Path) -> Vec<String> {
     ]
 }
 
-/// Syscall counts of an `strace -c` summary.
+/// perf's event counting every syscall entry.
+const ALL_SYSCALLS: &str = "raw_syscalls:sys_enter";
+/// Prefix of perf's per-syscall entry events.
+const SYSCALL_EVENT: &str = "syscalls:sys_enter_";
+
+/// `raw_syscalls:sys_enter` plus `syscalls:sys_enter_NAME` for those of `names` this
+/// kernel has a tracepoint for.
+pub fn perf_stat_events(names: &[String]) -> Vec<String> {
+    let mut events = vec![ALL_SYSCALLS.to_string()];
+    for name in names {
+        let known = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+            .iter()
+            .any(|t| Path::new(&format!("{t}/events/syscalls/sys_enter_{name}")).exists());
+        if known {
+            events.push(format!("{SYSCALL_EVENT}{name}"));
+        }
+    }
+    events
+}
+
+/// `perf stat -x, -o OUT -e EVENTS -p PID` (counts until SIGINT).
+pub fn perf_stat_args(pid: u32, events: &[String], out: &Path) -> Vec<String> {
+    vec![
+        "stat".into(),
+        "-x,".into(),
+        "-o".into(),
+        out.display().to_string(),
+        "-e".into(),
+        events.join(","),
+        "-p".into(),
+        pid.to_string(),
+    ]
+}
+
+/// Parses `perf stat -x,` output (`value,unit,event,…` lines) of [`perf_stat_events`].
+pub fn parse_perf_stat(text: &str) -> Result<SyscallCounts> {
+    let mut counts = SyscallCounts::default();
+    let mut total = None;
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split(',').collect();
+        if line.starts_with('#') || fields.len() < 3 {
+            continue;
+        }
+        let (value, event) = (fields[0].trim(), fields[2].trim());
+        // `<not counted>` / `<not supported>`: perf could not count it.
+        let Ok(n) = value.parse::<u64>() else {
+            if event == ALL_SYSCALLS {
+                bail!("perf stat: {event} {value}");
+            }
+            continue;
+        };
+        if event == ALL_SYSCALLS {
+            total = Some(n);
+        } else if let Some(name) = event.strip_prefix(SYSCALL_EVENT) {
+            counts.calls.push((name.to_string(), n));
+        }
+    }
+    counts.total = total.with_context(|| format!("no {ALL_SYSCALLS} count in perf stat output"))?;
+    counts
+        .calls
+        .sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    Ok(counts)
+}
+
+/// Syscall counts of an `strace -c` summary or of `perf stat`.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SyscallCounts {
     pub total: u64,
@@ -306,6 +370,32 @@ mod tests {
         let no_total: String = STRACE.lines().take(6).collect::<Vec<_>>().join("\n");
         assert_eq!(parse_strace_summary(&no_total).unwrap().total, 27000);
         assert!(parse_strace_summary("strace: attach: ptrace(PTRACE_SEIZE, 1): EPERM").is_err());
+    }
+
+    #[test]
+    fn parses_perf_stat_csv() {
+        let text = "# started on Thu Dec  3 11:27:37 2026\n\n\
+                    27000,,raw_syscalls:sys_enter,5001234567,100.00,,\n\
+                    11000,,syscalls:sys_enter_sendto,5001234567,100.00,,\n\
+                    <not counted>,,syscalls:sys_enter_futex,0,100.00,,\n\
+                    12000,,syscalls:sys_enter_recvfrom,5001234567,100.00,,\n";
+        let c = parse_perf_stat(text).unwrap();
+        assert_eq!(c.total, 27000);
+        assert_eq!(
+            c.calls,
+            vec![
+                ("recvfrom".to_string(), 12000),
+                ("sendto".to_string(), 11000)
+            ]
+        );
+        let none = "<not counted>,,raw_syscalls:sys_enter,0,100.00,,\n";
+        assert!(parse_perf_stat(none).is_err());
+        assert!(parse_perf_stat("").is_err());
+        let args = perf_stat_args(7, &perf_stat_events(&[]), Path::new("/tmp/x.csv"));
+        assert_eq!(
+            args.join(" "),
+            "stat -x, -o /tmp/x.csv -e raw_syscalls:sys_enter -p 7"
+        );
     }
 
     const PERF_SCRIPT: &str = "\
