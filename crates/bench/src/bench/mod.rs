@@ -695,7 +695,8 @@ impl Profile {
                 t.row(vec![
                     n.to_string(),
                     format!("{:.1}", *n as f64 * 100.0 / total),
-                    f.clone(),
+                    // Rust names hold `<…>`, which Markdown would take for HTML.
+                    if out.md { format!("`{f}`") } else { f.clone() },
                 ]);
             }
             out.table(&t);
