@@ -26,6 +26,8 @@ pub struct Sysbench {
 pub struct Metrics {
     pub tps: f64,
     pub qps: f64,
+    /// Queries served in the run (the total, not per second).
+    pub queries: u64,
     pub lat_avg_ms: f64,
     pub lat_p95_ms: f64,
     pub lat_max_ms: f64,
@@ -248,7 +250,10 @@ pub fn parse_report(out: &str) -> Result<Metrics> {
                 m.tps = per_sec(rest).context("transactions line")?;
                 seen_tps = true;
             }
-            "queries" => m.qps = per_sec(rest).context("queries line")?,
+            "queries" => {
+                m.qps = per_sec(rest).context("queries line")?;
+                m.queries = first_int(rest).context("queries line")?;
+            }
             "ignored errors" => m.errors = first_int(rest).context("ignored errors line")?,
             "reconnects" => m.reconnects = first_int(rest).context("reconnects line")?,
             "avg" if in_latency => {
@@ -338,6 +343,7 @@ Threads fairness:
         let m = parse_report(SAMPLE).unwrap();
         assert_eq!(m.tps, 50425.69);
         assert_eq!(m.qps, 50425.69);
+        assert_eq!(m.queries, 1008744);
         assert_eq!(m.lat_avg_ms, 0.40);
         assert_eq!(m.lat_p95_ms, 0.81);
         assert_eq!(m.lat_max_ms, 20.11);

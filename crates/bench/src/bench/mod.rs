@@ -2,7 +2,9 @@
 //! mode) and through holdfast (session and pass-through listeners), interleaved over
 //! several rounds, plus idle-session memory.
 
+mod cpu;
 mod idle;
+mod trace;
 
 use std::ffi::OsStr;
 use std::fmt::Write as _;
@@ -117,7 +119,28 @@ pub struct BenchArgs {
     /// holdfast included, inherit it).
     #[arg(long, default_value_t = 1000)]
     pub idle_clients: usize,
+    /// Also count syscalls per query: one extra oltp_point_select run per proxy target with
+    /// `strace -c -f` attached. strace slows the proxy down a lot; these runs are reported
+    /// apart and never enter the medians.
+    #[arg(long)]
+    pub syscalls: bool,
+    /// Also profile holdfast: `perf record -F 999 --call-graph MODE` during one extra
+    /// oltp_point_select run per holdfast target; writes the `perf script` output, folded
+    /// stacks (for any flamegraph tool) and the top functions by self and inclusive samples
+    /// to DIR.
+    #[arg(long, value_name = "DIR")]
+    pub profile: Option<PathBuf>,
+    /// perf's --call-graph for --profile: `dwarf` unwinds through code built without frame
+    /// pointers (libc, a release holdfast); `fp` is cheaper but stops at such frames.
+    #[arg(long, default_value = "dwarf", value_name = "MODE")]
+    pub call_graph: String,
+    /// Seconds of each extra run of --syscalls and --profile.
+    #[arg(long, default_value_t = 5)]
+    pub trace_time: u32,
 }
+
+/// The workload of the --syscalls and --profile runs.
+const TRACED_WORKLOAD: &str = "oltp_point_select";
 
 /// One sysbench run's outcome.
 #[derive(Clone, Debug)]
@@ -126,6 +149,51 @@ struct Run {
     workload: String,
     target: Target,
     result: std::result::Result<Metrics, String>,
+    /// The proxy's CPU and context switches over the run (none for direct).
+    proxy: Option<cpu::Usage>,
+    /// mariadbd's (the primary's) CPU and context switches over the run.
+    server: Option<cpu::Usage>,
+}
+
+impl Run {
+    /// CPU µs per query of the proxy and of mariadbd, context switches per query of the
+    /// proxy.
+    fn per_query(&self) -> PerQuery {
+        let Ok(m) = &self.result else {
+            return PerQuery::default();
+        };
+        let switches = self.proxy.and_then(|u| u.switches_per(m.queries));
+        PerQuery {
+            proxy_us: self.proxy.and_then(|u| u.cpu_us_per(m.queries)),
+            voluntary: switches.map(|s| s.0),
+            involuntary: switches.map(|s| s.1),
+            server_us: self.server.and_then(|u| u.cpu_us_per(m.queries)),
+        }
+    }
+}
+
+/// A --syscalls run: the proxy's syscalls counted by strace or perf stat.
+struct SyscallRun {
+    target: Target,
+    /// `strace -c` or `perf stat`.
+    tool: &'static str,
+    result: std::result::Result<(Metrics, trace::SyscallCounts), String>,
+}
+
+/// A --profile run of holdfast.
+struct ProfileRun {
+    target: Target,
+    result: std::result::Result<Profile, String>,
+}
+
+struct Profile {
+    metrics: Metrics,
+    samples: u64,
+    /// Share of samples in kernel code (leaf frame).
+    kernel_share: Option<f64>,
+    files: trace::ProfileFiles,
+    top_self: Vec<(String, u64)>,
+    top_inclusive: Vec<(String, u64)>,
 }
 
 /// Runs the benchmark described by `args`; `holdfast_exe` is the binary started as
@@ -133,8 +201,13 @@ struct Run {
 /// and the report to stdout. If holdfast (or HAProxy) cannot be started, that target is
 /// reported as unavailable and the others still run.
 pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
-    if args.rounds == 0 || args.time == 0 || args.threads == 0 || args.tables == 0 {
-        bail!("--rounds, --time, --threads and --tables must be at least 1");
+    if args.rounds == 0
+        || args.time == 0
+        || args.threads == 0
+        || args.tables == 0
+        || args.trace_time == 0
+    {
+        bail!("--rounds, --time, --threads, --tables and --trace-time must be at least 1");
     }
     if args.workloads.is_empty() || args.targets.is_empty() {
         bail!("--workloads and --targets must not be empty");
@@ -290,7 +363,11 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
                     round + 1,
                     target.label()
                 );
+                let proxy_pid = pid_of(&pids, target).filter(|_| target != Target::Direct);
+                let proxy_watch = cpu::Watch::start(proxy_pid);
+                let server_watch = cpu::Watch::start(primary.pid);
                 let result = sb.run(workload, port, args.threads, args.time, &log)?;
+                let (proxy, server) = (proxy_watch.finish(), server_watch.finish());
                 match &result {
                     Ok(m) => eprintln!(
                         "{:.0} tps, {:.0} qps, avg {:.2} ms, p95 {:.2} ms",
@@ -303,10 +380,30 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
                     workload: workload.clone(),
                     target,
                     result,
+                    proxy,
+                    server,
                 });
             }
         }
     }
+
+    // Extra runs with a tool attached, outside the rounds.
+    let extra = ExtraRuns {
+        sb: &sb,
+        args,
+        ports: &ports,
+        pids: &pids,
+        logs: &logs,
+    };
+    let syscall_runs = if args.syscalls {
+        extra.syscalls()
+    } else {
+        Vec::new()
+    };
+    let profiles = match &args.profile {
+        Some(dir) => extra.profiles(dir)?,
+        None => Vec::new(),
+    };
 
     // Idle sessions.
     let mut idle = Vec::new();
@@ -370,6 +467,8 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
         targets: ports.clone(),
         unavailable,
         runs,
+        syscall_runs,
+        profiles,
         idle,
         sysbench_example: shell_words(
             sb.run_args("WORKLOAD", 0, args.threads, args.time)
@@ -384,6 +483,226 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
         ),
     };
     crate::report::publish(|md| report.render(md), args.out.as_deref(), "bench")
+}
+
+fn pid_of(pids: &[(Target, u32)], target: Target) -> Option<u32> {
+    pids.iter().find(|(t, _)| *t == target).map(|&(_, p)| p)
+}
+
+/// Functions listed per profile in the report and the summary file.
+const TOP_FUNCTIONS: usize = 15;
+
+/// The extra runs of --syscalls and --profile, outside the rounds.
+struct ExtraRuns<'a> {
+    sb: &'a Sysbench,
+    args: &'a BenchArgs,
+    ports: &'a [(Target, u16)],
+    pids: &'a [(Target, u32)],
+    logs: &'a Path,
+}
+
+impl ExtraRuns<'_> {
+    /// One oltp_point_select run of `--trace-time` seconds against `port` while `tool args…`
+    /// is attached (started before, stopped with SIGINT after); logs go to `LOGS/NAME.*.log`.
+    fn attached_run(
+        &self,
+        port: u16,
+        tool: &Path,
+        tool_args: &[String],
+        name: &str,
+    ) -> Result<Metrics> {
+        let (args, logs) = (self.args, self.logs);
+        let attached =
+            trace::Attached::start(tool, tool_args, &logs.join(format!("{name}.tool.log")))?;
+        let log = logs.join(format!("{name}.sysbench.log"));
+        let result = self
+            .sb
+            .run(TRACED_WORKLOAD, port, args.threads, args.trace_time, &log);
+        let stopped = attached.stop();
+        let metrics = result?.map_err(|e| anyhow::anyhow!(e))?;
+        stopped?;
+        Ok(metrics)
+    }
+
+    /// --syscalls: per proxy target, one run under `strace -c -f` (every syscall by name,
+    /// the proxy slowed down), then one under `perf stat` (all syscalls and the five most
+    /// frequent of the strace run, at little cost to the proxy).
+    fn syscalls(&self) -> Vec<SyscallRun> {
+        let logs = self.logs;
+        let strace = procs::find_program(&["strace"]);
+        let perf = procs::find_program(&["perf"]);
+        let mut out = Vec::new();
+        for &(target, port) in self.ports.iter().filter(|(t, _)| *t != Target::Direct) {
+            let pid = pid_of(self.pids, target);
+            let traced = self.counted_run(target, "strace -c", || {
+                let exe = strace.as_deref().context("strace not found on PATH")?;
+                let pid = pid.context("no pid for this target")?;
+                let summary = logs.join(format!("strace-{}.txt", target.name()));
+                let name = format!("strace-{}", target.name());
+                let m = self.attached_run(port, exe, &trace::strace_args(pid, &summary), &name)?;
+                let text = fs::read_to_string(&summary)
+                    .with_context(|| format!("reading {}", summary.display()))?;
+                Ok((m, trace::parse_strace_summary(&text)?))
+            });
+            let top: Vec<String> = match &traced.result {
+                Ok((_, c)) => c.calls.iter().take(5).map(|(n, _)| n.clone()).collect(),
+                Err(_) => Vec::new(),
+            };
+            out.push(traced);
+            out.push(self.counted_run(target, "perf stat", || {
+                let exe = perf.as_deref().context("perf not found on PATH")?;
+                let pid = pid.context("no pid for this target")?;
+                let counts = logs.join(format!("perf-stat-{}.csv", target.name()));
+                let name = format!("perf-stat-{}", target.name());
+                let events = trace::perf_stat_events(&top);
+                let m = self.attached_run(
+                    port,
+                    exe,
+                    &trace::perf_stat_args(pid, &events, &counts),
+                    &name,
+                )?;
+                let text = fs::read_to_string(&counts)
+                    .with_context(|| format!("reading {}", counts.display()))?;
+                Ok((m, trace::parse_perf_stat(&text)?))
+            }));
+        }
+        out
+    }
+
+    /// Runs `run` (one traced run), with progress on stderr.
+    fn counted_run(
+        &self,
+        target: Target,
+        tool: &'static str,
+        run: impl FnOnce() -> Result<(Metrics, trace::SyscallCounts)>,
+    ) -> SyscallRun {
+        eprint!(
+            "bench: syscalls: {TRACED_WORKLOAD} {} s through {} under {tool} … ",
+            self.args.trace_time,
+            target.label()
+        );
+        let result = run();
+        match &result {
+            Ok((m, c)) => eprintln!(
+                "{} queries, {:.1} syscalls per query",
+                m.queries,
+                c.total as f64 / m.queries.max(1) as f64
+            ),
+            Err(e) => eprintln!("FAILED: {e:#}"),
+        }
+        SyscallRun {
+            target,
+            tool,
+            result: result.map_err(|e| format!("{e:#}")),
+        }
+    }
+
+    /// --profile DIR: one run per holdfast target under `perf record -g`, then `perf script`,
+    /// folded stacks and the top functions, all in DIR.
+    fn profiles(&self, dir: &Path) -> Result<Vec<ProfileRun>> {
+        let args = self.args;
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let dir =
+            std::path::absolute(dir).with_context(|| format!("resolving {}", dir.display()))?;
+        let perf = procs::find_program(&["perf"]);
+        let mut out = Vec::new();
+        for &(target, port) in self.ports.iter().filter(|(t, _)| t.is_holdfast()) {
+            eprint!(
+                "bench: profile: {TRACED_WORKLOAD} {} s through {} under perf record … ",
+                args.trace_time,
+                target.label()
+            );
+            let result = (|| -> Result<Profile> {
+                let exe = perf.as_deref().context("perf not found on PATH")?;
+                let pid = pid_of(self.pids, target).context("no pid for this target")?;
+                let files = trace::ProfileFiles::in_dir(&dir, target.name());
+                let name = format!("perf-{}", target.name());
+                let metrics = self.attached_run(
+                    port,
+                    exe,
+                    &trace::perf_record_args(pid, &args.call_graph, &files.data),
+                    &name,
+                )?;
+                let script = Command::new(exe)
+                    .arg("script")
+                    .arg("-i")
+                    .arg(&files.data)
+                    .output()
+                    .context("running perf script")?;
+                if !script.status.success() {
+                    bail!(
+                        "perf script failed ({}): {}",
+                        script.status,
+                        String::from_utf8_lossy(&script.stderr).trim()
+                    );
+                }
+                fs::write(&files.script, &script.stdout)
+                    .with_context(|| format!("writing {}", files.script.display()))?;
+                let folded = trace::fold_perf_script(&String::from_utf8_lossy(&script.stdout));
+                let mut text = String::new();
+                for (stack, n) in &folded {
+                    let _ = writeln!(text, "{stack} {n}");
+                }
+                fs::write(&files.folded, text)
+                    .with_context(|| format!("writing {}", files.folded.display()))?;
+                let samples = folded.iter().map(|(_, n)| n).sum();
+                let kernel_share = trace::kernel_share(&folded);
+                let (top_self, top_inclusive) = trace::top_functions(&folded, TOP_FUNCTIONS);
+                let p = Profile {
+                    metrics,
+                    samples,
+                    kernel_share,
+                    files,
+                    top_self,
+                    top_inclusive,
+                };
+                let mut doc = Doc::new(false);
+                p.render_tops(&mut doc);
+                fs::write(&p.files.summary, doc.finish())
+                    .with_context(|| format!("writing {}", p.files.summary.display()))?;
+                Ok(p)
+            })();
+            match &result {
+                Ok(p) => eprintln!("{} samples, see {}", p.samples, p.files.summary.display()),
+                Err(e) => eprintln!("FAILED: {e:#}"),
+            }
+            out.push(ProfileRun {
+                target,
+                result: result.map_err(|e| format!("{e:#}")),
+            });
+        }
+        Ok(out)
+    }
+}
+
+impl Profile {
+    /// The top functions by self and by inclusive samples, as two tables.
+    fn render_tops(&self, out: &mut Doc) {
+        let total = self.samples.max(1) as f64;
+        let _ = writeln!(
+            out,
+            "{}{} samples, {} % of them in the kernel (`_[k]` frames).",
+            if out.md { "\n" } else { "" },
+            self.samples,
+            fmt_opt(self.kernel_share.map(|k| k * 100.0), 1)
+        );
+        if out.md {
+            out.paragraph("");
+        }
+        for (title, list) in [("self", &self.top_self), ("inclusive", &self.top_inclusive)] {
+            let mut t = Table::new(&["samples", "%", &format!("function ({title})")]);
+            for (f, n) in list {
+                t.row(vec![
+                    n.to_string(),
+                    format!("{:.1}", *n as f64 * 100.0 / total),
+                    // Rust names hold `<…>`, which Markdown would take for HTML.
+                    if out.md { format!("`{f}`") } else { f.clone() },
+                ]);
+            }
+            out.table(&t);
+            out.paragraph("");
+        }
+    }
 }
 
 fn start_haproxy(exe: &Path, dir: &Path, backend_port: u16) -> Result<(Helper, u16)> {
@@ -459,6 +778,8 @@ struct Report<'a> {
     targets: Vec<(Target, u16)>,
     unavailable: Vec<(Target, String)>,
     runs: Vec<Run>,
+    syscall_runs: Vec<SyscallRun>,
+    profiles: Vec<ProfileRun>,
     idle: Vec<(Target, std::result::Result<idle::IdleResult, String>)>,
     sysbench_example: String,
 }
@@ -473,6 +794,50 @@ struct Summary {
     reconnects: u64,
     ok: usize,
     runs: usize,
+    per_query: PerQuery,
+}
+
+/// Costs per query of one run, or their medians.
+#[derive(Clone, Copy, Default)]
+struct PerQuery {
+    /// The proxy's CPU µs per query.
+    proxy_us: Option<f64>,
+    /// The proxy's voluntary and involuntary context switches per query.
+    voluntary: Option<f64>,
+    involuntary: Option<f64>,
+    /// mariadbd's CPU µs per query.
+    server_us: Option<f64>,
+}
+
+/// Header cells of [`PerQuery::cells`].
+const PER_QUERY_HEADERS: [&str; 4] = [
+    "proxy CPU µs/q",
+    "vol cs/q",
+    "invol cs/q",
+    "mariadbd CPU µs/q",
+];
+
+impl PerQuery {
+    /// Report cells (see [`PER_QUERY_HEADERS`]).
+    fn cells(&self) -> [String; 4] {
+        [
+            fmt_opt(self.proxy_us, 1),
+            fmt_opt(self.voluntary, 2),
+            fmt_opt(self.involuntary, 3),
+            fmt_opt(self.server_us, 1),
+        ]
+    }
+
+    /// Medians over runs.
+    fn medians(all: &[PerQuery]) -> PerQuery {
+        let pick = |f: fn(&PerQuery) -> Option<f64>| median(all.iter().filter_map(f).collect());
+        PerQuery {
+            proxy_us: pick(|q| q.proxy_us),
+            voluntary: pick(|q| q.voluntary),
+            involuntary: pick(|q| q.involuntary),
+            server_us: pick(|q| q.server_us),
+        }
+    }
 }
 
 impl Report<'_> {
@@ -493,6 +858,7 @@ impl Report<'_> {
             reconnects: ok.iter().map(|m| m.reconnects).sum(),
             ok: ok.len(),
             runs: runs.len(),
+            per_query: PerQuery::medians(&runs.iter().map(|r| r.per_query()).collect::<Vec<_>>()),
         }
     }
 
@@ -535,21 +901,27 @@ impl Report<'_> {
         }
 
         out.heading("Medians");
-        let mut t = Table::new(&[
-            "workload",
-            "target",
-            "tps",
-            "qps",
-            "avg ms",
-            "p95 ms",
-            "errors",
-            "reconnects",
-            "ok/runs",
-        ]);
+        let mut t = Table::new(
+            &[
+                &[
+                    "workload",
+                    "target",
+                    "tps",
+                    "qps",
+                    "avg ms",
+                    "p95 ms",
+                    "errors",
+                    "reconnects",
+                    "ok/runs",
+                ][..],
+                &PER_QUERY_HEADERS,
+            ]
+            .concat(),
+        );
         for w in &a.workloads {
             for &(target, _) in &self.targets {
                 let s = self.summary(w, target);
-                t.row(vec![
+                let mut row = vec![
                     w.clone(),
                     target.label().into(),
                     fmt_opt(s.tps, 0),
@@ -559,10 +931,18 @@ impl Report<'_> {
                     s.errors.to_string(),
                     s.reconnects.to_string(),
                     format!("{}/{}", s.ok, s.runs),
-                ]);
+                ];
+                row.extend(s.per_query.cells());
+                t.row(row);
             }
         }
         out.table(&t);
+        out.paragraph(
+            "CPU µs/q: utime+stime from /proc/PID/stat over the run divided by the queries \
+             sysbench reports (clock-tick resolution); the proxy's (HAProxy's or holdfast's) \
+             process, and mariadbd's as context. cs/q: the proxy's voluntary/involuntary \
+             context switches (summed over its threads) per query.",
+        );
 
         let proxied: Vec<Target> = self
             .targets
@@ -579,6 +959,7 @@ impl Report<'_> {
                 "tps /haproxy",
                 "p95 /direct",
                 "p95 /haproxy",
+                "CPU/q /haproxy",
             ]);
             for w in &a.workloads {
                 let d = self.summary(w, Target::Direct);
@@ -592,6 +973,7 @@ impl Report<'_> {
                         ratio(hf.tps, hp.tps),
                         ratio(hf.p95, d.p95),
                         ratio(hf.p95, hp.p95),
+                        ratio(hf.per_query.proxy_us, hp.per_query.proxy_us),
                     ]);
                 }
             }
@@ -604,6 +986,7 @@ impl Report<'_> {
                 &["round", "workload", "target"][..],
                 &METRIC_HEADERS,
                 &["reconnects"],
+                &PER_QUERY_HEADERS,
             ]
             .concat(),
         );
@@ -617,15 +1000,22 @@ impl Report<'_> {
                 Ok(m) => {
                     row.extend(m.cells());
                     row.push(m.reconnects.to_string());
+                    row.extend(r.per_query().cells());
                 }
                 Err(e) => {
                     row.push(format!("FAILED: {e}"));
-                    row.extend(std::iter::repeat_n(String::new(), 6));
+                    row.extend(std::iter::repeat_n(
+                        String::new(),
+                        6 + PER_QUERY_HEADERS.len(),
+                    ));
                 }
             }
             t.row(row);
         }
         out.table(&t);
+
+        self.render_syscalls(&mut out);
+        self.render_profiles(&mut out);
 
         if !self.idle.is_empty() {
             out.heading("Idle session memory (RSS)");
@@ -682,6 +1072,100 @@ impl Report<'_> {
             );
         }
         out.finish()
+    }
+}
+
+impl Report<'_> {
+    /// The --syscalls runs: syscalls per query under strace, beside the untraced context
+    /// switches per query (medians of the point_select rounds).
+    fn render_syscalls(&self, out: &mut Doc) {
+        if self.syscall_runs.is_empty() {
+            return;
+        }
+        out.heading("Syscalls per query (separate runs)");
+        let mut t = Table::new(&[
+            "target",
+            "counted by",
+            "queries",
+            "qps (counted run)",
+            "syscalls/q",
+            "top 5 syscalls per query",
+            "vol cs/q",
+            "invol cs/q",
+        ]);
+        for r in &self.syscall_runs {
+            let s = self.summary(TRACED_WORKLOAD, r.target);
+            let switches = [
+                fmt_opt(s.per_query.voluntary, 2),
+                fmt_opt(s.per_query.involuntary, 3),
+            ];
+            match &r.result {
+                Ok((m, c)) => {
+                    let q = m.queries.max(1) as f64;
+                    let top: Vec<String> = c
+                        .calls
+                        .iter()
+                        .take(5)
+                        .map(|(name, n)| format!("{name} {:.2}", *n as f64 / q))
+                        .collect();
+                    let mut row = vec![
+                        r.target.label().into(),
+                        r.tool.into(),
+                        m.queries.to_string(),
+                        format!("{:.0}", m.qps),
+                        format!("{:.2}", c.total as f64 / q),
+                        top.join(", "),
+                    ];
+                    row.extend(switches);
+                    t.row(row);
+                }
+                Err(e) => t.row(vec![
+                    r.target.label().into(),
+                    r.tool.into(),
+                    format!("FAILED: {}", e.replace('\n', " / ")),
+                ]),
+            }
+        }
+        out.table(&t);
+        out.paragraph(format_args!(
+            "Two extra {TRACED_WORKLOAD} runs of {} s per proxy, not part of the medians \
+             (outputs in bench-logs/strace-TARGET.txt and perf-stat-TARGET.csv): one with \
+             `strace -c -f -p PID` attached, which names every syscall but stops the proxy at \
+             each, so the run is several times slower and a slowed proxy may batch more per \
+             epoll_wait; then one with `perf stat -p PID` counting raw_syscalls:sys_enter and \
+             the five most frequent syscalls of the strace run, at little cost to the proxy. \
+             The context switches per query are the medians of the untraced {TRACED_WORKLOAD} \
+             rounds.",
+            self.args.trace_time
+        ));
+    }
+
+    /// The --profile runs: where the files are, and the top functions.
+    fn render_profiles(&self, out: &mut Doc) {
+        for r in &self.profiles {
+            out.heading(&format!(
+                "Profile of {} (perf record, separate run)",
+                r.target.label()
+            ));
+            match &r.result {
+                Ok(p) => {
+                    out.paragraph(format_args!(
+                        "perf record -F 999 --call-graph {} over a {} s {TRACED_WORKLOAD} run \
+                         ({} queries, {:.0} qps). Files: {} (perf script), {} (folded stacks: `flamegraph.pl` or \
+                         `inferno-flamegraph` draw them), {} (these tables).",
+                        self.args.call_graph,
+                        self.args.trace_time,
+                        p.metrics.queries,
+                        p.metrics.qps,
+                        p.files.script.display(),
+                        p.files.folded.display(),
+                        p.files.summary.display(),
+                    ));
+                    p.render_tops(out);
+                }
+                Err(e) => out.paragraph(format_args!("FAILED: {}", e.replace('\n', " / "))),
+            }
+        }
     }
 }
 
