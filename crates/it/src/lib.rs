@@ -12,7 +12,7 @@ use holdfast_config::{
     AdminConfig, AuthConfig, BackendConfig, Config, HaConfig, HaMode, ProxyConfig, ServerlessConfig,
 };
 use holdfast_lab::TestLab;
-use holdfast_proxy::{Proxy, Shared};
+use holdfast_proxy::{Proxy, Seams, Shared};
 use std::net::SocketAddr;
 use std::process::{Command, Output};
 use std::sync::Arc;
@@ -160,7 +160,15 @@ impl Harness {
             .build()
             .context("building the proxy runtime")?;
         let (proxy, admin, listeners, shared) = runtime.block_on(async {
-            let proxy = Proxy::start(cfg).await.context("binding the proxy")?;
+            let seams = Seams {
+                node_driver: Some(Arc::new(holdfast_lab::LabNodeDriver {
+                    dir: st.dir.clone(),
+                })),
+                ..Seams::default()
+            };
+            let proxy = Proxy::start_with(cfg, seams)
+                .await
+                .context("binding the proxy")?;
             let admin = tokio::net::TcpListener::bind("127.0.0.1:0")
                 .await
                 .context("binding the admin listener")?;
@@ -169,9 +177,6 @@ impl Harness {
                 proxy.listener_addrs().into_iter().map(|(a, _)| a).collect();
             let admin_addr = admin.local_addr()?;
             let shared = proxy.shared.clone();
-            let _ = shared.driver.set(Arc::new(holdfast_lab::LabNodeDriver {
-                dir: st.dir.clone(),
-            }));
             tokio::spawn(proxy.run());
             tokio::spawn(holdfast_admin::serve(admin, shared.clone()));
             anyhow::Ok((proxy_addr, admin_addr, listeners, shared))
