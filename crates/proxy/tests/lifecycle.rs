@@ -42,17 +42,7 @@ async fn rig(state: PowerState, tweak: impl FnOnce(&mut ServerlessConfig)) -> Ri
 
 async fn rig_with(driver: ScriptedDriver, tweak: impl FnOnce(&mut ServerlessConfig)) -> Rig {
     // Never run: the scripted driver stands in for the one the section names.
-    let mut sl = ServerlessConfig::new(DriverConfig::Exec(ExecDriverConfig {
-        start: "false".into(),
-        stop: "false".into(),
-        freeze: None,
-        thaw: None,
-        status: None,
-        scale: None,
-        cpu_seconds: None,
-        storage_bytes: None,
-        timeout_ms: 1_000,
-    }));
+    let mut sl = ServerlessConfig::new(DriverConfig::Exec(ExecDriverConfig::new("false", "false")));
     sl.idle_pause_secs = 0;
     sl.autoscale = false;
     sl.retry_backoff_ms = 50;
