@@ -8,7 +8,9 @@
 use holdfast_proxy::config::{
     AuthConfig, BackendConfig, Config, PauseTier, ProxyConfig, ServerlessConfig,
 };
+use holdfast_proxy::registry::SessionInfo;
 use holdfast_proxy::serverless::{self, Lifecycle, PauseError, Phase, WakeError};
+use holdfast_proxy::state::Blocker;
 use holdfast_proxy::topology::Topology;
 use holdfast_proxy::{Seams, Shared};
 use holdfast_serverless::driver::scripted::{Op, ScriptedDriver};
@@ -22,6 +24,7 @@ const WAIT: Duration = Duration::from_secs(10);
 
 /// A lifecycle task running against a scripted driver.
 struct Rig {
+    shared: Arc<Shared>,
     lc: Arc<Lifecycle>,
     driver: ScriptedDriver,
     task: tokio::task::JoinHandle<()>,
@@ -73,13 +76,14 @@ async fn rig_with(driver: ScriptedDriver, tweak: impl FnOnce(&mut ServerlessConf
         .clone()
         .expect("a lifecycle with [serverless]");
     assert_eq!(lc.view().driver, "scripted");
-    let task = tokio::spawn(serverless::run_lifecycle(shared, lc.clone()));
+    let task = tokio::spawn(serverless::run_lifecycle(shared.clone(), lc.clone()));
     // The lifecycle starts out resuming until it has asked the driver.
     wait_until("the lifecycle to adopt the server's state", || {
         (lc.phase() != Phase::Resuming).then_some(())
     })
     .await;
     Rig {
+        shared,
         lc,
         driver,
         task,
@@ -308,5 +312,50 @@ async fn a_failed_pause_reopens_the_gate_and_without_freeze_the_stop_tier_is_use
     r.lc.pause_now(PauseTier::Freeze).await.expect("pause");
     assert_eq!(paused_in(&r.lc), Some(PauseTier::Stop));
     assert_eq!(r.driver.actions(), [Op::Stop]);
+    assert_eq!(r.lc.epoch(), 1);
+}
+
+/// A session as the registry shows it, with what keeps it from surviving a pause.
+fn session(id: u32, blocker: Option<Blocker>, can_reauthenticate: bool) -> Arc<SessionInfo> {
+    let info = SessionInfo::new(id, "127.0.0.1:50000".parse().expect("address"));
+    info.set_blocker(blocker);
+    info.can_reauthenticate
+        .store(can_reauthenticate, std::sync::atomic::Ordering::Relaxed);
+    Arc::new(info)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_that_cannot_survive_a_pause_block_it() {
+    let r = rig(PowerState::Running, |_| {}).await;
+    // An open transaction blocks every tier.
+    r.shared
+        .sessions
+        .insert(session(1, Some(Blocker::OpenTransaction), true));
+    let err =
+        r.lc.pause_now(PauseTier::Freeze)
+            .await
+            .expect_err("blocked");
+    let PauseError::Blocked(why) = &err else {
+        panic!("{err}");
+    };
+    assert_eq!(why.len(), 1, "{why:?}");
+    assert!(why[0].starts_with("session 1 "), "{why:?}");
+    assert!(r.lc.is_running());
+    assert_eq!(r.driver.actions(), []);
+    r.shared.sessions.remove(1);
+
+    // A relayed login survives a freeze (its connection stays) but not a stop.
+    r.shared.sessions.insert(session(2, None, false));
+    r.lc.pause_now(PauseTier::Freeze).await.expect("freeze");
+    let err = r.lc.pause_now(PauseTier::Stop).await.expect_err("no stop");
+    assert!(matches!(err, PauseError::Blocked(_)), "{err}");
+    assert_eq!(paused_in(&r.lc), Some(PauseTier::Freeze), "stays frozen");
+    assert_eq!(r.lc.epoch(), 0);
+    r.shared.sessions.remove(2);
+    r.lc.pause_now(PauseTier::Stop)
+        .await
+        .expect("stop once it is gone");
+    assert_eq!(paused_in(&r.lc), Some(PauseTier::Stop));
+    assert_eq!(r.driver.actions(), [Op::Freeze, Op::Stop]);
     assert_eq!(r.lc.epoch(), 1);
 }
