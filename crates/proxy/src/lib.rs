@@ -75,6 +75,7 @@ impl Shared {
         Self::with_seams(config, topology, Seams::default())
     }
 
+    /// Shared state with the drivers `seams` puts in place (the configured ones otherwise).
     pub fn with_seams(
         config: Arc<Config>,
         topology: watch::Receiver<Arc<Topology>>,
