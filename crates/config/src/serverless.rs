@@ -377,3 +377,21 @@ pub struct ExecDriverConfig {
     #[serde(default = "default_timeout_ms")]
     pub timeout_ms: u64,
 }
+
+impl ExecDriverConfig {
+    /// Start and stop commands only: no freeze tier, no status command (the address is
+    /// probed), no scaling or metering commands.
+    pub fn new(start: impl Into<String>, stop: impl Into<String>) -> Self {
+        ExecDriverConfig {
+            start: start.into(),
+            stop: stop.into(),
+            freeze: None,
+            thaw: None,
+            status: None,
+            scale: None,
+            cpu_seconds: None,
+            storage_bytes: None,
+            timeout_ms: default_timeout_ms(),
+        }
+    }
+}

@@ -296,15 +296,8 @@ fn unset_options_are_left_out() {
     assert_eq!(Config::parse(&text, "t").unwrap(), cfg);
 
     let exec = InstanceDriverConfig::Exec(ExecDriverConfig {
-        start: "a".into(),
-        stop: "b".into(),
-        freeze: None,
-        thaw: None,
-        status: None,
-        scale: None,
-        cpu_seconds: None,
-        storage_bytes: None,
         timeout_ms: 1,
+        ..ExecDriverConfig::new("a", "b")
     });
     let text = toml::to_string(&exec).unwrap();
     assert_eq!(

@@ -216,7 +216,19 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 
 async fn serve(cfg: Config) -> Result<()> {
     let admin_addr = cfg.admin.listen.clone();
-    let proxy = holdfast_proxy::Proxy::start(cfg)
+    let node_driver: Option<std::sync::Arc<dyn holdfast_proxy::driver::NodeDriver>> =
+        match cfg.driver.kind {
+            DriverKind::None => None,
+            DriverKind::Lab => match cfg.driver.lab_dir.clone() {
+                Some(dir) => Some(std::sync::Arc::new(holdfast_lab::LabNodeDriver { dir })),
+                None => bail!("[driver] kind = \"lab\" needs lab_dir"),
+            },
+        };
+    let seams = holdfast_proxy::Seams {
+        node_driver,
+        ..Default::default()
+    };
+    let proxy = holdfast_proxy::Proxy::start_with(cfg, seams)
         .await
         .context("cannot bind the proxy listener")?;
     let admin = tokio::net::TcpListener::bind(&admin_addr)
@@ -229,17 +241,6 @@ async fn serve(cfg: Config) -> Result<()> {
         .collect();
     tracing::info!(proxy = %proxy.local_addr()?, admin = %admin_addr, listeners = ?listeners, "holdfast serving");
     let shared = proxy.shared.clone();
-    match shared.config.driver.kind {
-        DriverKind::None => {}
-        DriverKind::Lab => match shared.config.driver.lab_dir.clone() {
-            Some(dir) => {
-                let _ = shared
-                    .driver
-                    .set(std::sync::Arc::new(holdfast_lab::LabNodeDriver { dir }));
-            }
-            None => bail!("[driver] kind = \"lab\" needs lab_dir"),
-        },
-    }
     let admin_task = tokio::spawn(holdfast_admin::serve(admin, shared.clone()));
     let proxy_task = tokio::spawn(proxy.run());
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

@@ -12,7 +12,7 @@ use holdfast_config::{
     AdminConfig, AuthConfig, BackendConfig, Config, HaConfig, HaMode, ProxyConfig, ServerlessConfig,
 };
 use holdfast_lab::TestLab;
-use holdfast_proxy::{Proxy, Shared};
+use holdfast_proxy::{Proxy, Seams, Shared};
 use std::net::SocketAddr;
 use std::process::{Command, Output};
 use std::sync::Arc;
@@ -105,62 +105,28 @@ impl Harness {
         let lab =
             TestLab::start_with(opts.replicas, opts.server_args).context("starting the lab")?;
         let st = &lab.status;
-        let mut cfg = Config {
-            proxy: ProxyConfig {
-                listen: "127.0.0.1:0".into(),
-                ..ProxyConfig::default()
-            },
-            admin: AdminConfig {
-                listen: "127.0.0.1:0".into(),
-            },
-            auth: AuthConfig {
-                monitor_user: st.monitor_user.clone(),
-                monitor_password: st.monitor_password.clone(),
-                ..AuthConfig::default()
-            },
-            backends: vec![BackendConfig {
-                name: lab.primary().name.clone(),
-                address: lab.primary().address.clone(),
-            }],
-            ha: HaConfig::default(),
-            driver: Default::default(),
-            listeners: Vec::new(),
-            serverless: None,
-        };
+        let mut cfg = lab_config(&lab);
         if let Some(f) = opts.serverless {
             let mut section = holdfast_lab::serverless_section(&st.dir, lab.primary())
                 .context("the lab's serverless section")?;
             f(&mut section);
             cfg.serverless = Some(section);
         }
-        if opts.replicas > 0 {
-            cfg.backends = st
-                .nodes
-                .iter()
-                .map(|n| BackendConfig {
-                    name: n.name.clone(),
-                    address: n.address.clone(),
-                })
-                .collect();
-            cfg.ha = HaConfig {
-                mode: HaMode::Managed,
-                repl_user: holdfast_lab::REPL_USER.into(),
-                repl_password: holdfast_lab::REPL_PASSWORD.into(),
-                ..HaConfig::default()
-            };
-        }
         if let Some(f) = opts.tweak {
             f(&mut cfg);
         }
         cfg.validate().context("test configuration")?;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("holdfast-it")
-            .enable_all()
-            .build()
-            .context("building the proxy runtime")?;
+        let runtime = runtime().context("building the proxy runtime")?;
         let (proxy, admin, listeners, shared) = runtime.block_on(async {
-            let proxy = Proxy::start(cfg).await.context("binding the proxy")?;
+            let seams = Seams {
+                node_driver: Some(Arc::new(holdfast_lab::LabNodeDriver {
+                    dir: st.dir.clone(),
+                })),
+                ..Seams::default()
+            };
+            let proxy = Proxy::start_with(cfg, seams)
+                .await
+                .context("binding the proxy")?;
             let admin = tokio::net::TcpListener::bind("127.0.0.1:0")
                 .await
                 .context("binding the admin listener")?;
@@ -169,9 +135,6 @@ impl Harness {
                 proxy.listener_addrs().into_iter().map(|(a, _)| a).collect();
             let admin_addr = admin.local_addr()?;
             let shared = proxy.shared.clone();
-            let _ = shared.driver.set(Arc::new(holdfast_lab::LabNodeDriver {
-                dir: st.dir.clone(),
-            }));
             tokio::spawn(proxy.run());
             tokio::spawn(holdfast_admin::serve(admin, shared.clone()));
             anyhow::Ok((proxy_addr, admin_addr, listeners, shared))
@@ -356,6 +319,64 @@ impl Harness {
         .args(args);
         run_with_deadline(cmd, Duration::from_secs(120)).into()
     }
+}
+
+/// A lab without holdfast in front, for tests that drive holdfast's building blocks
+/// (`holdfast_proxy::ha`...) directly: node1 and `replicas` replicas of it.
+pub fn lab(replicas: usize) -> TestLab {
+    TestLab::start(replicas).unwrap_or_else(|e| panic!("starting the lab: {e:#}"))
+}
+
+/// The configuration the harness runs holdfast with in front of `lab`: listeners on free
+/// ports, the lab's monitor account, every node a backend, and, with replicas, `[ha]` in
+/// managed mode with the lab's replication account.
+pub fn lab_config(lab: &TestLab) -> Config {
+    let st = &lab.status;
+    let ha = if lab.replicas().is_empty() {
+        HaConfig::default()
+    } else {
+        HaConfig {
+            mode: HaMode::Managed,
+            repl_user: holdfast_lab::REPL_USER.into(),
+            repl_password: holdfast_lab::REPL_PASSWORD.into(),
+            ..HaConfig::default()
+        }
+    };
+    Config {
+        proxy: ProxyConfig {
+            listen: "127.0.0.1:0".into(),
+            ..ProxyConfig::default()
+        },
+        admin: AdminConfig {
+            listen: "127.0.0.1:0".into(),
+        },
+        auth: AuthConfig {
+            monitor_user: st.monitor_user.clone(),
+            monitor_password: st.monitor_password.clone(),
+            ..AuthConfig::default()
+        },
+        backends: st
+            .nodes
+            .iter()
+            .map(|n| BackendConfig {
+                name: n.name.clone(),
+                address: n.address.clone(),
+            })
+            .collect(),
+        ha,
+        driver: Default::default(),
+        listeners: Vec::new(),
+        serverless: None,
+    }
+}
+
+/// The runtime holdfast runs on in tests: two workers, like a small deployment.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("holdfast-it")
+        .enable_all()
+        .build()
 }
 
 /// Output of a CLI run.

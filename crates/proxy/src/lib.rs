@@ -21,6 +21,7 @@ pub mod verifiers;
 
 use config::{Config, ListenerMode};
 use ha::controller::HaController;
+use holdfast_serverless::driver::InstanceDriver;
 use metrics::Metrics;
 use registry::SessionRegistry;
 use std::net::SocketAddr;
@@ -45,7 +46,7 @@ pub struct Shared {
     /// True while a planned switchover runs: sessions at a safe point hold their requests.
     pub switching: watch::Sender<bool>,
     /// How nodes are restarted (upgrade, resize); none means restart/resize are refused.
-    pub driver: std::sync::OnceLock<Arc<dyn driver::NodeDriver>>,
+    pub node_driver: Option<Arc<dyn driver::NodeDriver>>,
     /// Mirror of `switching` that sessions read per request without a lock.
     pub switching_now: std::sync::atomic::AtomicBool,
     /// The serverless instance's lifecycle, with `[serverless]`.
@@ -58,11 +59,37 @@ pub struct Shared {
     next_session_id: AtomicU32,
 }
 
+/// What an embedder or a test puts in place of the drivers the configuration names.
+#[derive(Default)]
+pub struct Seams {
+    /// Controls the serverless instance instead of the driver `[serverless.driver]` names
+    /// (e.g. `holdfast_serverless::driver::ScriptedDriver`); unused without `[serverless]`.
+    pub instance_driver: Option<Box<dyn InstanceDriver>>,
+    /// Restarts nodes (upgrade, resize); without one, restart and resize are refused.
+    pub node_driver: Option<Arc<dyn driver::NodeDriver>>,
+}
+
 impl Shared {
+    /// Shared state with the drivers the configuration names and no node driver.
     pub fn new(config: Arc<Config>, topology: watch::Receiver<Arc<Topology>>) -> Self {
+        Self::with_seams(config, topology, Seams::default())
+    }
+
+    /// Shared state with the drivers `seams` puts in place (the configured ones otherwise).
+    pub fn with_seams(
+        config: Arc<Config>,
+        topology: watch::Receiver<Arc<Topology>>,
+        seams: Seams,
+    ) -> Self {
+        let Seams {
+            instance_driver,
+            node_driver,
+        } = seams;
         let serverless = config.serverless.as_ref().and_then(|sl| {
             let address = config.backends.first()?.address.clone();
-            Some(serverless::Lifecycle::new(sl.clone(), address))
+            let driver = instance_driver
+                .unwrap_or_else(|| holdfast_serverless::driver::build(&sl.driver, &address));
+            Some(serverless::Lifecycle::new(sl.clone(), address, driver))
         });
         let gate: Arc<dyn gate::BackendGate> = match &serverless {
             Some(lc) => lc.clone(),
@@ -81,7 +108,7 @@ impl Shared {
             started: Instant::now(),
             switching: watch::channel(false).0,
             switching_now: std::sync::atomic::AtomicBool::new(false),
-            driver: std::sync::OnceLock::new(),
+            node_driver,
             next_session_id: AtomicU32::new(1),
         }
     }
@@ -95,7 +122,7 @@ impl Shared {
         node: &str,
         spec: &driver::RestartSpec,
     ) -> Result<Vec<String>, RestartError> {
-        let driver = self.driver.get().cloned().ok_or(RestartError::NoDriver)?;
+        let driver = self.node_driver.clone().ok_or(RestartError::NoDriver)?;
         let mut steps = Vec::new();
         let t = Instant::now();
         let was_primary = self
@@ -245,8 +272,13 @@ pub struct Proxy {
 
 impl Proxy {
     /// Binds the client listeners, opens the usage ledger (with `[serverless]`) and starts
-    /// the background tasks.
+    /// the background tasks, with the drivers the configuration names.
     pub async fn start(config: Config) -> std::io::Result<Proxy> {
+        Self::start_with(config, Seams::default()).await
+    }
+
+    /// [`Proxy::start`] with drivers put in place by the caller.
+    pub async fn start_with(config: Config, seams: Seams) -> std::io::Result<Proxy> {
         let config = Arc::new(config);
         let listener = TcpListener::bind(&config.proxy.listen).await?;
         let mut extra = Vec::new();
@@ -257,7 +289,7 @@ impl Proxy {
             extra.push((bound, l.mode));
         }
         let (tx, rx) = watch::channel(Arc::new(Topology::from_config(&config)));
-        let mut shared = Shared::new(config.clone(), rx);
+        let mut shared = Shared::with_seams(config.clone(), rx, seams);
         if let Some(sl) = &config.serverless {
             let ledger = holdfast_serverless::ledger::Ledger::open(&sl.ledger)
                 .map_err(|e| std::io::Error::other(e.to_string()))?;

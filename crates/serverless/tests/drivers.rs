@@ -659,15 +659,8 @@ async fn exec_driver_drives_real_mariadbd_through_shell_commands() {
     // Without a status command, status probes the address.
     let probing = ExecDriver::new(
         ExecDriverConfig {
-            start: "true".into(),
-            stop: "true".into(),
-            freeze: None,
-            thaw: None,
-            status: None,
-            scale: None,
-            cpu_seconds: None,
-            storage_bytes: None,
             timeout_ms: 5_000,
+            ..ExecDriverConfig::new("true", "true")
         },
         &inst.address,
     );
@@ -721,15 +714,14 @@ async fn exec_driver_failures_and_timeouts() {
     let address = format!("127.0.0.1:{}", free_port());
     let driver = ExecDriver::new(
         ExecDriverConfig {
-            start: "echo 'disk on fire' >&2; exit 3".into(),
-            stop: format!("sleep 30 & echo $! > {}; wait", sh_quote(&sleeper_pid)),
             freeze: Some("true".into()),
-            thaw: None,
             status: Some("echo 'cannot reach the api' >&2; exit 1".into()),
-            scale: None,
             cpu_seconds: Some("echo lots".into()),
-            storage_bytes: None,
             timeout_ms: 300,
+            ..ExecDriverConfig::new(
+                "echo 'disk on fire' >&2; exit 3",
+                format!("sleep 30 & echo $! > {}; wait", sh_quote(&sleeper_pid)),
+            )
         },
         &address,
     );
@@ -770,15 +762,11 @@ async fn exec_driver_failures_and_timeouts() {
     let holder_pid = dir.path().join("holder.pid");
     let holder = ExecDriver::new(
         ExecDriverConfig {
-            start: "true".into(),
-            stop: format!("sleep 30 & echo $! > {}", sh_quote(&holder_pid)),
-            freeze: None,
-            thaw: None,
-            status: None,
-            scale: None,
-            cpu_seconds: None,
-            storage_bytes: None,
             timeout_ms: 10_000,
+            ..ExecDriverConfig::new(
+                "true",
+                format!("sleep 30 & echo $! > {}", sh_quote(&holder_pid)),
+            )
         },
         &address,
     );
@@ -797,15 +785,8 @@ async fn exec_driver_failures_and_timeouts() {
     // The server address never answers: start's readiness wait times out.
     let silent = ExecDriver::new(
         ExecDriverConfig {
-            start: "true".into(),
-            stop: "true".into(),
-            freeze: None,
-            thaw: None,
-            status: None,
-            scale: None,
-            cpu_seconds: None,
-            storage_bytes: None,
             timeout_ms: 200,
+            ..ExecDriverConfig::new("true", "true")
         },
         &address,
     );

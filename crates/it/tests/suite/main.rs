@@ -4,6 +4,7 @@
 mod admin;
 mod bad_input;
 mod cli;
+mod ha;
 mod ha_admin;
 mod keepalive;
 mod python;

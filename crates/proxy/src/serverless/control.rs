@@ -3,15 +3,15 @@
 
 use super::{Lifecycle, PauseError, PauseTier, Phase};
 use crate::Shared;
-use holdfast_serverless::driver::{DriverConfig, PowerState};
+use holdfast_serverless::driver::PowerState;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How often idleness is checked.
 const TICK: Duration = Duration::from_secs(1);
-/// How often a running instance's server is checked to be alive (process driver: a /proc
-/// read).
+/// How often a running instance's server is checked to be alive, with drivers that can
+/// tell cheaply (process driver: a /proc read).
 const HEALTH_CHECK: Duration = Duration::from_secs(2);
 /// How long a pause waits for requests and logins in flight to finish before giving up.
 const PAUSE_DRAIN: Duration = Duration::from_secs(2);
@@ -60,9 +60,7 @@ pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>) {
                 }
                 // Only where asking is cheap (a /proc read): an exec driver's status command
                 // or a probe connection every few seconds would load the server's host.
-                if matches!(lc.config.driver, DriverConfig::Process(_))
-                    && last_health_check.elapsed() >= HEALTH_CHECK
-                {
+                if lc.driver.status_is_cheap() && last_health_check.elapsed() >= HEALTH_CHECK {
                     last_health_check = Instant::now();
                     if let Ok(PowerState::Stopped) = lc.driver.status().await {
                         crashed(&shared, &lc);

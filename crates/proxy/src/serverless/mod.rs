@@ -158,8 +158,14 @@ pub struct Lifecycle {
 }
 
 impl Lifecycle {
-    pub fn new(config: ServerlessConfig, address: String) -> Arc<Lifecycle> {
-        let driver = holdfast_serverless::driver::build(&config.driver, &address);
+    /// The lifecycle of the instance at `address`, controlled by `driver` (the one
+    /// `config.driver` names, from [`holdfast_serverless::driver::build`], or a stand-in
+    /// such as [`holdfast_serverless::driver::ScriptedDriver`] in tests).
+    pub fn new(
+        config: ServerlessConfig,
+        address: String,
+        driver: Box<dyn InstanceDriver>,
+    ) -> Arc<Lifecycle> {
         let ccu = config.start_ccu.unwrap_or(config.scale.min_ccu);
         let now = Instant::now();
         Arc::new(Lifecycle {

@@ -12,10 +12,12 @@ pub mod exec;
 pub mod node;
 pub mod process;
 pub mod ready;
+pub mod scripted;
 
 pub use exec::ExecDriver;
 pub use holdfast_config::serverless::{ExecDriverConfig, ProcessDriverConfig};
 pub use process::ProcessDriver;
+pub use scripted::ScriptedDriver;
 
 /// What the instance's server is doing, as far as the driver can tell.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -65,6 +67,12 @@ pub trait InstanceDriver: Send + Sync {
     fn freeze(&self) -> DriverFuture<'_, ()>;
     fn thaw(&self) -> DriverFuture<'_, ()>;
     fn status(&self) -> DriverFuture<'_, PowerState>;
+    /// Whether [`InstanceDriver::status`] is cheap enough to ask every few seconds (a /proc
+    /// read) to notice a server that died while running. An operator's status command or a
+    /// probe connection that often would load the server's host: such drivers say no.
+    fn status_is_cheap(&self) -> bool {
+        false
+    }
     /// Applies a compute size in capacity units (1 CCU = 1 CPU and 2 GiB). Memory inside
     /// the server (buffer pool) is resized by the caller over SQL; the driver sets limits.
     fn scale(&self, ccu: f64) -> DriverFuture<'_, ScaleApplied>;

@@ -659,6 +659,10 @@ impl InstanceDriver for ProcessDriver {
         "process"
     }
 
+    fn status_is_cheap(&self) -> bool {
+        true
+    }
+
     fn start(&self) -> DriverFuture<'_, ()> {
         Box::pin(self.start_server())
     }

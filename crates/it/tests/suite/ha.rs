@@ -1,61 +1,25 @@
-//! The HA manager against real MariaDB: switchover (and back), failover after SIGKILL with
-//! detection, rejoin, and refusing to rejoin a diverged node.
+//! The HA manager's building blocks against real MariaDB, without a proxy in front:
+//! switchover (and back), failover after SIGKILL with detection, rejoin, and refusing to
+//! rejoin a diverged node. (`ha_admin` drives the same through the admin API.)
 //!
 //! Every wait polls with a deadline; timings are printed, never asserted.
 
-use holdfast_lab::{
-    node_sql, node_sql_maps, wait_for, NodeStatus, TestLab, DATABASE, REPL_PASSWORD, REPL_USER,
-};
-use holdfast_proxy::config::{AuthConfig, BackendConfig, Config, ProxyConfig};
+use holdfast_it::{lab, lab_config, runtime, wait_for};
+use holdfast_lab::{node_sql, node_sql_maps, NodeStatus, TestLab, DATABASE};
+use holdfast_proxy::config::Config;
 use holdfast_proxy::ha::{self, HaConfig, HaError, LossVerdict};
 use std::time::{Duration, Instant};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-fn config(lab: &TestLab) -> Config {
-    Config {
-        proxy: ProxyConfig {
-            listen: "127.0.0.1:0".into(),
-            connect_timeout_ms: 2_000,
-            ..ProxyConfig::default()
-        },
-        admin: Default::default(),
-        auth: AuthConfig {
-            monitor_user: lab.status.monitor_user.clone(),
-            monitor_password: lab.status.monitor_password.clone(),
-            ..AuthConfig::default()
-        },
-        backends: lab
-            .status
-            .nodes
-            .iter()
-            .map(|n| BackendConfig {
-                name: n.name.clone(),
-                address: n.address.clone(),
-            })
-            .collect(),
-        ha: ha_config(),
-        driver: Default::default(),
-        listeners: Vec::new(),
-        serverless: None,
-    }
-}
-
-fn ha_config() -> HaConfig {
-    HaConfig {
-        mode: ha::HaMode::Managed,
-        repl_user: REPL_USER.into(),
-        repl_password: REPL_PASSWORD.into(),
-        ..HaConfig::default()
-    }
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
+/// The lab, holdfast's configuration for it (`[ha]` managed) and a runtime to run the HA
+/// operations on.
+fn setup(replicas: usize) -> (TestLab, Config, HaConfig, tokio::runtime::Runtime) {
+    let lab = lab(replicas);
+    let cfg = lab_config(&lab);
+    let ha = cfg.ha.clone();
+    assert_eq!(ha.mode, ha::HaMode::Managed);
+    (lab, cfg, ha, runtime().expect("runtime"))
 }
 
 fn node<'a>(lab: &'a TestLab, name: &str) -> &'a NodeStatus {
@@ -78,20 +42,30 @@ fn value(n: &NodeStatus, s: &str) -> String {
         .unwrap_or_default()
 }
 
-fn count(n: &NodeStatus) -> u64 {
+/// The rows in the test table; `None` while the table is missing (or the query fails) on
+/// a replica that has not caught up yet.
+fn try_count(n: &NodeStatus) -> Option<u64> {
     node_sql(n, &format!("SELECT COUNT(*) FROM {DATABASE}.ha_t"))
+        .ok()?
+        .into_iter()
+        .next()?
+        .into_iter()
+        .next()?
+        .parse()
         .ok()
-        .and_then(|r| r.into_iter().next())
-        .and_then(|r| r.into_iter().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+}
+
+/// The rows in the test table, which must be readable now (a failed query is not 0 rows).
+fn count(n: &NodeStatus) -> u64 {
+    value(n, &format!("SELECT COUNT(*) FROM {DATABASE}.ha_t"))
+        .parse()
+        .unwrap_or_else(|e| panic!("row count on {}: {e}", n.name))
 }
 
 fn wait_count(n: &NodeStatus, want: u64) {
     wait_for(&format!("{want} rows on {}", n.name), WAIT, || {
-        (count(n) == want).then_some(())
-    })
-    .unwrap();
+        (try_count(n) == Some(want)).then_some(())
+    });
 }
 
 fn insert(n: &NodeStatus, from: u64, to: u64) {
@@ -128,8 +102,7 @@ fn assert_topology(lab: &TestLab, primary: &str) {
                     && row.get("Slave_SQL_Running").map(String::as_str) == Some("Yes");
                 ok.then_some(())
             },
-        )
-        .unwrap();
+        );
     }
 }
 
@@ -150,10 +123,7 @@ fn pretty<T: serde::Serialize>(v: &T) -> String {
 
 #[test]
 fn switchover_and_back() {
-    let lab = TestLab::start(2).expect("lab");
-    let cfg = config(&lab);
-    let ha = ha_config();
-    let rt = rt();
+    let (lab, cfg, ha, rt) = setup(2);
     setup_table(&lab, 50);
     // An account that read_only stops: everything but SUPER and READ_ONLY ADMIN.
     sql(
@@ -170,14 +140,19 @@ fn switchover_and_back() {
         .expect("switchover to node2");
     println!("switchover node1 -> node2: {}", pretty(&report));
     assert_eq!(report.new_primary, "node2");
-    assert!(report.skipped.is_empty(), "{:?}", report.skipped);
-    assert!(report.warnings.is_empty(), "{:?}", report.warnings);
+    assert!(report.skipped.is_empty(), "{}", pretty(&report));
+    assert!(report.warnings.is_empty(), "{}", pretty(&report));
     // Nothing lost: every row written before is on the new primary right away.
     assert_eq!(count(node(&lab, "node2")), 100);
     assert_topology(&lab, "node2");
-    let probes = rt.block_on(ha::probe_all(&cfg, &cfg.backends, Duration::from_secs(5)));
+    let probes = rt.block_on(ha::probe_all(&cfg, &cfg.backends, ha.statement_timeout()));
     let writable = ha::find_writable(&probes).expect("one writable");
-    assert_eq!(writable.map(|w| w.name.as_str()), Some("node2"));
+    assert_eq!(
+        writable.map(|w| w.name.as_str()),
+        Some("node2"),
+        "{}",
+        pretty(&probes)
+    );
 
     // read_only stops an account without SUPER / READ_ONLY ADMIN on the old primary.
     let out = std::process::Command::new("mariadb")
@@ -209,7 +184,7 @@ fn switchover_and_back() {
         .block_on(ha::switchover(&cfg, &cfg.backends, Some("node1"), &ha))
         .expect("switchover back to node1");
     println!("switchover node2 -> node1: {}", pretty(&report));
-    assert!(report.warnings.is_empty(), "{:?}", report.warnings);
+    assert!(report.warnings.is_empty(), "{}", pretty(&report));
     assert_topology(&lab, "node1");
     insert(lab.primary(), 111, 120);
     for n in &lab.status.nodes {
@@ -248,10 +223,7 @@ fn switchover_and_back() {
 
 #[test]
 fn failover_after_kill_then_rejoin() {
-    let mut lab = TestLab::start(2).expect("lab");
-    let cfg = config(&lab);
-    let ha = ha_config();
-    let rt = rt();
+    let (mut lab, cfg, ha, rt) = setup(2);
     setup_table(&lab, 100);
 
     let mut guard = ha::FailoverGuard::from_config(&ha);
@@ -321,10 +293,7 @@ fn failover_after_kill_then_rejoin() {
 
 #[test]
 fn diverged_node_is_not_rejoined() {
-    let mut lab = TestLab::start(2).expect("lab");
-    let cfg = config(&lab);
-    let ha = ha_config();
-    let rt = rt();
+    let (mut lab, cfg, ha, rt) = setup(2);
     setup_table(&lab, 10);
     // The replicas stop receiving; node1 commits a row nobody else gets, then dies.
     for r in lab.replicas() {
