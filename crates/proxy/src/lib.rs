@@ -124,27 +124,13 @@ impl Shared {
     ) -> Result<Vec<String>, RestartError> {
         let driver = self.node_driver.clone().ok_or(RestartError::NoDriver)?;
         let mut steps = Vec::new();
-        let t = Instant::now();
         let was_primary = self
             .topology
             .borrow()
             .primary_node()
             .is_some_and(|n| n.name == node);
         if was_primary {
-            let r = self
-                .switchover(None)
-                .await
-                .map_err(|source| RestartError::Switchover {
-                    step: "away from",
-                    node: node.to_string(),
-                    source,
-                })?;
-            steps.push(format!(
-                "switched over {} -> {} ({} ms)",
-                r.old_primary,
-                r.new_primary,
-                t.elapsed().as_millis()
-            ));
+            steps.push(self.switchover_step(None, "away from", node).await?);
         }
         let t = Instant::now();
         driver
@@ -168,23 +154,34 @@ impl Shared {
             t.elapsed().as_millis()
         ));
         if was_primary {
-            let t = Instant::now();
-            let r = self
-                .switchover(Some(node.to_string()))
-                .await
-                .map_err(|source| RestartError::Switchover {
-                    step: "back to",
-                    node: node.to_string(),
-                    source,
-                })?;
-            steps.push(format!(
-                "switched over {} -> {} ({} ms)",
-                r.old_primary,
-                r.new_primary,
-                t.elapsed().as_millis()
-            ));
+            let back = Some(node.to_string());
+            steps.push(self.switchover_step(back, "back to", node).await?);
         }
         Ok(steps)
+    }
+
+    /// One switchover of a planned restart, described for its step list.
+    async fn switchover_step(
+        &self,
+        target: Option<String>,
+        step: &'static str,
+        node: &str,
+    ) -> Result<String, RestartError> {
+        let t = Instant::now();
+        let r = self
+            .switchover(target)
+            .await
+            .map_err(|source| RestartError::Switchover {
+                step,
+                node: node.to_string(),
+                source,
+            })?;
+        Ok(format!(
+            "switched over {} -> {} ({} ms)",
+            r.old_primary,
+            r.new_primary,
+            t.elapsed().as_millis()
+        ))
     }
 
     /// A planned switchover clients do not notice: sessions first finish their transactions
