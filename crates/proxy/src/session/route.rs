@@ -31,10 +31,13 @@ pub(super) async fn open_gate(shared: &Shared, trigger: &'static str) -> Result<
         tracing::warn!(trigger, error = %e, "the instance did not resume in time");
         ClientError::new(
             ErrorKind::InstanceUnavailable,
-            format!(
-                "holdfast: {}; the statement was not run",
-                e.client_message()
-            ),
+            match trigger {
+                "login" => format!("holdfast: {}; try again later", e.client_message()),
+                _ => format!(
+                    "holdfast: {}; the statement was not run",
+                    e.client_message()
+                ),
+            },
         )
     })
 }
