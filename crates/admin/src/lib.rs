@@ -124,7 +124,7 @@ pub fn status(shared: &Shared) -> Status {
             sessions_open: sessions.len(),
             connections_accepted: m.connections_accepted.get(),
             logins_failed: m.logins_failed.get(),
-            commands: m.query_latency.count(),
+            commands: m.requests.latency_count(),
             backend_connects: m.backend_connects.get(),
             backend_connect_failures: m.backend_connect_failures.get(),
             sessions_moved: m.sessions_moved.get(),

@@ -98,7 +98,7 @@ impl Session {
                 .send_error(reply_seq, &ClientError::malformed("empty command"))
                 .await;
         };
-        self.shared.metrics.count_command(cmd);
+        self.shared.metrics.requests.command(cmd);
         self.response_started = false;
         match cmd {
             COM_QUIT => Err(End::Quit),
@@ -212,7 +212,7 @@ impl Session {
         }
         let chunk = self.backend.conn.rbuf.split_to(n);
         self.response_started = true;
-        self.shared.metrics.bytes_to_clients.inc_by(n as u64);
+        self.shared.metrics.requests.bytes_to_client(n as u64);
         self.client
             .stream
             .write_all(&chunk)
@@ -376,7 +376,7 @@ impl Session {
                 self.backend.conn.rbuf.advance(wire_len);
                 self.response_started = true;
                 let n = before.len() + self.scratch.len();
-                self.shared.metrics.bytes_to_clients.inc_by(n as u64);
+                self.shared.metrics.requests.bytes_to_client(n as u64);
                 let mut out = before.chain(&self.scratch[..]);
                 self.client
                     .stream
@@ -404,8 +404,8 @@ impl Session {
             let chunk = self.client.rbuf.split_to(wire_len);
             self.shared
                 .metrics
-                .bytes_from_clients
-                .inc_by(wire_len as u64);
+                .requests
+                .bytes_from_client(wire_len as u64);
             self.forward(&chunk).await?;
             if parse_header(&chunk).is_some_and(|h| h.len == 0) {
                 return Ok(());

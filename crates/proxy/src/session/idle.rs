@@ -85,8 +85,8 @@ impl Session {
             };
             self.shared
                 .metrics
-                .bytes_from_clients
-                .inc_by(wire_len as u64);
+                .requests
+                .bytes_from_client(wire_len as u64);
             return Ok(self.client.rbuf.split_to(wire_len));
         }
     }

@@ -287,7 +287,7 @@ impl Session {
                     return end;
                 }
             }
-            self.shared.metrics.query_latency.observe(started.elapsed());
+            self.shared.metrics.requests.latency(started.elapsed());
             self.info.commands.fetch_add(1, Ordering::Relaxed);
             self.info
                 .status

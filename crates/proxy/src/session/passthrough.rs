@@ -42,8 +42,8 @@ pub(super) async fn run(
     .await;
     match result {
         Ok((up, down)) => {
-            shared.metrics.bytes_from_clients.inc_by(up);
-            shared.metrics.bytes_to_clients.inc_by(down);
+            shared.metrics.requests.bytes_from_client(up);
+            shared.metrics.requests.bytes_to_client(down);
             tracing::debug!(session = id, up, down, "pass-through session ended");
         }
         Err(e) => tracing::debug!(session = id, error = %e, "pass-through session ended"),
