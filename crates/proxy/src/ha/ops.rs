@@ -129,6 +129,28 @@ fn probe_of<'a>(probes: &'a [NodeReplication], name: &str) -> Option<&'a NodeRep
     probes.iter().find(|p| p.name == name)
 }
 
+/// The nodes to re-point after an operation: all but `except` that answered the probe; the
+/// unreachable ones are reported as skipped.
+fn reachable_except<'a>(
+    nodes: impl Iterator<Item = &'a BackendConfig>,
+    except: &[&str],
+    probes: &[NodeReplication],
+    operation: &str,
+    skipped: &mut Vec<Skipped>,
+) -> Vec<&'a BackendConfig> {
+    let mut reachable = Vec::new();
+    for n in nodes.filter(|n| !except.contains(&n.name.as_str())) {
+        match probe_of(probes, &n.name) {
+            Some(p) if p.reachable => reachable.push(n),
+            _ => skipped.push(Skipped {
+                node: n.name.clone(),
+                reason: format!("unreachable during {operation}; rejoin it"),
+            }),
+        }
+    }
+    reachable
+}
+
 /// Whole seconds for a server-side timeout, at least 1.
 fn secs_ceil(d: Duration) -> u64 {
     d.as_millis().div_ceil(1000).max(1) as u64
@@ -473,20 +495,13 @@ pub async fn switchover(
             });
         }
     }
-    let others: Vec<&BackendConfig> = nodes
-        .iter()
-        .filter(|n| n.name != old.name && n.name != target_cfg.name)
-        .filter(|n| match probe_of(&probes, &n.name) {
-            Some(p) if p.reachable => true,
-            _ => {
-                skipped.push(Skipped {
-                    node: n.name.clone(),
-                    reason: "unreachable during switchover; rejoin it".into(),
-                });
-                false
-            }
-        })
-        .collect();
+    let others = reachable_except(
+        nodes.iter(),
+        &[&old.name, &target_cfg.name],
+        &probes,
+        "switchover",
+        &mut skipped,
+    );
     repoint_all(cfg, &others, &target_cfg, ha, &mut repointed, &mut skipped).await;
     t.mark("repoint");
     let report = SwitchoverReport {
@@ -623,20 +638,13 @@ pub async fn failover(
 
     let mut repointed = Vec::new();
     let mut skipped = Vec::new();
-    let rest: Vec<&BackendConfig> = others
-        .iter()
-        .filter(|n| n.name != new_cfg.name)
-        .filter(|n| match probe_of(&probes, &n.name) {
-            Some(p) if p.reachable => true,
-            _ => {
-                skipped.push(Skipped {
-                    node: n.name.clone(),
-                    reason: "unreachable during failover; rejoin it".into(),
-                });
-                false
-            }
-        })
-        .collect();
+    let rest = reachable_except(
+        others.iter(),
+        &[&new_cfg.name],
+        &probes,
+        "failover",
+        &mut skipped,
+    );
     repoint_all(cfg, &rest, &new_cfg, ha, &mut repointed, &mut skipped).await;
     t.mark("repoint");
     let report = FailoverReport {
