@@ -63,7 +63,7 @@ impl Session {
                     request
                 });
                 let commit = query.is_some_and(|(_, commit)| commit);
-                self.recover_lost_request(error, retry, reply_seq, in_transaction, commit)
+                Box::pin(self.recover_lost_request(error, retry, reply_seq, in_transaction, commit))
                     .await
             }
             other => other,
@@ -116,7 +116,7 @@ impl Session {
             | COM_STMT_RESET
             | COM_STMT_CLOSE
             | COM_STMT_SEND_LONG_DATA => self.statement_command(cmd, request, reply_seq).await,
-            COM_CHANGE_USER => self.change_user(request).await,
+            COM_CHANGE_USER => Box::pin(self.change_user(request)).await,
             COM_RESET_CONNECTION => {
                 self.forward(request).await?;
                 self.relay(Expect::Status).await?;

@@ -127,7 +127,9 @@ impl Session {
         if !self.record.capture_due || self.backend_dead {
             return;
         }
-        match restore::capture_session(&mut self.backend).await {
+        // Boxed, like the other rare paths, so that its state does not add to the size of
+        // every session's future.
+        match Box::pin(restore::capture_session(&mut self.backend)).await {
             Ok(c) => {
                 self.record.last_insert_id = c.last_insert_id;
                 self.captured = c;
@@ -146,6 +148,12 @@ impl Session {
 
     /// Moves the session to the current primary, waiting for one up to the hold window.
     pub(super) async fn relocate(&mut self, why: &'static str) -> Result<(), End> {
+        // Boxed: a move is rare and its future is large (login, restore, re-prepare); kept
+        // inline it would make every session's future, idle ones included, that large.
+        Box::pin(self.relocate_now(why)).await
+    }
+
+    async fn relocate_now(&mut self, why: &'static str) -> Result<(), End> {
         let started = Instant::now();
         let hold = self.shared.config.proxy.hold_window();
         let deadline = started + hold;

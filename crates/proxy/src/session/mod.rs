@@ -154,14 +154,17 @@ pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr, mode:
     let id = shared.next_session_id();
     let mut client = PacketConn::new(stream);
     let epoch = shared.gate.epoch();
-    let Some(logged_in) = authenticate(&shared, &mut client, peer, id, mode).await else {
+    // Boxed: the login's future is large and lives only until the session starts.
+    let login = Box::pin(authenticate(&shared, &mut client, peer, id, mode));
+    let Some(logged_in) = login.await else {
         return;
     };
     if mode == ListenerMode::Passthrough {
         passthrough::run(shared, client, logged_in, peer, id).await;
         return;
     }
-    let Some(mut session) = Session::start(shared, client, logged_in, peer, id, epoch).await else {
+    let start = Box::pin(Session::start(shared, client, logged_in, peer, id, epoch));
+    let Some(mut session) = start.await else {
         return;
     };
     let end = session.serve().await;
