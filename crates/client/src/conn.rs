@@ -19,6 +19,9 @@ pub enum ConnError {
     Wire(#[from] holdfast_wire::WireError),
 }
 
+/// What a connection whose buffer was released reads into while it waits.
+const IDLE_READ_BUFFER: usize = 256;
+
 pub struct PacketConn {
     pub stream: TcpStream,
     pub rbuf: BytesMut,
@@ -41,8 +44,10 @@ impl PacketConn {
     /// Reads more bytes into the buffer; `Closed` at end of stream.
     pub async fn fill(&mut self) -> Result<usize, ConnError> {
         if self.rbuf.capacity() == 0 {
-            // A buffer released while idle: most requests fit in a small one.
-            self.rbuf.reserve(4096);
+            // A buffer released while idle. An idle connection waits here, so a small one:
+            // it takes the next request's first bytes (a short query whole), and a longer
+            // request grows it on the next read.
+            self.rbuf.reserve(IDLE_READ_BUFFER);
         } else if self.rbuf.capacity() - self.rbuf.len() < 1024 {
             self.rbuf.reserve(16 * 1024);
         }
