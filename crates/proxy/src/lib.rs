@@ -363,6 +363,7 @@ async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
+        let stream: conn::BoxedIo = Box::new(stream);
         shared.metrics.connections_accepted.inc();
         let shared = shared.clone();
         match limit.clone().try_acquire_owned() {

@@ -248,10 +248,10 @@ impl Session {
         why: &'static str,
         started: Instant,
     ) {
-        let old = std::mem::replace(&mut self.backend, new);
+        let mut old = std::mem::replace(&mut self.backend, new);
         if !self.backend_dead {
             // Best effort, without waiting: tell the old server we are leaving.
-            let _ = old.conn.stream.try_write(&[1, 0, 0, 0, COM_QUIT]);
+            let _ = old.conn.try_write_now(&[1, 0, 0, 0, COM_QUIT]);
         }
         drop(old);
         let elapsed = started.elapsed();
