@@ -1,11 +1,28 @@
-//! A framed connection: a TCP stream with its read buffer, reading and writing whole
+//! A framed connection: a byte stream with its read buffer, reading and writing whole
 //! logical packets (continuations joined).
+//!
+//! The stream is a [`BoxedIo`]: a TCP socket in production (options such as `TCP_NODELAY`
+//! are set on it before it is boxed), one end of a `tokio::io::duplex` pipe in tests, and
+//! later a TLS stream that replaces the TCP one mid-handshake ([`PacketConn::take_stream`],
+//! [`PacketConn::replace_stream`]). One virtual call per read or write is noise next to the
+//! syscall behind it; vectored writes pass through the box (`Box<dyn AsyncWrite>` forwards
+//! `poll_write_vectored` and `is_write_vectored`).
 
 use bytes::{Bytes, BytesMut};
 use holdfast_wire::frame::{self, Scan};
 use std::io;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+
+/// A bidirectional byte stream a [`PacketConn`] can own: a `TcpStream`, a TLS stream, one
+/// end of `tokio::io::duplex`...
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static> Io for T {}
+
+/// The stream of a [`PacketConn`].
+pub type BoxedIo = Box<dyn Io>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConnError {
@@ -23,7 +40,7 @@ pub enum ConnError {
 const IDLE_READ_BUFFER: usize = 256;
 
 pub struct PacketConn {
-    pub stream: TcpStream,
+    pub stream: BoxedIo,
     pub rbuf: BytesMut,
 }
 
@@ -34,10 +51,41 @@ pub struct Packet {
 }
 
 impl PacketConn {
-    pub fn new(stream: TcpStream) -> Self {
+    pub fn new(stream: BoxedIo) -> Self {
         PacketConn {
             stream,
             rbuf: BytesMut::with_capacity(4096),
+        }
+    }
+
+    /// Puts `stream` in place of the current one (e.g. a TLS stream wrapping what
+    /// [`PacketConn::take_stream`] returned) and returns the one it replaces. The read
+    /// buffer is kept.
+    pub fn replace_stream(&mut self, stream: BoxedIo) -> BoxedIo {
+        std::mem::replace(&mut self.stream, stream)
+    }
+
+    /// Takes the stream out, e.g. to run a TLS handshake over it, leaving a detached
+    /// placeholder on which every read and write fails (`NotConnected`) until
+    /// [`PacketConn::replace_stream`] puts a stream back. Also returns the bytes already
+    /// read but not yet consumed: they came after the last packet read and belong to
+    /// whatever follows on the stream (a client sends its TLS ClientHello right behind
+    /// the SSLRequest), so the caller must feed them to it first.
+    pub fn take_stream(&mut self) -> (BoxedIo, BytesMut) {
+        let buffered = self.rbuf.split();
+        (self.replace_stream(Box::new(Detached)), buffered)
+    }
+
+    /// Writes what the stream takes of `bytes` right now, without waiting (best effort,
+    /// e.g. a COM_QUIT to a connection about to be dropped). Returns how many bytes went.
+    pub fn try_write_now(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        let mut cx = Context::from_waker(Waker::noop());
+        match Pin::new(&mut self.stream).poll_write(&mut cx, bytes) {
+            Poll::Ready(r) => {
+                let _ = Pin::new(&mut self.stream).poll_flush(&mut cx);
+                r
+            }
+            Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
         }
     }
 
@@ -105,6 +153,40 @@ impl PacketConn {
     pub async fn write_raw(&mut self, bytes: &[u8]) -> Result<(), ConnError> {
         self.stream.write_all(bytes).await?;
         Ok(())
+    }
+}
+
+/// The placeholder [`PacketConn::take_stream`] leaves behind.
+struct Detached;
+
+fn detached() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::NotConnected,
+        "the connection's stream was taken out",
+    )
+}
+
+impl AsyncRead for Detached {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        _: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Poll::Ready(Err(detached()))
+    }
+}
+
+impl AsyncWrite for Detached {
+    fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, _: &[u8]) -> Poll<io::Result<usize>> {
+        Poll::Ready(Err(detached()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Err(detached()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Err(detached()))
     }
 }
 

@@ -5,7 +5,8 @@
 //! It speaks the text protocol only, logs in with `mysql_native_password` (a known
 //! password or its stored hash, [`PasswordHash`]) and buffers whole answers: it is not a
 //! general driver. Packets are built and parsed by `holdfast_wire`; this crate adds the
-//! socket ([`PacketConn`]), the login exchange ([`open`], [`login`], [`connect`]) and
+//! framed stream ([`PacketConn`] over any [`Io`]: TCP, or an in-process pipe in tests), the
+//! login exchange ([`open`] or [`greet`] on a stream of one's own, [`login`], [`connect`]) and
 //! statement execution ([`Client::execute`], [`Client::query`], and
 //! [`Client::execute_prepared`] for exact values through the binary protocol).
 //!
@@ -21,7 +22,7 @@ mod query;
 #[cfg(test)]
 mod tests;
 
-pub use conn::{ConnError, Packet, PacketConn};
+pub use conn::{BoxedIo, ConnError, Io, Packet, PacketConn};
 pub use holdfast_wire::auth::PasswordHash;
 pub use prepared::BinaryResult;
 pub use query::{parse_text_row, Executed, OkInfo, TextResult};
@@ -158,23 +159,36 @@ pub struct Client {
     pub capabilities: u32,
 }
 
-/// Opens a TCP connection and reads the server's greeting.
+/// Opens a TCP connection to `addr` with `TCP_NODELAY`, boxed for a [`PacketConn`]. No
+/// timeout of its own: [`open`] puts one around it.
+pub async fn tcp_connect(addr: &str) -> std::io::Result<BoxedIo> {
+    let stream = TcpStream::connect(addr).await?;
+    let _ = stream.set_nodelay(true);
+    Ok(Box::new(stream))
+}
+
+/// Reads the server's greeting on a freshly opened stream (an ERR instead of a greeting is
+/// the server's refusal). No timeout of its own.
+pub async fn greet(stream: BoxedIo) -> Result<(PacketConn, Greeting), ClientError> {
+    let mut conn = PacketConn::new(stream);
+    let greet = conn.read_packet(CONTROL_MAX_PACKET).await?;
+    if greet.payload.first() == Some(&ERR_HEADER) {
+        return Err(ClientError::from_err_payload(&greet.payload));
+    }
+    let greeting = Greeting::parse(&greet.payload).map_err(ConnError::Wire)?;
+    Ok((conn, greeting))
+}
+
+/// Opens a TCP connection and reads the server's greeting, within `timeout`.
 pub async fn open(addr: &str, timeout: Duration) -> Result<(PacketConn, Greeting), ClientError> {
     let fut = async {
-        let stream = TcpStream::connect(addr)
+        let stream = tcp_connect(addr)
             .await
             .map_err(|source| ClientError::Connect {
                 addr: addr.to_string(),
                 source,
             })?;
-        let _ = stream.set_nodelay(true);
-        let mut conn = PacketConn::new(stream);
-        let greet = conn.read_packet(CONTROL_MAX_PACKET).await?;
-        if greet.payload.first() == Some(&ERR_HEADER) {
-            return Err(ClientError::from_err_payload(&greet.payload));
-        }
-        let greeting = Greeting::parse(&greet.payload).map_err(ConnError::Wire)?;
-        Ok((conn, greeting))
+        greet(stream).await
     };
     tokio::time::timeout(timeout, fut)
         .await

@@ -27,10 +27,15 @@ fn eof() -> Vec<u8> {
     vec![0xfe, 0, 0, 2, 0, 0, 0]
 }
 
-/// Serves one connection: switches the login to a fresh scramble, checks the password,
-/// then answers `SELECT` with two rows and anything else with an ERR.
+/// Serves one TCP connection (see [`serve_stream`]).
 async fn serve(listener: TcpListener) -> Result<(), ClientError> {
     let (stream, _) = listener.accept().await.map_err(ConnError::Io)?;
+    serve_stream(Box::new(stream)).await
+}
+
+/// Serves one connection: switches the login to a fresh scramble, checks the password,
+/// then answers `SELECT` with two rows and anything else with an ERR.
+async fn serve_stream(stream: BoxedIo) -> Result<(), ClientError> {
     let mut conn = PacketConn::new(stream);
     let greeting = Greeting {
         server_version: b"11.4.0-fake".to_vec(),
@@ -153,6 +158,74 @@ async fn wrong_password_is_a_server_error() {
     let s = e.server_error().unwrap();
     assert_eq!((s.code, s.state.as_str()), (1045, "28000"));
     let _ = server.await;
+}
+
+/// The same exchange over an in-process pipe: the stream seam, no socket.
+#[tokio::test]
+async fn logs_in_over_a_duplex_stream() {
+    let (ours, theirs) = tokio::io::duplex(64 * 1024);
+    let server = tokio::spawn(serve_stream(Box::new(theirs)));
+    let (conn, greeting) = greet(Box::new(ours)).await.unwrap();
+    let secret = PasswordHash::from_password(PASSWORD.as_bytes());
+    let as_app = Login {
+        user: b"app",
+        secret: Some(&secret),
+        database: None,
+        charset: UTF8MB4_GENERAL_CI,
+        attributes: &[],
+    };
+    let mut c = login(conn, greeting, &as_app, DEFAULT_CAPABILITIES)
+        .await
+        .unwrap();
+    let r = c.query("SELECT a, b").await.unwrap();
+    assert_eq!(r.rows.len(), 2);
+    c.quit().await.unwrap();
+    server.await.unwrap().unwrap();
+}
+
+/// A stream taken out for an upgrade: the connection fails while it is out, the bytes
+/// already buffered come with it, and the stream put back carries on.
+#[tokio::test]
+async fn stream_taken_out_and_put_back() {
+    use tokio::io::AsyncWriteExt;
+    let (ours, mut theirs) = tokio::io::duplex(1024);
+    let mut conn = PacketConn::new(Box::new(ours));
+    // One whole packet and the first bytes of whatever follows it.
+    theirs
+        .write_all(&[1, 0, 0, 0, 0x0e, 0x16, 0x03])
+        .await
+        .unwrap();
+    let p = conn.read_packet(1024).await.unwrap();
+    assert_eq!(&p.payload[..], &[0x0e]);
+    let (stream, buffered) = conn.take_stream();
+    assert_eq!(&buffered[..], &[0x16, 0x03]);
+    assert!(matches!(
+        conn.read_packet(1024).await,
+        Err(ConnError::Io(_))
+    ));
+    assert!(conn.write_packet(&[0x0e], 0).await.is_err());
+    let _detached = conn.replace_stream(stream);
+    conn.write_packet(&[0x0e], 0).await.unwrap();
+    let mut got = [0u8; 5];
+    tokio::io::AsyncReadExt::read_exact(&mut theirs, &mut got)
+        .await
+        .unwrap();
+    assert_eq!(got, [1, 0, 0, 0, 0x0e]);
+}
+
+/// A boxed socket still writes vectored (one writev for a rewritten packet and the
+/// bytes before it): the box forwards `is_write_vectored`.
+#[tokio::test]
+async fn boxed_tcp_stream_writes_vectored() {
+    use tokio::io::AsyncWrite;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let accept = tokio::spawn(async move { listener.accept().await });
+    let stream = tcp_connect(&addr).await.unwrap();
+    assert!(stream.is_write_vectored());
+    let conn = PacketConn::new(stream);
+    assert!(conn.stream.is_write_vectored());
+    accept.await.unwrap().unwrap();
 }
 
 #[test]

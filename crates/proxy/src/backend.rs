@@ -1,17 +1,67 @@
 //! Connections to database nodes: opening one and logging in on a client's behalf, and a
 //! small text-protocol query helper used by the monitor and for session setup. The
-//! protocol work is `holdfast_client`'s; this module adds the proxy's capability policy.
+//! protocol work is `holdfast_client`'s; this module adds the proxy's capability policy and
+//! the [`BackendConnector`] seam through which sessions open their streams.
 
+use crate::conn::{BoxedIo, PacketConn};
 use holdfast_client::Login;
 use holdfast_wire::auth::PasswordHash;
 use holdfast_wire::caps::*;
+use holdfast_wire::handshake::Greeting;
 use holdfast_wire::packets::OkPacket;
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 pub use holdfast_client::{
-    open, parse_text_row, Client as BackendConn, ClientError as BackendError, Executed, OkInfo,
+    parse_text_row, Client as BackendConn, ClientError as BackendError, Executed, OkInfo,
     TextResult, ENABLE_TRACKERS,
 };
+
+pub type ConnectFuture<'a> = Pin<Box<dyn Future<Output = std::io::Result<BoxedIo>> + Send + 'a>>;
+
+/// Opens the byte stream to a node; the greeting and login on it are holdfast's. Every
+/// backend connection a session opens goes through [`crate::Shared::connector`]: its login
+/// (native or relayed) and each move. Control connections with the monitor account (the
+/// topology monitor, verifier loads, HA, scaling) connect over TCP directly.
+///
+/// The default is [`TcpConnector`]; a test puts an in-process server behind an address
+/// ([`crate::Seams::backend_connector`]), and a TLS connector can wrap the TCP one.
+pub trait BackendConnector: Send + Sync {
+    /// A stream to the node at `address` (as configured in `[[backend]]`). The caller puts
+    /// the connect timeout around it.
+    fn connect<'a>(&'a self, address: &'a str) -> ConnectFuture<'a>;
+}
+
+/// TCP with `TCP_NODELAY`, as `holdfast_client` connects.
+pub struct TcpConnector;
+
+impl BackendConnector for TcpConnector {
+    fn connect<'a>(&'a self, address: &'a str) -> ConnectFuture<'a> {
+        Box::pin(holdfast_client::tcp_connect(address))
+    }
+}
+
+/// Opens a stream through `connector` and reads the server's greeting, within `timeout`.
+pub async fn open(
+    connector: &dyn BackendConnector,
+    addr: &str,
+    timeout: Duration,
+) -> Result<(PacketConn, Greeting), BackendError> {
+    let fut = async {
+        let stream = connector
+            .connect(addr)
+            .await
+            .map_err(|source| BackendError::Connect {
+                addr: addr.to_string(),
+                source,
+            })?;
+        holdfast_client::greet(stream).await
+    };
+    tokio::time::timeout(timeout, fut)
+        .await
+        .map_err(|_| BackendError::Timeout(timeout))?
+}
 
 /// What a backend connection is logged in with.
 pub struct LoginParams<'a> {
@@ -41,8 +91,10 @@ pub fn exact_capabilities(client_caps: u32, server_caps: u32) -> u32 {
     ((client_caps & PROXY_CAPABILITIES) | (BACKEND_REQUIRED & !CLIENT_SESSION_TRACK)) & server_caps
 }
 
-/// Opens a connection and logs in with a known secret (mysql_native_password).
+/// Opens a connection through `connector` and logs in with a known secret
+/// (mysql_native_password), all within `timeout`.
 pub async fn connect(
+    connector: &dyn BackendConnector,
     addr: &str,
     params: &LoginParams<'_>,
     timeout: Duration,
@@ -61,7 +113,14 @@ pub async fn connect(
             backend_capabilities(params.client_capabilities, server_caps)
         }
     };
-    holdfast_client::connect(addr, &login, capabilities, timeout).await
+    let fut = async {
+        let (conn, greeting) = open(connector, addr, timeout).await?;
+        let caps = capabilities(greeting.capabilities);
+        holdfast_client::login(conn, greeting, &login, caps).await
+    };
+    tokio::time::timeout(timeout, fut)
+        .await
+        .map_err(|_| BackendError::Timeout(timeout))?
 }
 
 /// Parses an OK payload from a backend (which always has session tracking negotiated).

@@ -1,4 +1,5 @@
-//! A framed connection: a TCP stream with its read buffer (`holdfast_client::conn`, shared
-//! by the client side of sessions and the backend connections).
+//! A framed connection: a byte stream ([`BoxedIo`]) with its read buffer
+//! (`holdfast_client::conn`, shared by the client side of sessions and the backend
+//! connections).
 
-pub use holdfast_client::conn::{ConnError, Packet, PacketConn};
+pub use holdfast_client::conn::{BoxedIo, ConnError, Io, Packet, PacketConn};

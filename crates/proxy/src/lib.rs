@@ -56,6 +56,9 @@ pub struct Shared {
     pub gate: Arc<dyn gate::BackendGate>,
     /// The usage ledger, with `[serverless]`.
     pub ledger: Option<Arc<holdfast_serverless::ledger::Ledger>>,
+    /// How sessions open their backend connections (login and moves): TCP unless
+    /// [`Seams::backend_connector`] puts another in place.
+    pub connector: Arc<dyn backend::BackendConnector>,
     next_session_id: AtomicU32,
 }
 
@@ -67,6 +70,9 @@ pub struct Seams {
     pub instance_driver: Option<Box<dyn InstanceDriver>>,
     /// Restarts nodes (upgrade, resize); without one, restart and resize are refused.
     pub node_driver: Option<Arc<dyn driver::NodeDriver>>,
+    /// Opens the streams of sessions' backend connections instead of TCP (e.g. to
+    /// in-process scripted servers); control connections stay on TCP.
+    pub backend_connector: Option<Arc<dyn backend::BackendConnector>>,
 }
 
 impl Shared {
@@ -84,6 +90,7 @@ impl Shared {
         let Seams {
             instance_driver,
             node_driver,
+            backend_connector,
         } = seams;
         let serverless = config.serverless.as_ref().and_then(|sl| {
             let address = config.backends.first()?.address.clone();
@@ -109,6 +116,7 @@ impl Shared {
             switching: watch::channel(false).0,
             switching_now: std::sync::atomic::AtomicBool::new(false),
             node_driver,
+            connector: backend_connector.unwrap_or_else(|| Arc::new(backend::TcpConnector)),
             next_session_id: AtomicU32::new(1),
         }
     }
@@ -363,6 +371,7 @@ async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
+        let stream: conn::BoxedIo = Box::new(stream);
         shared.metrics.connections_accepted.inc();
         let shared = shared.clone();
         match limit.clone().try_acquire_owned() {

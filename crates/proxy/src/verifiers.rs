@@ -153,7 +153,8 @@ impl VerifierCache {
     }
 }
 
-/// Logs in with the monitor account.
+/// Logs in with the monitor account (over TCP: control connections do not go through
+/// [`crate::Shared::connector`]).
 pub async fn monitor_connect(
     cfg: &Config,
     addr: &str,
@@ -173,7 +174,13 @@ pub async fn monitor_connect(
         attributes: &[],
         exact_capabilities: false,
     };
-    backend::connect(addr, &params, cfg.proxy.connect_timeout()).await
+    backend::connect(
+        &backend::TcpConnector,
+        addr,
+        &params,
+        cfg.proxy.connect_timeout(),
+    )
+    .await
 }
 
 async fn load_accounts(cfg: &Config, addr: &str) -> Result<Vec<Account>, backend::BackendError> {

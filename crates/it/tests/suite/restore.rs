@@ -37,7 +37,9 @@ async fn connect(h: &Harness) -> BackendConn {
         attributes: &[],
         exact_capabilities: false,
     };
-    let mut c = backend::connect(&h.direct().to_string(), &params, Duration::from_secs(10))
+    let direct = h.direct().to_string();
+    let timeout = Duration::from_secs(10);
+    let mut c = backend::connect(&backend::TcpConnector, &direct, &params, timeout)
         .await
         .expect("backend login");
     assert!(c.enable_trackers().await.expect("trackers"));

@@ -272,7 +272,8 @@ pub async fn login(
     };
     shared.metrics.backend_connects.inc();
     let timeout = shared.config.proxy.connect_timeout();
-    let backend = match backend::connect(&node.address, &params, timeout).await {
+    let connector = &*shared.connector;
+    let backend = match backend::connect(connector, &node.address, &params, timeout).await {
         Ok(b) => b,
         Err(e) => return Err(backend_failed(client, shared, seq, &node.name, e).await),
     };
@@ -498,11 +499,12 @@ async fn relay_login(
         return Err(refuse(client, shared, seq, error).await);
     }
     shared.metrics.backend_connects.inc();
-    let (mut conn, greeting) =
-        match backend::open(&node.address, shared.config.proxy.connect_timeout()).await {
-            Ok(x) => x,
-            Err(e) => return Err(backend_failed(client, shared, seq, &node.name, e).await),
-        };
+    let timeout = shared.config.proxy.connect_timeout();
+    let (mut conn, greeting) = match backend::open(&*shared.connector, &node.address, timeout).await
+    {
+        Ok(x) => x,
+        Err(e) => return Err(backend_failed(client, shared, seq, &node.name, e).await),
+    };
     let backend_caps = if exact {
         backend::exact_capabilities(capabilities, greeting.capabilities)
     } else {

@@ -12,6 +12,7 @@ use bytes::BytesMut;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
 use tokio::time::Sleep;
 
@@ -138,15 +139,15 @@ async fn idle_watch(
 
 /// Resolves when the backend connection of an idle session closes or sends something on its
 /// own (servers send an ERR before they close a connection on shutdown or KILL).
+///
+/// A read of one byte into a buffer of its own: cancel-safe (a read that completes keeps
+/// its byte, in `rbuf`, where the next packet read would find it), works on any stream,
+/// and needs no read buffer while the session idles (a `read_buf` into the released
+/// `rbuf` would allocate one).
 async fn backend_gone(conn: &mut PacketConn) {
-    loop {
-        if conn.stream.readable().await.is_err() {
-            return;
-        }
-        match conn.stream.try_read_buf(&mut conn.rbuf) {
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            _ => return,
-        }
+    let mut byte = [0u8; 1];
+    if let Ok(n) = conn.stream.read(&mut byte).await {
+        conn.rbuf.extend_from_slice(&byte[..n]);
     }
 }
 

@@ -256,10 +256,10 @@ impl Session {
         why: &'static str,
         started: Instant,
     ) {
-        let old = std::mem::replace(&mut self.backend, new);
+        let mut old = std::mem::replace(&mut self.backend, new);
         if !self.backend_dead {
             // Best effort, without waiting: tell the old server we are leaving.
-            let _ = old.conn.stream.try_write(&[1, 0, 0, 0, COM_QUIT]);
+            let _ = old.conn.try_write_now(&[1, 0, 0, 0, COM_QUIT]);
         }
         drop(old);
         let elapsed = started.elapsed();
@@ -292,27 +292,28 @@ impl Session {
             exact_capabilities: false,
         };
         self.shared.metrics.backend_connects.inc();
-        let mut new =
-            match backend::connect(&node.address, &params, cfg.proxy.connect_timeout()).await {
-                Ok(b) => b,
-                Err(BackendError::Server {
-                    code: crate::error::code::ER_ACCESS_DENIED_ERROR,
-                    message,
-                    ..
-                }) => {
-                    return Err(MoveError::Fatal {
-                        reason: CloseReason::LoginRefused,
-                        message: format!(
-                            "closed: the new node {} refused the session's login: {message}",
-                            node.name
-                        ),
-                    })
-                }
-                Err(e) => {
-                    self.shared.metrics.backend_connect_failures.inc();
-                    return Err(unreachable(&e));
-                }
-            };
+        let connector = &*self.shared.connector;
+        let timeout = cfg.proxy.connect_timeout();
+        let mut new = match backend::connect(connector, &node.address, &params, timeout).await {
+            Ok(b) => b,
+            Err(BackendError::Server {
+                code: crate::error::code::ER_ACCESS_DENIED_ERROR,
+                message,
+                ..
+            }) => {
+                return Err(MoveError::Fatal {
+                    reason: CloseReason::LoginRefused,
+                    message: format!(
+                        "closed: the new node {} refused the session's login: {message}",
+                        node.name
+                    ),
+                })
+            }
+            Err(e) => {
+                self.shared.metrics.backend_connect_failures.inc();
+                return Err(unreachable(&e));
+            }
+        };
         let read_only = new
             .query("SELECT @@global.read_only")
             .await

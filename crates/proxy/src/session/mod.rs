@@ -16,7 +16,7 @@
 
 use crate::backend::{BackendConn, BackendError};
 use crate::config::ListenerMode;
-use crate::conn::{ConnError, PacketConn};
+use crate::conn::{BoxedIo, ConnError, PacketConn};
 use crate::error::{ClientError, ErrorKind};
 use crate::registry::SessionInfo;
 use crate::restore::Captured;
@@ -29,7 +29,6 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 pub mod auth;
@@ -140,7 +139,7 @@ struct Session {
 }
 
 /// Answers a connection over the limit with ERR 1040 and closes it.
-pub async fn refuse_too_many(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
+pub async fn refuse_too_many(shared: Arc<Shared>, stream: BoxedIo, peer: SocketAddr) {
     let error = ClientError::too_many_connections();
     shared.metrics.reject(error.kind.label());
     shared.metrics.count_error(error.kind.code());
@@ -149,8 +148,10 @@ pub async fn refuse_too_many(shared: Arc<Shared>, stream: TcpStream, peer: Socke
     let _ = conn.write_packet(&error.payload(), 0).await;
 }
 
-/// A client's whole session, from its greeting to its close.
-pub async fn run(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr, mode: ListenerMode) {
+/// A client's whole session, from its greeting to its close, on `stream` (the accept loop
+/// passes accepted sockets; a test or an embedder may pass any stream, e.g. one end of
+/// `tokio::io::duplex`). No connection limit applies here: that is the accept loop's.
+pub async fn run(shared: Arc<Shared>, stream: BoxedIo, peer: SocketAddr, mode: ListenerMode) {
     let id = shared.next_session_id();
     let mut client = PacketConn::new(stream);
     let epoch = shared.gate.epoch();
