@@ -3,6 +3,7 @@
 //! several rounds, plus idle-session memory.
 
 mod cpu;
+mod flamegraph;
 mod idle;
 mod trace;
 
@@ -645,6 +646,9 @@ impl ExtraRuns<'_> {
                 }
                 fs::write(&files.folded, text)
                     .with_context(|| format!("writing {}", files.folded.display()))?;
+                let title = format!("{} on {TRACED_WORKLOAD}", target.label());
+                fs::write(&files.flamegraph, flamegraph::render(&title, &folded))
+                    .with_context(|| format!("writing {}", files.flamegraph.display()))?;
                 let samples = folded.iter().map(|(_, n)| n).sum();
                 let kernel_share = trace::kernel_share(&folded);
                 let (top_self, top_inclusive) = trace::top_functions(&folded, TOP_FUNCTIONS);
@@ -1151,14 +1155,15 @@ impl Report<'_> {
                 Ok(p) => {
                     out.paragraph(format_args!(
                         "perf record -F 999 --call-graph {} over a {} s {TRACED_WORKLOAD} run \
-                         ({} queries, {:.0} qps). Files: {} (perf script), {} (folded stacks: `flamegraph.pl` or \
-                         `inferno-flamegraph` draw them), {} (these tables).",
+                         ({} queries, {:.0} qps). Files: {} (perf script), {} (folded stacks), {} \
+                         (flame graph), {} (these tables).",
                         self.args.call_graph,
                         self.args.trace_time,
                         p.metrics.queries,
                         p.metrics.qps,
                         p.files.script.display(),
                         p.files.folded.display(),
+                        p.files.flamegraph.display(),
                         p.files.summary.display(),
                     ));
                     p.render_tops(out);

@@ -211,6 +211,7 @@ pub struct ProfileFiles {
     pub data: PathBuf,
     pub script: PathBuf,
     pub folded: PathBuf,
+    pub flamegraph: PathBuf,
     pub summary: PathBuf,
 }
 
@@ -220,6 +221,7 @@ impl ProfileFiles {
             data: dir.join(format!("perf-{name}.data")),
             script: dir.join(format!("perf-{name}.script")),
             folded: dir.join(format!("perf-{name}.folded")),
+            flamegraph: dir.join(format!("perf-{name}.svg")),
             summary: dir.join(format!("perf-{name}.top.txt")),
         }
     }
