@@ -349,6 +349,8 @@ pub fn lab_config(lab: &TestLab) -> Config {
         },
         admin: AdminConfig {
             listen: "127.0.0.1:0".into(),
+            token_file: Some(st.admin_token_file.clone()),
+            ..AdminConfig::default()
         },
         auth: AuthConfig {
             monitor_user: st.monitor_user.clone(),
