@@ -182,11 +182,14 @@ enum CtlCommand {
     /// Example: holdfast ctl restart node1 --binary /usr/sbin/mariadbd
     Restart {
         node: String,
-        /// Server binary to run from now on.
+        /// Server binary to run from now on; must be listed in `[driver] binaries`.
         #[arg(long, value_name = "PATH")]
         binary: Option<String>,
     },
     /// Planned restart of NODE with other server options (a resize), like `restart`.
+    ///
+    /// Only options listed in `[driver] allowed_options` are accepted (by default
+    /// innodb_buffer_pool_size and max_connections).
     ///
     /// Example: holdfast ctl resize node1 --set innodb_buffer_pool_size=256M --set max_connections=500
     Resize {
