@@ -1,74 +1,117 @@
 //! A minimal HTTP/1.1 client for the admin API, used by `holdfast ctl`, the benchmarks and
 //! drills (`holdfast-bench`) and the integration tests: one request per connection,
-//! `Connection: close`, the answer read to the end (chunked bodies are de-chunked).
+//! `Connection: close`, `Authorization: Bearer <token>`, the answer read to the end (chunked
+//! bodies are de-chunked).
 
 use std::io;
 use std::time::Duration;
 
+use holdfast_config::AdminToken;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use zeroize::Zeroizing;
 
-/// `GET path` on `addr`: the status code and body.
-pub async fn http_get(addr: &str, path: &str) -> io::Result<(u16, String)> {
-    http_request(addr, "GET", path, None).await
+/// An admin API to talk to: its address and the bearer token it wants (requests without
+/// one get 401, except `GET /health`).
+#[derive(Debug, Clone)]
+pub struct AdminClient {
+    /// `host:port`.
+    pub addr: String,
+    token: Option<AdminToken>,
 }
 
-/// `POST path` on `addr` with an optional JSON body: the status code and body.
-pub async fn http_post(addr: &str, path: &str, json: Option<&str>) -> io::Result<(u16, String)> {
-    http_request(addr, "POST", path, json).await
+impl AdminClient {
+    pub fn new(addr: impl Into<String>, token: Option<AdminToken>) -> Self {
+        AdminClient {
+            addr: addr.into(),
+            token,
+        }
+    }
+
+    /// Whether requests carry a token.
+    pub fn has_token(&self) -> bool {
+        self.token.is_some()
+    }
+
+    /// `GET path`: the status code and body.
+    pub async fn get(&self, path: &str) -> io::Result<(u16, String)> {
+        self.request("GET", path, None).await
+    }
+
+    /// `POST path` with an optional JSON body: the status code and body.
+    pub async fn post(&self, path: &str, json: Option<&str>) -> io::Result<(u16, String)> {
+        self.request("POST", path, json).await
+    }
+
+    /// `METHOD path` with an optional JSON body: the status code and body.
+    pub async fn request(
+        &self,
+        method: &str,
+        path: &str,
+        json: Option<&str>,
+    ) -> io::Result<(u16, String)> {
+        let mut stream = tokio::net::TcpStream::connect(&self.addr).await?;
+        let text = request_text(&self.addr, self.token.as_ref(), method, path, json);
+        stream.write_all(text.as_bytes()).await?;
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await?;
+        parse_response(&String::from_utf8_lossy(&answer))
+    }
+
+    /// [`AdminClient::request`] without a body for callers outside an async runtime (it
+    /// runs its own, so it must not be called from inside one). `timeout` bounds the whole
+    /// exchange: a `POST /pause?tier=stop` answers only once the server is down.
+    pub fn blocking_request(
+        &self,
+        method: &str,
+        path: &str,
+        timeout: Duration,
+    ) -> io::Result<(u16, String)> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        runtime.block_on(async {
+            tokio::time::timeout(timeout, self.request(method, path, None))
+                .await
+                .map_err(|_| {
+                    io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!(
+                            "no answer to {method} {path} from {} within {timeout:?}",
+                            self.addr
+                        ),
+                    )
+                })?
+        })
+    }
 }
 
-/// `METHOD path` on `addr` with an optional JSON body: the status code and body.
-pub async fn http_request(
+/// The request's bytes (zeroized afterwards: they hold the token).
+fn request_text(
     addr: &str,
+    token: Option<&AdminToken>,
     method: &str,
     path: &str,
     json: Option<&str>,
-) -> io::Result<(u16, String)> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream
-        .write_all(request_text(addr, method, path, json).as_bytes())
-        .await?;
-    let mut answer = Vec::new();
-    stream.read_to_end(&mut answer).await?;
-    parse_response(&String::from_utf8_lossy(&answer))
-}
-
-/// [`http_request`] without a body for callers outside an async runtime (it runs its own,
-/// so it must not be called from inside one). `timeout` bounds the whole exchange: a
-/// `POST /pause?tier=stop` answers only once the server is down.
-pub fn blocking_request(
-    addr: &str,
-    method: &str,
-    path: &str,
-    timeout: Duration,
-) -> io::Result<(u16, String)> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async {
-        tokio::time::timeout(timeout, http_request(addr, method, path, None))
-            .await
-            .map_err(|_| {
-                io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("no answer to {method} {path} from {addr} within {timeout:?}"),
-                )
-            })?
-    })
-}
-
-fn request_text(addr: &str, method: &str, path: &str, json: Option<&str>) -> String {
+) -> Zeroizing<String> {
     let body = json.unwrap_or("");
     let content_type = if json.is_some() {
         "Content-Type: application/json\r\n"
     } else {
         ""
     };
-    format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: */*\r\n\
-         {content_type}Content-Length: {}\r\n\r\n{body}",
+    let mut text = Zeroizing::new(format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: */*\r\n"
+    ));
+    if let Some(t) = token {
+        text.push_str("Authorization: Bearer ");
+        text.push_str(t.expose());
+        text.push_str("\r\n");
+    }
+    text.push_str(&format!(
+        "{content_type}Content-Length: {}\r\n\r\n{body}",
         body.len()
-    )
+    ));
+    text
 }
 
 /// The status code and (de-chunked) body of an HTTP/1.1 answer.
@@ -122,11 +165,19 @@ mod tests {
     }
 
     #[test]
-    fn writes_a_request_with_its_body_length() {
+    fn writes_a_request_with_its_token_and_body_length() {
         assert_eq!(
-            request_text("h:1", "POST", "/x", Some("{}")),
+            *request_text("h:1", None, "POST", "/x", Some("{}")),
             "POST /x HTTP/1.1\r\nHost: h:1\r\nConnection: close\r\nAccept: */*\r\n\
              Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
         );
+        let token = AdminToken::new("0123456789abcdef");
+        assert_eq!(
+            *request_text("h:1", Some(&token), "GET", "/status", None),
+            "GET /status HTTP/1.1\r\nHost: h:1\r\nConnection: close\r\nAccept: */*\r\n\
+             Authorization: Bearer 0123456789abcdef\r\nContent-Length: 0\r\n\r\n"
+        );
+        let client = AdminClient::new("h:1", Some(token));
+        assert!(!format!("{client:?}").contains("0123456789abcdef"));
     }
 }

@@ -1,6 +1,12 @@
-//! The HTTP admin API: `GET /status` (JSON), `GET /metrics` (Prometheus text), the HA
-//! operations `POST /switchover`, `POST /failover`, `POST /rejoin` (JSON reports), and
-//! ([`client`]) the small HTTP client of `holdfast ctl` and `holdfast-bench`.
+//! The HTTP admin API: `GET /health` (`{"status":"ok"}`, open), `GET /status` (JSON),
+//! `GET /metrics` (Prometheus text), the HA operations `POST /switchover`, `POST /failover`,
+//! `POST /rejoin` (JSON reports), planned restarts (`POST /restart`, `POST /resize`), the
+//! serverless operations ([`serverless`]), and ([`client`]) the small HTTP client of
+//! `holdfast ctl`, `holdfast-bench` and the tests.
+//!
+//! Every request but `GET /health` needs `Authorization: Bearer <token>` (401 otherwise);
+//! requests a web page could send are refused (403: another `Origin` or `Host`; 415: a body
+//! that is not JSON); see the guard module for these checks and the server's limits.
 //!
 //! HA answers: 200 with the operation's report; 409 when another operation is running;
 //! 400 when the request cannot apply (unknown node, external mode, the primary is alive…);
@@ -12,6 +18,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use holdfast_config::AdminToken;
 use holdfast_proxy::ha::controller::HaState;
 use holdfast_proxy::ha::HaError;
 use holdfast_proxy::registry::SessionView;
@@ -22,9 +29,11 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 pub mod client;
+mod guard;
 pub mod serverless;
 
-pub use client::{http_get, http_post};
+pub use client::AdminClient;
+pub use guard::{BODY_TIMEOUT, HEADER_TIMEOUT, MAX_BODY, MAX_CONNECTIONS};
 pub use serverless::{parse_since, render_instance};
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -140,6 +149,11 @@ pub fn status(shared: &Shared) -> Status {
             .as_ref()
             .and_then(|l| serde_json::to_value(l.view()).ok()),
     }
+}
+
+/// `GET /health`: the API answers. Needs no token and tells nothing else.
+async fn get_health() -> Response {
+    (StatusCode::OK, Json(serde_json::json!({"status": "ok"}))).into_response()
 }
 
 async fn get_status(State(shared): State<Arc<Shared>>) -> Json<Status> {
@@ -285,12 +299,19 @@ async fn post_restart(
     };
     match shared.restart_node(&node, &spec).await {
         Ok(steps) => (StatusCode::OK, Json(RestartReport { node, steps })).into_response(),
+        Err(error @ holdfast_proxy::RestartError::NotAllowed(_)) => {
+            error_answer(StatusCode::FORBIDDEN, error)
+        }
         Err(error) => error_answer(StatusCode::INTERNAL_SERVER_ERROR, error),
     }
 }
 
-pub fn router(shared: Arc<Shared>) -> Router {
+/// The API with its checks: `token` is the bearer token; `Host` may name the host of
+/// `[admin] listen`, `[admin] allowed_hosts`, `localhost` or an IP literal.
+pub fn router(shared: Arc<Shared>, token: AdminToken) -> Router {
+    let guard = Arc::new(guard::Guard::new(token, &shared.config.admin));
     Router::new()
+        .route("/health", get(get_health))
         .route("/status", get(get_status))
         .route("/metrics", get(get_metrics))
         .route("/switchover", post(post_switchover))
@@ -302,12 +323,18 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/resume", post(serverless::post_resume))
         .route("/scale", post(serverless::post_scale))
         .route("/usage", get(serverless::get_usage))
+        .fallback(guard::not_found)
         .with_state(shared)
+        .layer(axum::middleware::from_fn_with_state(guard, guard::check))
 }
 
-/// Serves the admin API on `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io::Result<()> {
-    axum::serve(listener, router(shared)).await
+/// Serves the admin API on `listener`, requiring `token`, until the task is dropped.
+pub async fn serve(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    token: AdminToken,
+) -> std::io::Result<()> {
+    guard::serve(listener, router(shared, token)).await
 }
 
 /// Renders a status for a person.

@@ -103,7 +103,9 @@ pub fn run(args: &DemoArgs, holdfast: &Path) -> Result<()> {
     }
     sysbench(&lab, args.seconds)?;
     let status = Command::new(holdfast)
-        .args(["ctl", "--admin", &lab.admin, "status"])
+        .args(["ctl", "--config"])
+        .arg(&lab.config)
+        .arg("status")
         .output()?;
     println!("{}", String::from_utf8_lossy(&status.stdout));
     if args.keep {

@@ -244,7 +244,7 @@ pub fn run_resume_bench(args: &ResumeBenchArgs, holdfast_exe: &Path) -> Result<(
         log.display()
     );
     let (holdfast, proxy_port) = start_holdfast(holdfast_exe, &st, &config, &log, &[admin_port])?;
-    let admin = st.admin.clone();
+    let admin = admin::client(&st);
     wait_view(&admin, Duration::from_secs(30), "running", |v| {
         v.phase == "running"
     })?;
@@ -375,7 +375,7 @@ fn bench_config(st: &LabStatus, cpu_limit: bool) -> Result<PathBuf> {
 /// What the measurements share.
 struct Bench<'a> {
     rt: &'a tokio::runtime::Runtime,
-    admin: &'a str,
+    admin: &'a holdfast_admin::AdminClient,
     /// holdfast's proxy listener.
     proxy: String,
     st: &'a LabStatus,
@@ -565,7 +565,7 @@ async fn select_one(addr: &str, user: &str, password: &str, timeout: Duration) -
 }
 
 /// `GET /status`, the parts about the instance.
-fn view(admin: &str) -> Result<View> {
+fn view(admin: &holdfast_admin::AdminClient) -> Result<View> {
     let v = admin::get_json(admin, "/status")?;
     let sl = v
         .get("serverless")
@@ -591,7 +591,7 @@ fn view(admin: &str) -> Result<View> {
 /// Polls `GET /status` until `done`; fails after `limit` with the last view, or at once
 /// when the status cannot be read.
 fn wait_view(
-    admin: &str,
+    admin: &holdfast_admin::AdminClient,
     limit: Duration,
     what: &str,
     done: impl Fn(&View) -> bool,
@@ -618,7 +618,7 @@ fn wait_view(
 
 /// `POST /pause?tier=T` until it answers 200 (409s are noted and retried a few times),
 /// then waits until the status shows the instance paused in that tier.
-fn pause(admin: &str, tier: &str, notes: &mut Notes) -> Result<()> {
+fn pause(admin: &holdfast_admin::AdminClient, tier: &str, notes: &mut Notes) -> Result<()> {
     let path = format!("/pause?tier={tier}");
     for attempt in 1..=PAUSE_ATTEMPTS {
         let (code, body) = admin::request(admin, "POST", &path, ADMIN_TIMEOUT)?;
@@ -640,7 +640,7 @@ fn pause(admin: &str, tier: &str, notes: &mut Notes) -> Result<()> {
 }
 
 /// `POST /resume` (200 once running).
-fn resume(admin: &str) -> Result<()> {
+fn resume(admin: &holdfast_admin::AdminClient) -> Result<()> {
     let (code, body) = admin::request(admin, "POST", "/resume", ADMIN_TIMEOUT)?;
     if code != 200 {
         bail!("POST /resume answered HTTP {code}: {}", body.trim());

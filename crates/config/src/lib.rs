@@ -5,12 +5,15 @@
 //!
 //! * [`Config`]: the whole file, with [`Config::load`], [`Config::parse`],
 //!   [`Config::validate`] and [`Config::to_toml`].
+//! * [`admin`]: the `[admin]` section and the admin API's token ([`AdminToken`], its file).
 //! * [`ha`]: the `[ha]` section.
 //! * [`serverless`]: the `[serverless]` section, its scaling policy and instance drivers.
 
+pub mod admin;
 pub mod ha;
 pub mod serverless;
 
+pub use admin::{AdminConfig, AdminToken, TokenSource};
 pub use ha::{HaConfig, HaMode};
 pub use serverless::{PauseTier, ServerlessConfig};
 
@@ -34,6 +37,12 @@ pub enum ConfigError {
     Serialize(#[from] toml::ser::Error),
     #[error("invalid config: {0}")]
     Invalid(String),
+    #[error("admin token file {}: {message}{}", path.display(), source.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]
+    TokenFile {
+        path: PathBuf,
+        message: String,
+        source: Option<std::io::Error>,
+    },
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -148,20 +157,6 @@ impl ProxyConfig {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AdminConfig {
-    pub listen: String,
-}
-
-impl Default for AdminConfig {
-    fn default() -> Self {
-        AdminConfig {
-            listen: "127.0.0.1:6034".into(),
-        }
-    }
-}
-
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
@@ -194,13 +189,72 @@ impl Default for AuthConfig {
 }
 
 /// How holdfast restarts nodes for `ctl restart` / `ctl resize` (`[driver]`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DriverConfig {
     pub kind: DriverKind,
     /// With `kind = "lab"`: the lab's directory.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lab_dir: Option<PathBuf>,
+    /// The server binaries `restart --binary PATH` may run (absolute paths; none by default).
+    pub binaries: Vec<PathBuf>,
+    /// The server options `resize --set NAME=VALUE` may set (`-` and `_` alike).
+    pub allowed_options: Vec<String>,
+}
+
+/// The server options a resize may set unless `[driver] allowed_options` says otherwise.
+pub const DEFAULT_ALLOWED_OPTIONS: &[&str] = &["innodb_buffer_pool_size", "max_connections"];
+
+impl Default for DriverConfig {
+    fn default() -> Self {
+        DriverConfig {
+            kind: DriverKind::None,
+            lab_dir: None,
+            binaries: Vec::new(),
+            allowed_options: DEFAULT_ALLOWED_OPTIONS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        }
+    }
+}
+
+impl DriverConfig {
+    /// Whether `name` (`innodb-buffer-pool-size`, `--max_connections`) is one of
+    /// `allowed_options`.
+    pub fn option_allowed(&self, name: &str) -> bool {
+        let name = option_name(name);
+        !name.is_empty() && self.allowed_options.iter().any(|o| option_name(o) == name)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        for b in &self.binaries {
+            if !b.is_absolute() {
+                return Err(ConfigError::Invalid(format!(
+                    "[driver] binaries: {} is not an absolute path",
+                    b.display()
+                )));
+            }
+        }
+        for o in &self.allowed_options {
+            let n = option_name(o);
+            if n.is_empty() || !n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+                return Err(ConfigError::Invalid(format!(
+                    "[driver] allowed_options: {o:?} is not a server option name"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A server option's name as the server reads it: without leading dashes, `-` as `_`,
+/// lower case.
+pub fn option_name(name: &str) -> String {
+    name.trim()
+        .trim_start_matches('-')
+        .replace('-', "_")
+        .to_ascii_lowercase()
 }
 
 /// The node control driver of `[driver]`.
@@ -272,6 +326,8 @@ impl Config {
                 "proxy.max_connections must be at least 1".into(),
             ));
         }
+        self.admin.validate()?;
+        self.driver.validate()?;
         if self.driver.kind == DriverKind::Lab && self.driver.lab_dir.is_none() {
             return Err(ConfigError::Invalid(
                 "[driver] kind = \"lab\" needs lab_dir".into(),

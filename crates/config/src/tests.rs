@@ -11,6 +11,9 @@ fn example_config_parses() {
     assert_eq!(cfg.backends.len(), 1);
     assert_eq!(cfg.proxy.max_packet_size, 64 << 20);
     assert_eq!(cfg.driver.kind, DriverKind::None);
+    // The example documents [admin] and [driver] with their default values.
+    assert_eq!(cfg.admin, AdminConfig::default());
+    assert_eq!(cfg.driver, DriverConfig::default());
     // The example documents every [ha] key with its default value.
     let defaults = HaConfig::default();
     assert_eq!(cfg.ha.mode, HaMode::External);
@@ -216,9 +219,16 @@ fn full_config() -> Config {
             name: "node1".into(),
             address: "127.0.0.1:3306".into(),
         }],
+        admin: AdminConfig {
+            token_file: Some("admin.token".into()),
+            allowed_hosts: vec!["admin.example".into()],
+            ..AdminConfig::default()
+        },
         driver: DriverConfig {
             kind: DriverKind::Lab,
             lab_dir: Some("/lab".into()),
+            binaries: vec!["/usr/sbin/mariadbd".into()],
+            ..DriverConfig::default()
         },
         listeners: vec![ListenerConfig {
             listen: "127.0.0.1:6035".into(),
@@ -273,6 +283,10 @@ fn default_config_round_trips_with_every_key() {
         "auth.verifier_miss_refresh_ms",
         "ha.failover_cooloff_ms",
         "driver.lab_dir",
+        "driver.binaries",
+        "driver.allowed_options",
+        "admin.token_file",
+        "admin.allowed_hosts",
         "listener.mode",
         "serverless.start_ccu",
         "serverless.scale.down_after_secs",
@@ -287,10 +301,12 @@ fn default_config_round_trips_with_every_key() {
 fn unset_options_are_left_out() {
     let mut cfg = full_config();
     cfg.driver = DriverConfig::default();
+    cfg.admin = AdminConfig::default();
     cfg.listeners.clear();
     cfg.serverless = None;
     let text = cfg.to_toml().unwrap();
     assert!(!text.contains("lab_dir"), "{text}");
+    assert!(!text.contains("token"), "{text}");
     assert!(!text.contains("listener"), "{text}");
     assert!(!text.contains("serverless"), "{text}");
     assert_eq!(Config::parse(&text, "t").unwrap(), cfg);
@@ -317,4 +333,177 @@ fn unset_options_are_left_out() {
         toml::from_str(&toml::to_string(&InstanceDriverConfig::Process(process.clone())).unwrap())
             .unwrap();
     assert_eq!(back, InstanceDriverConfig::Process(process));
+}
+
+const BASE: &str = "[[backend]]\nname=\"a\"\naddress=\"127.0.0.1:1\"\n";
+
+#[test]
+fn admin_listener_off_loopback_needs_an_explicit_token() {
+    for listen in [
+        "127.0.0.1:6034",
+        "127.0.0.2:1",
+        "[::1]:6034",
+        "localhost:6034",
+    ] {
+        let text = format!("{BASE}[admin]\nlisten = \"{listen}\"\n");
+        let cfg = Config::parse(&text, "t").unwrap_or_else(|e| panic!("{listen}: {e}"));
+        assert!(cfg.admin.listens_on_loopback(), "{listen}");
+    }
+    for listen in [
+        "0.0.0.0:6034",
+        "[::]:6034",
+        "10.1.2.3:6034",
+        "admin.example:6034",
+    ] {
+        let text = format!("{BASE}[admin]\nlisten = \"{listen}\"\n");
+        let err = Config::parse(&text, "t").unwrap_err().to_string();
+        assert!(
+            err.contains("not a loopback address") && err.contains("token_file"),
+            "{listen}: {err}"
+        );
+        let with_file = format!("{text}token_file = \"/etc/holdfast/token\"\n");
+        assert!(Config::parse(&with_file, "t").is_ok(), "{listen}");
+        let inline = format!("{text}token = \"0123456789abcdef0123\"\n");
+        assert!(Config::parse(&inline, "t").is_ok(), "{listen}");
+    }
+    let both = format!("{BASE}[admin]\ntoken = \"0123456789abcdef\"\ntoken_file = \"/t\"\n");
+    assert!(Config::parse(&both, "t")
+        .unwrap_err()
+        .to_string()
+        .contains("both"));
+    let short = format!("{BASE}[admin]\ntoken = \"short\"\n");
+    assert!(Config::parse(&short, "t")
+        .unwrap_err()
+        .to_string()
+        .contains("too short"));
+    let spaces = format!("{BASE}[admin]\ntoken = \"0123456789 abcdef\"\n");
+    assert!(Config::parse(&spaces, "t").is_err());
+    let port = format!("{BASE}[admin]\nallowed_hosts = [\"h:1\"]\n");
+    assert!(Config::parse(&port, "t").is_err());
+}
+
+#[test]
+fn admin_token_is_redacted_and_compared_whole() {
+    let text = format!("{BASE}[admin]\ntoken = \"s3cret-s3cret-s3cret\"\n");
+    let cfg = Config::parse(&text, "t").unwrap();
+    let token = cfg.admin.token.clone().unwrap();
+    assert!(!format!("{cfg:?}").contains("s3cret"));
+    assert_eq!(format!("{token:?}"), "AdminToken(<redacted>)");
+    assert!(token.matches(b"s3cret-s3cret-s3cret"));
+    assert!(!token.matches(b"s3cret-s3cret-s3creT"));
+    assert!(!token.matches(b"s3cret-s3cret-s3cret "));
+    assert!(!token.matches(b""));
+    // It round-trips (bench config variants rewrite a config with its token).
+    assert_eq!(Config::parse(&cfg.to_toml().unwrap(), "t").unwrap(), cfg);
+    let a = AdminToken::generate();
+    let b = AdminToken::generate();
+    assert_eq!(a.expose().len(), 64);
+    assert!(a.expose().bytes().all(|c| c.is_ascii_hexdigit()));
+    assert_ne!(a, b);
+}
+
+fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "holdfast-config-{name}-{}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn token_file_is_generated_once_with_mode_0600() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch_dir("gen");
+    let config_path = dir.join("holdfast.toml");
+    let admin = AdminConfig::default();
+    // A client finds nothing before the first start.
+    let err = admin.read_token(&config_path).unwrap_err().to_string();
+    assert!(err.contains("holdfast.admin-token"), "{err}");
+    let (token, source) = admin.load_or_generate_token(&config_path).unwrap();
+    let path = dir.join("holdfast.admin-token");
+    assert_eq!(source, TokenSource::Generated(path.clone()));
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    assert_eq!(admin::loose_permissions(&path), None);
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        format!("{}\n", token.expose())
+    );
+    // The next start and a client read the same token.
+    let (again, source) = admin.load_or_generate_token(&config_path).unwrap();
+    assert_eq!(source, TokenSource::File(path.clone()));
+    assert_eq!(again, token);
+    assert_eq!(admin.read_token(&config_path).unwrap(), token);
+
+    // token_file, relative to the config's directory, is read and never created.
+    let named = AdminConfig {
+        token_file: Some("mine.token".into()),
+        ..AdminConfig::default()
+    };
+    assert!(named.load_or_generate_token(&config_path).is_err());
+    assert!(!dir.join("mine.token").exists());
+    std::fs::write(dir.join("mine.token"), "  abcdefghijklmnopqrstuvwxyz\n").unwrap();
+    std::fs::set_permissions(
+        dir.join("mine.token"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    let (t, source) = named.load_or_generate_token(&config_path).unwrap();
+    assert_eq!(t.expose(), "abcdefghijklmnopqrstuvwxyz");
+    assert_eq!(source, TokenSource::File(dir.join("mine.token")));
+    assert_eq!(
+        admin::loose_permissions(&dir.join("mine.token")),
+        Some(0o644)
+    );
+    std::fs::write(dir.join("mine.token"), "short\n").unwrap();
+    let err = named.read_token(&config_path).unwrap_err().to_string();
+    assert!(err.contains("too short"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn driver_allow_lists() {
+    let d = DriverConfig::default();
+    assert!(d.binaries.is_empty());
+    for ok in [
+        "innodb_buffer_pool_size",
+        "innodb-buffer-pool-size",
+        "--max_connections",
+        "MAX_CONNECTIONS",
+    ] {
+        assert!(d.option_allowed(ok), "{ok}");
+    }
+    for refused in [
+        "general_log_file",
+        "plugin_dir",
+        "",
+        "--",
+        "max_connections_x",
+    ] {
+        assert!(!d.option_allowed(refused), "{refused}");
+    }
+    let relative = format!("{BASE}[driver]\nbinaries = [\"mariadbd\"]\n");
+    assert!(Config::parse(&relative, "t")
+        .unwrap_err()
+        .to_string()
+        .contains("absolute"));
+    let odd = format!("{BASE}[driver]\nallowed_options = [\"a=b\"]\n");
+    assert!(Config::parse(&odd, "t").is_err());
+    let custom = format!(
+        "{BASE}[driver]\nbinaries = [\"/opt/mariadb/bin/mariadbd\"]\nallowed_options = [\"table-open-cache\"]\n"
+    );
+    let cfg = Config::parse(&custom, "t").unwrap();
+    assert!(cfg.driver.option_allowed("table_open_cache"));
+    assert!(!cfg.driver.option_allowed("max_connections"));
+}
+
+#[test]
+fn host_parts() {
+    assert_eq!(admin::host_of("127.0.0.1:6034"), "127.0.0.1");
+    assert_eq!(admin::host_of("[::1]:6034"), "::1");
+    assert_eq!(admin::host_of("localhost:1"), "localhost");
+    assert_eq!(admin::host_of("admin.example"), "admin.example");
+    assert_eq!(admin::host_of("::1"), "::1");
 }

@@ -3,8 +3,9 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use holdfast_config::{Config, DriverKind};
-use std::path::PathBuf;
+use holdfast_admin::AdminClient;
+use holdfast_config::{AdminToken, Config, DriverKind, TokenSource};
+use std::path::{Path, PathBuf};
 
 /// holdfast keeps MySQL/MariaDB client connections alive while the database behind them
 /// changes, and can make an instance serverless (paused when idle with idle connections
@@ -37,6 +38,10 @@ enum LogFormat {
 enum Command {
     /// Run the proxy. Log level via RUST_LOG (default: info).
     ///
+    /// The admin API needs a bearer token: [admin] token or token_file, or else one
+    /// generated on the first start into CONFIG-DIR/<config name>.admin-token (mode 0600;
+    /// its path is logged).
+    ///
     /// With a `[serverless]` section (holdfast.serverless.example.toml) holdfast also runs
     /// the instance's lifecycle: pauses, wakes, scaling and the usage ledger.
     ///
@@ -50,11 +55,24 @@ enum Command {
     /// (switchover, failover, rejoin, restart, resize) and the serverless ones (pause,
     /// resume, scale, usage).
     ///
+    /// The admin API wants its bearer token, taken from (first found): --token-file, the
+    /// environment variable HOLDFAST_ADMIN_TOKEN, or the config (--config: [admin] token,
+    /// token_file, or the file `holdfast serve` generated beside it).
+    ///
     /// Exits non-zero when the proxy refuses or an operation fails (the error text on stderr).
+    ///
+    /// Example: holdfast ctl --config /etc/holdfast/holdfast.toml status
     Ctl {
-        /// The admin listener ([admin] listen in the config).
-        #[arg(long, default_value = "127.0.0.1:6034", env = "HOLDFAST_ADMIN")]
-        admin: String,
+        /// The admin listener [default: [admin] listen of --config, else 127.0.0.1:6034].
+        #[arg(long, env = "HOLDFAST_ADMIN")]
+        admin: Option<String>,
+        /// A file holding the admin API token (one line).
+        #[arg(long, value_name = "PATH")]
+        token_file: Option<PathBuf>,
+        /// holdfast's config: the admin listener and (after --token-file and
+        /// HOLDFAST_ADMIN_TOKEN) the token.
+        #[arg(long, short, value_name = "PATH")]
+        config: Option<PathBuf>,
         #[command(subcommand)]
         command: CtlCommand,
     },
@@ -164,11 +182,14 @@ enum CtlCommand {
     /// Example: holdfast ctl restart node1 --binary /usr/sbin/mariadbd
     Restart {
         node: String,
-        /// Server binary to run from now on.
+        /// Server binary to run from now on; must be listed in `[driver] binaries`.
         #[arg(long, value_name = "PATH")]
         binary: Option<String>,
     },
     /// Planned restart of NODE with other server options (a resize), like `restart`.
+    ///
+    /// Only options listed in `[driver] allowed_options` are accepted (by default
+    /// innodb_buffer_pool_size and max_connections).
     ///
     /// Example: holdfast ctl resize node1 --set innodb_buffer_pool_size=256M --set max_connections=500
     Resize {
@@ -201,9 +222,17 @@ fn main() -> Result<()> {
                 .worker_threads(cfg.proxy.effective_worker_threads())
                 .enable_all()
                 .build()?
-                .block_on(serve(cfg))
+                .block_on(serve(cfg, &config))
         }
-        Command::Ctl { admin, command } => runtime()?.block_on(ctl(&admin, command)),
+        Command::Ctl {
+            admin,
+            token_file,
+            config,
+            command,
+        } => {
+            let client = ctl_client(admin, token_file, config)?;
+            runtime()?.block_on(ctl(&client, command))
+        }
         Command::Lab(cmd) => holdfast_lab::run(cmd),
     }
 }
@@ -214,8 +243,82 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
-async fn serve(cfg: Config) -> Result<()> {
+/// The admin client `ctl` uses: the address from --admin / HOLDFAST_ADMIN, else the
+/// config's; the token from --token-file, else HOLDFAST_ADMIN_TOKEN, else the config.
+fn ctl_client(
+    admin: Option<String>,
+    token_file: Option<PathBuf>,
+    config: Option<PathBuf>,
+) -> Result<AdminClient> {
+    let cfg = match &config {
+        Some(path) => Some((path.as_path(), Config::load(path)?)),
+        None => None,
+    };
+    let addr = admin
+        .or_else(|| cfg.as_ref().map(|(_, c)| connectable(&c.admin.listen)))
+        .unwrap_or_else(|| "127.0.0.1:6034".to_string());
+    let from_env = std::env::var("HOLDFAST_ADMIN_TOKEN")
+        .ok()
+        .map(|t| AdminToken::new(t.trim()))
+        .filter(|t| !t.expose().is_empty());
+    let token = if let Some(file) = &token_file {
+        Some(holdfast_config::admin::read_token_file(file)?)
+    } else if from_env.is_some() {
+        from_env
+    } else if let Some((path, c)) = &cfg {
+        Some(c.admin.read_token(path).with_context(|| {
+            format!(
+                "the admin token for {} (has `holdfast serve` started with it yet?)",
+                path.display()
+            )
+        })?)
+    } else {
+        None
+    };
+    Ok(AdminClient::new(addr, token))
+}
+
+/// A listen address as a client connects to it: the wildcard address means this host.
+fn connectable(listen: &str) -> String {
+    let host = holdfast_config::admin::host_of(listen);
+    let port = listen.rsplit_once(':').map_or("6034", |(_, p)| p);
+    match host {
+        "0.0.0.0" => format!("127.0.0.1:{port}"),
+        "::" => format!("[::1]:{port}"),
+        _ => listen.to_string(),
+    }
+}
+
+/// The admin token `serve` requires, logged by where it is (never by value).
+fn admin_token(cfg: &Config, config_path: &Path) -> Result<AdminToken> {
+    let (token, source) = cfg
+        .admin
+        .load_or_generate_token(config_path)
+        .context("the admin API token")?;
+    match &source {
+        TokenSource::Inline => tracing::info!("admin API token from [admin] token"),
+        TokenSource::File(path) => {
+            tracing::info!(file = %path.display(), "admin API token read");
+        }
+        TokenSource::Generated(path) => tracing::info!(
+            file = %path.display(),
+            "admin API token generated into a new file (mode 0600); `holdfast ctl --config {}` \
+             or `--token-file {}` uses it",
+            config_path.display(),
+            path.display()
+        ),
+    }
+    if let TokenSource::File(path) = &source {
+        if let Some(mode) = holdfast_config::admin::loose_permissions(path) {
+            tracing::warn!(file = %path.display(), mode = format!("{mode:o}"), "the admin API token file is readable by other users; chmod 600 it");
+        }
+    }
+    Ok(token)
+}
+
+async fn serve(cfg: Config, config_path: &Path) -> Result<()> {
     let admin_addr = cfg.admin.listen.clone();
+    let admin_token = admin_token(&cfg, config_path)?;
     let node_driver: Option<std::sync::Arc<dyn holdfast_proxy::driver::NodeDriver>> =
         match cfg.driver.kind {
             DriverKind::None => None,
@@ -241,7 +344,7 @@ async fn serve(cfg: Config) -> Result<()> {
         .collect();
     tracing::info!(proxy = %proxy.local_addr()?, admin = %admin_addr, listeners = ?listeners, "holdfast serving");
     let shared = proxy.shared.clone();
-    let admin_task = tokio::spawn(holdfast_admin::serve(admin, shared.clone()));
+    let admin_task = tokio::spawn(holdfast_admin::serve(admin, shared.clone(), admin_token));
     let proxy_task = tokio::spawn(proxy.run());
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
@@ -256,17 +359,38 @@ async fn serve(cfg: Config) -> Result<()> {
     Ok(())
 }
 
-async fn ctl(admin: &str, command: CtlCommand) -> Result<()> {
+/// An answer other than 2xx as an error: the API's `error` text, and where a token comes
+/// from when a 401 says it is missing or wrong.
+fn refused(client: &AdminClient, what: &str, code: u16, body: String) -> anyhow::Error {
+    let error = serde_json::from_str::<holdfast_admin::ErrorBody>(&body)
+        .map(|e| e.error)
+        .unwrap_or(body);
+    let hint = match (code, client.has_token()) {
+        (401, false) => "\nno admin token given: use --token-file PATH, HOLDFAST_ADMIN_TOKEN or --config holdfast.toml",
+        (401, true) => "\nthe admin token given is not this holdfast's",
+        _ => "",
+    };
+    anyhow::anyhow!("{what} (HTTP {code}): {error}{hint}")
+}
+
+/// `GET path`, requiring 200: the body.
+async fn get(client: &AdminClient, path: &str) -> Result<String> {
+    let (code, body) = client.get(path).await.with_context(|| {
+        format!(
+            "cannot reach the admin API at {} (is holdfast serve running?)",
+            client.addr
+        )
+    })?;
+    if code != 200 {
+        return Err(refused(client, "refused", code, body));
+    }
+    Ok(body)
+}
+
+async fn ctl(client: &AdminClient, command: CtlCommand) -> Result<()> {
     match command {
         CtlCommand::Status { json } => {
-            let (code, body) = holdfast_admin::http_get(admin, "/status")
-                .await
-                .with_context(|| {
-                    format!("cannot reach the admin API at {admin} (is holdfast serve running?)")
-                })?;
-            if code != 200 {
-                bail!("admin API answered HTTP {code}: {body}");
-            }
+            let body = get(client, "/status").await?;
             if json {
                 println!("{body}");
             } else {
@@ -275,29 +399,21 @@ async fn ctl(admin: &str, command: CtlCommand) -> Result<()> {
                 print!("{}", holdfast_admin::render_status(&status));
             }
         }
-        CtlCommand::Metrics => {
-            let (code, body) = holdfast_admin::http_get(admin, "/metrics")
-                .await
-                .with_context(|| format!("cannot reach the admin API at {admin}"))?;
-            if code != 200 {
-                bail!("admin API answered HTTP {code}");
-            }
-            print!("{body}");
-        }
+        CtlCommand::Metrics => print!("{}", get(client, "/metrics").await?),
         CtlCommand::Switchover { to, json } => {
             let path = match &to {
                 Some(node) => format!("/switchover?to={}", query_escape(node)),
                 None => "/switchover".to_string(),
             };
-            ha_operation(admin, &path, json).await?;
+            ha_operation(client, &path, json).await?;
         }
-        CtlCommand::Failover { json } => ha_operation(admin, "/failover", json).await?,
+        CtlCommand::Failover { json } => ha_operation(client, "/failover", json).await?,
         CtlCommand::Restart { node, binary } => {
             let mut path = format!("/restart?node={}", query_escape(&node));
             if let Some(b) = binary {
                 path.push_str(&format!("&binary={}", query_escape(&b)));
             }
-            restart_operation(admin, &path).await?
+            restart_operation(client, &path).await?
         }
         CtlCommand::Resize { node, set } => {
             let path = format!(
@@ -305,18 +421,18 @@ async fn ctl(admin: &str, command: CtlCommand) -> Result<()> {
                 query_escape(&node),
                 query_escape(&set.join(","))
             );
-            restart_operation(admin, &path).await?
+            restart_operation(client, &path).await?
         }
         CtlCommand::Pause { tier } => {
             let path = match tier {
                 Some(t) => format!("/pause?tier={}", query_escape(&t)),
                 None => "/pause".to_string(),
             };
-            instance_operation(admin, &path).await?
+            instance_operation(client, &path).await?
         }
-        CtlCommand::Resume => instance_operation(admin, "/resume").await?,
+        CtlCommand::Resume => instance_operation(client, "/resume").await?,
         CtlCommand::Scale { ccu } => {
-            instance_operation(admin, &format!("/scale?ccu={ccu}")).await?
+            instance_operation(client, &format!("/scale?ccu={ccu}")).await?
         }
         CtlCommand::Usage {
             instance,
@@ -330,16 +446,7 @@ async fn ctl(admin: &str, command: CtlCommand) -> Result<()> {
             if let Some(t) = since {
                 query.push(format!("since={}", query_escape(&t)));
             }
-            let path = format!("/usage?{}", query.join("&"));
-            let (code, body) = holdfast_admin::http_get(admin, &path)
-                .await
-                .with_context(|| format!("cannot reach the admin API at {admin}"))?;
-            if code != 200 {
-                let error = serde_json::from_str::<holdfast_admin::ErrorBody>(&body)
-                    .map(|e| e.error)
-                    .unwrap_or(body);
-                bail!("refused (HTTP {code}): {error}");
-            }
+            let body = get(client, &format!("/usage?{}", query.join("&"))).await?;
             if json {
                 println!("{body}");
             } else {
@@ -350,7 +457,7 @@ async fn ctl(admin: &str, command: CtlCommand) -> Result<()> {
         }
         CtlCommand::Rejoin { node, json } => {
             ha_operation(
-                admin,
+                client,
                 &format!("/rejoin?node={}", query_escape(&node)),
                 json,
             )
@@ -360,33 +467,35 @@ async fn ctl(admin: &str, command: CtlCommand) -> Result<()> {
     Ok(())
 }
 
+/// POSTs an operation: its status code and body.
+async fn post(client: &AdminClient, path: &str) -> Result<(u16, String)> {
+    client.post(path, None).await.with_context(|| {
+        format!(
+            "cannot reach the admin API at {} (is holdfast serve running?)",
+            client.addr
+        )
+    })
+}
+
 /// POSTs an operation; its JSON answer, or an error with the API's message.
-async fn post_json(admin: &str, path: &str) -> Result<serde_json::Value> {
-    let (code, body) = holdfast_admin::http_post(admin, path, None)
-        .await
-        .with_context(|| {
-            format!("cannot reach the admin API at {admin} (is holdfast serve running?)")
-        })?;
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or(serde_json::Value::Null);
+async fn post_json(client: &AdminClient, path: &str) -> Result<serde_json::Value> {
+    let (code, body) = post(client, path).await?;
     if !(200..300).contains(&code) {
-        bail!(
-            "failed (HTTP {code}): {}",
-            v.get("error").and_then(|e| e.as_str()).unwrap_or(&body)
-        );
+        return Err(refused(client, "failed", code, body));
     }
-    Ok(v)
+    Ok(serde_json::from_str(&body).unwrap_or(serde_json::Value::Null))
 }
 
 /// POSTs a serverless operation and prints the instance afterwards.
-async fn instance_operation(admin: &str, path: &str) -> Result<()> {
-    let v = post_json(admin, path).await?;
+async fn instance_operation(client: &AdminClient, path: &str) -> Result<()> {
+    let v = post_json(client, path).await?;
     print!("{}", holdfast_admin::render_instance(&v));
     Ok(())
 }
 
 /// POSTs a restart or resize and prints its steps.
-async fn restart_operation(admin: &str, path: &str) -> Result<()> {
-    let v = post_json(admin, path).await?;
+async fn restart_operation(client: &AdminClient, path: &str) -> Result<()> {
+    let v = post_json(client, path).await?;
     for step in v
         .get("steps")
         .and_then(|s| s.as_array())
@@ -399,22 +508,15 @@ async fn restart_operation(admin: &str, path: &str) -> Result<()> {
 }
 
 /// POSTs an HA operation and prints its report; non-2xx answers are errors.
-async fn ha_operation(admin: &str, path: &str, json: bool) -> Result<()> {
-    let (code, body) = holdfast_admin::http_post(admin, path, None)
-        .await
-        .with_context(|| {
-            format!("cannot reach the admin API at {admin} (is holdfast serve running?)")
-        })?;
+async fn ha_operation(client: &AdminClient, path: &str, json: bool) -> Result<()> {
+    let (code, body) = post(client, path).await?;
     if !(200..300).contains(&code) {
-        let error = serde_json::from_str::<holdfast_admin::ErrorBody>(&body)
-            .map(|e| e.error)
-            .unwrap_or(body);
         let what = match code {
             409 => "busy",
-            400 => "refused",
+            400 | 401 | 403 => "refused",
             _ => "failed",
         };
-        bail!("{what} (HTTP {code}): {error}");
+        return Err(refused(client, what, code, body));
     }
     if json {
         println!("{body}");

@@ -1,11 +1,12 @@
 """A mysql-connector-python connection pool across a pause of the serverless instance.
 
-Arguments: host port user password database admin_host:port. Exit 77 when the driver is
-missing. The pool's five connections are opened and used, returned to the pool (idle),
+Arguments: host port user password database admin_host:port; the admin API's token in
+the environment (HOLDFAST_ADMIN_TOKEN). Exit 77 when the driver is missing. The pool's five connections are opened and used, returned to the pool (idle),
 then holdfast is asked to pause the instance (stop tier: the server process exits); the
 same five pooled connections must work afterwards, with one resume for all of them.
 """
 import json
+import os
 import sys
 import urllib.request
 
@@ -18,7 +19,9 @@ except ImportError:
 
 
 def admin_json(path, method="GET"):
-    req = urllib.request.Request(f"http://{admin}{path}", method=method)
+    req = urllib.request.Request(
+        f"http://{admin}{path}", method=method,
+        headers={"Authorization": "Bearer " + os.environ["HOLDFAST_ADMIN_TOKEN"]})
     with urllib.request.urlopen(req, timeout=60) as resp:
         assert resp.status == 200, (path, resp.status)
         return json.load(resp)

@@ -9,7 +9,8 @@ pub mod raw;
 
 use anyhow::{bail, Context, Result};
 use holdfast_config::{
-    AdminConfig, AuthConfig, BackendConfig, Config, HaConfig, HaMode, ProxyConfig, ServerlessConfig,
+    AdminConfig, AuthConfig, BackendConfig, Config, DriverConfig, HaConfig, HaMode, ProxyConfig,
+    ServerlessConfig,
 };
 use holdfast_lab::TestLab;
 use holdfast_proxy::{Proxy, Seams, Shared};
@@ -117,6 +118,10 @@ impl Harness {
         }
         cfg.validate().context("test configuration")?;
         let runtime = runtime().context("building the proxy runtime")?;
+        let token = st
+            .admin_token
+            .clone()
+            .context("the lab wrote no admin token")?;
         let (proxy, admin, listeners, shared) = runtime.block_on(async {
             let seams = Seams {
                 node_driver: Some(Arc::new(holdfast_lab::LabNodeDriver {
@@ -136,7 +141,7 @@ impl Harness {
             let admin_addr = admin.local_addr()?;
             let shared = proxy.shared.clone();
             tokio::spawn(proxy.run());
-            tokio::spawn(holdfast_admin::serve(admin, shared.clone()));
+            tokio::spawn(holdfast_admin::serve(admin, shared.clone(), token));
             anyhow::Ok((proxy_addr, admin_addr, listeners, shared))
         })?;
         let h = Harness {
@@ -203,20 +208,24 @@ impl Harness {
         )
     }
 
-    /// `GET path` on the admin API; panics unless it answers 200.
+    /// The admin API client with this holdfast's token.
+    pub fn admin_client(&self) -> holdfast_admin::AdminClient {
+        holdfast_admin::AdminClient::new(
+            self.admin.to_string(),
+            self.lab.status.admin_token.clone(),
+        )
+    }
+
+    /// `GET path` on the admin API (with the token); panics unless it answers 200.
     pub fn admin_get(&self, path: &str) -> String {
-        let addr = self.admin.to_string();
+        let client = self.admin_client();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("runtime");
         let (code, body) = rt
             .block_on(async {
-                tokio::time::timeout(
-                    Duration::from_secs(10),
-                    holdfast_admin::http_get(&addr, path),
-                )
-                .await
+                tokio::time::timeout(Duration::from_secs(10), client.get(path)).await
             })
             .unwrap_or_else(|_| panic!("GET {path} timed out"))
             .unwrap_or_else(|e| panic!("GET {path}: {e}"));
@@ -224,23 +233,78 @@ impl Harness {
         body
     }
 
-    /// `POST path` (with an optional JSON body) on the admin API: status code and body.
-    /// HA operations can take a while; the deadline is generous.
+    /// `POST path` (with an optional JSON body and the token) on the admin API: status code
+    /// and body. HA operations can take a while; the deadline is generous.
     pub fn admin_post(&self, path: &str, body: Option<&str>) -> (u16, String) {
-        let addr = self.admin.to_string();
+        let client = self.admin_client();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("runtime");
         rt.block_on(async {
-            tokio::time::timeout(
-                Duration::from_secs(120),
-                holdfast_admin::http_post(&addr, path, body),
-            )
-            .await
+            tokio::time::timeout(Duration::from_secs(120), client.post(path, body)).await
         })
         .unwrap_or_else(|_| panic!("POST {path} timed out"))
         .unwrap_or_else(|e| panic!("POST {path}: {e}"))
+    }
+
+    /// The admin API token of this holdfast (the lab's `admin.token`).
+    pub fn admin_token(&self) -> &str {
+        self.lab
+            .status
+            .admin_token
+            .as_ref()
+            .expect("the lab has an admin token")
+            .expose()
+    }
+
+    /// Sends `METHOD path` to the admin API exactly as given: `headers` as written (a `Host`
+    /// naming the admin listener unless `headers` has one; no `Authorization` unless given),
+    /// then `body` with its `Content-Length`. Returns the status code, the response headers
+    /// (lower-cased names) and the body.
+    pub fn admin_raw(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> RawAnswer {
+        use std::io::{Read, Write};
+        let mut text = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+            text.push_str(&format!("Host: {}\r\n", self.admin));
+        }
+        for (k, v) in headers {
+            text.push_str(&format!("{k}: {v}\r\n"));
+        }
+        if let Some(b) = body {
+            text.push_str(&format!("Content-Length: {}\r\n", b.len()));
+        }
+        text.push_str("\r\n");
+        text.push_str(body.unwrap_or(""));
+        let mut s = std::net::TcpStream::connect(self.admin).expect("connecting to the admin API");
+        s.set_read_timeout(Some(Duration::from_secs(120))).ok();
+        s.write_all(text.as_bytes()).expect("sending the request");
+        let mut answer = Vec::new();
+        s.read_to_end(&mut answer).expect("reading the answer");
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+        let code = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or_else(|| panic!("no status code in {answer:?}"));
+        let headers = head
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+            .collect();
+        RawAnswer {
+            code,
+            headers,
+            body: body.to_string(),
+        }
     }
 
     /// `/status` as JSON.
@@ -321,6 +385,33 @@ impl Harness {
     }
 }
 
+/// An admin API answer as [`Harness::admin_raw`] reads it.
+#[derive(Debug, Clone)]
+pub struct RawAnswer {
+    pub code: u16,
+    /// Header names in lower case, in the order sent.
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl RawAnswer {
+    /// The first value of header `name` (lower case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The `error` of a JSON error body.
+    pub fn error(&self) -> String {
+        serde_json::from_str::<serde_json::Value>(&self.body)
+            .ok()
+            .and_then(|v| v.get("error")?.as_str().map(String::from))
+            .unwrap_or_else(|| panic!("HTTP {}: not a JSON error: {:?}", self.code, self.body))
+    }
+}
+
 /// A lab without holdfast in front, for tests that drive holdfast's building blocks
 /// (`holdfast_proxy::ha`...) directly: node1 and `replicas` replicas of it.
 pub fn lab(replicas: usize) -> TestLab {
@@ -349,6 +440,8 @@ pub fn lab_config(lab: &TestLab) -> Config {
         },
         admin: AdminConfig {
             listen: "127.0.0.1:0".into(),
+            token_file: Some(st.admin_token_file.clone()),
+            ..AdminConfig::default()
         },
         auth: AuthConfig {
             monitor_user: st.monitor_user.clone(),
@@ -364,7 +457,11 @@ pub fn lab_config(lab: &TestLab) -> Config {
             })
             .collect(),
         ha,
-        driver: Default::default(),
+        // Like the lab's own config: its server binary may be restarted into.
+        driver: DriverConfig {
+            binaries: vec![st.mariadbd.clone()],
+            ..DriverConfig::default()
+        },
         listeners: Vec::new(),
         serverless: None,
     }

@@ -45,7 +45,8 @@ pub enum LabCommand {
         /// Lab directory.
         #[arg(long, default_value = "holdfast-lab")]
         dir: PathBuf,
-        /// Print DIR/lab.json's content (with fresh liveness) as JSON.
+        /// Print DIR/lab.json's content (with fresh liveness) as JSON, with holdfast's admin
+        /// API token (`admin_token`, from DIR/admin.token).
         #[arg(long)]
         json: bool,
     },
@@ -178,6 +179,12 @@ fn describe_up(st: &LabStatus, took: std::time::Duration) -> String {
         );
     }
     let _ = writeln!(out, "config:   {}", st.config.display());
+    let _ = writeln!(
+        out,
+        "admin:    token in {} (holdfast ctl --config {} status)",
+        st.admin_token_file.display(),
+        st.config.display()
+    );
     let _ = writeln!(
         out,
         "next:     holdfast serve --config {}",

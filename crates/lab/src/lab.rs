@@ -16,8 +16,8 @@ use holdfast_config::serverless::{
     InstanceDriverConfig, PauseTier, ProcessDriverConfig, ScalePolicy, ServerlessConfig,
 };
 use holdfast_config::{
-    AdminConfig, AuthConfig, BackendConfig, Config, DriverConfig, DriverKind, HaConfig, HaMode,
-    ProxyConfig,
+    AdminConfig, AdminToken, AuthConfig, BackendConfig, Config, DriverConfig, DriverKind, HaConfig,
+    HaMode, ProxyConfig,
 };
 use serde::{Deserialize, Serialize};
 
@@ -68,6 +68,8 @@ const STATUS_FILE: &str = "lab.json";
 const LAUNCH_FILE: &str = "lab-launch.json";
 const AUX_FILE: &str = "lab-aux.json";
 const CONFIG_FILE: &str = "holdfast.toml";
+/// holdfast's admin API token (`[admin] token_file` of the lab's config), mode 0600.
+const ADMIN_TOKEN_FILE: &str = "admin.token";
 
 /// What `up` should build.
 #[derive(Clone, Debug)]
@@ -112,6 +114,16 @@ pub struct LabStatus {
     pub proxy: String,
     /// Address holdfast's admin HTTP listener is configured on.
     pub admin: String,
+    /// The file holding holdfast's admin API token (`[admin] token_file`, mode 0600).
+    #[serde(default)]
+    pub admin_token_file: PathBuf,
+    /// holdfast's admin API token, read from `admin_token_file` by [`status`] and [`up`]
+    /// (`holdfast lab status --json` shows it; `lab.json` does not keep it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin_token: Option<AdminToken>,
+    /// The server binary the nodes run (`[driver] binaries` of the lab's config).
+    #[serde(default)]
+    pub mariadbd: PathBuf,
     /// Application user with all privileges.
     pub app_user: String,
     /// Password of `app_user` (mysql_native_password).
@@ -292,6 +304,10 @@ pub fn status(dir: &Path) -> Result<LabStatus> {
     for node in &mut st.nodes {
         refresh_node(node);
     }
+    if st.admin_token_file.as_os_str().is_empty() {
+        st.admin_token_file = st.dir.join(ADMIN_TOKEN_FILE);
+    }
+    st.admin_token = holdfast_config::admin::read_token_file(&st.admin_token_file).ok();
     Ok(st)
 }
 
@@ -691,10 +707,15 @@ fn fresh_lab(dir: &Path, opts: &LabOptions) -> Result<LabStatus> {
     let ed25519 = configure(&nodes)?;
     tracing::debug!(elapsed = ?started.elapsed(), "lab configured");
 
+    let admin_token_file = dir.join(ADMIN_TOKEN_FILE);
+    let admin_token = holdfast_config::admin::write_new_token_file(&admin_token_file)?;
     let st = LabStatus {
         dir: dir.to_path_buf(),
         proxy: format!("127.0.0.1:{proxy_port}"),
         admin: format!("127.0.0.1:{admin_port}"),
+        admin_token_file,
+        admin_token: Some(admin_token),
+        mariadbd: launch.mariadbd.clone(),
         app_user: APP_USER.into(),
         app_password: APP_PASSWORD.into(),
         database: DATABASE.into(),
@@ -747,6 +768,15 @@ fn restart_existing(dir: &Path, opts: &LabOptions) -> Result<LabStatus> {
                 st.nodes[0].port
             );
         }
+    }
+    if st.mariadbd.as_os_str().is_empty() {
+        st.mariadbd = launch.mariadbd.clone();
+    }
+    if st.admin_token.is_none() {
+        // A lab from before admin tokens (or one whose token file was deleted).
+        st.admin_token = Some(holdfast_config::admin::write_new_token_file(
+            &st.admin_token_file,
+        )?);
     }
     let mut guard = KillGuard(Vec::new());
     start_nodes(&launch, &mut st.nodes, false, &mut guard)?;
@@ -1205,8 +1235,11 @@ fn read_launch(dir: &Path) -> Result<LaunchInfo> {
     serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
 }
 
+/// Writes `DIR/lab.json` (without the admin token: that stays in its 0600 file).
 fn write_status(st: &LabStatus) -> Result<()> {
-    write_json(&st.dir.join(STATUS_FILE), st)
+    let mut kept = st.clone();
+    kept.admin_token = None;
+    write_json(&st.dir.join(STATUS_FILE), &kept)
 }
 
 /// Writes JSON through a temp file and a rename, so readers never see half a file.
@@ -1288,6 +1321,8 @@ pub fn holdfast_config(st: &LabStatus, serverless: Option<ServerlessConfig>) -> 
         },
         admin: AdminConfig {
             listen: st.admin.clone(),
+            token_file: Some(st.admin_token_file.clone()),
+            ..AdminConfig::default()
         },
         auth: AuthConfig {
             monitor_user: st.monitor_user.clone(),
@@ -1312,6 +1347,14 @@ pub fn holdfast_config(st: &LabStatus, serverless: Option<ServerlessConfig>) -> 
             cfg.driver = DriverConfig {
                 kind: DriverKind::Lab,
                 lab_dir: Some(st.dir.clone()),
+                // The lab's own server binary for `ctl restart --binary`, and the options
+                // `ctl resize` may set (the defaults, written out).
+                binaries: Some(&st.mariadbd)
+                    .filter(|b| b.is_absolute())
+                    .cloned()
+                    .into_iter()
+                    .collect(),
+                ..DriverConfig::default()
             };
         }
     }
@@ -1460,6 +1503,9 @@ mod tests {
             dir: "/tmp/lab \"x\"".into(),
             proxy: "127.0.0.1:6033".into(),
             admin: "127.0.0.1:6034".into(),
+            admin_token_file: "/tmp/lab/admin.token".into(),
+            admin_token: None,
+            mariadbd: "/usr/sbin/mariadbd".into(),
             app_user: APP_USER.into(),
             app_password: APP_PASSWORD.into(),
             database: DATABASE.into(),
@@ -1498,6 +1544,19 @@ mod tests {
         assert_eq!(cfg.backends.len(), 3);
         assert_eq!(cfg.ha.mode, HaMode::Managed);
         assert_eq!(cfg.driver.kind, DriverKind::Lab);
+        assert_eq!(
+            cfg.driver.binaries,
+            vec![PathBuf::from("/usr/sbin/mariadbd")]
+        );
+        assert!(cfg.driver.option_allowed("innodb_buffer_pool_size"));
+        assert_eq!(
+            cfg.admin.token_file,
+            Some(PathBuf::from("/tmp/lab/admin.token"))
+        );
+        assert!(
+            text.contains("token_file = \"/tmp/lab/admin.token\""),
+            "{text}"
+        );
         assert!(
             cfg.serverless.is_none() && !text.contains("[serverless"),
             "{text}"

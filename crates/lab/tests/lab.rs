@@ -122,6 +122,34 @@ fn primary_and_two_replicas_replicate() {
     let back: LabStatus = serde_json::from_str(&json).unwrap();
     assert_eq!(back.nodes.len(), 3);
 
+    // The admin token: in its own 0600 file, not in lab.json, read back by status().
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert!(
+            v.get("admin_token").is_none(),
+            "lab.json keeps the token: {json}"
+        );
+        let mode = std::fs::metadata(&st.admin_token_file)
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let token = st.admin_token.as_ref().expect("up() reads the token");
+        assert_eq!(
+            holdfast_lab::status(lab.dir())
+                .unwrap()
+                .admin_token
+                .as_ref(),
+            Some(token)
+        );
+        let shown = serde_json::to_value(holdfast_lab::status(lab.dir()).unwrap()).unwrap();
+        assert_eq!(
+            shown["admin_token"],
+            token.expose(),
+            "status --json shows the token"
+        );
+    }
+
     // holdfast.toml is a valid holdfast config that lists every node.
     let cfg = holdfast_config::Config::load(&st.config).unwrap();
     assert_eq!(cfg.proxy.listen, st.proxy);
@@ -131,6 +159,8 @@ fn primary_and_two_replicas_replicate() {
     assert_eq!(cfg.backends.len(), 3);
     assert_eq!(cfg.backends[1].address, st.nodes[1].address);
     assert_eq!(cfg.driver.kind, holdfast_config::DriverKind::Lab);
+    assert_eq!(cfg.admin.token_file.as_ref(), Some(&st.admin_token_file));
+    assert_eq!(cfg.driver.binaries, vec![st.mariadbd.clone()]);
     assert_eq!(cfg, holdfast_lab::holdfast_config(st, None).unwrap());
 
     // down() stops everything; status() agrees.

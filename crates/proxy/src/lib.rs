@@ -130,6 +130,8 @@ impl Shared {
         node: &str,
         spec: &driver::RestartSpec,
     ) -> Result<Vec<String>, RestartError> {
+        let spec =
+            &driver::allowed_spec(&self.config.driver, spec).map_err(RestartError::NotAllowed)?;
         let driver = self.node_driver.clone().ok_or(RestartError::NoDriver)?;
         let mut steps = Vec::new();
         let was_primary = self
@@ -251,6 +253,10 @@ pub enum RestartError {
         "no control driver is configured ([driver] kind = \"lab\"); holdfast cannot restart nodes"
     )]
     NoDriver,
+    /// A binary or a server option the config does not allow (`[driver] binaries`,
+    /// `allowed_options`); nothing was done.
+    #[error("{0}")]
+    NotAllowed(String),
     #[error("switchover {step} {node}: {source}")]
     Switchover {
         step: &'static str,

@@ -56,9 +56,23 @@ pub fn run(args: &DrillArgs, holdfast: &Path, scenarios: &[Scenario]) -> Result<
         }
     };
     let log = args.dir.join("holdfast-drill.log");
-    let (server, _) = serve::start_holdfast(holdfast, &lab, &lab.config, &log, &[])?;
+    // The upgrade scenario restarts into HOLDFAST_DRILL_BINARY: it must be in [driver]
+    // binaries (the lab's config lists the lab's own binary).
+    let config = match std::env::var_os("HOLDFAST_DRILL_BINARY") {
+        Some(binary) => serve::config_variant(
+            &lab,
+            "holdfast-drill.toml",
+            "HOLDFAST_DRILL_BINARY added to [driver] binaries",
+            |c| {
+                c.driver.binaries.push(binary.into());
+                Ok(())
+            },
+        )?,
+        None => lab.config.clone(),
+    };
+    let (server, _) = serve::start_holdfast(holdfast, &lab, &config, &log, &[])?;
     wait_for("holdfast to see a primary", PRIMARY_TIMEOUT, || {
-        admin::status(&lab.admin).ok()?.topology.primary
+        admin::status(&admin::client(&lab)).ok()?.topology.primary
     })?;
     println!(
         "preparing sysbench: {} tables x {} rows",
@@ -99,7 +113,7 @@ pub fn run(args: &DrillArgs, holdfast: &Path, scenarios: &[Scenario]) -> Result<
     Ok(())
 }
 
-fn closed_sessions(admin_addr: &str) -> f64 {
+fn closed_sessions(admin_addr: &holdfast_admin::AdminClient) -> f64 {
     let Ok(text) = admin::get(admin_addr, "/metrics") else {
         return 0.0;
     };
@@ -110,6 +124,7 @@ fn closed_sessions(admin_addr: &str) -> f64 {
 }
 
 fn run_scenario(lab: &LabStatus, args: &DrillArgs, scenario: Scenario) -> Result<Row> {
+    let admin = admin::client(lab);
     let name = scenario.name();
     println!(
         "== {name}: sysbench oltp_read_write, {} threads, {} s, event at {} s",
@@ -117,7 +132,7 @@ fn run_scenario(lab: &LabStatus, args: &DrillArgs, scenario: Scenario) -> Result
         args.seconds,
         args.seconds / 3
     );
-    let closed_before = closed_sessions(&lab.admin);
+    let closed_before = closed_sessions(&admin);
     let options = [
         format!("--threads={}", args.threads),
         format!("--time={}", args.seconds),
@@ -138,13 +153,13 @@ fn run_scenario(lab: &LabStatus, args: &DrillArgs, scenario: Scenario) -> Result
     let out = child.wait_with_output()?;
     let text = output_text(&out);
     std::fs::write(args.dir.join(format!("drill-{name}.log")), &text)?;
-    let closed = (closed_sessions(&lab.admin) - closed_before).max(0.0) as u32;
+    let closed = (closed_sessions(&admin) - closed_before).max(0.0) as u32;
     let fatal = !out.status.success() || text.contains("FATAL");
     if scenario == Scenario::Failover {
         // Bring the killed node back as a replica for the next drill.
         if let Some(dead) = event.split_whitespace().nth(1) {
             let _ = holdfast_lab::start_node(&lab.dir, dead);
-            let _ = admin::post(&lab.admin, &format!("/rejoin?node={dead}"));
+            let _ = admin::post(&admin, &format!("/rejoin?node={dead}"));
         }
     }
     Ok(Row {
@@ -166,7 +181,8 @@ fn run_scenario(lab: &LabStatus, args: &DrillArgs, scenario: Scenario) -> Result
 }
 
 fn perform(lab: &LabStatus, scenario: Scenario) -> Result<String> {
-    let status = admin::status(&lab.admin)?;
+    let admin = admin::client(lab);
+    let status = admin::status(&admin)?;
     let primary = status
         .topology
         .primary
@@ -182,7 +198,7 @@ fn perform(lab: &LabStatus, scenario: Scenario) -> Result<String> {
                 .find(|n| n.name != primary && n.reachable)
                 .map(|n| n.name.clone())
                 .context("no replica to switch over to")?;
-            admin::post(&lab.admin, &format!("/switchover?to={target}"))?;
+            admin::post(&admin, &format!("/switchover?to={target}"))?;
             Ok(format!(
                 "switchover {primary} -> {target} took {} ms",
                 t.elapsed().as_millis()
@@ -191,7 +207,7 @@ fn perform(lab: &LabStatus, scenario: Scenario) -> Result<String> {
         Scenario::Failover => {
             holdfast_lab::kill_node(&lab.dir, &primary)?;
             let new = wait_for("a new primary", FAILOVER_TIMEOUT, || {
-                admin::status(&lab.admin)
+                admin::status(&admin)
                     .ok()?
                     .topology
                     .primary
@@ -212,10 +228,7 @@ fn perform(lab: &LabStatus, scenario: Scenario) -> Result<String> {
                         .map(String::from)
                 })
                 .context("no mariadbd binary for the upgrade")?;
-            admin::post(
-                &lab.admin,
-                &format!("/restart?node={primary}&binary={binary}"),
-            )?;
+            admin::post(&admin, &format!("/restart?node={primary}&binary={binary}"))?;
             Ok(format!(
                 "upgraded {primary} (restart with {binary}) and back in {} ms",
                 t.elapsed().as_millis()
@@ -223,7 +236,7 @@ fn perform(lab: &LabStatus, scenario: Scenario) -> Result<String> {
         }
         Scenario::Resize => {
             admin::post(
-                &lab.admin,
+                &admin,
                 &format!("/resize?node={primary}&set=innodb_buffer_pool_size=192M"),
             )?;
             Ok(format!(

@@ -20,11 +20,11 @@ const IDLE_PAUSE_SECS: u64 = 2;
 /// A frozen instance is stopped after this long in the drill, so both tiers occur.
 const STOP_AFTER_SECS: u64 = 3;
 
-fn instance(admin: &str) -> Result<serde_json::Value> {
+fn instance(admin: &holdfast_admin::AdminClient) -> Result<serde_json::Value> {
     Ok(admin::get_json(admin, "/status")?["serverless"].clone())
 }
 
-fn wait_paused(admin: &str, tier: &str) -> Result<()> {
+fn wait_paused(admin: &holdfast_admin::AdminClient, tier: &str) -> Result<()> {
     wait_for(
         &format!("the instance to pause ({tier})"),
         Duration::from_secs(60),
@@ -101,7 +101,7 @@ pub fn run(args: &DrillArgs, holdfast: &Path) -> Result<()> {
     );
     let mut cycles = Vec::new();
     for tier in ["freeze", "stop", "freeze", "stop"] {
-        wait_paused(&lab.admin, tier)?;
+        wait_paused(&admin::client(&lab), tier)?;
         // A new client logs in to the paused instance.
         let t = Instant::now();
         let mut fresh = login(&rt)?;
@@ -142,7 +142,7 @@ pub fn run(args: &DrillArgs, holdfast: &Path) -> Result<()> {
         );
         cycles.push(row);
     }
-    let v = instance(&lab.admin)?;
+    let v = instance(&admin::client(&lab))?;
     println!();
     println!("paused tier   first login + SELECT 1   sysbench transactions   ignored errors   pooled connections kept");
     for c in &cycles {
@@ -162,7 +162,7 @@ pub fn run(args: &DrillArgs, holdfast: &Path) -> Result<()> {
         "holdfast: {} pauses, {} resumes, {} failed resumes; usage ledger:",
         v["pauses"], v["resumes"], v["resume_failures"]
     );
-    if let Ok(body) = admin::get(&lab.admin, "/usage") {
+    if let Ok(body) = admin::get(&admin::client(&lab), "/usage") {
         let lines: Vec<holdfast_serverless::ledger::UsageLine> = serde_json::from_str(&body)?;
         print!("{}", holdfast_serverless::ledger::render_bill(&lines));
     }

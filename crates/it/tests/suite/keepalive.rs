@@ -263,8 +263,9 @@ fn a_session_that_never_reaches_a_safe_point_is_closed_after_the_cooldown() {
     );
 }
 
-/// A planned resize of the primary (restart with other server options): sessions move to a
-/// replica and back with their state; the new option is in effect afterwards.
+/// A planned resize of the primary (restart with other server options and a server binary
+/// from `[driver] binaries`): sessions move to a replica and back with their state; the new
+/// option is in effect afterwards.
 #[test]
 fn session_state_survives_a_planned_resize_of_the_primary() {
     let h = Harness::start_with(Options::default().replicas(2));
@@ -272,7 +273,11 @@ fn session_state_survives_a_planned_resize_of_the_primary() {
     let (before, stmt) = set_state(&mut c);
     let node1 = h.lab.status.node("node1").unwrap().port;
     assert_eq!(port(&mut c), node1);
-    let (code, body) = h.admin_post("/resize?node=node1&set=innodb_buffer_pool_size=256M", None);
+    let binary = h.lab.status.mariadbd.display().to_string();
+    let (code, body) = h.admin_post(
+        &format!("/resize?node=node1&binary={binary}&set=innodb_buffer_pool_size=256M"),
+        None,
+    );
     assert_eq!(code, 200, "{body}");
     wait_for("node1 primary again", Duration::from_secs(20), || {
         (h.status().topology.primary.as_deref() == Some("node1")).then_some(())

@@ -2,6 +2,7 @@
 //! runs every test in its own process).
 
 mod admin;
+mod admin_auth;
 mod bad_input;
 mod cli;
 mod ha;

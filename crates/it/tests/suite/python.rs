@@ -20,7 +20,8 @@ fn run_script_at(h: &Harness, addr: std::net::SocketAddr, script: &str, extra: &
         .arg(addr.ip().to_string())
         .arg(addr.port().to_string())
         .args([h.user(), h.password(), h.database()])
-        .args(extra);
+        .args(extra)
+        .env("HOLDFAST_ADMIN_TOKEN", h.admin_token());
     let out = run_with_deadline(cmd, Duration::from_secs(120));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);

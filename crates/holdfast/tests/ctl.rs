@@ -1,0 +1,226 @@
+//! `holdfast serve` and `holdfast ctl` as processes: the admin token file holdfast generates,
+//! the ways `ctl` finds the token, and the refusal to expose the admin API without one. No
+//! database is needed: the backend does not answer, and the admin API serves regardless.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn holdfast() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_holdfast"));
+    cmd.env_remove("HOLDFAST_ADMIN_TOKEN")
+        .env_remove("HOLDFAST_ADMIN")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null());
+    cmd
+}
+
+fn scratch_dir(name: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    let dir = std::env::temp_dir().join(format!(
+        "holdfast-ctl-{name}-{}-{nanos:09}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A config with an unreachable backend, the proxy on `proxy` and the admin API on `admin`.
+fn write_config(dir: &Path, proxy: u16, admin: &str, admin_extra: &str) -> PathBuf {
+    let path = dir.join("holdfast.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[proxy]\nlisten = \"127.0.0.1:{proxy}\"\n\n[admin]\nlisten = \"{admin}\"\n{admin_extra}\n\
+             [[backend]]\nname = \"node1\"\naddress = \"127.0.0.1:1\"\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// `holdfast serve`, killed on drop; its stderr goes to `log`.
+struct Served {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Served {
+    fn start(config: &Path, log: PathBuf) -> Served {
+        let file = std::fs::File::create(&log).unwrap();
+        let child = holdfast()
+            .args(["serve", "--config"])
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .unwrap();
+        Served { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until `addr` accepts connections.
+    fn wait_listening(&mut self, addr: SocketAddr) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("holdfast serve exited ({status}):\n{}", self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "holdfast serve does not listen on {addr}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `cmd`, killing it after 30 s.
+fn run(mut cmd: Command) -> Output {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{cmd:?} did not finish within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn serve_generates_a_private_token_file_and_ctl_finds_the_token() {
+    let dir = scratch_dir("token");
+    let ports = holdfast_lab::procs::free_ports(2).unwrap();
+    let admin: SocketAddr = format!("127.0.0.1:{}", ports[1]).parse().unwrap();
+    let config = write_config(&dir, ports[0], &admin.to_string(), "");
+    let mut served = Served::start(&config, dir.join("serve.log"));
+    served.wait_listening(admin);
+
+    // The token file: beside the config, named after it, 0600, logged by path only.
+    let token_file = dir.join("holdfast.admin-token");
+    let mode = {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(&token_file)
+            .unwrap_or_else(|e| panic!("{}: {e}\n{}", token_file.display(), served.log()))
+            .permissions()
+            .mode()
+    };
+    assert_eq!(mode & 0o777, 0o600);
+    let token = std::fs::read_to_string(&token_file).unwrap();
+    let token = token.trim();
+    assert_eq!(token.len(), 64, "32 random bytes in hex");
+    let log = served.log();
+    assert!(log.contains(&token_file.display().to_string()), "{log}");
+    assert!(!log.contains(token), "the token is logged: {log}");
+
+    // `holdfast ctl ARGS status --json` with HOLDFAST_ADMIN_TOKEN = `env`.
+    let status_json = |args: &[&str], env: Option<&str>| -> Output {
+        let mut cmd = holdfast();
+        cmd.arg("ctl").args(args).args(["status", "--json"]);
+        if let Some(t) = env {
+            cmd.env("HOLDFAST_ADMIN_TOKEN", t);
+        }
+        run(cmd)
+    };
+    let ok = |out: Output, how: &str| {
+        assert!(
+            out.status.success(),
+            "{how}: {}{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["topology"]["nodes"][0]["name"], "node1", "{how}");
+    };
+    let a = admin.to_string();
+    let file = token_file.display().to_string();
+    let wrong = Some("wrong-wrong-wrong-wrong");
+    ok(
+        status_json(&["--admin", &a, "--token-file", &file], None),
+        "--token-file",
+    );
+    ok(
+        status_json(&["--admin", &a], Some(token)),
+        "HOLDFAST_ADMIN_TOKEN",
+    );
+    // --config: the admin address and the token file from the config.
+    let cfg = config.display().to_string();
+    ok(status_json(&["--config", &cfg], None), "--config");
+    // --token-file comes before the environment, the environment before --config.
+    ok(
+        status_json(&["--admin", &a, "--token-file", &file], wrong),
+        "--token-file before HOLDFAST_ADMIN_TOKEN",
+    );
+    let out = status_json(&["--config", &cfg], wrong);
+    assert!(
+        !out.status.success(),
+        "HOLDFAST_ADMIN_TOKEN before --config"
+    );
+
+    // Without a token, or with a wrong one: refused, and ctl says where a token comes from.
+    let out = status_json(&["--admin", &a], None);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("401") && err.contains("--token-file") && err.contains("HOLDFAST_ADMIN_TOKEN"),
+        "{err}"
+    );
+    let out = status_json(&["--admin", &a], wrong);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("401"), "{}", text(&out.stderr));
+
+    // A second start reuses the file.
+    drop(served);
+    let mut served = Served::start(&config, dir.join("serve2.log"));
+    served.wait_listening(admin);
+    assert_eq!(std::fs::read_to_string(&token_file).unwrap().trim(), token);
+    drop(served);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn serve_refuses_a_non_loopback_admin_listener_without_a_configured_token() {
+    let dir = scratch_dir("exposed");
+    let ports = holdfast_lab::procs::free_ports(2).unwrap();
+    let config = write_config(&dir, ports[0], &format!("0.0.0.0:{}", ports[1]), "");
+    let out = run({
+        let mut c = holdfast();
+        c.args(["serve", "--config"]).arg(&config);
+        c
+    });
+    assert!(!out.status.success(), "holdfast serve started");
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("0.0.0.0")
+            && err.contains("not a loopback address")
+            && err.contains("token_file"),
+        "{err}"
+    );
+    assert!(!dir.join("holdfast.admin-token").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
