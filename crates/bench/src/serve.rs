@@ -87,7 +87,10 @@ pub fn start_holdfast(
     log: &Path,
     also: &[u16],
 ) -> Result<(Helper, u16)> {
-    let addr = proxy_addr(st)?;
+    let listen = Config::load(config)?.proxy.listen;
+    let addr: SocketAddr = listen
+        .parse()
+        .with_context(|| format!("bad [proxy] listen {listen:?} in {}", config.display()))?;
     let mut addrs = vec![addr];
     addrs.extend(also.iter().map(|&p| SocketAddr::from(([127, 0, 0, 1], p))));
     if let Some(busy) = addrs.iter().find(|a| procs::tcp_accepts(a)) {

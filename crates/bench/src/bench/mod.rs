@@ -36,6 +36,11 @@ pub enum Target {
     /// handled by holdfast, then bytes are relayed unparsed.
     #[value(name = "holdfast_passthrough", alias = "holdfast-passthrough")]
     HoldfastPassthrough,
+    /// Through a second holdfast process run from `--baseline PATH` (e.g. the previous
+    /// release), session mode, with the same configuration on other ports: an A/B
+    /// comparison in one interleaved run.
+    #[value(name = "holdfast_baseline", alias = "holdfast-baseline")]
+    HoldfastBaseline,
 }
 
 impl Target {
@@ -46,6 +51,7 @@ impl Target {
             Target::Haproxy => "haproxy",
             Target::Holdfast => "holdfast",
             Target::HoldfastPassthrough => "holdfast_passthrough",
+            Target::HoldfastBaseline => "holdfast_baseline",
         }
     }
 
@@ -53,13 +59,17 @@ impl Target {
     fn label(self) -> &'static str {
         match self {
             Target::HoldfastPassthrough => "holdfast (pass-through)",
+            Target::HoldfastBaseline => "holdfast (baseline)",
             other => other.name(),
         }
     }
 
     /// Whether this target is a holdfast listener.
     fn is_holdfast(self) -> bool {
-        matches!(self, Target::Holdfast | Target::HoldfastPassthrough)
+        matches!(
+            self,
+            Target::Holdfast | Target::HoldfastPassthrough | Target::HoldfastBaseline
+        )
     }
 }
 
@@ -99,7 +109,8 @@ pub struct BenchArgs {
     )]
     pub workloads: Vec<String>,
     /// Targets to compare, comma-separated: direct, haproxy, holdfast, holdfast_passthrough
-    /// (a pass-through `[[listener]]` of the same holdfast process).
+    /// (a pass-through `[[listener]]` of the same holdfast process), holdfast_baseline (the
+    /// binary given with --baseline).
     #[arg(
         long,
         value_enum,
@@ -107,6 +118,11 @@ pub struct BenchArgs {
         default_value = "direct,haproxy,holdfast"
     )]
     pub targets: Vec<Target>,
+
+    /// Another holdfast binary for the `holdfast_baseline` target (e.g. one built from the
+    /// previous commit), to compare two builds side by side.
+    #[arg(long, value_name = "PATH")]
+    pub baseline: Option<PathBuf>,
     /// Also write the report as Markdown to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -273,7 +289,22 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
         pids.push((Target::Direct, pid));
     }
     // One holdfast process serves both holdfast targets.
-    let holdfast = if args.targets.iter().any(|t| t.is_holdfast()) {
+    let baseline = if args.targets.contains(&Target::HoldfastBaseline) {
+        start_baseline(args, &st).map_err(|e| {
+            eprintln!("bench: baseline holdfast unavailable: {e:#}");
+            format!("{e:#}")
+        })
+    } else {
+        Err("not started".to_string())
+    };
+    if let Ok((helper, _)) = &baseline {
+        pids.push((Target::HoldfastBaseline, helper.pid));
+    }
+    let holdfast = if args
+        .targets
+        .iter()
+        .any(|t| matches!(t, Target::Holdfast | Target::HoldfastPassthrough))
+    {
         let started = if args.targets.contains(&Target::HoldfastPassthrough) {
             procs::free_ports(1).and_then(|p| {
                 let config = passthrough_config(&st, p[0])?;
@@ -346,7 +377,14 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
                 }
                 Err(e) => unavailable.push((target, e.clone())),
             },
+            Target::HoldfastBaseline => match &baseline {
+                Ok((_, port)) => ports.push((target, *port)),
+                Err(e) => unavailable.push((target, e.clone())),
+            },
         }
+    }
+    if let Ok((helper, _)) = baseline {
+        helpers.push(helper);
     }
 
     // Rounds.
@@ -411,6 +449,7 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
     if args.idle_clients > 0 {
         for target in [
             Target::Holdfast,
+            Target::HoldfastBaseline,
             Target::HoldfastPassthrough,
             Target::Haproxy,
             Target::Direct,
@@ -738,6 +777,27 @@ fn start_haproxy(exe: &Path, dir: &Path, backend_port: u16) -> Result<(Helper, u
 }
 
 /// The lab's config plus a pass-through `[[listener]]` on 127.0.0.1:`port`.
+/// Starts the `--baseline` binary with the lab's configuration on two free ports (proxy and
+/// admin).
+fn start_baseline(args: &BenchArgs, st: &LabStatus) -> Result<(Helper, u16)> {
+    let exe = args
+        .baseline
+        .as_deref()
+        .context("the holdfast_baseline target needs --baseline PATH")?;
+    let p = procs::free_ports(2)?;
+    let config = config_variant(
+        st,
+        "bench-holdfast-baseline.toml",
+        "the baseline build, on its own ports",
+        |c| {
+            c.proxy.listen = format!("127.0.0.1:{}", p[0]);
+            c.admin.listen = format!("127.0.0.1:{}", p[1]);
+            Ok(())
+        },
+    )?;
+    start_holdfast(exe, st, &config, &st.dir.join("holdfast-baseline.log"), &[])
+}
+
 fn passthrough_config(st: &LabStatus, port: u16) -> Result<PathBuf> {
     config_variant(
         st,
@@ -1037,6 +1097,7 @@ impl Report<'_> {
                     Target::Haproxy => "haproxy",
                     Target::Holdfast => "holdfast",
                     Target::HoldfastPassthrough => "holdfast (pass-through)",
+                    Target::HoldfastBaseline => "holdfast (baseline)",
                 };
                 match r {
                     Ok(r) => t.row(vec![
