@@ -275,6 +275,13 @@ pub enum DriverKind {
 pub struct BackendConfig {
     pub name: String,
     pub address: String,
+    /// Send the PROXY protocol v2 header on client sessions' connections to this node, so
+    /// that the server sees each client's own address: host-based accounts, grants,
+    /// `max_connect_errors` and the audit log then apply to the client, not to holdfast.
+    /// The server must list holdfast's address in `proxy_protocol_networks`. holdfast's
+    /// own control connections (monitor, HA) go without it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub proxy_protocol: bool,
 }
 
 impl Config {

@@ -218,6 +218,7 @@ fn full_config() -> Config {
         backends: vec![BackendConfig {
             name: "node1".into(),
             address: "127.0.0.1:3306".into(),
+            proxy_protocol: true,
         }],
         admin: AdminConfig {
             token_file: Some("admin.token".into()),

@@ -454,6 +454,7 @@ pub fn lab_config(lab: &TestLab) -> Config {
             .map(|n| BackendConfig {
                 name: n.name.clone(),
                 address: n.address.clone(),
+                proxy_protocol: true,
             })
             .collect(),
         ha,

@@ -865,6 +865,8 @@ fn node_args(launch: &LaunchInfo, node: &NodeStatus) -> Result<Vec<String>> {
         "--gtid-strict-mode=ON".into(),
         "--user=root".into(),
         "--skip-name-resolve".into(),
+        // holdfast sends the PROXY header so the server sees each client's address.
+        "--proxy-protocol-networks=127.0.0.1".into(),
         "--innodb-buffer-pool-size=128M".into(),
         format!("--innodb-log-file-size={}", template::INNODB_LOG_FILE_SIZE),
         "--max-connections=2000".into(),
@@ -1310,9 +1312,11 @@ fn serverless_config(dir: &Path, node: &NodeStatus, command: Vec<String>) -> Ser
 /// replication and restarting its processes; or, with `serverless` (node1's section), one
 /// serverless instance without replication to manage.
 pub fn holdfast_config(st: &LabStatus, serverless: Option<ServerlessConfig>) -> Result<Config> {
+    // Every lab node lists 127.0.0.1 in proxy_protocol_networks (see `node_args`).
     let backend = |n: &NodeStatus| BackendConfig {
         name: n.name.clone(),
         address: n.address.clone(),
+        proxy_protocol: true,
     };
     let mut cfg = Config {
         proxy: ProxyConfig {

@@ -4,14 +4,18 @@
 //! the [`BackendConnector`] seam through which sessions open their streams.
 
 use crate::conn::{BoxedIo, PacketConn};
+use crate::topology::NodeState;
 use holdfast_client::Login;
 use holdfast_wire::auth::PasswordHash;
 use holdfast_wire::caps::*;
 use holdfast_wire::handshake::Greeting;
 use holdfast_wire::packets::OkPacket;
+use holdfast_wire::proxy_protocol;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::time::Duration;
+use tokio::io::AsyncWriteExt;
 
 pub use holdfast_client::{
     parse_text_row, Client as BackendConn, ClientError as BackendError, Executed, OkInfo,
@@ -42,20 +46,36 @@ impl BackendConnector for TcpConnector {
     }
 }
 
-/// Opens a stream through `connector` and reads the server's greeting, within `timeout`.
+/// The PROXY protocol header for a session's connection to `node` on behalf of `client`,
+/// when the node takes one (`[[backend]] proxy_protocol`).
+pub fn proxy_header(node: &NodeState, client: SocketAddr) -> Option<Vec<u8>> {
+    node.proxy_protocol.then(|| {
+        // A node named by host name: the header's destination is only informative.
+        let server = node
+            .address
+            .parse()
+            .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
+        proxy_protocol::v2_header(client, server)
+    })
+}
+
+/// Opens a stream through `connector`, sends `proxy_header` first when given, and reads the
+/// server's greeting, within `timeout`.
 pub async fn open(
     connector: &dyn BackendConnector,
     addr: &str,
+    proxy_header: Option<&[u8]>,
     timeout: Duration,
 ) -> Result<(PacketConn, Greeting), BackendError> {
+    let connect_error = |source| BackendError::Connect {
+        addr: addr.to_string(),
+        source,
+    };
     let fut = async {
-        let stream = connector
-            .connect(addr)
-            .await
-            .map_err(|source| BackendError::Connect {
-                addr: addr.to_string(),
-                source,
-            })?;
+        let mut stream = connector.connect(addr).await.map_err(connect_error)?;
+        if let Some(header) = proxy_header {
+            stream.write_all(header).await.map_err(connect_error)?;
+        }
         holdfast_client::greet(stream).await
     };
     tokio::time::timeout(timeout, fut)
@@ -78,6 +98,8 @@ pub struct LoginParams<'a> {
     /// the session tracking holdfast would otherwise add, because holdfast will not read
     /// the responses.
     pub exact_capabilities: bool,
+    /// Sent before anything else (see [`proxy_header`]).
+    pub proxy_header: Option<&'a [u8]>,
 }
 
 /// Capabilities for a backend connection serving a client that negotiated `client_caps`.
@@ -114,7 +136,7 @@ pub async fn connect(
         }
     };
     let fut = async {
-        let (conn, greeting) = open(connector, addr, timeout).await?;
+        let (conn, greeting) = open(connector, addr, params.proxy_header, timeout).await?;
         let caps = capabilities(greeting.capabilities);
         holdfast_client::login(conn, greeting, &login, caps).await
     };

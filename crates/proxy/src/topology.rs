@@ -14,6 +14,8 @@ use tokio::sync::{watch, Notify};
 pub struct NodeState {
     pub name: String,
     pub address: String,
+    /// Sessions' connections to it start with the PROXY protocol header.
+    pub proxy_protocol: bool,
     pub reachable: bool,
     pub read_only: Option<bool>,
     pub version: String,
@@ -38,6 +40,7 @@ impl Topology {
                 .map(|b| NodeState {
                     name: b.name.clone(),
                     address: b.address.clone(),
+                    proxy_protocol: b.proxy_protocol,
                     reachable: false,
                     read_only: None,
                     version: String::new(),

@@ -173,6 +173,7 @@ pub async fn monitor_connect(
         client_capabilities: CLIENT_MULTI_RESULTS | CLIENT_DEPRECATE_EOF,
         attributes: &[],
         exact_capabilities: false,
+        proxy_header: None,
     };
     backend::connect(
         &backend::TcpConnector,

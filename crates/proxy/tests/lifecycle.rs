@@ -58,6 +58,7 @@ async fn rig_with(driver: ScriptedDriver, tweak: impl FnOnce(&mut ServerlessConf
         backends: vec![BackendConfig {
             name: "node1".into(),
             address: "127.0.0.1:1".into(),
+            proxy_protocol: false,
         }],
         ha: Default::default(),
         driver: Default::default(),

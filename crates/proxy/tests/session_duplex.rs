@@ -350,6 +350,7 @@ async fn rig(servers: Vec<ScriptedServer>) -> Rig {
         backends: vec![BackendConfig {
             name: NODE.into(),
             address: NODE_ADDRESS.into(),
+            proxy_protocol: false,
         }],
         ha: Default::default(),
         driver: Default::default(),

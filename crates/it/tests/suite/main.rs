@@ -4,6 +4,7 @@
 mod admin;
 mod admin_auth;
 mod bad_input;
+mod client_address;
 mod cli;
 mod ha;
 mod ha_admin;

@@ -36,6 +36,7 @@ async fn connect(h: &Harness) -> BackendConn {
             | CLIENT_PS_MULTI_RESULTS,
         attributes: &[],
         exact_capabilities: false,
+        proxy_header: None,
     };
     let direct = h.direct().to_string();
     let timeout = Duration::from_secs(10);

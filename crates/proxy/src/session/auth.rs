@@ -221,13 +221,14 @@ pub async fn login(
         };
         let _held = pass_gate(shared, client, seq).await?;
         let node = writable_node(shared, client, seq).await?;
+        let header = backend::proxy_header(&node, peer);
         let backend = relay_login(
             shared,
             client,
             &req,
             (capabilities, exact),
             seq,
-            &node,
+            (&node, header.as_deref()),
             plugin,
         )
         .await?;
@@ -261,6 +262,7 @@ pub async fn login(
     };
     let _held = pass_gate(shared, client, seq).await?;
     let node = writable_node(shared, client, seq).await?;
+    let header = backend::proxy_header(&node, peer);
     let params = LoginParams {
         user: &req.user,
         secret: secret.as_ref(),
@@ -269,6 +271,7 @@ pub async fn login(
         client_capabilities: capabilities,
         attributes: &req.attributes,
         exact_capabilities: exact,
+        proxy_header: header.as_deref(),
     };
     shared.metrics.backend_connects.inc();
     let timeout = shared.config.proxy.connect_timeout();
@@ -491,7 +494,7 @@ async fn relay_login(
     req: &LoginRequest,
     (capabilities, exact): (u32, bool),
     mut seq: u8,
-    node: &NodeState,
+    (node, proxy_header): (&NodeState, Option<&[u8]>),
     plugin: Option<String>,
 ) -> Result<BackendConn, LoginError> {
     if capabilities & CLIENT_PLUGIN_AUTH == 0 {
@@ -500,11 +503,11 @@ async fn relay_login(
     }
     shared.metrics.backend_connects.inc();
     let timeout = shared.config.proxy.connect_timeout();
-    let (mut conn, greeting) = match backend::open(&*shared.connector, &node.address, timeout).await
-    {
-        Ok(x) => x,
-        Err(e) => return Err(backend_failed(client, shared, seq, &node.name, e).await),
-    };
+    let (mut conn, greeting) =
+        match backend::open(&*shared.connector, &node.address, proxy_header, timeout).await {
+            Ok(x) => x,
+            Err(e) => return Err(backend_failed(client, shared, seq, &node.name, e).await),
+        };
     let backend_caps = if exact {
         backend::exact_capabilities(capabilities, greeting.capabilities)
     } else {

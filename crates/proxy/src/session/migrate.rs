@@ -282,6 +282,7 @@ impl Session {
             MoveError::Retry(NotReady::Unreachable(node.name.clone()))
         };
         let cfg = &self.shared.config;
+        let header = backend::proxy_header(node, self.info.client);
         let params = LoginParams {
             user: &self.identity.user,
             secret: self.secret.as_ref(),
@@ -290,6 +291,7 @@ impl Session {
             client_capabilities: self.capabilities,
             attributes: &self.identity.attributes,
             exact_capabilities: false,
+            proxy_header: header.as_deref(),
         };
         self.shared.metrics.backend_connects.inc();
         let connector = &*self.shared.connector;

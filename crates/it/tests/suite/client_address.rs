@@ -1,0 +1,67 @@
+//! The client's own address reaches the server (PROXY protocol v2 to the backends): the
+//! server applies its host-based accounts to the client, not to holdfast's address.
+
+use holdfast_it::{wait_for, Harness, Options};
+use mysql::prelude::*;
+use mysql::{Conn, Opts, OptsBuilder};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// A client connection to holdfast from `source` (a loopback address other than
+/// holdfast's own 127.0.0.1).
+fn connect_from(h: &Harness, source: &str, user: &str, password: &str) -> mysql::Result<Conn> {
+    let opts = OptsBuilder::from_opts(Opts::from_url(&h.url()).expect("url"))
+        .user(Some(user))
+        .pass(Some(password))
+        .prefer_socket(false)
+        .bind_address(Some(SocketAddr::new(source.parse().expect("ip"), 0)))
+        .tcp_connect_timeout(Some(Duration::from_secs(10)));
+    Conn::new(opts)
+}
+
+fn server_side_user(c: &mut Conn) -> String {
+    c.query_first::<String, _>("SELECT USER()")
+        .unwrap()
+        .expect("a row")
+}
+
+#[test]
+fn the_server_sees_the_clients_address_and_keeps_seeing_it_after_a_move() {
+    let h = Harness::start_with(Options::default().replicas(1));
+    let mut c = connect_from(&h, "127.0.0.2", h.user(), h.password()).unwrap();
+    assert_eq!(server_side_user(&mut c), format!("{}@127.0.0.2", h.user()));
+
+    let (code, body) = h.admin_post("/switchover?to=node2", None);
+    assert_eq!(code, 200, "{body}");
+    wait_for(
+        "topology shows node2 as primary",
+        Duration::from_secs(20),
+        || (h.status().topology.primary.as_deref() == Some("node2")).then_some(()),
+    );
+    // The session moved to node2 with a new backend connection: the header went there too.
+    assert_eq!(server_side_user(&mut c), format!("{}@127.0.0.2", h.user()));
+    let node: String = c.query_first("SELECT @@hostname").unwrap().expect("a row");
+    assert!(!node.is_empty());
+    let moved = h.status().counters.sessions_moved;
+    assert!(moved >= 1, "the session moved ({moved})");
+}
+
+#[test]
+fn an_account_for_holdfasts_address_only_is_refused_to_another_client() {
+    let h = Harness::start();
+    h.root_sql(
+        "CREATE USER 'local_only'@'127.0.0.1' IDENTIFIED BY 'lo_pass'; \
+         GRANT SELECT ON *.* TO 'local_only'@'127.0.0.1'",
+    );
+    // From 127.0.0.1 (holdfast's own address) the account is the client's: allowed.
+    let mut ok = connect_from(&h, "127.0.0.1", "local_only", "lo_pass").unwrap();
+    assert_eq!(server_side_user(&mut ok), "local_only@127.0.0.1");
+    // From 127.0.0.2 the server must refuse it, as it would directly.
+    let e = connect_from(&h, "127.0.0.2", "local_only", "lo_pass")
+        .map(|_| ())
+        .expect_err("a client from 127.0.0.2 must not log in as 'local_only'@'127.0.0.1'");
+    match e {
+        mysql::Error::MySqlError(m) => assert_eq!(m.code, 1045, "{m:?}"),
+        other => panic!("expected ERR 1045, got {other:?}"),
+    }
+}
