@@ -62,6 +62,8 @@ pub struct VerifierCache {
     accounts: ArcSwap<HashMap<String, Vec<Account>>>,
     last_refresh: Mutex<Option<Instant>>,
     loaded: std::sync::atomic::AtomicBool,
+    /// The server's skip_name_resolve is off (so loopback clients are `localhost` to it).
+    server_resolves_names: std::sync::atomic::AtomicBool,
 }
 
 impl Default for VerifierCache {
@@ -70,7 +72,18 @@ impl Default for VerifierCache {
             accounts: ArcSwap::from_pointee(HashMap::new()),
             last_refresh: Mutex::new(None),
             loaded: std::sync::atomic::AtomicBool::new(false),
+            server_resolves_names: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+}
+
+/// Where the server tries an account's host pattern: lower first. Literal hosts, then
+/// patterns with the longest part before the first wildcard, then `%`.
+fn specificity(pattern: &str) -> (u8, std::cmp::Reverse<usize>) {
+    match pattern.find(['%', '_']) {
+        None => (0, std::cmp::Reverse(pattern.len())),
+        Some(0) if pattern == "%" => (2, std::cmp::Reverse(0)),
+        Some(at) => (1, std::cmp::Reverse(at)),
     }
 }
 
@@ -97,29 +110,43 @@ impl VerifierCache {
         self.accounts.load().values().map(Vec::len).sum()
     }
 
-    /// The account the server would pick for `user` connecting from `host`: exact host
-    /// names first, then patterns, `%` last.
+    /// The account the server would pick for `user` connecting over TCP from `host`, in the
+    /// server's order: hosts without wildcards first, then patterns by how much of them
+    /// comes before the first wildcard, `%` last. An IPv4-mapped IPv6 address is matched as
+    /// the IPv4 address the server would see. `localhost` is the unix socket's host (with
+    /// skip_name_resolve) and never matches a TCP client; a server that resolves names
+    /// (skip_name_resolve off) also calls a loopback TCP client `localhost`.
     pub fn lookup(&self, user: &str, host: IpAddr) -> Option<Account> {
         let map = self.accounts.load();
         let candidates = map.get(user)?;
+        let host = host.to_canonical();
         let host_text = host.to_string();
-        let loopback = host.is_loopback();
-        let mut best: Option<(u8, &Account)> = None;
-        for a in candidates {
-            let rank = if a.host == host_text || (loopback && a.host == "localhost") {
-                0
-            } else if a.host == "%" {
-                2
-            } else if host_matches(&a.host, &host_text) {
-                1
-            } else {
-                continue;
-            };
-            if best.is_none_or(|(r, _)| rank < r) {
-                best = Some((rank, a));
-            }
-        }
-        best.map(|(_, a)| a.clone())
+        let loopback_is_localhost = host.is_loopback()
+            && self
+                .server_resolves_names
+                .load(std::sync::atomic::Ordering::Relaxed);
+        candidates
+            .iter()
+            .filter(|a| {
+                host_matches(&a.host, &host_text)
+                    || (loopback_is_localhost && a.host.eq_ignore_ascii_case("localhost"))
+            })
+            .min_by_key(|a| specificity(&a.host))
+            .cloned()
+    }
+
+    /// Whether the account `user` gets depends on the client's address: the server, seeing
+    /// `server_sees` (holdfast's own address, without the PROXY protocol), would pick
+    /// another account (or none) than for `client`.
+    pub fn depends_on_host(&self, user: &str, client: IpAddr, server_sees: IpAddr) -> bool {
+        let of = |ip| self.lookup(user, ip).map(|a| a.host);
+        of(client) != of(server_sees)
+    }
+
+    /// What the server's `skip_name_resolve` says (see [`VerifierCache::lookup`]).
+    pub fn set_server_resolves_names(&self, resolves: bool) {
+        self.server_resolves_names
+            .store(resolves, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub fn replace(&self, accounts: Vec<Account>) {
@@ -146,8 +173,9 @@ impl VerifierCache {
             }
         }
         *last = Some(Instant::now());
-        let accounts = load_accounts(cfg, addr).await?;
+        let (accounts, resolves_names) = load_accounts(cfg, addr).await?;
         tracing::debug!(accounts = accounts.len(), "verifier cache refreshed");
+        self.set_server_resolves_names(resolves_names);
         self.replace(accounts);
         Ok(true)
     }
@@ -184,8 +212,18 @@ pub async fn monitor_connect(
     .await
 }
 
-async fn load_accounts(cfg: &Config, addr: &str) -> Result<Vec<Account>, backend::BackendError> {
+/// The accounts, and whether the server resolves client host names.
+async fn load_accounts(
+    cfg: &Config,
+    addr: &str,
+) -> Result<(Vec<Account>, bool), backend::BackendError> {
     let mut conn = monitor_connect(cfg, addr).await?;
+    let skip = conn.query("SELECT @@skip_name_resolve").await?;
+    let resolves_names = skip
+        .rows
+        .first()
+        .and_then(|r| r.first().cloned().flatten())
+        .is_some_and(|v| v == "0");
     // MariaDB 10.4+ keeps accounts in mysql.global_priv; MySQL in mysql.user.
     let result = match conn
         .query(
@@ -201,7 +239,7 @@ async fn load_accounts(cfg: &Config, addr: &str) -> Result<Vec<Account>, backend
         }
         Err(e) => return Err(e),
     };
-    Ok(result
+    let accounts = result
         .rows
         .into_iter()
         .filter_map(|row| {
@@ -213,7 +251,8 @@ async fn load_accounts(cfg: &Config, addr: &str) -> Result<Vec<Account>, backend
                 auth_string: it.next().flatten().unwrap_or_default(),
             })
         })
-        .collect())
+        .collect();
+    Ok((accounts, resolves_names))
 }
 
 #[cfg(test)]
@@ -239,6 +278,9 @@ mod tests {
             acct("other", "%", ""),
         ]);
         let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        // With skip_name_resolve, 'localhost' is the unix socket only.
+        assert_eq!(c.lookup("app", lo).unwrap().auth_string, "*BB");
+        c.set_server_resolves_names(true);
         assert_eq!(c.lookup("app", lo).unwrap().auth_string, "*CC");
         let remote: IpAddr = "10.1.2.3".parse().unwrap();
         assert_eq!(c.lookup("app", remote).unwrap().auth_string, "*AA");
@@ -247,6 +289,36 @@ mod tests {
             Verifier::Empty
         );
         assert!(c.lookup("nobody", lo).is_none());
+    }
+
+    #[test]
+    fn longer_literal_prefix_wins_and_mapped_addresses_match_as_ipv4() {
+        let c = VerifierCache::default();
+        c.replace(vec![
+            acct("app", "10.%", "*A"),
+            acct("app", "10.0.%", "*B"),
+            acct("app", "10.0.0.7", "*C"),
+            acct("app", "%", "*D"),
+        ]);
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(c.lookup("app", ip("10.0.0.7")).unwrap().auth_string, "*C");
+        assert_eq!(c.lookup("app", ip("10.0.3.1")).unwrap().auth_string, "*B");
+        assert_eq!(c.lookup("app", ip("10.9.3.1")).unwrap().auth_string, "*A");
+        assert_eq!(
+            c.lookup("app", ip("::ffff:10.0.3.1")).unwrap().auth_string,
+            "*B"
+        );
+        assert_eq!(
+            c.lookup("app", ip("192.168.1.1")).unwrap().auth_string,
+            "*D"
+        );
+        // Which account a client gets depends on its address when the server would see
+        // holdfast's instead.
+        assert!(c.depends_on_host("app", ip("192.168.1.1"), ip("10.0.0.7")));
+        assert!(!c.depends_on_host("app", ip("10.0.5.5"), ip("10.0.3.1")));
+        c.replace(vec![acct("only_here", "127.0.0.1", "*E")]);
+        assert!(c.depends_on_host("only_here", ip("127.0.0.2"), ip("127.0.0.1")));
+        assert!(!c.depends_on_host("nobody", ip("127.0.0.2"), ip("127.0.0.1")));
     }
 
     #[test]

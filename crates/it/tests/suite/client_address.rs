@@ -65,3 +65,40 @@ fn an_account_for_holdfasts_address_only_is_refused_to_another_client() {
         other => panic!("expected ERR 1045, got {other:?}"),
     }
 }
+
+#[test]
+fn without_the_proxy_protocol_a_login_that_depends_on_the_host_is_refused() {
+    let h = Harness::start_with(Options::default().config(|c| {
+        for b in &mut c.backends {
+            b.proxy_protocol = false;
+        }
+    }));
+    let before = h.status().verifier_accounts;
+    h.root_sql(
+        "CREATE USER 'local_only'@'127.0.0.1' IDENTIFIED BY 'lo_pass'; \
+         GRANT SELECT ON *.* TO 'local_only'@'127.0.0.1'",
+    );
+    // Logins from holdfast's own address are what the server would see anyway: allowed.
+    // Each one also makes holdfast re-read the accounts until it knows the new one.
+    wait_for(
+        "holdfast to load the new account",
+        Duration::from_secs(20),
+        || {
+            let mut c = connect_from(&h, "127.0.0.1", "local_only", "lo_pass").ok()?;
+            assert_eq!(server_side_user(&mut c), "local_only@127.0.0.1");
+            (h.status().verifier_accounts > before).then_some(())
+        },
+    );
+    // From 127.0.0.2 the server would see 127.0.0.1 and let the client in under an account
+    // that is not its own: holdfast refuses, as the server would directly.
+    let e = connect_from(&h, "127.0.0.2", "local_only", "lo_pass")
+        .map(|_| ())
+        .expect_err("a login relying on holdfast's address must be refused");
+    match e {
+        mysql::Error::MySqlError(m) => assert_eq!(m.code, 1045, "{m:?}"),
+        other => panic!("expected ERR 1045, got {other:?}"),
+    }
+    // An account for any host does not depend on it.
+    let mut c = connect_from(&h, "127.0.0.2", h.user(), h.password()).unwrap();
+    assert_eq!(server_side_user(&mut c), format!("{}@127.0.0.1", h.user()));
+}

@@ -4,8 +4,8 @@
 mod admin;
 mod admin_auth;
 mod bad_input;
-mod client_address;
 mod cli;
+mod client_address;
 mod ha;
 mod ha_admin;
 mod keepalive;

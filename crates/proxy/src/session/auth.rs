@@ -221,6 +221,8 @@ pub async fn login(
         };
         let _held = pass_gate(shared, client, seq).await?;
         let node = writable_node(shared, client, seq).await?;
+        let with_password = !req.auth_response.is_empty();
+        refuse_if_host_dependent(shared, client, seq, (&user, with_password), peer, &node).await?;
         let header = backend::proxy_header(&node, peer);
         let backend = relay_login(
             shared,
@@ -262,6 +264,7 @@ pub async fn login(
     };
     let _held = pass_gate(shared, client, seq).await?;
     let node = writable_node(shared, client, seq).await?;
+    refuse_if_host_dependent(shared, client, seq, (&user, true), peer, &node).await?;
     let header = backend::proxy_header(&node, peer);
     let params = LoginParams {
         user: &req.user,
@@ -371,6 +374,53 @@ fn check_native(
 }
 
 /// Where a new login goes: the writable node.
+/// Without the PROXY protocol the server sees holdfast's address, not the client's: a login
+/// whose account depends on that difference (an account for holdfast's host only, or
+/// different accounts for the two addresses) is refused as the server would refuse the
+/// client directly, instead of being let in under the wrong account.
+async fn refuse_if_host_dependent(
+    shared: &Shared,
+    client: &mut PacketConn,
+    seq: u8,
+    (user, with_password): (&str, bool),
+    peer: SocketAddr,
+    node: &NodeState,
+) -> Result<(), LoginError> {
+    if node.proxy_protocol {
+        return Ok(());
+    }
+    let Some(server_sees) = source_address_towards(&node.address) else {
+        return Ok(());
+    };
+    if !shared
+        .verifiers
+        .depends_on_host(user, peer.ip(), server_sees)
+    {
+        return Ok(());
+    }
+    tracing::warn!(
+        user = %user,
+        client = %peer,
+        node = %node.name,
+        "login refused: the account depends on the client's host, and without proxy_protocol the server would see holdfast's address ({server_sees}) instead; set proxy_protocol = true for this [[backend]]"
+    );
+    let error = ClientError::access_denied(user, peer.ip(), with_password);
+    Err(refuse(client, shared, seq, error).await)
+}
+
+/// The local address the kernel would use to reach `address` (a UDP "connect" sends
+/// nothing): what the server sees as holdfast's address. None for a host name.
+fn source_address_towards(address: &str) -> Option<std::net::IpAddr> {
+    let target: SocketAddr = address.parse().ok()?;
+    let any: SocketAddr = match target {
+        SocketAddr::V4(_) => ([0, 0, 0, 0], 0).into(),
+        SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let socket = std::net::UdpSocket::bind(any).ok()?;
+    socket.connect(target).ok()?;
+    Some(socket.local_addr().ok()?.ip())
+}
+
 async fn writable_node(
     shared: &Shared,
     client: &mut PacketConn,
