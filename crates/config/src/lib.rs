@@ -112,6 +112,19 @@ pub struct ProxyConfig {
     /// Runtime worker threads; 0 means half the CPU cores, at least one (see
     /// [`ProxyConfig::effective_worker_threads`]).
     pub worker_threads: usize,
+    /// Connections open at once from one client address; 0: no limit but `max_connections`.
+    pub max_connections_per_ip: usize,
+    /// Connections from one client address that have not logged in yet (silent or slow
+    /// sockets); over it, new ones are refused. 0: no limit.
+    pub max_pending_logins_per_ip: usize,
+    /// After three wrong passwords from an address or for an account, each refusal waits
+    /// this long, doubling per further failure up to `max_login_failure_delay_ms` (keep it
+    /// under `handshake_timeout_ms`); a success or ten quiet minutes reset it.
+    pub login_failure_delay_ms: u64,
+    pub max_login_failure_delay_ms: u64,
+    /// TCP keepalive on client connections (idle seconds before the first probe): a client
+    /// that vanished without closing is noticed. 0 turns it off.
+    pub client_keepalive_secs: u64,
 }
 
 impl Default for ProxyConfig {
@@ -120,13 +133,18 @@ impl Default for ProxyConfig {
             listen: "127.0.0.1:6033".into(),
             max_connections: 10_000,
             max_packet_size: 64 << 20,
-            handshake_timeout_ms: 10_000,
+            handshake_timeout_ms: 5_000,
             connect_timeout_ms: 5_000,
             server_version: String::new(),
             worker_threads: 0,
             hold_window_ms: 60_000,
             cooldown_ms: 60_000,
             switchover_drain_ms: 5_000,
+            max_connections_per_ip: 0,
+            max_pending_logins_per_ip: 256,
+            login_failure_delay_ms: 250,
+            max_login_failure_delay_ms: 4_000,
+            client_keepalive_secs: 60,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The holdfast proxy: client sessions, backend connections, node monitoring, authentication
 //! from the servers' own verifiers, and the metrics and registry the admin API reads.
 
+pub mod admission;
 pub mod backend;
 /// The TOML configuration lives in the `holdfast-config` leaf crate; re-exported so that
 /// `crate::config::X` paths stay as they were.
@@ -59,6 +60,8 @@ pub struct Shared {
     /// How sessions open their backend connections (login and moves): TCP unless
     /// [`Seams::backend_connector`] puts another in place.
     pub connector: Arc<dyn backend::BackendConnector>,
+    /// Per-address connection and login limits, failed-login delays.
+    pub admission: Arc<admission::Admission>,
     next_session_id: AtomicU32,
 }
 
@@ -102,6 +105,7 @@ impl Shared {
             Some(lc) => lc.clone(),
             None => Arc::new(gate::Ungated),
         };
+        let admission = Arc::new(admission::Admission::new(&config.proxy));
         Shared {
             serverless,
             gate,
@@ -117,6 +121,7 @@ impl Shared {
             switching_now: std::sync::atomic::AtomicBool::new(false),
             node_driver,
             connector: backend_connector.unwrap_or_else(|| Arc::new(backend::TcpConnector)),
+            admission,
             next_session_id: AtomicU32::new(1),
         }
     }
@@ -377,6 +382,7 @@ async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
+        set_keepalive(&stream, shared.config.proxy.client_keepalive_secs);
         let stream: conn::BoxedIo = Box::new(stream);
         shared.metrics.connections_accepted.inc();
         let shared = shared.clone();
@@ -391,6 +397,19 @@ async fn accept_loop(
                 tokio::spawn(session::refuse_too_many(shared, stream, peer));
             }
         }
+    }
+}
+
+/// TCP keepalive on a client's socket, so that a vanished client's session ends.
+fn set_keepalive(stream: &tokio::net::TcpStream, idle_secs: u64) {
+    if idle_secs == 0 {
+        return;
+    }
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(idle_secs))
+        .with_interval(Duration::from_secs(idle_secs.div_ceil(4).max(1)));
+    if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive) {
+        tracing::debug!(error = %e, "cannot set TCP keepalive on a client connection");
     }
 }
 

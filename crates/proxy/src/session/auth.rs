@@ -230,7 +230,11 @@ pub async fn login(
             &req,
             (capabilities, exact),
             seq,
-            (&node, header.as_deref()),
+            RelayTarget {
+                node: &node,
+                proxy_header: header.as_deref(),
+                peer,
+            },
             plugin,
         )
         .await?;
@@ -257,11 +261,12 @@ pub async fn login(
     };
     let Ok(secret) = check_native(&v, &response, &scramble) else {
         closed_unwoken("wrong_password");
-        shared.metrics.logins_failed.inc();
         tracing::info!(user = %user, client = %peer, "login refused: wrong password");
+        wrong_password(shared, peer.ip(), &user).await;
         let error = ClientError::access_denied(&user, peer.ip(), !response.is_empty());
         return Err(refuse(client, shared, seq, error).await);
     };
+    shared.admission.login_succeeded(peer.ip(), &user);
     let _held = pass_gate(shared, client, seq).await?;
     let node = writable_node(shared, client, seq).await?;
     refuse_if_host_dependent(shared, client, seq, (&user, true), peer, &node).await?;
@@ -374,6 +379,17 @@ fn check_native(
 }
 
 /// Where a new login goes: the writable node.
+/// A wrong password: counted, and answered only after the delay that repeated failures
+/// from this address or for this account have earned.
+async fn wrong_password(shared: &Shared, ip: std::net::IpAddr, user: &str) {
+    shared.metrics.logins_failed.inc();
+    let delay = shared.admission.login_failed(ip, user);
+    if !delay.is_zero() {
+        shared.metrics.logins_delayed.inc();
+        tokio::time::sleep(delay).await;
+    }
+}
+
 /// Without the PROXY protocol the server sees holdfast's address, not the client's: a login
 /// whose account depends on that difference (an account for holdfast's host only, or
 /// different accounts for the two addresses) is refused as the server would refuse the
@@ -536,6 +552,13 @@ async fn relay_exchange(
     }
 }
 
+/// Where a relayed login goes, and for whom.
+struct RelayTarget<'a> {
+    node: &'a NodeState,
+    proxy_header: Option<&'a [u8]>,
+    peer: SocketAddr,
+}
+
 /// Relays the authentication exchange between the client and a backend: the client answers
 /// the backend's scramble, and holdfast never learns anything it could reuse.
 async fn relay_login(
@@ -544,9 +567,14 @@ async fn relay_login(
     req: &LoginRequest,
     (capabilities, exact): (u32, bool),
     mut seq: u8,
-    (node, proxy_header): (&NodeState, Option<&[u8]>),
+    target: RelayTarget<'_>,
     plugin: Option<String>,
 ) -> Result<BackendConn, LoginError> {
+    let RelayTarget {
+        node,
+        proxy_header,
+        peer,
+    } = target;
     if capabilities & CLIENT_PLUGIN_AUTH == 0 {
         let error = ClientError::auth_method_unsupported();
         return Err(refuse(client, shared, seq, error).await);
@@ -594,6 +622,9 @@ async fn relay_login(
     conn.write_packet(&login.encode(), 1).await.map_err(lost)?;
     match relay_exchange(client, &mut conn, seq, None).await {
         Ok(Exchange::Accepted(seq)) => {
+            shared
+                .admission
+                .login_succeeded(peer.ip(), &String::from_utf8_lossy(&req.user));
             client
                 .write_packet(&ok_payload(0, 0, SERVER_STATUS_AUTOCOMMIT, 0), seq)
                 .await?;
@@ -604,7 +635,7 @@ async fn relay_login(
             })
         }
         Ok(Exchange::Refused(payload, seq)) => {
-            shared.metrics.logins_failed.inc();
+            wrong_password(shared, peer.ip(), &String::from_utf8_lossy(&req.user)).await;
             let e = BackendError::from_err_payload(&payload);
             Err(backend_failed(client, shared, seq, &node.name, e).await)
         }
@@ -644,7 +675,7 @@ impl Session {
                             .map_err(End::Client)?;
                 }
                 let Ok(secret) = check_native(v, &response, &self.scramble) else {
-                    self.shared.metrics.logins_failed.inc();
+                    wrong_password(&self.shared, peer, &user).await;
                     let error = ClientError::access_denied(&user, peer, !response.is_empty());
                     self.send_error(seq, &error).await?;
                     return Err(End::Protocol("COM_CHANGE_USER refused".into()));

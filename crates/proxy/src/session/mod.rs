@@ -14,6 +14,7 @@
 //!
 //! Pass-through listeners stop after phase 2 and relay bytes ([`passthrough`]).
 
+use crate::admission::Refusal;
 use crate::backend::{BackendConn, BackendError};
 use crate::config::ListenerMode;
 use crate::conn::{BoxedIo, ConnError, PacketConn};
@@ -140,10 +141,31 @@ struct Session {
 
 /// Answers a connection over the limit with ERR 1040 and closes it.
 pub async fn refuse_too_many(shared: Arc<Shared>, stream: BoxedIo, peer: SocketAddr) {
-    let error = ClientError::too_many_connections();
+    let limit = shared.config.proxy.max_connections;
+    refuse_at_accept(
+        &shared,
+        stream,
+        peer,
+        ClientError::too_many_connections(),
+        ("max_connections", limit),
+    )
+    .await;
+}
+
+/// Answers a connection turned away before its greeting with `error` and closes it; the
+/// warning is rate-limited, since refusals come in floods.
+async fn refuse_at_accept(
+    shared: &Shared,
+    stream: BoxedIo,
+    peer: SocketAddr,
+    error: ClientError,
+    (setting, limit): (&'static str, usize),
+) {
     shared.metrics.reject(error.kind.label());
     shared.metrics.count_error(error.kind.code());
-    tracing::warn!(client = %peer, limit = shared.config.proxy.max_connections, "too many connections");
+    if let Some(suppressed) = shared.admission.refusal_log().permit() {
+        tracing::warn!(client = %peer, setting, limit, suppressed, "connection refused: {}", error.message);
+    }
     let mut conn = PacketConn::new(stream);
     let _ = conn.write_packet(&error.payload(), 0).await;
 }
@@ -152,6 +174,28 @@ pub async fn refuse_too_many(shared: Arc<Shared>, stream: BoxedIo, peer: SocketA
 /// passes accepted sockets; a test or an embedder may pass any stream, e.g. one end of
 /// `tokio::io::duplex`). No connection limit applies here: that is the accept loop's.
 pub async fn run(shared: Arc<Shared>, stream: BoxedIo, peer: SocketAddr, mode: ListenerMode) {
+    // Counted against the client address's limits until the session ends.
+    let mut ticket = match shared.admission.admit(peer.ip()) {
+        Ok(t) => t,
+        Err(refusal) => {
+            let (why, limit) = match refusal {
+                Refusal::TooManyFromAddress => (
+                    "max_connections_per_ip",
+                    shared.config.proxy.max_connections_per_ip,
+                ),
+                Refusal::TooManyLoginsFromAddress => (
+                    "max_pending_logins_per_ip",
+                    shared.config.proxy.max_pending_logins_per_ip,
+                ),
+            };
+            let error = ClientError::new(
+                ErrorKind::TooManyConnections,
+                format!("Too many connections from {}", peer.ip()),
+            );
+            refuse_at_accept(&shared, stream, peer, error, (why, limit)).await;
+            return;
+        }
+    };
     let id = shared.next_session_id();
     let mut client = PacketConn::new(stream);
     let epoch = shared.gate.epoch();
@@ -160,6 +204,7 @@ pub async fn run(shared: Arc<Shared>, stream: BoxedIo, peer: SocketAddr, mode: L
     let Some(logged_in) = login.await else {
         return;
     };
+    ticket.logged_in();
     if mode == ListenerMode::Passthrough {
         passthrough::run(shared, client, logged_in, peer, id).await;
         return;

@@ -1,0 +1,105 @@
+//! Floods and password guessing: silent sockets from one address cannot take every
+//! connection slot, and repeated wrong passwords are answered later and later.
+
+use holdfast_it::{metric, Harness, Options};
+use mysql::{Conn, Opts, OptsBuilder};
+use std::io::Read;
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+/// A TCP connection to `to` from the loopback address `from`.
+fn connect_from(from: &str, to: SocketAddr) -> TcpStream {
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    let local: SocketAddr = format!("{from}:0").parse().expect("address");
+    socket.bind(&local.into()).expect("bind");
+    socket.connect(&to.into()).expect("connect");
+    socket.into()
+}
+
+/// The first packet holdfast sends on `s`: its payload's first byte tells a greeting (10)
+/// from an ERR (0xff).
+fn first_packet(s: &mut TcpStream) -> Vec<u8> {
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut header = [0u8; 4];
+    s.read_exact(&mut header).expect("a packet");
+    let len = u32::from_le_bytes([header[0], header[1], header[2], 0]) as usize;
+    let mut payload = vec![0u8; len];
+    s.read_exact(&mut payload).expect("its payload");
+    payload
+}
+
+fn mysql_login(h: &Harness, from: &str, password: &str) -> mysql::Result<Conn> {
+    let opts = OptsBuilder::from_opts(Opts::from_url(&h.url()).expect("url"))
+        .pass(Some(password))
+        .prefer_socket(false)
+        .bind_address(Some(format!("{from}:0").parse::<SocketAddr>().unwrap()))
+        .tcp_connect_timeout(Some(Duration::from_secs(10)));
+    Conn::new(opts)
+}
+
+#[test]
+fn silent_sockets_from_one_address_do_not_lock_out_other_clients() {
+    let h = Harness::start_with(Options::default().config(|c| {
+        c.proxy.max_connections = 100;
+        c.proxy.max_pending_logins_per_ip = 40;
+        c.proxy.handshake_timeout_ms = 60_000;
+    }));
+    let proxy = h.proxy;
+    // 150 connections that never log in, from 127.0.0.3: more than max_connections.
+    let mut silent: Vec<TcpStream> = (0..150).map(|_| connect_from("127.0.0.3", proxy)).collect();
+    let mut greeted = 0;
+    let mut refused = 0;
+    for s in &mut silent {
+        match first_packet(s).first() {
+            Some(10) => greeted += 1,
+            Some(0xff) => refused += 1,
+            other => panic!("unexpected first packet {other:?}"),
+        }
+    }
+    assert_eq!(
+        greeted, 40,
+        "only max_pending_logins_per_ip of them are held"
+    );
+    assert_eq!(refused, 110);
+    // A real client elsewhere still gets in, while the 40 are still held.
+    let mut c = mysql_login(&h, "127.0.0.2", h.password()).expect("a client from 127.0.0.2");
+    use mysql::prelude::Queryable;
+    assert_eq!(c.query_first::<i64, _>("SELECT 1").unwrap(), Some(1));
+    drop(silent);
+}
+
+#[test]
+fn wrong_passwords_are_answered_later_and_later() {
+    let h = Harness::start_with(Options::default().config(|c| {
+        c.proxy.login_failure_delay_ms = 300;
+        c.proxy.max_login_failure_delay_ms = 2_000;
+    }));
+    let wrong = |expect_at_least: Duration| {
+        let started = Instant::now();
+        let e = mysql_login(&h, "127.0.0.4", "not the password")
+            .map(|_| ())
+            .expect_err("a wrong password is refused");
+        match e {
+            mysql::Error::MySqlError(m) => assert_eq!(m.code, 1045, "{m:?}"),
+            other => panic!("expected ERR 1045, got {other:?}"),
+        }
+        let took = started.elapsed();
+        assert!(
+            took >= expect_at_least,
+            "refusal after {took:?}, expected at least {expect_at_least:?}"
+        );
+    };
+    for _ in 0..3 {
+        wrong(Duration::ZERO);
+    }
+    wrong(Duration::from_millis(300));
+    wrong(Duration::from_millis(600));
+    let delayed = metric(&h.metrics(), "holdfast_logins_delayed_total").unwrap_or(0.0);
+    assert_eq!(delayed, 2.0);
+    // The right password still works (after its own wait) and clears the count.
+    mysql_login(&h, "127.0.0.4", h.password()).expect("the right password");
+    wrong(Duration::ZERO);
+    let delayed = metric(&h.metrics(), "holdfast_logins_delayed_total").unwrap_or(0.0);
+    assert_eq!(delayed, 2.0, "no delay right after a successful login");
+}
