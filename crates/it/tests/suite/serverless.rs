@@ -622,3 +622,37 @@ fn a_killed_server_is_started_again_and_idle_sessions_carry_on() {
         "{m}"
     );
 }
+
+#[test]
+fn connections_that_do_not_log_in_do_not_keep_the_instance_running() {
+    let h = Harness::start_with(Options::default().serverless(|s| {
+        s.idle_pause_secs = 2;
+        s.stop_after_secs = 0;
+    }));
+    // A port scanner: connects, reads the greeting (or not), closes, every 200 ms, and
+    // sometimes sends garbage. It must not count as use of the instance.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let scanner = {
+        let (stop, addr) = (stop.clone(), h.proxy);
+        std::thread::spawn(move || {
+            let mut n = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+                    if n % 3 == 0 {
+                        let _ = s.write_all(b"GET / HTTP/1.0\r\n\r\n");
+                    }
+                }
+                n += 1;
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            n
+        })
+    };
+    wait_phase(&h, "paused", Some("freeze"));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let scans = scanner.join().expect("scanner thread");
+    assert!(
+        scans >= 5,
+        "the scanner kept connecting ({scans} connections)"
+    );
+}

@@ -135,6 +135,7 @@ pub struct Metrics {
     pub registry: Registry,
     pub connections_accepted: Counter,
     pub connections_rejected: Family<ReasonLabel, Counter>,
+    pub logins: Counter,
     pub logins_failed: Counter,
     pub logins_delayed: Counter,
     pub sessions_active: Gauge,
@@ -194,6 +195,7 @@ impl Metrics {
         Metrics {
             connections_accepted: register(r, "client_connections", "Client TCP connections accepted"),
             connections_rejected: register(r, "client_connections_rejected", "Client connections closed before or during login, by reason"),
+            logins: register(r, "logins", "Client logins completed"),
             logins_failed: register(r, "logins_failed", "Logins refused (wrong password)"),
             logins_delayed: register(
                 r,

@@ -379,8 +379,9 @@ async fn sleep_until_opt(at: Option<Instant>) {
     }
 }
 
-/// Notices statements and logins between ticks without touching the query path: it
-/// compares counters the sessions keep anyway.
+/// Notices statements and completed logins between ticks without touching the query path:
+/// it compares counters the sessions keep anyway. A connection that does not log in (a
+/// port scan, a health check, garbage) is not activity.
 #[derive(Default)]
 struct Activity {
     last: Option<(u64, u64)>,
@@ -389,7 +390,7 @@ struct Activity {
 impl Activity {
     fn changed(&mut self, shared: &Shared) -> bool {
         let (commands, busy) = shared.sessions.activity();
-        let now = (commands, shared.metrics.connections_accepted.get());
+        let now = (commands, shared.metrics.logins.get());
         let changed = self.last != Some(now) || busy;
         self.last = Some(now);
         changed

@@ -205,6 +205,7 @@ pub async fn run(shared: Arc<Shared>, stream: BoxedIo, peer: SocketAddr, mode: L
         return;
     };
     ticket.logged_in();
+    shared.metrics.logins.inc();
     if mode == ListenerMode::Passthrough {
         passthrough::run(shared, client, logged_in, peer, id).await;
         return;
