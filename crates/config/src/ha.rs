@@ -1,7 +1,8 @@
 //! The `[ha]` section: how holdfast treats replication.
 
-use crate::ConfigError;
+use crate::{ConfigError, Secret};
 use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// How holdfast treats replication.
@@ -16,13 +17,19 @@ pub enum HaMode {
 }
 
 /// The `[ha]` configuration section.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HaConfig {
     pub mode: HaMode,
     /// Account the replicas connect to the primary with (`REPLICATION SLAVE`).
     pub repl_user: String,
-    pub repl_password: String,
+    /// Never written back by `Config::to_toml`: prefer `repl_password_file`.
+    #[serde(skip_serializing)]
+    pub repl_password: Secret,
+    /// A file whose first line is the replication password (read when the config is
+    /// loaded; relative to the config's directory).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repl_password_file: Option<PathBuf>,
     /// `MASTER_CONNECT_RETRY` for re-pointed replicas, seconds.
     pub master_connect_retry_secs: u32,
     /// How long a switchover target (or a rejoining node) may take to catch up.
@@ -55,7 +62,8 @@ impl Default for HaConfig {
         HaConfig {
             mode: HaMode::External,
             repl_user: "repl".into(),
-            repl_password: String::new(),
+            repl_password: Secret::default(),
+            repl_password_file: None,
             master_connect_retry_secs: 1,
             catchup_timeout_ms: 30_000,
             fence_timeout_ms: 5_000,
@@ -69,34 +77,6 @@ impl Default for HaConfig {
             relay_apply_timeout_ms: 5_000,
             failover_cooloff_ms: 60_000,
         }
-    }
-}
-
-impl std::fmt::Debug for HaConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HaConfig")
-            .field("mode", &self.mode)
-            .field("repl_user", &self.repl_user)
-            .field("repl_password", &"<redacted>")
-            .field("master_connect_retry_secs", &self.master_connect_retry_secs)
-            .field("catchup_timeout_ms", &self.catchup_timeout_ms)
-            .field("fence_timeout_ms", &self.fence_timeout_ms)
-            .field(
-                "kill_old_primary_connections",
-                &self.kill_old_primary_connections,
-            )
-            .field("statement_timeout_ms", &self.statement_timeout_ms)
-            .field("probe_interval_ms", &self.probe_interval_ms)
-            .field("probe_timeout_ms", &self.probe_timeout_ms)
-            .field("failover_after_ms", &self.failover_after_ms)
-            .field("failure_threshold", &self.failure_threshold)
-            .field(
-                "require_replica_confirmation",
-                &self.require_replica_confirmation,
-            )
-            .field("relay_apply_timeout_ms", &self.relay_apply_timeout_ms)
-            .field("failover_cooloff_ms", &self.failover_cooloff_ms)
-            .finish()
     }
 }
 
@@ -148,8 +128,8 @@ impl HaConfig {
         // switchover could not write.
         if self.mode == HaMode::Managed {
             for (what, value) in [
-                ("ha.repl_user", &self.repl_user),
-                ("ha.repl_password", &self.repl_password),
+                ("ha.repl_user", self.repl_user.as_str()),
+                ("ha.repl_password", self.repl_password.expose()),
             ] {
                 if value.chars().any(|c| c == '\\' || c.is_control()) {
                     return Err(ConfigError::Invalid(format!(

@@ -11,10 +11,12 @@
 
 pub mod admin;
 pub mod ha;
+pub mod secret;
 pub mod serverless;
 
 pub use admin::{AdminConfig, AdminToken, TokenSource};
 pub use ha::{HaConfig, HaMode};
+pub use secret::Secret;
 pub use serverless::{PauseTier, ServerlessConfig};
 
 use serde::{Deserialize, Serialize};
@@ -175,31 +177,31 @@ impl ProxyConfig {
     }
 }
 
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
     pub monitor_user: String,
-    pub monitor_password: String,
+    /// Never written back by `Config::to_toml`: prefer `monitor_password_file`.
+    #[serde(skip_serializing)]
+    pub monitor_password: Secret,
+    /// A file whose first line is the monitor account's password (read when the config is
+    /// loaded; relative to the config's directory).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub monitor_password_file: Option<PathBuf>,
+    /// Refuse to start when a file holding secrets (the config with inline passwords, a
+    /// password file) can be read by other users, instead of warning.
+    pub strict_permissions: bool,
     pub verifier_refresh_secs: u64,
     pub verifier_miss_refresh_ms: u64,
-}
-
-impl std::fmt::Debug for AuthConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AuthConfig")
-            .field("monitor_user", &self.monitor_user)
-            .field("monitor_password", &"<redacted>")
-            .field("verifier_refresh_secs", &self.verifier_refresh_secs)
-            .field("verifier_miss_refresh_ms", &self.verifier_miss_refresh_ms)
-            .finish()
-    }
 }
 
 impl Default for AuthConfig {
     fn default() -> Self {
         AuthConfig {
             monitor_user: "holdfast_monitor".into(),
-            monitor_password: String::new(),
+            monitor_password: Secret::default(),
+            monitor_password_file: None,
+            strict_permissions: false,
             verifier_refresh_secs: 60,
             verifier_miss_refresh_ms: 1_000,
         }
@@ -308,7 +310,21 @@ impl Config {
             path: path.display().to_string(),
             source,
         })?;
-        Self::parse(&text, &path.display().to_string())
+        let mut cfg = Self::parse(&text, &path.display().to_string())?;
+        cfg.read_password_files(path.parent())?;
+        Ok(cfg)
+    }
+
+    /// Fills the passwords named by `*_password_file` (relative to `base`, the config's
+    /// directory).
+    pub fn read_password_files(&mut self, base: Option<&Path>) -> Result<(), ConfigError> {
+        if let Some(f) = &self.auth.monitor_password_file {
+            self.auth.monitor_password = secret::read_password_file(&secret::relative_to(base, f))?;
+        }
+        if let Some(f) = &self.ha.repl_password_file {
+            self.ha.repl_password = secret::read_password_file(&secret::relative_to(base, f))?;
+        }
+        self.validate()
     }
 
     /// Parses and validates `text`; `origin` names it in errors.

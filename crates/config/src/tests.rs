@@ -276,7 +276,12 @@ fn default_config_round_trips_with_every_key() {
     let written = key_paths(&toml::from_str(&text).unwrap());
     for example in [EXAMPLE, SERVERLESS_EXAMPLE] {
         let documented = key_paths(&toml::from_str(example).unwrap());
-        let missing: Vec<_> = documented.difference(&written).collect();
+        // Passwords are never written back: a written config names password files.
+        let secrets = ["auth.monitor_password", "ha.repl_password"];
+        let missing: Vec<_> = documented
+            .difference(&written)
+            .filter(|k| !secrets.contains(&k.as_str()))
+            .collect();
         assert!(missing.is_empty(), "not serialised: {missing:?}\n{text}");
     }
     for key in [

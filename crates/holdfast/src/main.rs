@@ -319,6 +319,13 @@ fn admin_token(cfg: &Config, config_path: &Path) -> Result<AdminToken> {
 async fn serve(cfg: Config, config_path: &Path) -> Result<()> {
     let admin_addr = cfg.admin.listen.clone();
     let admin_token = admin_token(&cfg, config_path)?;
+    let loose = holdfast_config::secret::permission_warnings(config_path, &cfg);
+    for warning in &loose {
+        tracing::warn!("{warning}");
+    }
+    if cfg.auth.strict_permissions && !loose.is_empty() {
+        bail!("[auth] strict_permissions: {}", loose.join("; "));
+    }
     let node_driver: Option<std::sync::Arc<dyn holdfast_proxy::driver::NodeDriver>> =
         match cfg.driver.kind {
             DriverKind::None => None,

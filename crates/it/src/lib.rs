@@ -445,7 +445,7 @@ pub fn lab_config(lab: &TestLab) -> Config {
         },
         auth: AuthConfig {
             monitor_user: st.monitor_user.clone(),
-            monitor_password: st.monitor_password.clone(),
+            monitor_password: st.monitor_password.as_str().into(),
             ..AuthConfig::default()
         },
         backends: st

@@ -68,6 +68,10 @@ const STATUS_FILE: &str = "lab.json";
 const LAUNCH_FILE: &str = "lab-launch.json";
 const AUX_FILE: &str = "lab-aux.json";
 const CONFIG_FILE: &str = "holdfast.toml";
+/// The monitor account's and the replication account's passwords (mode 0600), named by the
+/// config.
+const MONITOR_PASSWORD_FILE: &str = "monitor.password";
+const REPL_PASSWORD_FILE: &str = "repl.password";
 /// holdfast's admin API token (`[admin] token_file` of the lab's config), mode 0600.
 const ADMIN_TOKEN_FILE: &str = "admin.token";
 
@@ -1330,7 +1334,8 @@ pub fn holdfast_config(st: &LabStatus, serverless: Option<ServerlessConfig>) -> 
         },
         auth: AuthConfig {
             monitor_user: st.monitor_user.clone(),
-            monitor_password: st.monitor_password.clone(),
+            monitor_password: st.monitor_password.as_str().into(),
+            monitor_password_file: Some(st.dir.join(MONITOR_PASSWORD_FILE)),
             ..AuthConfig::default()
         },
         ..Config::default()
@@ -1346,6 +1351,7 @@ pub fn holdfast_config(st: &LabStatus, serverless: Option<ServerlessConfig>) -> 
                 mode: HaMode::Managed,
                 repl_user: REPL_USER.into(),
                 repl_password: REPL_PASSWORD.into(),
+                repl_password_file: Some(st.dir.join(REPL_PASSWORD_FILE)),
                 ..HaConfig::default()
             };
             cfg.driver = DriverConfig {
@@ -1412,9 +1418,20 @@ fn write_config(st: &LabStatus) -> Result<()> {
         None
     };
     let cfg = holdfast_config(st, serverless)?;
+    // Passwords go in files only holdfast's user can read; the config names them.
+    for (file, password) in [
+        (&cfg.auth.monitor_password_file, &cfg.auth.monitor_password),
+        (&cfg.ha.repl_password_file, &cfg.ha.repl_password),
+    ] {
+        if let Some(file) = file {
+            holdfast_config::secret::write_password_file(file, password.expose())
+                .with_context(|| format!("writing {}", file.display()))?;
+        }
+    }
     let out = config_text(st, &cfg)?;
     // Fail here, not in holdfast, if we ever write something holdfast would not read back.
-    let back = Config::parse(&out, "generated holdfast.toml")?;
+    let mut back = Config::parse(&out, "generated holdfast.toml")?;
+    back.read_password_files(Some(&st.dir))?;
     if back != cfg {
         bail!("generated holdfast.toml does not read back to the config it was written from");
     }
@@ -1534,12 +1551,25 @@ mod tests {
         }
     }
 
+    /// `cfg` as it reads back from its text: passwords are in files, not in the config.
+    fn without_secrets(cfg: &Config) -> Config {
+        let mut c = cfg.clone();
+        c.auth.monitor_password = Default::default();
+        c.ha.repl_password = Default::default();
+        c
+    }
+
     #[test]
     fn written_config_reads_back_equal() {
         let st = lab_status(3, false);
         let cfg = holdfast_config(&st, None).unwrap();
         let text = config_text(&st, &cfg).unwrap();
-        assert_eq!(Config::parse(&text, "t").unwrap(), cfg, "{text}");
+        assert_eq!(
+            Config::parse(&text, "t").unwrap(),
+            without_secrets(&cfg),
+            "{text}"
+        );
+        assert!(!text.contains(&format!("\"{MONITOR_PASSWORD}\"")), "{text}");
         assert!(
             text.starts_with("# holdfast configuration for the lab in"),
             "{text}"
@@ -1571,7 +1601,12 @@ mod tests {
         let section = serverless_config(&st.dir, st.primary().unwrap(), command);
         let cfg = holdfast_config(&st, Some(section)).unwrap();
         let text = config_text(&st, &cfg).unwrap();
-        assert_eq!(Config::parse(&text, "t").unwrap(), cfg, "{text}");
+        assert_eq!(
+            Config::parse(&text, "t").unwrap(),
+            without_secrets(&cfg),
+            "{text}"
+        );
+        assert!(!text.contains(&format!("\"{MONITOR_PASSWORD}\"")), "{text}");
         assert_eq!(cfg.driver.kind, DriverKind::None);
         assert!(!text.contains("lab_dir"), "{text}");
         let sl = cfg.serverless.as_ref().unwrap();

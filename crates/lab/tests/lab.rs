@@ -155,7 +155,7 @@ fn primary_and_two_replicas_replicate() {
     assert_eq!(cfg.proxy.listen, st.proxy);
     assert_eq!(cfg.admin.listen, st.admin);
     assert_eq!(cfg.auth.monitor_user, "holdfast_monitor");
-    assert_eq!(cfg.auth.monitor_password, "monitor_pass");
+    assert_eq!(cfg.auth.monitor_password.expose(), "monitor_pass");
     assert_eq!(cfg.backends.len(), 3);
     assert_eq!(cfg.backends[1].address, st.nodes[1].address);
     assert_eq!(cfg.driver.kind, holdfast_config::DriverKind::Lab);

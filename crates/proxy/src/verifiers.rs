@@ -187,7 +187,7 @@ pub async fn monitor_connect(
     cfg: &Config,
     addr: &str,
 ) -> Result<BackendConn, backend::BackendError> {
-    let secret = PasswordHash::from_password(cfg.auth.monitor_password.as_bytes());
+    let secret = PasswordHash::from_password(cfg.auth.monitor_password.expose().as_bytes());
     let params = LoginParams {
         user: cfg.auth.monitor_user.as_bytes(),
         secret: if cfg.auth.monitor_password.is_empty() {

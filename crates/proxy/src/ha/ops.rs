@@ -231,7 +231,7 @@ impl NodeSession {
             plain(&host)?,
             plain(&ha.repl_user)?,
             ha.master_connect_retry_secs.max(1),
-            plain(&ha.repl_password)?,
+            plain(ha.repl_password.expose())?,
         ))
         .await?;
         self.exec("START SLAVE").await?;
