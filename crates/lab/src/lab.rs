@@ -1254,9 +1254,20 @@ fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     write_atomic(path, &(text + "\n"))
 }
 
+/// Writes `path` through a temporary file renamed over it, readable by its owner only: the
+/// lab's files name passwords (lab.json holds the lab's account passwords for scripts).
 fn write_atomic(path: &Path, text: &str) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    let _ = fs::remove_file(&tmp);
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .with_context(|| format!("writing {}", tmp.display()))?;
     fs::rename(&tmp, path)
         .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
 }

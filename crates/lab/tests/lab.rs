@@ -99,6 +99,20 @@ fn primary_and_two_replicas_replicate() {
 
     // The status JSON has the promised fields.
     let json = std::fs::read_to_string(lab.dir().join("lab.json")).unwrap();
+    // It and the config's password files name passwords: the owner's only.
+    for file in [
+        "lab.json",
+        "holdfast.toml",
+        "monitor.password",
+        "repl.password",
+    ] {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(lab.dir().join(file))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{file} has mode {mode:o}");
+    }
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     for key in [
         "dir",
