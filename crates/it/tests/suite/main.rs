@@ -5,6 +5,7 @@ mod admin;
 mod admin_auth;
 mod bad_input;
 mod cli;
+mod desync;
 mod ha;
 mod ha_admin;
 mod keepalive;

@@ -483,7 +483,7 @@ impl Session {
     async fn relay_infile(&mut self) -> Result<u8, End> {
         loop {
             let (chunk, last, reply_seq) = self.next_file_packet().await?;
-            if let Err(error) = self.backend.conn.write_raw(&chunk).await {
+            if let Err(error) = self.backend.conn.write_raw_watching(&chunk).await {
                 let reply_seq = match last {
                     true => reply_seq,
                     false => self.skip_file().await?,
