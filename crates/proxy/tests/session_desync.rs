@@ -748,7 +748,7 @@ async fn run_case(seed: u64, journal: Arc<Mutex<Vec<String>>>) -> Result<(), Str
     for step in 0..=steps {
         let tag = 1000 + step;
         // The last step is a plain query: whatever came before, it must get its own reply.
-        let pick = if step == steps { 0 } else { rng.below(14) };
+        let pick = if step == steps { 0 } else { rng.below(15) };
         let (what, payload, expect, want) = match pick {
             0 | 1 => {
                 let sql = format!("SELECT {tag}");
@@ -815,6 +815,22 @@ async fn run_case(seed: u64, journal: Arc<Mutex<Vec<String>>>) -> Result<(), Str
                 let what = format!("{sql} ({packets} x {size} bytes)");
                 (what, p, Expect::ResultSets, Want::File { packets, size })
             }
+            14 if !held.is_empty() => {
+                // Long data then its execute: the value must come back once, not twice.
+                let i = rng.below(held.len() as u64) as usize;
+                let h = &mut held[i];
+                let what = format!("LONG DATA + EXECUTE {} ({tag})", h.id);
+                log(format!("step {step}: {what}"));
+                let data = long_data(h.id, tag.to_string().as_bytes());
+                if rig.client.conn.write_packet(&data, 0).await.is_err() {
+                    return Err(format!(
+                        "step {step}: the session had closed the connection"
+                    ));
+                }
+                let p = execute_long(h.id, !h.typed);
+                h.typed = true;
+                (what, p, Expect::ResultSets, Want::Value(tag.to_string()))
+            }
             13 => {
                 log(format!("step {step}: pause"));
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -827,8 +843,16 @@ async fn run_case(seed: u64, journal: Arc<Mutex<Vec<String>>>) -> Result<(), Str
                 Want::Affected(0),
             ),
         };
-        log(format!("step {step}: {what}"));
+        let long = what.starts_with("LONG DATA");
+        if !long {
+            log(format!("step {step}: {what}"));
+        }
         if rig.client.conn.write_packet(&payload, 0).await.is_err() {
+            if long && backend_died(&journal) {
+                // Long data lost with its backend cannot be recreated: the session closes
+                // (at the execute that needs it).
+                return Ok(());
+            }
             return Err(format!(
                 "step {step}: the session had closed the connection"
             ));
@@ -836,7 +860,7 @@ async fn run_case(seed: u64, journal: Arc<Mutex<Vec<String>>>) -> Result<(), Str
         if matches!(want, Want::Nothing) {
             continue;
         }
-        let binary = what.starts_with("EXECUTE");
+        let binary = what.contains("EXECUTE");
         let mut m = ResponseMachine::new(expect, deprecate_eof(rig.client.capabilities));
         let got = reply_within(&mut rig, &mut m, binary, step).await?;
         log(format!("  got {got:?}"));
@@ -845,6 +869,8 @@ async fn run_case(seed: u64, journal: Arc<Mutex<Vec<String>>>) -> Result<(), Str
             // A backend that died halfway through a reply that had begun to reach the client
             // ends the session: the client sees the connection close, never a wrong reply.
             (Got::Closed { .. }, _) if mid_answer_death(&journal) => return Ok(()),
+            // Long data lost with its backend cannot be recreated: the session closes.
+            (Got::Closed { packets: 0 }, _) if long && backend_died(&journal) => return Ok(()),
             (Got::Rows { seq: 1, rows }, Want::Value(v)) => *rows == one(v),
             (Got::Ok { seq: 1, affected }, Want::Affected(n)) => affected == n,
             (Got::Prepared { seq: 1, id, column }, Want::Prepared(c)) => {
@@ -900,6 +926,17 @@ async fn reply_within(
         .map_err(|_| format!("step {step}: no reply (a hang)"))
 }
 
+/// Whether the session's current backend connection (the last one opened) died.
+fn backend_died(journal: &Mutex<Vec<String>>) -> bool {
+    let Ok(j) = journal.lock() else {
+        return false;
+    };
+    j.iter()
+        .rev()
+        .take_while(|l| !l.contains("backend connection"))
+        .any(|l| l.contains("server: "))
+}
+
 /// Whether a server of the case died halfway through an answer since the last command.
 fn mid_answer_death(journal: &Mutex<Vec<String>>) -> bool {
     let Ok(j) = journal.lock() else {
@@ -919,7 +956,8 @@ fn mid_answer_death(journal: &Mutex<Vec<String>>) -> bool {
 /// answer, in the middle of a file. Every reply the client reads must be its command's
 /// own (or a lost-backend ERR), at the right sequence id; none may be missing (a
 /// deadline), none left over. `HOLDFAST_DESYNC_SEED` replays one case,
-/// `HOLDFAST_DESYNC_CASES` sets how many run (default 300).
+/// `HOLDFAST_DESYNC_CASES` sets how many run (default 300), `HOLDFAST_DESYNC_BASE` seeds
+/// another series of cases.
 #[test]
 fn replies_stay_in_step_whatever_the_backend_does() {
     let cases: u64 = std::env::var("HOLDFAST_DESYNC_CASES")
@@ -929,7 +967,11 @@ fn replies_stay_in_step_whatever_the_backend_does() {
     let seeds: Vec<u64> = match std::env::var("HOLDFAST_DESYNC_SEED") {
         Ok(s) => vec![s.parse().expect("HOLDFAST_DESYNC_SEED is a number")],
         Err(_) => {
-            let mut base = Rng(0x686f_6c64_6661_7374);
+            let base = std::env::var("HOLDFAST_DESYNC_BASE")
+                .ok()
+                .and_then(|b| b.parse().ok())
+                .unwrap_or(0x686f_6c64_6661_7374);
+            let mut base = Rng(base);
             (0..cases).map(|_| base.next()).collect()
         }
     };
@@ -979,6 +1021,7 @@ fn replies_stay_in_step_whatever_the_backend_does() {
             "{seen:?}"
         );
         assert!(seen.pauses > 50, "{seen:?}");
+        assert!(seen.long_data_values > 50, "{seen:?}");
     }
 }
 
@@ -997,8 +1040,12 @@ struct Coverage {
     files_cut: usize,
     errors_after_a_file: usize,
     pauses: usize,
-    /// Cases ended by a backend that died halfway through a reply.
-    ended_mid_reply: usize,
+    /// Long data executes answered with their value, or refused for a lost transaction.
+    long_data_values: usize,
+    long_data_refused: usize,
+    /// Cases ended by holdfast closing the session (a backend died halfway through a
+    /// reply, or holding long data).
+    ended_early: usize,
 }
 
 impl Coverage {
@@ -1026,8 +1073,15 @@ impl Coverage {
                 death_since_close = false;
             }
         }
+        for (i, line) in journal.iter().enumerate() {
+            if line.contains("LONG DATA") {
+                let got = journal[i + 1..].iter().find(|l| l.contains("got "));
+                self.long_data_values += usize::from(got.is_some_and(|l| l.contains("got Rows")));
+                self.long_data_refused += usize::from(got.is_some_and(|l| l.contains("1213")));
+            }
+        }
         if journal.last().is_some_and(|l| l.contains("Closed")) {
-            self.ended_mid_reply += 1;
+            self.ended_early += 1;
         }
     }
 }

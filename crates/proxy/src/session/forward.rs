@@ -612,10 +612,11 @@ impl Session {
     }
 
     /// A COM_STMT_EXECUTE that holdfast refuses before it reaches the backend (its
-    /// transaction was lost) still ends its statement's long data, as the server's own
-    /// execute would: the backend drops what it holds (COM_STMT_RESET), so the client's
-    /// next execute, with its long data sent again, does not get it twice.
-    pub(super) async fn drop_long_data(&mut self, request: &[u8]) {
+    /// transaction was lost) still does what the server's own execute does, failed or not:
+    /// the parameter types it sends are remembered (the client's next execute may leave
+    /// them out), and its statement's long data ends: the backend drops what it holds
+    /// (COM_STMT_RESET), so the client's next try does not send it twice.
+    pub(super) async fn execute_refused(&mut self, request: &[u8]) {
         if request.get(HEADER_LEN) != Some(&COM_STMT_EXECUTE) {
             return;
         }
@@ -623,6 +624,9 @@ impl Session {
         let Some(stmt) = id.and_then(|id| self.statements.get_mut(id)) else {
             return;
         };
+        let _ = bind_types(stmt, request);
+        // The backend has not seen them: the next execute carries them.
+        stmt.types_pending = stmt.params > 0 && stmt.types.is_some();
         if !stmt.long_data {
             return;
         }

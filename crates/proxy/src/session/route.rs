@@ -106,7 +106,7 @@ impl Session {
         if self.transaction_lost && reply != Some(Reply::None) {
             self.transaction_lost = false;
             if !is_rollback(request) {
-                self.drop_long_data(request).await;
+                self.execute_refused(request).await;
                 self.shared.metrics.requests_failed_on_backend_loss.inc();
                 self.send_error(reply_seq, &ClientError::transaction_rolled_back())
                     .await?;

@@ -80,6 +80,24 @@ pub fn statement_request(cmd: u8, id: u32, rest: &[u8]) -> Vec<u8> {
     p
 }
 
+/// COM_STMT_SEND_LONG_DATA for parameter 0 of statement `id`.
+pub fn long_data(id: u32, data: &[u8]) -> Vec<u8> {
+    statement_request(COM_STMT_SEND_LONG_DATA, id, &[&[0, 0][..], data].concat())
+}
+
+/// A COM_STMT_EXECUTE of a statement with one LONGLONG parameter sent as long data (so
+/// with no value here).
+pub fn execute_long(id: u32, with_types: bool) -> Vec<u8> {
+    let mut rest = vec![0u8];
+    rest.extend_from_slice(&1u32.to_le_bytes());
+    rest.push(0);
+    rest.push(u8::from(with_types));
+    if with_types {
+        rest.extend_from_slice(&[TYPE_LONGLONG, 0]);
+    }
+    statement_request(COM_STMT_EXECUTE, id, &rest)
+}
+
 /// A COM_STMT_EXECUTE of a statement with one LONGLONG parameter (`with_types`: the
 /// parameter types are sent, as on a statement's first execute; afterwards a client may
 /// leave them to the server's memory).
@@ -271,6 +289,8 @@ struct ServerStatement {
     params: u16,
     /// The parameter types of the last execute that sent them.
     types: Option<Vec<u8>>,
+    /// COM_STMT_SEND_LONG_DATA received since the last execute or reset.
+    long_data: Option<Vec<u8>>,
 }
 
 /// One connection's state on a scripted server.
@@ -381,7 +401,14 @@ impl ScriptedServer {
                     self.log.pings.fetch_add(1, Ordering::SeqCst);
                     frame::packet(&ok_payload(0, 0, st.status(), 0), 1)
                 }
-                COM_INIT_DB | COM_STMT_RESET => frame::packet(&ok_payload(0, 0, st.status(), 0), 1),
+                COM_INIT_DB => frame::packet(&ok_payload(0, 0, st.status(), 0), 1),
+                COM_STMT_RESET => {
+                    let id = holdfast_wire::packets::statement_id(payload);
+                    if let Some(stmt) = id.and_then(|id| st.statements.get_mut(&id)) {
+                        stmt.long_data = None;
+                    }
+                    frame::packet(&ok_payload(0, 0, st.status(), 0), 1)
+                }
                 COM_QUERY => {
                     let sql = String::from_utf8_lossy(&payload[1..]).into_owned();
                     if let Ok(mut q) = self.log.queries.lock() {
@@ -413,7 +440,16 @@ impl ScriptedServer {
                     }
                     Vec::new()
                 }
-                COM_STMT_SEND_LONG_DATA => Vec::new(),
+                COM_STMT_SEND_LONG_DATA => {
+                    let id = holdfast_wire::packets::statement_id(payload);
+                    if let Some(stmt) = id.and_then(|id| st.statements.get_mut(&id)) {
+                        let data = payload.get(7..).unwrap_or_default();
+                        stmt.long_data
+                            .get_or_insert_with(Vec::new)
+                            .extend_from_slice(data);
+                    }
+                    Vec::new()
+                }
                 _ => frame::packet(&err_payload(1047, "08S01", "Unknown command"), 1),
             };
             if answer.is_empty() {
@@ -511,6 +547,7 @@ impl ConnState {
                 sql,
                 params,
                 types: None,
+                long_data: None,
             },
         );
         let mut first = vec![0x00];
@@ -561,9 +598,11 @@ impl ConnState {
             if stmt.types.as_deref() != Some(&[TYPE_LONGLONG, 0][..]) {
                 return refuse(1210, "Incorrect arguments to mysqld_stmt_execute");
             }
-            match r.u64("value") {
-                Ok(v) => (v as i64).to_string(),
-                Err(_) => return refuse(1835, "no value"),
+            // A parameter sent as long data has no value here; the execute ends it.
+            match (stmt.long_data.take(), r.u64("value")) {
+                (Some(data), _) => String::from_utf8_lossy(&data).into_owned(),
+                (None, Ok(v)) => (v as i64).to_string(),
+                (None, Err(_)) => return refuse(1835, "no value"),
             }
         } else {
             stmt.sql.trim_start_matches("SELECT ").to_string()
