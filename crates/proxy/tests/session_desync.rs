@@ -393,6 +393,53 @@ async fn long_data_for_an_execute_refused_after_a_lost_transaction_is_dropped() 
     assert_eq!(view.iter().map(|s| s.movable).collect::<Vec<_>>(), [true]);
 }
 
+/// An execute refused with the 1213 of a lost transaction still counts, for the client,
+/// as having sent its parameter types: the next execute, which leaves them out, gets them
+/// added for the backend that never saw them.
+#[tokio::test(start_paused = true)]
+async fn an_execute_refused_for_a_lost_transaction_keeps_its_parameter_types() {
+    let (first, first_log) = ScriptedServer::new(Script::default());
+    let (second, _) = ScriptedServer::new(Script::default());
+    let mut rig = rig(vec![first, second]).await;
+    let prepared = command(
+        &mut rig,
+        &[&[COM_STMT_PREPARE][..], b"SELECT ? AS c1"].concat(),
+        Expect::Prepare,
+        false,
+    )
+    .await;
+    let Got::Prepared { id, .. } = prepared else {
+        panic!("the statement was not prepared: {prepared:?}");
+    };
+    let begin = command(&mut rig, &query("BEGIN"), Expect::ResultSets, false).await;
+    assert!(matches!(begin, Got::Ok { .. }), "{begin:?}");
+    first_log.hang_up.notify_one();
+    first_log.wait_ended().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let execute = command(
+        &mut rig,
+        &execute_one(id, 5, true),
+        Expect::ResultSets,
+        true,
+    )
+    .await;
+    assert_eq!(execute, Got::Err { seq: 1, code: 1213 });
+    let execute = command(
+        &mut rig,
+        &execute_one(id, 6, false),
+        Expect::ResultSets,
+        true,
+    )
+    .await;
+    assert_eq!(
+        execute,
+        Got::Rows {
+            seq: 1,
+            rows: one("6")
+        }
+    );
+}
+
 /// A request of more than one packet (a 16 MiB query) lost with its backend: its error
 /// comes at the sequence id after its last packet, where the client looks for it.
 #[tokio::test(start_paused = true)]
