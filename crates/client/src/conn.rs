@@ -154,6 +154,49 @@ impl PacketConn {
         self.stream.write_all(bytes).await?;
         Ok(())
     }
+
+    /// [`PacketConn::write_raw`] to a peer that is not expected to say anything meanwhile
+    /// (a server taking a LOCAL INFILE file). While the write waits, because the peer
+    /// stopped reading, the stream is watched: a peer that closes, or sends anything (kept
+    /// in the read buffer), fails the write at once. A server killed mid-file closes its
+    /// socket with its receive window shut; without the watch the write would wait for the
+    /// kernel to give up on that socket (a minute or more).
+    pub async fn write_raw_watching(&mut self, bytes: &[u8]) -> Result<(), ConnError> {
+        let mut written = 0;
+        std::future::poll_fn(|cx| {
+            while written < bytes.len() {
+                match Pin::new(&mut self.stream).poll_write(cx, &bytes[written..]) {
+                    Poll::Ready(Ok(0)) => {
+                        return Poll::Ready(Err(io::Error::from(io::ErrorKind::WriteZero).into()))
+                    }
+                    Poll::Ready(Ok(n)) => written += n,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
+                    Poll::Pending => {
+                        let mut byte = [0u8; 1];
+                        let mut buf = ReadBuf::new(&mut byte);
+                        return match Pin::new(&mut self.stream).poll_read(cx, &mut buf) {
+                            Poll::Pending => Poll::Pending,
+                            Poll::Ready(Err(e)) => Poll::Ready(Err(e.into())),
+                            Poll::Ready(Ok(())) if buf.filled().is_empty() => {
+                                Poll::Ready(Err(ConnError::Closed))
+                            }
+                            Poll::Ready(Ok(())) => {
+                                self.rbuf.extend_from_slice(buf.filled());
+                                Poll::Ready(Err(io::Error::other(
+                                    "the peer spoke while it was being written to",
+                                )
+                                .into()))
+                            }
+                        };
+                    }
+                }
+            }
+            Poll::Ready(Ok(()))
+        })
+        .await?;
+        self.stream.flush().await?;
+        Ok(())
+    }
 }
 
 /// The placeholder [`PacketConn::take_stream`] leaves behind.

@@ -2,6 +2,11 @@
 //! back to the client. Only the packets that carry state (OK, EOF, ERR, PREPARE-OK, the
 //! column count) are parsed, to keep the session record current; rows and column
 //! definitions pass through in the reads they arrived in.
+//!
+//! What a client waits for after each command is its [`Reply`] shape, decided in one place
+//! from the command byte. It decides what holdfast relays and what it owes the client when
+//! the backend is lost: nothing at all for a command without a reply, one ERR after the
+//! client's file for a LOCAL INFILE exchange, the command run again or an ERR otherwise.
 
 use super::statements::Statement;
 use super::{End, Session};
@@ -18,6 +23,80 @@ use holdfast_wire::packets::{self, OkPacket};
 use holdfast_wire::response::{Event, Expect, Kind, ResponseMachine};
 use tokio::io::AsyncWriteExt;
 
+/// The shape of the reply a command gets: what the client waits for, so what holdfast
+/// relays and what the client is owed if the backend is lost before answering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reply {
+    /// Nothing at all: COM_STMT_CLOSE, COM_STMT_SEND_LONG_DATA (and COM_QUIT, which ends
+    /// the session). The client sends its next command without reading anything, so
+    /// holdfast must never answer these, not even with an error.
+    None,
+    /// Exactly one packet of any shape (COM_STATISTICS).
+    OnePacket,
+    /// OK or ERR (COM_SET_OPTION: EOF): COM_PING, COM_INIT_DB, COM_RESET_CONNECTION,
+    /// COM_STMT_RESET...
+    Status,
+    /// OK, ERR, or result sets (COM_QUERY, COM_STMT_EXECUTE, COM_PROCESS_INFO). The server
+    /// may instead ask for a LOCAL INFILE file: the client then sends it, up to an empty
+    /// packet, and waits for OK or ERR at the sequence id that follows that packet.
+    ResultSets,
+    /// PREPARE-OK with its definitions, or ERR (COM_STMT_PREPARE).
+    Prepare,
+    /// Rows then EOF, or ERR (COM_STMT_FETCH).
+    Fetch,
+    /// Column definitions then EOF, or ERR (COM_FIELD_LIST).
+    FieldList,
+    /// An authentication exchange, then OK or ERR (COM_CHANGE_USER).
+    Authentication,
+    /// A command holdfast does not forward: it answers with ERR itself.
+    Refused,
+}
+
+impl Reply {
+    pub(super) fn of(cmd: u8) -> Reply {
+        match cmd {
+            COM_QUIT | COM_STMT_CLOSE | COM_STMT_SEND_LONG_DATA => Reply::None,
+            COM_STATISTICS => Reply::OnePacket,
+            COM_INIT_DB | COM_PING | COM_SET_OPTION | COM_PROCESS_KILL | COM_DEBUG
+            | COM_REFRESH | COM_CREATE_DB | COM_DROP_DB | COM_RESET_CONNECTION | COM_STMT_RESET => {
+                Reply::Status
+            }
+            COM_QUERY | COM_STMT_EXECUTE | COM_PROCESS_INFO => Reply::ResultSets,
+            COM_STMT_PREPARE => Reply::Prepare,
+            COM_STMT_FETCH => Reply::Fetch,
+            COM_FIELD_LIST => Reply::FieldList,
+            COM_CHANGE_USER => Reply::Authentication,
+            _ => Reply::Refused,
+        }
+    }
+
+    /// The reply shape of a whole request (`None` for an empty one).
+    pub(super) fn of_request(request: &[u8]) -> Option<Reply> {
+        request.get(HEADER_LEN).map(|&cmd| Reply::of(cmd))
+    }
+
+    /// How the backend's answer is followed (`None`: there is no answer to relay).
+    fn expect(self) -> Option<Expect> {
+        match self {
+            Reply::None | Reply::Authentication | Reply::Refused => None,
+            Reply::OnePacket => Some(Expect::OnePacket),
+            Reply::Status => Some(Expect::Status),
+            Reply::ResultSets => Some(Expect::ResultSets),
+            Reply::Prepare => Some(Expect::Prepare),
+            Reply::Fetch => Some(Expect::Fetch),
+            Reply::FieldList => Some(Expect::FieldList),
+        }
+    }
+}
+
+/// The sequence id of the reply to a request: one after its last chunk's.
+pub(super) fn reply_seq(request: &[u8]) -> u8 {
+    match frame::scan_logical(request, usize::MAX) {
+        frame::Scan::Complete { last_seq, .. } => last_seq.wrapping_add(1),
+        _ => parse_header(request).map_or(1, |h| h.seq.wrapping_add(1)),
+    }
+}
+
 impl Session {
     /// Forwards one request and relays its response. A backend lost before any of the
     /// response reached the client is hidden: the session moves and the request runs again
@@ -26,7 +105,8 @@ impl Session {
         let Some(header) = parse_header(&request) else {
             return Err(End::Protocol("empty request".into()));
         };
-        let reply_seq = header.seq.wrapping_add(1);
+        let reply_seq = reply_seq(&request);
+        let reply = Reply::of_request(&request);
         let in_transaction = self.record.in_transaction();
         // A COM_QUERY is classified once, here, for both the record and retry safety (from
         // its first frame: a longer one is never retried).
@@ -50,6 +130,19 @@ impl Session {
         // another backend starts again from the client's.
         let client_statement = packets::statement_id(&request[HEADER_LEN..]);
         match self.command(&mut request).await {
+            // The client waits for nothing: it must get nothing, not even an error.
+            Err(End::BackendLost {
+                started: false,
+                error,
+            }) if reply == Some(Reply::None) => {
+                self.lost_without_reply(&request, error);
+                Ok(())
+            }
+            // The client's file was read to its end, none of it run: one ERR answers it.
+            Err(End::BackendLostDuringFile { error, reply_seq }) => {
+                Box::pin(self.recover_lost_request(error, None, reply_seq, in_transaction, false))
+                    .await
+            }
             Err(End::BackendLost {
                 started: false,
                 error,
@@ -89,10 +182,7 @@ impl Session {
     /// Handles one client request (`request` holds the whole logical packet, headers
     /// included); statement commands get the backend's statement id written into it.
     pub(super) async fn command(&mut self, request: &mut BytesMut) -> Result<(), End> {
-        let Some(header) = parse_header(request) else {
-            return Err(End::Protocol("empty request".into()));
-        };
-        let reply_seq = header.seq.wrapping_add(1);
+        let reply_seq = reply_seq(request);
         let Some(&cmd) = request.get(HEADER_LEN) else {
             return self
                 .send_error(reply_seq, &ClientError::malformed("empty command"))
@@ -100,60 +190,48 @@ impl Session {
         };
         self.shared.metrics.requests.command(cmd);
         self.response_started = false;
+        let reply = Reply::of(cmd);
         match cmd {
             COM_QUIT => Err(End::Quit),
-            COM_QUERY => {
-                self.forward(request).await?;
-                self.relay(Expect::ResultSets).await
-            }
             COM_STMT_PREPARE => {
                 self.forward(request).await?;
                 let sql = Bytes::copy_from_slice(&frame::logical_payload(request)[1..]);
-                self.relay_prepare(sql).await
+                self.relay_inner(reply, Some(sql)).await.map(|_| ())
             }
             COM_STMT_EXECUTE
             | COM_STMT_FETCH
             | COM_STMT_RESET
             | COM_STMT_CLOSE
-            | COM_STMT_SEND_LONG_DATA => self.statement_command(cmd, request, reply_seq).await,
+            | COM_STMT_SEND_LONG_DATA => {
+                self.statement_command(cmd, reply, request, reply_seq).await
+            }
             COM_CHANGE_USER => Box::pin(self.change_user(request)).await,
             COM_RESET_CONNECTION => {
                 self.forward(request).await?;
-                self.relay(Expect::Status).await?;
+                self.relay(reply).await?;
                 self.statements.clear();
                 self.record.reset();
                 self.restore_trackers().await
             }
-            COM_INIT_DB | COM_PING | COM_SET_OPTION | COM_PROCESS_KILL | COM_DEBUG
-            | COM_REFRESH | COM_CREATE_DB | COM_DROP_DB => {
-                self.forward(request).await?;
-                self.relay(Expect::Status).await
-            }
-            COM_FIELD_LIST => {
-                self.forward(request).await?;
-                self.relay(Expect::FieldList).await
-            }
-            COM_STATISTICS => {
-                self.forward(request).await?;
-                self.relay(Expect::OnePacket).await
-            }
-            COM_PROCESS_INFO => {
-                self.forward(request).await?;
-                self.relay(Expect::ResultSets).await
-            }
-            other => {
-                tracing::info!(
-                    command = other,
-                    name = name(other),
-                    "unsupported command refused"
-                );
-                let message = format!(
-                    "Unknown command 0x{other:02x} ({}): holdfast does not forward it",
-                    name(other)
-                );
-                self.send_error_kind(reply_seq, ErrorKind::UnknownCommand, message)
-                    .await
-            }
+            _ => match reply {
+                Reply::Refused => {
+                    tracing::info!(
+                        command = cmd,
+                        name = name(cmd),
+                        "unsupported command refused"
+                    );
+                    let message = format!(
+                        "Unknown command 0x{cmd:02x} ({}): holdfast does not forward it",
+                        name(cmd)
+                    );
+                    self.send_error_kind(reply_seq, ErrorKind::UnknownCommand, message)
+                        .await
+                }
+                _ => {
+                    self.forward(request).await?;
+                    self.relay(reply).await
+                }
+            },
         }
     }
 
@@ -221,40 +299,42 @@ impl Session {
     }
 
     /// Reads more from the backend. A loss is returned to the caller, which decides whether
-    /// the command can be re-run elsewhere or must fail.
-    async fn fill_backend(&mut self) -> Result<(), End> {
+    /// the command can be re-run elsewhere or must fail. `file_answer`: the client has sent
+    /// a LOCAL INFILE file and waits for its answer at this sequence id.
+    async fn fill_backend(&mut self, file_answer: Option<u8>) -> Result<(), End> {
         match self.backend.conn.fill().await {
             Ok(_) => Ok(()),
-            Err(error) => Err(End::BackendLost {
-                started: self.response_started,
-                error,
+            Err(error) => Err(match file_answer {
+                Some(reply_seq) => End::BackendLostDuringFile { error, reply_seq },
+                None => End::BackendLost {
+                    started: self.response_started,
+                    error,
+                },
             }),
         }
     }
 
     /// Streams one command's response to the client, inspecting only the packets that carry
     /// state. Rows and column definitions pass through in the reads they arrived in.
-    async fn relay(&mut self, expect: Expect) -> Result<(), End> {
-        self.relay_inner(expect, None).await.map(|_| ())
+    async fn relay(&mut self, reply: Reply) -> Result<(), End> {
+        self.relay_inner(reply, None).await.map(|_| ())
     }
 
-    async fn relay_prepare(&mut self, sql: Bytes) -> Result<(), End> {
-        self.relay_inner(Expect::Prepare, Some(sql))
-            .await
-            .map(|_| ())
-    }
-
-    async fn relay_inner(
-        &mut self,
-        expect: Expect,
-        prepare_sql: Option<Bytes>,
-    ) -> Result<u16, End> {
+    /// [`Session::relay`], returning the status flags of the response's last OK/EOF;
+    /// `prepare_sql`: the text of a statement being prepared.
+    async fn relay_inner(&mut self, reply: Reply, prepare_sql: Option<Bytes>) -> Result<u16, End> {
+        let Some(expect) = reply.expect() else {
+            return Ok(0);
+        };
         let mut m = ResponseMachine::new(expect, self.deprecate_eof());
         let mut ready = 0usize;
         let mut passing = 0usize;
         let mut pending: Option<usize> = None;
         let mut prepare_sql = prepare_sql;
+        // Once the client's LOCAL INFILE file went through: its answer's sequence id.
+        let mut file_sent: Option<u8> = None;
         loop {
+            let file_answer = file_sent.filter(|_| m.awaiting_infile());
             if passing > 0 {
                 let n = (self.backend.conn.rbuf.len() - ready).min(passing);
                 ready += n;
@@ -262,7 +342,7 @@ impl Session {
                 if passing > 0 {
                     self.flush(ready).await?;
                     ready = 0;
-                    self.fill_backend().await?;
+                    self.fill_backend(file_answer).await?;
                     continue;
                 }
             }
@@ -276,13 +356,13 @@ impl Session {
                     let Some(h) = parse_header(rest) else {
                         self.flush(ready).await?;
                         ready = 0;
-                        self.fill_backend().await?;
+                        self.fill_backend(file_answer).await?;
                         continue;
                     };
                     if h.len > 0 && rest.len() <= HEADER_LEN {
                         self.flush(ready).await?;
                         ready = 0;
-                        self.fill_backend().await?;
+                        self.fill_backend(file_answer).await?;
                         continue;
                     }
                     match m.classify(h.len, rest.get(HEADER_LEN).copied()) {
@@ -300,7 +380,7 @@ impl Session {
                 pending = Some(wire_len);
                 self.flush(ready).await?;
                 ready = 0;
-                self.fill_backend().await?;
+                self.fill_backend(file_answer).await?;
                 continue;
             }
             pending = None;
@@ -389,38 +469,68 @@ impl Session {
             if is_infile {
                 self.flush(ready).await?;
                 ready = 0;
-                self.relay_infile().await?;
+                file_sent = Some(self.relay_infile().await?);
             }
         }
         self.flush(ready).await?;
         Ok(m.last_status())
     }
 
-    /// LOCAL INFILE: the client's file data goes to the backend up to the empty packet.
-    async fn relay_infile(&mut self) -> Result<(), End> {
-        let max = self.shared.config.proxy.max_packet_size;
+    /// LOCAL INFILE: the client's file goes to the backend up to its empty packet; returns
+    /// the sequence id of the answer the client then waits for. A backend lost meanwhile
+    /// ends the exchange properly: the rest of the file is read and dropped (never taken
+    /// for commands) and [`End::BackendLostDuringFile`] says where the client's answer goes.
+    async fn relay_infile(&mut self) -> Result<u8, End> {
         loop {
-            let wire_len = self.client.buffer_packet(max).await.map_err(End::Client)?;
-            let chunk = self.client.rbuf.split_to(wire_len);
-            self.shared
-                .metrics
-                .requests
-                .bytes_from_client(wire_len as u64);
-            self.forward(&chunk).await?;
-            if parse_header(&chunk).is_some_and(|h| h.len == 0) {
-                return Ok(());
+            let (chunk, last, reply_seq) = self.next_file_packet().await?;
+            if let Err(error) = self.backend.conn.write_raw_watching(&chunk).await {
+                let reply_seq = match last {
+                    true => reply_seq,
+                    false => self.skip_file().await?,
+                };
+                return Err(End::BackendLostDuringFile { error, reply_seq });
+            }
+            if last {
+                return Ok(reply_seq);
             }
         }
+    }
+
+    /// Reads the client's file up to its empty packet without sending it anywhere; returns
+    /// the sequence id of the answer that follows.
+    async fn skip_file(&mut self) -> Result<u8, End> {
+        loop {
+            let (_, last, reply_seq) = self.next_file_packet().await?;
+            if last {
+                return Ok(reply_seq);
+            }
+        }
+    }
+
+    /// The client's next LOCAL INFILE packet (whole, headers included), whether it is the
+    /// empty one that ends the file, and the sequence id of what follows it.
+    async fn next_file_packet(&mut self) -> Result<(BytesMut, bool, u8), End> {
+        let max = self.shared.config.proxy.max_packet_size;
+        let wire_len = self.client.buffer_packet(max).await.map_err(End::Client)?;
+        let chunk = self.client.rbuf.split_to(wire_len);
+        self.shared
+            .metrics
+            .requests
+            .bytes_from_client(wire_len as u64);
+        let last = parse_header(&chunk).is_some_and(|h| h.len == 0);
+        let next = reply_seq(&chunk);
+        Ok((chunk, last, next))
     }
 
     async fn statement_command(
         &mut self,
         cmd: u8,
+        reply: Reply,
         request: &mut BytesMut,
         reply_seq: u8,
     ) -> Result<(), End> {
         let Some(client_id) = packets::statement_id(&request[HEADER_LEN..]) else {
-            if cmd == COM_STMT_CLOSE || cmd == COM_STMT_SEND_LONG_DATA {
+            if reply == Reply::None {
                 return Ok(());
             }
             return self
@@ -429,7 +539,7 @@ impl Session {
         };
         let Some(stmt) = self.statements.get_mut(client_id) else {
             // The server sends nothing back for these two, whatever the id.
-            if cmd == COM_STMT_CLOSE || cmd == COM_STMT_SEND_LONG_DATA {
+            if reply == Reply::None {
                 return Ok(());
             }
             let msg = format!(
@@ -443,6 +553,8 @@ impl Session {
         packets::set_statement_id(&mut request[HEADER_LEN..], stmt.backend_id);
         match cmd {
             COM_STMT_CLOSE => {
+                // Forgotten before it is forwarded: a close lost with its backend still
+                // closes it (it is not prepared again on the next one).
                 self.statements.remove(client_id);
                 self.record.prepared_statements = self.statements.len();
                 self.forward(request).await
@@ -456,7 +568,7 @@ impl Session {
                 stmt.long_data = false;
                 stmt.cursor_open = false;
                 self.forward(request).await?;
-                self.relay(Expect::Status).await?;
+                self.relay(reply).await?;
                 self.recount_statement_state();
                 Ok(())
             }
@@ -469,7 +581,7 @@ impl Session {
                     .get(HEADER_LEN + 5)
                     .is_some_and(|f| f & CURSOR_TYPE_READ_ONLY != 0);
                 self.forward(request).await?;
-                let status = self.relay_inner(Expect::ResultSets, None).await?;
+                let status = self.relay_inner(reply, None).await?;
                 if let Some(stmt) = self.statements.get_mut(client_id) {
                     stmt.cursor_open = wants_cursor && status & SERVER_STATUS_CURSOR_EXISTS != 0;
                 }
@@ -479,7 +591,7 @@ impl Session {
             _ => {
                 // COM_STMT_FETCH
                 self.forward(request).await?;
-                let status = self.relay_inner(Expect::Fetch, None).await?;
+                let status = self.relay_inner(reply, None).await?;
                 if status & SERVER_STATUS_LAST_ROW_SENT != 0 {
                     if let Some(stmt) = self.statements.get_mut(client_id) {
                         stmt.cursor_open = false;
@@ -488,6 +600,51 @@ impl Session {
                 self.recount_statement_state();
                 Ok(())
             }
+        }
+    }
+
+    /// Forgets the statement a COM_STMT_CLOSE names, without telling any backend.
+    pub(super) fn forget_statement(&mut self, request: &[u8]) {
+        if let Some(id) = request.get(HEADER_LEN..).and_then(packets::statement_id) {
+            self.statements.remove(id);
+            self.record.prepared_statements = self.statements.len();
+        }
+    }
+
+    /// A COM_STMT_EXECUTE that holdfast refuses before it reaches the backend (its
+    /// transaction was lost) still does what the server's own execute does, failed or not:
+    /// the parameter types it sends are remembered (the client's next execute may leave
+    /// them out), and its statement's long data ends: the backend drops what it holds
+    /// (COM_STMT_RESET), so the client's next try does not send it twice.
+    pub(super) async fn execute_refused(&mut self, request: &[u8]) {
+        if request.get(HEADER_LEN) != Some(&COM_STMT_EXECUTE) {
+            return;
+        }
+        let id = request.get(HEADER_LEN..).and_then(packets::statement_id);
+        let Some(stmt) = id.and_then(|id| self.statements.get_mut(id)) else {
+            return;
+        };
+        let _ = bind_types(stmt, request);
+        // The backend has not seen them: the next execute carries them.
+        stmt.types_pending = stmt.params > 0 && stmt.types.is_some();
+        if !stmt.long_data {
+            return;
+        }
+        stmt.long_data = false;
+        let mut reset = vec![COM_STMT_RESET];
+        reset.extend_from_slice(&stmt.backend_id.to_le_bytes());
+        self.recount_statement_state();
+        let conn = &mut self.backend.conn;
+        let answered = match conn.write_packet(&reset, 0).await {
+            Ok(()) => {
+                conn.read_packet(self.shared.config.proxy.max_packet_size)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(error) = answered {
+            tracing::info!(session = self.info.id, node = %self.backend_name, %error, "backend lost while dropping long data");
+            self.mark_backend_dead();
         }
     }
 

@@ -70,6 +70,20 @@ impl Session {
         }
     }
 
+    /// The backend was lost with a command that has no reply (COM_STMT_CLOSE,
+    /// COM_STMT_SEND_LONG_DATA) in flight. The client waits for nothing, so it is told
+    /// nothing: the session moves before its next command, which learns of an open
+    /// transaction lost with the backend (1213), like after a loss while idle. A lost close
+    /// has already dropped the statement (it is not prepared again); lost long data makes
+    /// that move fail (the data cannot be recreated).
+    pub(super) fn lost_without_reply(&mut self, request: &[u8], error: ConnError) {
+        let command = request
+            .get(holdfast_wire::frame::HEADER_LEN)
+            .map_or("", |&c| name(c));
+        tracing::info!(session = self.info.id, node = %self.backend_name, %error, command, "backend lost during a command without a reply");
+        self.mark_backend_dead();
+    }
+
     /// The backend was lost before any of the response reached the client: move, then run
     /// `retry` again there, or tell the client what became of its request.
     pub(super) async fn recover_lost_request(
@@ -84,9 +98,10 @@ impl Session {
         self.mark_backend_dead();
         self.transaction_lost = false;
         self.relocate("backend_lost").await?;
-        if let Some(mut again) = retry {
+        if let Some(again) = retry {
             self.shared.metrics.requests_retried.inc();
-            return self.command(&mut again).await;
+            // Through `forward_request`: a backend lost again is recovered from again.
+            return self.forward_request(again).await;
         }
         self.shared.metrics.requests_failed_on_backend_loss.inc();
         let error = if in_transaction && commit {

@@ -52,6 +52,11 @@ enum End {
     /// client, so the command cannot be hidden or retried.
     #[error("backend connection lost: {error}")]
     BackendLost { started: bool, error: ConnError },
+    /// The backend connection failed during a LOCAL INFILE exchange. The client's file has
+    /// been read to its empty packet (none of it run) and the client waits for the answer
+    /// at `reply_seq`.
+    #[error("backend connection lost during a LOCAL INFILE transfer: {error}")]
+    BackendLostDuringFile { error: ConnError, reply_seq: u8 },
     /// holdfast closed the session on purpose (counted under the reason's label).
     #[error("{message}")]
     Closed {

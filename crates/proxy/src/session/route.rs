@@ -4,13 +4,15 @@
 //! is no longer the primary), and a planned switchover (the request is parked until it is
 //! done). A session that must move does so here, before its request runs.
 
-use super::{End, Session};
+use super::forward::{reply_seq, Reply};
+use super::{CloseReason, End, Session};
 use crate::error::{ClientError, ErrorKind};
+use crate::state::Blocker;
 use crate::topology::NodeState;
 use crate::Shared;
 use holdfast_sql::first_keyword;
-use holdfast_wire::command::{COM_PING, COM_QUERY, COM_QUIT};
-use holdfast_wire::frame::{parse_header, HEADER_LEN};
+use holdfast_wire::command::{COM_PING, COM_QUERY, COM_QUIT, COM_STMT_CLOSE};
+use holdfast_wire::frame::HEADER_LEN;
 use holdfast_wire::packets::ok_payload;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -44,8 +46,9 @@ pub(super) async fn open_gate(shared: &Shared, trigger: &'static str) -> Result<
 
 impl Session {
     pub(super) async fn route(&mut self, request: &[u8]) -> Result<Routed, End> {
-        let reply_seq = parse_header(request).map_or(1, |h| h.seq.wrapping_add(1));
+        let reply_seq = reply_seq(request);
         let command = request.get(HEADER_LEN).copied();
+        let reply = Reply::of_request(request);
         if command == Some(COM_PING) {
             // Pools' keep-alive pings are not use: they never keep an instance awake.
             self.info.pings.fetch_add(1, Ordering::Relaxed);
@@ -67,6 +70,10 @@ impl Session {
             }
             self.shared.metrics.requests_held.inc();
             if let Err(error) = open_gate(&self.shared, "statement").await {
+                if reply == Some(Reply::None) {
+                    // No reply may carry the error.
+                    return self.unanswerable(request);
+                }
                 self.send_error(reply_seq, &error).await?;
                 return Ok(Routed::Answered);
             }
@@ -94,9 +101,12 @@ impl Session {
             self.shared.metrics.requests_held.inc();
             self.relocate("primary_changed").await?;
         }
-        if self.transaction_lost {
+        // The error that says the transaction is gone answers the next command that has a
+        // reply; one without goes ahead.
+        if self.transaction_lost && reply != Some(Reply::None) {
             self.transaction_lost = false;
             if !is_rollback(request) {
+                self.execute_refused(request).await;
                 self.shared.metrics.requests_failed_on_backend_loss.inc();
                 self.send_error(reply_seq, &ClientError::transaction_rolled_back())
                     .await?;
@@ -135,6 +145,22 @@ impl Session {
                 Ok(())
             }
         }
+    }
+
+    /// A command without a reply that cannot reach a backend (the instance did not
+    /// resume): a close is done here (the statement is forgotten; the backend connection
+    /// it lived on is gone with the pause); long data cannot be kept, and no reply can say
+    /// so, so the session is closed.
+    fn unanswerable(&mut self, request: &[u8]) -> Result<Routed, End> {
+        if request.get(HEADER_LEN) == Some(&COM_STMT_CLOSE) {
+            self.forget_statement(request);
+            return Ok(Routed::Answered);
+        }
+        let message = "closed: the instance did not resume to take COM_STMT_SEND_LONG_DATA, which has no reply to carry an error".to_string();
+        Err(End::Closed {
+            reason: CloseReason::StateLost(Blocker::PendingLongData),
+            message,
+        })
     }
 
     /// Holds the request while a planned switchover runs, then moves if the primary changed.
