@@ -29,6 +29,13 @@ pub struct ServerlessConfig {
     /// First pause between failed resume attempts; doubles up to 5 s.
     #[serde(default = "default_retry_backoff_ms")]
     pub retry_backoff_ms: u64,
+    /// After this many resume attempts in a row have failed and no client waits any more,
+    /// further clients get the error at once (no new attempt) for `breaker_open_secs`;
+    /// then one client tries again. 0 turns the breaker off.
+    #[serde(default = "default_breaker_after_failures")]
+    pub breaker_after_failures: u32,
+    #[serde(default = "default_breaker_open_secs")]
+    pub breaker_open_secs: u64,
     /// Whether the autoscaler changes the size with the load.
     #[serde(default = "default_true")]
     pub autoscale: bool,
@@ -88,6 +95,12 @@ fn default_resume_deadline_ms() -> u64 {
 fn default_retry_backoff_ms() -> u64 {
     200
 }
+fn default_breaker_after_failures() -> u32 {
+    3
+}
+fn default_breaker_open_secs() -> u64 {
+    30
+}
 fn default_true() -> bool {
     true
 }
@@ -114,6 +127,8 @@ impl ServerlessConfig {
             stop_after_secs: default_stop_after_secs(),
             resume_deadline_ms: default_resume_deadline_ms(),
             retry_backoff_ms: default_retry_backoff_ms(),
+            breaker_after_failures: default_breaker_after_failures(),
+            breaker_open_secs: default_breaker_open_secs(),
             autoscale: default_true(),
             start_ccu: None,
             buffer_pool_mib_per_ccu: default_buffer_pool_mib_per_ccu(),

@@ -202,7 +202,10 @@ async fn a_client_past_the_resume_deadline_gets_the_timeout_and_the_instance_sta
         deadline_ms,
         last_error,
         ..
-    } = &err;
+    } = &err
+    else {
+        panic!("expected the resume deadline, got {err}");
+    };
     assert_eq!(*deadline_ms, 150);
     assert!(
         last_error
@@ -228,6 +231,61 @@ async fn a_client_past_the_resume_deadline_gets_the_timeout_and_the_instance_sta
     r.lc.wake("test").await.expect("the next wake");
     assert_eq!(r.driver.count(Op::Start), 3);
     assert_eq!(r.lc.phase(), Phase::Running);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_repeated_failed_resumes_clients_get_the_error_at_once_until_the_breaker_closes() {
+    // The client gives up at 100 ms; the retry 1 s later fails too, with nobody waiting:
+    // two failures in a row open the breaker for 1 s.
+    let r = rig(PowerState::Stopped, |sl| {
+        sl.retry_backoff_ms = 1_000;
+        sl.resume_deadline_ms = 100;
+        sl.breaker_after_failures = 2;
+        sl.breaker_open_secs = 1;
+    })
+    .await;
+    r.driver.fail_next(Op::Start, 2);
+    r.lc.wake("test").await.expect_err("the resume fails");
+    wait_until("the breaker to open", || r.lc.breaker_open()).await;
+    assert_eq!(r.driver.count(Op::Start), 2);
+    // Open: the error comes at once and the driver is not asked again.
+    let err = r.lc.wake("test").await.expect_err("the breaker is open");
+    assert!(
+        matches!(err, WakeError::CircuitOpen { failures: 2, .. }),
+        "{err}"
+    );
+    assert!(err.client_message().contains("not trying again"), "{err}");
+    assert_eq!(r.driver.count(Op::Start), 2);
+    // After the open time, the next client tries (and the script has no failures left).
+    let waited = Instant::now();
+    loop {
+        match r.lc.wake("test").await {
+            Ok(()) => break,
+            Err(WakeError::CircuitOpen { .. }) if waited.elapsed() < Duration::from_secs(5) => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(e) => panic!("the wake after the breaker closed: {e}"),
+        }
+    }
+    assert_eq!(r.driver.count(Op::Start), 3);
+    assert_eq!(r.lc.phase(), Phase::Running);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_resume_tries_even_with_the_breaker_open() {
+    let r = rig(PowerState::Stopped, |sl| {
+        sl.retry_backoff_ms = 1_000;
+        sl.resume_deadline_ms = 100;
+        sl.breaker_after_failures = 2;
+        sl.breaker_open_secs = 3600;
+    })
+    .await;
+    r.driver.fail_next(Op::Start, 2);
+    r.lc.wake("test").await.expect_err("the resume fails");
+    wait_until("the breaker to open", || r.lc.breaker_open()).await;
+    r.lc.wake("test").await.expect_err("clients get the error");
+    r.lc.wake("admin").await.expect("an admin resume tries");
+    assert_eq!(r.driver.count(Op::Start), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

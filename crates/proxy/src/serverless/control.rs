@@ -308,6 +308,24 @@ async fn escalate(shared: &Shared, lc: &Lifecycle) -> Option<Instant> {
     }
 }
 
+/// After `breaker_after_failures` failed attempts in a row, wakes fail at once for
+/// `breaker_open_secs` (see [`Lifecycle::wake`]).
+fn open_breaker_if_due(lc: &Lifecycle) {
+    let after = lc.config.breaker_after_failures;
+    let mut inner = lc.lock();
+    if after == 0 || inner.failed_in_a_row < after {
+        return;
+    }
+    let open = Duration::from_secs(lc.config.breaker_open_secs);
+    inner.breaker_until = Some(Instant::now() + open);
+    tracing::warn!(
+        instance = %lc.config.instance,
+        failures = inner.failed_in_a_row,
+        open_secs = open.as_secs(),
+        "resume keeps failing: clients get an error at once until the breaker closes (an admin resume tries at once)"
+    );
+}
+
 /// Resumes the paused instance: thaw or start, retried with backoff while clients wait.
 async fn resume(shared: &Shared, lc: &Lifecycle) {
     let Some(mut tier) = lc.lock().tier else {
@@ -328,7 +346,11 @@ async fn resume(shared: &Shared, lc: &Lifecycle) {
                 lc.resume_failures.fetch_add(1, Ordering::Relaxed);
                 shared.metrics.instance_resume_failures.inc();
                 tracing::warn!(instance = %lc.config.instance, tier = tier.name(), error = %e, retry_in_ms = backoff.as_millis() as u64, "resume failed");
-                lc.lock().last_error = Some(format!("resume ({}) failed: {e}", tier.name()));
+                {
+                    let mut inner = lc.lock();
+                    inner.last_error = Some(format!("resume ({}) failed: {e}", tier.name()));
+                    inner.failed_in_a_row = inner.failed_in_a_row.saturating_add(1);
+                }
                 if tier == PauseTier::Freeze {
                     // A frozen server that is gone (killed, crashed) is started afresh.
                     if let Ok(PowerState::Stopped) = lc.driver.status().await {
@@ -337,7 +359,9 @@ async fn resume(shared: &Shared, lc: &Lifecycle) {
                     }
                 }
                 if lc.waiters.load(Ordering::SeqCst) == 0 {
-                    // Nobody waits any more: stay paused; the next client tries again.
+                    // Nobody waits any more: stay paused; the next client tries again, or,
+                    // after repeated failures, the first after the breaker's open time.
+                    open_breaker_if_due(lc);
                     lc.wake_requested.store(false, Ordering::SeqCst);
                     lc.set_phase(Phase::Paused, Some(tier));
                     set_metrics_phase(shared, Phase::Paused);
@@ -354,6 +378,8 @@ async fn resume(shared: &Shared, lc: &Lifecycle) {
         let mut inner = lc.lock();
         inner.last_resume = Some(took);
         inner.last_error = None;
+        inner.failed_in_a_row = 0;
+        inner.breaker_until = None;
         inner.last_activity = Instant::now();
     }
     lc.resumes.fetch_add(1, Ordering::Relaxed);

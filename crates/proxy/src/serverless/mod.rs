@@ -76,6 +76,12 @@ pub enum WakeError {
         deadline_ms: u64,
         last_error: Option<String>,
     },
+    #[error("instance '{instance}' failed to resume {failures} times in a row; not trying again for {retry_in_ms} ms")]
+    CircuitOpen {
+        instance: String,
+        failures: u32,
+        retry_in_ms: u64,
+    },
 }
 
 /// Why a pause asked for over the admin API did not happen.
@@ -103,6 +109,7 @@ impl WakeError {
                 deadline_ms,
                 ..
             } => format!("instance '{instance}' did not resume within {deadline_ms} ms"),
+            WakeError::CircuitOpen { .. } => self.to_string(),
         }
     }
 }
@@ -118,6 +125,10 @@ struct Inner {
     storage_bytes: Option<u64>,
     last_resume: Option<Duration>,
     last_error: Option<String>,
+    /// Resume attempts that failed in a row (reset by a resume).
+    failed_in_a_row: u32,
+    /// The circuit breaker is open until then: wakes fail at once.
+    breaker_until: Option<Instant>,
     pause_blocked_by: Vec<String>,
     /// A size asked for over the admin API, applied by the scaling task.
     requested_ccu: Option<f64>,
@@ -192,6 +203,8 @@ impl Lifecycle {
                 storage_bytes: None,
                 last_resume: None,
                 last_error: None,
+                failed_in_a_row: 0,
+                breaker_until: None,
                 pause_blocked_by: Vec::new(),
                 requested_ccu: None,
                 requested_pause: None,
@@ -222,6 +235,12 @@ impl Lifecycle {
         if self.is_running() {
             return Ok(());
         }
+        if reason == "admin" {
+            // An operator's resume always tries.
+            self.lock().breaker_until = None;
+        } else if let Some(open) = self.breaker_open() {
+            return Err(open);
+        }
         self.waiters.fetch_add(1, Ordering::SeqCst);
         let _waiting = InFlight(&self.waiters);
         let mut rx = self.phase_tx.subscribe();
@@ -242,6 +261,18 @@ impl Lifecycle {
                 last_error: self.lock().last_error.clone(),
             })
         }
+    }
+
+    /// The error a wake gets now if the circuit breaker is open.
+    pub fn breaker_open(&self) -> Option<WakeError> {
+        let inner = self.lock();
+        let until = inner.breaker_until?;
+        let left = until.checked_duration_since(Instant::now())?;
+        Some(WakeError::CircuitOpen {
+            instance: self.config.instance.clone(),
+            failures: inner.failed_in_a_row,
+            retry_in_ms: left.as_millis() as u64,
+        })
     }
 
     /// Marks a login that has passed the gate and is opening its backend connection, so a
