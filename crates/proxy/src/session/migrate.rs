@@ -89,10 +89,14 @@ impl Session {
             return self.command(&mut again).await;
         }
         self.shared.metrics.requests_failed_on_backend_loss.inc();
+        // `commit`: the statement may have committed the transaction (COMMIT, an implicit
+        // commit, a prepared COMMIT...), so it is not known to be rolled back.
         let error = if in_transaction && commit {
             ClientError::commit_outcome_unknown()
         } else if in_transaction {
             ClientError::transaction_rolled_back()
+        } else if std::mem::take(&mut self.backend_killed) {
+            ClientError::statement_killed()
         } else {
             ClientError::statement_interrupted()
         };

@@ -116,6 +116,9 @@ struct Session {
     /// Client bytes of the current response already sent (a lost backend after this point
     /// cannot be hidden).
     response_started: bool,
+    /// The backend connection was killed (ERR 1927, not by holdfast's own switchover) with
+    /// the current request in flight: someone stopped it on purpose, it is not run again.
+    backend_killed: bool,
     identity: Identity,
     can_reauthenticate: bool,
     backend_name: String,
@@ -253,6 +256,7 @@ impl Session {
             scratch: Vec::new(),
             idle_timer: Box::pin(tokio::time::sleep(idle::IDLE_PROBE)),
             response_started: false,
+            backend_killed: false,
             identity,
             can_reauthenticate,
             backend_name,
