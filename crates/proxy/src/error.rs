@@ -49,8 +49,8 @@ pub enum ErrorKind {
     /// a transaction; whether it committed is unknown (1180).
     CommitOutcomeUnknown,
     /// The node was lost while a statement was in flight; it may have run (1317). Also a
-    /// statement whose connection was killed on purpose (ERR 1927 from the server): it is
-    /// not run again.
+    /// statement whose connection was killed on purpose (ERR 1927 from the server, or the
+    /// connection cut while the server kept running): it is not run again.
     StatementInterrupted,
     /// The session had to move and could not (no writable node within the hold window,
     /// state the new node refused); the connection closes (1927).
@@ -201,11 +201,12 @@ impl ClientError {
         )
     }
 
-    /// The server killed the statement's connection (someone's KILL): not run again.
+    /// The statement's connection was killed (someone's KILL: ERR 1927, or the connection
+    /// cut while the server kept running): not run again.
     pub fn statement_killed() -> Self {
         Self::new(
             ErrorKind::StatementInterrupted,
-            "Query execution was interrupted: the database connection was killed while the statement was in flight; holdfast did not run it again",
+            "Query execution was interrupted: the database connection was killed while the statement was in flight (the server kept running); holdfast did not run it again",
         )
     }
 

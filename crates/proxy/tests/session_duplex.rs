@@ -601,6 +601,59 @@ async fn select_whose_connection_was_killed_is_not_run_again() {
     assert_eq!(rig.connector.connects(), 2);
 }
 
+/// What a session asks the node it lands on again after losing a request in flight.
+const UPTIME: &str =
+    "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'UPTIME'";
+
+fn uptime(seconds: &'static str) -> Reply {
+    Reply::Rows {
+        columns: vec!["VARIABLE_VALUE"],
+        rows: vec![vec![Some(seconds)]],
+    }
+}
+
+/// The connection closes under the SELECT without a word (what MariaDB does on KILL
+/// CONNECTION) and the session lands on the same server, up for a day: nothing restarted,
+/// someone cut the connection; the SELECT is not run again.
+#[tokio::test]
+async fn select_cut_while_its_server_kept_running_is_not_run_again() {
+    let (first, _first_log) = ScriptedServer::new(Script::default().reply(SELECT, Reply::HangUp));
+    let second = Script::default()
+        .reply(UPTIME, uptime("86400"))
+        .reply(SELECT, rows_of_t());
+    let (second, second_log) = ScriptedServer::new(second);
+    let mut rig = rig(vec![first, second]).await;
+    let e = within("the SELECT", rig.client.query(SELECT)).await;
+    let e = e.expect_err("an error, not a re-run").server_error();
+    let e = e.expect("an ERR packet");
+    assert_eq!((e.code, e.state.as_str()), (1317, "70100"), "{}", e.message);
+    assert!(e.message.contains("killed"), "{}", e.message);
+    assert!(second_log.queries().iter().any(|q| q == UPTIME));
+    assert!(!second_log.queries().iter().any(|q| q == SELECT));
+    assert_eq!(rig.shared.metrics.requests_retried.get(), 0);
+    let r = within("the next SELECT", rig.client.query(SELECT)).await;
+    assert_eq!(r.expect("rows").rows, expected_rows());
+}
+
+/// The same loss, but the server the session lands on has only just started: it restarted
+/// (or crashed) under the SELECT, which runs again.
+#[tokio::test]
+async fn select_lost_to_a_restart_is_run_again() {
+    let (first, _first_log) = ScriptedServer::new(Script::default().reply(SELECT, Reply::HangUp));
+    let second = Script::default()
+        .reply(UPTIME, uptime("0"))
+        .reply(SELECT, rows_of_t());
+    let (second, second_log) = ScriptedServer::new(second);
+    let mut rig = rig(vec![first, second]).await;
+    let r = within("the SELECT", rig.client.query(SELECT)).await;
+    assert_eq!(r.expect("rows, not an error").rows, expected_rows());
+    assert_eq!(
+        second_log.queries().last().map(String::as_str),
+        Some(SELECT)
+    );
+    assert_eq!(rig.shared.metrics.requests_retried.get(), 1);
+}
+
 /// The same kill while holdfast runs a switchover is the switchover's own fence: the
 /// SELECT is run again on the new backend, as for any lost backend. (Only the flag the
 /// session reads per request is raised: the request is not parked, the kill reads as the

@@ -116,8 +116,9 @@ struct Session {
     /// Client bytes of the current response already sent (a lost backend after this point
     /// cannot be hidden).
     response_started: bool,
-    /// The backend connection was killed (ERR 1927, not by holdfast's own switchover) with
-    /// the current request in flight: someone stopped it on purpose, it is not run again.
+    /// The backend connection was killed with the current request in flight (ERR 1927, not
+    /// from holdfast's own switchover; or cut while its server kept running): someone
+    /// stopped the request on purpose, it is not run again.
     backend_killed: bool,
     identity: Identity,
     can_reauthenticate: bool,
@@ -126,6 +127,9 @@ struct Session {
     backend_dead: bool,
     /// The gate's epoch the backend connection was opened in (see `BackendGate::epoch`).
     backend_epoch: u64,
+    /// When the backend connection was opened: a server up for longer than this did not
+    /// restart under it (see `Session::cut_while_server_ran`).
+    backend_since: Instant,
     /// The backend died inside a transaction: the next statement gets 1213 (rolled back).
     transaction_lost: bool,
     /// The last capture of what the trackers do not report (user variables...).
@@ -262,6 +266,7 @@ impl Session {
             backend_name,
             backend_dead: false,
             backend_epoch: epoch,
+            backend_since: Instant::now(),
             transaction_lost: false,
             captured: Captured::default(),
             capture_due_since: None,
