@@ -8,6 +8,7 @@ mod cli;
 mod ha;
 mod ha_admin;
 mod keepalive;
+mod lost_statements;
 mod python;
 mod restore;
 mod rust_client;

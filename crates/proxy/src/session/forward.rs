@@ -31,6 +31,7 @@ impl Session {
         let in_transaction = self.record.in_transaction();
         // The session's sql_mode before the statement runs (it may change it).
         let mode = self.record.sql_mode;
+        let held = Held::of(&self.record);
         // A COM_QUERY is classified once, here, for both the record and retry safety (from
         // its first frame: a longer one is never retried), under the session's sql_mode
         // (the default one while the session has not set its own).
@@ -56,6 +57,7 @@ impl Session {
                 started: false,
                 error,
             }) => {
+                held.restore(&mut self.record);
                 let (retry, commit) = match (query, query_text(&request)) {
                     (Some(flags), Some(sql)) => {
                         let verdict = LossVerdict::of(sql, flags, mode);
@@ -574,6 +576,38 @@ fn bind_types(stmt: &mut Statement, request: &[u8]) -> Option<BytesMut> {
             Some(BytesMut::from(&frame::packet(&patched, header.seq)[..]))
         }
         _ => None,
+    }
+}
+
+/// What the record says the session holds that dies with its backend connection. The
+/// classifier notes what a statement takes before it runs; if the connection is lost before
+/// it answered, the client was never told it got those locks, temporary tables or XA
+/// transaction, and they died with the connection: only what was held before counts (what
+/// the statement released stays released).
+#[derive(Clone, Copy)]
+struct Held {
+    temporary_tables: bool,
+    table_locks: bool,
+    named_locks: bool,
+    xa: bool,
+}
+
+impl Held {
+    fn of(r: &SessionRecord) -> Held {
+        Held {
+            temporary_tables: r.temporary_tables,
+            table_locks: r.table_locks,
+            named_locks: r.named_locks,
+            xa: r.xa,
+        }
+    }
+
+    /// After a request lost before it answered.
+    fn restore(self, r: &mut SessionRecord) {
+        r.temporary_tables &= self.temporary_tables;
+        r.table_locks &= self.table_locks;
+        r.named_locks &= self.named_locks;
+        r.xa &= self.xa;
     }
 }
 
