@@ -89,13 +89,15 @@ impl Session {
         self.mark_backend_dead();
         self.transaction_lost = false;
         self.relocate("backend_lost").await?;
-        let retry = match retry {
-            Some(_) if !self.backend_killed && self.cut_while_server_ran(&node, age).await => {
-                self.backend_killed = true;
-                None
-            }
-            retry => retry,
-        };
+        // A statement (not a ping, a prepare...) may have been stopped on purpose.
+        let statement = retry
+            .as_ref()
+            .and_then(|r| r.get(holdfast_wire::frame::HEADER_LEN))
+            .is_some_and(|&cmd| cmd == COM_QUERY || cmd == COM_STMT_EXECUTE);
+        if statement && !self.backend_killed && self.cut_while_server_ran(&node, age).await {
+            self.backend_killed = true;
+        }
+        let retry = retry.filter(|_| !self.backend_killed);
         if let Some(mut again) = retry {
             self.shared.metrics.requests_retried.inc();
             return self.command(&mut again).await;

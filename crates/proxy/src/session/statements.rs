@@ -15,7 +15,8 @@ pub(super) struct Statement {
     pub cursor_open: bool,
     pub long_data: bool,
     /// An execute lost with its backend outside a transaction may run again elsewhere (the
-    /// statement only reads, only begins a transaction, or only sets session variables).
+    /// statement only reads, only begins a transaction, or only sets session variables, and
+    /// calls nothing but pure built-ins), unless its connection was killed.
     pub retry_safe: bool,
     /// An execute lost with its backend inside a transaction may have committed it (a
     /// prepared COMMIT, DDL...): its outcome is unknown.
