@@ -44,9 +44,13 @@ pub enum ErrorKind {
     /// The node was lost with the session's transaction open: rolled back, retry (1213,
     /// the deadlock victim's code, so applications that retry deadlocks retry this).
     TransactionRolledBack,
-    /// The node was lost while a COMMIT was in flight; its outcome is unknown (1180).
+    /// The node was lost while a COMMIT, or a statement that commits implicitly (DDL,
+    /// `BEGIN`, `SET autocommit`, `LOCK TABLES`, a prepared COMMIT...), was in flight inside
+    /// a transaction; whether it committed is unknown (1180).
     CommitOutcomeUnknown,
-    /// The node was lost while a statement was in flight; it may have run (1317).
+    /// The node was lost while a statement was in flight; it may have run (1317). Also a
+    /// statement whose connection was killed on purpose (ERR 1927 from the server, or the
+    /// connection cut while the server kept running): it is not run again.
     StatementInterrupted,
     /// The session had to move and could not (no writable node within the hold window,
     /// state the new node refused); the connection closes (1927).
@@ -186,7 +190,7 @@ impl ClientError {
     pub fn commit_outcome_unknown() -> Self {
         Self::new(
             ErrorKind::CommitOutcomeUnknown,
-            "Got error during COMMIT: holdfast lost the database node while the COMMIT was in flight; whether the transaction committed is unknown",
+            "Got error during COMMIT: holdfast lost the database node while a statement that commits (COMMIT, or one that commits implicitly) was in flight; whether the transaction committed is unknown",
         )
     }
 
@@ -194,6 +198,15 @@ impl ClientError {
         Self::new(
             ErrorKind::StatementInterrupted,
             "Query execution was interrupted: holdfast lost the database node while the statement was in flight; it may or may not have been applied",
+        )
+    }
+
+    /// The statement's connection was killed (someone's KILL: ERR 1927, or the connection
+    /// cut while the server kept running): not run again.
+    pub fn statement_killed() -> Self {
+        Self::new(
+            ErrorKind::StatementInterrupted,
+            "Query execution was interrupted: the database connection was killed while the statement was in flight (the server kept running); holdfast did not run it again",
         )
     }
 

@@ -2,6 +2,7 @@
 //! trackers and the statement classifier. The keep-alive work restores this record on a new
 //! backend; here it is observed and reported.
 
+use holdfast_sql::SqlMode;
 use holdfast_wire::caps::*;
 use holdfast_wire::session_track::{items, TrackItem};
 use serde::Serialize;
@@ -12,6 +13,11 @@ pub struct SessionRecord {
     pub schema: Option<String>,
     /// Session system variables reported changed by the tracker, by name.
     pub variables: BTreeMap<String, String>,
+    /// How the session's `sql_mode` quotes (`ANSI_QUOTES`, `NO_BACKSLASH_ESCAPES`), from
+    /// the tracker's last report of it; `None` until the session sets it: the server's
+    /// default, which holdfast does not know. The classifier lexes statements with it.
+    #[serde(skip)]
+    pub sql_mode: Option<SqlMode>,
     /// The statement that recreates next-transaction characteristics (empty: none).
     pub next_transaction: String,
     /// The transaction state flags last reported (e.g. `T_______`).
@@ -44,6 +50,9 @@ impl SessionRecord {
         for item in items(block) {
             match item {
                 Ok(TrackItem::SystemVariable { name, value }) => {
+                    if name.eq_ignore_ascii_case(b"sql_mode") {
+                        self.sql_mode = Some(SqlMode::parse(value));
+                    }
                     self.variables.insert(
                         String::from_utf8_lossy(name).into_owned(),
                         String::from_utf8_lossy(value).into_owned(),
@@ -236,6 +245,7 @@ mod tests {
             r.variables.get("sql_mode").map(String::as_str),
             Some("ANSI_QUOTES")
         );
+        assert_eq!(r.sql_mode, Some(SqlMode::parse(b"ANSI_QUOTES")));
         assert_eq!(r.schema.as_deref(), Some("sbtest"));
         for b in Blocker::ALL {
             assert_eq!(Blocker::from_code(b as u8), Some(b));
@@ -247,5 +257,44 @@ mod tests {
         r.status = 0;
         r.temporary_tables = true;
         assert_eq!(r.lost_with_backend(), Some(Blocker::TemporaryTable));
+    }
+}
+
+#[cfg(test)]
+mod sql_mode_tests {
+    use super::*;
+    use holdfast_wire::codec::put_lenenc_bytes;
+
+    fn variable_block(name: &str, value: &str) -> Vec<u8> {
+        let mut body = Vec::new();
+        put_lenenc_bytes(&mut body, name.as_bytes());
+        put_lenenc_bytes(&mut body, value.as_bytes());
+        let mut block = vec![0];
+        put_lenenc_bytes(&mut block, &body);
+        block
+    }
+
+    #[test]
+    fn the_lexer_mode_follows_the_tracked_sql_mode() {
+        let mut r = SessionRecord::default();
+        assert_eq!(r.sql_mode, None, "the server's default is not known");
+        r.apply_session_state(&variable_block(
+            "SQL_MODE",
+            "NO_BACKSLASH_ESCAPES,ANSI_QUOTES",
+        ));
+        assert_eq!(
+            r.sql_mode,
+            Some(SqlMode {
+                ansi_quotes: true,
+                no_backslash_escapes: true
+            })
+        );
+        r.apply_session_state(&variable_block("time_zone", "+00:00"));
+        assert!(r.sql_mode.is_some_and(|m| m.ansi_quotes));
+        r.apply_session_state(&variable_block("sql_mode", "STRICT_TRANS_TABLES"));
+        assert_eq!(r.sql_mode, Some(SqlMode::DEFAULT));
+        // COM_RESET_CONNECTION / COM_CHANGE_USER: back to the unknown default.
+        r.reset();
+        assert_eq!(r.sql_mode, None);
     }
 }

@@ -145,6 +145,147 @@ async fn select_lost_in_flight_is_run_again_on_a_new_backend() {
     assert_eq!(rig.shared.metrics.sessions_moved.get(), 1);
 }
 
+/// ERR 1927 before any answer: the backend connection was killed (an operator's KILL).
+fn killed() -> Reply {
+    Reply::Err {
+        code: 1927,
+        state: "70100",
+        message: "Connection was killed",
+    }
+}
+
+/// The SELECT's backend connection is killed (ERR 1927) before it answered: the session
+/// moves, but someone stopped that statement on purpose, so it is not run again there;
+/// the client gets 1317 "interrupted", and its next statement runs on the new backend.
+#[tokio::test]
+async fn select_whose_connection_was_killed_is_not_run_again() {
+    let (first, first_log) = ScriptedServer::new(Script::default().reply(SELECT, killed()));
+    let (second, second_log) = ScriptedServer::new(Script::default().reply(SELECT, rows_of_t()));
+    let mut rig = rig(vec![first, second]).await;
+    let e = within("the SELECT", rig.client.query(SELECT)).await;
+    let e = e.expect_err("an error, not a re-run").server_error();
+    let e = e.expect("an ERR packet");
+    assert_eq!((e.code, e.state.as_str()), (1317, "70100"), "{}", e.message);
+    assert!(e.message.contains("killed"), "{}", e.message);
+    assert_eq!(first_log.queries().last().map(String::as_str), Some(SELECT));
+    assert!(!second_log.queries().iter().any(|q| q == SELECT));
+    let m = &rig.shared.metrics;
+    assert_eq!(m.requests_retried.get(), 0);
+    assert_eq!(m.requests_failed_on_backend_loss.get(), 1);
+    assert_eq!(m.sessions_moved.get(), 1);
+    let r = within("the next SELECT", rig.client.query(SELECT)).await;
+    assert_eq!(r.expect("rows").rows, expected_rows());
+    assert_eq!(rig.connector.connects(), 2);
+}
+
+/// What a session asks the node it lands on again after losing a request in flight.
+const UPTIME: &str =
+    "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'UPTIME'";
+
+fn uptime(seconds: &'static str) -> Reply {
+    Reply::rows(&["VARIABLE_VALUE"], &[&[Some(seconds)]])
+}
+
+/// The connection closes under the SELECT without a word (what MariaDB does on KILL
+/// CONNECTION) and the session lands on the same server, up for a day: nothing restarted,
+/// someone cut the connection; the SELECT is not run again.
+#[tokio::test]
+async fn select_cut_while_its_server_kept_running_is_not_run_again() {
+    let (first, _first_log) = ScriptedServer::new(Script::default().reply(SELECT, Reply::HangUp));
+    let second = Script::default()
+        .reply(UPTIME, uptime("86400"))
+        .reply(SELECT, rows_of_t());
+    let (second, second_log) = ScriptedServer::new(second);
+    let mut rig = rig(vec![first, second]).await;
+    let e = within("the SELECT", rig.client.query(SELECT)).await;
+    let e = e.expect_err("an error, not a re-run").server_error();
+    let e = e.expect("an ERR packet");
+    assert_eq!((e.code, e.state.as_str()), (1317, "70100"), "{}", e.message);
+    assert!(e.message.contains("killed"), "{}", e.message);
+    assert!(second_log.queries().iter().any(|q| q == UPTIME));
+    assert!(!second_log.queries().iter().any(|q| q == SELECT));
+    assert_eq!(rig.shared.metrics.requests_retried.get(), 0);
+    let r = within("the next SELECT", rig.client.query(SELECT)).await;
+    assert_eq!(r.expect("rows").rows, expected_rows());
+}
+
+/// The same loss, but the server the session lands on has only just started: it restarted
+/// (or crashed) under the SELECT, which runs again.
+#[tokio::test]
+async fn select_lost_to_a_restart_is_run_again() {
+    let (first, _first_log) = ScriptedServer::new(Script::default().reply(SELECT, Reply::HangUp));
+    let second = Script::default()
+        .reply(UPTIME, uptime("0"))
+        .reply(SELECT, rows_of_t());
+    let (second, second_log) = ScriptedServer::new(second);
+    let mut rig = rig(vec![first, second]).await;
+    let r = within("the SELECT", rig.client.query(SELECT)).await;
+    assert_eq!(r.expect("rows, not an error").rows, expected_rows());
+    assert_eq!(
+        second_log.queries().last().map(String::as_str),
+        Some(SELECT)
+    );
+    assert_eq!(rig.shared.metrics.requests_retried.get(), 1);
+}
+
+/// The same kill while holdfast runs a switchover is the switchover's own fence: the
+/// SELECT is run again on the new backend, as for any lost backend. (Only the flag the
+/// session reads per request is raised: the request is not parked, the kill reads as the
+/// fence's.)
+#[tokio::test]
+async fn select_killed_by_the_switchover_fence_is_run_again() {
+    let (first, _first_log) = ScriptedServer::new(Script::default().reply(SELECT, killed()));
+    let (second, second_log) = ScriptedServer::new(Script::default().reply(SELECT, rows_of_t()));
+    let mut rig = rig(vec![first, second]).await;
+    rig.shared
+        .switching_now
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let r = within("the SELECT", rig.client.query(SELECT)).await;
+    assert_eq!(r.expect("rows, not an error").rows, expected_rows());
+    assert_eq!(
+        second_log.queries().last().map(String::as_str),
+        Some(SELECT)
+    );
+    assert_eq!(rig.shared.metrics.requests_retried.get(), 1);
+}
+
+/// A server shutting down answers the SELECT with ERR 1053 before it closes: nothing
+/// reached the client and nobody meant to stop the statement, so it runs again.
+#[tokio::test]
+async fn select_answered_with_a_shutdown_error_is_run_again() {
+    let shutdown = Reply::Err {
+        code: 1053,
+        state: "08S01",
+        message: "Server shutdown in progress",
+    };
+    let (first, _first_log) = ScriptedServer::new(Script::default().reply(SELECT, shutdown));
+    let (second, second_log) = ScriptedServer::new(Script::default().reply(SELECT, rows_of_t()));
+    let mut rig = rig(vec![first, second]).await;
+    let r = within("the SELECT", rig.client.query(SELECT)).await;
+    assert_eq!(r.expect("rows, not an error").rows, expected_rows());
+    assert_eq!(
+        second_log.queries().last().map(String::as_str),
+        Some(SELECT)
+    );
+    assert_eq!(rig.shared.metrics.requests_retried.get(), 1);
+}
+
+/// A SELECT calling a stored function is lost in flight: the function may have written,
+/// so the SELECT is not run again; the client learns it may or may not have run.
+#[tokio::test]
+async fn select_of_a_stored_function_lost_in_flight_is_not_run_again() {
+    const CALLS: &str = "SELECT add_row(1)";
+    let (first, _first_log) = ScriptedServer::new(Script::default().reply(CALLS, Reply::HangUp));
+    let (second, second_log) = ScriptedServer::new(Script::default());
+    let mut rig = rig(vec![first, second]).await;
+    let e = within("the SELECT", rig.client.query(CALLS)).await;
+    let e = e.expect_err("an error, not a re-run").server_error();
+    let e = e.expect("an ERR packet");
+    assert_eq!((e.code, e.state.as_str()), (1317, "70100"), "{}", e.message);
+    assert!(!second_log.queries().iter().any(|q| q == CALLS));
+    assert_eq!(rig.shared.metrics.requests_retried.get(), 0);
+}
+
 /// COM_QUIT ends the session: its task finishes, the client's stream closes, the registry
 /// no longer lists it and its backend connection is closed.
 #[tokio::test]

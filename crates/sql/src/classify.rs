@@ -3,8 +3,8 @@
 use std::fmt;
 use std::ops::{BitAnd, BitOr, BitOrAssign};
 
-use crate::keyword::upper;
-use crate::lexer::{Token, TokenKind};
+use crate::keyword::{is_pure_function, is_syntax_before_paren, upper};
+use crate::lexer::{SqlMode, Token, TokenKind};
 use crate::split::StmtCursor;
 
 /// Flags describing one SQL text (which may contain several statements separated by
@@ -32,9 +32,10 @@ flags! {
     /// Every statement only reads: `SELECT` (also parenthesized, or after `WITH`),
     /// `VALUES`, `TABLE`, `SHOW`, `DESCRIBE`/`DESC`/`EXPLAIN` (not `EXPLAIN ANALYZE` of a
     /// write), `HELP`; without `INTO`, locking reads, user-variable assignment, or calls
-    /// of functions with side effects (`GET_LOCK`, `RELEASE_LOCK`, `SLEEP`,
-    /// `LAST_INSERT_ID(expr)`, `NEXTVAL`, replication waits...). Stored functions called
-    /// from a `SELECT` are not known and are assumed to only read.
+    /// of built-ins with side effects (`GET_LOCK`, `RELEASE_LOCK`, `SLEEP`,
+    /// `LAST_INSERT_ID(expr)`, `NEXTVAL`, `s.nextval`, `NEXT VALUE FOR`, replication
+    /// waits...). What a stored function does is not known: a read that calls one is
+    /// `READ_ONLY` too, and [`FUNCTION_CALL`](Self::FUNCTION_CALL) says so.
     READ_ONLY = 0;
     /// Some statement is not [`READ_ONLY`](Self::READ_ONLY), including `DO`, `SET` and
     /// anything not recognised.
@@ -106,6 +107,15 @@ flags! {
     /// A compound statement executed directly (MariaDB `BEGIN NOT ATOMIC ... END`,
     /// top-level `IF`/`CASE`/`WHILE`/`LOOP`/`REPEAT`, labelled blocks): arbitrary effects.
     COMPOUND = 29;
+    /// A query or `SET` statement calls a function that is not on the short list of
+    /// built-ins known to be pure (see `keyword::PURE`): a stored function or UDF (quoted,
+    /// schema-qualified or not), a built-in with effects or one that reads the
+    /// connection's history (`LAST_INSERT_ID()`, `FOUND_ROWS()`, `CONNECTION_ID()`...), a
+    /// pure built-in written with a space before its `(` (which makes it a stored function
+    /// call for some names); or it touches a sequence (`NEXTVAL(s)`, `LASTVAL(s)`,
+    /// `SETVAL(...)`, `s.nextval`, `s.currval`, `NEXT`/`PREVIOUS VALUE FOR s`). Such a
+    /// statement cannot be shown safe to run twice. Not looked for in other statements.
+    FUNCTION_CALL = 30;
 }
 
 impl Classification {
@@ -137,6 +147,21 @@ impl Classification {
             | Self::CALL.bits
             | Self::HANDLER.bits
             | Self::LAST_INSERT_ID_CALL.bits
+            | Self::COMPOUND.bits,
+    };
+
+    /// Statements that may commit an open transaction: `COMMIT` (and `ROLLBACK`: both are
+    /// [`END_TXN`](Self::END_TXN), tell them apart by the first keyword), the implicit
+    /// commits (DDL, `LOCK TABLES`..., `BEGIN`/`START TRANSACTION`, `SET autocommit`, even
+    /// to 0), and code holdfast does not see (`CALL`, `EXECUTE`, compound statements).
+    /// Lost in flight inside a transaction, such a statement leaves its outcome unknown.
+    pub const MAY_COMMIT: Classification = Classification {
+        bits: Self::END_TXN.bits
+            | Self::BEGIN_TXN.bits
+            | Self::IMPLICIT_COMMIT.bits
+            | Self::AUTOCOMMIT.bits
+            | Self::CALL.bits
+            | Self::EXECUTE_SQL.bits
             | Self::COMPOUND.bits,
     };
 
@@ -229,10 +254,16 @@ impl fmt::Display for Classification {
     }
 }
 
-/// Classifies a SQL text; see [`Classification`] for the flags. A text with no statement
-/// at all (only whitespace and comments) gets no flag.
+/// Classifies a SQL text lexed under the default `sql_mode`; see [`Classification`] for
+/// the flags. A text with no statement at all (only whitespace and comments) gets no flag.
 pub fn classify(sql: &[u8]) -> Classification {
-    let mut cursor = StmtCursor::new(sql);
+    classify_with(sql, SqlMode::DEFAULT)
+}
+
+/// Classifies a SQL text lexed under `mode` (a session's `ANSI_QUOTES` and
+/// `NO_BACKSLASH_ESCAPES`); otherwise as [`classify`].
+pub fn classify_with(sql: &[u8], mode: SqlMode) -> Classification {
+    let mut cursor = StmtCursor::new(sql, mode);
     let mut result = Classification::EMPTY;
     let mut statements = 0u32;
     loop {
@@ -258,7 +289,7 @@ pub fn classify(sql: &[u8]) -> Classification {
 /// as it appears in the text (compare with `eq_ignore_ascii_case`). `None` if the
 /// statement does not start with a word.
 pub fn first_keyword(sql: &[u8]) -> Option<&[u8]> {
-    let mut cursor = StmtCursor::new(sql);
+    let mut cursor = StmtCursor::new(sql, SqlMode::DEFAULT);
     loop {
         let mut tok = cursor.next_token();
         while tok.is_some_and(|t| t.is_punct("(")) {
@@ -320,6 +351,12 @@ struct Stmt<'a> {
     dirty: bool,
     /// Look for side-effect functions, `INTO`, locking reads, `:=` anywhere.
     scan: bool,
+    /// A query or `SET`: report function calls ([`Classification::FUNCTION_CALL`]).
+    calls: bool,
+    /// Parentheses open at this point (of the scanned tokens).
+    depth: u32,
+    /// In the common table expressions of a `WITH`, before the query that uses them.
+    ctes: bool,
     mode: Mode,
     prev: Option<Token<'a>>,
     prev2: Option<Token<'a>>,
@@ -334,6 +371,9 @@ impl<'a> Stmt<'a> {
             query: false,
             dirty: false,
             scan: false,
+            calls: false,
+            depth: 0,
+            ctes: false,
             mode: Mode::Head,
             prev: None,
             prev2: None,
@@ -389,8 +429,8 @@ impl<'a> Stmt<'a> {
                     _ if depth == 0 && tok.is_word("FOR") && !self.after_dot() => Mode::Head,
                     _ => Mode::SetStatement { depth },
                 };
-                // The variable assignments apply to this statement only.
-                return;
+                // The variable assignments apply to this statement only (no SET flags),
+                // but their values are scanned like the statement's.
             }
             Mode::Get => {
                 if tok.is_punct("=") && self.prev.is_some_and(|p| p.kind == TokenKind::UserVar) {
@@ -417,6 +457,7 @@ impl<'a> Stmt<'a> {
         self.prev2 = None;
         if tok.is_punct("(") {
             self.query = true;
+            self.calls = true;
             return;
         }
         if tok.kind != TokenKind::Word {
@@ -424,7 +465,11 @@ impl<'a> Stmt<'a> {
         }
         let next = || next_keyword(cursor);
         match upper(tok.text).as_bytes() {
-            b"SELECT" | b"WITH" | b"VALUES" | b"TABLE" | b"SHOW" => self.query = true,
+            b"SELECT" | b"WITH" | b"VALUES" | b"TABLE" | b"SHOW" => {
+                self.query = true;
+                self.calls = true;
+                self.ctes = tok.is_word("WITH");
+            }
             b"HELP" => self.read_only_statement(),
             b"EXPLAIN" | b"DESCRIBE" | b"DESC" => {
                 if next().as_bytes() == b"ANALYZE" {
@@ -440,6 +485,7 @@ impl<'a> Stmt<'a> {
                 _ => self.mode = Mode::Inner,
             },
             b"SET" => {
+                self.calls = true;
                 self.mode = Mode::Set(SetState {
                     at_target: true,
                     first: true,
@@ -667,20 +713,43 @@ impl<'a> Stmt<'a> {
         match tok.kind {
             TokenKind::Punct => match tok.text {
                 b"(" => {
-                    let qualified = self.prev2.is_some_and(|p| p.is_punct("."));
-                    if let Some(name) = prev.filter(|p| p.kind == TokenKind::Word && !qualified) {
-                        self.function_call(name, cursor);
+                    if let Some(name) = prev {
+                        self.before_paren(name, tok, cursor);
                     }
+                    self.depth = self.depth.saturating_add(1);
                 }
+                b")" => self.depth = self.depth.saturating_sub(1),
                 b":=" if prev.is_some_and(|p| p.kind == TokenKind::UserVar) => {
                     self.set(C::SET_USER_VAR);
                     self.dirty = true;
                 }
                 _ => {}
             },
-            TokenKind::Word if !self.after_dot() => {
+            // MariaDB's `seq.nextval` and `seq.currval`.
+            TokenKind::Word | TokenKind::QuotedIdent if self.after_dot() => {
+                match tok.ident().map(upper).as_ref().map(|k| k.as_bytes()) {
+                    Some(b"NEXTVAL") => {
+                        self.dirty = true;
+                        self.opaque_call();
+                    }
+                    Some(b"CURRVAL") => self.opaque_call(),
+                    _ => {}
+                }
+            }
+            TokenKind::Word => {
                 let prev_is = |kw: &str| prev.is_some_and(|p| p.is_word(kw));
-                match upper(tok.text).as_bytes() {
+                let word = upper(tok.text);
+                let word = word.as_bytes();
+                if self.ctes
+                    && self.depth == 0
+                    && matches!(
+                        word,
+                        b"SELECT" | b"VALUES" | b"TABLE" | b"INSERT" | b"UPDATE" | b"DELETE"
+                    )
+                {
+                    self.ctes = false;
+                }
+                match word {
                     b"INTO" if self.query => {
                         self.dirty = true;
                         if cursor.peek().is_some_and(|t| t.kind == TokenKind::UserVar) {
@@ -697,8 +766,12 @@ impl<'a> Stmt<'a> {
                     {
                         self.dirty = true;
                     }
-                    // MariaDB `NEXT VALUE FOR seq`.
-                    b"VALUE" if prev_is("NEXT") => self.dirty = true,
+                    // MariaDB `NEXT VALUE FOR seq` and `PREVIOUS VALUE FOR seq`.
+                    b"VALUE" if prev_is("NEXT") => {
+                        self.dirty = true;
+                        self.opaque_call();
+                    }
+                    b"VALUE" if prev_is("PREVIOUS") => self.opaque_call(),
                     _ => {}
                 }
             }
@@ -711,10 +784,57 @@ impl<'a> Stmt<'a> {
         self.dirty = true;
     }
 
-    /// `name` is followed by `(`.
-    fn function_call(&mut self, name: Token<'a>, cursor: &StmtCursor<'a>) {
+    /// `name` is followed by `paren`, a `(`: a function call, unless it is syntax
+    /// (`IN (`, `AS (`...) or the column list of a common table expression.
+    fn before_paren(&mut self, name: Token<'a>, paren: Token<'a>, cursor: &StmtCursor<'a>) {
+        let Some(ident) = name.ident() else {
+            return;
+        };
+        // The token before the name.
+        let before = self.prev2;
+        if before.is_some_and(|p| p.is_punct(".")) {
+            // `db.f(`: a stored function.
+            self.opaque_call();
+            return;
+        }
+        let word = upper(ident);
+        let word = word.as_bytes();
+        // A quoted name still calls the built-in of that name (`GET_LOCK`(...)).
+        self.builtin_effects(word, cursor);
+        if !self.calls {
+            return;
+        }
+        if name.kind == TokenKind::QuotedIdent {
+            // Never a keyword, and possibly a stored function of the current database.
+            self.opaque_call();
+            return;
+        }
+        let after = |p: &str| before.is_some_and(|b| b.is_punct(p));
+        let known = is_syntax_before_paren(word)
+            // Without IGNORE_SPACE, `COUNT (x)` calls a stored function `count`.
+            || name.end() == paren.offset && is_pure_function(word)
+            // `f(x) OVER (...)`, `MATCH (a) AGAINST ('x')`.
+            || matches!(word, b"OVER" | b"AGAINST") && after(")")
+            // `x = ANY (SELECT ...)`.
+            || matches!(word, b"ANY" | b"SOME") && before.is_some_and(|b| b.kind == TokenKind::Punct)
+            // `WITH c (a, b) AS (...)`: the column names of a common table expression.
+            || self.ctes && self.depth == 0;
+        if !known {
+            self.opaque_call();
+        }
+    }
+
+    /// A call of something not known to be pure (see [`Classification::FUNCTION_CALL`]).
+    fn opaque_call(&mut self) {
+        if self.calls {
+            self.set(Classification::FUNCTION_CALL);
+        }
+    }
+
+    /// The effects of calling the built-in `word` (uppercased), if it has any.
+    fn builtin_effects(&mut self, word: &[u8], cursor: &StmtCursor<'a>) {
         type C = Classification;
-        match upper(name.text).as_bytes() {
+        match word {
             b"GET_LOCK" => self.set(C::GET_LOCK),
             b"RELEASE_LOCK" | b"RELEASE_ALL_LOCKS" => self.set(C::RELEASE_LOCK),
             b"LAST_INSERT_ID" => {

@@ -1,14 +1,78 @@
 //! Byte-level MySQL/MariaDB tokenizer.
 
+/// The parts of a session's `sql_mode` that change how SQL text is tokenized.
+///
+/// Only two modes do: `ANSI_QUOTES` (`"..."` quotes an identifier, not a string) and
+/// `NO_BACKSLASH_ESCAPES` (a backslash in a string is an ordinary character). The default
+/// is neither, as on a server with the default `sql_mode`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct SqlMode {
+    /// `ANSI_QUOTES` (also implied by the `ANSI`, `ORACLE`, `DB2`, `MSSQL`, `MAXDB` and
+    /// `POSTGRESQL` combinations).
+    pub ansi_quotes: bool,
+    /// `NO_BACKSLASH_ESCAPES`.
+    pub no_backslash_escapes: bool,
+}
+
+impl SqlMode {
+    /// Neither mode: the server's default.
+    pub const DEFAULT: SqlMode = SqlMode {
+        ansi_quotes: false,
+        no_backslash_escapes: false,
+    };
+
+    /// Reads the lexer-relevant modes out of an `sql_mode` value as the server reports it
+    /// (`STRICT_TRANS_TABLES,ANSI_QUOTES,...`, any case, names separated by commas).
+    pub fn parse(sql_mode: &[u8]) -> SqlMode {
+        let mut mode = SqlMode::DEFAULT;
+        for name in sql_mode.split(|&c| c == b',') {
+            let name = name.trim_ascii();
+            let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
+            if is("ANSI_QUOTES")
+                || is("ANSI")
+                || is("ORACLE")
+                || is("DB2")
+                || is("MSSQL")
+                || is("MAXDB")
+                || is("POSTGRESQL")
+            {
+                mode.ansi_quotes = true;
+            } else if is("NO_BACKSLASH_ESCAPES") {
+                mode.no_backslash_escapes = true;
+            }
+        }
+        mode
+    }
+
+    /// The modes other than [`SqlMode::DEFAULT`] under which `sql` may tokenize
+    /// differently: those with `ANSI_QUOTES` only if `sql` holds a `"`, those with
+    /// `NO_BACKSLASH_ESCAPES` only if it holds a `\`. Empty for most texts.
+    ///
+    /// For a caller that does not know the session's mode and must not guess: a verdict
+    /// that holds under [`SqlMode::DEFAULT`] and each of these holds under any mode.
+    pub fn alternatives(sql: &[u8]) -> impl Iterator<Item = SqlMode> {
+        let quotes = sql.contains(&b'"');
+        let backslash = sql.contains(&b'\\');
+        [(true, false), (false, true), (true, true)]
+            .into_iter()
+            .filter(move |&(a, b)| (!a || quotes) && (!b || backslash))
+            .map(|(ansi_quotes, no_backslash_escapes)| SqlMode {
+                ansi_quotes,
+                no_backslash_escapes,
+            })
+    }
+}
+
 /// What kind of token a [`Token`] is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TokenKind {
     /// A bare word: keyword or unquoted identifier (`SELECT`, `t1`, `_utf8mb4`, `1abc`).
     Word,
-    /// A quoted string literal, including its quotes and any prefix: `'a'`, `"a"`,
-    /// `N'a'`, `X'0F'`, `B'01'`, `_utf8mb4'a'`.
+    /// A quoted string literal, including its quotes and any prefix: `'a'`, `"a"` (not
+    /// under `ANSI_QUOTES`), `N'a'`, `X'0F'`, `B'01'`, `_utf8mb4'a'`.
     String,
-    /// A backquoted identifier, including the backquotes: `` `my table` ``.
+    /// A quoted identifier, including its quotes: `` `my table` ``, and `"my table"` under
+    /// `ANSI_QUOTES`.
     QuotedIdent,
     /// A numeric literal: `1`, `1.5`, `.5`, `1e-3`, `0x1F`, `0b101`.
     Number,
@@ -48,14 +112,14 @@ impl<'a> Token<'a> {
         self.kind == TokenKind::Punct && self.text == punct.as_bytes()
     }
 
-    /// The identifier a word or backquoted identifier names: the word itself, or the
-    /// bytes between the backquotes (doubled backquotes are left as they are).
+    /// The identifier a word or quoted identifier names: the word itself, or the bytes
+    /// between the quotes (doubled quotes are left as they are).
     pub fn ident(&self) -> Option<&'a [u8]> {
         match self.kind {
             TokenKind::Word => Some(self.text),
             TokenKind::QuotedIdent => {
-                let inner = self.text.get(1..)?;
-                Some(inner.strip_suffix(b"`").unwrap_or(inner))
+                let (&quote, inner) = self.text.split_first()?;
+                Some(inner.strip_suffix(&[quote]).unwrap_or(inner))
             }
             _ => None,
         }
@@ -69,28 +133,41 @@ impl<'a> Token<'a> {
 /// lexer does not know the server's version, and treating the text as code is the
 /// conservative choice for classification. Optimizer hints (`/*+ ... */`) are comments.
 ///
-/// Backslash escapes in strings are honoured (the server's default, i.e. no
-/// `NO_BACKSLASH_ESCAPES`), and `"` quotes strings (no `ANSI_QUOTES`).
+/// Quoting follows a [`SqlMode`]: by default (as [`Lexer::new`]) backslash escapes in
+/// strings are honoured and `"` quotes strings; [`Lexer::with_mode`] follows a session's
+/// `ANSI_QUOTES` and `NO_BACKSLASH_ESCAPES`.
 ///
 /// An unterminated string, identifier or comment ends the token stream; see
 /// [`Lexer::is_unterminated`]. The lexer never panics and always makes progress.
 #[derive(Debug, Clone)]
 pub struct Lexer<'a> {
     src: &'a [u8],
+    mode: SqlMode,
     pos: usize,
     in_exec_comment: bool,
     unterminated: bool,
 }
 
 impl<'a> Lexer<'a> {
-    /// Starts tokenizing `src` from its beginning.
+    /// Starts tokenizing `src` from its beginning, under the default `sql_mode`.
     pub const fn new(src: &'a [u8]) -> Self {
+        Self::with_mode(src, SqlMode::DEFAULT)
+    }
+
+    /// Starts tokenizing `src` from its beginning, quoting as `mode` says.
+    pub const fn with_mode(src: &'a [u8], mode: SqlMode) -> Self {
         Lexer {
             src,
+            mode,
             pos: 0,
             in_exec_comment: false,
             unterminated: false,
         }
+    }
+
+    /// The `sql_mode` the lexer follows.
+    pub const fn mode(&self) -> SqlMode {
+        self.mode
     }
 
     /// Byte offset of the next byte the lexer will look at.
@@ -188,7 +265,13 @@ impl<'a> Lexer<'a> {
     }
 
     fn lex_quoted(&mut self, kind: TokenKind, start: usize, quote_at: usize) -> Option<Token<'a>> {
-        let backslash = self.src.get(quote_at) != Some(&b'`');
+        // Backslashes escape in strings only: not in `...` (nor "..." identifiers).
+        let backslash = !self.mode.no_backslash_escapes
+            && match self.src.get(quote_at) {
+                Some(b'`') => false,
+                Some(b'"') => !self.mode.ansi_quotes,
+                _ => true,
+            };
         match self.quoted_end(quote_at, backslash) {
             Some(end) => self.token(kind, start, end),
             None => self.stop_unterminated(),
@@ -272,7 +355,7 @@ impl<'a> Lexer<'a> {
                 matches!(word, [b'n' | b'N' | b'x' | b'X' | b'b' | b'B'])
                     || word.first() == Some(&b'_')
             }
-            Some(b'"') => word.first() == Some(&b'_'),
+            Some(b'"') => !self.mode.ansi_quotes && word.first() == Some(&b'_'),
             _ => false,
         };
         if introducer {
@@ -308,6 +391,7 @@ impl<'a> Iterator for Lexer<'a> {
         let start = self.pos;
         let c = self.peek_at(start)?;
         match c {
+            b'"' if self.mode.ansi_quotes => self.lex_quoted(TokenKind::QuotedIdent, start, start),
             b'\'' | b'"' => self.lex_quoted(TokenKind::String, start, start),
             b'`' => self.lex_quoted(TokenKind::QuotedIdent, start, start),
             b'@' => self.lex_variable(start),

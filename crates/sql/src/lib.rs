@@ -6,7 +6,9 @@
 //! invalid UTF-8, unterminated strings or comments — and nothing panics.
 //!
 //! - [`classify`] sums up a query text as [`Classification`] flags: does it only read,
-//!   does it change session state, start or end a transaction, take locks...
+//!   does it change session state, start or end a transaction, take locks, call functions
+//!   holdfast cannot vouch for... [`classify_with`] lexes it under a session's
+//!   [`SqlMode`] (`ANSI_QUOTES`, `NO_BACKSLASH_ESCAPES`).
 //! - [`split_statements`] finds the statements of a multi-statement text.
 //! - [`Lexer`] is the underlying tokenizer, for callers that need more.
 //! - [`quote`] writes strings and identifiers into SQL text, correctly under every
@@ -37,8 +39,8 @@ mod split;
 #[cfg(test)]
 mod tests;
 
-pub use classify::{classify, first_keyword, Classification};
-pub use lexer::{Lexer, Token, TokenKind};
+pub use classify::{classify, classify_with, first_keyword, Classification};
+pub use lexer::{Lexer, SqlMode, Token, TokenKind};
 pub use split::Statements;
 
 /// Iterates over the statements in a multi-statement text, yielding their byte ranges in
@@ -47,7 +49,8 @@ pub use split::Statements;
 ///
 /// `;` separates statements only outside strings, quoted identifiers and comments, and
 /// outside the body of compound statements (`CREATE PROCEDURE ... BEGIN ...; ...; END`),
-/// which the server treats as one statement.
+/// which the server treats as one statement. The text is lexed under the default
+/// `sql_mode` ([`Statements::with_mode`] for another).
 pub fn split_statements(sql: &[u8]) -> Statements<'_> {
     Statements::new(sql)
 }

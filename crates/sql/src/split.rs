@@ -6,7 +6,7 @@
 use std::ops::Range;
 
 use crate::keyword::upper;
-use crate::lexer::{Lexer, Token, TokenKind};
+use crate::lexer::{Lexer, SqlMode, Token, TokenKind};
 
 /// Whether the current statement can contain nested `;`-terminated statements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,10 +42,10 @@ pub(crate) struct StmtCursor<'a> {
 }
 
 impl<'a> StmtCursor<'a> {
-    pub(crate) fn new(src: &'a [u8]) -> Self {
+    pub(crate) fn new(src: &'a [u8], mode: SqlMode) -> Self {
         StmtCursor {
             src,
-            lexer: Lexer::new(src),
+            lexer: Lexer::with_mode(src, mode),
             start: 0,
             end: src.len(),
             count: 0,
@@ -97,7 +97,7 @@ impl<'a> StmtCursor<'a> {
     /// consuming anything. For short look-aheads when classifying a statement's head.
     pub(crate) fn lookahead(&self) -> impl Iterator<Item = Token<'a>> + 'a {
         let lexer = if self.ended {
-            Lexer::new(&[])
+            Lexer::with_mode(&[], self.lexer.mode())
         } else {
             self.lexer.clone()
         };
@@ -222,10 +222,15 @@ pub struct Statements<'a> {
 }
 
 impl<'a> Statements<'a> {
-    /// Starts splitting `sql`.
+    /// Starts splitting `sql`, lexed under the default `sql_mode`.
     pub fn new(sql: &'a [u8]) -> Self {
+        Self::with_mode(sql, SqlMode::DEFAULT)
+    }
+
+    /// Starts splitting `sql`, lexed under `mode`.
+    pub fn with_mode(sql: &'a [u8], mode: SqlMode) -> Self {
         Statements {
-            cursor: StmtCursor::new(sql),
+            cursor: StmtCursor::new(sql, mode),
             done: false,
         }
     }

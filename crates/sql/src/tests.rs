@@ -1,4 +1,20 @@
-use crate::{classify, first_keyword, split_statements, Classification as C, Lexer, TokenKind};
+use crate::{
+    classify, classify_with, first_keyword, split_statements, Classification as C, Lexer, SqlMode,
+    Statements, TokenKind,
+};
+
+const ANSI: SqlMode = SqlMode {
+    ansi_quotes: true,
+    no_backslash_escapes: false,
+};
+const NBE: SqlMode = SqlMode {
+    ansi_quotes: false,
+    no_backslash_escapes: true,
+};
+const BOTH: SqlMode = SqlMode {
+    ansi_quotes: true,
+    no_backslash_escapes: true,
+};
 
 /// Classifies `sql` and checks the flags are exactly `expected`.
 #[track_caller]
@@ -27,7 +43,11 @@ fn assert_lacks(sql: &str, unexpected: C) {
 }
 
 fn tokens(sql: &str) -> Vec<(TokenKind, &str)> {
-    Lexer::new(sql.as_bytes())
+    tokens_in(sql, SqlMode::DEFAULT)
+}
+
+fn tokens_in(sql: &str, mode: SqlMode) -> Vec<(TokenKind, &str)> {
+    Lexer::with_mode(sql.as_bytes(), mode)
         .map(|t| {
             (
                 t.kind,
@@ -284,12 +304,10 @@ fn read_only_statements() {
         "HELP 'contents'",
         "VALUES ROW(1, 2)",
         "TABLE t",
-        "SELECT LAST_INSERT_ID()",
         "SELECT @a, @@session.sql_mode, @@x",
         "SELECT @a = 1",
         "SELECT INSERT('abc', 1, 1, 'x'), REPLACE('a', 'a', 'b')",
         "SELECT t.insert, t.update, t.into FROM t",
-        "SELECT IS_FREE_LOCK('x'), IS_USED_LOCK('x')",
         "SELECT 1 -- SET @a = 1",
         "SELECT 1 # ; SET @a = 1",
         "/* SET @a=1 */ SELECT 1",
@@ -298,14 +316,23 @@ fn read_only_statements() {
         "SELECT 'BEGIN; SET @a=1'",
         "SELECT \"FOR UPDATE\", `into`",
         "SELECT 1; SELECT 2",
-        "SELECT PREVIOUS VALUE FOR s",
-        "SELECT db.get_lock(1)",
+        "SELECT COUNT(*), MAX(a), CONCAT(b, 'x'), CAST(c AS DECIMAL(10, 2)) FROM t",
+        "SELECT NOW(), RAND(), UUID()",
     ] {
         let got = classify(sql.as_bytes());
         let expected = if got.has(C::MULTI) { C::READ_ONLY | C::MULTI } else { C::READ_ONLY };
         assert_eq!(got, expected, "{sql:?}: got {got}");
     }
     assert_flags("SELECT 1; SELECT 2", C::READ_ONLY | C::MULTI);
+    // Reads that call what holdfast cannot vouch for.
+    for sql in [
+        "SELECT LAST_INSERT_ID()",
+        "SELECT IS_FREE_LOCK('x'), IS_USED_LOCK('x')",
+        "SELECT PREVIOUS VALUE FOR s",
+        "SELECT db.get_lock(1)",
+    ] {
+        assert_flags(sql, C::READ_ONLY | C::FUNCTION_CALL);
+    }
 }
 
 #[test]
@@ -632,11 +659,12 @@ fn table_and_instance_locks() {
 
 #[test]
 fn named_locks() {
-    assert_flags("SELECT GET_LOCK('x', 10)", C::GET_LOCK | C::WRITE);
-    assert_flags("select get_lock ('x', 10) as l", C::GET_LOCK | C::WRITE);
+    let call = C::FUNCTION_CALL | C::WRITE;
+    assert_flags("SELECT GET_LOCK('x', 10)", C::GET_LOCK | call);
+    assert_flags("select get_lock ('x', 10) as l", C::GET_LOCK | call);
     assert_flags("DO GET_LOCK('x', 1)", C::GET_LOCK | C::WRITE);
-    assert_flags("SELECT RELEASE_LOCK('x')", C::RELEASE_LOCK | C::WRITE);
-    assert_flags("SELECT RELEASE_ALL_LOCKS()", C::RELEASE_LOCK | C::WRITE);
+    assert_flags("SELECT RELEASE_LOCK('x')", C::RELEASE_LOCK | call);
+    assert_flags("SELECT RELEASE_ALL_LOCKS()", C::RELEASE_LOCK | call);
     assert_flags(
         "INSERT INTO t VALUES (GET_LOCK('x', 1))",
         C::GET_LOCK | C::WRITE,
@@ -707,10 +735,11 @@ fn locking_reads() {
 
 #[test]
 fn last_insert_id() {
-    assert_flags("SELECT LAST_INSERT_ID()", C::READ_ONLY);
+    // Without an argument it only reads, but what it reads is the connection's.
+    assert_flags("SELECT LAST_INSERT_ID()", C::READ_ONLY | C::FUNCTION_CALL);
     assert_flags(
         "SELECT LAST_INSERT_ID(5)",
-        C::LAST_INSERT_ID_CALL | C::WRITE,
+        C::LAST_INSERT_ID_CALL | C::FUNCTION_CALL | C::WRITE,
     );
     assert_flags(
         "UPDATE t SET id = LAST_INSERT_ID(id + 1)",
@@ -793,7 +822,10 @@ fn case_insensitive() {
         "Lock Tables t Read",
         C::LOCK_TABLES | C::IMPLICIT_COMMIT | C::WRITE,
     );
-    assert_flags("select Get_Lock('a', 1)", C::GET_LOCK | C::WRITE);
+    assert_flags(
+        "select Get_Lock('a', 1)",
+        C::GET_LOCK | C::FUNCTION_CALL | C::WRITE,
+    );
 }
 
 #[test]
@@ -928,6 +960,11 @@ fn random_inputs_never_panic() {
         b"UPDATE",
         b"INTO",
         b"GET_LOCK",
+        b"`GET_LOCK`",
+        b"\"SLEEP\"",
+        b"f",
+        b"COUNT",
+        b"nextval",
         b"GLOBAL",
         b"STATEMENT",
         b"EXPLAIN",
@@ -976,16 +1013,358 @@ fn random_inputs_never_panic() {
             assert!(count <= buf.len(), "{buf:?}");
         }
         assert_eq!(count > 1, c.has(C::MULTI), "{buf:?}");
-        let mut tokens = 0;
-        let mut last = 0;
-        for tok in Lexer::new(&buf) {
+        for mode in [SqlMode::DEFAULT, ANSI, NBE, BOTH] {
+            let c = classify_with(&buf, mode);
             assert!(
-                !tok.text.is_empty() && tok.offset >= last && tok.end() <= buf.len(),
-                "{buf:?}"
+                c.is_empty() || c.has(C::READ_ONLY) != c.has(C::WRITE),
+                "{buf:?} {mode:?}: {c}"
             );
-            last = tok.end();
-            tokens += 1;
-            assert!(tokens <= buf.len(), "{buf:?}");
+            let mut tokens = 0;
+            let mut last = 0;
+            for tok in Lexer::with_mode(&buf, mode) {
+                assert!(
+                    !tok.text.is_empty() && tok.offset >= last && tok.end() <= buf.len(),
+                    "{buf:?} {mode:?}"
+                );
+                last = tok.end();
+                tokens += 1;
+                assert!(tokens <= buf.len(), "{buf:?} {mode:?}");
+            }
         }
+    }
+}
+
+// ---------------------------------------------------------------- sql_mode
+
+#[test]
+fn sql_mode_is_read_from_the_variable() {
+    assert_eq!(SqlMode::parse(b""), SqlMode::DEFAULT);
+    assert_eq!(
+        SqlMode::parse(b"STRICT_TRANS_TABLES,ERROR_FOR_DIVISION_BY_ZERO"),
+        SqlMode::DEFAULT
+    );
+    assert_eq!(SqlMode::parse(b"ANSI_QUOTES"), ANSI);
+    assert_eq!(SqlMode::parse(b"no_backslash_escapes"), NBE);
+    assert_eq!(
+        SqlMode::parse(b"NO_BACKSLASH_ESCAPES, ANSI_QUOTES ,STRICT_ALL_TABLES"),
+        BOTH
+    );
+    // As the server reports the combinations, and the combination names alone.
+    assert_eq!(
+        SqlMode::parse(b"REAL_AS_FLOAT,PIPES_AS_CONCAT,ANSI_QUOTES,IGNORE_SPACE,ANSI"),
+        ANSI
+    );
+    for combination in ["ANSI", "ORACLE", "DB2", "MSSQL", "MAXDB", "POSTGRESQL"] {
+        assert_eq!(
+            SqlMode::parse(combination.as_bytes()),
+            ANSI,
+            "{combination}"
+        );
+    }
+    // Names that merely contain the words.
+    assert_eq!(SqlMode::parse(b"NO_ANSI_QUOTES_X,XANSI"), SqlMode::DEFAULT);
+}
+
+#[test]
+fn alternatives_are_the_modes_that_can_lex_a_text_differently() {
+    let alternatives = |sql: &str| SqlMode::alternatives(sql.as_bytes()).collect::<Vec<_>>();
+    assert_eq!(alternatives("SELECT 'a', `b` FROM t"), vec![]);
+    assert_eq!(alternatives("SELECT \"a\""), vec![ANSI]);
+    assert_eq!(alternatives(r"SELECT 'a\'b'"), vec![NBE]);
+    assert_eq!(alternatives(r#"SELECT "a\"b""#), vec![ANSI, NBE, BOTH]);
+}
+
+#[test]
+fn lexer_follows_ansi_quotes() {
+    use TokenKind::*;
+    let sql = r#"SELECT "a b", "x""y", 'c', _utf8"d", @"e" FROM "t\""#;
+    assert_eq!(
+        tokens_in(sql, ANSI),
+        vec![
+            (Word, "SELECT"),
+            (QuotedIdent, r#""a b""#),
+            (Punct, ","),
+            (QuotedIdent, r#""x""y""#),
+            (Punct, ","),
+            (String, "'c'"),
+            (Punct, ","),
+            (Word, "_utf8"),
+            (QuotedIdent, r#""d""#),
+            (Punct, ","),
+            (UserVar, r#"@"e""#),
+            (Word, "FROM"),
+            // No backslash escapes in identifiers.
+            (QuotedIdent, r#""t\""#),
+        ]
+    );
+    assert_eq!(
+        tokens(r#"SELECT "a b", _utf8"d""#),
+        vec![
+            (Word, "SELECT"),
+            (String, r#""a b""#),
+            (Punct, ","),
+            (String, r#"_utf8"d""#),
+        ]
+    );
+    let quoted: Vec<_> = Lexer::with_mode(br#""x""y" `z`"#, ANSI).collect();
+    assert_eq!(quoted[0].ident(), Some(&br#"x""y"#[..]));
+    assert_eq!(quoted[1].ident(), Some(&b"z"[..]));
+}
+
+#[test]
+fn lexer_follows_no_backslash_escapes() {
+    use TokenKind::*;
+    let sql = r"SELECT 'a\', 'b' FROM t";
+    assert_eq!(
+        tokens_in(sql, NBE),
+        vec![
+            (Word, "SELECT"),
+            (String, r"'a\'"),
+            (Punct, ","),
+            (String, "'b'"),
+            (Word, "FROM"),
+            (Word, "t"),
+        ]
+    );
+    // By default the backslash escapes the quote: one string up to the next quote.
+    assert_eq!(tokens(sql)[1], (String, r"'a\', '"));
+    assert_eq!(
+        tokens_in(r#"SELECT "a\" FROM t"#, BOTH),
+        vec![
+            (Word, "SELECT"),
+            (QuotedIdent, r#""a\""#),
+            (Word, "FROM"),
+            (Word, "t")
+        ]
+    );
+    let mut lexer = Lexer::with_mode(b"'a\\'", NBE);
+    assert_eq!(lexer.mode(), NBE);
+    assert_eq!(lexer.by_ref().count(), 1);
+    assert!(!lexer.is_unterminated());
+}
+
+#[test]
+fn classification_follows_the_sql_mode() {
+    // What one mode hides in a string, the other runs.
+    let sql = r"SELECT 'a\', GET_LOCK('x', 1), '";
+    assert_eq!(classify(sql.as_bytes()), C::READ_ONLY);
+    assert_eq!(
+        classify_with(sql.as_bytes(), NBE),
+        C::GET_LOCK | C::FUNCTION_CALL | C::WRITE
+    );
+    let sql = r"SELECT 'a\'; SET @x = 1; SELECT '";
+    assert_eq!(classify(sql.as_bytes()), C::READ_ONLY);
+    assert_eq!(
+        classify_with(sql.as_bytes(), NBE),
+        C::SET_USER_VAR | C::WRITE | C::MULTI
+    );
+    let sql = r#"SELECT "SLEEP"(5)"#;
+    assert_eq!(classify(sql.as_bytes()), C::READ_ONLY);
+    assert_eq!(
+        classify_with(sql.as_bytes(), ANSI),
+        C::FUNCTION_CALL | C::WRITE
+    );
+    let sql = r#"SELECT "GET_LOCK"('x', 1)"#;
+    assert_eq!(
+        classify_with(sql.as_bytes(), ANSI),
+        C::GET_LOCK | C::FUNCTION_CALL | C::WRITE
+    );
+    let sql = r#"SELECT "a;b" FROM "t""#;
+    assert_eq!(classify_with(sql.as_bytes(), ANSI), C::READ_ONLY);
+    assert_eq!(
+        Statements::with_mode(br#"SELECT "a;b"; SELECT 'c\'; SELECT 1"#, BOTH).count(),
+        3
+    );
+}
+
+// ---------------------------------------------------------------- function calls
+
+#[test]
+fn calls_of_anything_but_pure_built_ins_are_reported() {
+    for sql in [
+        "SELECT f()",
+        "SELECT f(1) FROM t",
+        "SELECT db.f(1)",
+        "SELECT `f`(1)",
+        "SELECT `db`.`f`(1)",
+        "SELECT `COUNT`(*) FROM t",
+        "SELECT COUNT (*) FROM t",
+        "SELECT datetime(1)",
+        "SELECT ANY(1)",
+        "SELECT FOUND_ROWS()",
+        "SELECT ROW_COUNT()",
+        "SELECT CONNECTION_ID()",
+        "SELECT IS_USED_LOCK('x')",
+        "SELECT SLEEP(1)",
+        "SELECT BENCHMARK(10, MD5('x'))",
+        "SELECT * FROM t WHERE a IN (SELECT f(b) FROM u)",
+        "SELECT * FROM t WHERE a = (SELECT MAX(b) FROM u WHERE c = f())",
+        "WITH c AS (SELECT f(1)) SELECT * FROM c",
+        "WITH c (n) AS (SELECT 1) SELECT g(n) FROM c",
+        "SELECT * FROM JSON_TABLE('[]', '$[*]' COLUMNS (a INT PATH '$')) AS j",
+        "SELECT f(1) OVER ()",
+        "SHOW TABLES WHERE f(1)",
+        "(SELECT f(1))",
+        "SET @@session.sql_mode = (SELECT writing_fn())",
+        "SET sql_mode = f()",
+        "SET STATEMENT max_statement_time = f() FOR SELECT 1",
+        "SET STATEMENT max_statement_time = 1 FOR SELECT f()",
+        "EXPLAIN ANALYZE SELECT f()",
+    ] {
+        assert_has(sql, C::FUNCTION_CALL);
+    }
+    assert_flags("SELECT f()", C::READ_ONLY | C::FUNCTION_CALL);
+    assert_flags(
+        "SET @@session.sql_mode = (SELECT writing_fn())",
+        C::SET_SESSION_VAR | C::FUNCTION_CALL | C::WRITE,
+    );
+}
+
+#[test]
+fn pure_built_ins_and_syntax_are_not_calls() {
+    for sql in [
+        "SELECT COUNT(*), SUM(a), MIN(b), MAX(c), AVG(d) FROM t GROUP BY (e)",
+        "SELECT CONCAT(a, 'x'), COALESCE(b, 0), IFNULL(c, 1), LENGTH(d), LOWER(e), UPPER(f)",
+        "SELECT SUBSTRING(a, 1, 2), SUBSTRING(a FROM 1 FOR 2), ROUND(b, 2), ABS(c) FROM t",
+        "SELECT CAST(a AS CHAR(10)), CAST(b AS DECIMAL(10, 2)), CONVERT(c USING utf8mb4), CONVERT(d, CHAR(3))",
+        "SELECT DATE_FORMAT(NOW(), '%Y'), CURDATE(), UNIX_TIMESTAMP(), RAND(), UUID()",
+        "SELECT IF (a, 1, 2), LEFT(b, 1), RIGHT (c, 1), MOD(d, 2), INSERT('abc', 1, 1, 'x'), REPLACE('a', 'a', 'b')",
+        "SELECT DATABASE(), SCHEMA(), CURRENT_TIMESTAMP(6), UTC_TIMESTAMP()",
+        "SELECT a FROM t WHERE b IN (1, 2) AND NOT (c = 1) OR EXISTS (SELECT 1 FROM u)",
+        "SELECT a FROM t WHERE b = ANY (SELECT c FROM u) AND d > ALL (SELECT e FROM v)",
+        "SELECT * FROM t JOIN u USING (id) LEFT JOIN (SELECT 1 AS id) AS d ON (d.id = t.id)",
+        "SELECT * FROM t FORCE INDEX (i) WHERE a BETWEEN (1) AND (2)",
+        "SELECT * FROM t PARTITION (p0)",
+        "SELECT * FROM (SELECT 1) AS d",
+        "SELECT a FROM t UNION (SELECT b FROM u)",
+        "SELECT ROW_NUMBER() OVER (PARTITION BY a ORDER BY b), RANK() OVER w FROM t WINDOW w AS (ORDER BY a)",
+        "SELECT MATCH (a) AGAINST ('x') FROM t",
+        "SELECT CASE (a) WHEN (1) THEN (2) ELSE (3) END FROM t",
+        "SELECT (1) + (2), - (3)",
+        "SELECT t.f, 'f(1)', `f` FROM t",
+        "WITH RECURSIVE c (n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < 5) SELECT * FROM c",
+        "WITH c(a) AS (SELECT 1), d (b) AS (SELECT 2) SELECT * FROM c, d",
+        "VALUES (1, 2), (3, 4)",
+        "VALUES ROW(1)",
+        "SET NAMES utf8mb4",
+        "SET sql_mode = CONCAT(@@sql_mode, ',ANSI_QUOTES')",
+        "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+        "SHOW TABLES WHERE LENGTH(Tables_in_db) > (3)",
+    ] {
+        assert_lacks(sql, C::FUNCTION_CALL);
+    }
+    // Only looked for in statements that may otherwise be run again.
+    for sql in [
+        "INSERT INTO t (a) VALUES (f(1))",
+        "UPDATE t SET a = f(1)",
+        "CREATE TABLE t (a INT)",
+        "DO f(1)",
+        "CALL p(f(1))",
+    ] {
+        assert_lacks(sql, C::FUNCTION_CALL);
+    }
+}
+
+#[test]
+fn pure_and_syntax_lists_are_sorted_uppercase() {
+    for list in [crate::keyword::SYNTAX, crate::keyword::PURE] {
+        assert!(list.windows(2).all(|w| w[0] < w[1]), "{list:?}");
+        assert!(list.iter().all(|w| w
+            .iter()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == b'_')));
+        for word in list {
+            assert!(
+                crate::keyword::is_syntax_before_paren(word)
+                    != crate::keyword::is_pure_function(word)
+            );
+        }
+    }
+}
+
+#[test]
+fn quoted_built_ins_are_still_built_ins() {
+    assert_flags(
+        "SELECT `GET_LOCK`('x', 1)",
+        C::GET_LOCK | C::FUNCTION_CALL | C::WRITE,
+    );
+    assert_flags("SELECT `sleep`(5)", C::FUNCTION_CALL | C::WRITE);
+    assert_flags("DO `RELEASE_LOCK`('x')", C::RELEASE_LOCK | C::WRITE);
+    // A qualified name is a stored function, whatever it is called.
+    assert_flags("SELECT `db`.`sleep`(5)", C::READ_ONLY | C::FUNCTION_CALL);
+}
+
+#[test]
+fn sequences() {
+    let next = C::FUNCTION_CALL | C::WRITE;
+    assert_flags("SELECT NEXTVAL(s)", next);
+    assert_flags("SELECT nextval(db.s)", next);
+    assert_flags("SELECT NEXT VALUE FOR s", next);
+    assert_flags("SELECT s.nextval", next);
+    assert_flags("SELECT db.s.NEXTVAL FROM t", next);
+    assert_flags("SELECT s.`nextval`", next);
+    assert_flags("SELECT SETVAL(s, 10)", next);
+    let previous = C::READ_ONLY | C::FUNCTION_CALL;
+    assert_flags("SELECT LASTVAL(s)", previous);
+    assert_flags("SELECT PREVIOUS VALUE FOR s", previous);
+    assert_flags("SELECT s.currval", previous);
+    assert_flags(
+        "SET @@x = NEXTVAL(s)",
+        C::SET_SESSION_VAR | C::FUNCTION_CALL | C::WRITE,
+    );
+    assert_flags(
+        "SET sql_mode = s.nextval",
+        C::SET_SESSION_VAR | C::FUNCTION_CALL | C::WRITE,
+    );
+    assert_flags("INSERT INTO t VALUES (s.nextval)", C::WRITE);
+    assert_flags("SELECT nextval FROM t", C::READ_ONLY);
+}
+
+#[test]
+fn statements_that_may_commit() {
+    for sql in [
+        "COMMIT",
+        "COMMIT AND CHAIN",
+        "ROLLBACK",
+        "BEGIN",
+        "START TRANSACTION",
+        "SET autocommit = 1",
+        "SET @@session.autocommit = ON",
+        "CREATE TABLE t (a INT)",
+        "DROP TABLE t",
+        "ALTER TABLE t ADD b INT",
+        "TRUNCATE t",
+        "RENAME TABLE a TO b",
+        "LOCK TABLES t WRITE",
+        "UNLOCK TABLES",
+        "FLUSH TABLES",
+        "GRANT SELECT ON *.* TO u",
+        "ANALYZE TABLE t",
+        "CALL p()",
+        "EXECUTE s",
+        "EXECUTE IMMEDIATE 'COMMIT'",
+        "BEGIN NOT ATOMIC COMMIT; END",
+        "INSERT INTO t VALUES (1); COMMIT",
+    ] {
+        assert!(
+            classify(sql.as_bytes()).intersects(C::MAY_COMMIT),
+            "{sql:?} may commit"
+        );
+    }
+    for sql in [
+        "SELECT 1",
+        "INSERT INTO t VALUES (1)",
+        "UPDATE t SET a = 1",
+        "SET @a = 1",
+        "SET sql_mode = ''",
+        "SAVEPOINT s",
+        "ROLLBACK TO SAVEPOINT s",
+        "CREATE TEMPORARY TABLE t (a INT)",
+        "DROP TEMPORARY TABLE t",
+        "SELECT f()",
+    ] {
+        assert!(
+            !classify(sql.as_bytes()).intersects(C::MAY_COMMIT),
+            "{sql:?} does not commit"
+        );
     }
 }

@@ -11,6 +11,7 @@ mod floods;
 mod ha;
 mod ha_admin;
 mod keepalive;
+mod lost_statements;
 mod python;
 mod restore;
 mod rust_client;

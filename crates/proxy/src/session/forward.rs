@@ -15,12 +15,13 @@ use crate::error::code::{ER_CLIENT_IDLE_TIMEOUT, ER_CONNECTION_KILLED, ER_SERVER
 use crate::error::{ClientError, ErrorKind};
 use crate::state::SessionRecord;
 use bytes::{Buf, Bytes, BytesMut};
-use holdfast_sql::{classify, first_keyword, Classification as C};
+use holdfast_sql::{classify_with, first_keyword, Classification as C, SqlMode};
 use holdfast_wire::caps::*;
 use holdfast_wire::command::*;
 use holdfast_wire::frame::{self, parse_header, HEADER_LEN};
 use holdfast_wire::packets::{self, OkPacket};
 use holdfast_wire::response::{Event, Expect, Kind, ResponseMachine};
+use std::sync::atomic::Ordering;
 use tokio::io::AsyncWriteExt;
 
 /// The shape of the reply a command gets: what the client waits for, so what holdfast
@@ -108,27 +109,29 @@ impl Session {
         let reply_seq = reply_seq(&request);
         let reply = Reply::of_request(&request);
         let in_transaction = self.record.in_transaction();
+        // The session's sql_mode before the statement runs (it may change it).
+        let mode = self.record.sql_mode;
+        let held = Held::of(&self.record);
         // A COM_QUERY is classified once, here, for both the record and retry safety (from
-        // its first frame: a longer one is never retried).
-        let query = if request.get(HEADER_LEN) == Some(&COM_QUERY) {
-            let end = HEADER_LEN + header.len.min(request.len() - HEADER_LEN);
-            let sql = &request[HEADER_LEN + 1..end];
-            let flags = classify(sql);
-            let commit = is_commit(sql);
-            self.note_query(flags, &request[HEADER_LEN + 1..end]);
-            Some((flags, commit))
-        } else {
-            None
-        };
+        // its first frame: a longer one is never retried), under the session's sql_mode
+        // (the default one while the session has not set its own).
+        let query = query_text(&request).map(|sql| {
+            let flags = classify_with(sql, mode.unwrap_or_default());
+            self.note_query(flags, sql);
+            flags
+        });
+        // What is cheap to know now; the rest only if the backend is lost.
         let retry = !in_transaction
             && !header.continues()
             && match query {
-                Some((flags, _)) => retry_safe_flags(flags),
+                Some(flags) => retry_safe_flags(flags),
                 None => self.retry_safe_command(&request),
             };
+        let statement_commits = in_transaction && query.is_none() && self.commits_command(&request);
         // Statement commands carry the backend's statement id once forwarded: a retry on
         // another backend starts again from the client's.
         let client_statement = packets::statement_id(&request[HEADER_LEN..]);
+        self.backend_killed = false;
         match self.command(&mut request).await {
             // The client waits for nothing: it must get nothing, not even an error.
             Err(End::BackendLost {
@@ -147,6 +150,16 @@ impl Session {
                 started: false,
                 error,
             }) => {
+                held.restore(&mut self.record);
+                let (retry, commit) = match (query, query_text(&request)) {
+                    (Some(flags), Some(sql)) => {
+                        let verdict = LossVerdict::of(sql, flags, mode);
+                        (retry && verdict.retry_safe, verdict.may_commit)
+                    }
+                    _ => (retry, statement_commits),
+                };
+                // A statement whose connection was killed on purpose is not run again.
+                let retry = retry && !self.backend_killed;
                 let retry = retry.then(|| {
                     if let (Some(id), Some(&cmd)) = (client_statement, request.get(HEADER_LEN)) {
                         if is_statement_command(cmd) {
@@ -155,7 +168,6 @@ impl Session {
                     }
                     request
                 });
-                let commit = query.is_some_and(|(_, commit)| commit);
                 Box::pin(self.recover_lost_request(error, retry, reply_seq, in_transaction, commit))
                     .await
             }
@@ -177,6 +189,15 @@ impl Session {
                 .is_some_and(|s| s.retry_safe),
             _ => false,
         }
+    }
+
+    /// Whether a command other than COM_QUERY, lost with its backend inside a transaction,
+    /// may have committed it: the execute of a prepared statement that may commit.
+    fn commits_command(&self, request: &[u8]) -> bool {
+        request.get(HEADER_LEN) == Some(&COM_STMT_EXECUTE)
+            && packets::statement_id(&request[HEADER_LEN..])
+                .and_then(|id| self.statements.get(id))
+                .is_some_and(|s| s.may_commit)
     }
 
     /// Handles one client request (`request` holds the whole logical packet, headers
@@ -409,7 +430,8 @@ impl Session {
                 Event::Eof(eof) => self.record.status = eof.status,
                 Event::Err(e) => {
                     // The server going away answers (or pre-empts) the command with one of
-                    // these before it closes; nothing ran, so treat it as a lost backend.
+                    // these before it closes; nothing reached the client, so treat it as a
+                    // lost backend.
                     if ready == 0
                         && !self.response_started
                         && matches!(
@@ -417,6 +439,14 @@ impl Session {
                             ER_SERVER_SHUTDOWN | ER_CONNECTION_KILLED | ER_CLIENT_IDLE_TIMEOUT
                         )
                     {
+                        // Killed by someone (an operator's KILL), not by the fence of
+                        // holdfast's own switchover: the statement was stopped on purpose
+                        // and must not run again elsewhere.
+                        if e.code == ER_CONNECTION_KILLED
+                            && !self.shared.switching_now.load(Ordering::SeqCst)
+                        {
+                            self.backend_killed = true;
+                        }
                         return Err(End::BackendLost {
                             started: false,
                             error: ConnError::Closed,
@@ -426,14 +456,15 @@ impl Session {
                 }
                 Event::PrepareOk(p) => {
                     let sql = prepare_sql.take().unwrap_or_default();
-                    let retry_safe = retry_safe_sql(&sql);
+                    let verdict = LossVerdict::of_sql(&sql, self.record.sql_mode);
                     let client_id = self.statements.insert(Statement {
                         backend_id: p.statement_id,
                         sql,
                         params: p.num_params,
                         cursor_open: false,
                         long_data: false,
-                        retry_safe,
+                        retry_safe: verdict.retry_safe,
+                        may_commit: verdict.may_commit,
                         types: None,
                         types_pending: false,
                     });
@@ -705,24 +736,105 @@ fn bind_types(stmt: &mut Statement, request: &[u8]) -> Option<BytesMut> {
     }
 }
 
-/// Whether a statement lost in flight (outside a transaction) may simply run again: it only
-/// reads, only starts a transaction, or only sets session variables.
-pub(super) fn retry_safe_sql(sql: &[u8]) -> bool {
-    retry_safe_flags(classify(sql))
+/// What the record says the session holds that dies with its backend connection. The
+/// classifier notes what a statement takes before it runs; if the connection is lost before
+/// it answered, the client was never told it got those locks, temporary tables or XA
+/// transaction, and they died with the connection: only what was held before counts (what
+/// the statement released stays released).
+#[derive(Clone, Copy)]
+struct Held {
+    temporary_tables: bool,
+    table_locks: bool,
+    named_locks: bool,
+    xa: bool,
 }
 
-fn retry_safe_flags(flags: C) -> bool {
-    if flags.has(C::MULTI) {
-        return false;
+impl Held {
+    fn of(r: &SessionRecord) -> Held {
+        Held {
+            temporary_tables: r.temporary_tables,
+            table_locks: r.table_locks,
+            named_locks: r.named_locks,
+            xa: r.xa,
+        }
     }
-    let only = |allowed: u32| flags.bits & !(allowed | C::WRITE.bits) == 0;
-    flags.is_read_only()
-        || (flags.has(C::BEGIN_TXN) && only(C::BEGIN_TXN.bits))
-        || (flags.has(C::SET_SESSION_VAR) && only(C::SET_SESSION_VAR.bits | C::AUTOCOMMIT.bits))
+
+    /// After a request lost before it answered.
+    fn restore(self, r: &mut SessionRecord) {
+        r.temporary_tables &= self.temporary_tables;
+        r.table_locks &= self.table_locks;
+        r.named_locks &= self.named_locks;
+        r.xa &= self.xa;
+    }
 }
 
-fn is_commit(sql: &[u8]) -> bool {
-    first_keyword(sql).is_some_and(|k| k.eq_ignore_ascii_case(b"COMMIT"))
+/// The SQL text of a COM_QUERY request (of its first frame).
+fn query_text(request: &[u8]) -> Option<&[u8]> {
+    let header = parse_header(request)?;
+    if request.get(HEADER_LEN) != Some(&COM_QUERY) {
+        return None;
+    }
+    let end = HEADER_LEN + header.len.min(request.len() - HEADER_LEN);
+    request.get(HEADER_LEN + 1..end)
+}
+
+/// What a statement lost in flight with its backend allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct LossVerdict {
+    /// Outside a transaction, it may simply run again on another node.
+    pub retry_safe: bool,
+    /// Inside a transaction, it may have committed it: the client learns the outcome is
+    /// unknown, not that the transaction was rolled back.
+    pub may_commit: bool,
+}
+
+impl LossVerdict {
+    /// The verdict for `sql`, classified as `flags` under the session's `mode`, or under the
+    /// default mode if the session's is not known. Then every mode that could lex `sql`
+    /// differently is asked too (rarely any: only for texts with `"` or `\`): all must find
+    /// it safe to run again, any one finding that it may commit is enough.
+    pub(super) fn of(sql: &[u8], flags: C, mode: Option<SqlMode>) -> LossVerdict {
+        let mut verdict = LossVerdict {
+            retry_safe: retry_safe_flags(flags),
+            may_commit: may_commit(sql, flags),
+        };
+        if mode.is_none() {
+            for other in SqlMode::alternatives(sql) {
+                let flags = classify_with(sql, other);
+                verdict.retry_safe &= retry_safe_flags(flags);
+                verdict.may_commit |= may_commit(sql, flags);
+            }
+        }
+        verdict
+    }
+
+    /// [`LossVerdict::of`] for a text not classified yet (a statement being prepared).
+    pub(super) fn of_sql(sql: &[u8], mode: Option<SqlMode>) -> LossVerdict {
+        Self::of(sql, classify_with(sql, mode.unwrap_or_default()), mode)
+    }
+}
+
+/// Whether a statement lost in flight outside a transaction may simply run again: a plain
+/// read (no locking clause, `INTO`, variable assignment, or call of anything but the pure
+/// built-ins the classifier knows, see `Classification::FUNCTION_CALL`), or a statement
+/// that only starts a transaction or only sets session variables (to values computed
+/// without such calls). One statement, never several.
+fn retry_safe_flags(flags: C) -> bool {
+    let only = |allowed: C| flags.difference(allowed | C::WRITE).is_empty();
+    flags == C::READ_ONLY
+        || (flags.has(C::BEGIN_TXN) && only(C::BEGIN_TXN))
+        || (flags.has(C::SET_SESSION_VAR) && only(C::SET_SESSION_VAR | C::AUTOCOMMIT))
+}
+
+/// Whether a statement lost in flight inside a transaction may have committed it: COMMIT,
+/// a statement that commits implicitly (DDL, `LOCK TABLES`, `BEGIN`, `SET autocommit`...),
+/// or code holdfast does not see (`CALL`, `EXECUTE`); not a plain ROLLBACK.
+fn may_commit(sql: &[u8], flags: C) -> bool {
+    let rollback = || {
+        !flags.has(C::MULTI)
+            && first_keyword(sql).is_some_and(|k| k.eq_ignore_ascii_case(b"ROLLBACK"))
+    };
+    flags.intersects(C::MAY_COMMIT) && !rollback()
 }
 
 fn is_statement_command(cmd: u8) -> bool {
@@ -738,19 +850,46 @@ fn is_statement_command(cmd: u8) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::retry_safe_sql;
+    use super::LossVerdict;
+    use holdfast_sql::SqlMode;
+
+    const ANSI: SqlMode = SqlMode {
+        ansi_quotes: true,
+        no_backslash_escapes: false,
+    };
+    const NBE: SqlMode = SqlMode {
+        ansi_quotes: false,
+        no_backslash_escapes: true,
+    };
+
+    /// Run again after a loss outside a transaction, in a session whose mode is `mode`.
+    fn retried_in(sql: &str, mode: Option<SqlMode>) -> bool {
+        LossVerdict::of_sql(sql.as_bytes(), mode).retry_safe
+    }
+
+    fn retried(sql: &str) -> bool {
+        retried_in(sql, None)
+    }
+
+    fn may_commit_in(sql: &str, mode: Option<SqlMode>) -> bool {
+        LossVerdict::of_sql(sql.as_bytes(), mode).may_commit
+    }
 
     #[test]
     fn only_provably_harmless_statements_are_retried() {
         for sql in [
             "SELECT 1",
+            "SELECT c FROM t WHERE id = 5",
+            "SELECT COUNT(*), MAX(a), CONCAT(b, 'x') FROM t WHERE d > NOW() - INTERVAL 1 DAY",
             "BEGIN",
             "START TRANSACTION",
             "SET autocommit=0",
             "SET NAMES utf8mb4",
+            "SET sql_mode = CONCAT(@@sql_mode, ',ANSI_QUOTES')",
             "SHOW TABLES",
+            "SELECT \"a\" FROM t",
         ] {
-            assert!(retry_safe_sql(sql.as_bytes()), "{sql} should be retried");
+            assert!(retried(sql), "{sql} should be retried");
         }
         for sql in [
             "INSERT INTO t VALUES (1)",
@@ -759,9 +898,91 @@ mod tests {
             "SET @a = 1",
             "SELECT 1; SELECT 2",
             "SELECT GET_LOCK('x', 1)",
+            "SELECT * FROM t FOR UPDATE",
+            "SELECT a INTO @a FROM t",
+            "SELECT @a := 1",
             "CALL p()",
+            "CREATE TABLE t (a INT)",
+            "LOCK TABLES t READ",
         ] {
-            assert!(!retry_safe_sql(sql.as_bytes()), "{sql} must not be retried");
+            assert!(!retried(sql), "{sql} must not be retried");
+        }
+    }
+
+    #[test]
+    fn calls_and_sequences_are_not_retried() {
+        let retried = [
+            "SELECT f()",
+            "SELECT db.f(1)",
+            "SELECT `f`(1)",
+            "SELECT `GET_LOCK`('x', 1)",
+            "SELECT COUNT (*) FROM t",
+            "SELECT s.nextval",
+            "SELECT NEXT VALUE FOR s",
+            "SELECT LASTVAL(s)",
+            "SELECT SETVAL(s, 5)",
+            "SELECT LAST_INSERT_ID()",
+            "SELECT FOUND_ROWS()",
+            "SELECT SLEEP(5)",
+            "SET @@session.sql_mode = (SELECT writing_fn())",
+            "SET @@x = NEXTVAL(s)",
+            "SET sql_mode = s.nextval",
+            "START TRANSACTION; SELECT f()",
+        ]
+        .into_iter()
+        .filter(|sql| retried(sql))
+        .collect::<Vec<_>>();
+        assert!(retried.is_empty(), "must not be retried: {retried:?}");
+    }
+
+    #[test]
+    fn the_session_sql_mode_decides_how_a_statement_is_read() {
+        // The default mode hides the call in a string; NO_BACKSLASH_ESCAPES runs it.
+        let sql = r"SELECT 'a\', GET_LOCK('x', 1), '";
+        assert!(retried_in(sql, Some(SqlMode::DEFAULT)));
+        assert!(!retried_in(sql, Some(NBE)));
+        // Mode not known (the server's default): only what is safe in every mode.
+        assert!(!retried_in(sql, None));
+        let sql = r#"SELECT "SLEEP"(5)"#;
+        assert!(!retried_in(sql, Some(ANSI)));
+        assert!(!retried_in(sql, None));
+        let sql = r#"SELECT "a" FROM "t""#;
+        assert!(retried_in(sql, Some(ANSI)));
+        assert!(retried_in(sql, None));
+        // A COMMIT only one mode sees.
+        let sql = r"SELECT 'a\'; COMMIT; SELECT '";
+        assert!(!may_commit_in(sql, Some(SqlMode::DEFAULT)));
+        assert!(may_commit_in(sql, Some(NBE)));
+        assert!(may_commit_in(sql, None));
+    }
+
+    #[test]
+    fn statements_that_may_commit_are_told_apart_from_rollbacks() {
+        for sql in [
+            "COMMIT",
+            "commit work and chain",
+            "BEGIN",
+            "START TRANSACTION",
+            "SET autocommit = 1",
+            "CREATE TABLE t (a INT)",
+            "ALTER TABLE t ADD b INT",
+            "LOCK TABLES t WRITE",
+            "CALL p()",
+            "EXECUTE s",
+            "INSERT INTO t VALUES (1); COMMIT",
+        ] {
+            assert!(may_commit_in(sql, None), "{sql} may commit");
+        }
+        for sql in [
+            "ROLLBACK",
+            "ROLLBACK AND CHAIN",
+            "ROLLBACK TO SAVEPOINT s",
+            "INSERT INTO t VALUES (1)",
+            "SELECT f()",
+            "SAVEPOINT s",
+            "SET @a = 1",
+        ] {
+            assert!(!may_commit_in(sql, None), "{sql} does not commit");
         }
     }
 }

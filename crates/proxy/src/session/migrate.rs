@@ -25,6 +25,10 @@ const CAPTURE_AT_LEAST_EVERY: Duration = Duration::from_secs(1);
 /// Pause between attempts to open a backend on a node that is not ready yet.
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
+/// The server's uptime in seconds.
+const UPTIME: &str =
+    "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'UPTIME'";
+
 /// Why a node could not take the session yet (worth another try within the hold window).
 /// Shown to the client when the hold window expires, so it names nodes, never addresses;
 /// the backend's own error text goes to the log.
@@ -95,23 +99,68 @@ impl Session {
         commit: bool,
     ) -> Result<(), End> {
         tracing::info!(session = self.info.id, node = %self.backend_name, %error, "backend lost during a command");
+        let (node, age) = (self.backend_name.clone(), self.backend_since.elapsed());
         self.mark_backend_dead();
         self.transaction_lost = false;
         self.relocate("backend_lost").await?;
+        // A statement (not a ping, a prepare...) may have been stopped on purpose.
+        let statement = retry
+            .as_ref()
+            .and_then(|r| r.get(holdfast_wire::frame::HEADER_LEN))
+            .is_some_and(|&cmd| cmd == COM_QUERY || cmd == COM_STMT_EXECUTE);
+        if statement && !self.backend_killed && self.cut_while_server_ran(&node, age).await {
+            self.backend_killed = true;
+        }
+        let retry = retry.filter(|_| !self.backend_killed);
         if let Some(again) = retry {
             self.shared.metrics.requests_retried.inc();
             // Through `forward_request`: a backend lost again is recovered from again.
             return self.forward_request(again).await;
         }
         self.shared.metrics.requests_failed_on_backend_loss.inc();
+        // `commit`: the statement may have committed the transaction (COMMIT, an implicit
+        // commit, a prepared COMMIT...), so it is not known to be rolled back.
         let error = if in_transaction && commit {
             ClientError::commit_outcome_unknown()
         } else if in_transaction {
             ClientError::transaction_rolled_back()
+        } else if std::mem::take(&mut self.backend_killed) {
+            ClientError::statement_killed()
         } else {
             ClientError::statement_interrupted()
         };
         self.send_error(reply_seq, &error).await
+    }
+
+    /// After a move for a lost request: whether the session is back on the node it lost
+    /// (`node`) and that server has been up for longer than the lost connection (`age`).
+    /// Then no restart or crash took the connection: it was cut while the server kept
+    /// running, by someone's KILL (MariaDB closes a killed connection without an ERR) or
+    /// the network. False when that cannot be told.
+    async fn cut_while_server_ran(&mut self, node: &str, age: Duration) -> bool {
+        if self.backend_name != node {
+            return false;
+        }
+        match self.backend.query(UPTIME).await {
+            Ok(r) => {
+                let uptime = r
+                    .rows
+                    .first()
+                    .and_then(|row| row.first())
+                    .cloned()
+                    .flatten();
+                let uptime = uptime.and_then(|v| v.parse::<u64>().ok());
+                let ran = uptime.is_some_and(|up| up > age.as_secs());
+                if ran {
+                    tracing::info!(session = self.info.id, node, uptime, age_ms = age.as_millis() as u64, "the lost connection was cut while its server kept running (KILL?); not running the request again");
+                }
+                ran
+            }
+            Err(e) => {
+                tracing::debug!(session = self.info.id, error = %e, "uptime of the new backend unknown");
+                false
+            }
+        }
     }
 
     /// After a command: move at a safe point if a move is pending, and keep the capture of
@@ -284,6 +333,7 @@ impl Session {
         self.info.moves.fetch_add(1, Ordering::Relaxed);
         self.backend_dead = false;
         self.backend_epoch = epoch;
+        self.backend_since = Instant::now();
         self.move_pending_since = None;
         self.shared.metrics.sessions_moved.inc();
         self.shared.metrics.move_latency.observe(elapsed);

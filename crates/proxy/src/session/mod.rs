@@ -122,6 +122,10 @@ struct Session {
     /// Client bytes of the current response already sent (a lost backend after this point
     /// cannot be hidden).
     response_started: bool,
+    /// The backend connection was killed with the current request in flight (ERR 1927, not
+    /// from holdfast's own switchover; or cut while its server kept running): someone
+    /// stopped the request on purpose, it is not run again.
+    backend_killed: bool,
     identity: Identity,
     can_reauthenticate: bool,
     backend_name: String,
@@ -129,6 +133,9 @@ struct Session {
     backend_dead: bool,
     /// The gate's epoch the backend connection was opened in (see `BackendGate::epoch`).
     backend_epoch: u64,
+    /// When the backend connection was opened: a server up for longer than this did not
+    /// restart under it (see `Session::cut_while_server_ran`).
+    backend_since: Instant,
     /// The backend died inside a transaction: the next statement gets 1213 (rolled back).
     transaction_lost: bool,
     /// The last capture of what the trackers do not report (user variables...).
@@ -304,11 +311,13 @@ impl Session {
             scratch: Vec::new(),
             idle_timer: Box::pin(tokio::time::sleep(idle::IDLE_PROBE)),
             response_started: false,
+            backend_killed: false,
             identity,
             can_reauthenticate,
             backend_name,
             backend_dead: false,
             backend_epoch: epoch,
+            backend_since: Instant::now(),
             transaction_lost: false,
             captured: Captured::default(),
             capture_due_since: None,

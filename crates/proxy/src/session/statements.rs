@@ -15,8 +15,12 @@ pub(super) struct Statement {
     pub cursor_open: bool,
     pub long_data: bool,
     /// An execute lost with its backend outside a transaction may run again elsewhere (the
-    /// statement only reads, only begins a transaction, or only sets session variables).
+    /// statement only reads, only begins a transaction, or only sets session variables, and
+    /// calls nothing but pure built-ins), unless its connection was killed.
     pub retry_safe: bool,
+    /// An execute lost with its backend inside a transaction may have committed it (a
+    /// prepared COMMIT, DDL...): its outcome is unknown.
+    pub may_commit: bool,
     /// The parameter type block of the last execute that sent types.
     pub types: Option<Vec<u8>>,
     /// Re-prepared on a new backend that has not seen the types yet.
@@ -112,6 +116,7 @@ mod tests {
             cursor_open: false,
             long_data: false,
             retry_safe: true,
+            may_commit: false,
             types: None,
             types_pending: false,
         }
