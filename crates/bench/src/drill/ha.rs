@@ -105,6 +105,10 @@ pub fn run(args: &DrillArgs, holdfast: &Path, scenarios: &[Scenario]) -> Result<
             r.event
         );
     }
+    println!(
+        "ignored: sysbench's 1213 (transaction rolled back with its node: retried) and 1180 (a \
+         COMMIT in flight at the kill whose outcome is unknown)"
+    );
     println!("holdfast log: {}", log.display());
     drop(server);
     if !args.keep {
@@ -138,6 +142,10 @@ fn run_scenario(lab: &LabStatus, args: &DrillArgs, scenario: Scenario) -> Result
         format!("--time={}", args.seconds),
         "--db-ps-mode=auto".into(),
         "--report-interval=1".into(),
+        // sysbench's own list (deadlocks, retried), plus 1180: a COMMIT in flight when the
+        // primary is killed has an unknown outcome, and holdfast says so (issue 8 will
+        // resolve it). The count is in the "ignored" column; the connection stays.
+        "--mysql-ignore-errors=1213,1020,1205,1180".into(),
     ];
     let sb =
         common::sysbench(lab, args).command("oltp_read_write", proxy_port(lab)?, &options, "run");
