@@ -46,7 +46,12 @@ pub struct Admission {
     failed_sources: Mutex<HashMap<IpAddr, Failures>>,
     failed_accounts: Mutex<HashMap<String, Failures>>,
     refusal_log: RateLimitedLog,
+    /// When each address last woke a paused instance for a login of an unknown user.
+    unknown_user_wakes: Mutex<HashMap<IpAddr, Instant>>,
 }
+
+/// One wake per address per this long for logins of users holdfast does not know.
+const UNKNOWN_USER_WAKE_EVERY: Duration = Duration::from_secs(60);
 
 impl Admission {
     pub fn new(cfg: &ProxyConfig) -> Self {
@@ -59,6 +64,7 @@ impl Admission {
             failed_sources: Mutex::new(HashMap::new()),
             failed_accounts: Mutex::new(HashMap::new()),
             refusal_log: RateLimitedLog::new(Duration::from_secs(1)),
+            unknown_user_wakes: Mutex::new(HashMap::new()),
         }
     }
 
@@ -117,6 +123,27 @@ impl Admission {
             }))
         };
         self.delay_after(by_source.max(by_account))
+    }
+
+    /// Whether a login from `ip` of a user holdfast does not know may wake a paused
+    /// instance (to re-read the accounts): once per address per minute, so that guessing
+    /// user names cannot keep an instance running.
+    pub fn may_wake_for_unknown_user(&self, ip: IpAddr) -> bool {
+        let now = Instant::now();
+        let mut m = self
+            .unknown_user_wakes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if m.len() >= MAX_TRACKED {
+            m.retain(|_, t| now.duration_since(*t) < UNKNOWN_USER_WAKE_EVERY);
+        }
+        match m.get(&ip) {
+            Some(t) if now.duration_since(*t) < UNKNOWN_USER_WAKE_EVERY => false,
+            _ => {
+                m.insert(ip, now);
+                true
+            }
+        }
     }
 
     /// A successful login clears the address's and the account's failures.
@@ -311,6 +338,15 @@ mod tests {
             a.login_failed(elsewhere, "root"),
             Duration::from_millis(100)
         );
+    }
+
+    #[test]
+    fn unknown_user_wakes_once_per_address_per_minute() {
+        let a = admission(0, 0);
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        assert!(a.may_wake_for_unknown_user(ip));
+        assert!(!a.may_wake_for_unknown_user(ip));
+        assert!(a.may_wake_for_unknown_user("10.0.0.2".parse().unwrap()));
     }
 
     #[test]

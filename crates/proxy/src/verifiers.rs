@@ -143,6 +143,17 @@ impl VerifierCache {
         of(client) != of(server_sees)
     }
 
+    /// Whether the server has no account named `user` (for any host) and no anonymous
+    /// account either, as of the last load: a login as `user` cannot succeed. False while
+    /// nothing is loaded.
+    pub fn no_such_account(&self, user: &str) -> bool {
+        if !self.is_loaded() {
+            return false;
+        }
+        let map = self.accounts.load();
+        !map.contains_key(user) && !map.contains_key("")
+    }
+
     /// What the server's `skip_name_resolve` says (see [`VerifierCache::lookup`]).
     pub fn set_server_resolves_names(&self, resolves: bool) {
         self.server_resolves_names
@@ -172,6 +183,33 @@ impl VerifierCache {
                 return Ok(false);
             }
         }
+        self.refresh_locked(&mut last, cfg, addr).await
+    }
+
+    /// Re-reads the verifiers, waiting first until `min_interval` has passed since the last
+    /// read: a login of an account holdfast has not seen yet gets an answer from accounts
+    /// read after it arrived.
+    pub async fn refresh_waiting(
+        &self,
+        cfg: &Config,
+        addr: &str,
+        min_interval: Duration,
+    ) -> Result<(), backend::BackendError> {
+        let mut last = self.last_refresh.lock().await;
+        if let Some(t) = *last {
+            if let Some(wait) = min_interval.checked_sub(t.elapsed()) {
+                tokio::time::sleep(wait).await;
+            }
+        }
+        self.refresh_locked(&mut last, cfg, addr).await.map(|_| ())
+    }
+
+    async fn refresh_locked(
+        &self,
+        last: &mut Option<Instant>,
+        cfg: &Config,
+        addr: &str,
+    ) -> Result<bool, backend::BackendError> {
         *last = Some(Instant::now());
         let (accounts, resolves_names) = load_accounts(cfg, addr).await?;
         tracing::debug!(accounts = accounts.len(), "verifier cache refreshed");

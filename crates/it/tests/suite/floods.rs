@@ -103,3 +103,57 @@ fn wrong_passwords_are_answered_later_and_later() {
     let delayed = metric(&h.metrics(), "holdfast_logins_delayed_total").unwrap_or(0.0);
     assert_eq!(delayed, 2.0, "no delay right after a successful login");
 }
+
+fn login_as(h: &Harness, user: &str, password: &str) -> mysql::Result<Conn> {
+    let opts = OptsBuilder::from_opts(Opts::from_url(&h.url()).expect("url"))
+        .user(Some(user))
+        .pass(Some(password))
+        .prefer_socket(false)
+        .tcp_connect_timeout(Some(Duration::from_secs(10)));
+    Conn::new(opts)
+}
+
+fn refusal(r: mysql::Result<Conn>) -> (u16, String) {
+    match r.map(|_| ()).expect_err("the login is refused") {
+        mysql::Error::MySqlError(m) => (m.code, m.message),
+        other => panic!("expected an ERR packet, got {other:?}"),
+    }
+}
+
+#[test]
+fn an_unknown_user_is_answered_like_a_wrong_password_without_a_backend_connection() {
+    let h = Harness::start();
+    let before = h.status().counters.backend_connects;
+    let (code, message) = refusal(login_as(&h, "nobody_here", "guess"));
+    assert_eq!(code, 1045);
+    assert_eq!(
+        message,
+        "Access denied for user 'nobody_here'@'127.0.0.1' (using password: YES)"
+    );
+    let (known_code, known_message) = refusal(login_as(&h, h.user(), "guess"));
+    assert_eq!(known_code, code, "the same answer for a known user");
+    assert_eq!(
+        known_message.replace(h.user(), "nobody_here"),
+        message,
+        "the same wording"
+    );
+    assert_eq!(
+        h.status().counters.backend_connects,
+        before,
+        "no backend connection for a user that does not exist"
+    );
+}
+
+#[test]
+fn accounts_created_just_before_their_first_login_log_in() {
+    let h = Harness::start();
+    for name in ["newcomer_1", "newcomer_2", "newcomer_3"] {
+        h.root_sql(&format!(
+            "CREATE USER '{name}'@'%' IDENTIFIED BY 'pw_{name}'; GRANT SELECT ON *.* TO '{name}'@'%'"
+        ));
+        let mut c = login_as(&h, name, &format!("pw_{name}"))
+            .unwrap_or_else(|e| panic!("{name} logs in right after CREATE USER: {e}"));
+        use mysql::prelude::Queryable;
+        assert_eq!(c.query_first::<i64, _>("SELECT 1").unwrap(), Some(1));
+    }
+}

@@ -656,3 +656,33 @@ fn connections_that_do_not_log_in_do_not_keep_the_instance_running() {
         "the scanner kept connecting ({scans} connections)"
     );
 }
+
+#[test]
+fn guessed_user_names_wake_a_paused_instance_once_a_minute_per_address() {
+    let h = Harness::start_with(Options::default().serverless(|s| {
+        s.idle_pause_secs = 1;
+        s.stop_after_secs = 0;
+    }));
+    let guess = |user: &str| {
+        let opts = OptsBuilder::from_opts(Opts::from_url(&h.url()).expect("url"))
+            .user(Some(user))
+            .pass(Some("guess"))
+            .prefer_socket(false);
+        match Conn::new(opts).map(|_| ()).expect_err("refused") {
+            mysql::Error::MySqlError(m) => assert_eq!(m.code, 1045, "{m:?}"),
+            other => panic!("expected ERR 1045, got {other:?}"),
+        }
+    };
+    wait_phase(&h, "paused", Some("freeze"));
+    // The first unknown name from this address may wake it: the accounts are read again.
+    guess("nobody_1");
+    let resumes = count(&h, "resumes");
+    assert_eq!(resumes, 1, "the first guess woke the instance once");
+    wait_phase(&h, "paused", Some("freeze"));
+    // Further guesses within the minute are answered from the accounts already known.
+    for name in ["nobody_2", "nobody_3", "nobody_4"] {
+        guess(name);
+    }
+    assert_eq!(count(&h, "resumes"), resumes, "no wake for further guesses");
+    assert_eq!(phase(&h), "paused");
+}

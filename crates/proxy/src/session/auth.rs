@@ -211,7 +211,17 @@ pub async fn login(
     };
     let capabilities = req.capabilities & PROXY_CAPABILITIES;
     let user = String::from_utf8_lossy(&req.user).into_owned();
-    let verifier = find_verifier(shared, client, seq, &user, peer).await?;
+    let lookup = find_verifier(shared, client, seq, &user, peer).await?;
+    // No such account on the server: refused like a wrong password, with the same packets
+    // and delays, so that a user name cannot be told from its answer, and without a
+    // backend connection.
+    let no_such_account =
+        matches!(lookup, Lookup::NotFound) && shared.verifiers.no_such_account(&user);
+    let verifier = match lookup {
+        Lookup::Found(v) => Some(v),
+        _ if no_such_account => Some(Verifier::Native(rand::random())),
+        _ => None,
+    };
     let exact = mode == ListenerMode::Passthrough;
     let Some(v @ (Verifier::Native(_) | Verifier::Empty)) = verifier else {
         // Another plugin, or an account holdfast cannot see: the backend authenticates.
@@ -261,7 +271,12 @@ pub async fn login(
     };
     let Ok(secret) = check_native(&v, &response, &scramble) else {
         closed_unwoken("wrong_password");
-        tracing::info!(user = %user, client = %peer, "login refused: wrong password");
+        let why = if no_such_account {
+            "no such account"
+        } else {
+            "wrong password"
+        };
+        tracing::info!(user = %user, client = %peer, "login refused: {why}");
         wrong_password(shared, peer.ip(), &user).await;
         let error = ClientError::access_denied(&user, peer.ip(), !response.is_empty());
         return Err(refuse(client, shared, seq, error).await);
@@ -331,17 +346,36 @@ async fn read_login_request(
     Err(refuse(client, shared, seq, refusal).await)
 }
 
+/// What holdfast knows of the account `user` would log in as from `peer`.
+enum Lookup {
+    Found(Verifier),
+    /// Not among the accounts read from the server (after this login arrived, or before a
+    /// pause when the instance is not woken for it).
+    NotFound,
+    /// The accounts could not be read: the server decides.
+    Unchecked,
+}
+
 /// The verifier of the account `user` would log in as from `peer`. An account holdfast has
-/// not seen makes it ask the server again (waking a paused instance), rate-limited.
+/// not seen makes it read the accounts again (waking a paused instance, once a minute per
+/// client address), at most every `verifier_miss_refresh_ms`.
 async fn find_verifier(
     shared: &Shared,
     client: &mut PacketConn,
     seq: u8,
     user: &str,
     peer: SocketAddr,
-) -> Result<Option<Verifier>, LoginError> {
+) -> Result<Lookup, LoginError> {
     if let Some(account) = shared.verifiers.lookup(user, peer.ip()) {
-        return Ok(Some(account.verifier()));
+        return Ok(Lookup::Found(account.verifier()));
+    }
+    if !shared.gate.is_open()
+        && shared.verifiers.is_loaded()
+        && !shared.admission.may_wake_for_unknown_user(peer.ip())
+    {
+        // A paused instance is not woken again and again for guessed user names: the
+        // accounts known from before the pause decide.
+        return Ok(Lookup::NotFound);
     }
     let _held = pass_gate(shared, client, seq).await?;
     let addr = shared
@@ -349,16 +383,22 @@ async fn find_verifier(
         .borrow()
         .primary_node()
         .map(|n| n.address.clone());
-    if let Some(addr) = addr {
-        let min = std::time::Duration::from_millis(shared.config.auth.verifier_miss_refresh_ms);
-        if let Ok(true) = shared.verifiers.refresh(&shared.config, &addr, min).await {
-            return Ok(shared
-                .verifiers
-                .lookup(user, peer.ip())
-                .map(|a| a.verifier()));
-        }
+    let Some(addr) = addr else {
+        return Ok(Lookup::Unchecked);
+    };
+    let min = std::time::Duration::from_millis(shared.config.auth.verifier_miss_refresh_ms);
+    if let Err(e) = shared
+        .verifiers
+        .refresh_waiting(&shared.config, &addr, min)
+        .await
+    {
+        tracing::debug!(error = %e, "cannot re-read the accounts for a login");
+        return Ok(Lookup::Unchecked);
     }
-    Ok(None)
+    Ok(match shared.verifiers.lookup(user, peer.ip()) {
+        Some(a) => Lookup::Found(a.verifier()),
+        None => Lookup::NotFound,
+    })
 }
 
 /// Checks a mysql_native_password answer to `scramble` against the account's verifier.
