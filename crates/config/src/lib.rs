@@ -127,6 +127,9 @@ pub struct ProxyConfig {
     /// TCP keepalive on client connections (idle seconds before the first probe): a client
     /// that vanished without closing is noticed. 0 turns it off.
     pub client_keepalive_secs: u64,
+    /// Close a logged-in client connection that has sent nothing for this long, as the
+    /// server's `wait_timeout` would (its session state goes with it). 0: never.
+    pub client_idle_timeout_secs: u64,
 }
 
 impl Default for ProxyConfig {
@@ -147,6 +150,7 @@ impl Default for ProxyConfig {
             login_failure_delay_ms: 250,
             max_login_failure_delay_ms: 4_000,
             client_keepalive_secs: 60,
+            client_idle_timeout_secs: 0,
         }
     }
 }

@@ -157,3 +157,39 @@ fn accounts_created_just_before_their_first_login_log_in() {
         assert_eq!(c.query_first::<i64, _>("SELECT 1").unwrap(), Some(1));
     }
 }
+
+#[test]
+fn an_idle_client_is_closed_after_client_idle_timeout_secs_and_a_busy_one_is_not() {
+    let h = Harness::start_with(Options::default().config(|c| {
+        c.proxy.client_idle_timeout_secs = 1;
+    }));
+    use mysql::prelude::Queryable;
+    let mut idle = login_as(&h, h.user(), h.password()).unwrap();
+    let mut busy = login_as(&h, h.user(), h.password()).unwrap();
+    assert_eq!(idle.query_first::<i64, _>("SELECT 1").unwrap(), Some(1));
+    // The busy one sends a statement every 300 ms for 3 s; the idle one sends nothing.
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        assert_eq!(busy.query_first::<i64, _>("SELECT 2").unwrap(), Some(2));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    holdfast_it::wait_for(
+        "holdfast to close the idle session",
+        Duration::from_secs(10),
+        || (h.shared.sessions.len() == 1).then_some(()),
+    );
+    assert!(
+        idle.query_first::<i64, _>("SELECT 1").is_err(),
+        "the idle connection was closed"
+    );
+    assert_eq!(busy.query_first::<i64, _>("SELECT 3").unwrap(), Some(3));
+    let m = h.metrics();
+    assert_eq!(
+        metric(
+            &m,
+            "holdfast_sessions_closed_by_holdfast_total{reason=\"idle_timeout\"}"
+        ),
+        Some(1.0),
+        "{m}"
+    );
+}

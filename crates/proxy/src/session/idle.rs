@@ -25,7 +25,8 @@ enum IdleEvent {
     /// The topology changed (false: the monitor is gone).
     Topology(bool),
     BackendGone,
-    Cooldown,
+    /// The earlier of the cool-down's end and the idle timeout.
+    Deadline,
 }
 
 impl Session {
@@ -39,6 +40,9 @@ impl Session {
         self.idle_timer
             .as_mut()
             .reset(tokio::time::Instant::now() + IDLE_PROBE);
+        let idle_timeout = self.shared.config.proxy.client_idle_timeout_secs;
+        let idle_deadline =
+            (idle_timeout > 0).then(|| Instant::now() + Duration::from_secs(idle_timeout));
         loop {
             let cooldown_end = self
                 .move_pending_since
@@ -50,7 +54,7 @@ impl Session {
                     &mut self.backend.conn,
                     &mut self.topology,
                     self.backend_dead,
-                    cooldown_end,
+                    cooldown_end.into_iter().chain(idle_deadline).min(),
                     self.idle_timer.as_mut(),
                     quiet,
                 ) => {
@@ -68,7 +72,15 @@ impl Session {
                             tracing::info!(session = self.info.id, node = %self.backend_name, "backend connection lost while idle");
                             self.mark_backend_dead();
                         }
-                        IdleEvent::Cooldown => return Err(self.cooldown_expired()),
+                        IdleEvent::Deadline if idle_deadline.is_some_and(|d| Instant::now() >= d) => {
+                            return Err(End::Closed {
+                                reason: CloseReason::IdleTimeout,
+                                message: format!(
+                                    "closed: the client sent nothing for client_idle_timeout_secs = {idle_timeout}"
+                                ),
+                            });
+                        }
+                        IdleEvent::Deadline => return Err(self.cooldown_expired()),
                     }
                     continue;
                 }
@@ -121,7 +133,7 @@ async fn idle_watch(
     conn: &mut PacketConn,
     topology: &mut watch::Receiver<Arc<Topology>>,
     backend_dead: bool,
-    cooldown_end: Option<Instant>,
+    deadline: Option<Instant>,
     probe: Pin<&mut Sleep>,
     quiet: bool,
 ) -> IdleEvent {
@@ -132,7 +144,7 @@ async fn idle_watch(
     tokio::select! {
         r = topology.changed(), if !backend_dead => IdleEvent::Topology(r.is_ok()),
         _ = backend_gone(conn), if !backend_dead => IdleEvent::BackendGone,
-        _ = sleep_until_opt(cooldown_end), if cooldown_end.is_some() => IdleEvent::Cooldown,
+        _ = sleep_until_opt(deadline), if deadline.is_some() => IdleEvent::Deadline,
         else => std::future::pending().await,
     }
 }

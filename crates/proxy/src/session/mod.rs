@@ -82,6 +82,8 @@ enum CloseReason {
     Cooldown(Blocker),
     /// No writable node within the hold window.
     HoldWindowExpired,
+    /// The client sent nothing for `client_idle_timeout_secs`.
+    IdleTimeout,
     /// The new node refused the session's login.
     LoginRefused,
     /// The new node refused part of the session's state.
@@ -97,6 +99,7 @@ impl CloseReason {
             CloseReason::StateLost(b) => b.lost_label(),
             CloseReason::Cooldown(b) => b.cooldown_label(),
             CloseReason::HoldWindowExpired => "hold_window_expired",
+            CloseReason::IdleTimeout => "idle_timeout",
             CloseReason::LoginRefused => "login_refused",
             CloseReason::StateRejected => "state_rejected",
             CloseReason::ReprepareRefused => "reprepare_refused",
@@ -370,6 +373,15 @@ impl Session {
         match &end {
             End::Quit | End::Client(ConnError::Closed) => {
                 tracing::debug!(session = id, "session ended")
+            }
+            End::Closed {
+                reason: CloseReason::IdleTimeout,
+                message,
+            } => {
+                self.shared
+                    .metrics
+                    .session_closed(CloseReason::IdleTimeout.label());
+                tracing::info!(session = id, client = %peer, "{message}")
             }
             End::Closed { reason, message } => {
                 self.shared.metrics.session_closed(reason.label());
