@@ -18,6 +18,29 @@ fn kill(h: &Harness, id: &str) {
     h.root_sql(&format!("KILL {id}"));
 }
 
+/// `SELECT n` answered with its own reply. When the query reaches the killed connection
+/// before holdfast noticed the kill, it is not run again (someone killed that connection
+/// on purpose) and gets its own ERR 1317; then it runs on the new connection. Returns how
+/// many such errors there were.
+fn select_in_step(c: &mut RawConn, n: u32) -> u32 {
+    match c.query_value(&format!("SELECT {n}")) {
+        Ok(v) => {
+            assert_eq!(v, Some(n.to_string()), "the reply to SELECT {n}");
+            0
+        }
+        Err(e) => {
+            assert_eq!(server_err(&e).map(|e| e.code), Some(1317), "{e:#}");
+            let v = c.query_value(&format!("SELECT {n}")).unwrap();
+            assert_eq!(
+                v,
+                Some(n.to_string()),
+                "the reply to SELECT {n}, asked again"
+            );
+            1
+        }
+    }
+}
+
 /// COM_STMT_CLOSE has no reply. Closed, then the backend connection killed, the next query
 /// gets its own result; killed, then closed at once (the close may meet the dead
 /// connection), likewise. The closed statements stay closed on the new backend.
@@ -39,13 +62,13 @@ fn stmt_close_around_a_killed_backend_connection_gets_no_reply() {
     let id = backend_id(&mut c);
     c.close_statement(first.id).unwrap();
     kill(&h, &id);
-    assert_eq!(c.query_value("SELECT 42").unwrap().as_deref(), Some("42"));
+    let mut interrupted = select_in_step(&mut c, 42);
 
     let id2 = backend_id(&mut c);
     assert_ne!(id2, id, "the session moved to a new backend connection");
     kill(&h, &id2);
     c.close_statement(second.id).unwrap();
-    assert_eq!(c.query_value("SELECT 43").unwrap().as_deref(), Some("43"));
+    interrupted += select_in_step(&mut c, 43);
 
     for closed in [first.id, second.id] {
         let e = c.execute_no_params(closed, 0).unwrap_err();
@@ -57,8 +80,8 @@ fn stmt_close_around_a_killed_backend_connection_gets_no_reply() {
     let m = h.metrics();
     assert_eq!(
         metric(&m, "holdfast_requests_failed_on_backend_loss_total"),
-        Some(0.0),
-        "no command was answered with an error: {m}"
+        Some(f64::from(interrupted)),
+        "no command but the interrupted SELECTs was answered with an error: {m}"
     );
 }
 
