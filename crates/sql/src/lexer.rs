@@ -20,6 +20,16 @@ impl SqlMode {
         ansi_quotes: false,
         no_backslash_escapes: false,
     };
+    /// `ANSI_QUOTES` alone.
+    pub const ANSI_QUOTES: SqlMode = SqlMode {
+        ansi_quotes: true,
+        no_backslash_escapes: false,
+    };
+    /// `NO_BACKSLASH_ESCAPES` alone.
+    pub const NO_BACKSLASH_ESCAPES: SqlMode = SqlMode {
+        ansi_quotes: false,
+        no_backslash_escapes: true,
+    };
 
     /// Reads the lexer-relevant modes out of an `sql_mode` value as the server reports it
     /// (`STRICT_TRANS_TABLES,ANSI_QUOTES,...`, any case, names separated by commas).

@@ -3,14 +3,8 @@ use crate::{
     Statements, TokenKind,
 };
 
-const ANSI: SqlMode = SqlMode {
-    ansi_quotes: true,
-    no_backslash_escapes: false,
-};
-const NBE: SqlMode = SqlMode {
-    ansi_quotes: false,
-    no_backslash_escapes: true,
-};
+const ANSI: SqlMode = SqlMode::ANSI_QUOTES;
+const NBE: SqlMode = SqlMode::NO_BACKSLASH_ESCAPES;
 const BOTH: SqlMode = SqlMode {
     ansi_quotes: true,
     no_backslash_escapes: true,

@@ -853,14 +853,8 @@ mod tests {
     use super::LossVerdict;
     use holdfast_sql::SqlMode;
 
-    const ANSI: SqlMode = SqlMode {
-        ansi_quotes: true,
-        no_backslash_escapes: false,
-    };
-    const NBE: SqlMode = SqlMode {
-        ansi_quotes: false,
-        no_backslash_escapes: true,
-    };
+    const ANSI: SqlMode = SqlMode::ANSI_QUOTES;
+    const NBE: SqlMode = SqlMode::NO_BACKSLASH_ESCAPES;
 
     /// Run again after a loss outside a transaction, in a session whose mode is `mode`.
     fn retried_in(sql: &str, mode: Option<SqlMode>) -> bool {
