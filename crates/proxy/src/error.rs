@@ -57,7 +57,8 @@ pub enum ErrorKind {
     SessionLost,
     /// A serverless instance did not resume in time; nothing ran (3032).
     InstanceUnavailable,
-    /// No writable node is known, or none could be reached, for a new login (2003).
+    /// No writable node is known, or none could be reached, for a new login (1053, see
+    /// [`ErrorKind::code`]).
     NoBackend,
 }
 
@@ -77,8 +78,12 @@ impl ErrorKind {
             ErrorKind::StatementInterrupted => 1317,
             ErrorKind::SessionLost => code::ER_CONNECTION_KILLED,
             ErrorKind::InstanceUnavailable => 3032,
-            // A client-side code: what a client reports when it cannot reach the server.
-            ErrorKind::NoBackend => 2003,
+            // Every code in an ERR packet must be a server's (< 2000 or >= 3000): clients
+            // read 2000-2999 as their own, and the `mariadb` CLI reports an ERR carrying
+            // 2003 as "2027 Received malformed packet". ER_SERVER_SHUTDOWN is what a
+            // server that cannot serve now answers a login with; its SQLSTATE 08S01 is a
+            // connection failure, which drivers and pools treat as "try again later".
+            ErrorKind::NoBackend => code::ER_SERVER_SHUTDOWN,
         }
     }
 
@@ -86,14 +91,13 @@ impl ErrorKind {
     pub fn sql_state(self) -> &'static str {
         match self {
             ErrorKind::TooManyConnections | ErrorKind::AuthMethodUnsupported => "08004",
-            ErrorKind::BadHandshake | ErrorKind::UnknownCommand | ErrorKind::PacketTooLarge => {
-                "08S01"
-            }
+            ErrorKind::BadHandshake
+            | ErrorKind::UnknownCommand
+            | ErrorKind::PacketTooLarge
+            | ErrorKind::NoBackend => "08S01",
             ErrorKind::AccessDenied => "28000",
             ErrorKind::TransactionRolledBack => "40001",
             ErrorKind::StatementInterrupted | ErrorKind::SessionLost => "70100",
-            // "SQL client unable to establish SQL connection".
-            ErrorKind::NoBackend => "08001",
             ErrorKind::MalformedPacket
             | ErrorKind::UnknownStatement
             | ErrorKind::CommitOutcomeUnknown
@@ -239,7 +243,7 @@ mod tests {
 
     #[test]
     fn each_kind_has_the_state_mariadb_sends_with_its_code() {
-        // From MariaDB's sql_state.h (and the client library for 2003).
+        // From MariaDB's sql_state.h.
         let expected = [
             (1040, "08004"),
             (1043, "08S01"),
@@ -254,10 +258,19 @@ mod tests {
             (1317, "70100"),
             (1927, "70100"),
             (3032, "HY000"),
-            (2003, "08001"),
+            (1053, "08S01"),
         ];
         for (kind, (code, state)) in ErrorKind::ALL.iter().zip(expected) {
             assert_eq!((kind.code(), kind.sql_state()), (code, state), "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn every_code_is_a_server_code() {
+        // 2000-2999 are the client library's own codes; in an ERR packet clients misread
+        // them (the `mariadb` CLI: "2027 Received malformed packet").
+        for kind in ErrorKind::ALL {
+            assert!(!(2000..3000).contains(&kind.code()), "{kind:?}");
         }
     }
 

@@ -90,6 +90,11 @@ pub struct ResponseMachine {
     continuation: bool,
     /// Status flags of the last terminator seen (OK/EOF).
     last_status: u16,
+    /// The command is a COM_STMT_EXECUTE that asked for a cursor: an EOF after the column
+    /// definitions with SERVER_STATUS_CURSOR_EXISTS ends the response (rows come through
+    /// COM_STMT_FETCH). Anywhere else the flag only reports a cursor open on the server
+    /// (a stored program's `OPEN c` sets it in text-protocol answers) and the rows follow.
+    cursor: bool,
 }
 
 impl ResponseMachine {
@@ -108,7 +113,15 @@ impl ResponseMachine {
             deprecate_eof,
             continuation: false,
             last_status: 0,
+            cursor: false,
         }
+    }
+
+    /// The machine for the answer to a COM_STMT_EXECUTE sent with a cursor type (flags
+    /// other than CURSOR_TYPE_NO_CURSOR): a result set may stop after its metadata.
+    pub fn with_cursor(mut self, cursor: bool) -> Self {
+        self.cursor = cursor && self.expect == Expect::ResultSets;
+        self
     }
 
     pub fn is_done(&self) -> bool {
@@ -228,8 +241,10 @@ impl ResponseMachine {
             State::ColumnsEof => {
                 let eof = EofPacket::parse(payload)?;
                 self.last_status = eof.status;
-                // A cursor was opened: rows come later through COM_STMT_FETCH.
-                self.state = if eof.status & SERVER_STATUS_CURSOR_EXISTS != 0 {
+                // A cursor was opened for this execution: rows come later through
+                // COM_STMT_FETCH. Only when one was asked for: the flag also reports a
+                // stored program's open cursor, and then the rows follow as usual.
+                self.state = if self.cursor && eof.status & SERVER_STATUS_CURSOR_EXISTS != 0 {
                     State::Done
                 } else {
                     State::Rows
@@ -434,7 +449,55 @@ mod tests {
         let mut s = packet(&[1], 1);
         s.extend(packet(&col(), 2));
         s.extend(packet(&eof(SERVER_STATUS_CURSOR_EXISTS | 2), 3));
+        let mut m = ResponseMachine::new(Expect::ResultSets, false).with_cursor(true);
+        let (_, pos) = run(&mut m, &s);
+        assert!(m.is_done());
+        assert_eq!(pos, s.len());
+    }
+
+    /// A stored program's `OPEN c` sets SERVER_STATUS_CURSOR_EXISTS in the text-protocol
+    /// answers that follow (`BEGIN NOT ATOMIC DECLARE c CURSOR FOR ...; OPEN c; SELECT 5;
+    /// CLOSE c; END`): the rows still follow, then the final OK.
+    fn procedure_cursor_stream(status: u16) -> Vec<u8> {
+        let mut s = packet(&[1], 1);
+        s.extend(packet(&col(), 2));
+        s.extend(packet(&eof(status | SERVER_MORE_RESULTS_EXISTS), 3));
+        s.extend(packet(b"\x015", 4));
+        s.extend(packet(&eof(status | SERVER_MORE_RESULTS_EXISTS), 5));
+        s.extend(packet(&ok(0, 2), 6));
+        s
+    }
+
+    #[test]
+    fn cursor_flag_in_a_text_result_does_not_end_it() {
+        let s = procedure_cursor_stream(SERVER_STATUS_CURSOR_EXISTS | 2);
         let mut m = ResponseMachine::new(Expect::ResultSets, false);
+        let (ev, pos) = run(&mut m, &s);
+        assert!(m.is_done());
+        assert_eq!(pos, s.len());
+        assert_eq!(ev.len(), 6);
+        assert_eq!(m.last_status(), 2);
+        // Also when a caller passes `with_cursor(false)`, and for other commands.
+        let mut m = ResponseMachine::new(Expect::ResultSets, false).with_cursor(false);
+        assert_eq!(run(&mut m, &s).1, s.len());
+        let m = ResponseMachine::new(Expect::Status, false).with_cursor(true);
+        assert!(!m.cursor);
+    }
+
+    #[test]
+    fn cursor_flag_under_deprecate_eof_does_not_end_rows() {
+        let mut s = packet(&[1], 1);
+        s.extend(packet(&col(), 2));
+        s.extend(packet(b"\x015", 3));
+        s.extend(packet(
+            &ok(
+                EOF_HEADER,
+                SERVER_STATUS_CURSOR_EXISTS | SERVER_MORE_RESULTS_EXISTS | 2,
+            ),
+            4,
+        ));
+        s.extend(packet(&ok(0, 2), 5));
+        let mut m = ResponseMachine::new(Expect::ResultSets, true);
         let (_, pos) = run(&mut m, &s);
         assert!(m.is_done());
         assert_eq!(pos, s.len());

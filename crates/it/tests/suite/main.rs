@@ -12,6 +12,7 @@ mod ha;
 mod ha_admin;
 mod keepalive;
 mod lost_statements;
+mod parity;
 mod python;
 mod restore;
 mod rust_client;

@@ -17,7 +17,7 @@ use holdfast_wire::auth::{printable_scramble, verify_native, PasswordHash, NATIV
 use holdfast_wire::caps::*;
 use holdfast_wire::frame::{self, parse_header};
 use holdfast_wire::handshake::{AuthSwitch, ChangeUser, ClientHello, Greeting, LoginRequest};
-use holdfast_wire::packets::{ok_payload, ERR_HEADER, OK_HEADER};
+use holdfast_wire::packets::{ok_payload, ErrPacket, ERR_HEADER, OK_HEADER};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 
@@ -167,7 +167,9 @@ async fn backend_failed(
             tracing::warn!(node, error = %other, "login: cannot open a backend connection");
             let error = ClientError::new(
                 ErrorKind::NoBackend,
-                format!("holdfast: cannot open a connection to database node {node}"),
+                format!(
+                    "holdfast: cannot open a connection to database node {node}; try again later"
+                ),
             );
             refuse(client, shared, seq, error).await
         }
@@ -482,13 +484,32 @@ async fn writable_node(
     client: &mut PacketConn,
     seq: u8,
 ) -> Result<NodeState, LoginError> {
-    let node = shared.topology.borrow().primary_node().cloned();
+    let (node, states) = {
+        let topology = shared.topology.borrow();
+        // The nodes by name and state (never their addresses) for the message.
+        let states: Vec<String> = topology
+            .nodes
+            .iter()
+            .map(|n| {
+                let state = match (n.reachable, n.read_only) {
+                    (false, _) => "unreachable",
+                    (true, Some(true)) => "read-only",
+                    (true, _) => "not writable",
+                };
+                format!("{} {state}", n.name)
+            })
+            .collect();
+        (topology.primary_node().cloned(), states)
+    };
     match node {
         Some(n) => Ok(n),
         None => {
             let error = ClientError::new(
                 ErrorKind::NoBackend,
-                "holdfast: no writable database node is available",
+                format!(
+                    "holdfast: no writable database node is available ({}); try again later",
+                    states.join(", ")
+                ),
             );
             Err(refuse(client, shared, seq, error).await)
         }
@@ -717,8 +738,7 @@ impl Session {
                 let Ok(secret) = check_native(v, &response, &self.scramble) else {
                     wrong_password(&self.shared, peer, &user).await;
                     let error = ClientError::access_denied(&user, peer, !response.is_empty());
-                    self.send_error(seq, &error).await?;
-                    return Err(End::Protocol("COM_CHANGE_USER refused".into()));
+                    return self.change_user_refused(cu, seq, error).await;
                 };
                 let answer = secret
                     .as_ref()
@@ -762,13 +782,17 @@ impl Session {
         {
             Exchange::Accepted(next) => seq = next,
             Exchange::Refused(payload, seq) => {
-                self.client
+                // The server keeps the connection, logged in as before (below).
+                self.after_refused_change_user();
+                self.restore_trackers().await?;
+                self.shared
+                    .metrics
+                    .count_error(ErrPacket::parse(&payload).map_or(0, |e| e.code));
+                return self
+                    .client
                     .write_packet(&payload, seq)
                     .await
-                    .map_err(End::Client)?;
-                return Err(End::Protocol(
-                    "COM_CHANGE_USER refused by the backend".into(),
-                ));
+                    .map_err(End::Client);
             }
         }
         self.statements.clear();
@@ -792,5 +816,105 @@ impl Session {
             .write_packet(&ok_payload(0, 0, SERVER_STATUS_AUTOCOMMIT, 0), seq)
             .await
             .map_err(End::Client)
+    }
+
+    /// A COM_CHANGE_USER holdfast refused itself (wrong password for an account it
+    /// verifies). The server answers ERR and keeps the connection, logged in as before but
+    /// with its session reset (it resets before it authenticates, and counts the failure:
+    /// from the fourth on it answers ERR 1047). For the backend to be in that same state
+    /// it gets the same request with an answer that cannot match, and holdfast answers the
+    /// client as the backend did, in the server's words for the client's address.
+    async fn change_user_refused(
+        &mut self,
+        cu: ChangeUser,
+        seq: u8,
+        denied: ClientError,
+    ) -> Result<(), End> {
+        let probe = ChangeUser {
+            // No password hashes to 20 zero bytes over any scramble that is not
+            // pathological; an account without a password refuses any non-empty answer.
+            auth_response: vec![0; 20],
+            auth_plugin: NATIVE_PASSWORD.as_bytes().to_vec(),
+            ..cu
+        };
+        self.backend
+            .conn
+            .write_packet(&probe.encode(self.backend.capabilities), 0)
+            .await
+            .map_err(End::Backend)?;
+        // The server may ask again over a fresh scramble (an authentication switch): the
+        // same answer that cannot match, a few times at most.
+        let mut rounds = 0;
+        let answer = loop {
+            let answer = self
+                .backend
+                .conn
+                .read_packet(AUTH_MAX_PACKET)
+                .await
+                .map_err(End::Backend)?;
+            rounds += 1;
+            if answer.payload.first() != Some(&0xfe) || rounds > 3 {
+                break answer;
+            }
+            let next = answer.seq.wrapping_add(1);
+            self.backend
+                .conn
+                .write_packet(&[0; 20], next)
+                .await
+                .map_err(End::Backend)?;
+        };
+        let err = match answer.payload.first() {
+            Some(&ERR_HEADER) => ErrPacket::parse(&answer.payload).ok().map(|e| e.code),
+            _ => None,
+        };
+        let Some(code) = err else {
+            // Accepted, or an exchange started: the backend is not where the client is.
+            tracing::warn!(
+                first = ?answer.payload.first(),
+                "COM_CHANGE_USER refused, but the backend did not refuse it; closing"
+            );
+            self.send_error(seq, &denied).await?;
+            return Err(End::Protocol(
+                "COM_CHANGE_USER refused, but the backend did not refuse it".into(),
+            ));
+        };
+        let payload = answer.payload.to_vec();
+        self.after_refused_change_user();
+        self.restore_trackers().await?;
+        if code == denied.kind.code() {
+            self.send_error(seq, &denied).await
+        } else {
+            self.shared.metrics.count_error(code);
+            self.client
+                .write_packet(&payload, seq)
+                .await
+                .map_err(End::Client)
+        }
+    }
+
+    /// The session after a COM_CHANGE_USER the backend refused: the same user, database and
+    /// character sets, everything else reset as by COM_RESET_CONNECTION (transaction rolled
+    /// back, variables, temporary tables, prepared statements and locks gone). The backend
+    /// reset its session trackers too: the caller enables them again.
+    fn after_refused_change_user(&mut self) {
+        const KEPT: [&str; 4] = [
+            "character_set_client",
+            "character_set_connection",
+            "character_set_results",
+            "collation_connection",
+        ];
+        let schema = self.record.schema.take();
+        let kept: Vec<(String, String)> = self
+            .record
+            .variables
+            .iter()
+            .filter(|(name, _)| KEPT.iter().any(|k| name.eq_ignore_ascii_case(k)))
+            .map(|(n, v)| (n.clone(), v.clone()))
+            .collect();
+        self.statements.clear();
+        self.record.reset();
+        self.record.schema = schema;
+        self.record.variables.extend(kept);
+        self.captured = Captured::default();
     }
 }

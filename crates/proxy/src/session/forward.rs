@@ -217,7 +217,7 @@ impl Session {
             COM_STMT_PREPARE => {
                 self.forward(request).await?;
                 let sql = Bytes::copy_from_slice(&frame::logical_payload(request)[1..]);
-                self.relay_inner(reply, Some(sql)).await.map(|_| ())
+                self.relay_inner(reply, Some(sql), false).await.map(|_| ())
             }
             COM_STMT_EXECUTE
             | COM_STMT_FETCH
@@ -338,16 +338,22 @@ impl Session {
     /// Streams one command's response to the client, inspecting only the packets that carry
     /// state. Rows and column definitions pass through in the reads they arrived in.
     async fn relay(&mut self, reply: Reply) -> Result<(), End> {
-        self.relay_inner(reply, None).await.map(|_| ())
+        self.relay_inner(reply, None, false).await.map(|_| ())
     }
 
     /// [`Session::relay`], returning the status flags of the response's last OK/EOF;
-    /// `prepare_sql`: the text of a statement being prepared.
-    async fn relay_inner(&mut self, reply: Reply, prepare_sql: Option<Bytes>) -> Result<u16, End> {
+    /// `prepare_sql`: the text of a statement being prepared; `cursor`: a COM_STMT_EXECUTE
+    /// that asked for a cursor (its result may stop after the metadata).
+    async fn relay_inner(
+        &mut self,
+        reply: Reply,
+        prepare_sql: Option<Bytes>,
+        cursor: bool,
+    ) -> Result<u16, End> {
         let Some(expect) = reply.expect() else {
             return Ok(0);
         };
-        let mut m = ResponseMachine::new(expect, self.deprecate_eof());
+        let mut m = ResponseMachine::new(expect, self.deprecate_eof()).with_cursor(cursor);
         let mut ready = 0usize;
         let mut passing = 0usize;
         let mut pending: Option<usize> = None;
@@ -612,7 +618,7 @@ impl Session {
                     .get(HEADER_LEN + 5)
                     .is_some_and(|f| f & CURSOR_TYPE_READ_ONLY != 0);
                 self.forward(request).await?;
-                let status = self.relay_inner(reply, None).await?;
+                let status = self.relay_inner(reply, None, wants_cursor).await?;
                 if let Some(stmt) = self.statements.get_mut(client_id) {
                     stmt.cursor_open = wants_cursor && status & SERVER_STATUS_CURSOR_EXISTS != 0;
                 }
@@ -622,7 +628,7 @@ impl Session {
             _ => {
                 // COM_STMT_FETCH
                 self.forward(request).await?;
-                let status = self.relay_inner(reply, None).await?;
+                let status = self.relay_inner(reply, None, false).await?;
                 if status & SERVER_STATUS_LAST_ROW_SENT != 0 {
                     if let Some(stmt) = self.statements.get_mut(client_id) {
                         stmt.cursor_open = false;
