@@ -83,6 +83,18 @@ pub enum ClientError {
 }
 
 impl ClientError {
+    /// The server could not be reached or went away before answering (as opposed to a
+    /// server that answered with an error): another node may serve instead.
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            ClientError::Connect { .. } | ClientError::Timeout(_) => true,
+            ClientError::Conn(ConnError::Closed | ConnError::Io(_)) => true,
+            // A server shutting down says so before it closes.
+            ClientError::Server { code, .. } => matches!(code, 1053 | 1077 | 1927),
+            _ => false,
+        }
+    }
+
     /// The error an ERR payload carries ([`ClientError::Server`]), or a wire error if the
     /// payload is malformed.
     pub fn from_err_payload(payload: &[u8]) -> Self {

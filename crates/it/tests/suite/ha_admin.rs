@@ -271,3 +271,32 @@ fn automatic_failover_after_kill_then_rejoin() {
         (n["reachable"] == true && n["read_only"] == true).then_some(())
     });
 }
+
+/// A login that arrives right after the primary is killed, before the monitor noticed it,
+/// is held (like a request) until the failover has promoted a replica, and lands there:
+/// new connections do not fail during a failover.
+#[test]
+fn a_login_during_an_automatic_failover_is_held_and_lands_on_the_new_primary() {
+    let mut h = managed_lab();
+    wait_for("the detector to watch node1", WAIT, || {
+        (h.status_json()["ha"]["watching"] == "node1").then_some(())
+    });
+    h.lab.kill_node("node1").expect("kill node1");
+    // At once: the topology still names node1 as the primary.
+    let port = port_via_holdfast(&h);
+    let primary = h.status_json()["topology"]["primary"]
+        .as_str()
+        .map(String::from)
+        .expect("a primary after the failover");
+    assert_ne!(primary, "node1");
+    assert_eq!(
+        port,
+        port_of(&h, &primary),
+        "the login landed on the new primary"
+    );
+    let m = h.metrics();
+    assert!(
+        holdfast_it::metric(&m, "holdfast_logins_held_total").unwrap_or(0.0) >= 1.0,
+        "{m}"
+    );
+}

@@ -138,6 +138,7 @@ pub struct Metrics {
     pub logins: Counter,
     pub logins_failed: Counter,
     pub logins_delayed: Counter,
+    pub logins_held: Counter,
     pub sessions_active: Gauge,
     pub sessions_passthrough_auth: Gauge,
     pub errors_sent: Family<CodeLabel, Counter>,
@@ -197,6 +198,11 @@ impl Metrics {
             connections_rejected: register(r, "client_connections_rejected", "Client connections closed before or during login, by reason"),
             logins: register(r, "logins", "Client logins completed"),
             logins_failed: register(r, "logins_failed", "Logins refused (wrong password)"),
+            logins_held: register(
+                r,
+                "logins_held",
+                "Logins that waited for a writable node (failover, switchover, restart)",
+            ),
             logins_delayed: register(
                 r,
                 "logins_delayed",

@@ -10,7 +10,7 @@ use crate::conn::{ConnError, PacketConn};
 use crate::error::{ClientError, ErrorKind};
 use crate::restore::Captured;
 use crate::serverless::InFlight;
-use crate::topology::NodeState;
+use crate::topology::{NodeState, Topology};
 use crate::verifiers::Verifier;
 use crate::Shared;
 use holdfast_wire::auth::{printable_scramble, verify_native, PasswordHash, NATIVE_PASSWORD};
@@ -20,6 +20,7 @@ use holdfast_wire::handshake::{AuthSwitch, ChangeUser, ClientHello, Greeting, Lo
 use holdfast_wire::packets::{ok_payload, ErrPacket, ERR_HEADER, OK_HEADER};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 /// Largest packet accepted during an authentication exchange: logins are small.
 const AUTH_MAX_PACKET: usize = 1 << 20;
@@ -232,7 +233,7 @@ pub async fn login(
             _ => None,
         };
         let _held = pass_gate(shared, client, seq).await?;
-        let node = writable_node(shared, client, seq).await?;
+        let node = writable_node(shared, client, seq, login_hold_until(shared), None).await?;
         let with_password = !req.auth_response.is_empty();
         refuse_if_host_dependent(shared, client, seq, (&user, with_password), peer, &node).await?;
         let header = backend::proxy_header(&node, peer);
@@ -285,25 +286,35 @@ pub async fn login(
     };
     shared.admission.login_succeeded(peer.ip(), &user);
     let _held = pass_gate(shared, client, seq).await?;
-    let node = writable_node(shared, client, seq).await?;
-    refuse_if_host_dependent(shared, client, seq, (&user, true), peer, &node).await?;
-    let header = backend::proxy_header(&node, peer);
-    let params = LoginParams {
-        user: &req.user,
-        secret: secret.as_ref(),
-        database: req.database.as_deref(),
-        charset: req.charset,
-        client_capabilities: capabilities,
-        attributes: &req.attributes,
-        exact_capabilities: exact,
-        proxy_header: header.as_deref(),
-    };
-    shared.metrics.backend_connects.inc();
-    let timeout = shared.config.proxy.connect_timeout();
-    let connector = &*shared.connector;
-    let backend = match backend::connect(connector, &node.address, &params, timeout).await {
-        Ok(b) => b,
-        Err(e) => return Err(backend_failed(client, shared, seq, &node.name, e).await),
+    let hold_until = login_hold_until(shared);
+    let mut unreachable: Option<String> = None;
+    let (backend, node) = loop {
+        let node = writable_node(shared, client, seq, hold_until, unreachable.as_deref()).await?;
+        refuse_if_host_dependent(shared, client, seq, (&user, true), peer, &node).await?;
+        let header = backend::proxy_header(&node, peer);
+        let params = LoginParams {
+            user: &req.user,
+            secret: secret.as_ref(),
+            database: req.database.as_deref(),
+            charset: req.charset,
+            client_capabilities: capabilities,
+            attributes: &req.attributes,
+            exact_capabilities: exact,
+            proxy_header: header.as_deref(),
+        };
+        shared.metrics.backend_connects.inc();
+        let timeout = shared.config.proxy.connect_timeout();
+        let connector = &*shared.connector;
+        match backend::connect(connector, &node.address, &params, timeout).await {
+            Ok(b) => break (b, node),
+            // The primary is down and the monitor has not noticed yet: wait for another.
+            Err(e) if e.is_unreachable() && Instant::now() < hold_until => {
+                tracing::info!(node = %node.name, error = %e, "login held: the primary does not answer");
+                shared.metrics.backend_connect_failures.inc();
+                unreachable = Some(node.name);
+            }
+            Err(e) => return Err(backend_failed(client, shared, seq, &node.name, e).await),
+        }
     };
     client
         .write_packet(&ok_payload(0, 0, SERVER_STATUS_AUTOCOMMIT, 0), seq)
@@ -479,11 +490,37 @@ fn source_address_towards(address: &str) -> Option<std::net::IpAddr> {
     Some(socket.local_addr().ok()?.ip())
 }
 
+/// The writable node a login goes to. While there is none (a failover, a switchover's
+/// promote step, a restart), or only `not` (the node a connection just failed to reach), the
+/// login is held, like a request, until one appears or `hold_until` passes.
 async fn writable_node(
     shared: &Shared,
     client: &mut PacketConn,
     seq: u8,
+    hold_until: Instant,
+    not: Option<&str>,
 ) -> Result<NodeState, LoginError> {
+    let mut topology = shared.topology.clone();
+    let wanted = |t: &Topology| {
+        t.primary_node()
+            .filter(|n| not != Some(n.name.as_str()))
+            .cloned()
+    };
+    let mut held = false;
+    loop {
+        if wanted(&topology.borrow_and_update()).is_some() {
+            break;
+        }
+        if !held {
+            held = true;
+            shared.metrics.logins_held.inc();
+            tracing::info!("login held: no writable node yet");
+        }
+        match tokio::time::timeout_at(hold_until.into(), topology.changed()).await {
+            Ok(Ok(())) => continue,
+            _ => break,
+        }
+    }
     let (node, states) = {
         let topology = shared.topology.borrow();
         // The nodes by name and state (never their addresses) for the message.
@@ -499,7 +536,7 @@ async fn writable_node(
                 format!("{} {state}", n.name)
             })
             .collect();
-        (topology.primary_node().cloned(), states)
+        (wanted(&topology), states)
     };
     match node {
         Some(n) => Ok(n),
@@ -514,6 +551,13 @@ async fn writable_node(
             Err(refuse(client, shared, seq, error).await)
         }
     }
+}
+
+/// How long a login may wait for a writable node: the hold window, but within the login's
+/// own deadline, so that the client gets an answer (not a closed connection).
+fn login_hold_until(shared: &Shared) -> Instant {
+    let within_login = shared.config.proxy.handshake_timeout() * 3 / 4;
+    Instant::now() + shared.config.proxy.hold_window().min(within_login)
 }
 
 /// The route phase of a login that must reach the server: opens the backend gate (wakes a
