@@ -144,3 +144,38 @@ fn a_login_with_the_only_node_down_gets_a_server_error_code() {
     );
     assert!(!out.stderr.contains("127.0.0.1"), "{}", out.stderr);
 }
+
+/// COM_RESET_CONNECTION keeps the current database on the server; holdfast's record of the
+/// session must too, or the session moves to another node with the wrong database.
+#[test]
+fn reset_connection_keeps_the_database_also_after_a_move() {
+    let h = Harness::start_with(holdfast_it::Options::default().replicas(1));
+    let after_reset = |addr| {
+        let mut c = connect_at(&h, addr);
+        c.query_drop("USE mysql").unwrap();
+        c.query_drop("SET @before_reset = 1").unwrap();
+        // holdfast has captured the user variable (for a move) before the reset.
+        h.wait_captured();
+        c.reset().unwrap();
+        let db: Option<String> = c.query_first("SELECT DATABASE()").unwrap().flatten();
+        (c, db)
+    };
+    let (_direct, direct_db) = after_reset(h.direct());
+    let (mut c, db) = after_reset(h.proxy);
+    assert_eq!(db, direct_db, "right after the reset");
+    let (code, body) = h.admin_post("/switchover?to=node2", None);
+    assert_eq!(code, 200, "{body}");
+    holdfast_it::wait_for(
+        "topology shows node2 as primary",
+        Duration::from_secs(20),
+        || (h.status().topology.primary.as_deref() == Some("node2")).then_some(()),
+    );
+    let moved: Option<String> = c.query_first("SELECT DATABASE()").unwrap().flatten();
+    assert_eq!(moved, direct_db, "after the session moved to node2");
+    let var: Option<i64> = c.query_first("SELECT @before_reset").unwrap().flatten();
+    assert_eq!(
+        var, None,
+        "the reset cleared the user variable; the move must not bring it back"
+    );
+    assert!(h.status().counters.sessions_moved >= 1);
+}

@@ -231,7 +231,12 @@ impl Session {
                 self.forward(request).await?;
                 self.relay(reply).await?;
                 self.statements.clear();
+                // The server resets the session but keeps its current database.
+                let schema = self.record.schema.take();
                 self.record.reset();
+                self.record.schema = schema;
+                // The user variables (and LAST_INSERT_ID) captured before are gone too.
+                self.captured = Default::default();
                 self.restore_trackers().await
             }
             _ => match reply {
