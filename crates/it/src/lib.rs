@@ -320,6 +320,23 @@ impl Harness {
             .unwrap_or_else(|e| panic!("/status does not parse ({e}): {body}"))
     }
 
+    /// Switches over to `node` through the admin API, waits until the topology shows it as
+    /// the primary, and returns its port.
+    pub fn switch_over_to(&self, node: &str) -> u16 {
+        let (code, body) = self.admin_post(&format!("/switchover?to={node}"), None);
+        assert_eq!(code, 200, "{body}");
+        wait_for(
+            &format!("topology shows {node} as primary"),
+            Duration::from_secs(20),
+            || (self.status().topology.primary.as_deref() == Some(node)).then_some(()),
+        );
+        self.lab
+            .status
+            .node(node)
+            .unwrap_or_else(|e| panic!("{node}: {e}"))
+            .port
+    }
+
     /// Waits until every session has captured the state only a capture reads (user
     /// variables...): sessions capture once idle, so a crash right after a statement that
     /// set user variables would lose them; tests that crash a node wait for this first.

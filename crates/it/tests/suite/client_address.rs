@@ -31,13 +31,7 @@ fn the_server_sees_the_clients_address_and_keeps_seeing_it_after_a_move() {
     let mut c = connect_from(&h, "127.0.0.2", h.user(), h.password()).unwrap();
     assert_eq!(server_side_user(&mut c), format!("{}@127.0.0.2", h.user()));
 
-    let (code, body) = h.admin_post("/switchover?to=node2", None);
-    assert_eq!(code, 200, "{body}");
-    wait_for(
-        "topology shows node2 as primary",
-        Duration::from_secs(20),
-        || (h.status().topology.primary.as_deref() == Some("node2")).then_some(()),
-    );
+    h.switch_over_to("node2");
     // The session moved to node2 with a new backend connection: the header went there too.
     assert_eq!(server_side_user(&mut c), format!("{}@127.0.0.2", h.user()));
     let node: String = c.query_first("SELECT @@hostname").unwrap().expect("a row");

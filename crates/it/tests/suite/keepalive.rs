@@ -39,19 +39,6 @@ fn port(c: &mut Conn) -> u16 {
         .expect("port")
 }
 
-/// Switches over to node2 through the admin API, waits until the topology shows it, and
-/// returns its port.
-fn switch_over_to_node2(h: &Harness) -> u16 {
-    let (code, body) = h.admin_post("/switchover?to=node2", None);
-    assert_eq!(code, 200, "{body}");
-    wait_for(
-        "topology shows node2 as primary",
-        Duration::from_secs(20),
-        || (h.status().topology.primary.as_deref() == Some("node2")).then_some(()),
-    );
-    h.lab.status.node("node2").unwrap().port
-}
-
 fn assert_same_session(c: &mut Conn, before: &StateRow, stmt: &mysql::Statement) {
     let after: StateRow = c.query_first(STATE).unwrap().expect("state row");
     assert_eq!(&after, before, "session state differs after the move");
@@ -71,7 +58,7 @@ fn session_state_survives_a_switchover() {
     assert_eq!(before.2, 42);
     assert_eq!(before.4, "latin1");
     let old_port = port(&mut c);
-    let node2 = switch_over_to_node2(&h);
+    let node2 = h.switch_over_to("node2");
     let new_port = port(&mut c);
     assert_ne!(new_port, old_port);
     assert_eq!(new_port, node2, "the session follows the primary");
@@ -370,7 +357,7 @@ fn state_set_right_before_a_switchover_survives_it() {
     let mut c = connect(&h);
     c.query_drop("SET @u = 7, SESSION time_zone = '+03:00'")
         .unwrap();
-    let node2 = switch_over_to_node2(&h);
+    let node2 = h.switch_over_to("node2");
     let row: Option<(i64, String, u16)> = c.query_first("SELECT @u, @@time_zone, @@port").unwrap();
     assert_eq!(row, Some((7, "+03:00".to_string(), node2)));
 }

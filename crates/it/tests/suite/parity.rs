@@ -163,13 +163,7 @@ fn reset_connection_keeps_the_database_also_after_a_move() {
     let (_direct, direct_db) = after_reset(h.direct());
     let (mut c, db) = after_reset(h.proxy);
     assert_eq!(db, direct_db, "right after the reset");
-    let (code, body) = h.admin_post("/switchover?to=node2", None);
-    assert_eq!(code, 200, "{body}");
-    holdfast_it::wait_for(
-        "topology shows node2 as primary",
-        Duration::from_secs(20),
-        || (h.status().topology.primary.as_deref() == Some("node2")).then_some(()),
-    );
+    h.switch_over_to("node2");
     let moved: Option<String> = c.query_first("SELECT DATABASE()").unwrap().flatten();
     assert_eq!(moved, direct_db, "after the session moved to node2");
     let var: Option<i64> = c.query_first("SELECT @before_reset").unwrap().flatten();
