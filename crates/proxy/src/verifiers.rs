@@ -143,6 +143,15 @@ impl VerifierCache {
         of(client) != of(server_sees)
     }
 
+    /// Whether some account named `user` is for particular hosts only (not `%`): only then
+    /// can the address the server sees make a difference.
+    pub fn has_host_specific_account(&self, user: &str) -> bool {
+        self.accounts
+            .load()
+            .get(user)
+            .is_some_and(|accounts| accounts.iter().any(|a| a.host != "%"))
+    }
+
     /// Whether the server has no account named `user` (for any host) and no anonymous
     /// account either, as of the last load: a login as `user` cannot succeed. False while
     /// nothing is loaded.

@@ -455,7 +455,7 @@ async fn refuse_if_host_dependent(
     peer: SocketAddr,
     node: &NodeState,
 ) -> Result<(), LoginError> {
-    if node.proxy_protocol {
+    if node.proxy_protocol || !shared.verifiers.has_host_specific_account(user) {
         return Ok(());
     }
     let Some(server_sees) = source_address_towards(&node.address) else {
