@@ -19,6 +19,9 @@ pub struct Sysbench {
     pub table_size: u32,
     /// Value of `--mysql-ignore-errors`.
     pub ignore_errors: String,
+    /// TLS (`--mysql-ssl=on`): sysbench 1.0 reads `cacert.pem`, `client-cert.pem` and
+    /// `client-key.pem` from its working directory, so it runs in this one.
+    pub tls_dir: Option<PathBuf>,
 }
 
 /// Numbers of one successful run.
@@ -69,6 +72,7 @@ impl Sysbench {
             tables,
             table_size,
             ignore_errors: ignore_errors.into(),
+            tls_dir: None,
         }
     }
 
@@ -83,7 +87,8 @@ impl Sysbench {
     }
 
     fn common_args(&self, port: u16) -> Vec<String> {
-        vec![
+        let tls = self.tls_dir.as_ref().map(|_| "--mysql-ssl=on".to_string());
+        let mut args = vec![
             "--mysql-host=127.0.0.1".into(),
             format!("--mysql-port={port}"),
             format!("--mysql-user={}", self.user),
@@ -91,7 +96,9 @@ impl Sysbench {
             format!("--mysql-db={}", self.db),
             format!("--tables={}", self.tables),
             format!("--table-size={}", self.table_size),
-        ]
+        ];
+        args.extend(tls);
+        args
     }
 
     /// `sysbench oltp_read_write prepare` against `port`, logging to `log`.
@@ -153,7 +160,11 @@ impl Sysbench {
     fn run_logged(&self, args: &[String], log: &Path, budget: Duration) -> Result<(bool, String)> {
         let file = fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
         let file2 = file.try_clone().context("duplicating log handle")?;
-        let mut child = Command::new(&self.exe)
+        let mut cmd = Command::new(&self.exe);
+        if let Some(dir) = &self.tls_dir {
+            cmd.current_dir(dir);
+        }
+        let mut child = cmd
             .args(args)
             .stdin(Stdio::null())
             .stdout(file)

@@ -146,12 +146,14 @@ impl PacketConn {
 
     pub async fn write_packet(&mut self, payload: &[u8], seq: u8) -> Result<(), ConnError> {
         let out = frame::packet(payload, seq);
-        self.stream.write_all(&out).await?;
-        Ok(())
+        self.write_raw(&out).await
     }
 
+    /// Writes `bytes` and flushes: a TLS stream may keep what it encrypted until flushed
+    /// (a socket is a no-op flush).
     pub async fn write_raw(&mut self, bytes: &[u8]) -> Result<(), ConnError> {
         self.stream.write_all(bytes).await?;
+        self.stream.flush().await?;
         Ok(())
     }
 
@@ -163,39 +165,43 @@ impl PacketConn {
     /// kernel to give up on that socket (a minute or more).
     pub async fn write_raw_watching(&mut self, bytes: &[u8]) -> Result<(), ConnError> {
         let mut written = 0;
-        std::future::poll_fn(|cx| {
-            while written < bytes.len() {
+        std::future::poll_fn(|cx| loop {
+            // The flush is watched too: a TLS stream takes the bytes into its buffer and
+            // waits for the socket in its flush.
+            if written < bytes.len() {
                 match Pin::new(&mut self.stream).poll_write(cx, &bytes[written..]) {
                     Poll::Ready(Ok(0)) => {
                         return Poll::Ready(Err(io::Error::from(io::ErrorKind::WriteZero).into()))
                     }
-                    Poll::Ready(Ok(n)) => written += n,
-                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
-                    Poll::Pending => {
-                        let mut byte = [0u8; 1];
-                        let mut buf = ReadBuf::new(&mut byte);
-                        return match Pin::new(&mut self.stream).poll_read(cx, &mut buf) {
-                            Poll::Pending => Poll::Pending,
-                            Poll::Ready(Err(e)) => Poll::Ready(Err(e.into())),
-                            Poll::Ready(Ok(())) if buf.filled().is_empty() => {
-                                Poll::Ready(Err(ConnError::Closed))
-                            }
-                            Poll::Ready(Ok(())) => {
-                                self.rbuf.extend_from_slice(buf.filled());
-                                Poll::Ready(Err(io::Error::other(
-                                    "the peer spoke while it was being written to",
-                                )
-                                .into()))
-                            }
-                        };
+                    Poll::Ready(Ok(n)) => {
+                        written += n;
+                        continue;
                     }
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
+                    Poll::Pending => {}
                 }
+            } else if let Poll::Ready(r) = Pin::new(&mut self.stream).poll_flush(cx) {
+                return Poll::Ready(r.map_err(ConnError::from));
             }
-            Poll::Ready(Ok(()))
+            // Blocked: a peer that closes, or speaks, ends the wait.
+            let mut byte = [0u8; 1];
+            let mut buf = ReadBuf::new(&mut byte);
+            return match Pin::new(&mut self.stream).poll_read(cx, &mut buf) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(Err(e)) => Poll::Ready(Err(e.into())),
+                Poll::Ready(Ok(())) if buf.filled().is_empty() => {
+                    Poll::Ready(Err(ConnError::Closed))
+                }
+                Poll::Ready(Ok(())) => {
+                    self.rbuf.extend_from_slice(buf.filled());
+                    Poll::Ready(Err(io::Error::other(
+                        "the peer spoke while it was being written to",
+                    )
+                    .into()))
+                }
+            };
         })
-        .await?;
-        self.stream.flush().await?;
-        Ok(())
+        .await
     }
 }
 

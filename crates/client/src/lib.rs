@@ -21,6 +21,7 @@ mod prepared;
 mod query;
 #[cfg(test)]
 mod tests;
+pub mod tls;
 
 pub use conn::{BoxedIo, ConnError, Io, Packet, PacketConn};
 pub use holdfast_wire::auth::PasswordHash;
@@ -80,6 +81,12 @@ pub enum ClientError {
     UnsupportedPlugin(String),
     #[error("backend connection: {0}")]
     Conn(#[from] ConnError),
+    #[error("the server does not offer TLS")]
+    TlsNotOffered,
+    #[error("TLS handshake with the server failed: {0}")]
+    Tls(std::io::Error),
+    #[error("TLS settings: {0}")]
+    TlsSetup(#[from] tls::TlsSetupError),
 }
 
 impl ClientError {
@@ -207,14 +214,28 @@ pub async fn open(addr: &str, timeout: Duration) -> Result<(PacketConn, Greeting
         .map_err(|_| ClientError::Timeout(timeout))?
 }
 
+/// Where a login goes inside TLS: the settings and the name the server's certificate
+/// must carry.
+#[derive(Clone, Copy)]
+pub struct TlsTarget<'a> {
+    pub tls: &'a tls::TlsClient,
+    pub host: &'a str,
+}
+
 /// Logs in on an opened connection with `capabilities` (mysql_native_password, following
-/// an auth switch to it). No timeout of its own: [`connect`] puts one around it.
+/// an auth switch to it), inside TLS when `tls` is given. No timeout of its own:
+/// [`connect`] puts one around it.
 pub async fn login(
     mut conn: PacketConn,
     greeting: Greeting,
     login: &Login<'_>,
     capabilities: u32,
+    tls: Option<TlsTarget<'_>>,
 ) -> Result<Client, ClientError> {
+    let capabilities = match tls {
+        Some(_) => capabilities | CLIENT_SSL,
+        None => capabilities & !CLIENT_SSL,
+    };
     let scramble = |data: &[u8]| match login.secret {
         Some(s) => s.scramble_response(data).to_vec(),
         None => Vec::new(),
@@ -229,7 +250,11 @@ pub async fn login(
         auth_plugin: NATIVE_PASSWORD.as_bytes().to_vec(),
         attributes: login.attributes.to_vec(),
     };
-    conn.write_packet(&request.encode(), 1).await?;
+    if let Some(t) = tls {
+        tls::start_tls(&mut conn, &greeting, t.tls, t.host, &request).await?;
+    }
+    conn.write_packet(&request.encode(), login_request_seq(capabilities))
+        .await?;
     loop {
         let p = conn.read_packet(CONTROL_MAX_PACKET).await?;
         match p.payload.first() {
@@ -259,6 +284,15 @@ pub async fn login(
     })
 }
 
+/// The sequence id of the login request: 2 behind an SSLRequest, 1 otherwise.
+pub fn login_request_seq(capabilities: u32) -> u8 {
+    if capabilities & CLIENT_SSL != 0 {
+        2
+    } else {
+        1
+    }
+}
+
 /// Opens a connection and logs in, all within `timeout`. `capabilities` picks the login
 /// request's capabilities from the server's.
 pub async fn connect(
@@ -270,7 +304,7 @@ pub async fn connect(
     let fut = async {
         let (conn, greeting) = open(addr, timeout).await?;
         let caps = capabilities(greeting.capabilities);
-        login(conn, greeting, login_as, caps).await
+        login(conn, greeting, login_as, caps, None).await
     };
     tokio::time::timeout(timeout, fut)
         .await

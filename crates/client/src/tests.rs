@@ -174,7 +174,7 @@ async fn logs_in_over_a_duplex_stream() {
         charset: UTF8MB4_GENERAL_CI,
         attributes: &[],
     };
-    let mut c = login(conn, greeting, &as_app, DEFAULT_CAPABILITIES)
+    let mut c = login(conn, greeting, &as_app, DEFAULT_CAPABILITIES, None)
         .await
         .unwrap();
     let r = c.query("SELECT a, b").await.unwrap();

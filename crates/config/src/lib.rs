@@ -8,16 +8,19 @@
 //! * [`admin`]: the `[admin]` section and the admin API's token ([`AdminToken`], its file).
 //! * [`ha`]: the `[ha]` section.
 //! * [`serverless`]: the `[serverless]` section, its scaling policy and instance drivers.
+//! * [`tls`]: `[tls]` (to clients) and `[backend_tls]` (to the nodes).
 
 pub mod admin;
 pub mod ha;
 pub mod secret;
 pub mod serverless;
+pub mod tls;
 
 pub use admin::{AdminConfig, AdminToken, TokenSource};
 pub use ha::{HaConfig, HaMode};
 pub use secret::Secret;
 pub use serverless::{PauseTier, ServerlessConfig};
+pub use tls::{BackendTlsConfig, BackendTlsMode, TlsConfig, TlsVersion};
 
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -70,6 +73,17 @@ pub struct Config {
     /// connect, scaled in place, metered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serverless: Option<ServerlessConfig>,
+    /// TLS offered to clients (`[tls]`). Written out only when set, so that a config
+    /// without TLS reads in builds from before it.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub tls: TlsConfig,
+    /// TLS to the nodes (`[backend_tls]`).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub backend_tls: BackendTlsConfig,
+}
+
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
 }
 
 /// An extra client listener.
@@ -373,6 +387,8 @@ impl Config {
         }
         self.admin.validate()?;
         self.driver.validate()?;
+        self.tls.validate()?;
+        self.backend_tls.validate()?;
         if self.driver.kind == DriverKind::Lab && self.driver.lab_dir.is_none() {
             return Err(ConfigError::Invalid(
                 "[driver] kind = \"lab\" needs lab_dir".into(),

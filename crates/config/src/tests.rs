@@ -215,6 +215,19 @@ fn full_config() -> Config {
         p.cgroup = Some("auto".into());
     }
     Config {
+        tls: crate::TlsConfig {
+            cert: Some("holdfast.pem".into()),
+            key: Some("holdfast-key.pem".into()),
+            require_tls: true,
+            min_version: crate::TlsVersion::V1_3,
+            reload_check_secs: 5,
+        },
+        backend_tls: crate::BackendTlsConfig {
+            mode: crate::BackendTlsMode::VerifyCa,
+            ca: Some("ca.pem".into()),
+            cert: Some("client.pem".into()),
+            key: Some("client-key.pem".into()),
+        },
         backends: vec![BackendConfig {
             name: "node1".into(),
             address: "127.0.0.1:3306".into(),
@@ -298,6 +311,11 @@ fn default_config_round_trips_with_every_key() {
         "serverless.scale.down_after_secs",
         "serverless.driver.kind",
         "serverless.driver.cgroup",
+        "tls.cert",
+        "tls.key",
+        "backend_tls.ca",
+        "backend_tls.cert",
+        "backend_tls.key",
     ] {
         assert!(written.contains(key), "{key} not written:\n{text}");
     }
@@ -310,7 +328,10 @@ fn unset_options_are_left_out() {
     cfg.admin = AdminConfig::default();
     cfg.listeners.clear();
     cfg.serverless = None;
+    cfg.tls = Default::default();
+    cfg.backend_tls = Default::default();
     let text = cfg.to_toml().unwrap();
+    assert!(!text.contains("tls"), "{text}");
     assert!(!text.contains("lab_dir"), "{text}");
     assert!(!text.contains("token"), "{text}");
     assert!(!text.contains("listener"), "{text}");
@@ -512,4 +533,32 @@ fn host_parts() {
     assert_eq!(admin::host_of("localhost:1"), "localhost");
     assert_eq!(admin::host_of("admin.example"), "admin.example");
     assert_eq!(admin::host_of("::1"), "::1");
+}
+
+#[test]
+fn tls_sections_are_checked() {
+    let parse = |t: &str| {
+        Config::parse(
+            &format!("[[backend]]\nname = \"n\"\naddress = \"a:1\"\n{t}"),
+            "t",
+        )
+    };
+    assert!(
+        parse("[tls]\ncert = \"c.pem\"").is_err(),
+        "cert without key"
+    );
+    assert!(
+        parse("[tls]\nrequire_tls = true").is_err(),
+        "require_tls without a certificate"
+    );
+    assert!(
+        parse("[backend_tls]\nmode = \"verify-full\"").is_err(),
+        "verify-full without ca"
+    );
+    assert!(
+        parse("[backend_tls]\nmode = \"verify-ca\"\nca = \"ca.pem\"\ncert = \"c.pem\"").is_err()
+    );
+    let ok = parse("[tls]\ncert = \"c\"\nkey = \"k\"\nmin_version = \"1.3\"\n[backend_tls]\nmode = \"verify-ca\"\nca = \"ca.pem\"").unwrap();
+    assert_eq!(ok.tls.min_version, crate::TlsVersion::V1_3);
+    assert_eq!(ok.backend_tls.mode, crate::BackendTlsMode::VerifyCa);
 }

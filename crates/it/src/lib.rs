@@ -103,6 +103,14 @@ impl Harness {
     }
 
     fn try_start(opts: Options) -> Result<Harness> {
+        // `HOLDFAST_IT_LOG=holdfast_proxy=debug cargo nextest run ... --no-capture`: the
+        // proxy's log on stderr while a test runs.
+        if let Ok(filter) = std::env::var("HOLDFAST_IT_LOG") {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_writer(std::io::stderr)
+                .try_init();
+        }
         let lab =
             TestLab::start_with(opts.replicas, opts.server_args).context("starting the lab")?;
         let st = &lab.status;
@@ -436,8 +444,9 @@ pub fn lab(replicas: usize) -> TestLab {
 }
 
 /// The configuration the harness runs holdfast with in front of `lab`: listeners on free
-/// ports, the lab's monitor account, every node a backend, and, with replicas, `[ha]` in
-/// managed mode with the lab's replication account.
+/// ports, the lab's monitor account, every node a backend, TLS as the lab sets it up (its
+/// certificate offered to clients, verify-full to the nodes), and, with replicas, `[ha]`
+/// in managed mode with the lab's replication account.
 pub fn lab_config(lab: &TestLab) -> Config {
     let st = &lab.status;
     let ha = if lab.replicas().is_empty() {
@@ -450,6 +459,7 @@ pub fn lab_config(lab: &TestLab) -> Config {
             ..HaConfig::default()
         }
     };
+    let (tls, backend_tls) = st.tls_sections();
     Config {
         proxy: ProxyConfig {
             listen: "127.0.0.1:0".into(),
@@ -482,6 +492,8 @@ pub fn lab_config(lab: &TestLab) -> Config {
         },
         listeners: Vec::new(),
         serverless: None,
+        tls,
+        backend_tls,
     }
 }
 

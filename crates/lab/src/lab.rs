@@ -16,11 +16,12 @@ use holdfast_config::serverless::{
     InstanceDriverConfig, PauseTier, ProcessDriverConfig, ScalePolicy, ServerlessConfig,
 };
 use holdfast_config::{
-    AdminConfig, AdminToken, AuthConfig, BackendConfig, Config, DriverConfig, DriverKind, HaConfig,
-    HaMode, ProxyConfig,
+    AdminConfig, AdminToken, AuthConfig, BackendConfig, BackendTlsConfig, BackendTlsMode, Config,
+    DriverConfig, DriverKind, HaConfig, HaMode, ProxyConfig, TlsConfig,
 };
 use serde::{Deserialize, Serialize};
 
+use crate::certs::{self, LabTls};
 use crate::procs;
 use crate::template;
 use holdfast_sql::quote;
@@ -74,6 +75,8 @@ const MONITOR_PASSWORD_FILE: &str = "monitor.password";
 const REPL_PASSWORD_FILE: &str = "repl.password";
 /// holdfast's admin API token (`[admin] token_file` of the lab's config), mode 0600.
 const ADMIN_TOKEN_FILE: &str = "admin.token";
+/// The CA, node and holdfast certificates ([`certs`]).
+const TLS_DIR: &str = "tls";
 
 /// What `up` should build.
 #[derive(Clone, Debug)]
@@ -151,6 +154,11 @@ pub struct LabStatus {
     /// node1 is a serverless instance that holdfast starts, pauses and scales.
     #[serde(default)]
     pub serverless: bool,
+    /// The CA that signed the nodes' and holdfast's certificates (PEM): what a client
+    /// verifies holdfast's listener against. The other TLS files are beside it
+    /// ([`LabStatus::tls`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca: Option<PathBuf>,
 }
 
 /// One MariaDB server of a lab.
@@ -214,6 +222,33 @@ impl LabStatus {
     }
 
     /// A node by name.
+    /// The lab's TLS files, when it has them.
+    pub fn tls(&self) -> Option<LabTls> {
+        let dir = self.ca.as_deref()?.parent()?;
+        Some(LabTls::in_dir(dir))
+    }
+
+    /// `[tls]` and `[backend_tls]` for holdfast in front of this lab: its certificate
+    /// offered to clients, the nodes verified (verify-full) against the lab's CA. Both
+    /// off for a lab without TLS files.
+    pub fn tls_sections(&self) -> (TlsConfig, BackendTlsConfig) {
+        match self.tls() {
+            Some(t) => (
+                TlsConfig {
+                    cert: Some(t.holdfast_cert),
+                    key: Some(t.holdfast_key),
+                    ..TlsConfig::default()
+                },
+                BackendTlsConfig {
+                    mode: BackendTlsMode::VerifyFull,
+                    ca: Some(t.ca),
+                    ..BackendTlsConfig::default()
+                },
+            ),
+            None => Default::default(),
+        }
+    }
+
     pub fn node(&self, name: &str) -> Result<&NodeStatus> {
         self.nodes
             .iter()
@@ -231,6 +266,9 @@ struct LaunchInfo {
     /// Per-node binary and options set by [`restart_node`] (upgrades, resizes).
     #[serde(default)]
     node_overrides: BTreeMap<String, NodeOverride>,
+    /// The lab's TLS files ([`certs`]); labs made before TLS have none.
+    #[serde(default)]
+    tls_dir: Option<PathBuf>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default)]
@@ -657,12 +695,14 @@ fn fresh_lab(dir: &Path, opts: &LabOptions) -> Result<LabStatus> {
         );
     }
     let template = template::ensure(&mariadbd)?;
+    let tls = certs::generate(&dir.join(TLS_DIR))?;
 
     let launch = LaunchInfo {
         mariadbd,
         extra_server_args: opts.extra_server_args.clone(),
         replicas: opts.replicas,
         node_overrides: BTreeMap::new(),
+        tls_dir: Some(dir.join(TLS_DIR)),
     };
     write_json(&dir.join(LAUNCH_FILE), &launch)?;
 
@@ -730,6 +770,7 @@ fn fresh_lab(dir: &Path, opts: &LabOptions) -> Result<LabStatus> {
         config: dir.join(CONFIG_FILE),
         nodes,
         serverless: opts.serverless,
+        ca: Some(tls.ca),
     };
     write_config(&st)?;
     write_status(&st)?;
@@ -879,6 +920,9 @@ fn node_args(launch: &LaunchInfo, node: &NodeStatus) -> Result<Vec<String>> {
     ];
     if !node.is_primary() {
         args.push("--read-only=ON".into());
+    }
+    if let Some(dir) = &launch.tls_dir {
+        args.extend(LabTls::in_dir(dir).server_args());
     }
     args.extend(launch.extra_server_args.iter().cloned());
     if let Some(o) = launch.node_overrides.get(&node.name) {
@@ -1351,6 +1395,7 @@ pub fn holdfast_config(st: &LabStatus, serverless: Option<ServerlessConfig>) -> 
         },
         ..Config::default()
     };
+    (cfg.tls, cfg.backend_tls) = st.tls_sections();
     match serverless {
         Some(section) => {
             cfg.backends = vec![backend(st.primary()?)];
@@ -1499,6 +1544,7 @@ mod tests {
                     args: BTreeMap::from([("max-connections".to_string(), "500".to_string())]),
                 },
             )]),
+            tls_dir: Some("/x/tls".into()),
         };
         let node = NodeStatus {
             name: "node2".into(),
@@ -1519,6 +1565,9 @@ mod tests {
             "--log-error=/x/node2.err",
             "--pid-file=/x/node2.pid",
             "--general-log=ON",
+            "--ssl-ca=/x/tls/ca.pem",
+            "--ssl-cert=/x/tls/node.pem",
+            "--ssl-key=/x/tls/node-key.pem",
         ] {
             assert!(args.iter().any(|a| a == want), "missing {want} in {args:?}");
         }
@@ -1559,6 +1608,7 @@ mod tests {
                 })
                 .collect(),
             serverless,
+            ca: Some("/tmp/lab/tls/ca.pem".into()),
         }
     }
 

@@ -19,6 +19,7 @@
 //! `mariadb-install-db` runs once per server version into a cached template
 //! (`$TMPDIR/holdfast-lab-template-<version>/`); nodes get a `cp -a` of it.
 
+mod certs;
 mod cli;
 mod lab;
 pub mod mysql_client;
@@ -27,6 +28,7 @@ pub mod procs;
 mod template;
 mod wait;
 
+pub use certs::{generate as generate_tls, LabTls};
 pub use cli::{run, status_table, LabCommand};
 pub use lab::{
     down, holdfast_config, kill_node, node_command, node_sql, node_sql_maps, node_sql_value, purge,

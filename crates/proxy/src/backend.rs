@@ -5,10 +5,11 @@
 
 use crate::conn::{BoxedIo, PacketConn};
 use crate::topology::NodeState;
-use holdfast_client::Login;
+use holdfast_client::tls::{host_of, start_tls, TlsClient};
+use holdfast_client::{Login, TlsTarget};
 use holdfast_wire::auth::PasswordHash;
 use holdfast_wire::caps::*;
-use holdfast_wire::handshake::Greeting;
+use holdfast_wire::handshake::{Greeting, LoginRequest};
 use holdfast_wire::packets::OkPacket;
 use holdfast_wire::proxy_protocol;
 use std::future::Future;
@@ -100,6 +101,31 @@ pub struct LoginParams<'a> {
     pub exact_capabilities: bool,
     /// Sent before anything else (see [`proxy_header`]).
     pub proxy_header: Option<&'a [u8]>,
+    /// TLS to the node (`[backend_tls]`, see [`crate::tls::backend`]).
+    pub tls: Option<&'a TlsClient>,
+}
+
+/// Upgrades a greeted connection to `addr` to TLS when `tls` is set, before `login` goes
+/// out (its capabilities must then include CLIENT_SSL, see [`with_tls`]).
+pub async fn secure(
+    conn: &mut PacketConn,
+    greeting: &Greeting,
+    tls: Option<&TlsClient>,
+    addr: &str,
+    login: &LoginRequest,
+) -> Result<(), BackendError> {
+    match tls {
+        None => Ok(()),
+        Some(tls) => start_tls(conn, greeting, tls, host_of(addr), login).await,
+    }
+}
+
+/// `capabilities` with CLIENT_SSL set when TLS is on, cleared otherwise.
+pub fn with_tls(capabilities: u32, tls: Option<&TlsClient>) -> u32 {
+    match tls {
+        Some(_) => capabilities | CLIENT_SSL,
+        None => capabilities & !CLIENT_SSL,
+    }
 }
 
 /// Capabilities for a backend connection serving a client that negotiated `client_caps`.
@@ -138,7 +164,11 @@ pub async fn connect(
     let fut = async {
         let (conn, greeting) = open(connector, addr, params.proxy_header, timeout).await?;
         let caps = capabilities(greeting.capabilities);
-        holdfast_client::login(conn, greeting, &login, caps).await
+        let tls = params.tls.map(|tls| TlsTarget {
+            tls,
+            host: host_of(addr),
+        });
+        holdfast_client::login(conn, greeting, &login, caps, tls).await
     };
     tokio::time::timeout(timeout, fut)
         .await

@@ -17,6 +17,7 @@ pub mod restore;
 pub mod serverless;
 pub mod session;
 pub mod state;
+pub mod tls;
 pub mod topology;
 pub mod verifiers;
 
@@ -62,6 +63,8 @@ pub struct Shared {
     pub connector: Arc<dyn backend::BackendConnector>,
     /// Per-address connection and login limits, failed-login delays.
     pub admission: Arc<admission::Admission>,
+    /// TLS offered to clients (`[tls]` with a certificate); set by [`Proxy::start_with`].
+    pub client_tls: Option<Arc<tls::ClientTls>>,
     next_session_id: AtomicU32,
 }
 
@@ -122,6 +125,7 @@ impl Shared {
             node_driver,
             connector: backend_connector.unwrap_or_else(|| Arc::new(backend::TcpConnector)),
             admission,
+            client_tls: None,
             next_session_id: AtomicU32::new(1),
         }
     }
@@ -304,8 +308,17 @@ impl Proxy {
             })?;
             extra.push((bound, l.mode));
         }
+        let tls_error = |e: holdfast_client::tls::TlsSetupError| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string())
+        };
+        let client_tls = tls::ClientTls::from_config(&config.tls).map_err(tls_error)?;
+        tls::backend(&config.backend_tls).map_err(tls_error)?;
         let (tx, rx) = watch::channel(Arc::new(Topology::from_config(&config)));
         let mut shared = Shared::with_seams(config.clone(), rx, seams);
+        if let (Some(t), Some(every)) = (&client_tls, config.tls.reload_check()) {
+            tokio::spawn(t.clone().watch(every));
+        }
+        shared.client_tls = client_tls;
         if let Some(sl) = &config.serverless {
             let ledger = holdfast_serverless::ledger::Ledger::open(&sl.ledger)
                 .map_err(|e| std::io::Error::other(e.to_string()))?;

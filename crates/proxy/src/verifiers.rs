@@ -235,6 +235,7 @@ pub async fn monitor_connect(
     addr: &str,
 ) -> Result<BackendConn, backend::BackendError> {
     let secret = PasswordHash::from_password(cfg.auth.monitor_password.expose().as_bytes());
+    let tls = crate::tls::backend(&cfg.backend_tls)?;
     let params = LoginParams {
         user: cfg.auth.monitor_user.as_bytes(),
         secret: if cfg.auth.monitor_password.is_empty() {
@@ -249,6 +250,7 @@ pub async fn monitor_connect(
         attributes: &[],
         exact_capabilities: false,
         proxy_header: None,
+        tls: tls.as_ref(),
     };
     backend::connect(
         &backend::TcpConnector,

@@ -64,6 +64,7 @@ async fn rig_with(driver: ScriptedDriver, tweak: impl FnOnce(&mut ServerlessConf
         driver: Default::default(),
         listeners: Vec::new(),
         serverless: Some(sl),
+        ..Config::default()
     });
     config.validate().expect("test configuration");
     let (tx, rx) = watch::channel(Arc::new(Topology::from_config(&config)));

@@ -195,6 +195,28 @@ impl LoginRequest {
     }
 }
 
+/// An SSLRequest: the first 32 bytes of a HandshakeResponse41 with CLIENT_SSL set, after
+/// which the client starts TLS and sends its whole login request (sequence id 2) inside it.
+pub fn ssl_request(capabilities: u32, max_packet: u32, charset: u8) -> Vec<u8> {
+    let mut out = Vec::with_capacity(32);
+    out.extend_from_slice(&(capabilities | CLIENT_SSL).to_le_bytes());
+    out.extend_from_slice(&max_packet.to_le_bytes());
+    out.push(charset);
+    out.extend_from_slice(&[0; 23]);
+    out
+}
+
+impl LoginRequest {
+    /// The SSLRequest that goes before this login request when it is sent inside TLS
+    /// (its capabilities must include CLIENT_SSL): the same first 32 bytes, so that the
+    /// server sees the same capabilities in both.
+    pub fn ssl_request(&self) -> Vec<u8> {
+        let mut out = self.encode();
+        out.truncate(32);
+        out
+    }
+}
+
 /// Connection attributes as key/value pairs (lossy UTF-8), for status pages and logs.
 pub fn parse_attributes(block: &[u8]) -> Vec<(String, String)> {
     let mut r = Reader::new(block);
@@ -368,6 +390,34 @@ mod tests {
             ClientHello::parse(&p),
             Ok(ClientHello::SslRequest { .. })
         ));
+        let login = LoginRequest {
+            capabilities: CLIENT_PROTOCOL_41 | CLIENT_SSL | CLIENT_CONNECT_WITH_DB,
+            max_packet: 1 << 24,
+            charset: 45,
+            user: b"app".to_vec(),
+            auth_response: vec![1; 20],
+            database: None,
+            auth_plugin: Vec::new(),
+            attributes: Vec::new(),
+        };
+        // No database: CONNECT_WITH_DB is off in both packets.
+        let encoded = login.encode();
+        assert_eq!(login.ssl_request(), encoded[..32]);
+        assert_eq!(
+            ClientHello::parse(&login.ssl_request()).unwrap(),
+            ClientHello::SslRequest {
+                capabilities: (CLIENT_PROTOCOL_41
+                    | CLIENT_SSL
+                    | CLIENT_PLUGIN_AUTH_LENENC_CLIENT_DATA)
+            }
+        );
+        let caps = CLIENT_PROTOCOL_41 | CLIENT_PLUGIN_AUTH;
+        assert_eq!(
+            ClientHello::parse(&ssl_request(caps, 1 << 24, 45)).unwrap(),
+            ClientHello::SslRequest {
+                capabilities: caps | CLIENT_SSL
+            }
+        );
     }
 
     #[test]

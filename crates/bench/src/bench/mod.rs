@@ -123,6 +123,12 @@ pub struct BenchArgs {
     /// previous commit), to compare two builds side by side.
     #[arg(long, value_name = "PATH")]
     pub baseline: Option<PathBuf>,
+    /// TLS end to end, with the lab's certificates: sysbench asks for TLS; holdfast
+    /// terminates it and verifies the node over its own TLS connection (verify-full);
+    /// HAProxy, in TCP mode, passes the client's TLS through to the server. Without it every
+    /// target is clear text (holdfast too).
+    #[arg(long)]
+    pub tls: bool,
     /// Also write the report as Markdown to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -271,7 +277,7 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
     let logs = dir.join("bench-logs");
     fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
 
-    let sb = Sysbench::for_lab(
+    let mut sb = Sysbench::for_lab(
         sysbench_exe.clone(),
         &st,
         args.tables,
@@ -279,6 +285,9 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
         &args.ignore_errors,
     );
     prepare_tables(&sb, &st, &logs)?;
+    if args.tls {
+        sb.tls_dir = Some(sysbench_tls_dir(&st)?);
+    }
 
     // Targets.
     let mut ports: Vec<(Target, u16)> = Vec::new();
@@ -307,7 +316,7 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
     {
         let started = if args.targets.contains(&Target::HoldfastPassthrough) {
             procs::free_ports(1).and_then(|p| {
-                let config = passthrough_config(&st, p[0])?;
+                let config = passthrough_config(&st, p[0], args.tls)?;
                 start_holdfast(
                     holdfast_exe,
                     &st,
@@ -318,13 +327,19 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
                 .map(|(helper, port)| (helper, port, Some(p[0])))
             })
         } else {
-            start_holdfast(
-                holdfast_exe,
-                &st,
-                &st.config,
-                &st.dir.join("holdfast.log"),
-                &[],
-            )
+            config_variant(&st, "bench-holdfast.toml", transport_note(args.tls), |c| {
+                set_transport(c, args.tls);
+                Ok(())
+            })
+            .and_then(|config| {
+                start_holdfast(
+                    holdfast_exe,
+                    &st,
+                    &config,
+                    &st.dir.join("holdfast.log"),
+                    &[],
+                )
+            })
             .map(|(helper, port)| (helper, port, None))
         };
         match started {
@@ -792,13 +807,14 @@ fn start_baseline(args: &BenchArgs, st: &LabStatus) -> Result<(Helper, u16)> {
         |c| {
             c.proxy.listen = format!("127.0.0.1:{}", p[0]);
             c.admin.listen = format!("127.0.0.1:{}", p[1]);
+            set_transport(c, args.tls);
             Ok(())
         },
     )?;
     start_holdfast(exe, st, &config, &st.dir.join("holdfast-baseline.log"), &[])
 }
 
-fn passthrough_config(st: &LabStatus, port: u16) -> Result<PathBuf> {
+fn passthrough_config(st: &LabStatus, port: u16, tls: bool) -> Result<PathBuf> {
     config_variant(
         st,
         "bench-holdfast.toml",
@@ -808,9 +824,47 @@ fn passthrough_config(st: &LabStatus, port: u16) -> Result<PathBuf> {
                 listen: format!("127.0.0.1:{port}"),
                 mode: ListenerMode::Passthrough,
             });
+            set_transport(c, tls);
             Ok(())
         },
     )
+}
+
+/// holdfast's TLS for a run: the lab's (to clients, and verify-full to the nodes) with
+/// `--tls`, none without, as for the other targets.
+fn set_transport(c: &mut holdfast_config::Config, tls: bool) {
+    if !tls {
+        c.tls = Default::default();
+        c.backend_tls = Default::default();
+    }
+}
+
+fn transport_note(tls: bool) -> &'static str {
+    if tls {
+        "TLS to clients and to the nodes"
+    } else {
+        "clear text, like the other targets"
+    }
+}
+
+/// A directory with what sysbench 1.0's `--mysql-ssl=on` reads from its working
+/// directory: the lab's CA, and a client certificate (the nodes' own pair, which is
+/// signed for client use too).
+fn sysbench_tls_dir(st: &LabStatus) -> Result<PathBuf> {
+    let tls = st
+        .tls()
+        .context("--tls: this lab has no TLS files (made before TLS); start a new lab")?;
+    let dir = st.dir.join("bench-tls");
+    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    for (from, to) in [
+        (&tls.ca, "cacert.pem"),
+        (&tls.node_cert, "client-cert.pem"),
+        (&tls.node_key, "client-key.pem"),
+    ] {
+        fs::copy(from, dir.join(to))
+            .with_context(|| format!("copying {} to {}", from.display(), dir.display()))?;
+    }
+    Ok(dir)
 }
 
 /// After closing idle clients, waits (up to 20 s) until the primary is back to a handful
@@ -933,6 +987,15 @@ impl Report<'_> {
         out.item(format_args!("mariadbd: {}", self.versions.mariadbd));
         out.item(format_args!("sysbench: {}", self.versions.sysbench));
         out.item(format_args!("haproxy: {}", self.versions.haproxy));
+        out.item(format_args!(
+            "transport: {}",
+            if a.tls {
+                "TLS end to end (sysbench --mysql-ssl=on; holdfast terminates TLS and \
+                 opens its own verified TLS to the node; HAProxy passes TLS through)"
+            } else {
+                "clear text"
+            }
+        ));
         out.item(format_args!(
             "setup: {} round(s) × {} s, {} threads, {} tables × {} rows; order rotated each round",
             a.rounds, a.time, a.threads, a.tables, a.table_size

@@ -244,7 +244,11 @@ fn client_vanishing_mid_result_does_not_disturb_others() {
 
 #[test]
 fn malformed_login_gets_1043_or_close_never_a_hang() {
-    let h = Harness::start_with(Options::default().config(|c| c.proxy.handshake_timeout_ms = 3000));
+    // Without TLS configured, so that an SSL request is refused (tls.rs has the TLS cases).
+    let h = Harness::start_with(Options::default().config(|c| {
+        c.proxy.handshake_timeout_ms = 3000;
+        c.tls = Default::default();
+    }));
     let caps = BASE_CAPS.to_le_bytes();
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("empty packet", vec![]),

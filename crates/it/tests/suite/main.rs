@@ -19,3 +19,4 @@ mod rust_client;
 mod serverless;
 mod session;
 mod sysbench;
+mod tls;

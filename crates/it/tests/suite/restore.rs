@@ -37,6 +37,7 @@ async fn connect(h: &Harness) -> BackendConn {
         attributes: &[],
         exact_capabilities: false,
         proxy_header: None,
+        tls: None,
     };
     let direct = h.direct().to_string();
     let timeout = Duration::from_secs(10);

@@ -77,6 +77,10 @@ pub enum LoginError {
     HandshakeTimeout(u64),
     #[error("client: {0}")]
     Client(#[from] ConnError),
+    /// The client asked for TLS and the handshake failed (its certificate checks, a
+    /// protocol version below `[tls] min_version`...); nothing can be sent to it.
+    #[error("TLS handshake with the client failed: {0}")]
+    Tls(String),
 }
 
 impl LoginError {
@@ -91,6 +95,7 @@ impl LoginError {
             }
             LoginError::BackendRefused(_) => "backend_refused",
             LoginError::HandshakeTimeout(_) => "handshake_timeout",
+            LoginError::Tls(_) => "tls_handshake",
             LoginError::Client(ConnError::TooLarge { .. }) => ErrorKind::PacketTooLarge.label(),
             LoginError::Client(ConnError::Wire(_)) => ErrorKind::MalformedPacket.label(),
             LoginError::Client(_) => "client_gone",
@@ -190,7 +195,11 @@ pub async fn login(
         server_version: server_version(shared),
         connection_id: id,
         scramble: scramble.to_vec(),
-        capabilities: PROXY_CAPABILITIES,
+        capabilities: if shared.client_tls.is_some() {
+            PROXY_CAPABILITIES | CLIENT_SSL
+        } else {
+            PROXY_CAPABILITIES
+        },
         charset: 45,
         status: SERVER_STATUS_AUTOCOMMIT,
         auth_plugin: NATIVE_PASSWORD.as_bytes().to_vec(),
@@ -202,7 +211,7 @@ pub async fn login(
             shared.metrics.count_closed_without_wake(reason);
         }
     };
-    let (req, mut seq) = match read_login_request(shared, client).await {
+    let (req, mut seq, secure) = match read_login_request(shared, client).await {
         Ok(x) => x,
         Err(e) => {
             closed_unwoken(match e {
@@ -214,6 +223,13 @@ pub async fn login(
     };
     let capabilities = req.capabilities & PROXY_CAPABILITIES;
     let user = String::from_utf8_lossy(&req.user).into_owned();
+    if !secure && shared.client_tls.as_ref().is_some_and(|t| t.require) {
+        // The server's answer under require_secure_transport: access denied.
+        closed_unwoken("clear_text");
+        tracing::info!(user = %user, client = %peer, "login refused: TLS is required");
+        let error = ClientError::access_denied(&user, peer.ip(), !req.auth_response.is_empty());
+        return Err(refuse(client, shared, seq, error).await);
+    }
     let lookup = find_verifier(shared, client, seq, &user, peer).await?;
     // No such account on the server: refused like a wrong password, with the same packets
     // and delays, so that a user name cannot be told from its answer, and without a
@@ -292,6 +308,8 @@ pub async fn login(
         let node = writable_node(shared, client, seq, hold_until, unreachable.as_deref()).await?;
         refuse_if_host_dependent(shared, client, seq, (&user, true), peer, &node).await?;
         let header = backend::proxy_header(&node, peer);
+        let tls = crate::tls::backend(&shared.config.backend_tls)
+            .map_err(|e| LoginError::BackendRefused(e.into()))?;
         let params = LoginParams {
             user: &req.user,
             secret: secret.as_ref(),
@@ -301,6 +319,7 @@ pub async fn login(
             attributes: &req.attributes,
             exact_capabilities: exact,
             proxy_header: header.as_deref(),
+            tls: tls.as_ref(),
         };
         shared.metrics.backend_connects.inc();
         let timeout = shared.config.proxy.connect_timeout();
@@ -332,31 +351,45 @@ pub async fn login(
 }
 
 /// Reads the client's handshake response within the handshake timeout (the whole login
-/// may take longer only while a paused instance resumes). Returns it with the next
-/// sequence id.
+/// may take longer only while a paused instance resumes), after a TLS handshake when the
+/// client asks for one. Returns it with the next sequence id and whether TLS is on.
 async fn read_login_request(
     shared: &Shared,
     client: &mut PacketConn,
-) -> Result<(LoginRequest, u8), LoginError> {
+) -> Result<(LoginRequest, u8, bool), LoginError> {
     let timeout = shared.config.proxy.handshake_timeout();
-    let hello = match tokio::time::timeout(timeout, client.read_packet(AUTH_MAX_PACKET)).await {
-        Ok(h) => h?,
-        Err(_) => {
-            return Err(LoginError::HandshakeTimeout(
-                shared.config.proxy.handshake_timeout_ms,
-            ))
-        }
-    };
-    let seq = hello.seq.wrapping_add(1);
-    let refusal = match ClientHello::parse(&hello.payload) {
-        Ok(ClientHello::Login(req)) => return Ok((req, seq)),
-        Ok(ClientHello::SslRequest { .. }) => ClientError::new(
-            ErrorKind::BadHandshake,
-            "holdfast does not offer TLS on this listener; connect without TLS",
-        ),
-        Err(e) => ClientError::new(ErrorKind::BadHandshake, format!("Bad handshake: {e}")),
-    };
-    Err(refuse(client, shared, seq, refusal).await)
+    let deadline = tokio::time::Instant::now() + timeout;
+    let timed_out = || LoginError::HandshakeTimeout(shared.config.proxy.handshake_timeout_ms);
+    let mut secure = false;
+    loop {
+        let hello = tokio::time::timeout_at(deadline, client.read_packet(AUTH_MAX_PACKET))
+            .await
+            .map_err(|_| timed_out())??;
+        let seq = hello.seq.wrapping_add(1);
+        let refusal = match (ClientHello::parse(&hello.payload), &shared.client_tls) {
+            (Ok(ClientHello::Login(req)), _) => return Ok((req, seq, secure)),
+            (Ok(ClientHello::SslRequest { .. }), Some(tls)) if !secure => {
+                let (stream, buffered) = client.take_stream();
+                let upgraded = tokio::time::timeout_at(deadline, tls.accept(stream, buffered))
+                    .await
+                    .map_err(|_| timed_out())?
+                    .map_err(|e| LoginError::Tls(e.to_string()))?;
+                client.replace_stream(upgraded);
+                secure = true;
+                continue;
+            }
+            (Ok(ClientHello::SslRequest { .. }), _) if secure => ClientError::new(
+                ErrorKind::BadHandshake,
+                "Bad handshake: a second SSL request inside TLS",
+            ),
+            (Ok(ClientHello::SslRequest { .. }), _) => ClientError::new(
+                ErrorKind::BadHandshake,
+                "holdfast does not offer TLS on this listener; connect without TLS",
+            ),
+            (Err(e), _) => ClientError::new(ErrorKind::BadHandshake, format!("Bad handshake: {e}")),
+        };
+        return Err(refuse(client, shared, seq, refusal).await);
+    }
 }
 
 /// What holdfast knows of the account `user` would log in as from `peer`.
@@ -696,6 +729,11 @@ async fn relay_login(
     } else {
         backend::backend_capabilities(capabilities, greeting.capabilities)
     };
+    let tls = match crate::tls::backend(&shared.config.backend_tls) {
+        Ok(tls) => tls,
+        Err(e) => return Err(backend_failed(client, shared, seq, &node.name, e.into()).await),
+    };
+    let backend_caps = backend::with_tls(backend_caps, tls.as_ref());
     let server_default = String::from_utf8_lossy(&greeting.auth_plugin).into_owned();
     let account_plugin = plugin.unwrap_or_else(|| server_default.clone());
     let auth_response = if client_plugin(&account_plugin) == NATIVE_PASSWORD {
@@ -724,7 +762,14 @@ async fn relay_login(
         tracing::info!(node = %node.name, error = %e, "backend connection lost during a relayed login");
         LoginError::BackendRefused(BackendError::Conn(e))
     };
-    conn.write_packet(&login.encode(), 1).await.map_err(lost)?;
+    let addr = &node.address;
+    if let Err(e) = backend::secure(&mut conn, &greeting, tls.as_ref(), addr, &login).await {
+        return Err(backend_failed(client, shared, seq, &node.name, e).await);
+    }
+    let login_seq = holdfast_client::login_request_seq(backend_caps);
+    conn.write_packet(&login.encode(), login_seq)
+        .await
+        .map_err(lost)?;
     match relay_exchange(client, &mut conn, seq, None).await {
         Ok(Exchange::Accepted(seq)) => {
             shared

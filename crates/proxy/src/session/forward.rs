@@ -309,19 +309,18 @@ impl Session {
             })
     }
 
-    /// Writes the first `n` buffered backend bytes to the client.
+    /// Writes the first `n` buffered backend bytes to the client, and flushes what was
+    /// written before (a TLS stream may hold encrypted bytes until flushed; a socket's
+    /// flush is a no-op).
     async fn flush(&mut self, n: usize) -> Result<(), End> {
-        if n == 0 {
-            return Ok(());
+        let client = |e: std::io::Error| End::Client(e.into());
+        if n > 0 {
+            let chunk = self.backend.conn.rbuf.split_to(n);
+            self.response_started = true;
+            self.shared.metrics.requests.bytes_to_client(n as u64);
+            self.client.stream.write_all(&chunk).await.map_err(client)?;
         }
-        let chunk = self.backend.conn.rbuf.split_to(n);
-        self.response_started = true;
-        self.shared.metrics.requests.bytes_to_client(n as u64);
-        self.client
-            .stream
-            .write_all(&chunk)
-            .await
-            .map_err(|e| End::Client(e.into()))
+        self.client.stream.flush().await.map_err(client)
     }
 
     /// Reads more from the backend. A loss is returned to the caller, which decides whether

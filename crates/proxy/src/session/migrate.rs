@@ -348,6 +348,7 @@ impl Session {
         };
         let cfg = &self.shared.config;
         let header = backend::proxy_header(node, self.info.client);
+        let tls = crate::tls::backend(&cfg.backend_tls).map_err(|e| unreachable(&e))?;
         let params = LoginParams {
             user: &self.identity.user,
             secret: self.secret.as_ref(),
@@ -357,6 +358,7 @@ impl Session {
             attributes: &self.identity.attributes,
             exact_capabilities: false,
             proxy_header: header.as_deref(),
+            tls: tls.as_ref(),
         };
         self.shared.metrics.backend_connects.inc();
         let connector = &*self.shared.connector;

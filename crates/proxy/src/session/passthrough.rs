@@ -31,10 +31,12 @@ pub(super) async fn run(
         // Whatever either side sent ahead is already buffered: deliver it first.
         if !client.rbuf.is_empty() {
             backend.stream.write_all(&client.rbuf).await?;
+            backend.stream.flush().await?;
             client.rbuf.clear();
         }
         if !backend.rbuf.is_empty() {
             client.stream.write_all(&backend.rbuf).await?;
+            client.stream.flush().await?;
             backend.rbuf.clear();
         }
         tokio::io::copy_bidirectional(&mut client.stream, &mut backend.stream).await

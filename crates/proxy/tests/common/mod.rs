@@ -783,6 +783,7 @@ pub async fn rig_with(connector: ScriptedConnector, capabilities: u32) -> Rig {
         driver: Default::default(),
         listeners: Vec::new(),
         serverless: None,
+        ..Config::default()
     });
     config.validate().expect("test configuration");
     // No monitor runs: before its first round the first node is where sessions go.
@@ -820,7 +821,7 @@ pub async fn rig_with(connector: ScriptedConnector, capabilities: u32) -> Rig {
             attributes: &[],
         };
         let caps = capabilities & (greeting.capabilities | CLIENT_LONG_PASSWORD);
-        login(conn, greeting, &as_app, caps).await
+        login(conn, greeting, &as_app, caps, None).await
     })
     .await
     .expect("the login through holdfast");

@@ -1,0 +1,386 @@
+//! TLS: clients verifying holdfast's certificate (the `mariadb` CLI, `openssl s_client`,
+//! PyMySQL, the Rust `mysql` crate with rustls), `require_tls`, a certificate replaced
+//! while holdfast runs, and holdfast's own connections to the nodes over TLS, verified.
+
+use holdfast_client::tls::{start_tls, TlsClient, Verify};
+use holdfast_it::{have, run_with_deadline, wait_for, Harness, Options};
+use holdfast_wire::caps::CLIENT_SSL;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+fn ca(h: &Harness) -> PathBuf {
+    h.lab.status.ca.clone().expect("the lab writes a CA")
+}
+
+fn path(p: &std::path::Path) -> String {
+    p.display().to_string()
+}
+
+/// `openssl s_client -starttls mysql` against `addr`: its output (certificate and
+/// verification result).
+fn s_client(addr: std::net::SocketAddr, ca: &std::path::Path) -> String {
+    let mut cmd = Command::new("openssl");
+    cmd.args(["s_client", "-starttls", "mysql", "-connect"])
+        .arg(addr.to_string())
+        .args(["-CAfile", &path(ca), "-verify_return_error", "-verify_ip"])
+        .arg(addr.ip().to_string())
+        .arg("-brief");
+    let out = run_with_deadline(cmd, Duration::from_secs(30));
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn mariadb_cli_verifies_holdfasts_certificate_and_the_session_is_encrypted_to_the_node() {
+    let h = Harness::start();
+    let ca = path(&ca(&h));
+    let args = [
+        "--ssl",
+        "--ssl-ca",
+        &ca,
+        "--ssl-verify-server-cert",
+        "--batch",
+        "-e",
+        "\\s SELECT 'ok' AS tls_login; SHOW SESSION STATUS LIKE 'Ssl_cipher'",
+    ];
+    let out = h.mariadb(h.proxy, &args);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    // `\s`: the client's own connection (to holdfast) is encrypted.
+    assert!(
+        out.stdout.contains("Cipher in use is TLS_"),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("tls_login\nok"), "{}", out.stdout);
+    // The server's view of the session: holdfast's connection to the node is TLS too.
+    let cipher = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("Ssl_cipher\t"))
+        .unwrap_or("");
+    assert!(!cipher.is_empty(), "no TLS to the node: {}", out.stdout);
+
+    // The same against a CA that did not sign holdfast's certificate: refused.
+    let other = tempdir("other-ca");
+    let other = holdfast_lab::generate_tls(&other).expect("another CA");
+    let out = h.mariadb(
+        h.proxy,
+        &[
+            "--ssl",
+            "--ssl-ca",
+            &path(&other.ca),
+            "--ssl-verify-server-cert",
+            "-e",
+            "SELECT 1",
+        ],
+    );
+    assert_ne!(out.code, Some(0), "{out:?}");
+    assert!(
+        out.stderr.contains("certificate") || out.stderr.contains("SSL"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn relayed_ed25519_login_runs_inside_tls_on_both_sides() {
+    let h = Harness::start();
+    let st = &h.lab.status;
+    let (Some(user), Some(password)) = (&st.ed25519_user, &st.ed25519_password) else {
+        eprintln!("SKIP: the server has no ed25519 plugin");
+        return;
+    };
+    let ca = path(&ca(&h));
+    let args = [
+        "--ssl",
+        "--ssl-ca",
+        &ca,
+        "--ssl-verify-server-cert",
+        "--batch",
+        "-e",
+        "\\s SELECT CURRENT_USER(); SHOW SESSION STATUS LIKE 'Ssl_version'",
+    ];
+    let out = h.mariadb_as(h.proxy, user, password, &args);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        out.stdout.contains("Cipher in use is TLS_"),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("Ssl_version\tTLSv1."), "{}", out.stdout);
+}
+
+#[test]
+fn openssl_starttls_mysql_sees_holdfasts_certificate_verified() {
+    let h = Harness::start();
+    if !have("openssl") {
+        eprintln!("SKIP: openssl is not installed");
+        return;
+    }
+    let out = s_client(h.proxy, &ca(&h));
+    assert!(out.contains("Verification: OK"), "{out}");
+    assert!(
+        out.contains("CN=holdfast") || out.contains("CN = holdfast"),
+        "{out}"
+    );
+}
+
+#[test]
+fn require_tls_refuses_a_clear_login_as_the_server_does_and_accepts_tls() {
+    let h = Harness::start_with(Options::default().config(|c| c.tls.require_tls = true));
+    let clear = h.mariadb(h.proxy, &["--skip-ssl", "-e", "SELECT 1"]);
+    assert_eq!(clear.code, Some(1), "{clear:?}");
+    // MariaDB's own answer under require_secure_transport.
+    assert!(
+        clear.stderr.contains(
+            "ERROR 1045 (28000): Access denied for user 'app'@'127.0.0.1' (using password: YES)"
+        ),
+        "{clear:?}"
+    );
+    let ca = path(&ca(&h));
+    let tls = h.mariadb(
+        h.proxy,
+        &[
+            "--ssl",
+            "--ssl-ca",
+            &ca,
+            "--ssl-verify-server-cert",
+            "--batch",
+            "-e",
+            "SELECT 7",
+        ],
+    );
+    assert_eq!(tls.code, Some(0), "{tls:?}");
+    assert!(tls.stdout.contains("7\n7"), "{tls:?}");
+}
+
+#[test]
+fn pymysql_verifies_holdfast_with_the_lab_ca() {
+    let h = Harness::start();
+    if !have("python3") {
+        eprintln!("SKIP: python3 is not installed");
+        return;
+    }
+    let script = r#"
+import ssl, sys
+try:
+    import pymysql
+except ImportError:
+    print("SKIP: PyMySQL is not installed"); sys.exit(77)
+host, port, user, password, db, ca = sys.argv[1:7]
+cnx = pymysql.connect(host=host, port=int(port), user=user, password=password, database=db,
+                      ssl_ca=ca, ssl_verify_cert=True, ssl_verify_identity=True,
+                      connect_timeout=10)
+assert isinstance(cnx._sock, ssl.SSLSocket), type(cnx._sock)
+print("version", cnx._sock.version())
+cur = cnx.cursor()
+cur.execute("SELECT %s", ("tls works",))
+assert cur.fetchone() == ("tls works",)
+cnx.close()
+try:
+    bad = ssl.create_default_context(cafile=sys.argv[7])
+    pymysql.connect(host=host, port=int(port), user=user, password=password, ssl=bad,
+                    connect_timeout=10)
+    print("connected with the wrong CA"); sys.exit(1)
+except pymysql.err.OperationalError as e:
+    print("refused as expected:", e)
+"#;
+    let other = tempdir("py-other-ca");
+    let other = holdfast_lab::generate_tls(&other).expect("another CA");
+    let mut cmd = Command::new("python3");
+    cmd.arg("-c")
+        .arg(script)
+        .arg(h.proxy.ip().to_string())
+        .arg(h.proxy.port().to_string())
+        .args([h.user(), h.password(), h.database()])
+        .arg(ca(&h))
+        .arg(&other.ca);
+    let out = run_with_deadline(cmd, Duration::from_secs(60));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if out.status.code() == Some(77) {
+        eprintln!("{stdout}");
+        return;
+    }
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("version TLSv1."), "{stdout}");
+    assert!(stdout.contains("refused as expected"), "{stdout}");
+}
+
+#[test]
+fn rust_mysql_crate_with_rustls_verifies_holdfast() {
+    use mysql::prelude::Queryable;
+    let h = Harness::start();
+    let opts = |ca: PathBuf| {
+        mysql::OptsBuilder::new()
+            .ip_or_hostname(Some(h.proxy.ip().to_string()))
+            .tcp_port(h.proxy.port())
+            .user(Some(h.user()))
+            .pass(Some(h.password()))
+            .db_name(Some(h.database()))
+            .ssl_opts(Some(
+                mysql::SslOpts::default().with_root_cert_path(Some(ca)),
+            ))
+    };
+    let mut conn = mysql::Conn::new(opts(ca(&h))).expect("TLS login with the lab CA");
+    let v: Option<String> = conn.query_first("SELECT 'rustls'").expect("query");
+    assert_eq!(v.as_deref(), Some("rustls"));
+    let other = tempdir("rs-other-ca");
+    let other = holdfast_lab::generate_tls(&other).expect("another CA");
+    let Err(e) = mysql::Conn::new(opts(other.ca)) else {
+        panic!("a login verified against the wrong CA succeeded");
+    };
+    assert!(format!("{e}").to_lowercase().contains("certificate"), "{e}");
+}
+
+#[test]
+fn a_replaced_certificate_is_served_to_new_connections() {
+    if !have("openssl") {
+        eprintln!("SKIP: openssl is not installed");
+        return;
+    }
+    let h = Harness::start_with(Options::default().config(|c| c.tls.reload_check_secs = 1));
+    let before = s_client(h.proxy, &ca(&h));
+    assert!(before.contains("Verification: OK"), "{before}");
+    // A new CA and certificate pair, copied over the files holdfast serves.
+    let fresh = tempdir("fresh-cert");
+    let fresh = holdfast_lab::generate_tls(&fresh).expect("new certificates");
+    let served = h.lab.status.tls().expect("lab TLS files");
+    std::fs::copy(&fresh.holdfast_key, &served.holdfast_key).expect("key");
+    std::fs::copy(&fresh.holdfast_cert, &served.holdfast_cert).expect("cert");
+    wait_for(
+        "holdfast to serve the new certificate",
+        Duration::from_secs(20),
+        || {
+            s_client(h.proxy, &fresh.ca)
+                .contains("Verification: OK")
+                .then_some(())
+        },
+    );
+    // And the old CA no longer verifies it.
+    assert!(!s_client(h.proxy, &ca(&h)).contains("Verification: OK"));
+}
+
+#[test]
+fn node_certificates_are_verified_by_name_or_only_by_chain() {
+    let h = Harness::start();
+    let st = &h.lab.status;
+    let node = h.lab.primary().address.clone();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let other = tempdir("node-other-ca");
+    let other = holdfast_lab::generate_tls(&other).expect("another CA");
+    let handshake = |ca: PathBuf, verify: Verify, host: &'static str| {
+        let node = node.clone();
+        rt.block_on(async move {
+            let tls = TlsClient::new(&ca, verify, None).expect("CA loads");
+            let (mut conn, greeting) = holdfast_client::open(&node, Duration::from_secs(10))
+                .await
+                .expect("greeting");
+            let login = holdfast_wire::handshake::LoginRequest {
+                capabilities: holdfast_client::DEFAULT_CAPABILITIES | CLIENT_SSL,
+                max_packet: 1 << 24,
+                charset: 45,
+                user: b"app".to_vec(),
+                auth_response: Vec::new(),
+                database: None,
+                auth_plugin: Vec::new(),
+                attributes: Vec::new(),
+            };
+            start_tls(&mut conn, &greeting, &tls, host, &login).await
+        })
+    };
+    let lab_ca = st.ca.clone().expect("lab CA");
+    handshake(lab_ca.clone(), Verify::Full, "127.0.0.1").expect("verify-full by IP");
+    let wrong_name = handshake(lab_ca.clone(), Verify::Full, "db.example");
+    assert!(
+        format!("{:?}", wrong_name.err()).contains("NotValidForName"),
+        "verify-full must check the name"
+    );
+    handshake(lab_ca, Verify::Ca, "db.example").expect("verify-ca ignores the name");
+    // Both lab CAs have the same name: the chain is refused on its signature.
+    let wrong_ca = format!("{:?}", handshake(other.ca, Verify::Ca, "127.0.0.1").err());
+    assert!(
+        wrong_ca.contains("BadSignature") || wrong_ca.contains("UnknownIssuer"),
+        "a CA that did not sign the node's certificate must be refused: {wrong_ca}"
+    );
+}
+
+#[test]
+fn an_ssl_request_followed_by_garbage_or_silence_is_closed_never_hung() {
+    use holdfast_it::raw::RawConn;
+    use std::io::{Read, Write};
+    let h = Harness::start_with(Options::default().config(|c| c.proxy.handshake_timeout_ms = 2000));
+    let ssl_request =
+        holdfast_wire::handshake::ssl_request(holdfast_client::DEFAULT_CAPABILITIES, 1 << 24, 45);
+    for garbage in [&b"GET / HTTP/1.1\r\n\r\n"[..], &[][..]] {
+        let mut c = RawConn::greet(h.proxy).expect("greeting");
+        c.write_packet(&ssl_request, 1).expect("SSL request");
+        c.stream.write_all(garbage).expect("garbage");
+        c.stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let mut rest = Vec::new();
+        // Closed by holdfast (a TLS alert at most; a reset when it left garbage unread),
+        // before the read timeout.
+        if let Err(e) = c.stream.read_to_end(&mut rest) {
+            assert!(
+                !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ),
+                "{garbage:?}: still open after 10 s"
+            );
+        }
+    }
+    // holdfast still serves.
+    let ok = h.mariadb(h.proxy, &["-e", "SELECT 1"]);
+    assert_eq!(ok.code, Some(0), "{ok:?}");
+}
+
+#[test]
+fn min_version_1_3_refuses_tls_1_2() {
+    if !have("openssl") {
+        eprintln!("SKIP: openssl is not installed");
+        return;
+    }
+    let tls12 = |h: &Harness| {
+        let mut cmd = Command::new("openssl");
+        cmd.args([
+            "s_client",
+            "-starttls",
+            "mysql",
+            "-tls1_2",
+            "-brief",
+            "-connect",
+        ])
+        .arg(h.proxy.to_string());
+        let out = run_with_deadline(cmd, Duration::from_secs(30));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let h = Harness::start();
+    let out = tls12(&h);
+    assert!(out.contains("Protocol version: TLSv1.2"), "{out}");
+    drop(h);
+    let h = Harness::start_with(
+        Options::default().config(|c| c.tls.min_version = holdfast_config::TlsVersion::V1_3),
+    );
+    let out = tls12(&h);
+    assert!(!out.contains("Protocol version: TLSv1.2"), "{out}");
+    assert!(out.contains("alert") || out.contains("error"), "{out}");
+}
+
+fn tempdir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("holdfast-it-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
