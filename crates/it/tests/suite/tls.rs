@@ -86,6 +86,47 @@ fn mariadb_cli_verifies_holdfasts_certificate_and_the_session_is_encrypted_to_th
 }
 
 #[test]
+fn a_large_result_and_a_large_request_over_tls_match_the_server() {
+    let h = Harness::start();
+    let ca = path(&ca(&h));
+    // About 24 MiB of rows back, and a 4 MiB statement out (read from a file by the
+    // CLI): many TLS records each way, and writes that fill the socket.
+    let dir = tempdir("large");
+    let script = dir.join("large.sql");
+    let sql = format!(
+        "USE sbtest;\nSELECT seq, REPEAT(CHAR(65 + seq % 26), 1000) FROM seq_1_to_24000;\nSELECT LENGTH('{}');\n",
+        "y".repeat(4 << 20)
+    );
+    std::fs::write(&script, sql).expect("script");
+    let source = format!("source {}", script.display());
+    let args = [
+        "--ssl",
+        "--ssl-ca",
+        &ca,
+        "--ssl-verify-server-cert",
+        "--batch",
+        "--max-allowed-packet=64M",
+        "-e",
+        &source,
+    ];
+    let via = h.mariadb(h.proxy, &args);
+    let direct = h.mariadb(h.direct(), &args);
+    assert_eq!(via.code, Some(0), "{}", via.stderr);
+    assert_eq!(direct.code, Some(0), "{}", direct.stderr);
+    assert!(
+        via.stdout.len() > 24_000_000,
+        "{}: {}",
+        via.stdout.len(),
+        &via.stdout[..via.stdout.len().min(400)]
+    );
+    assert!(
+        via.stdout.ends_with("4194304\n"),
+        "the large statement's answer"
+    );
+    assert!(via.stdout == direct.stdout, "the results differ");
+}
+
+#[test]
 fn relayed_ed25519_login_runs_inside_tls_on_both_sides() {
     let h = Harness::start();
     let st = &h.lab.status;
