@@ -127,6 +127,35 @@ fn a_large_result_and_a_large_request_over_tls_match_the_server() {
 }
 
 #[test]
+fn a_pass_through_listener_speaks_tls_on_both_sides() {
+    let h = Harness::start_with(Options::default().config(|c| {
+        c.listeners.push(holdfast_config::ListenerConfig {
+            listen: "127.0.0.1:0".into(),
+            mode: holdfast_config::ListenerMode::Passthrough,
+        })
+    }));
+    let ca = path(&ca(&h));
+    let args = [
+        "--ssl",
+        "--ssl-ca",
+        &ca,
+        "--ssl-verify-server-cert",
+        "--batch",
+        "-e",
+        "\\s SELECT 'through' AS pass; SHOW SESSION STATUS LIKE 'Ssl_version'",
+    ];
+    let out = h.mariadb(h.listeners[0], &args);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        out.stdout.contains("Cipher in use is TLS_"),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("pass\nthrough"), "{}", out.stdout);
+    assert!(out.stdout.contains("Ssl_version\tTLSv1."), "{}", out.stdout);
+}
+
+#[test]
 fn relayed_ed25519_login_runs_inside_tls_on_both_sides() {
     let h = Harness::start();
     let st = &h.lab.status;
