@@ -13,6 +13,7 @@ mod ha_admin;
 mod keepalive;
 mod lost_statements;
 mod parity;
+mod passwords;
 mod python;
 mod restore;
 mod rust_client;

@@ -288,7 +288,13 @@ pub async fn login(
         let error = ClientError::auth_method_unsupported();
         return Err(refuse(client, shared, seq, error).await);
     };
-    let Ok(secret) = check_native(&v, &response, &scramble) else {
+    let checked = match check_native(&v, &response, &scramble) {
+        Err(()) if !no_such_account => {
+            recheck_after_refresh(shared, &user, peer, (&response, &scramble)).await
+        }
+        checked => checked,
+    };
+    let Ok(secret) = checked else {
         closed_unwoken("wrong_password");
         let why = if no_such_account {
             "no such account"
@@ -297,6 +303,22 @@ pub async fn login(
         };
         tracing::info!(user = %user, client = %peer, "login refused: {why}");
         wrong_password(shared, peer.ip(), &user).await;
+        // The server counts the failure against the account (max_password_errors) and
+        // answers it, e.g. 4150 once the account is blocked; holdfast answers itself when
+        // the server cannot be asked.
+        let verdict = match no_such_account {
+            false => failed_login_at_server(shared, &req, peer, !response.is_empty()).await,
+            true => None,
+        };
+        if let Some(payload) = verdict {
+            shared
+                .metrics
+                .count_error(ErrPacket::parse(&payload).map_or(1045, |e| e.code));
+            let _ = client.write_packet(&payload, seq).await;
+            return Err(LoginError::BackendRefused(BackendError::from_err_payload(
+                &payload,
+            )));
+        }
         let error = ClientError::access_denied(&user, peer.ip(), !response.is_empty());
         return Err(refuse(client, shared, seq, error).await);
     };
@@ -464,7 +486,96 @@ fn check_native(
     }
 }
 
-/// Where a new login goes: the writable node.
+/// A password that does not match the verifier holdfast knows may match a newer one
+/// (`ALTER USER ... IDENTIFIED BY` since the last read): the accounts are read again (at
+/// most every `verifier_miss_refresh_ms`; never waking a paused instance) and the answer
+/// checked against what the server has now.
+async fn recheck_after_refresh(
+    shared: &Shared,
+    user: &str,
+    peer: SocketAddr,
+    (response, scramble): (&[u8], &[u8]),
+) -> Result<Option<PasswordHash>, ()> {
+    if !shared.gate.is_open() {
+        return Err(());
+    }
+    let addr = shared
+        .topology
+        .borrow()
+        .primary_node()
+        .map(|n| n.address.clone())
+        .ok_or(())?;
+    let min = std::time::Duration::from_millis(shared.config.auth.verifier_miss_refresh_ms);
+    if let Err(e) = shared
+        .verifiers
+        .refresh_waiting(&shared.config, &addr, min)
+        .await
+    {
+        tracing::debug!(error = %e, "cannot re-read the accounts after a wrong password");
+        return Err(());
+    }
+    let account = shared.verifiers.lookup(user, peer.ip()).ok_or(())?;
+    check_native(&account.verifier(), response, scramble)
+}
+
+/// Logs in to the primary as the client with a wrong answer, so that the server counts
+/// the failed attempt where it counts a direct one (the account's `max_password_errors`,
+/// its audit log; with the PROXY protocol, for the client's address), and returns the
+/// server's ERR: 1045 as holdfast would send it, or 4150 for a blocked account. `None`
+/// when the server cannot be asked (no primary, a paused instance, a connection failure).
+async fn failed_login_at_server(
+    shared: &Shared,
+    req: &LoginRequest,
+    peer: SocketAddr,
+    with_password: bool,
+) -> Option<Vec<u8>> {
+    if !shared.gate.is_open() {
+        return None;
+    }
+    let node = shared.topology.borrow().primary_node()?.clone();
+    let tls = crate::tls::backend(&shared.config.backend_tls).ok()?;
+    let header = backend::proxy_header(&node, peer);
+    let timeout = shared.config.proxy.connect_timeout();
+    let attempt = async {
+        let connector = &*shared.connector;
+        let (mut conn, greeting) =
+            backend::open(connector, &node.address, header.as_deref(), timeout)
+                .await
+                .ok()?;
+        let client_caps = req.capabilities & PROXY_CAPABILITIES;
+        let caps = backend::backend_capabilities(client_caps, greeting.capabilities);
+        let caps = backend::with_tls(caps, tls.as_ref());
+        // No answer for a client that sent none ("using password: NO"); this account has a
+        // password, or holdfast would have let the client in.
+        let wrong: Vec<u8> = match with_password {
+            true => rand::random::<[u8; 20]>().to_vec(),
+            false => Vec::new(),
+        };
+        let login = LoginRequest {
+            capabilities: caps,
+            max_packet: 1 << 30,
+            charset: req.charset,
+            user: req.user.clone(),
+            auth_response: wrong,
+            database: None,
+            auth_plugin: NATIVE_PASSWORD.as_bytes().to_vec(),
+            attributes: req.attributes.clone(),
+        };
+        backend::secure(&mut conn, &greeting, tls.as_ref(), &node.address, &login)
+            .await
+            .ok()?;
+        let seq = holdfast_client::login_request_seq(caps);
+        conn.write_packet(&login.encode(), seq).await.ok()?;
+        let answer = conn.read_packet(AUTH_MAX_PACKET).await.ok()?;
+        (answer.payload.first() == Some(&ERR_HEADER)).then(|| answer.payload.to_vec())
+    };
+    let verdict = tokio::time::timeout(timeout, attempt).await.ok().flatten();
+    if verdict.is_none() {
+        tracing::debug!(node = %node.name, "could not report a failed login to the server");
+    }
+    verdict
+}
+
 /// A wrong password: counted, and answered only after the delay that repeated failures
 /// from this address or for this account have earned.
 async fn wrong_password(shared: &Shared, ip: std::net::IpAddr, user: &str) {
