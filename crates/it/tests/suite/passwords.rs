@@ -70,3 +70,50 @@ fn a_password_changed_on_the_server_works_through_holdfast_at_once() {
     let old = login(&h, h.proxy, "rot", "first");
     assert_eq!(error_code(&old), Some(1045), "the old password: {old:?}");
 }
+
+#[test]
+fn expired_and_locked_accounts_get_the_servers_answers() {
+    let h = Harness::start();
+    for user in ["exp_via", "exp_direct"] {
+        h.root_sql(&format!(
+            "CREATE USER '{user}'@'%' IDENTIFIED BY 'old' PASSWORD EXPIRE; \
+             GRANT USAGE ON *.* TO '{user}'@'%'"
+        ));
+    }
+    h.root_sql("CREATE USER 'locked'@'%' IDENTIFIED BY 'pw' ACCOUNT LOCK");
+    let sandbox = |addr, user| {
+        let query = login(&h, addr, user, "old");
+        let change = h.mariadb_as(
+            addr,
+            user,
+            "old",
+            &[
+                "--batch",
+                "-e",
+                "SET PASSWORD = PASSWORD('renewed'); SELECT 'set'",
+            ],
+        );
+        let renewed = login(&h, addr, user, "renewed");
+        (error_code(&query), change.code, renewed.code, change)
+    };
+    let direct = sandbox(h.direct(), "exp_direct");
+    let via = sandbox(h.proxy, "exp_via");
+    // Directly: logged in to the sandbox (1820 for anything but SET PASSWORD), the password
+    // changed, and the new one works.
+    assert_eq!(
+        (direct.0, direct.1, direct.2),
+        (Some(1820), Some(0), Some(0)),
+        "{:?}",
+        direct.3
+    );
+    assert_eq!(
+        (via.0, via.1, via.2),
+        (direct.0, direct.1, direct.2),
+        "{:?}",
+        via.3
+    );
+    let locked_direct = login(&h, h.direct(), "locked", "pw");
+    let locked_via = login(&h, h.proxy, "locked", "pw");
+    assert_eq!(error_code(&locked_direct), Some(4151), "{locked_direct:?}");
+    assert_eq!(locked_via.stderr, locked_direct.stderr);
+}
