@@ -16,6 +16,7 @@
 //! which a client that always completes well-formed exchanges is built not to do. It
 //! shares the packet codecs of `holdfast_wire` and [`ServerError`] with this crate.
 
+pub mod compress;
 pub mod conn;
 mod prepared;
 mod query;
@@ -276,6 +277,9 @@ pub async fn login(
                 ))
             }
         }
+    }
+    if capabilities & CLIENT_COMPRESS != 0 {
+        compress::start(&mut conn, compress::Role::Client);
     }
     Ok(Client {
         conn,

@@ -204,10 +204,12 @@ impl Harness {
             .unwrap_or_else(|e| panic!("root SQL {sql:?} failed: {e:#}"))
     }
 
-    /// A `mysql://` URL for the Rust `mysql` crate through holdfast.
+    /// A `mysql://` URL for the Rust `mysql` crate through holdfast. With
+    /// `prefer_socket=false`: by default the crate asks the server for `@@socket` and
+    /// reconnects there, which would go around holdfast.
     pub fn url(&self) -> String {
         format!(
-            "mysql://{}:{}@{}:{}/{}",
+            "mysql://{}:{}@{}:{}/{}?prefer_socket=false",
             self.user(),
             self.password(),
             self.proxy.ip(),

@@ -29,9 +29,11 @@ pub const CLIENT_OPTIONAL_RESULTSET_METADATA: u32 = 1 << 25;
 pub const CLIENT_ZSTD_COMPRESSION: u32 = 1 << 26;
 pub const CLIENT_QUERY_ATTRIBUTES: u32 = 1 << 27;
 
-/// What holdfast offers clients. Compression, TLS (not yet), optional metadata and query
-/// attributes are masked: holdfast must understand every byte it forwards.
+/// What holdfast offers clients (CLIENT_SSL is added with `[tls]`). Optional metadata and
+/// query attributes are masked: holdfast must understand every byte it forwards.
+/// Compression (zlib) is undone below the packet layer (`holdfast_client::compress`).
 pub const PROXY_CAPABILITIES: u32 = CLIENT_LONG_PASSWORD
+    | CLIENT_COMPRESS
     | CLIENT_FOUND_ROWS
     | CLIENT_LONG_FLAG
     | CLIENT_CONNECT_WITH_DB

@@ -294,6 +294,7 @@ fn rust_mysql_crate_with_rustls_verifies_holdfast() {
             .user(Some(h.user()))
             .pass(Some(h.password()))
             .db_name(Some(h.database()))
+            .prefer_socket(false)
             .ssl_opts(Some(
                 mysql::SslOpts::default().with_root_cert_path(Some(ca)),
             ))

@@ -889,6 +889,12 @@ async fn relay_login(
             client
                 .write_packet(&ok_payload(0, 0, SERVER_STATUS_AUTOCOMMIT, 0), seq)
                 .await?;
+            if backend_caps & CLIENT_COMPRESS != 0 {
+                holdfast_client::compress::start(
+                    &mut conn,
+                    holdfast_client::compress::Role::Client,
+                );
+            }
             Ok(BackendConn {
                 conn,
                 greeting,

@@ -221,6 +221,11 @@ pub async fn run(shared: Arc<Shared>, stream: BoxedIo, peer: SocketAddr, mode: L
     };
     ticket.logged_in();
     shared.metrics.logins.inc();
+    if logged_in.capabilities & holdfast_wire::caps::CLIENT_COMPRESS != 0 {
+        // Everything after the login's OK is compressed (the backend connection was set
+        // up the same way, so the server's Compression status reads as the client's).
+        holdfast_client::compress::start(&mut client, holdfast_client::compress::Role::Server);
+    }
     if mode == ListenerMode::Passthrough {
         passthrough::run(shared, client, logged_in, peer, id).await;
         return;
