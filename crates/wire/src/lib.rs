@@ -10,6 +10,7 @@ pub mod binary_row;
 pub mod caps;
 pub mod codec;
 pub mod command;
+pub mod compressed;
 pub mod error;
 pub mod frame;
 pub mod handshake;
