@@ -32,6 +32,7 @@
 
 mod classify;
 mod keyword;
+mod kill;
 mod lexer;
 pub mod quote;
 mod split;
@@ -40,6 +41,7 @@ mod split;
 mod tests;
 
 pub use classify::{classify, classify_with, first_keyword, Classification};
+pub use kill::{parse_kill, Kill};
 pub use lexer::{Lexer, SqlMode, Token, TokenKind};
 pub use split::Statements;
 
