@@ -25,6 +25,11 @@ pub struct SessionRecord {
     /// Status flags from the last OK/EOF.
     pub status: u16,
     pub last_insert_id: u64,
+    /// Warnings (errors included) the client's last statement left for `SHOW WARNINGS`,
+    /// as its last OK/EOF counted them (an ERR counts one).
+    pub last_warnings: u16,
+    /// The affected rows of the last OK: `ROW_COUNT()` when positive.
+    pub last_affected_rows: u64,
     /// A statement may have changed what only a capture reads (user variables,
     /// `LAST_INSERT_ID(expr)`, `collation_connection`) since the last capture.
     pub capture_due: bool,

@@ -7,6 +7,7 @@ mod bad_input;
 mod cli;
 mod client_address;
 mod desync;
+mod differential;
 mod floods;
 mod ha;
 mod ha_admin;

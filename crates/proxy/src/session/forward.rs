@@ -438,8 +438,14 @@ impl Session {
                         });
                     }
                 }
-                Event::Eof(eof) => self.record.status = eof.status,
+                Event::Eof(eof) => {
+                    self.record.status = eof.status;
+                    self.record.last_warnings = eof.warnings;
+                    self.record.last_affected_rows = 0;
+                }
                 Event::Err(e) => {
+                    self.record.last_warnings = 1;
+                    self.record.last_affected_rows = 0;
                     // The server going away answers (or pre-empts) the command with one of
                     // these before it closes; nothing reached the client, so treat it as a
                     // lost backend.
@@ -700,6 +706,8 @@ impl Session {
 /// Records what an OK packet says.
 fn observe_ok(record: &mut SessionRecord, ok: &OkPacket<'_>) {
     record.status = ok.status;
+    record.last_warnings = ok.warnings;
+    record.last_affected_rows = ok.affected_rows;
     if ok.last_insert_id != 0 {
         record.last_insert_id = ok.last_insert_id;
     }

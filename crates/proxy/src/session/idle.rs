@@ -61,7 +61,7 @@ impl Session {
                     match event {
                         IdleEvent::Quiet => {
                             quiet = true;
-                            self.capture_if_due().await;
+                            self.capture_if_due(false).await;
                             self.release_buffers();
                         }
                         IdleEvent::Topology(false) => {
