@@ -5,7 +5,7 @@
 
 use holdfast_it::differential::{binary, differences, q, run, Outcome, Step};
 use holdfast_it::raw::{RawConn, BASE_CAPS};
-use holdfast_it::Harness;
+use holdfast_it::{Harness, Options};
 use holdfast_wire::caps::*;
 
 /// Run before each side's session: the same tables, rows and auto-increment counters.
@@ -106,4 +106,50 @@ fn captures_leave_the_diagnostics_as_the_server_does() {
             direct[3]
         );
     }
+}
+
+/// MariaDB skips its query cache for sessions with `session_track_transaction_info`
+/// on; holdfast's trackers must leave it working.
+#[test]
+fn the_query_cache_serves_through_holdfast() {
+    let h = Harness::start_with(
+        Options::default().server_args(&["--query-cache-type=1", "--query-cache-size=16777216"]),
+    );
+    setup(&h);
+    let status = |name: &str| -> u64 {
+        let rows = h.root_sql(&format!("SHOW GLOBAL STATUS LIKE '{name}'"));
+        rows.first()
+            .and_then(|r| r.get(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name}: {rows:?}"))
+    };
+    let mut c = RawConn::connect(
+        h.proxy,
+        h.user(),
+        h.password(),
+        Some(h.database()),
+        BASE_CAPS,
+    )
+    .expect("connecting through holdfast");
+    let before = status("Qcache_hits");
+    for _ in 0..3 {
+        c.query("SELECT v FROM sbtest.dt WHERE id = 1").unwrap();
+    }
+    assert!(status("Qcache_queries_in_cache") > 0, "nothing cached");
+    let hits = status("Qcache_hits") - before;
+    assert!(hits >= 2, "{hits} query cache hits for the repeated SELECT");
+    // A session that sets next-transaction characteristics still has them tracked (for a
+    // move), and the cache still serves plain SELECTs of other sessions.
+    c.query("SET TRANSACTION READ ONLY").unwrap();
+    let mut other = RawConn::connect(
+        h.proxy,
+        h.user(),
+        h.password(),
+        Some(h.database()),
+        BASE_CAPS,
+    )
+    .expect("connecting through holdfast");
+    let before = status("Qcache_hits");
+    other.query("SELECT v FROM sbtest.dt WHERE id = 1").unwrap();
+    assert_eq!(status("Qcache_hits") - before, 1);
 }

@@ -10,6 +10,7 @@
 
 use super::statements::Statement;
 use super::{End, Session};
+use crate::backend::BackendError;
 use crate::conn::ConnError;
 use crate::error::code::{ER_CLIENT_IDLE_TIMEOUT, ER_CONNECTION_KILLED, ER_SERVER_SHUTDOWN};
 use crate::error::{ClientError, ErrorKind};
@@ -132,7 +133,15 @@ impl Session {
         // another backend starts again from the client's.
         let client_statement = packets::statement_id(&request[HEADER_LEN..]);
         self.backend_killed = false;
-        match self.command(&mut request).await {
+        let tracked = match query {
+            Some(flags) if flags.has(C::SET_TRANSACTION) => self.track_transactions().await,
+            _ => Ok(()),
+        };
+        let result = match tracked {
+            Ok(()) => self.command(&mut request).await,
+            Err(e) => Err(e),
+        };
+        match result {
             // The client waits for nothing: it must get nothing, not even an error.
             Err(End::BackendLost {
                 started: false,
@@ -259,6 +268,34 @@ impl Session {
                 }
             },
         }
+    }
+
+    /// Turns the transaction tracker on before the session's first `SET TRANSACTION`
+    /// (see [`crate::restore::TRACK_TRANSACTIONS`]). A `SET` without tables: it leaves the warnings
+    /// and `FOUND_ROWS()` as they were and `ROW_COUNT()` at 0, as the client's `SET
+    /// TRANSACTION` right after it does anyway.
+    async fn track_transactions(&mut self) -> Result<(), End> {
+        if self.tracks_transactions || self.record.untracked || self.backend_dead {
+            return Ok(());
+        }
+        match crate::restore::execute(
+            &mut self.backend,
+            crate::restore::TRACK_TRANSACTIONS.as_bytes(),
+        )
+        .await
+        {
+            Ok(_) => self.tracks_transactions = true,
+            Err(BackendError::Conn(error)) => {
+                return Err(End::BackendLost {
+                    started: false,
+                    error,
+                })
+            }
+            Err(e) => {
+                tracing::info!(session = self.info.id, error = %e, "cannot track next-transaction characteristics");
+            }
+        }
+        Ok(())
     }
 
     fn note_query(&mut self, flags: C, sql: &[u8]) {

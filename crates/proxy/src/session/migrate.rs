@@ -417,6 +417,11 @@ impl Session {
         if !new.enable_trackers().await.map_err(|e| unreachable(&e))? {
             self.record.untracked = true;
         }
+        if self.tracks_transactions {
+            restore::execute(&mut new, crate::restore::TRACK_TRANSACTIONS.as_bytes())
+                .await
+                .map_err(|e| unreachable(&e))?;
+        }
         let types = VariableTypes::load(&mut new)
             .await
             .map_err(|e| unreachable(&e))?;
