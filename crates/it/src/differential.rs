@@ -10,6 +10,8 @@
 //!
 //! What legitimately differs is normalised here, explicitly, and nothing else:
 //! - statement ids of prepared statements (holdfast hands out its own) are left out;
+//! - the order of system variable records within one OK packet (see
+//!   [`describe_session_state`]);
 //! - connection ids and timings are not in the scripts' results: scripts must not select
 //!   them (`CONNECTION_ID()`, `NOW()`, `SHOW PROCESSLIST`), or mask their columns with
 //!   [`Step::Masked`].
@@ -198,9 +200,12 @@ fn seen_ok(c: &RawConn, payload: &[u8]) -> Seen {
     }
 }
 
-/// Session state records, one readable line each.
+/// Session state records, one readable line each. The system variable records of one OK
+/// are sorted by name (in the places they occupy): the server lists them in the order of
+/// its hash of the tracked variables, which differs between a list of names and `*`
+/// (holdfast's); clients take them as a set.
 pub fn describe_session_state(block: &[u8]) -> Vec<String> {
-    items(block)
+    let mut lines: Vec<String> = items(block)
         .map(|item| match item {
             Ok(TrackItem::SystemVariable { name, value }) => format!(
                 "variable {}={}",
@@ -219,7 +224,16 @@ pub fn describe_session_state(block: &[u8]) -> Vec<String> {
             Ok(TrackItem::Unknown(k)) => format!("unknown record type {k}"),
             Err(e) => format!("undecodable: {e}"),
         })
-        .collect()
+        .collect();
+    let at: Vec<usize> = (0..lines.len())
+        .filter(|&i| lines[i].starts_with("variable "))
+        .collect();
+    let mut variables: Vec<String> = at.iter().map(|&i| lines[i].clone()).collect();
+    variables.sort();
+    for (i, v) in at.into_iter().zip(variables) {
+        lines[i] = v;
+    }
+    lines
 }
 
 /// The steps whose outcomes differ, side by side (empty: none).

@@ -2,6 +2,7 @@
 //! trackers and the statement classifier. The keep-alive work restores this record on a new
 //! backend; here it is observed and reported.
 
+use crate::client_trackers::ClientTrackers;
 use holdfast_sql::SqlMode;
 use holdfast_wire::caps::*;
 use holdfast_wire::session_track::{items, TrackItem};
@@ -43,6 +44,9 @@ pub struct SessionRecord {
     pub prepared_statements: usize,
     /// The trackers could not be enabled on the backend.
     pub untracked: bool,
+    /// The session trackers as the client set them (what it is shown).
+    #[serde(skip)]
+    pub client_trackers: ClientTrackers,
 }
 
 impl SessionRecord {
@@ -58,6 +62,7 @@ impl SessionRecord {
                     if name.eq_ignore_ascii_case(b"sql_mode") {
                         self.sql_mode = Some(SqlMode::parse(value));
                     }
+                    self.client_trackers.set(name, value);
                     self.variables.insert(
                         String::from_utf8_lossy(name).into_owned(),
                         String::from_utf8_lossy(value).into_owned(),

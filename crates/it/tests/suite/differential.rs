@@ -153,3 +153,67 @@ fn the_query_cache_serves_through_holdfast() {
     other.query("SELECT v FROM sbtest.dt WHERE id = 1").unwrap();
     assert_eq!(status("Qcache_hits") - before, 1);
 }
+
+/// Session state the client's own tracker settings produce (the server's defaults, then
+/// its own SETs of them), not holdfast's.
+fn tracking_script() -> Vec<Step> {
+    vec![
+        q("SET @u = 1"),
+        q("SET sql_mode = 'ANSI_QUOTES'"),
+        q("SET time_zone = '+01:00'"),
+        q("USE mysql"),
+        q("USE sbtest"),
+        q("SET NAMES latin1"),
+        q("SET NAMES utf8mb4"),
+        q("SET autocommit = 0"),
+        q("SET autocommit = 1"),
+        q("SET TRANSACTION READ ONLY"),
+        q("SELECT 1"),
+        q("BEGIN NOT ATOMIC SET @c = 1; SELECT 1 AS one; END"),
+        q("CALL sbtest.p_cursor()"),
+        q("SET session_track_state_change = ON"),
+        q("SET @u = 2"),
+        q("SET session_track_schema = OFF"),
+        q("USE mysql"),
+        q("SET session_track_system_variables = '*'"),
+        q("SET sql_mode = ''"),
+        q("SELECT 2"),
+        // Not compared: a client's own session_track_transaction_info (the server sends a
+        // first `transaction state` record when it is turned on, which holdfast does not
+        // when it had turned it on before; see proxy/src/client_trackers.rs).
+    ]
+}
+
+#[test]
+fn clients_with_session_track_see_their_own_trackers_only() {
+    let h = Harness::start();
+    let steps = tracking_script();
+    for caps in [
+        BASE_CAPS | CLIENT_SESSION_TRACK,
+        BASE_CAPS | CLIENT_SESSION_TRACK | CLIENT_DEPRECATE_EOF,
+    ] {
+        let direct = compare(&h, caps, &steps);
+        assert!(
+            format!("{:?}", direct[2]).contains("variable time_zone=+01:00"),
+            "{:?}",
+            direct[2]
+        );
+    }
+}
+
+/// Stored programs change state (user variables) before their result sets: the
+/// terminators' status flags are the server's.
+#[test]
+fn stored_program_results_carry_the_servers_status_flags() {
+    let h = Harness::start();
+    let steps = vec![
+        q("BEGIN NOT ATOMIC SET @c = 1; SELECT 1 AS one; END"),
+        q("SELECT FOUND_ROWS(), ROW_COUNT(), @c"),
+        q("CALL sbtest.p_cursor()"),
+        q("SELECT @from_cursor, ROW_COUNT(), FOUND_ROWS()"),
+        q("SET @u = 1; SELECT @u; SET time_zone = '+02:00'; SELECT 2"),
+    ];
+    for caps in [BASE_CAPS, BASE_CAPS | CLIENT_DEPRECATE_EOF] {
+        compare(&h, caps, &steps);
+    }
+}

@@ -464,6 +464,7 @@ impl Session {
             let mut is_infile = false;
             match event {
                 Event::Ok(ok) => {
+                    // First: the OK of a client's SET session_track_... already counts.
                     observe_ok(&mut self.record, &ok);
                     let client_tracks = self.capabilities & CLIENT_SESSION_TRACK != 0;
                     if !client_tracks && ok.status & SERVER_SESSION_STATE_CHANGED != 0 {
@@ -473,9 +474,44 @@ impl Session {
                         replaced = frame::frame_into(&mut self.scratch, seq, |out| {
                             ok.encode_into(false, out)
                         });
+                    } else if ok.status & SERVER_SESSION_STATE_CHANGED != 0 {
+                        // With it, the records the client's own trackers would have
+                        // produced (the flag goes with the last of them).
+                        let trackers = &self.record.client_trackers;
+                        let mut kept = Vec::new();
+                        trackers.filter(ok.session_state, &mut kept);
+                        let flag_only = ok.session_state.is_empty() && !trackers.state_change();
+                        if kept.len() != ok.session_state.len() || flag_only {
+                            let ok = OkPacket {
+                                session_state: &kept,
+                                ..ok
+                            };
+                            self.scratch.clear();
+                            replaced = frame::frame_into(&mut self.scratch, seq, |out| {
+                                ok.encode_into(true, out)
+                            });
+                        }
                     }
                 }
                 Event::Eof(eof) => {
+                    if eof.status & SERVER_SESSION_STATE_CHANGED != 0
+                        && !self.record.client_trackers.state_change()
+                    {
+                        // The flag in an EOF, from a change inside a stored program before
+                        // its result: holdfast's state-change tracker set it. Cleared unless
+                        // the client tracks state changes itself. (A schema or variable
+                        // change there would set it under the client's defaults too; the
+                        // EOF does not tell which it was.)
+                        self.scratch.clear();
+                        replaced = frame::frame_into(&mut self.scratch, seq, |out| {
+                            let at = out.len();
+                            out.extend_from_slice(payload);
+                            let status = eof.status & !SERVER_SESSION_STATE_CHANGED;
+                            if let Some(s) = out.get_mut(at + 3..at + 5) {
+                                s.copy_from_slice(&status.to_le_bytes());
+                            }
+                        });
+                    }
                     self.record.status = eof.status;
                     self.record.last_warnings = eof.warnings;
                     self.record.last_affected_rows = 0;
