@@ -47,6 +47,10 @@ pub struct SessionRecord {
     /// The session trackers as the client set them (what it is shown).
     #[serde(skip)]
     pub client_trackers: ClientTrackers,
+    /// The client set a `session_track_*` variable: holdfast's own setting in the backend
+    /// session, to be put back.
+    #[serde(skip)]
+    pub trackers_overridden: bool,
 }
 
 impl SessionRecord {
@@ -62,7 +66,9 @@ impl SessionRecord {
                     if name.eq_ignore_ascii_case(b"sql_mode") {
                         self.sql_mode = Some(SqlMode::parse(value));
                     }
-                    self.client_trackers.set(name, value);
+                    if self.client_trackers.set(name, value) {
+                        self.trackers_overridden = true;
+                    }
                     self.variables.insert(
                         String::from_utf8_lossy(name).into_owned(),
                         String::from_utf8_lossy(value).into_owned(),

@@ -178,6 +178,13 @@ fn tracking_script() -> Vec<Step> {
         q("SET session_track_system_variables = '*'"),
         q("SET sql_mode = ''"),
         q("SELECT 2"),
+        q("SET session_track_system_variables = 'time_zone', session_track_state_change = OFF"),
+        q("SET sql_mode = 'ANSI_QUOTES'"),
+        q("SET time_zone = '+04:00'"),
+        q("SELECT SQL_CALC_FOUND_ROWS id FROM sbtest.dt LIMIT 1"),
+        q("SET session_track_schema = ON"),
+        q("SELECT FOUND_ROWS(), ROW_COUNT()"),
+        q("USE sbtest"),
         // Not compared: a client's own session_track_transaction_info (the server sends a
         // first `transaction state` record when it is turned on, which holdfast does not
         // when it had turned it on before; see proxy/src/client_trackers.rs).
@@ -216,4 +223,30 @@ fn stored_program_results_carry_the_servers_status_flags() {
     for caps in [BASE_CAPS, BASE_CAPS | CLIENT_DEPRECATE_EOF] {
         compare(&h, caps, &steps);
     }
+}
+
+/// A client's own `session_track_system_variables` is its view only: holdfast keeps
+/// tracking every variable for itself, so the session's state still moves with it.
+#[test]
+fn a_client_narrowing_its_trackers_keeps_its_state_across_a_move() {
+    let h = Harness::start_with(Options::default().replicas(1));
+    let caps = BASE_CAPS | CLIENT_SESSION_TRACK | CLIENT_DEPRECATE_EOF;
+    let mut c = RawConn::connect(h.proxy, h.user(), h.password(), Some(h.database()), caps)
+        .expect("connecting through holdfast");
+    c.query("SET session_track_system_variables = 'time_zone'")
+        .unwrap();
+    c.query("SET sql_mode = 'ANSI_QUOTES'").unwrap();
+    c.query("SET time_zone = '+03:00'").unwrap();
+    let before = c.query_value("SELECT @@port").unwrap();
+    h.switch_over_to("node2");
+    let after = c.query_value("SELECT @@port").unwrap();
+    assert_ne!(before, after, "the session moved");
+    assert_eq!(
+        c.query_value("SELECT @@sql_mode").unwrap().as_deref(),
+        Some("ANSI_QUOTES")
+    );
+    assert_eq!(
+        c.query_value("SELECT @@time_zone").unwrap().as_deref(),
+        Some("+03:00")
+    );
 }

@@ -141,6 +141,16 @@ impl Session {
             Ok(()) => self.command(&mut request).await,
             Err(e) => Err(e),
         };
+        // Narrowing session_track_system_variables is not reported (the variable is no
+        // longer in the list when the report is made): the statement text tells.
+        let sets_trackers = query.is_some_and(|f| f.has(C::SET_SESSION_VAR))
+            && query_text(&request).is_some_and(|sql| {
+                sql.windows(14)
+                    .any(|w| w.eq_ignore_ascii_case(b"session_track_"))
+            });
+        if result.is_ok() && (sets_trackers || self.record.trackers_overridden) {
+            self.reassert_trackers().await?;
+        }
         match result {
             // The client waits for nothing: it must get nothing, not even an error.
             Err(End::BackendLost {
@@ -296,6 +306,61 @@ impl Session {
             }
         }
         Ok(())
+    }
+
+    /// Reads the client's new `session_track_*` settings after it set one of them, and
+    /// puts holdfast's trackers back (the client is shown what its own settings produce,
+    /// see [`crate::client_trackers`]). A `SELECT` without tables and `SET`s keep the
+    /// warnings; `FOUND_ROWS()` and `ROW_COUNT()` are read before and put back after.
+    async fn reassert_trackers(&mut self) -> Result<(), End> {
+        self.record.trackers_overridden = false;
+        if self.backend_dead {
+            return Ok(());
+        }
+        let lost = |e: crate::restore::CaptureError| match e {
+            crate::restore::CaptureError::Backend(BackendError::Conn(e)) => End::Backend(e),
+            e => End::Protocol(format!("restoring holdfast's session trackers: {e}")),
+        };
+        let before = crate::restore::read_diagnostics(&mut self.backend)
+            .await
+            .map_err(lost)?;
+        let names = [
+            "session_track_system_variables",
+            "session_track_schema",
+            "session_track_state_change",
+            "session_track_transaction_info",
+        ];
+        let select = format!("SELECT @@session.{}", names.join(", @@session."));
+        let values = crate::restore::execute(&mut self.backend, select.as_bytes())
+            .await
+            .map_err(|e| lost(e.into()))?;
+        // A value that differs from holdfast's own is the client's; one that does not was
+        // either not set by it or reported when it was (under holdfast's `*`).
+        let transaction_info: &[u8] = match self.tracks_transactions {
+            true => b"CHARACTERISTICS",
+            false => b"OFF",
+        };
+        let holdfasts: [&[u8]; 4] = [b"*", b"1", b"1", transaction_info];
+        if let Some(row) = values.rows.first() {
+            for ((name, value), own) in names.iter().zip(row).zip(holdfasts) {
+                let value = value.as_deref().unwrap_or_default();
+                if !value.eq_ignore_ascii_case(own) {
+                    self.record.client_trackers.set(name.as_bytes(), value);
+                }
+            }
+        }
+        let mut statements = vec![holdfast_client::ENABLE_TRACKERS];
+        if self.tracks_transactions {
+            statements.push(crate::restore::TRACK_TRANSACTIONS);
+        }
+        for sql in statements {
+            crate::restore::execute(&mut self.backend, sql.as_bytes())
+                .await
+                .map_err(|e| lost(e.into()))?;
+        }
+        crate::restore::put_back_diagnostics(&mut self.backend, before)
+            .await
+            .map_err(lost)
     }
 
     fn note_query(&mut self, flags: C, sql: &[u8]) {
