@@ -5,9 +5,11 @@
 //! sets a `session_track_*` variable, which the backend reports (holdfast tracks every
 //! variable) and [`ClientTrackers::set`] takes.
 //!
-//! Not covered: reading `@@session_track_*` gives holdfast's settings, a client's own
-//! `SET session_track_system_variables` (or `session_track_state_change=OFF`...) narrows
-//! what holdfast sees too, and a client that turns on `session_track_transaction_info`
+//! A client's own `SET session_track_...` is followed by holdfast reading the client's new
+//! settings and putting its own back; a statement that reads them (`@@session_track_...`,
+//! `SHOW VARIABLES LIKE 'session_track%'`) runs with the client's settings in place (see
+//! the session's `forward.rs`). Not covered: such reads and `SET`s inside stored programs
+//! and prepared statements, and a client that turns on `session_track_transaction_info`
 //! while holdfast already has it on gets no initial `transaction state` record.
 
 use holdfast_wire::codec::Reader;
@@ -25,6 +27,8 @@ enum TransactionInfo {
 pub struct ClientTrackers {
     /// `session_track_system_variables`, lower-case names; `None`: `*`, every variable.
     variables: Option<Vec<Vec<u8>>>,
+    /// `session_track_system_variables` as the server showed it.
+    variables_text: String,
     schema: bool,
     state_change: bool,
     transaction_info: TransactionInfo,
@@ -38,6 +42,7 @@ impl Default for ClientTrackers {
     fn default() -> Self {
         ClientTrackers {
             variables: parse_variables(DEFAULT_VARIABLES),
+            variables_text: String::from_utf8_lossy(DEFAULT_VARIABLES).into_owned(),
             schema: true,
             state_change: false,
             transaction_info: TransactionInfo::Off,
@@ -69,7 +74,10 @@ impl ClientTrackers {
     pub fn set(&mut self, name: &[u8], value: &[u8]) -> bool {
         let name = name.to_ascii_lowercase();
         match name.as_slice() {
-            b"session_track_system_variables" => self.variables = parse_variables(value),
+            b"session_track_system_variables" => {
+                self.variables = parse_variables(value);
+                self.variables_text = String::from_utf8_lossy(value).into_owned();
+            }
             b"session_track_schema" => self.schema = on(value),
             b"session_track_state_change" => self.state_change = on(value),
             b"session_track_transaction_info" => {
@@ -84,6 +92,24 @@ impl ClientTrackers {
             _ => return false,
         }
         true
+    }
+
+    /// The `SET` that gives a session the client's settings.
+    pub fn set_statement(&self) -> String {
+        let on_off = |b: bool| if b { "ON" } else { "OFF" };
+        let transaction_info = match self.transaction_info {
+            TransactionInfo::Off => "OFF",
+            TransactionInfo::State => "STATE",
+            TransactionInfo::Characteristics => "CHARACTERISTICS",
+        };
+        format!(
+            "SET SESSION session_track_system_variables = {}, session_track_schema = {}, \
+             session_track_state_change = {}, session_track_transaction_info = '{}'",
+            holdfast_sql::quote::string_literal(&self.variables_text),
+            on_off(self.schema),
+            on_off(self.state_change),
+            transaction_info
+        )
     }
 
     /// Whether the client tracks state changes (which also decides the "state changed"
@@ -160,6 +186,13 @@ mod tests {
         ]
         .concat();
         let mut t = ClientTrackers::default();
+        assert_eq!(
+            t.set_statement(),
+            "SET SESSION session_track_system_variables = 'autocommit,character_set_client,\
+             character_set_connection,character_set_results,time_zone', \
+             session_track_schema = ON, session_track_state_change = OFF, \
+             session_track_transaction_info = 'OFF'"
+        );
         let mut out = Vec::new();
         t.filter(&block, &mut out);
         assert_eq!(out, [time_zone.clone(), schema.clone()].concat());

@@ -133,22 +133,29 @@ impl Session {
         // another backend starts again from the client's.
         let client_statement = packets::statement_id(&request[HEADER_LEN..]);
         self.backend_killed = false;
+        let mentions_trackers = query.is_some()
+            && query_text(&request).is_some_and(|sql| {
+                sql.windows(13)
+                    .any(|w| w.eq_ignore_ascii_case(b"session_track"))
+            });
         let tracked = match query {
             Some(flags) if flags.has(C::SET_TRANSACTION) => self.track_transactions().await,
+            // A statement that reads the trackers' settings (`@@session_track_...`, `SHOW
+            // VARIABLES LIKE 'session_track%'`) reads the client's, not holdfast's; a SET
+            // of one of them is read back after it runs.
+            Some(flags) if mentions_trackers && !flags.has(C::SET_SESSION_VAR) => {
+                self.show_client_trackers().await
+            }
             _ => Ok(()),
         };
         let result = match tracked {
             Ok(()) => self.command(&mut request).await,
             Err(e) => Err(e),
         };
-        // Narrowing session_track_system_variables is not reported (the variable is no
-        // longer in the list when the report is made): the statement text tells.
-        let sets_trackers = query.is_some_and(|f| f.has(C::SET_SESSION_VAR))
-            && query_text(&request).is_some_and(|sql| {
-                sql.windows(14)
-                    .any(|w| w.eq_ignore_ascii_case(b"session_track_"))
-            });
-        if result.is_ok() && (sets_trackers || self.record.trackers_overridden) {
+        // After a statement that set or read the trackers' settings: holdfast's back (the
+        // client's new ones are read first: narrowing session_track_system_variables is
+        // not reported, the variable is no longer in the list when the report is made).
+        if result.is_ok() && (mentions_trackers || self.record.trackers_overridden) {
             self.reassert_trackers().await?;
         }
         match result {
@@ -306,6 +313,29 @@ impl Session {
             }
         }
         Ok(())
+    }
+
+    /// Gives the backend session the client's own tracker settings for one statement
+    /// ([`Session::reassert_trackers`] puts holdfast's back after it), keeping
+    /// `FOUND_ROWS()` and `ROW_COUNT()`.
+    async fn show_client_trackers(&mut self) -> Result<(), End> {
+        if self.backend_dead {
+            return Ok(());
+        }
+        let lost = |e: crate::restore::CaptureError| match e {
+            crate::restore::CaptureError::Backend(BackendError::Conn(e)) => End::Backend(e),
+            e => End::Protocol(format!("giving the session the client's trackers: {e}")),
+        };
+        let before = crate::restore::read_diagnostics(&mut self.backend)
+            .await
+            .map_err(lost)?;
+        let set = self.record.client_trackers.set_statement();
+        crate::restore::execute(&mut self.backend, set.as_bytes())
+            .await
+            .map_err(|e| lost(e.into()))?;
+        crate::restore::put_back_diagnostics(&mut self.backend, before)
+            .await
+            .map_err(lost)
     }
 
     /// Reads the client's new `session_track_*` settings after it set one of them, and
