@@ -133,11 +133,8 @@ impl Session {
         // another backend starts again from the client's.
         let client_statement = packets::statement_id(&request[HEADER_LEN..]);
         self.backend_killed = false;
-        let mentions_trackers = query.is_some()
-            && query_text(&request).is_some_and(|sql| {
-                sql.windows(13)
-                    .any(|w| w.eq_ignore_ascii_case(b"session_track"))
-            });
+        let mentions_trackers =
+            query.is_some() && query_text(&request).is_some_and(mentions_trackers);
         let tracked = match query {
             Some(flags) if flags.has(C::SET_TRANSACTION) => self.track_transactions().await,
             // A statement that reads the trackers' settings (`@@session_track_...`, `SHOW
@@ -871,6 +868,20 @@ impl Session {
     }
 }
 
+/// Whether a statement's text has `session_track` in it (any case): a look at the bytes
+/// around each `_` only.
+fn mentions_trackers(sql: &[u8]) -> bool {
+    const WORD: &[u8] = b"session_track";
+    const UNDERSCORE_AT: usize = 7;
+    sql.iter().enumerate().any(|(i, &b)| {
+        b == b'_'
+            && i >= UNDERSCORE_AT
+            && sql
+                .get(i - UNDERSCORE_AT..i - UNDERSCORE_AT + WORD.len())
+                .is_some_and(|w| w.eq_ignore_ascii_case(WORD))
+    })
+}
+
 /// Records what an OK packet says.
 fn observe_ok(record: &mut SessionRecord, ok: &OkPacket<'_>) {
     record.status = ok.status;
@@ -1165,5 +1176,19 @@ mod tests {
         ] {
             assert!(!may_commit_in(sql, None), "{sql} does not commit");
         }
+    }
+}
+
+#[cfg(test)]
+mod tracker_mention_tests {
+    #[test]
+    fn finds_session_track_in_any_case() {
+        assert!(super::mentions_trackers(b"SELECT @@Session_Track_Schema"));
+        assert!(super::mentions_trackers(
+            b"SHOW VARIABLES LIKE 'session_track%'"
+        ));
+        assert!(super::mentions_trackers(b"session_track"));
+        assert!(!super::mentions_trackers(b"SELECT session_trac, _x FROM t"));
+        assert!(!super::mentions_trackers(b"_"));
     }
 }
