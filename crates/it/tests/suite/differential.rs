@@ -259,3 +259,30 @@ fn a_client_narrowing_its_trackers_keeps_its_state_across_a_move() {
         Some("+03:00")
     );
 }
+
+/// A capture waiting for the client's warnings to go (they would be cleared by it) is
+/// made when a switchover starts: the old primary's connections are killed by its fence.
+#[test]
+fn a_deferred_capture_is_made_before_a_switchover() {
+    let h = Harness::start_with(Options::default().replicas(1));
+    let mut c = RawConn::connect(
+        h.proxy,
+        h.user(),
+        h.password(),
+        Some(h.database()),
+        BASE_CAPS,
+    )
+    .expect("connecting through holdfast");
+    c.query("SET @x = 5, @w = CAST('1a' AS SIGNED)").unwrap();
+    std::thread::sleep(holdfast_it::differential::QUIET);
+    assert_eq!(
+        c.query_value("SELECT @@warning_count").unwrap().as_deref(),
+        Some("1"),
+        "the capture waited"
+    );
+    let before = c.query_value("SELECT @@port").unwrap();
+    h.switch_over_to("node2");
+    assert_ne!(c.query_value("SELECT @@port").unwrap(), before);
+    assert_eq!(c.query_value("SELECT @x").unwrap().as_deref(), Some("5"));
+    assert_eq!(c.query_value("SELECT @w").unwrap().as_deref(), Some("1"));
+}

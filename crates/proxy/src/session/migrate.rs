@@ -176,6 +176,7 @@ impl Session {
             }
         } else {
             self.capture_due_since = None;
+            self.info.capture_deferred.store(false, Ordering::Release);
         }
         // A switchover waits for due captures, but not for one that keeps failing.
         let waiting = self.record.capture_due && !self.capture_failing;
@@ -204,8 +205,7 @@ impl Session {
             return;
         }
         if !moving && (self.record.last_warnings > 0 || self.record.last_affected_rows > 0) {
-            // Not failing: a switchover or pause need not wait for it (the move captures).
-            self.info.capture_due.store(false, Ordering::SeqCst);
+            self.defer_capture();
             return;
         }
         // Boxed, like the other rare paths, so that its state does not add to the size of
@@ -218,14 +218,23 @@ impl Session {
                 self.capture_due_since = None;
                 self.capture_failing = false;
                 self.info.capture_due.store(false, Ordering::SeqCst);
+                self.info.capture_deferred.store(false, Ordering::SeqCst);
             }
-            Ok(None) => self.info.capture_due.store(false, Ordering::SeqCst),
+            Ok(None) => self.defer_capture(),
             Err(e) => {
                 tracing::debug!(session = self.info.id, error = %e, "capture failed; will retry");
                 self.capture_failing = true;
                 self.info.capture_due.store(false, Ordering::SeqCst);
             }
         }
+    }
+
+    /// A capture the client could tell waits: a pause need not wait for it (a frozen
+    /// server keeps the session; a stopped one restores the previous capture), a
+    /// switchover does, and the session captures when one starts (`idle.rs`).
+    fn defer_capture(&mut self) {
+        self.info.capture_due.store(false, Ordering::SeqCst);
+        self.info.capture_deferred.store(true, Ordering::SeqCst);
     }
 
     /// Moves the session to the current primary, waiting for one up to the hold window.
