@@ -97,7 +97,11 @@ fn diagnostics_script() -> Vec<Step> {
 fn captures_leave_the_diagnostics_as_the_server_does() {
     let h = Harness::start();
     let steps = diagnostics_script();
-    for caps in [BASE_CAPS, BASE_CAPS | CLIENT_DEPRECATE_EOF] {
+    for caps in [
+        BASE_CAPS,
+        BASE_CAPS | CLIENT_DEPRECATE_EOF,
+        BASE_CAPS | CLIENT_DEPRECATE_EOF | CLIENT_SESSION_TRACK,
+    ] {
         let direct = compare(&h, caps, &steps);
         // The script shows what it is meant to: the warning of step 3 is there.
         assert!(

@@ -133,14 +133,18 @@ impl Session {
         // another backend starts again from the client's.
         let client_statement = packets::statement_id(&request[HEADER_LEN..]);
         self.backend_killed = false;
-        let mentions_trackers =
-            query.is_some() && query_text(&request).is_some_and(mentions_trackers);
+        let mentions_trackers = query.is_some()
+            && !self.record.untracked
+            && query_text(&request).is_some_and(mentions_trackers);
         let tracked = match query {
             Some(flags) if flags.has(C::SET_TRANSACTION) => self.track_transactions().await,
             // A statement that reads the trackers' settings (`@@session_track_...`, `SHOW
             // VARIABLES LIKE 'session_track%'`) reads the client's, not holdfast's; a SET
-            // of one of them is read back after it runs.
-            Some(flags) if mentions_trackers && !flags.has(C::SET_SESSION_VAR) => {
+            // of one of them is read back after it runs. Not for several statements in one
+            // (holdfast would not see their changes outside the client's trackers).
+            Some(flags)
+                if mentions_trackers && !flags.intersects(C::SET_SESSION_VAR.union(C::MULTI)) =>
+            {
                 self.show_client_trackers().await
             }
             _ => Ok(()),
@@ -152,7 +156,10 @@ impl Session {
         // After a statement that set or read the trackers' settings: holdfast's back (the
         // client's new ones are read first: narrowing session_track_system_variables is
         // not reported, the variable is no longer in the list when the report is made).
-        if result.is_ok() && (mentions_trackers || self.record.trackers_overridden) {
+        if result.is_ok()
+            && !self.record.untracked
+            && (mentions_trackers || self.record.trackers_overridden)
+        {
             self.reassert_trackers().await?;
         }
         match result {
@@ -568,7 +575,7 @@ impl Session {
                         });
                     } else if ok.status & SERVER_SESSION_STATE_CHANGED != 0 {
                         // With it, the records the client's own trackers would have
-                        // produced (the flag goes with the last of them).
+                        // produced; without any, no state block and no flag.
                         let trackers = &self.record.client_trackers;
                         let mut kept = Vec::new();
                         trackers.filter(ok.session_state, &mut kept);
