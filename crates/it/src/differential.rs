@@ -95,7 +95,9 @@ pub fn run(
     let (user, password, database) = login;
     let mut c = RawConn::connect(addr, user, password, database, caps)
         .with_context(|| format!("connecting to {addr}"))?;
-    let mut out = Vec::with_capacity(steps.len());
+    let mut out = Vec::with_capacity(steps.len() + 1);
+    // The login's OK packet first.
+    out.push(Outcome::Responses(vec![seen_ok(&c, &c.login_ok.clone())]));
     for step in steps {
         let outcome = match step {
             Step::Query(sql) => {
@@ -236,16 +238,20 @@ pub fn describe_session_state(block: &[u8]) -> Vec<String> {
     lines
 }
 
-/// The steps whose outcomes differ, side by side (empty: none).
+/// The steps whose outcomes differ, side by side (empty: none). Outcome 0 is the login's
+/// OK packet, outcome `i + 1` step `i`'s.
 pub fn differences(steps: &[Step], direct: &[Outcome], via: &[Outcome]) -> String {
     let mut out = String::new();
-    for (i, step) in steps.iter().enumerate() {
+    let names = std::iter::once("login".to_string()).chain(
+        steps
+            .iter()
+            .enumerate()
+            .map(|(i, s)| format!("step {i} {s:?}")),
+    );
+    for (i, name) in names.enumerate() {
         let (d, v) = (direct.get(i), via.get(i));
         if d != v {
-            let _ = writeln!(
-                out,
-                "step {i} {step:?}\n  server:   {d:?}\n  holdfast: {v:?}"
-            );
+            let _ = writeln!(out, "{name}\n  server:   {d:?}\n  holdfast: {v:?}");
         }
     }
     out

@@ -80,6 +80,8 @@ pub struct RawConn {
     pub caps: u32,
     pub greeting: Greeting,
     buf: Vec<u8>,
+    /// The OK packet that ended the login (empty before).
+    pub login_ok: Vec<u8>,
 }
 
 /// Opens a TCP connection with read/write timeouts set.
@@ -176,6 +178,7 @@ impl RawConn {
             caps: 0,
             greeting,
             buf: Vec::new(),
+            login_ok: Vec::new(),
         })
     }
 
@@ -227,7 +230,10 @@ impl RawConn {
         loop {
             let p = self.read_packet().context("reading the login reply")?;
             match p.payload.first() {
-                Some(0x00) => return Ok(()),
+                Some(0x00) => {
+                    self.login_ok = p.payload;
+                    return Ok(());
+                }
                 Some(0xff) => {
                     return Err(ServerErr::parse(&p.payload)?)
                         .with_context(|| format!("login as {user} refused"))

@@ -12,8 +12,40 @@
 //! and prepared statements, and a client that turns on `session_track_transaction_info`
 //! while holdfast already has it on gets no initial `transaction state` record.
 
-use holdfast_wire::codec::Reader;
-use holdfast_wire::session_track::{items, TrackItem};
+use holdfast_wire::caps::{
+    CLIENT_SESSION_TRACK, SERVER_SESSION_STATE_CHANGED, SERVER_STATUS_AUTOCOMMIT,
+};
+use holdfast_wire::codec::{put_lenenc_bytes, Reader};
+use holdfast_wire::packets::{OkPacket, OK_HEADER};
+use holdfast_wire::session_track::{items, TrackItem, SESSION_TRACK_SCHEMA};
+
+/// The OK packet that ends a login, as the server sends it: with the schema record its
+/// default `session_track_schema=ON` produces when the client gave a database and
+/// negotiated CLIENT_SESSION_TRACK.
+pub fn login_ok(client_capabilities: u32, database: Option<&[u8]>) -> Vec<u8> {
+    let tracks = client_capabilities & CLIENT_SESSION_TRACK != 0;
+    let mut state = Vec::new();
+    if let Some(db) = database.filter(|d| tracks && !d.is_empty()) {
+        let mut data = Vec::new();
+        put_lenenc_bytes(&mut data, db);
+        state.push(SESSION_TRACK_SCHEMA);
+        put_lenenc_bytes(&mut state, &data);
+    }
+    let changed = match state.is_empty() {
+        true => 0,
+        false => SERVER_SESSION_STATE_CHANGED,
+    };
+    OkPacket {
+        header: OK_HEADER,
+        affected_rows: 0,
+        last_insert_id: 0,
+        status: SERVER_STATUS_AUTOCOMMIT | changed,
+        warnings: 0,
+        info: &[],
+        session_state: &state,
+    }
+    .encode(tracks)
+}
 
 /// `session_track_transaction_info`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -169,6 +201,18 @@ mod tests {
         let mut v = vec![0];
         put_lenenc_bytes(&mut v, &body);
         v
+    }
+
+    #[test]
+    fn login_ok_names_the_database_for_tracking_clients() {
+        use holdfast_wire::packets::ok_payload;
+        let plain = ok_payload(0, 0, SERVER_STATUS_AUTOCOMMIT, 0);
+        assert_eq!(login_ok(0, Some(b"db")), plain);
+        assert_eq!(login_ok(CLIENT_SESSION_TRACK, None), plain);
+        assert_eq!(
+            login_ok(CLIENT_SESSION_TRACK, Some(b"db")),
+            b"\x00\x00\x00\x02\x40\x00\x00\x00\x05\x01\x03\x02db"
+        );
     }
 
     #[test]

@@ -105,9 +105,9 @@ fn captures_leave_the_diagnostics_as_the_server_does() {
         let direct = compare(&h, caps, &steps);
         // The script shows what it is meant to: the warning of step 3 is there.
         assert!(
-            format!("{:?}", direct[3]).contains("1292"),
+            format!("{:?}", direct[4]).contains("1292"),
             "{:?}",
-            direct[3]
+            direct[4]
         );
     }
 }
@@ -214,9 +214,9 @@ fn clients_with_session_track_see_their_own_trackers_only() {
     ] {
         let direct = compare(&h, caps, &steps);
         assert!(
-            format!("{:?}", direct[3]).contains("variable time_zone=+01:00"),
+            format!("{:?}", direct[4]).contains("variable time_zone=+01:00"),
             "{:?}",
-            direct[3]
+            direct[4]
         );
     }
 }
