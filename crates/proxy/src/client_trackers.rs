@@ -9,8 +9,9 @@
 //! settings and putting its own back; a statement that reads them (`@@session_track_...`,
 //! `SHOW VARIABLES LIKE 'session_track%'`) runs with the client's settings in place (see
 //! the session's `forward.rs`). Not covered: such reads and `SET`s inside stored programs
-//! and prepared statements, and a client that turns on `session_track_transaction_info`
-//! while holdfast already has it on gets no initial `transaction state` record.
+//! and prepared statements; a client that turns on `session_track_transaction_info`
+//! while holdfast already has it on gets no initial `transaction state` record; the
+//! defaults are MariaDB's built-in ones, not a server's configured `session_track_*`.
 
 use holdfast_wire::caps::{
     CLIENT_SESSION_TRACK, SERVER_SESSION_STATE_CHANGED, SERVER_STATUS_AUTOCOMMIT,

@@ -46,7 +46,8 @@ pub async fn capture_user_variables(
 /// [`capture_user_variables`] plus `LAST_INSERT_ID()`. Costs three round trips on the old
 /// connection (list, prepare, execute; the close has no answer); with no user variables,
 /// one. The statements leave the session as it was except for per-statement diagnostics
-/// (`FOUND_ROWS()`, `ROW_COUNT()`, `SHOW WARNINGS`).
+/// (`FOUND_ROWS()`, `ROW_COUNT()`, `SHOW WARNINGS`): [`read_diagnostics`] before and
+/// [`put_back_diagnostics`] after keep those where they can.
 pub async fn capture_session(conn: &mut BackendConn) -> Result<Captured, CaptureError> {
     let list = "SELECT LAST_INSERT_ID(), HEX(@@character_set_client), \
                 HEX(@@collation_connection), HEX(CONVERT(u.VARIABLE_NAME USING utf8mb4)) \

@@ -197,7 +197,8 @@ impl Session {
     /// (nothing sets it to n > 0 without changing data); they are read first
     /// (`@@warning_count` too: a statement without tables keeps earlier warnings while its
     /// own EOF counts none) and recreated after. Else the capture waits for a later quiet
-    /// moment or a move; a crash of the node meanwhile restores the previous capture. The
+    /// moment, a switchover's start or a move; a crash of the node meanwhile restores the
+    /// previous capture. The
     /// server's status counters (`Questions`, `Com_select`...) do count holdfast's
     /// statements.
     pub(super) async fn capture_if_due(&mut self, moving: bool) {
@@ -225,6 +226,7 @@ impl Session {
                 tracing::debug!(session = self.info.id, error = %e, "capture failed; will retry");
                 self.capture_failing = true;
                 self.info.capture_due.store(false, Ordering::SeqCst);
+                self.info.capture_deferred.store(false, Ordering::SeqCst);
             }
         }
     }
