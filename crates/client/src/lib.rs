@@ -38,10 +38,12 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-/// The statement that turns on every session tracker holdfast reads.
+/// The statement that turns on the session trackers holdfast reads on every connection.
+/// Not `session_track_transaction_info`: MariaDB skips the query cache for a session with
+/// it on; holdfast turns it on only for sessions that set next-transaction
+/// characteristics (`holdfast_proxy::restore::TRACK_TRANSACTIONS`).
 pub const ENABLE_TRACKERS: &str = "SET SESSION session_track_system_variables='*', \
-session_track_schema=ON, session_track_state_change=ON, \
-session_track_transaction_info='CHARACTERISTICS'";
+session_track_schema=ON, session_track_state_change=ON";
 
 /// Largest packet accepted during login and in [`Client::query`].
 pub const CONTROL_MAX_PACKET: usize = 64 << 20;

@@ -5,6 +5,7 @@
 //!
 //! Every wait here has a deadline; nothing sleeps and hopes.
 
+pub mod differential;
 pub mod raw;
 
 use anyhow::{bail, Context, Result};

@@ -80,6 +80,8 @@ pub struct RawConn {
     pub caps: u32,
     pub greeting: Greeting,
     buf: Vec<u8>,
+    /// The OK packet that ended the login (empty before).
+    pub login_ok: Vec<u8>,
 }
 
 /// Opens a TCP connection with read/write timeouts set.
@@ -176,6 +178,7 @@ impl RawConn {
             caps: 0,
             greeting,
             buf: Vec::new(),
+            login_ok: Vec::new(),
         })
     }
 
@@ -227,7 +230,10 @@ impl RawConn {
         loop {
             let p = self.read_packet().context("reading the login reply")?;
             match p.payload.first() {
-                Some(0x00) => return Ok(()),
+                Some(0x00) => {
+                    self.login_ok = p.payload;
+                    return Ok(());
+                }
                 Some(0xff) => {
                     return Err(ServerErr::parse(&p.payload)?)
                         .with_context(|| format!("login as {user} refused"))
@@ -301,8 +307,15 @@ impl RawConn {
     }
 
     /// Reads every response of the current command (following MORE_RESULTS_EXISTS). An
-    /// ERR ends the command and is returned as a [`ServerErr`] error.
+    /// ERR ends the command and is returned as a [`ServerErr`] error. A result whose
+    /// column definitions end with SERVER_STATUS_CURSOR_EXISTS ends there (a COM_STMT_EXECUTE
+    /// cursor; [`RawConn::query`] reads on: in text results the flag only says a stored
+    /// program has a cursor open).
     pub fn read_results(&mut self) -> Result<Vec<Response>> {
+        self.read_results_of(true)
+    }
+
+    fn read_results_of(&mut self, may_open_cursor: bool) -> Result<Vec<Response>> {
         let mut out = Vec::new();
         loop {
             let first = self.read_packet()?;
@@ -331,7 +344,7 @@ impl RawConn {
                             "expected EOF after column definitions, got {eof:02x?}"
                         );
                         let st = self.terminator_status(&eof)?;
-                        if st & SERVER_STATUS_CURSOR_EXISTS != 0 {
+                        if may_open_cursor && st & SERVER_STATUS_CURSOR_EXISTS != 0 {
                             out.push(Response::Rows {
                                 columns,
                                 rows,
@@ -369,7 +382,7 @@ impl RawConn {
         let mut p = vec![0x03];
         p.extend_from_slice(sql.as_bytes());
         self.command(&p)?;
-        self.read_results()
+        self.read_results_of(false)
             .with_context(|| format!("query {sql:?}"))
     }
 

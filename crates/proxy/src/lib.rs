@@ -3,6 +3,7 @@
 
 pub mod admission;
 pub mod backend;
+pub mod client_trackers;
 /// The TOML configuration lives in the `holdfast-config` leaf crate; re-exported so that
 /// `crate::config::X` paths stay as they were.
 pub use holdfast_config as config;

@@ -32,6 +32,10 @@ pub struct SessionInfo {
     /// State only a capture reads changed and has not been captured yet (the session
     /// captures once idle; a switchover waits for it).
     pub capture_due: AtomicBool,
+    /// A capture is due but waits for a moment the client cannot tell (see the session's
+    /// `capture_if_due`): a switchover waits for it (the session captures when it starts),
+    /// a pause does not.
+    pub capture_deferred: AtomicBool,
 }
 
 impl SessionInfo {
@@ -51,6 +55,7 @@ impl SessionInfo {
             busy: AtomicBool::new(false),
             parked: AtomicBool::new(false),
             capture_due: AtomicBool::new(false),
+            capture_deferred: AtomicBool::new(false),
         }
     }
 
@@ -95,7 +100,8 @@ impl SessionInfo {
             can_reauthenticate: self.can_reauthenticate.load(Ordering::Relaxed),
             movable: blocker.is_none(),
             blocked_by: blocker.map(|b| b.as_str().to_string()),
-            capture_due: self.capture_due.load(Ordering::Relaxed),
+            capture_due: self.capture_due.load(Ordering::Relaxed)
+                || self.capture_deferred.load(Ordering::Relaxed),
         }
     }
 }
@@ -214,6 +220,7 @@ impl SessionRegistry {
             s.parked.load(Ordering::SeqCst)
                 || (!s.busy.load(Ordering::SeqCst)
                     && !s.capture_due.load(Ordering::SeqCst)
+                    && !s.capture_deferred.load(Ordering::SeqCst)
                     && s.status.load(Ordering::SeqCst)
                         & holdfast_wire::caps::SERVER_STATUS_IN_TRANS
                         == 0)

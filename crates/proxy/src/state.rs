@@ -2,6 +2,7 @@
 //! trackers and the statement classifier. The keep-alive work restores this record on a new
 //! backend; here it is observed and reported.
 
+use crate::client_trackers::ClientTrackers;
 use holdfast_sql::SqlMode;
 use holdfast_wire::caps::*;
 use holdfast_wire::session_track::{items, TrackItem};
@@ -25,6 +26,11 @@ pub struct SessionRecord {
     /// Status flags from the last OK/EOF.
     pub status: u16,
     pub last_insert_id: u64,
+    /// Warnings (errors included) the client's last statement left for `SHOW WARNINGS`,
+    /// as its last OK/EOF counted them (an ERR counts one).
+    pub last_warnings: u16,
+    /// The affected rows of the last OK: `ROW_COUNT()` when positive.
+    pub last_affected_rows: u64,
     /// A statement may have changed what only a capture reads (user variables,
     /// `LAST_INSERT_ID(expr)`, `collation_connection`) since the last capture.
     pub capture_due: bool,
@@ -38,6 +44,13 @@ pub struct SessionRecord {
     pub prepared_statements: usize,
     /// The trackers could not be enabled on the backend.
     pub untracked: bool,
+    /// The session trackers as the client set them (what it is shown).
+    #[serde(skip)]
+    pub client_trackers: ClientTrackers,
+    /// The client set a `session_track_*` variable: holdfast's own setting in the backend
+    /// session, to be put back.
+    #[serde(skip)]
+    pub trackers_overridden: bool,
 }
 
 impl SessionRecord {
@@ -52,6 +65,9 @@ impl SessionRecord {
                 Ok(TrackItem::SystemVariable { name, value }) => {
                     if name.eq_ignore_ascii_case(b"sql_mode") {
                         self.sql_mode = Some(SqlMode::parse(value));
+                    }
+                    if self.client_trackers.set(name, value) {
+                        self.trackers_overridden = true;
                     }
                     self.variables.insert(
                         String::from_utf8_lossy(name).into_owned(),

@@ -8,6 +8,7 @@ mod cli;
 mod client_address;
 mod compression;
 mod desync;
+mod differential;
 mod floods;
 mod ha;
 mod ha_admin;

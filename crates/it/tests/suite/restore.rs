@@ -109,6 +109,10 @@ fn restore_recreates_every_kind_of_session_state() {
         let types = VariableTypes::load(&mut old).await.expect("variable types");
         assert!(types.len() > 300, "{} system variables", types.len());
         let mut record = SessionRecord::default();
+        // As a session does before its first SET TRANSACTION.
+        restore::execute(&mut old, restore::TRACK_TRANSACTIONS.as_bytes())
+            .await
+            .expect("transaction tracker");
 
         // LAST_INSERT_ID via an insert (before autocommit=0, so no transaction stays open).
         tracked(&mut old, &mut record, "INSERT INTO sbtest.restore_ai (x) VALUES (1),(2),(3)").await;

@@ -170,12 +170,19 @@ fn compare_ok_packets(h: &Harness, statements: &[&str]) {
     }
 }
 
-/// The session-state block of each OK packet.
+/// The session-state block of each OK packet, for a client that asked for every system
+/// variable and the transaction characteristics (by default it would see neither
+/// `sql_mode` nor characteristics: `differential::clients_with_session_track_...`).
 fn tracked_ok(h: &Harness, statements: &[&str]) -> Vec<Vec<u8>> {
     let caps = BASE_CAPS | CLIENT_DEPRECATE_EOF | CLIENT_SESSION_TRACK;
     let mut c =
         RawConn::connect(h.proxy, h.user(), h.password(), Some(h.database()), caps).unwrap();
     assert!(c.session_track());
+    c.query(
+        "SET session_track_system_variables = '*', \
+         session_track_transaction_info = 'CHARACTERISTICS'",
+    )
+    .unwrap();
     ok_payloads(&mut c, statements)
         .into_iter()
         .map(|p| {

@@ -46,7 +46,8 @@ pub async fn capture_user_variables(
 /// [`capture_user_variables`] plus `LAST_INSERT_ID()`. Costs three round trips on the old
 /// connection (list, prepare, execute; the close has no answer); with no user variables,
 /// one. The statements leave the session as it was except for per-statement diagnostics
-/// (`FOUND_ROWS()`, `ROW_COUNT()`, `SHOW WARNINGS`).
+/// (`FOUND_ROWS()`, `ROW_COUNT()`, `SHOW WARNINGS`): [`read_diagnostics`] before and
+/// [`put_back_diagnostics`] after keep those where they can.
 pub async fn capture_session(conn: &mut BackendConn) -> Result<Captured, CaptureError> {
     let list = "SELECT LAST_INSERT_ID(), HEX(@@character_set_client), \
                 HEX(@@collation_connection), HEX(CONVERT(u.VARIABLE_NAME USING utf8mb4)) \
@@ -204,4 +205,127 @@ async fn read_user_variables(
         });
     }
     Ok(out)
+}
+
+/// What the client can read about its last statement and a capture's statements would
+/// change: `FOUND_ROWS()`, `ROW_COUNT()` and the warnings (`SHOW WARNINGS`, errors
+/// included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Diagnostics {
+    pub found_rows: u64,
+    pub row_count: i64,
+    pub warnings: u64,
+}
+
+impl Diagnostics {
+    /// Whether a capture can run and [`put_back_diagnostics`] recreate them afterwards:
+    /// `ROW_COUNT()` is -1 after a `SELECT` and 0 after `DO`, but no statement without side
+    /// effects sets it to n > 0; warnings cannot be recreated (levels, codes, SQLSTATEs)
+    /// and the capture's `information_schema` read clears them.
+    pub fn restorable(&self) -> bool {
+        (self.row_count == -1 || self.row_count == 0)
+            && self.warnings == 0
+            && self.found_rows <= MAX_FOUND_ROWS
+    }
+}
+
+/// Reads `FOUND_ROWS()`, `ROW_COUNT()` and `@@warning_count` as the client's last
+/// statement left them. A `SELECT` without tables keeps the warnings (MariaDB clears them
+/// only for statements that open tables), but sets `FOUND_ROWS()` to 1 and `ROW_COUNT()`
+/// to -1: [`put_back_diagnostics`] must follow.
+pub async fn read_diagnostics(conn: &mut BackendConn) -> Result<Diagnostics, CaptureError> {
+    let result = execute(conn, b"SELECT FOUND_ROWS(), ROW_COUNT(), @@warning_count").await?;
+    let cell = |i: usize| {
+        result
+            .rows
+            .first()
+            .and_then(|r| r.get(i))
+            .and_then(|v| v.as_deref())
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    };
+    let found_rows = cell(0).and_then(|v| v.parse().ok());
+    let row_count = cell(1).and_then(|v| v.parse().ok());
+    let warnings = cell(2).and_then(|v| v.parse().ok());
+    match (found_rows, row_count, warnings) {
+        (Some(found_rows), Some(row_count), Some(warnings)) => Ok(Diagnostics {
+            found_rows,
+            row_count,
+            warnings,
+        }),
+        _ => Err(CaptureError::Malformed(
+            "FOUND_ROWS(), ROW_COUNT(), @@warning_count".into(),
+        )),
+    }
+}
+
+/// Sets `FOUND_ROWS()` and `ROW_COUNT()` back to `d` after holdfast's own statements: a
+/// `SELECT` that returns or finds `found_rows` rows (which leaves `ROW_COUNT()` at -1),
+/// then `DO 0` when it was 0 (`DO` keeps `FOUND_ROWS()`). Up to [`UNION_ROWS`] rows the
+/// `SELECT` opens no table, so it keeps warnings too.
+pub async fn put_back_diagnostics(
+    conn: &mut BackendConn,
+    d: Diagnostics,
+) -> Result<(), CaptureError> {
+    execute(conn, found_rows_select(d.found_rows).as_bytes()).await?;
+    if d.row_count == 0 {
+        execute(conn, b"DO 0").await?;
+    }
+    Ok(())
+}
+
+/// The largest `FOUND_ROWS()` [`put_back_diagnostics`] recreates (its join reads up to ten
+/// times as many rows).
+const MAX_FOUND_ROWS: u64 = 10_000_000;
+
+/// Up to this many rows, `FOUND_ROWS()` is recreated by a `UNION ALL` without tables.
+const UNION_ROWS: u64 = 1000;
+
+/// A `SELECT` after which `FOUND_ROWS()` is `n`. Small counts: `n` one-row `SELECT`s in a
+/// `UNION ALL` (no table). Larger: the numbers below the next power of ten from a cross
+/// join of digit tables, filtered to those below `n` (no recursion: a recursive CTE stops
+/// at the session's `max_recursive_iterations`, 1001 by default).
+fn found_rows_select(n: u64) -> String {
+    if n == 0 {
+        return "SELECT 1 FROM DUAL WHERE 0".into();
+    }
+    if n <= UNION_ROWS {
+        return vec!["SELECT 1"; n as usize].join(" UNION ALL ");
+    }
+    let digits = n.saturating_sub(1).checked_ilog10().map_or(1, |d| d + 1);
+    let table = "(SELECT 0 AS i UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
+                 UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
+                 UNION ALL SELECT 8 UNION ALL SELECT 9)";
+    let mut from = Vec::new();
+    let mut sum = Vec::new();
+    for d in 0..digits {
+        from.push(format!("{table} AS d{d}"));
+        sum.push(format!("d{d}.i * {}", 10u64.pow(d)));
+    }
+    format!(
+        "SELECT SQL_CALC_FOUND_ROWS 1 FROM {} WHERE {} < {n} LIMIT 0",
+        from.join(", "),
+        sum.join(" + ")
+    )
+}
+
+#[cfg(test)]
+mod diagnostics_tests {
+    use super::found_rows_select;
+
+    #[test]
+    fn found_rows_select_makes_n_rows() {
+        assert_eq!(found_rows_select(0), "SELECT 1 FROM DUAL WHERE 0");
+        assert_eq!(found_rows_select(1), "SELECT 1");
+        assert_eq!(
+            found_rows_select(3),
+            "SELECT 1 UNION ALL SELECT 1 UNION ALL SELECT 1"
+        );
+        let s = found_rows_select(1001);
+        assert_eq!(s.matches(" AS d").count(), 4, "{s}");
+        assert!(s.ends_with("d3.i * 1000 < 1001 LIMIT 0"), "{s}");
+        let s = found_rows_select(10_000);
+        assert_eq!(s.matches(" AS d").count(), 4, "{s}");
+        let s = found_rows_select(10_001);
+        assert_eq!(s.matches(" AS d").count(), 5, "{s}");
+    }
 }

@@ -86,7 +86,10 @@ mod values;
 
 pub use crate::backend::{Executed, OkInfo};
 pub use apply::restore_session;
-pub use capture::{capture_session, capture_session_named, capture_user_variables, Captured};
+pub use capture::{
+    capture_session, capture_session_named, capture_user_variables, put_back_diagnostics,
+    read_diagnostics, Captured, Diagnostics,
+};
 pub use holdfast_sql::quote::{identifier as quote_identifier, string_literal};
 pub use plan::{plan, Assignment, RestorePlan};
 pub use types::{
@@ -96,6 +99,14 @@ pub use values::{UserValue, UserVariable, ValueError};
 
 use crate::backend::{BackendConn, BackendError};
 use crate::conn::ConnError;
+
+/// Turns on the tracker of next-transaction characteristics (`SET TRANSACTION ...`, which
+/// a move must recreate). Only for sessions that set them: MariaDB does not use its query
+/// cache for a session with `session_track_transaction_info` on (MariaDB 10.11; the other
+/// trackers do not matter to it). A `SET TRANSACTION` inside a stored program or a
+/// prepared statement is not seen, so not recreated after a move unless the session set
+/// one in a plain statement before.
+pub const TRACK_TRANSACTIONS: &str = "SET SESSION session_track_transaction_info='CHARACTERISTICS'";
 
 /// Largest packet accepted from a backend while capturing (a user variable may hold up to
 /// `max_allowed_packet` bytes).

@@ -5,6 +5,7 @@
 
 use super::{End, Session};
 use crate::backend::{self, BackendConn, BackendError, LoginParams};
+use crate::client_trackers::login_ok;
 use crate::config::ListenerMode;
 use crate::conn::{ConnError, PacketConn};
 use crate::error::{ClientError, ErrorKind};
@@ -357,9 +358,8 @@ pub async fn login(
             Err(e) => return Err(backend_failed(client, shared, seq, &node.name, e).await),
         }
     };
-    client
-        .write_packet(&ok_payload(0, 0, SERVER_STATUS_AUTOCOMMIT, 0), seq)
-        .await?;
+    let ok = login_ok(capabilities, req.database.as_deref());
+    client.write_packet(&ok, seq).await?;
     Ok(LoggedIn {
         backend,
         backend_name: node.name,
@@ -886,9 +886,8 @@ async fn relay_login(
             shared
                 .admission
                 .login_succeeded(peer.ip(), &String::from_utf8_lossy(&req.user));
-            client
-                .write_packet(&ok_payload(0, 0, SERVER_STATUS_AUTOCOMMIT, 0), seq)
-                .await?;
+            let ok = login_ok(capabilities, req.database.as_deref());
+            client.write_packet(&ok, seq).await?;
             if backend_caps & CLIENT_COMPRESS != 0 {
                 holdfast_client::compress::start(
                     &mut conn,

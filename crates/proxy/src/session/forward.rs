@@ -10,6 +10,7 @@
 
 use super::statements::Statement;
 use super::{End, Session};
+use crate::backend::BackendError;
 use crate::conn::ConnError;
 use crate::error::code::{ER_CLIENT_IDLE_TIMEOUT, ER_CONNECTION_KILLED, ER_SERVER_SHUTDOWN};
 use crate::error::{ClientError, ErrorKind};
@@ -132,7 +133,36 @@ impl Session {
         // another backend starts again from the client's.
         let client_statement = packets::statement_id(&request[HEADER_LEN..]);
         self.backend_killed = false;
-        match self.command(&mut request).await {
+        let mentions_trackers = query.is_some()
+            && !self.record.untracked
+            && query_text(&request).is_some_and(mentions_trackers);
+        let tracked = match query {
+            Some(flags) if flags.has(C::SET_TRANSACTION) => self.track_transactions().await,
+            // A statement that reads the trackers' settings (`@@session_track_...`, `SHOW
+            // VARIABLES LIKE 'session_track%'`) reads the client's, not holdfast's; a SET
+            // of one of them is read back after it runs. Not for several statements in one
+            // (holdfast would not see their changes outside the client's trackers).
+            Some(flags)
+                if mentions_trackers && !flags.intersects(C::SET_SESSION_VAR.union(C::MULTI)) =>
+            {
+                self.show_client_trackers().await
+            }
+            _ => Ok(()),
+        };
+        let result = match tracked {
+            Ok(()) => self.command(&mut request).await,
+            Err(e) => Err(e),
+        };
+        // After a statement that set or read the trackers' settings: holdfast's back (the
+        // client's new ones are read first: narrowing session_track_system_variables is
+        // not reported, the variable is no longer in the list when the report is made).
+        if result.is_ok()
+            && !self.record.untracked
+            && (mentions_trackers || self.record.trackers_overridden)
+        {
+            self.reassert_trackers().await?;
+        }
+        match result {
             // The client waits for nothing: it must get nothing, not even an error.
             Err(End::BackendLost {
                 started: false,
@@ -259,6 +289,112 @@ impl Session {
                 }
             },
         }
+    }
+
+    /// Turns the transaction tracker on before the session's first `SET TRANSACTION`
+    /// (see [`crate::restore::TRACK_TRANSACTIONS`]). A `SET` without tables: it leaves the warnings
+    /// and `FOUND_ROWS()` as they were and `ROW_COUNT()` at 0, as the client's `SET
+    /// TRANSACTION` right after it does anyway.
+    async fn track_transactions(&mut self) -> Result<(), End> {
+        if self.tracks_transactions || self.record.untracked || self.backend_dead {
+            return Ok(());
+        }
+        match crate::restore::execute(
+            &mut self.backend,
+            crate::restore::TRACK_TRANSACTIONS.as_bytes(),
+        )
+        .await
+        {
+            Ok(_) => self.tracks_transactions = true,
+            Err(BackendError::Conn(error)) => {
+                return Err(End::BackendLost {
+                    started: false,
+                    error,
+                })
+            }
+            Err(e) => {
+                tracing::info!(session = self.info.id, error = %e, "cannot track next-transaction characteristics");
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives the backend session the client's own tracker settings for one statement
+    /// ([`Session::reassert_trackers`] puts holdfast's back after it), keeping
+    /// `FOUND_ROWS()` and `ROW_COUNT()`.
+    async fn show_client_trackers(&mut self) -> Result<(), End> {
+        if self.backend_dead {
+            return Ok(());
+        }
+        let lost = |e: crate::restore::CaptureError| match e {
+            crate::restore::CaptureError::Backend(BackendError::Conn(e)) => End::Backend(e),
+            e => End::Protocol(format!("giving the session the client's trackers: {e}")),
+        };
+        let before = crate::restore::read_diagnostics(&mut self.backend)
+            .await
+            .map_err(lost)?;
+        let set = self.record.client_trackers.set_statement();
+        crate::restore::execute(&mut self.backend, set.as_bytes())
+            .await
+            .map_err(|e| lost(e.into()))?;
+        crate::restore::put_back_diagnostics(&mut self.backend, before)
+            .await
+            .map_err(lost)
+    }
+
+    /// Reads the client's new `session_track_*` settings after it set one of them, and
+    /// puts holdfast's trackers back (the client is shown what its own settings produce,
+    /// see [`crate::client_trackers`]). A `SELECT` without tables and `SET`s keep the
+    /// warnings; `FOUND_ROWS()` and `ROW_COUNT()` are read before and put back after.
+    async fn reassert_trackers(&mut self) -> Result<(), End> {
+        self.record.trackers_overridden = false;
+        if self.backend_dead {
+            return Ok(());
+        }
+        let lost = |e: crate::restore::CaptureError| match e {
+            crate::restore::CaptureError::Backend(BackendError::Conn(e)) => End::Backend(e),
+            e => End::Protocol(format!("restoring holdfast's session trackers: {e}")),
+        };
+        let before = crate::restore::read_diagnostics(&mut self.backend)
+            .await
+            .map_err(lost)?;
+        let names = [
+            "session_track_system_variables",
+            "session_track_schema",
+            "session_track_state_change",
+            "session_track_transaction_info",
+        ];
+        let select = format!("SELECT @@session.{}", names.join(", @@session."));
+        let values = crate::restore::execute(&mut self.backend, select.as_bytes())
+            .await
+            .map_err(|e| lost(e.into()))?;
+        // A value that differs from holdfast's own is the client's; one that does not was
+        // either not set by it or reported when it was (under holdfast's `*`).
+        let transaction_info: &[u8] = match self.tracks_transactions {
+            true => b"CHARACTERISTICS",
+            false => b"OFF",
+        };
+        let holdfasts: [&[u8]; 4] = [b"*", b"1", b"1", transaction_info];
+        if let Some(row) = values.rows.first() {
+            for ((name, value), own) in names.iter().zip(row).zip(holdfasts) {
+                let value = value.as_deref().unwrap_or_default();
+                if !value.eq_ignore_ascii_case(own) {
+                    self.record.client_trackers.set(name.as_bytes(), value);
+                }
+            }
+        }
+        let mut statements = vec![holdfast_client::ENABLE_TRACKERS];
+        if self.tracks_transactions {
+            statements.push(crate::restore::TRACK_TRANSACTIONS);
+        }
+        for sql in statements {
+            crate::restore::execute(&mut self.backend, sql.as_bytes())
+                .await
+                .map_err(|e| lost(e.into()))?;
+        }
+        crate::restore::put_back_diagnostics(&mut self.backend, before)
+            .await
+            .map_err(lost)
     }
 
     fn note_query(&mut self, flags: C, sql: &[u8]) {
@@ -426,6 +562,7 @@ impl Session {
             let mut is_infile = false;
             match event {
                 Event::Ok(ok) => {
+                    // First: the OK of a client's SET session_track_... already counts.
                     observe_ok(&mut self.record, &ok);
                     let client_tracks = self.capabilities & CLIENT_SESSION_TRACK != 0;
                     if !client_tracks && ok.status & SERVER_SESSION_STATE_CHANGED != 0 {
@@ -435,10 +572,51 @@ impl Session {
                         replaced = frame::frame_into(&mut self.scratch, seq, |out| {
                             ok.encode_into(false, out)
                         });
+                    } else if ok.status & SERVER_SESSION_STATE_CHANGED != 0 {
+                        // With it, the records the client's own trackers would have
+                        // produced; without any, no state block and no flag.
+                        let trackers = &self.record.client_trackers;
+                        let mut kept = Vec::new();
+                        trackers.filter(ok.session_state, &mut kept);
+                        let flag_only = ok.session_state.is_empty() && !trackers.state_change();
+                        if kept.len() != ok.session_state.len() || flag_only {
+                            let ok = OkPacket {
+                                session_state: &kept,
+                                ..ok
+                            };
+                            self.scratch.clear();
+                            replaced = frame::frame_into(&mut self.scratch, seq, |out| {
+                                ok.encode_into(true, out)
+                            });
+                        }
                     }
                 }
-                Event::Eof(eof) => self.record.status = eof.status,
+                Event::Eof(eof) => {
+                    if eof.status & SERVER_SESSION_STATE_CHANGED != 0
+                        && !self.record.client_trackers.state_change()
+                    {
+                        // The flag in an EOF, from a change inside a stored program before
+                        // its result: holdfast's state-change tracker set it. Cleared unless
+                        // the client tracks state changes itself. (A schema or variable
+                        // change there would set it under the client's defaults too; the
+                        // EOF does not tell which it was.)
+                        self.scratch.clear();
+                        replaced = frame::frame_into(&mut self.scratch, seq, |out| {
+                            let at = out.len();
+                            out.extend_from_slice(payload);
+                            let status = eof.status & !SERVER_SESSION_STATE_CHANGED;
+                            if let Some(s) = out.get_mut(at + 3..at + 5) {
+                                s.copy_from_slice(&status.to_le_bytes());
+                            }
+                        });
+                    }
+                    self.record.status = eof.status;
+                    self.record.last_warnings = eof.warnings;
+                    self.record.last_affected_rows = 0;
+                }
                 Event::Err(e) => {
+                    self.record.last_warnings = 1;
+                    self.record.last_affected_rows = 0;
                     // The server going away answers (or pre-empts) the command with one of
                     // these before it closes; nothing reached the client, so treat it as a
                     // lost backend.
@@ -696,9 +874,25 @@ impl Session {
     }
 }
 
+/// Whether a statement's text has `session_track` in it (any case): a look at the bytes
+/// around each `_` only.
+fn mentions_trackers(sql: &[u8]) -> bool {
+    const WORD: &[u8] = b"session_track";
+    const UNDERSCORE_AT: usize = 7;
+    sql.iter().enumerate().any(|(i, &b)| {
+        b == b'_'
+            && i >= UNDERSCORE_AT
+            && sql
+                .get(i - UNDERSCORE_AT..i - UNDERSCORE_AT + WORD.len())
+                .is_some_and(|w| w.eq_ignore_ascii_case(WORD))
+    })
+}
+
 /// Records what an OK packet says.
 fn observe_ok(record: &mut SessionRecord, ok: &OkPacket<'_>) {
     record.status = ok.status;
+    record.last_warnings = ok.warnings;
+    record.last_affected_rows = ok.affected_rows;
     if ok.last_insert_id != 0 {
         record.last_insert_id = ok.last_insert_id;
     }
@@ -988,5 +1182,19 @@ mod tests {
         ] {
             assert!(!may_commit_in(sql, None), "{sql} does not commit");
         }
+    }
+}
+
+#[cfg(test)]
+mod tracker_mention_tests {
+    #[test]
+    fn finds_session_track_in_any_case() {
+        assert!(super::mentions_trackers(b"SELECT @@Session_Track_Schema"));
+        assert!(super::mentions_trackers(
+            b"SHOW VARIABLES LIKE 'session_track%'"
+        ));
+        assert!(super::mentions_trackers(b"session_track"));
+        assert!(!super::mentions_trackers(b"SELECT session_trac, _x FROM t"));
+        assert!(!super::mentions_trackers(b"_"));
     }
 }

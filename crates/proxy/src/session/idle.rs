@@ -24,6 +24,8 @@ enum IdleEvent {
     Quiet,
     /// The topology changed (false: the monitor is gone).
     Topology(bool),
+    /// A planned switchover starts (or ends).
+    Switching,
     BackendGone,
     /// The earlier of the cool-down's end and the idle timeout.
     Deadline,
@@ -53,6 +55,7 @@ impl Session {
                 event = idle_watch(
                     &mut self.backend.conn,
                     &mut self.topology,
+                    &mut self.switching,
                     self.backend_dead,
                     cooldown_end.into_iter().chain(idle_deadline).min(),
                     self.idle_timer.as_mut(),
@@ -61,13 +64,21 @@ impl Session {
                     match event {
                         IdleEvent::Quiet => {
                             quiet = true;
-                            self.capture_if_due().await;
+                            self.capture_if_due(false).await;
                             self.release_buffers();
                         }
                         IdleEvent::Topology(false) => {
                             return Err(End::Protocol("topology monitor stopped".into()));
                         }
                         IdleEvent::Topology(true) => self.on_topology_change().await?,
+                        IdleEvent::Switching => {
+                            // The session moves next, its diagnostics lost anyway: what
+                            // only the old primary knows is read before it is fenced (if
+                            // the switchover fails, the client could tell; rare).
+                            if *self.switching.borrow() {
+                                self.capture_if_due(true).await;
+                            }
+                        }
                         IdleEvent::BackendGone => {
                             tracing::info!(session = self.info.id, node = %self.backend_name, "backend connection lost while idle");
                             self.mark_backend_dead();
@@ -132,6 +143,7 @@ impl Session {
 async fn idle_watch(
     conn: &mut PacketConn,
     topology: &mut watch::Receiver<Arc<Topology>>,
+    switching: &mut watch::Receiver<bool>,
     backend_dead: bool,
     deadline: Option<Instant>,
     probe: Pin<&mut Sleep>,
@@ -143,6 +155,7 @@ async fn idle_watch(
     }
     tokio::select! {
         r = topology.changed(), if !backend_dead => IdleEvent::Topology(r.is_ok()),
+        Ok(()) = switching.changed(), if !backend_dead => IdleEvent::Switching,
         _ = backend_gone(conn), if !backend_dead => IdleEvent::BackendGone,
         _ = sleep_until_opt(deadline), if deadline.is_some() => IdleEvent::Deadline,
         else => std::future::pending().await,

@@ -172,10 +172,11 @@ impl Session {
         if self.record.capture_due {
             let since = *self.capture_due_since.get_or_insert_with(Instant::now);
             if since.elapsed() >= CAPTURE_AT_LEAST_EVERY {
-                self.capture_if_due().await;
+                self.capture_if_due(false).await;
             }
         } else {
             self.capture_due_since = None;
+            self.info.capture_deferred.store(false, Ordering::Release);
         }
         // A switchover waits for due captures, but not for one that keeps failing.
         let waiting = self.record.capture_due && !self.capture_failing;
@@ -187,27 +188,55 @@ impl Session {
     /// connection collation) when a statement may have changed it: 1-3 round trips, so
     /// done when the session goes idle, before a planned move, or at least every
     /// [`CAPTURE_AT_LEAST_EVERY`], not after each statement.
-    pub(super) async fn capture_if_due(&mut self) {
+    ///
+    /// The client must not be able to tell (`SHOW WARNINGS`, `FOUND_ROWS()`,
+    /// `ROW_COUNT()` read what its own last statement left). Before a move (`moving`) they
+    /// are lost with the connection anyway. Otherwise the capture runs only when they can
+    /// be put back: no warnings (the capture's `information_schema` read clears them, and
+    /// they cannot be recreated: notes, codes, SQLSTATEs) and `ROW_COUNT()` -1 or 0
+    /// (nothing sets it to n > 0 without changing data); they are read first
+    /// (`@@warning_count` too: a statement without tables keeps earlier warnings while its
+    /// own EOF counts none) and recreated after. Else the capture waits for a later quiet
+    /// moment, a switchover's start or a move; a crash of the node meanwhile restores the
+    /// previous capture. The
+    /// server's status counters (`Questions`, `Com_select`...) do count holdfast's
+    /// statements.
+    pub(super) async fn capture_if_due(&mut self, moving: bool) {
         if !self.record.capture_due || self.backend_dead {
+            return;
+        }
+        if !moving && (self.record.last_warnings > 0 || self.record.last_affected_rows > 0) {
+            self.defer_capture();
             return;
         }
         // Boxed, like the other rare paths, so that its state does not add to the size of
         // every session's future.
-        match Box::pin(restore::capture_session(&mut self.backend)).await {
-            Ok(c) => {
+        match Box::pin(capture_keeping_diagnostics(&mut self.backend, moving)).await {
+            Ok(Some(c)) => {
                 self.record.last_insert_id = c.last_insert_id;
                 self.captured = c;
                 self.record.capture_due = false;
                 self.capture_due_since = None;
                 self.capture_failing = false;
                 self.info.capture_due.store(false, Ordering::SeqCst);
+                self.info.capture_deferred.store(false, Ordering::SeqCst);
             }
+            Ok(None) => self.defer_capture(),
             Err(e) => {
                 tracing::debug!(session = self.info.id, error = %e, "capture failed; will retry");
                 self.capture_failing = true;
                 self.info.capture_due.store(false, Ordering::SeqCst);
+                self.info.capture_deferred.store(false, Ordering::SeqCst);
             }
         }
+    }
+
+    /// A capture the client could tell waits: a pause need not wait for it (a frozen
+    /// server keeps the session; a stopped one restores the previous capture), a
+    /// switchover does, and the session captures when one starts (`idle.rs`).
+    fn defer_capture(&mut self) {
+        self.info.capture_due.store(false, Ordering::SeqCst);
+        self.info.capture_deferred.store(true, Ordering::SeqCst);
     }
 
     /// Moves the session to the current primary, waiting for one up to the hold window.
@@ -247,7 +276,7 @@ impl Session {
             }
             self.captured.last_insert_id = self.record.last_insert_id;
         } else {
-            self.capture_if_due().await;
+            self.capture_if_due(true).await;
             if self.record.capture_due {
                 tracing::info!(
                     session = self.info.id,
@@ -401,6 +430,11 @@ impl Session {
         if !new.enable_trackers().await.map_err(|e| unreachable(&e))? {
             self.record.untracked = true;
         }
+        if self.tracks_transactions {
+            restore::execute(&mut new, crate::restore::TRACK_TRANSACTIONS.as_bytes())
+                .await
+                .map_err(|e| unreachable(&e))?;
+        }
         let types = VariableTypes::load(&mut new)
             .await
             .map_err(|e| unreachable(&e))?;
@@ -492,4 +526,24 @@ async fn prepare(
             "no statement id in the answer".into(),
         )),
     }
+}
+
+/// [`restore::capture_session`], leaving `FOUND_ROWS()` and `ROW_COUNT()` as they were
+/// unless `moving`; `None` when they could not be put back (nothing captured).
+async fn capture_keeping_diagnostics(
+    backend: &mut BackendConn,
+    moving: bool,
+) -> Result<Option<restore::Captured>, restore::CaptureError> {
+    if moving {
+        return restore::capture_session(backend).await.map(Some);
+    }
+    let diagnostics = restore::read_diagnostics(backend).await?;
+    if !diagnostics.restorable() {
+        // Reading them changed them; this much is put back, the rest waits for a move.
+        restore::put_back_diagnostics(backend, diagnostics).await?;
+        return Ok(None);
+    }
+    let captured = restore::capture_session(backend).await?;
+    restore::put_back_diagnostics(backend, diagnostics).await?;
+    Ok(Some(captured))
 }

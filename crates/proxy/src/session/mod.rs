@@ -147,6 +147,8 @@ struct Session {
     capture_due_since: Option<Instant>,
     /// The last capture attempt failed (e.g. no `information_schema.USER_VARIABLES`).
     capture_failing: bool,
+    /// `session_track_transaction_info` is on in the backend session ([`restore::TRACK_TRANSACTIONS`](crate::restore::TRACK_TRANSACTIONS)).
+    tracks_transactions: bool,
     topology: watch::Receiver<Arc<Topology>>,
     switching: watch::Receiver<bool>,
     /// The session's node stopped being the primary at this time; it moves at its next
@@ -330,6 +332,7 @@ impl Session {
             captured: Captured::default(),
             capture_due_since: None,
             capture_failing: false,
+            tracks_transactions: false,
             topology,
             switching: shared.switching.subscribe(),
             move_pending_since: None,
@@ -424,6 +427,8 @@ impl Session {
 
     /// Re-enables the trackers after the server reset the session's variables.
     async fn restore_trackers(&mut self) -> Result<(), End> {
+        // The server reset the session: its transaction tracker is off again.
+        self.tracks_transactions = false;
         match self.backend.enable_trackers().await {
             Ok(ok) => {
                 self.record.untracked = !ok;

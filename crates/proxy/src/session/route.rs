@@ -167,7 +167,7 @@ impl Session {
     async fn park(&mut self) -> Result<(), End> {
         self.shared.metrics.requests_held.inc();
         // The switchover fences the old primary next: read what only it knows first.
-        self.capture_if_due().await;
+        self.capture_if_due(true).await;
         self.info.parked.store(true, Ordering::Release);
         self.info.busy.store(false, Ordering::Release);
         let hold = self.shared.config.proxy.hold_window();
