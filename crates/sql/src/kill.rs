@@ -78,7 +78,10 @@ mod tests {
         assert_eq!(&"KILL 1073741825"[k.id_span], "1073741825");
         let k = kill("  kill /* x */ hard query 7 ;").unwrap();
         assert_eq!((k.query, k.thread, k.id), (true, true, 7));
-        assert_eq!(kill("KILL CONNECTION 9").map(|k| (k.query, k.id)), Some((false, 9)));
+        assert_eq!(
+            kill("KILL CONNECTION 9").map(|k| (k.query, k.id)),
+            Some((false, 9))
+        );
         assert_eq!(kill("KILL QUERY ID 5").map(|k| k.thread), Some(false));
         for not in [
             "KILL CONNECTION_ID()",
