@@ -60,6 +60,9 @@ pub enum ErrorKind {
     /// No writable node is known, or none could be reached, for a new login (1053, see
     /// [`ErrorKind::code`]).
     NoBackend,
+    /// A `KILL` names a connection id holdfast does not have, or one on another node
+    /// (1094, the server's "Unknown thread id").
+    UnknownThread,
 }
 
 impl ErrorKind {
@@ -84,6 +87,7 @@ impl ErrorKind {
             // server that cannot serve now answers a login with; its SQLSTATE 08S01 is a
             // connection failure, which drivers and pools treat as "try again later".
             ErrorKind::NoBackend => code::ER_SERVER_SHUTDOWN,
+            ErrorKind::UnknownThread => 1094,
         }
     }
 
@@ -101,7 +105,8 @@ impl ErrorKind {
             ErrorKind::MalformedPacket
             | ErrorKind::UnknownStatement
             | ErrorKind::CommitOutcomeUnknown
-            | ErrorKind::InstanceUnavailable => "HY000",
+            | ErrorKind::InstanceUnavailable
+            | ErrorKind::UnknownThread => "HY000",
         }
     }
 
@@ -122,11 +127,12 @@ impl ErrorKind {
             ErrorKind::SessionLost => "session_lost",
             ErrorKind::InstanceUnavailable => "instance_unavailable",
             ErrorKind::NoBackend => "no_backend",
+            ErrorKind::UnknownThread => "unknown_thread",
         }
     }
 
     /// Every kind, for tests and documentation.
-    pub const ALL: [ErrorKind; 14] = [
+    pub const ALL: [ErrorKind; 15] = [
         ErrorKind::TooManyConnections,
         ErrorKind::BadHandshake,
         ErrorKind::AccessDenied,
@@ -141,6 +147,7 @@ impl ErrorKind {
         ErrorKind::SessionLost,
         ErrorKind::InstanceUnavailable,
         ErrorKind::NoBackend,
+        ErrorKind::UnknownThread,
     ];
 }
 

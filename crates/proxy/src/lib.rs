@@ -127,7 +127,7 @@ impl Shared {
             connector: backend_connector.unwrap_or_else(|| Arc::new(backend::TcpConnector)),
             admission,
             client_tls: None,
-            next_session_id: AtomicU32::new(1),
+            next_session_id: AtomicU32::new(0),
         }
     }
 
@@ -251,8 +251,12 @@ impl Shared {
         result
     }
 
+    /// holdfast's connection ids (the greeting's, what `mysql_thread_id()` returns) start
+    /// at [`registry::SESSION_ID_BASE`], far above the server's own thread ids, so that a
+    /// `KILL` can tell which of the two it names.
     pub fn next_session_id(&self) -> u32 {
-        self.next_session_id.fetch_add(1, Ordering::Relaxed)
+        let n = self.next_session_id.fetch_add(1, Ordering::Relaxed);
+        registry::SESSION_ID_BASE + n % registry::SESSION_ID_BASE
     }
 }
 

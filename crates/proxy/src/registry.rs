@@ -5,9 +5,13 @@ use crate::state::Blocker;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+/// The first of holdfast's connection ids; the server's thread ids stay below it (they
+/// count connections since the server started).
+pub const SESSION_ID_BASE: u32 = 1 << 30;
 
 pub struct SessionInfo {
     pub id: u32,
@@ -17,6 +21,11 @@ pub struct SessionInfo {
     pub user: Mutex<String>,
     /// Changes when the session moves.
     pub backend: Mutex<String>,
+    /// The server's thread id of the backend connection (`CONNECTION_ID()` there).
+    pub backend_thread: AtomicU32,
+    /// The backend thread a client's `KILL` (through holdfast) ends: when that connection
+    /// goes, the session ends with it, as a direct connection would (0: none).
+    pub kill_requested: AtomicU32,
     pub moves: AtomicU64,
     pub can_reauthenticate: AtomicBool,
     pub commands: AtomicU64,
@@ -46,6 +55,8 @@ impl SessionInfo {
             started: Instant::now(),
             user: Mutex::new(String::new()),
             backend: Mutex::new(String::new()),
+            backend_thread: AtomicU32::new(0),
+            kill_requested: AtomicU32::new(0),
             moves: AtomicU64::new(0),
             can_reauthenticate: AtomicBool::new(false),
             commands: AtomicU64::new(0),
@@ -72,10 +83,21 @@ impl SessionInfo {
         }
     }
 
-    pub fn set_backend(&self, backend: &str) {
+    pub fn set_backend(&self, backend: &str, thread: u32) {
         if let Ok(mut b) = self.backend.lock() {
             *b = backend.to_string();
         }
+        self.backend_thread.store(thread, Ordering::Release);
+    }
+
+    /// Whether `node` is this session's node.
+    pub fn is_on(&self, node: &str) -> bool {
+        self.backend.lock().is_ok_and(|b| *b == node)
+    }
+
+    /// Whether a client's `KILL` ended the backend connection `thread`.
+    pub fn killed_on_purpose(&self, thread: u32) -> bool {
+        thread != 0 && self.kill_requested.load(Ordering::Acquire) == thread
     }
 
     pub fn set_blocker(&self, blocker: Option<Blocker>) {
@@ -136,6 +158,18 @@ impl SessionRegistry {
         if let Ok(mut m) = self.inner.lock() {
             m.insert(info.id, info);
         }
+    }
+
+    pub fn get(&self, id: u32) -> Option<Arc<SessionInfo>> {
+        self.inner.lock().ok()?.get(&id).cloned()
+    }
+
+    /// The session whose backend connection is thread `thread` of `node`.
+    pub fn by_backend_thread(&self, node: &str, thread: u32) -> Option<Arc<SessionInfo>> {
+        let m = self.inner.lock().ok()?;
+        m.values()
+            .find(|s| s.backend_thread.load(Ordering::Acquire) == thread && s.is_on(node))
+            .cloned()
     }
 
     pub fn remove(&self, id: u32) {

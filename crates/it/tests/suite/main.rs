@@ -13,6 +13,7 @@ mod floods;
 mod ha;
 mod ha_admin;
 mod keepalive;
+mod kill;
 mod lost_statements;
 mod parity;
 mod passwords;

@@ -11,7 +11,7 @@
 use super::statements::Statement;
 use super::{End, Session};
 use crate::backend::BackendError;
-use crate::conn::ConnError;
+use crate::conn::{ConnError, PacketConn};
 use crate::error::code::{ER_CLIENT_IDLE_TIMEOUT, ER_CONNECTION_KILLED, ER_SERVER_SHUTDOWN};
 use crate::error::{ClientError, ErrorKind};
 use crate::state::SessionRecord;
@@ -23,7 +23,7 @@ use holdfast_wire::frame::{self, parse_header, HEADER_LEN};
 use holdfast_wire::packets::{self, OkPacket};
 use holdfast_wire::response::{Event, Expect, Kind, ResponseMachine};
 use std::sync::atomic::Ordering;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The shape of the reply a command gets: what the client waits for, so what holdfast
 /// relays and what the client is owed if the backend is lost before answering.
@@ -91,6 +91,29 @@ impl Reply {
     }
 }
 
+/// How long a request runs before holdfast watches its client's connection: a quick
+/// response never pays for the watch.
+const WATCH_CLIENT_AFTER: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// What a client may send ahead (pipelined commands) while its request runs, kept in its
+/// read buffer while holdfast watches for it going away.
+const PIPELINED_MAX: usize = 1 << 20;
+
+/// Resolves when the client closes its connection while its request runs, once `watch` has
+/// fired. Bytes it sends meanwhile (pipelined commands) stay in its read buffer (up to
+/// [`PIPELINED_MAX`]; past that the client is not watched). Cancel-safe: a read that did
+/// not complete took nothing.
+async fn client_gone(client: &mut PacketConn, watch: std::pin::Pin<&mut tokio::time::Sleep>) {
+    watch.await;
+    while client.rbuf.len() < PIPELINED_MAX {
+        match client.stream.read_buf(&mut client.rbuf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+    std::future::pending().await
+}
+
 /// The sequence id of the reply to a request: one after its last chunk's.
 pub(super) fn reply_seq(request: &[u8]) -> u8 {
     match frame::scan_logical(request, usize::MAX) {
@@ -110,6 +133,11 @@ impl Session {
         let reply_seq = reply_seq(&request);
         let reply = Reply::of_request(&request);
         let in_transaction = self.record.in_transaction();
+        // Between requests the timer is the idle probe; during one, the wait after which
+        // holdfast watches for the client going away.
+        self.idle_timer
+            .as_mut()
+            .reset(tokio::time::Instant::now() + WATCH_CLIENT_AFTER);
         // The session's sql_mode before the statement runs (it may change it).
         let mode = self.record.sql_mode;
         let held = Held::of(&self.record);
@@ -149,10 +177,26 @@ impl Session {
             }
             _ => Ok(()),
         };
+        let kill = if query.is_some_and(|f| f.has(C::KILL))
+            || request.get(HEADER_LEN) == Some(&COM_PROCESS_KILL)
+        {
+            match self.plan_kill(&mut request, query) {
+                Ok(mark) => mark,
+                Err(e) => return self.send_error(reply_seq, &e).await,
+            }
+        } else {
+            None
+        };
         let result = match tracked {
             Ok(()) => self.command(&mut request).await,
             Err(e) => Err(e),
         };
+        if let Some(mark) = kill {
+            self.settle_kill(mark, self.last_error);
+        }
+        if self.killed_on_purpose() {
+            return Err(self.killed(result));
+        }
         // After a statement that set or read the trackers' settings: holdfast's back (the
         // client's new ones are read first: narrowing session_track_system_variables is
         // not reported, the variable is no longer in the list when the report is made).
@@ -241,6 +285,7 @@ impl Session {
         };
         self.shared.metrics.requests.command(cmd);
         self.response_started = false;
+        self.last_error = None;
         let reply = Reply::of(cmd);
         match cmd {
             COM_QUIT => Err(End::Quit),
@@ -463,7 +508,16 @@ impl Session {
     /// the command can be re-run elsewhere or must fail. `file_answer`: the client has sent
     /// a LOCAL INFILE file and waits for its answer at this sequence id.
     async fn fill_backend(&mut self, file_answer: Option<u8>) -> Result<(), End> {
-        match self.backend.conn.fill().await {
+        let filled = tokio::select! {
+            biased;
+            r = self.backend.conn.fill() => r,
+            () = client_gone(&mut self.client, self.idle_timer.as_mut()) => {
+                // As when a direct client vanishes: the server sees its connection close
+                // (and stops a statement that waits, such as GET_LOCK or SLEEP).
+                return Err(End::Client(ConnError::Closed));
+            }
+        };
+        match filled {
             Ok(_) => Ok(()),
             Err(error) => Err(match file_answer {
                 Some(reply_seq) => End::BackendLostDuringFile { error, reply_seq },
@@ -615,17 +669,21 @@ impl Session {
                     self.record.last_affected_rows = 0;
                 }
                 Event::Err(e) => {
+                    self.last_error = Some(e.code);
                     self.record.last_warnings = 1;
                     self.record.last_affected_rows = 0;
                     // The server going away answers (or pre-empts) the command with one of
                     // these before it closes; nothing reached the client, so treat it as a
                     // lost backend.
+                    // Unless a client's KILL through holdfast ended it: that ERR is the
+                    // client's, and the session ends after it.
                     if ready == 0
                         && !self.response_started
                         && matches!(
                             e.code,
                             ER_SERVER_SHUTDOWN | ER_CONNECTION_KILLED | ER_CLIENT_IDLE_TIMEOUT
                         )
+                        && !(e.code == ER_CONNECTION_KILLED && self.killed_on_purpose())
                     {
                         // Killed by someone (an operator's KILL), not by the fence of
                         // holdfast's own switchover: the statement was stopped on purpose

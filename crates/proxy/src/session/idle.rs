@@ -79,6 +79,9 @@ impl Session {
                                 self.capture_if_due(true).await;
                             }
                         }
+                        IdleEvent::BackendGone if self.killed_on_purpose() => {
+                            return Err(self.end_killed_while_idle().await);
+                        }
                         IdleEvent::BackendGone => {
                             tracing::info!(session = self.info.id, node = %self.backend_name, "backend connection lost while idle");
                             self.mark_backend_dead();

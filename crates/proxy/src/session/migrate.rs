@@ -358,7 +358,8 @@ impl Session {
         let elapsed = started.elapsed();
         tracing::info!(session = self.info.id, from = %self.backend_name, to = %node.name, reason = why, ms = elapsed.as_millis() as u64, "session moved");
         self.backend_name = node.name.clone();
-        self.info.set_backend(&node.name);
+        self.info
+            .set_backend(&node.name, self.backend.greeting.connection_id);
         self.info.moves.fetch_add(1, Ordering::Relaxed);
         self.backend_dead = false;
         self.backend_epoch = epoch;

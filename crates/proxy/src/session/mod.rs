@@ -35,6 +35,7 @@ use tokio::sync::watch;
 pub mod auth;
 mod forward;
 mod idle;
+mod kill;
 mod migrate;
 mod passthrough;
 mod route;
@@ -90,6 +91,9 @@ enum CloseReason {
     StateRejected,
     /// A prepared statement could not be prepared on the new node.
     ReprepareRefused,
+    /// A client's `KILL` through holdfast ended the backend connection: the client's
+    /// ends too, as the server ends a direct one.
+    Killed,
 }
 
 impl CloseReason {
@@ -103,6 +107,7 @@ impl CloseReason {
             CloseReason::LoginRefused => "login_refused",
             CloseReason::StateRejected => "state_rejected",
             CloseReason::ReprepareRefused => "reprepare_refused",
+            CloseReason::Killed => "killed",
         }
     }
 }
@@ -129,6 +134,8 @@ struct Session {
     /// from holdfast's own switchover; or cut while its server kept running): someone
     /// stopped the request on purpose, it is not run again.
     backend_killed: bool,
+    /// The code of the ERR that ended the current command's response, if one did.
+    last_error: Option<u16>,
     identity: Identity,
     can_reauthenticate: bool,
     backend_name: String,
@@ -295,7 +302,7 @@ impl Session {
         }
         let info = Arc::new(SessionInfo::new(id, peer));
         info.set_user(&user);
-        info.set_backend(&backend_name);
+        info.set_backend(&backend_name, backend.greeting.connection_id);
         info.can_reauthenticate
             .store(can_reauthenticate, Ordering::Relaxed);
         info.set_blocker(record.blocker());
@@ -322,6 +329,7 @@ impl Session {
             idle_timer: Box::pin(tokio::time::sleep(idle::IDLE_PROBE)),
             response_started: false,
             backend_killed: false,
+            last_error: None,
             identity,
             can_reauthenticate,
             backend_name,
@@ -383,12 +391,10 @@ impl Session {
                 tracing::debug!(session = id, "session ended")
             }
             End::Closed {
-                reason: CloseReason::IdleTimeout,
+                reason: reason @ (CloseReason::IdleTimeout | CloseReason::Killed),
                 message,
             } => {
-                self.shared
-                    .metrics
-                    .session_closed(CloseReason::IdleTimeout.label());
+                self.shared.metrics.session_closed(reason.label());
                 tracing::info!(session = id, client = %peer, "{message}")
             }
             End::Closed { reason, message } => {

@@ -20,10 +20,11 @@ pub(super) async fn run(
     peer: SocketAddr,
     id: u32,
 ) {
+    let thread = logged_in.backend.greeting.connection_id;
     let mut backend = logged_in.backend.conn;
     let info = Arc::new(SessionInfo::new(id, peer));
     info.set_user(&logged_in.user);
-    info.set_backend(&logged_in.backend_name);
+    info.set_backend(&logged_in.backend_name, thread);
     info.set_blocker(Some(Blocker::PassThrough));
     shared.sessions.insert(info.clone());
     shared.metrics.sessions_active.inc();
