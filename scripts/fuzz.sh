@@ -8,7 +8,8 @@ set -euo pipefail
 secs=${1:-600}
 cd "$(dirname "$0")/../fuzz"
 mkdir -p ../target
-for t in $(cargo +nightly fuzz list); do
+targets=$(cargo +nightly fuzz list)
+for t in $targets; do
   mkdir -p "corpus/$t"
   log="../target/fuzz-$t.log"
   if ! cargo +nightly fuzz run "$t" "corpus/$t" -- -max_total_time="$secs" \

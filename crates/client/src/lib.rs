@@ -171,6 +171,9 @@ pub struct Login<'a> {
     pub charset: u8,
     /// Raw connection attributes block (sent when `CLIENT_CONNECT_ATTRS` is negotiated).
     pub attributes: &'a [u8],
+    /// MariaDB extended capabilities wanted (`caps::MARIADB_CLIENT_*`), asked for where
+    /// the server offers them.
+    pub mariadb_caps: u32,
 }
 
 /// A logged-in connection.
@@ -179,6 +182,8 @@ pub struct Client {
     pub greeting: Greeting,
     /// The capabilities sent in the login request.
     pub capabilities: u32,
+    /// The MariaDB extended capabilities sent in the login request.
+    pub mariadb_caps: u32,
 }
 
 /// Opens a TCP connection to `addr` with `TCP_NODELAY`, boxed for a [`PacketConn`]. No
@@ -252,6 +257,7 @@ pub async fn login(
         database: login.database.map(<[u8]>::to_vec),
         auth_plugin: NATIVE_PASSWORD.as_bytes().to_vec(),
         attributes: login.attributes.to_vec(),
+        mariadb_caps: negotiated_mariadb_caps(&greeting, login.mariadb_caps),
     };
     if let Some(t) = tls {
         tls::start_tls(&mut conn, &greeting, t.tls, t.host, &request).await?;
@@ -287,7 +293,18 @@ pub async fn login(
         conn,
         greeting,
         capabilities,
+        mariadb_caps: request.mariadb_caps,
     })
+}
+
+/// The MariaDB extended capabilities a login asking for `wanted` gets from the server
+/// that sent `greeting` (none from a server that is not MariaDB).
+pub fn negotiated_mariadb_caps(greeting: &Greeting, wanted: u32) -> u32 {
+    if greeting.capabilities & CLIENT_LONG_PASSWORD == 0 {
+        wanted & greeting.mariadb_caps
+    } else {
+        0
+    }
 }
 
 /// The sequence id of the login request: 2 behind an SSLRequest, 1 otherwise.
@@ -334,6 +351,7 @@ impl Client {
             database: database.map(str::as_bytes),
             charset: UTF8MB4_GENERAL_CI,
             attributes: &[],
+            mariadb_caps: 0,
         };
         let caps = |server: u32| DEFAULT_CAPABILITIES & (server | CLIENT_LONG_PASSWORD);
         connect(addr, &login, caps, timeout).await

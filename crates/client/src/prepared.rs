@@ -5,6 +5,7 @@
 use crate::{Client, ClientError, ConnError};
 use holdfast_wire::binary_row::{decode_binary_row, ColumnType};
 use holdfast_wire::caps::CLIENT_DEPRECATE_EOF;
+use holdfast_wire::caps::MARIADB_CLIENT_EXTENDED_TYPE_INFO;
 use holdfast_wire::codec::Reader;
 use holdfast_wire::command::{COM_STMT_CLOSE, COM_STMT_EXECUTE, COM_STMT_PREPARE};
 use holdfast_wire::frame::MAX_PAYLOAD;
@@ -83,10 +84,11 @@ impl Client {
             .lenenc_int("column count")
             .map_err(wire)?;
         let mut out = BinaryResult::default();
+        let extended = self.mariadb_caps & MARIADB_CLIENT_EXTENDED_TYPE_INFO != 0;
         for _ in 0..count {
             let p = self.conn.read_packet(max_packet).await?;
             out.columns
-                .push(ColumnType::parse(&p.payload).map_err(wire)?);
+                .push(ColumnType::parse_with(&p.payload, extended).map_err(wire)?);
         }
         if !deprecate_eof {
             self.conn.read_packet(max_packet).await?;

@@ -45,6 +45,7 @@ async fn serve_stream(stream: BoxedIo) -> Result<(), ClientError> {
         charset: UTF8MB4_GENERAL_CI,
         status: 2,
         auth_plugin: b"client_ed25519".to_vec(),
+        mariadb_caps: 0,
     };
     conn.write_packet(&greeting.encode(), 0).await?;
     let hello = conn.read_packet(1 << 20).await?;
@@ -173,6 +174,7 @@ async fn logs_in_over_a_duplex_stream() {
         database: None,
         charset: UTF8MB4_GENERAL_CI,
         attributes: &[],
+        mariadb_caps: 0,
     };
     let mut c = login(conn, greeting, &as_app, DEFAULT_CAPABILITIES, None)
         .await

@@ -82,6 +82,9 @@ pub struct RawConn {
     buf: Vec<u8>,
     /// The OK packet that ended the login (empty before).
     pub login_ok: Vec<u8>,
+    /// MariaDB extended capabilities: asked for before [`RawConn::login`] (those the
+    /// greeting offers are sent), negotiated after.
+    pub mariadb_caps: u32,
 }
 
 /// Opens a TCP connection with read/write timeouts set.
@@ -179,6 +182,7 @@ impl RawConn {
             greeting,
             buf: Vec::new(),
             login_ok: Vec::new(),
+            mariadb_caps: 0,
         })
     }
 
@@ -225,7 +229,13 @@ impl RawConn {
             database: database.map(|d| d.as_bytes().to_vec()),
             auth_plugin: b"mysql_native_password".to_vec(),
             attributes: Vec::new(),
+            mariadb_caps: if self.greeting.capabilities & CLIENT_LONG_PASSWORD == 0 {
+                self.mariadb_caps & self.greeting.mariadb_caps
+            } else {
+                0
+            },
         };
+        self.mariadb_caps = req.mariadb_caps;
         self.write_packet(&req.encode(), 1)?;
         loop {
             let p = self.read_packet().context("reading the login reply")?;

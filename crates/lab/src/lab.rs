@@ -193,6 +193,12 @@ impl NodeStatus {
         self.socket.with_extension("pid")
     }
 
+    /// The node's own temporary directory (not the shared /tmp: nodes and test labs never
+    /// see each other's temporary files).
+    pub fn tmpdir(&self) -> PathBuf {
+        self.socket.with_extension("tmp")
+    }
+
     /// Whether this node was set up as the primary.
     pub fn is_primary(&self) -> bool {
         self.role == "primary"
@@ -895,9 +901,12 @@ fn port_conflict(node: &NodeStatus, log_offset: u64) -> bool {
 /// The `mariadbd` command line of a node.
 fn node_args(launch: &LaunchInfo, node: &NodeStatus) -> Result<Vec<String>> {
     let index = node.index()?;
+    let tmpdir = node.tmpdir();
+    std::fs::create_dir_all(&tmpdir).with_context(|| format!("creating {}", tmpdir.display()))?;
     let mut args = vec![
         "--no-defaults".to_string(),
         format!("--datadir={}", node.datadir.display()),
+        format!("--tmpdir={}", tmpdir.display()),
         format!("--port={}", node.port),
         "--bind-address=127.0.0.1".into(),
         format!("--socket={}", node.socket.display()),

@@ -94,6 +94,8 @@ pub struct LoginParams<'a> {
     /// The capabilities the client negotiated with holdfast; the backend gets the same
     /// semantics plus what holdfast needs ([`BACKEND_REQUIRED`]).
     pub client_capabilities: u32,
+    /// The MariaDB extended capabilities the client negotiated with holdfast.
+    pub mariadb_caps: u32,
     pub attributes: &'a [u8],
     /// Pass-through connections: the backend gets exactly the client's semantics, without
     /// the session tracking holdfast would otherwise add, because holdfast will not read
@@ -153,6 +155,7 @@ pub async fn connect(
         database: params.database,
         charset: params.charset,
         attributes: params.attributes,
+        mariadb_caps: params.mariadb_caps & PROXY_MARIADB_CAPABILITIES,
     };
     let capabilities = |server_caps| {
         if params.exact_capabilities {

@@ -247,6 +247,7 @@ pub async fn monitor_connect(
         charset: 45,
         // Plain semantics: no NO_SCHEMA/IGNORE_SPACE quirks a client might have asked for.
         client_capabilities: CLIENT_MULTI_RESULTS | CLIENT_DEPRECATE_EOF,
+        mariadb_caps: 0,
         attributes: &[],
         exact_capabilities: false,
         proxy_header: None,

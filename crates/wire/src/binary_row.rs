@@ -48,6 +48,12 @@ pub struct ColumnType {
 impl ColumnType {
     /// Reads the type and flags of a ColumnDefinition41 payload.
     pub fn parse(payload: &[u8]) -> Result<ColumnType> {
+        Self::parse_with(payload, false)
+    }
+
+    /// [`ColumnType::parse`] for a connection that negotiated MariaDB's extended type
+    /// info (`extended`): one more length-encoded field after the names.
+    pub fn parse_with(payload: &[u8], extended: bool) -> Result<ColumnType> {
         let mut r = Reader::new(payload);
         for what in [
             "catalog",
@@ -58,6 +64,9 @@ impl ColumnType {
             "org_name",
         ] {
             r.lenenc_bytes(what)?;
+        }
+        if extended {
+            r.lenenc_bytes("extended type info")?;
         }
         r.lenenc_int("fixed length")?;
         r.u16("charset")?;
@@ -189,6 +198,16 @@ mod tests {
         assert_eq!(c, col(TYPE_LONGLONG, UNSIGNED_FLAG | 128));
         assert_eq!(c.fixed_width(), Some(8));
         assert!(ColumnType::parse(&p[..p.len() - 6]).is_err());
+        // With MariaDB's extended type info: a length-encoded block after the names
+        // (here: format "json").
+        let mut ext = Vec::new();
+        for s in ["def", "", "", "", "@v", ""] {
+            put_lenenc_bytes(&mut ext, s.as_bytes());
+        }
+        put_lenenc_bytes(&mut ext, &[1, 4, b'j', b's', b'o', b'n']);
+        ext.extend_from_slice(&p[p.len() - 13..]);
+        assert_eq!(ColumnType::parse_with(&ext, true).unwrap(), c);
+        assert_eq!(ColumnType::parse_with(&p, false).unwrap(), c);
     }
 
     /// Random bytes against random column lists: the decoder returns errors, never panics

@@ -29,6 +29,23 @@ pub const CLIENT_OPTIONAL_RESULTSET_METADATA: u32 = 1 << 25;
 pub const CLIENT_ZSTD_COMPRESSION: u32 = 1 << 26;
 pub const CLIENT_QUERY_ATTRIBUTES: u32 = 1 << 27;
 
+/// MariaDB's extended capabilities: the upper half of its 64-bit flags, sent in the
+/// greeting's and the login request's reserved bytes when CLIENT_LONG_PASSWORD (MariaDB's
+/// `CLIENT_MYSQL`) is clear.
+pub const MARIADB_CLIENT_PROGRESS: u32 = 1;
+pub const MARIADB_CLIENT_COM_MULTI: u32 = 1 << 1;
+pub const MARIADB_CLIENT_STMT_BULK_OPERATIONS: u32 = 1 << 2;
+pub const MARIADB_CLIENT_EXTENDED_TYPE_INFO: u32 = 1 << 3;
+pub const MARIADB_CLIENT_CACHE_METADATA: u32 = 1 << 4;
+
+/// The MariaDB extended capabilities holdfast offers clients (when the servers have them):
+/// extended type info (a column definition field holdfast only skips) and bulk execution
+/// (COM_STMT_BULK_EXECUTE, a statement command like COM_STMT_EXECUTE). Progress reports
+/// (packets inside a response) and cached metadata (responses whose shape depends on
+/// the client's cache) are not offered.
+pub const PROXY_MARIADB_CAPABILITIES: u32 =
+    MARIADB_CLIENT_STMT_BULK_OPERATIONS | MARIADB_CLIENT_EXTENDED_TYPE_INFO;
+
 /// What holdfast offers clients (CLIENT_SSL is added with `[tls]`). Optional metadata and
 /// query attributes are masked: holdfast must understand every byte it forwards.
 /// Compression (zlib) is undone below the packet layer (`holdfast_client::compress`).

@@ -15,6 +15,9 @@ pub struct Greeting {
     pub charset: u8,
     pub status: u16,
     pub auth_plugin: Vec<u8>,
+    /// MariaDB's extended capabilities (`caps::MARIADB_CLIENT_*`); sent only when
+    /// `capabilities` lacks CLIENT_LONG_PASSWORD, as MariaDB does.
+    pub mariadb_caps: u32,
 }
 
 impl Greeting {
@@ -38,12 +41,17 @@ impl Greeting {
         let mut charset = 0;
         let mut status = 0;
         let mut auth_plugin = Vec::new();
+        let mut mariadb_caps = 0;
         if !r.is_empty() {
             charset = r.u8("charset")?;
             status = r.u16("status")?;
             capabilities |= u32::from(r.u16("capabilities upper")?) << 16;
             let data_len = r.u8("auth data length")?;
-            r.skip(10, "reserved")?;
+            r.skip(6, "reserved")?;
+            let ext = r.u32("MariaDB capabilities")?;
+            if capabilities & CLIENT_LONG_PASSWORD == 0 {
+                mariadb_caps = ext;
+            }
             if capabilities & CLIENT_SECURE_CONNECTION != 0 {
                 let n = usize::from(data_len).saturating_sub(8).max(13);
                 let part2 = r.take(n.min(r.remaining()), "scramble part 2")?;
@@ -63,6 +71,7 @@ impl Greeting {
             charset,
             status,
             auth_plugin,
+            mariadb_caps,
         })
     }
 
@@ -80,7 +89,13 @@ impl Greeting {
         out.extend_from_slice(&self.status.to_le_bytes());
         out.extend_from_slice(&((self.capabilities >> 16) as u16).to_le_bytes());
         out.push((self.scramble.len() + 1) as u8);
-        out.extend_from_slice(&[0; 10]);
+        out.extend_from_slice(&[0; 6]);
+        let ext = if self.capabilities & CLIENT_LONG_PASSWORD == 0 {
+            self.mariadb_caps
+        } else {
+            0
+        };
+        out.extend_from_slice(&ext.to_le_bytes());
         out.extend_from_slice(part2);
         out.push(0);
         out.extend_from_slice(&self.auth_plugin);
@@ -101,6 +116,9 @@ pub struct LoginRequest {
     pub auth_plugin: Vec<u8>,
     /// Raw connection attributes block (without its length prefix).
     pub attributes: Vec<u8>,
+    /// MariaDB's extended capabilities, in the last 4 filler bytes (sent, and read, only
+    /// when `capabilities` lacks CLIENT_LONG_PASSWORD).
+    pub mariadb_caps: u32,
 }
 
 /// What the first client packet turned out to be.
@@ -121,7 +139,13 @@ impl ClientHello {
         }
         let max_packet = r.u32("max packet size")?;
         let charset = r.u8("charset")?;
-        r.skip(23, "filler")?;
+        r.skip(19, "filler")?;
+        let ext = r.u32("MariaDB capabilities")?;
+        let mariadb_caps = if capabilities & CLIENT_LONG_PASSWORD == 0 {
+            ext
+        } else {
+            0
+        };
         if r.is_empty() && capabilities & CLIENT_SSL != 0 {
             return Ok(ClientHello::SslRequest { capabilities });
         }
@@ -155,6 +179,7 @@ impl ClientHello {
             database,
             auth_plugin,
             attributes,
+            mariadb_caps,
         }))
     }
 }
@@ -172,11 +197,15 @@ impl LoginRequest {
         if self.attributes.is_empty() {
             caps &= !CLIENT_CONNECT_ATTRS;
         }
+        if self.mariadb_caps != 0 {
+            caps &= !CLIENT_LONG_PASSWORD;
+        }
         let mut out = Vec::with_capacity(64 + self.user.len() + self.attributes.len());
         out.extend_from_slice(&caps.to_le_bytes());
         out.extend_from_slice(&self.max_packet.to_le_bytes());
         out.push(self.charset);
-        out.extend_from_slice(&[0; 23]);
+        out.extend_from_slice(&[0; 19]);
+        out.extend_from_slice(&self.mariadb_caps.to_le_bytes());
         out.extend_from_slice(&self.user);
         out.push(0);
         put_lenenc_bytes(&mut out, &self.auth_response);
@@ -356,8 +385,23 @@ mod tests {
             charset: 45,
             status: SERVER_STATUS_AUTOCOMMIT,
             auth_plugin: b"mysql_native_password".to_vec(),
+            mariadb_caps: 0,
         };
         assert_eq!(Greeting::parse(&g.encode()).unwrap(), g);
+        // MariaDB's form: CLIENT_LONG_PASSWORD clear, extended capabilities in the last
+        // 4 reserved bytes.
+        let mariadb = Greeting {
+            capabilities: PROXY_CAPABILITIES & !CLIENT_LONG_PASSWORD,
+            mariadb_caps: PROXY_MARIADB_CAPABILITIES,
+            ..g.clone()
+        };
+        let encoded = mariadb.encode();
+        assert_eq!(Greeting::parse(&encoded).unwrap(), mariadb);
+        // With CLIENT_LONG_PASSWORD set those bytes are filler, whatever they hold.
+        let mut mysql = encoded.clone();
+        let caps_at = 1 + g.server_version.len() + 1 + 4 + 8 + 1;
+        mysql[caps_at] |= CLIENT_LONG_PASSWORD as u8;
+        assert_eq!(Greeting::parse(&mysql).unwrap().mariadb_caps, 0);
     }
 
     #[test]
@@ -371,10 +415,20 @@ mod tests {
             database: Some(b"sbtest".to_vec()),
             auth_plugin: b"mysql_native_password".to_vec(),
             attributes: vec![3, b'a', b'b', b'c', 1, b'x'],
+            mariadb_caps: 0,
         };
         assert_eq!(
             ClientHello::parse(&l.encode()).unwrap(),
             ClientHello::Login(l.clone())
+        );
+        let mariadb = LoginRequest {
+            capabilities: PROXY_CAPABILITIES & !CLIENT_LONG_PASSWORD,
+            mariadb_caps: MARIADB_CLIENT_EXTENDED_TYPE_INFO,
+            ..l.clone()
+        };
+        assert_eq!(
+            ClientHello::parse(&mariadb.encode()).unwrap(),
+            ClientHello::Login(mariadb.clone())
         );
         assert_eq!(
             parse_attributes(&l.attributes),
@@ -399,6 +453,7 @@ mod tests {
             database: None,
             auth_plugin: Vec::new(),
             attributes: Vec::new(),
+            mariadb_caps: 0,
         };
         // No database: CONNECT_WITH_DB is off in both packets.
         let encoded = login.encode();

@@ -15,6 +15,7 @@ mod ha_admin;
 mod keepalive;
 mod kill;
 mod lost_statements;
+mod mariadb_caps;
 mod parity;
 mod passwords;
 mod python;

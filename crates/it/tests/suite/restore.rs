@@ -34,6 +34,9 @@ async fn connect(h: &Harness) -> BackendConn {
             | CLIENT_DEPRECATE_EOF
             | CLIENT_MULTI_RESULTS
             | CLIENT_PS_MULTI_RESULTS,
+        // As a MariaDB Connector would: column definitions carry extended type info,
+        // which the captures' binary results must skip.
+        mariadb_caps: holdfast_wire::caps::PROXY_MARIADB_CAPABILITIES,
         attributes: &[],
         exact_capabilities: false,
         proxy_header: None,

@@ -365,6 +365,7 @@ fn node_certificates_are_verified_by_name_or_only_by_chain() {
                 database: None,
                 auth_plugin: Vec::new(),
                 attributes: Vec::new(),
+                mariadb_caps: 0,
             };
             start_tls(&mut conn, &greeting, &tls, host, &login).await
         })

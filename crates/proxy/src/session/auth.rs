@@ -49,6 +49,8 @@ pub struct Identity {
     pub attributes: Vec<u8>,
     /// The database named in the login, if any (the schema tracker reports only changes).
     pub database: Option<String>,
+    /// The MariaDB extended capabilities negotiated with holdfast.
+    pub mariadb_caps: u32,
 }
 
 impl Identity {
@@ -61,6 +63,7 @@ impl Identity {
                 .database
                 .as_ref()
                 .map(|d| String::from_utf8_lossy(d).into_owned()),
+            mariadb_caps: req.mariadb_caps,
         }
     }
 }
@@ -120,6 +123,27 @@ impl From<RelayError> for End {
             RelayError::Backend(e) => End::Backend(e),
         }
     }
+}
+
+/// The MariaDB extended capabilities offered to clients: what holdfast supports of what a
+/// server of `version` (the greeting's) has. Extended type info came with MariaDB 10.5,
+/// bulk execution with 10.2.
+fn offered_mariadb_caps(version: &[u8]) -> u32 {
+    let version = String::from_utf8_lossy(version);
+    if !version.contains("MariaDB") {
+        return 0;
+    }
+    let v = version.strip_prefix("5.5.5-").unwrap_or(&version);
+    let mut parts = v.split(['.', '-']).map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    let mut caps = 0;
+    if (major, minor) >= (10, 2) {
+        caps |= MARIADB_CLIENT_STMT_BULK_OPERATIONS;
+    }
+    if (major, minor) >= (10, 5) {
+        caps |= MARIADB_CLIENT_EXTENDED_TYPE_INFO;
+    }
+    caps & PROXY_MARIADB_CAPABILITIES
 }
 
 pub fn server_version(shared: &Shared) -> Vec<u8> {
@@ -192,18 +216,25 @@ pub async fn login(
     mode: ListenerMode,
 ) -> Result<LoggedIn, LoginError> {
     let scramble = printable_scramble(rand::random());
+    let version = server_version(shared);
+    let mariadb_caps = offered_mariadb_caps(&version);
+    let mut capabilities = PROXY_CAPABILITIES;
+    if shared.client_tls.is_some() {
+        capabilities |= CLIENT_SSL;
+    }
+    if mariadb_caps != 0 {
+        // MariaDB's way of saying "extended capabilities follow" (it clears CLIENT_MYSQL).
+        capabilities &= !CLIENT_LONG_PASSWORD;
+    }
     let greeting = Greeting {
-        server_version: server_version(shared),
+        server_version: version,
         connection_id: id,
         scramble: scramble.to_vec(),
-        capabilities: if shared.client_tls.is_some() {
-            PROXY_CAPABILITIES | CLIENT_SSL
-        } else {
-            PROXY_CAPABILITIES
-        },
+        capabilities,
         charset: 45,
         status: SERVER_STATUS_AUTOCOMMIT,
         auth_plugin: NATIVE_PASSWORD.as_bytes().to_vec(),
+        mariadb_caps,
     };
     client.write_packet(&greeting.encode(), 0).await?;
     // Refusals while the instance is paused count as connections turned away unwoken.
@@ -212,7 +243,7 @@ pub async fn login(
             shared.metrics.count_closed_without_wake(reason);
         }
     };
-    let (req, mut seq, secure) = match read_login_request(shared, client).await {
+    let (mut req, mut seq, secure) = match read_login_request(shared, client).await {
         Ok(x) => x,
         Err(e) => {
             closed_unwoken(match e {
@@ -223,6 +254,7 @@ pub async fn login(
         }
     };
     let capabilities = req.capabilities & PROXY_CAPABILITIES;
+    req.mariadb_caps &= mariadb_caps;
     let user = String::from_utf8_lossy(&req.user).into_owned();
     if !secure && shared.client_tls.as_ref().is_some_and(|t| t.require) {
         // The server's answer under require_secure_transport: access denied.
@@ -339,6 +371,7 @@ pub async fn login(
             database: req.database.as_deref(),
             charset: req.charset,
             client_capabilities: capabilities,
+            mariadb_caps: req.mariadb_caps,
             attributes: &req.attributes,
             exact_capabilities: exact,
             proxy_header: header.as_deref(),
@@ -560,6 +593,7 @@ async fn failed_login_at_server(
             database: None,
             auth_plugin: NATIVE_PASSWORD.as_bytes().to_vec(),
             attributes: req.attributes.clone(),
+            mariadb_caps: 0,
         };
         backend::secure(&mut conn, &greeting, tls.as_ref(), &node.address, &login)
             .await
@@ -868,6 +902,7 @@ async fn relay_login(
         database: req.database.clone(),
         auth_plugin: NATIVE_PASSWORD.as_bytes().to_vec(),
         attributes: req.attributes.clone(),
+        mariadb_caps: holdfast_client::negotiated_mariadb_caps(&greeting, req.mariadb_caps),
     };
     let lost = |e: ConnError| {
         tracing::info!(node = %node.name, error = %e, "backend connection lost during a relayed login");
@@ -898,6 +933,7 @@ async fn relay_login(
                 conn,
                 greeting,
                 capabilities: backend_caps,
+                mariadb_caps: login.mariadb_caps,
             })
         }
         Ok(Exchange::Refused(payload, seq)) => {

@@ -63,7 +63,9 @@ impl Reply {
             | COM_REFRESH | COM_CREATE_DB | COM_DROP_DB | COM_RESET_CONNECTION | COM_STMT_RESET => {
                 Reply::Status
             }
-            COM_QUERY | COM_STMT_EXECUTE | COM_PROCESS_INFO => Reply::ResultSets,
+            COM_QUERY | COM_STMT_EXECUTE | COM_STMT_BULK_EXECUTE | COM_PROCESS_INFO => {
+                Reply::ResultSets
+            }
             COM_STMT_PREPARE => Reply::Prepare,
             COM_STMT_FETCH => Reply::Fetch,
             COM_FIELD_LIST => Reply::FieldList,
@@ -113,6 +115,9 @@ async fn client_gone(client: &mut PacketConn, watch: std::pin::Pin<&mut tokio::t
     }
     std::future::pending().await
 }
+
+/// The statement id MariaDB reads as "the statement prepared last on this connection".
+const LAST_PREPARED: u32 = u32::MAX;
 
 /// The sequence id of the reply to a request: one after its last chunk's.
 pub(super) fn reply_seq(request: &[u8]) -> u8 {
@@ -286,15 +291,25 @@ impl Session {
         self.shared.metrics.requests.command(cmd);
         self.response_started = false;
         self.last_error = None;
-        let reply = Reply::of(cmd);
+        let mut reply = Reply::of(cmd);
+        // Bulk execution is for clients that negotiated it.
+        if cmd == COM_STMT_BULK_EXECUTE
+            && self.identity.mariadb_caps & MARIADB_CLIENT_STMT_BULK_OPERATIONS == 0
+        {
+            reply = Reply::Refused;
+        }
         match cmd {
             COM_QUIT => Err(End::Quit),
+            _ if reply == Reply::Refused => self.refuse_command(cmd, reply_seq).await,
             COM_STMT_PREPARE => {
+                // Until it succeeds, no statement is "the last prepared" (id -1).
+                self.statements.last = None;
                 self.forward(request).await?;
                 let sql = Bytes::copy_from_slice(&frame::logical_payload(request)[1..]);
                 self.relay_inner(reply, Some(sql), false).await.map(|_| ())
             }
             COM_STMT_EXECUTE
+            | COM_STMT_BULK_EXECUTE
             | COM_STMT_FETCH
             | COM_STMT_RESET
             | COM_STMT_CLOSE
@@ -314,26 +329,25 @@ impl Session {
                 self.captured = Default::default();
                 self.restore_trackers().await
             }
-            _ => match reply {
-                Reply::Refused => {
-                    tracing::info!(
-                        command = cmd,
-                        name = name(cmd),
-                        "unsupported command refused"
-                    );
-                    let message = format!(
-                        "Unknown command 0x{cmd:02x} ({}): holdfast does not forward it",
-                        name(cmd)
-                    );
-                    self.send_error_kind(reply_seq, ErrorKind::UnknownCommand, message)
-                        .await
-                }
-                _ => {
-                    self.forward(request).await?;
-                    self.relay(reply).await
-                }
-            },
+            _ => {
+                self.forward(request).await?;
+                self.relay(reply).await
+            }
         }
+    }
+
+    async fn refuse_command(&mut self, cmd: u8, reply_seq: u8) -> Result<(), End> {
+        tracing::info!(
+            command = cmd,
+            name = name(cmd),
+            "unsupported command refused"
+        );
+        let message = format!(
+            "Unknown command 0x{cmd:02x} ({}): holdfast does not forward it",
+            name(cmd)
+        );
+        self.send_error_kind(reply_seq, ErrorKind::UnknownCommand, message)
+            .await
     }
 
     /// Turns the transaction tracker on before the session's first `SET TRANSACTION`
@@ -814,6 +828,13 @@ impl Session {
                 .send_error(reply_seq, &ClientError::malformed("no statement id"))
                 .await;
         };
+        // MariaDB's id -1: the statement prepared last (MariaDB Connectors send a prepare
+        // and its execute together). holdfast names it explicitly: its own statements
+        // may have been prepared on the backend since.
+        let client_id = match client_id {
+            LAST_PREPARED => self.statements.last.unwrap_or(LAST_PREPARED),
+            id => id,
+        };
         let Some(stmt) = self.statements.get_mut(client_id) else {
             // The server sends nothing back for these two, whatever the id.
             if reply == Reply::None {
@@ -844,6 +865,15 @@ impl Session {
             COM_STMT_RESET => {
                 stmt.long_data = false;
                 stmt.cursor_open = false;
+                self.forward(request).await?;
+                self.relay(reply).await?;
+                self.recount_statement_state();
+                Ok(())
+            }
+            COM_STMT_BULK_EXECUTE => {
+                // MariaDB's array binding: one request, one OK for all its rows. Not run
+                // again after a lost backend (it writes).
+                stmt.long_data = false;
                 self.forward(request).await?;
                 self.relay(reply).await?;
                 self.recount_statement_state();
@@ -1103,6 +1133,7 @@ fn is_statement_command(cmd: u8) -> bool {
     matches!(
         cmd,
         COM_STMT_EXECUTE
+            | COM_STMT_BULK_EXECUTE
             | COM_STMT_FETCH
             | COM_STMT_RESET
             | COM_STMT_CLOSE

@@ -385,6 +385,7 @@ impl Session {
             database: None,
             charset: self.identity.charset,
             client_capabilities: self.capabilities,
+            mariadb_caps: self.identity.mariadb_caps,
             attributes: &self.identity.attributes,
             exact_capabilities: false,
             proxy_header: header.as_deref(),

@@ -50,6 +50,9 @@ impl Hasher for IdHasher {
 pub(super) struct Statements {
     by_id: HashMap<u32, Statement, BuildHasherDefault<IdHasher>>,
     next_id: u32,
+    /// The client's id of the statement prepared last, if that prepare succeeded (what
+    /// MariaDB's statement id -1 names).
+    pub last: Option<u32>,
 }
 
 impl Default for Statements {
@@ -57,6 +60,7 @@ impl Default for Statements {
         Statements {
             by_id: HashMap::default(),
             next_id: 1,
+            last: None,
         }
     }
 }
@@ -65,8 +69,13 @@ impl Statements {
     /// Stores a newly prepared statement; returns the id the client gets.
     pub fn insert(&mut self, stmt: Statement) -> u32 {
         let id = self.next_id;
-        self.next_id = self.next_id.wrapping_add(1).max(1);
+        // Never 0, nor u32::MAX (MariaDB's "the statement prepared last").
+        self.next_id = match self.next_id.wrapping_add(1) {
+            0 | u32::MAX => 1,
+            n => n,
+        };
         self.by_id.insert(id, stmt);
+        self.last = Some(id);
         id
     }
 
@@ -85,6 +94,7 @@ impl Statements {
     /// COM_RESET_CONNECTION and COM_CHANGE_USER drop every statement; ids keep counting.
     pub fn clear(&mut self) {
         self.by_id.clear();
+        self.last = None;
     }
 
     pub fn len(&self) -> usize {

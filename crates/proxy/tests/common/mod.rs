@@ -344,6 +344,7 @@ impl ScriptedServer {
             charset: UTF8MB4_GENERAL_CI,
             status: SERVER_STATUS_AUTOCOMMIT,
             auth_plugin: NATIVE_PASSWORD.as_bytes().to_vec(),
+            mariadb_caps: 0,
         };
         if conn.write_packet(&greeting.encode(), 0).await.is_err() {
             return "closed before the login".into();
@@ -819,6 +820,7 @@ pub async fn rig_with(connector: ScriptedConnector, capabilities: u32) -> Rig {
             database: None,
             charset: UTF8MB4_GENERAL_CI,
             attributes: &[],
+            mariadb_caps: 0,
         };
         let caps = capabilities & (greeting.capabilities | CLIENT_LONG_PASSWORD);
         login(conn, greeting, &as_app, caps, None).await
