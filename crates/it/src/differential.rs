@@ -42,6 +42,8 @@ pub enum Step {
     /// COM_STMT_PREPARE, COM_STMT_EXECUTE (no parameters, no cursor), COM_STMT_CLOSE:
     /// the binary protocol.
     Binary(String),
+    /// COM_CHANGE_USER to (user, password, database).
+    ChangeUser(String, String, String),
 }
 
 pub fn q(sql: &str) -> Step {
@@ -107,6 +109,12 @@ pub fn run(
             Step::Masked(sql, cols) => {
                 let r = c.query(sql);
                 outcome_of(&c, r, cols, false)
+            }
+            Step::ChangeUser(user, password, database) => {
+                match c.change_user(user, password, database) {
+                    Ok(ok) => Outcome::Responses(vec![seen_ok(&c, &ok)]),
+                    Err(e) => error_outcome(e)?,
+                }
             }
             Step::Binary(sql) => match c.prepare(sql) {
                 Err(e) => error_outcome(e)?,

@@ -263,6 +263,49 @@ impl RawConn {
         }
     }
 
+    /// COM_CHANGE_USER with `mysql_native_password` (answered over the greeting's
+    /// scramble, following an auth switch); returns the final OK payload, or the server's
+    /// ERR as an error.
+    pub fn change_user(&mut self, user: &str, password: &str, database: &str) -> Result<Vec<u8>> {
+        let secret = PasswordHash::from_password(password.as_bytes());
+        let answer = |scramble: &[u8]| -> Vec<u8> {
+            if password.is_empty() {
+                Vec::new()
+            } else {
+                secret.scramble_response(scramble).to_vec()
+            }
+        };
+        let mut p = vec![0x11];
+        p.extend_from_slice(user.as_bytes());
+        p.push(0);
+        let first = answer(&self.greeting.scramble);
+        p.push(first.len() as u8);
+        p.extend_from_slice(&first);
+        p.extend_from_slice(database.as_bytes());
+        p.push(0);
+        p.extend_from_slice(&45u16.to_le_bytes());
+        p.extend_from_slice(b"mysql_native_password\0");
+        if self.caps & CLIENT_CONNECT_ATTRS != 0 {
+            p.push(0);
+        }
+        self.command(&p)?;
+        loop {
+            let r = self
+                .read_packet()
+                .context("reading the change-user reply")?;
+            match r.payload.first() {
+                Some(0x00) => return Ok(r.payload),
+                Some(0xff) => return Err(ServerErr::parse(&r.payload)?.into()),
+                Some(0xfe) => {
+                    let sw = AuthSwitch::parse(&r.payload)
+                        .map_err(|e| anyhow::anyhow!("bad auth switch: {e}"))?;
+                    self.write_packet(&answer(&sw.data), r.seq.wrapping_add(1))?;
+                }
+                other => bail!("unexpected change-user reply {other:?}"),
+            }
+        }
+    }
+
     pub fn deprecate_eof(&self) -> bool {
         self.caps & CLIENT_DEPRECATE_EOF != 0
     }

@@ -290,3 +290,28 @@ fn a_deferred_capture_is_made_before_a_switchover() {
     assert_eq!(c.query_value("SELECT @x").unwrap().as_deref(), Some("5"));
     assert_eq!(c.query_value("SELECT @w").unwrap().as_deref(), Some("1"));
 }
+
+/// COM_CHANGE_USER: its OK (status, session-state records: the new schema, the variables
+/// the reset changed) is the server's, for a client that tracks session state and one that
+/// does not; then the session is the new login's, as on the server.
+#[test]
+fn change_user_answers_as_the_server_does() {
+    let h = Harness::start();
+    let change = Step::ChangeUser(
+        h.user().to_string(),
+        h.password().to_string(),
+        "mysql".to_string(),
+    );
+    let steps = vec![
+        q("SET @kept = 1, sql_mode = 'ANSI_QUOTES'"),
+        q("SET time_zone = '+03:00'"),
+        change.clone(),
+        q("SELECT DATABASE(), @kept, @@sql_mode = @@global.sql_mode, @@time_zone"),
+        q("SET time_zone = '+02:00'"),
+        change,
+        q("SELECT DATABASE(), @@time_zone"),
+    ];
+    for caps in [BASE_CAPS, BASE_CAPS | CLIENT_SESSION_TRACK] {
+        compare(&h, caps, &steps);
+    }
+}

@@ -18,7 +18,7 @@ use holdfast_wire::auth::{printable_scramble, verify_native, PasswordHash, NATIV
 use holdfast_wire::caps::*;
 use holdfast_wire::frame::{self, parse_header};
 use holdfast_wire::handshake::{AuthSwitch, ChangeUser, ClientHello, Greeting, LoginRequest};
-use holdfast_wire::packets::{ok_payload, ErrPacket, ERR_HEADER, OK_HEADER};
+use holdfast_wire::packets::{ErrPacket, ERR_HEADER, OK_HEADER};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -1053,8 +1053,10 @@ impl Session {
         self.user = user;
         self.info.can_reauthenticate.store(can, Ordering::Relaxed);
         self.restore_trackers().await?;
+        // The server's OK: a tracking client gets the new schema's record.
+        let ok = login_ok(self.capabilities, Some(&forwarded.database));
         self.client
-            .write_packet(&ok_payload(0, 0, SERVER_STATUS_AUTOCOMMIT, 0), seq)
+            .write_packet(&ok, seq)
             .await
             .map_err(End::Client)
     }
