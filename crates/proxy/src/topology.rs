@@ -19,6 +19,10 @@ pub struct NodeState {
     pub reachable: bool,
     pub read_only: Option<bool>,
     pub version: String,
+    /// `@@global.autocommit`: what a new session starts with (holdfast's greeting says so,
+    /// as the server's does).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub autocommit: Option<bool>,
     pub last_error: Option<String>,
 }
 
@@ -44,6 +48,7 @@ impl Topology {
                     reachable: false,
                     read_only: None,
                     version: String::new(),
+                    autocommit: None,
                     last_error: None,
                 })
                 .collect(),
@@ -111,10 +116,15 @@ pub async fn run_monitor_gated(
                 result = probe(&cfg, &node.address, &mut conns[i]).await;
             }
             match result {
-                Ok((read_only, version)) => {
+                Ok(Probed {
+                    read_only,
+                    version,
+                    autocommit,
+                }) => {
                     node.reachable = true;
                     node.read_only = Some(read_only);
                     node.version = version;
+                    node.autocommit = Some(autocommit);
                 }
                 Err(e) => {
                     conns[i] = None;
@@ -139,11 +149,14 @@ pub async fn run_monitor_gated(
     }
 }
 
-async fn probe(
-    cfg: &Config,
-    addr: &str,
-    slot: &mut Option<BackendConn>,
-) -> Result<(bool, String), String> {
+/// What one monitor round reads from a node.
+struct Probed {
+    read_only: bool,
+    version: String,
+    autocommit: bool,
+}
+
+async fn probe(cfg: &Config, addr: &str, slot: &mut Option<BackendConn>) -> Result<Probed, String> {
     if slot.is_none() {
         *slot = Some(
             monitor_connect(cfg, addr)
@@ -154,16 +167,21 @@ async fn probe(
     let Some(conn) = slot.as_mut() else {
         return Err("no monitor connection".into());
     };
-    let fut = conn.query("SELECT @@global.read_only, VERSION()");
+    let fut = conn.query("SELECT @@global.read_only, VERSION(), @@global.autocommit");
     let r = tokio::time::timeout(cfg.proxy.connect_timeout(), fut)
         .await
         .map_err(|_| "monitor query timed out".to_string())?
         .map_err(|e| e.to_string())?;
     let row = r.rows.first().ok_or("monitor query returned no row")?;
-    let read_only = row.first().cloned().flatten().unwrap_or_default();
-    let version = row.get(1).cloned().flatten().unwrap_or_default();
-    Ok((
-        read_only == "1" || read_only.eq_ignore_ascii_case("on"),
-        version,
-    ))
+    let flag = |i: usize| {
+        row.get(i)
+            .cloned()
+            .flatten()
+            .is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("on"))
+    };
+    Ok(Probed {
+        read_only: flag(0),
+        version: row.get(1).cloned().flatten().unwrap_or_default(),
+        autocommit: flag(2),
+    })
 }

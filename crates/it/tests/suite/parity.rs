@@ -173,3 +173,18 @@ fn reset_connection_keeps_the_database_also_after_a_move() {
     );
     assert!(h.status().counters.sessions_moved >= 1);
 }
+
+/// The greeting's status flags say what a new session starts with, as the server's do: a
+/// server started with `--autocommit=0` greets without SERVER_STATUS_AUTOCOMMIT.
+#[test]
+fn the_greeting_status_follows_the_servers_autocommit() {
+    use holdfast_it::raw::RawConn;
+    for autocommit in ["1", "0"] {
+        let arg = format!("--autocommit={autocommit}");
+        let h = Harness::start_with(holdfast_it::Options::default().server_args(&[&arg]));
+        let direct = RawConn::greet(h.direct()).unwrap().greeting.status;
+        let via = RawConn::greet(h.proxy).unwrap().greeting.status;
+        assert_eq!(via, direct, "{arg}: holdfast (left), the server (right)");
+        assert_eq!(direct & 2 != 0, autocommit == "1", "{arg}: {direct:#x}");
+    }
+}

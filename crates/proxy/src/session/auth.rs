@@ -146,6 +146,16 @@ fn offered_mariadb_caps(version: &[u8]) -> u32 {
     caps & PROXY_MARIADB_CAPABILITIES
 }
 
+/// The greeting's status flags, as the primary's greeting would carry them: autocommit as
+/// the server's global setting has it.
+fn greeting_status(shared: &Shared) -> u16 {
+    let topo = shared.topology.borrow();
+    match topo.primary_node().and_then(|n| n.autocommit) {
+        Some(false) => 0,
+        _ => SERVER_STATUS_AUTOCOMMIT,
+    }
+}
+
 pub fn server_version(shared: &Shared) -> Vec<u8> {
     if !shared.config.proxy.server_version.is_empty() {
         return shared.config.proxy.server_version.as_bytes().to_vec();
@@ -232,7 +242,7 @@ pub async fn login(
         scramble: scramble.to_vec(),
         capabilities,
         charset: 45,
-        status: SERVER_STATUS_AUTOCOMMIT,
+        status: greeting_status(shared),
         auth_plugin: NATIVE_PASSWORD.as_bytes().to_vec(),
         mariadb_caps,
     };
