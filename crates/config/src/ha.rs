@@ -49,6 +49,12 @@ pub struct HaConfig {
     pub failover_after_ms: u64,
     /// …and at least this many in a row.
     pub failure_threshold: u32,
+    /// Failure detector, fast path: the primary's host refusing connections this many
+    /// times in a row (its server process is gone, the host is up: a much stronger signal
+    /// than a slow probe) counts as lost without waiting for `failover_after_ms`; probes are
+    /// repeated every `probe_interval_ms / 5` (at least 20 ms) while one is failing. The
+    /// replica cross-check still applies. 0 turns the fast path off.
+    pub refused_probes_to_fail: u32,
     /// Only fail over when every reachable replica has lost the primary too.
     pub require_replica_confirmation: bool,
     /// During failover, how long replicas get to apply what their IO thread received.
@@ -73,6 +79,7 @@ impl Default for HaConfig {
             probe_timeout_ms: 500,
             failover_after_ms: 1_000,
             failure_threshold: 3,
+            refused_probes_to_fail: 2,
             require_replica_confirmation: true,
             relay_apply_timeout_ms: 5_000,
             failover_cooloff_ms: 60_000,

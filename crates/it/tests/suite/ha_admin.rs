@@ -300,3 +300,33 @@ fn a_login_during_an_automatic_failover_is_held_and_lands_on_the_new_primary() {
         "{m}"
     );
 }
+
+/// A killed primary's host refuses connections: that alone (twice in a row, with the
+/// replicas confirming) is enough to fail over, without waiting out `failover_after_ms`
+/// (here ten minutes, which the test would never see end).
+#[test]
+fn refused_connections_fail_over_without_waiting_for_the_window() {
+    let mut h = Harness::start_with(Options::default().replicas(2).config(|c| {
+        c.ha.failover_after_ms = 600_000;
+        c.ha.refused_probes_to_fail = 2;
+    }));
+    wait_for("the detector to watch node1", WAIT, || {
+        (h.status_json()["ha"]["watching"] == "node1").then_some(())
+    });
+    h.lab.kill_node("node1").expect("kill node1");
+    let killed = Instant::now();
+    let mut last = Value::Null;
+    let new_primary = holdfast_it::poll(WAIT, || {
+        last = h.status_json();
+        let p = last["topology"]["primary"].as_str()?;
+        (p != "node1").then(|| p.to_string())
+    })
+    .unwrap_or_else(|| panic!("no failover within {WAIT:?}: {last:#}"));
+    println!(
+        "kill -9 node1 -> primary {new_primary} after {:?}",
+        killed.elapsed()
+    );
+    let ha = h.status_json()["ha"].clone();
+    assert_eq!(ha["counters"]["automatic_failovers"], 1, "{ha:#}");
+    assert_eq!(port_via_holdfast(&h), port_of(&h, &new_primary));
+}

@@ -462,10 +462,10 @@ impl HaController {
         let mut session: Option<NodeSession> = None;
         // The last "not failing over because…" line, so it is logged once per reason.
         let mut held_back = String::new();
-        let mut ticker = tokio::time::interval(ha.probe_interval());
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut next_probe = tokio::time::Instant::now();
         loop {
-            ticker.tick().await;
+            tokio::time::sleep_until(next_probe).await;
+            next_probe += ha.probe_interval();
 
             // Which primary to watch: the monitor's, or the one we watched before while
             // the monitor sees none (it stopped answering).
@@ -512,7 +512,16 @@ impl HaController {
 
             let probe = probe_primary(cfg, &node, &mut session, ha.probe_timeout()).await;
             let now = Instant::now();
-            let lost = detector.observe(probe.is_ok(), now);
+            let lost = match &probe {
+                Err(e) if e.is_connection_refused() => detector.observe_refused(now),
+                _ => detector.observe(probe.is_ok(), now),
+            };
+            if probe.is_err() {
+                // While the primary is failing, look again sooner.
+                next_probe = tokio::time::Instant::now() + HaError::retry_after(ha);
+            } else if next_probe < tokio::time::Instant::now() {
+                next_probe = tokio::time::Instant::now() + ha.probe_interval();
+            }
             let failures = detector.consecutive_failures();
             if self.state.borrow().failed_probes != failures {
                 self.state.send_modify(|s| s.failed_probes = failures);

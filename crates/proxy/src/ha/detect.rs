@@ -15,6 +15,9 @@ pub struct LossDetector {
     window: Duration,
     consecutive: u32,
     first_failure: Option<Instant>,
+    /// Refused connections in a row, and how many make the node lost at once (0: never).
+    refused: u32,
+    refused_threshold: u32,
 }
 
 impl LossDetector {
@@ -24,20 +27,42 @@ impl LossDetector {
             window,
             consecutive: 0,
             first_failure: None,
+            refused: 0,
+            refused_threshold: 0,
         }
+    }
+
+    /// Also lost after `n` refused connections in a row (0: not on that alone).
+    pub fn with_refused_threshold(mut self, n: u32) -> Self {
+        self.refused_threshold = n;
+        self
     }
 
     pub fn from_config(ha: &HaConfig) -> Self {
         Self::new(ha.failure_threshold, ha.failover_after())
+            .with_refused_threshold(ha.refused_probes_to_fail)
+    }
+
+    /// Records one probe whose connection was refused (the host answered, no server
+    /// listens): true once the node counts as lost.
+    pub fn observe_refused(&mut self, now: Instant) -> bool {
+        let by_window = self.failed(now);
+        self.refused = self.refused.saturating_add(1);
+        by_window || (self.refused_threshold > 0 && self.refused >= self.refused_threshold)
     }
 
     /// Records one probe; true once the node counts as lost.
     pub fn observe(&mut self, ok: bool, now: Instant) -> bool {
+        self.refused = 0;
         if ok {
             self.consecutive = 0;
             self.first_failure = None;
             return false;
         }
+        self.failed(now)
+    }
+
+    fn failed(&mut self, now: Instant) -> bool {
         self.consecutive = self.consecutive.saturating_add(1);
         let first = *self.first_failure.get_or_insert(now);
         self.consecutive >= self.threshold && now.duration_since(first) >= self.window
@@ -206,13 +231,21 @@ pub async fn detect_primary_loss(
         };
         let result = probe.await;
         last_ok = result.is_ok();
+        let refused = result
+            .as_ref()
+            .err()
+            .is_some_and(HaError::is_connection_refused);
         if let Err(e) = &result {
             session = None;
             last_error = e.to_string();
             tracing::debug!(node = %primary, error = %e, failures = detector.consecutive_failures() + 1, "ha: primary probe failed");
         }
         let now = Instant::now();
-        if detector.observe(last_ok, now) {
+        let lost = match refused {
+            true => detector.observe_refused(now),
+            false => detector.observe(last_ok, now),
+        };
+        if lost {
             let confirmed = if ha.require_replica_confirmation {
                 let others: Vec<BackendConfig> = nodes
                     .iter()
@@ -249,7 +282,11 @@ pub async fn detect_primary_loss(
         if now >= deadline {
             break;
         }
-        let next = started + ha.probe_interval();
+        let next = started
+            + match last_ok {
+                true => ha.probe_interval(),
+                false => HaError::retry_after(ha),
+            };
         tokio::time::sleep_until(next.min(deadline).into()).await;
     }
     Ok(if last_ok {
@@ -298,6 +335,32 @@ mod tests {
         assert!(!d.observe(false, t0 + ms(5000)));
         assert!(!d.observe(false, t0 + ms(7000)), "2 failures only");
         assert!(d.observe(false, t0 + ms(7001)));
+    }
+
+    #[test]
+    fn refused_connections_in_a_row_decide_at_once() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut d = LossDetector::new(3, ms(1000)).with_refused_threshold(2);
+        assert!(!d.observe_refused(t0));
+        assert!(d.observe_refused(t0 + ms(50)), "two refusals in a row");
+        // A timeout in between breaks the run; a success resets everything.
+        let mut d = LossDetector::new(3, ms(1000)).with_refused_threshold(2);
+        assert!(!d.observe_refused(t0));
+        assert!(!d.observe(false, t0 + ms(50)));
+        assert!(!d.observe_refused(t0 + ms(100)));
+        assert!(d.observe_refused(t0 + ms(150)));
+        assert!(!d.observe(true, t0 + ms(200)));
+        assert!(!d.observe_refused(t0 + ms(250)));
+        // Turned off: refusals count as any failure.
+        let mut d = LossDetector::new(3, ms(1000));
+        assert!(!d.observe_refused(t0));
+        assert!(!d.observe_refused(t0 + ms(50)));
+        assert!(
+            !d.observe_refused(t0 + ms(100)),
+            "3 failures but only 0.1 s"
+        );
+        assert!(d.observe_refused(t0 + ms(1000)));
     }
 
     #[test]

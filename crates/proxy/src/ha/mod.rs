@@ -124,6 +124,27 @@ pub enum HaError {
 }
 
 impl HaError {
+    /// Whether the node's host refused the connection: its server process is gone while
+    /// the host is up (a stronger sign of loss than a timeout).
+    pub fn is_connection_refused(&self) -> bool {
+        matches!(
+            self,
+            HaError::Unreachable { source, .. }
+                if matches!(&**source, BackendError::Connect { source, .. }
+                    if source.kind() == std::io::ErrorKind::ConnectionRefused)
+        )
+    }
+
+    /// How long to wait before the next probe of a node whose last probe failed: shorter
+    /// when refused connections may decide quickly (`ha.refused_probes_to_fail`).
+    pub fn retry_after(ha: &HaConfig) -> Duration {
+        if ha.refused_probes_to_fail > 0 {
+            (ha.probe_interval() / 5).max(Duration::from_millis(20))
+        } else {
+            ha.probe_interval()
+        }
+    }
+
     /// Whether the request itself was wrong or not applicable now (as opposed to the
     /// operation failing on the servers): HTTP 400 rather than 500.
     pub fn is_refusal(&self) -> bool {
