@@ -478,6 +478,19 @@ pub fn render_ha(h: &HaState, now_unix_ms: u64) -> String {
             h.needs_rejoin.join(", ")
         );
     }
+    if let Some(s) = &h.semi_sync {
+        let state = match s.active {
+            true => "active".to_string(),
+            false => "NOT ACTIVE (asynchronous: a failover may lose acknowledged writes)".into(),
+        };
+        let _ = writeln!(
+            o,
+            "    semi-sync: {state} on {}, {} acknowledging replicas, fallbacks: {}",
+            s.primary.as_deref().unwrap_or("?"),
+            s.clients,
+            s.fallbacks
+        );
+    }
     o
 }
 
@@ -621,8 +634,19 @@ mod tests {
             watching: Some("node2".into()),
             failed_probes: 0,
             needs_rejoin: vec![],
+            semi_sync: Some(holdfast_proxy::ha::durability::SemiSyncState {
+                active: false,
+                primary: Some("node2".into()),
+                clients: 0,
+                fallbacks: 1,
+                ..Default::default()
+            }),
         };
         let text = render_ha(&h, 12_000);
+        assert!(
+            text.contains("semi-sync: NOT ACTIVE (asynchronous"),
+            "{text}"
+        );
         assert!(
             text.starts_with("ha: managed, watching node2  switchovers: 1"),
             "{text}"

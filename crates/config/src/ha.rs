@@ -16,6 +16,20 @@ pub enum HaMode {
     Managed,
 }
 
+/// What a write acknowledged to a client is guaranteed to survive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Durability {
+    /// MariaDB's default asynchronous replication: a failover can lose the primary's
+    /// last acknowledged writes.
+    #[default]
+    Async,
+    /// MariaDB's semi-synchronous replication, wait point AFTER_SYNC: a commit is
+    /// acknowledged once a replica has it, so a failover to the most advanced replica loses
+    /// no acknowledged write. holdfast sets it on every node in managed mode.
+    SemiSync,
+}
+
 /// The `[ha]` configuration section.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -57,6 +71,14 @@ pub struct HaConfig {
     pub refused_probes_to_fail: u32,
     /// Only fail over when every reachable replica has lost the primary too.
     pub require_replica_confirmation: bool,
+    /// `async` or `semi-sync` (managed mode: holdfast checks and sets
+    /// `rpl_semi_sync_master_enabled` with wait point AFTER_SYNC and
+    /// `rpl_semi_sync_slave_enabled` on every node).
+    pub durability: Durability,
+    /// `rpl_semi_sync_master_timeout` with semi-sync: how long a commit waits for a
+    /// replica's acknowledgement before MariaDB falls back to asynchronous replication
+    /// (`/status` shows it, the log says so, and it is counted).
+    pub semi_sync_timeout_ms: u64,
     /// During failover, how long replicas get to apply what their IO thread received.
     pub relay_apply_timeout_ms: u64,
     /// No second automatic failover within this window.
@@ -81,6 +103,8 @@ impl Default for HaConfig {
             failure_threshold: 3,
             refused_probes_to_fail: 2,
             require_replica_confirmation: true,
+            durability: Durability::Async,
+            semi_sync_timeout_ms: 10_000,
             relay_apply_timeout_ms: 5_000,
             failover_cooloff_ms: 60_000,
         }

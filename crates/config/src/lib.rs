@@ -17,7 +17,7 @@ pub mod serverless;
 pub mod tls;
 
 pub use admin::{AdminConfig, AdminToken, TokenSource};
-pub use ha::{HaConfig, HaMode};
+pub use ha::{Durability, HaConfig, HaMode};
 pub use secret::Secret;
 pub use serverless::{PauseTier, ServerlessConfig};
 pub use tls::{BackendTlsConfig, BackendTlsMode, TlsConfig, TlsVersion};

@@ -17,7 +17,7 @@ use holdfast_config::serverless::{
 };
 use holdfast_config::{
     AdminConfig, AdminToken, AuthConfig, BackendConfig, BackendTlsConfig, BackendTlsMode, Config,
-    DriverConfig, DriverKind, HaConfig, HaMode, ProxyConfig, TlsConfig,
+    DriverConfig, DriverKind, Durability, HaConfig, HaMode, ProxyConfig, TlsConfig,
 };
 use serde::{Deserialize, Serialize};
 
@@ -1417,6 +1417,9 @@ pub fn holdfast_config(st: &LabStatus, serverless: Option<ServerlessConfig>) -> 
                 repl_user: REPL_USER.into(),
                 repl_password: REPL_PASSWORD.into(),
                 repl_password_file: Some(st.dir.join(REPL_PASSWORD_FILE)),
+                // What a careful operator runs: no acknowledged write lost in a failover.
+                durability: Durability::SemiSync,
+                semi_sync_timeout_ms: 2_000,
                 ..HaConfig::default()
             };
             cfg.driver = DriverConfig {

@@ -337,6 +337,7 @@ impl Proxy {
             shared.serverless.clone(),
         ));
         tokio::spawn(shared.ha.clone().run());
+        tokio::spawn(shared.ha.clone().keep_durability());
         tokio::spawn(refresh_verifiers(shared.clone()));
         if let Some(lc) = &shared.serverless {
             tokio::spawn(serverless::run_lifecycle(shared.clone(), lc.clone()));

@@ -9,6 +9,7 @@ mod client_address;
 mod compression;
 mod desync;
 mod differential;
+mod durability;
 mod floods;
 mod ha;
 mod ha_admin;

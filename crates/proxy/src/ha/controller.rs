@@ -100,6 +100,9 @@ pub struct HaState {
     pub failed_probes: u32,
     /// Nodes a failover left out; bring each back with `rejoin`.
     pub needs_rejoin: Vec<String>,
+    /// With `durability = "semi-sync"`: whether the primary runs it now, and its fallbacks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub semi_sync: Option<super::durability::SemiSyncState>,
 }
 
 impl HaState {
@@ -112,6 +115,7 @@ impl HaState {
             watching: None,
             failed_probes: 0,
             needs_rejoin: Vec::new(),
+            semi_sync: None,
         }
     }
 }
@@ -219,6 +223,22 @@ impl HaController {
     /// The current state (a copy).
     pub fn state(&self) -> HaState {
         self.state.borrow().clone()
+    }
+
+    pub(super) fn config(&self) -> Arc<Config> {
+        self.cfg.clone()
+    }
+
+    /// The writable node the topology monitor sees now.
+    pub(super) fn primary_name(&self) -> Option<String> {
+        self.topology
+            .borrow()
+            .primary_node()
+            .map(|n| n.name.clone())
+    }
+
+    pub(super) fn update_state(&self, f: impl FnOnce(&mut HaState)) {
+        self.state.send_modify(f);
     }
 
     /// Follows state changes.
@@ -388,9 +408,24 @@ impl HaController {
         result: &Result<Report, HaError>,
     ) {
         let duration_ms = started.elapsed().as_secs_f64() * 1000.0;
+        // A failover from a primary that had fallen back to asynchronous replication may
+        // have lost writes it acknowledged: said in the log and in /status.
+        let unprotected = matches!(result, Ok(Report::Failover(_)))
+            && self.cfg.ha.durability == crate::config::Durability::SemiSync
+            && self
+                .state
+                .borrow()
+                .semi_sync
+                .as_ref()
+                .is_some_and(|s| !s.active);
         let (ok, summary, error, warnings) = match result {
             Ok(r) => {
-                let (summary, warnings) = r.summary();
+                let (summary, mut warnings) = r.summary();
+                if unprotected {
+                    let w = "semi-sync was not active on the lost primary (it had fallen back to asynchronous replication): writes it acknowledged since may be lost".to_string();
+                    tracing::warn!("ha: {w}");
+                    warnings.push(w);
+                }
                 tracing::info!(operation = %kind, automatic, duration_ms, %summary, "ha: operation done");
                 (true, summary, None, warnings)
             }

@@ -32,6 +32,7 @@
 
 pub mod controller;
 pub mod detect;
+pub mod durability;
 pub mod gtid;
 pub mod ops;
 pub mod probe;

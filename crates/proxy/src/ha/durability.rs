@@ -1,0 +1,186 @@
+//! `[ha] durability = "semi-sync"`: holdfast keeps MariaDB's semi-synchronous replication
+//! on (every node: `rpl_semi_sync_master_enabled` with wait point AFTER_SYNC and
+//! `rpl_semi_sync_slave_enabled`, so that whichever node is the primary after a switchover
+//! or failover waits for a replica, and every replica acknowledges), and watches whether
+//! the primary runs it right now. MariaDB falls back to asynchronous replication when no
+//! replica acknowledges within `rpl_semi_sync_master_timeout`: `/status` shows it, the log
+//! says that writes acknowledged from then on may be lost in a failover, and each fallback
+//! is counted. Checked once a second, never while an HA operation runs.
+
+use super::controller::HaController;
+use super::probe::NodeSession;
+use super::HaError;
+use crate::config::{Config, Durability, HaMode};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What `/status` shows about semi-synchronous replication.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SemiSyncState {
+    /// The primary waits for a replica's acknowledgement right now
+    /// (`Rpl_semi_sync_master_status`).
+    pub active: bool,
+    /// The primary it was read from.
+    pub primary: Option<String>,
+    /// Replicas connected as semi-synchronous (`Rpl_semi_sync_master_clients`).
+    pub clients: u64,
+    /// Commits acknowledged by a replica, and commits that were not (on that primary).
+    pub acknowledged_commits: u64,
+    pub unacknowledged_commits: u64,
+    /// Times holdfast saw the primary fall back to asynchronous replication.
+    pub fallbacks: u64,
+}
+
+const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+impl HaController {
+    /// Keeps semi-synchronous replication on and `/status` current (managed mode with
+    /// `durability = "semi-sync"`; returns at once otherwise).
+    pub async fn keep_durability(self: Arc<Self>) {
+        let cfg = self.config();
+        if cfg.ha.mode != HaMode::Managed || cfg.ha.durability != Durability::SemiSync {
+            return;
+        }
+        tracing::info!(
+            timeout_ms = cfg.ha.semi_sync_timeout_ms,
+            "ha: durability semi-sync; keeping semi-synchronous replication on every node"
+        );
+        let mut sessions: HashMap<String, NodeSession> = HashMap::new();
+        let mut tick = tokio::time::interval(CHECK_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if self.state().in_progress.is_some() {
+                // Operations repoint replicas and fence nodes; look again afterwards.
+                sessions.clear();
+                continue;
+            }
+            let primary = self.primary_name();
+            for node in &cfg.backends {
+                let is_primary = primary.as_deref() == Some(node.name.as_str());
+                if !sessions.contains_key(&node.name) {
+                    match NodeSession::connect(&cfg, node, cfg.ha.probe_timeout()).await {
+                        Ok(s) => {
+                            sessions.insert(node.name.clone(), s);
+                        }
+                        Err(_) => continue,
+                    }
+                }
+                let Some(session) = sessions.get_mut(&node.name) else {
+                    continue;
+                };
+                let checked = async {
+                    ensure_settings(session, &cfg).await?;
+                    if is_primary {
+                        let seen = read_status(session).await?;
+                        self.note_semi_sync(&node.name, seen);
+                    }
+                    Ok::<_, HaError>(())
+                }
+                .await;
+                if let Err(e) = checked {
+                    tracing::debug!(node = %node.name, error = %e, "ha: semi-sync check failed");
+                    sessions.remove(&node.name);
+                }
+            }
+        }
+    }
+
+    /// Records what the primary reports, logging and counting a fallback to asynchronous
+    /// replication (and the way back).
+    fn note_semi_sync(&self, primary: &str, seen: SemiSyncState) {
+        let before = self.state().semi_sync.unwrap_or_default();
+        let same_primary = before.primary.as_deref() == Some(primary);
+        let mut fallbacks = before.fallbacks;
+        if same_primary && before.active && !seen.active {
+            fallbacks += 1;
+            tracing::warn!(
+                node = %primary,
+                clients = seen.clients,
+                "ha: semi-sync fell back to asynchronous replication (no replica acknowledged in time): writes acknowledged from now on may be lost in a failover"
+            );
+        } else if seen.active && !(same_primary && before.active) {
+            tracing::info!(node = %primary, clients = seen.clients, "ha: semi-sync active");
+        } else if !seen.active && !same_primary {
+            tracing::warn!(node = %primary, "ha: semi-sync not active on the primary: writes may be lost in a failover");
+        }
+        let now = SemiSyncState {
+            primary: Some(primary.to_string()),
+            fallbacks,
+            ..seen
+        };
+        if before != now {
+            self.update_state(|s| s.semi_sync = Some(now));
+        }
+    }
+}
+
+/// Sets what semi-sync needs where it is missing. A replica whose acknowledging side was
+/// just turned on restarts its IO thread (the setting applies when it connects).
+async fn ensure_settings(session: &mut NodeSession, cfg: &Config) -> Result<(), HaError> {
+    let r = session
+        .query_within(
+            "SELECT @@rpl_semi_sync_master_enabled, @@rpl_semi_sync_master_wait_point, \
+             @@rpl_semi_sync_master_timeout, @@rpl_semi_sync_slave_enabled",
+            cfg.ha.probe_timeout(),
+        )
+        .await?;
+    let row = r.rows.first().cloned().unwrap_or_default();
+    let col = |i: usize| row.get(i).cloned().flatten().unwrap_or_default();
+    let on = |v: String| v == "1" || v.eq_ignore_ascii_case("on");
+    let timeout = cfg.ha.semi_sync_timeout_ms;
+    if !on(col(0)) || !col(1).eq_ignore_ascii_case("AFTER_SYNC") || col(2) != timeout.to_string() {
+        session
+            .exec(&format!(
+                "SET GLOBAL rpl_semi_sync_master_wait_point = 'AFTER_SYNC', \
+                 rpl_semi_sync_master_timeout = {timeout}, rpl_semi_sync_master_enabled = ON"
+            ))
+            .await?;
+    }
+    if !on(col(3)) {
+        session
+            .exec("SET GLOBAL rpl_semi_sync_slave_enabled = ON")
+            .await?;
+        let replicating = session
+            .query_within("SHOW SLAVE STATUS", cfg.ha.probe_timeout())
+            .await?
+            .maps()
+            .into_iter()
+            .next()
+            .is_some_and(|m| {
+                m.get("Slave_IO_Running").cloned().flatten().as_deref() == Some("Yes")
+            });
+        if replicating {
+            session.exec("STOP SLAVE IO_THREAD").await?;
+            session.exec("START SLAVE IO_THREAD").await?;
+        }
+    }
+    Ok(())
+}
+
+async fn read_status(session: &mut NodeSession) -> Result<SemiSyncState, HaError> {
+    let r = session
+        .query_within(
+            "SHOW GLOBAL STATUS WHERE Variable_name IN ('Rpl_semi_sync_master_status', \
+             'Rpl_semi_sync_master_clients', 'Rpl_semi_sync_master_yes_tx', \
+             'Rpl_semi_sync_master_no_tx')",
+            Duration::from_secs(2),
+        )
+        .await?;
+    let mut out = SemiSyncState::default();
+    for row in &r.rows {
+        let name = row.first().cloned().flatten().unwrap_or_default();
+        let value = row.get(1).cloned().flatten().unwrap_or_default();
+        let n = || value.parse().unwrap_or(0);
+        match name.to_ascii_lowercase().as_str() {
+            "rpl_semi_sync_master_status" => out.active = value.eq_ignore_ascii_case("on"),
+            "rpl_semi_sync_master_clients" => out.clients = n(),
+            "rpl_semi_sync_master_yes_tx" => out.acknowledged_commits = n(),
+            "rpl_semi_sync_master_no_tx" => out.unacknowledged_commits = n(),
+            _ => {}
+        }
+    }
+    Ok(out)
+}
