@@ -444,13 +444,31 @@ pub fn restart_node(
 
 /// Starts a stopped node again with its data and waits until it accepts connections.
 /// A node that is already running is left alone.
+///
+/// While another node of the lab is writable, the node starts as a replica whatever role
+/// it was created with (`--read-only=ON --init-rpl-role=SLAVE`): a killed primary that
+/// comes back after a failover must not take writes, and MariaDB's crash recovery then
+/// truncates the binary log transactions no replica acknowledged (semi-sync), so that
+/// `holdfast ctl rejoin` finds it in line with the new primary instead of diverged.
 pub fn start_node(dir: &Path, name: &str) -> Result<NodeStatus> {
     let mut st = status(dir)?;
     let launch = read_launch(&st.dir)?;
+    let another_writable = st
+        .nodes
+        .iter()
+        .filter(|n| n.name != name && n.alive)
+        .any(|n| {
+            node_sql(n, "SELECT @@read_only")
+                .is_ok_and(|r| r.first().and_then(|r| r.first()).is_some_and(|v| v == "0"))
+        });
     let node = node_mut(&mut st, name)?;
     let mut started = Vec::new();
     if !node.alive {
-        let pid = spawn_node(&launch, node)?;
+        let role = match another_writable {
+            true => Role::Replica,
+            false => Role::AsCreated,
+        };
+        let pid = spawn_node_as(&launch, node, role)?;
         let mut guard = KillGuard(vec![pid]);
         wait_ready(node, pid)?;
         node.pid = Some(pid);
@@ -898,8 +916,17 @@ fn port_conflict(node: &NodeStatus, log_offset: u64) -> bool {
         || text.contains("Can't start server: Bind on TCP/IP port")
 }
 
+/// The role a node's server starts in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// The role it was created with.
+    AsCreated,
+    /// A replica, whatever it was created as (another node is the primary now).
+    Replica,
+}
+
 /// The `mariadbd` command line of a node.
-fn node_args(launch: &LaunchInfo, node: &NodeStatus) -> Result<Vec<String>> {
+fn node_args(launch: &LaunchInfo, node: &NodeStatus, role: Role) -> Result<Vec<String>> {
     let index = node.index()?;
     let tmpdir = node.tmpdir();
     std::fs::create_dir_all(&tmpdir).with_context(|| format!("creating {}", tmpdir.display()))?;
@@ -927,8 +954,14 @@ fn node_args(launch: &LaunchInfo, node: &NodeStatus) -> Result<Vec<String>> {
         "--innodb-flush-log-at-trx-commit=2".into(),
         "--sync-binlog=0".into(),
     ];
-    if !node.is_primary() {
+    // The acknowledging side of semi-sync from the start (used when the primary asks
+    // for it; holdfast's `durability = "semi-sync"` sets the rest).
+    args.push("--rpl-semi-sync-slave-enabled=ON".into());
+    if !node.is_primary() || role == Role::Replica {
         args.push("--read-only=ON".into());
+    }
+    if role == Role::Replica {
+        args.push("--init-rpl-role=SLAVE".into());
     }
     if let Some(dir) = &launch.tls_dir {
         args.extend(LabTls::in_dir(dir).server_args());
@@ -941,9 +974,13 @@ fn node_args(launch: &LaunchInfo, node: &NodeStatus) -> Result<Vec<String>> {
 }
 
 fn spawn_node(launch: &LaunchInfo, node: &NodeStatus) -> Result<u32> {
+    spawn_node_as(launch, node, Role::AsCreated)
+}
+
+fn spawn_node_as(launch: &LaunchInfo, node: &NodeStatus, role: Role) -> Result<u32> {
     // A socket left by a killed server would make the readiness probe fail confusingly.
     let _ = fs::remove_file(&node.socket);
-    let args = node_args(launch, node)?;
+    let args = node_args(launch, node, role)?;
     let binary = launch
         .node_overrides
         .get(&node.name)
@@ -1339,7 +1376,7 @@ fn node_command_for(launch: &LaunchInfo, node: &NodeStatus) -> Result<Vec<String
         .and_then(|o| o.mariadbd.clone())
         .unwrap_or_else(|| launch.mariadbd.clone());
     let mut cmd = vec![binary.display().to_string()];
-    cmd.extend(node_args(launch, node)?);
+    cmd.extend(node_args(launch, node, Role::AsCreated)?);
     Ok(cmd)
 }
 
@@ -1568,7 +1605,7 @@ mod tests {
             socket: "/x/node2.sock".into(),
             datadir: "/x/node2".into(),
         };
-        let args = node_args(&launch, &node).unwrap();
+        let args = node_args(&launch, &node, Role::AsCreated).unwrap();
         for want in [
             "--no-defaults",
             "--server-id=2",

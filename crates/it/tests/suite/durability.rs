@@ -35,7 +35,13 @@ fn semi_sync_is_kept_on_and_a_fallback_is_shown_and_counted() {
              @@rpl_semi_sync_master_wait_point, @@rpl_semi_sync_master_timeout",
         )
         .unwrap();
-        assert_eq!(row[0], ["1", "1", "AFTER_SYNC", "500"], "{}", n.name);
+        // The waiting side on the primary only: a replica with it would make its own
+        // applier wait for acknowledgements.
+        if n.name == "node1" {
+            assert_eq!(row[0], ["1", "1", "AFTER_SYNC", "500"], "{}", n.name);
+        } else {
+            assert_eq!(row[0][..2], ["0", "1"], "{}", n.name);
+        }
     }
     // A write through holdfast is acknowledged by a replica before its OK.
     let write = |v: u32| {
@@ -71,4 +77,85 @@ fn semi_sync_is_kept_on_and_a_fallback_is_shown_and_counted() {
         let s = semi_sync(&h);
         (s["active"] == true && s["fallbacks"] == 1).then_some(())
     });
+}
+
+/// A primary killed while a commit waits for an acknowledgement that never comes: the
+/// transaction is in its binary log and on no replica. The lab starts it again as a
+/// replica (`--init-rpl-role=SLAVE`, another node is the primary now), MariaDB's crash
+/// recovery truncates that unacknowledged tail, and `rejoin` takes it back as a replica of
+/// the new primary instead of refusing it as diverged.
+#[test]
+fn a_killed_primary_comes_back_without_its_unacknowledged_tail_and_rejoins() {
+    let mut h = Harness::start_with(Options::default().replicas(2).config(|c| {
+        c.ha.durability = Durability::SemiSync;
+        c.ha.semi_sync_timeout_ms = 120_000;
+    }));
+    wait_for(
+        "semi-sync active with both replicas acknowledging",
+        WAIT,
+        || {
+            let s = semi_sync(&h);
+            (s["active"] == true && s["clients"] == 2).then_some(())
+        },
+    );
+    h.root_sql("CREATE TABLE sbtest.tail (a INT PRIMARY KEY); INSERT INTO sbtest.tail VALUES (1)");
+    let count = |n: &holdfast_lab::NodeStatus| -> Option<String> {
+        Some(
+            node_sql(n, "SELECT COUNT(*) FROM sbtest.tail")
+                .ok()?
+                .first()?
+                .first()?
+                .clone(),
+        )
+    };
+    for r in h.lab.replicas() {
+        wait_for(&format!("row 1 on {}", r.name), WAIT, || {
+            (count(r)?.as_str() == "1").then_some(())
+        });
+    }
+    for r in h.lab.replicas() {
+        node_sql(r, "STOP SLAVE IO_THREAD").unwrap();
+    }
+    let node1 = h.lab.status.nodes[0].clone();
+    let waiting = node1.clone();
+    let pending =
+        std::thread::spawn(move || node_sql(&waiting, "INSERT INTO sbtest.tail VALUES (2)"));
+    wait_for(
+        "the commit to wait for a replica's acknowledgement",
+        WAIT,
+        || {
+            let r = node_sql(
+            &node1,
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE LIKE '%semi-sync%'",
+        )
+        .ok()?;
+            (r.first()?.first()? != "0").then_some(())
+        },
+    );
+    h.lab.kill_node("node1").expect("kill node1");
+    assert!(
+        pending.join().unwrap().is_err(),
+        "the waiting commit never got its OK"
+    );
+    let new_primary = holdfast_it::poll(WAIT, || {
+        let p = h.status_json()["topology"]["primary"].as_str()?.to_string();
+        (p != "node1").then_some(p)
+    })
+    .expect("a failover");
+
+    h.lab.start_node("node1").expect("node1 starts again");
+    assert_eq!(
+        count(&node1).as_deref(),
+        Some("1"),
+        "the unacknowledged row was truncated by crash recovery"
+    );
+    let (code, body) = h.admin_post("/rejoin?node=node1", None);
+    assert_eq!(code, 200, "{body}");
+    let out = h.mariadb(h.proxy, &["-e", "INSERT INTO sbtest.tail VALUES (3)"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    wait_for("node1 to replicate from the new primary", WAIT, || {
+        let rows = node_sql(&node1, "SELECT GROUP_CONCAT(a ORDER BY a) FROM sbtest.tail").ok()?;
+        (rows.first()?.first()? == "1,3").then_some(())
+    });
+    println!("failover to {new_primary}; node1 rejoined without its unacknowledged tail");
 }

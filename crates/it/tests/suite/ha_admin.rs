@@ -246,7 +246,8 @@ fn automatic_failover_after_kill_then_rejoin() {
     assert_eq!(ha["needs_rejoin"], serde_json::json!(["node1"]), "{ha:#}");
     assert_eq!(ha["watching"], new_primary.as_str(), "{ha:#}");
 
-    // node1 comes back (writable, as a crashed primary restarts) and is rejoined.
+    // node1 comes back (the lab starts it as a replica: another node is writable) and is
+    // rejoined.
     h.lab.start_node("node1").expect("restart node1");
     let (code, body) = h.admin_post("/rejoin?node=node1", None);
     assert_eq!(code, 200, "{body}");

@@ -1,8 +1,8 @@
 //! `[ha] durability = "semi-sync"`: holdfast keeps MariaDB's semi-synchronous replication
-//! on (every node: `rpl_semi_sync_master_enabled` with wait point AFTER_SYNC and
-//! `rpl_semi_sync_slave_enabled`, so that whichever node is the primary after a switchover
-//! or failover waits for a replica, and every replica acknowledges), and watches whether
-//! the primary runs it right now. MariaDB falls back to asynchronous replication when no
+//! on (`rpl_semi_sync_master_enabled` with wait point AFTER_SYNC on the primary, set when
+//! a switchover or failover promotes it and off on every replica, whose own applier would
+//! otherwise wait; `rpl_semi_sync_slave_enabled` everywhere, so every replica
+//! acknowledges), and watches whether the primary runs it right now. MariaDB falls back to asynchronous replication when no
 //! replica acknowledges within `rpl_semi_sync_master_timeout`: `/status` shows it, the log
 //! says that writes acknowledged from then on may be lost in a failover, and each fallback
 //! is counted. Checked once a second, never while an HA operation runs.
@@ -10,7 +10,7 @@
 use super::controller::HaController;
 use super::probe::NodeSession;
 use super::HaError;
-use crate::config::{Config, Durability, HaMode};
+use crate::config::{Config, Durability, HaConfig, HaMode};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -57,7 +57,14 @@ impl HaController {
                 sessions.clear();
                 continue;
             }
+            // The primary as both the monitor and the controller see it: right after an
+            // operation they may disagree for a moment, and a replica must never be
+            // turned into a semi-sync primary (its applier would wait for
+            // acknowledgements).
             let primary = self.primary_name();
+            if primary.is_none() || primary != self.state().watching {
+                continue;
+            }
             for node in &cfg.backends {
                 let is_primary = primary.as_deref() == Some(node.name.as_str());
                 if !sessions.contains_key(&node.name) {
@@ -72,7 +79,7 @@ impl HaController {
                     continue;
                 };
                 let checked = async {
-                    ensure_settings(session, &cfg).await?;
+                    ensure_settings(session, &cfg, is_primary).await?;
                     if is_primary {
                         let seen = read_status(session).await?;
                         self.note_semi_sync(&node.name, seen);
@@ -117,9 +124,24 @@ impl HaController {
     }
 }
 
-/// Sets what semi-sync needs where it is missing. A replica whose acknowledging side was
-/// just turned on restarts its IO thread (the setting applies when it connects).
-async fn ensure_settings(session: &mut NodeSession, cfg: &Config) -> Result<(), HaError> {
+/// `SET GLOBAL` of the primary's side of semi-sync as `ha` wants it.
+pub fn enable_primary_side(ha: &HaConfig) -> String {
+    format!(
+        "SET GLOBAL rpl_semi_sync_master_wait_point = 'AFTER_SYNC', \
+         rpl_semi_sync_master_timeout = {}, rpl_semi_sync_master_enabled = ON",
+        ha.semi_sync_timeout_ms
+    )
+}
+
+/// Sets what semi-sync needs where it is missing: the waiting side on the primary only
+/// (a replica with it would make its own applier wait for acknowledgements), the
+/// acknowledging side everywhere. A replica whose acknowledging side was just turned on
+/// restarts its IO thread (the setting applies when it connects).
+async fn ensure_settings(
+    session: &mut NodeSession,
+    cfg: &Config,
+    is_primary: bool,
+) -> Result<(), HaError> {
     let r = session
         .query_within(
             "SELECT @@rpl_semi_sync_master_enabled, @@rpl_semi_sync_master_wait_point, \
@@ -131,12 +153,15 @@ async fn ensure_settings(session: &mut NodeSession, cfg: &Config) -> Result<(), 
     let col = |i: usize| row.get(i).cloned().flatten().unwrap_or_default();
     let on = |v: String| v == "1" || v.eq_ignore_ascii_case("on");
     let timeout = cfg.ha.semi_sync_timeout_ms;
-    if !on(col(0)) || !col(1).eq_ignore_ascii_case("AFTER_SYNC") || col(2) != timeout.to_string() {
+    if is_primary
+        && (!on(col(0))
+            || !col(1).eq_ignore_ascii_case("AFTER_SYNC")
+            || col(2) != timeout.to_string())
+    {
+        session.exec(&enable_primary_side(&cfg.ha)).await?;
+    } else if !is_primary && on(col(0)) {
         session
-            .exec(&format!(
-                "SET GLOBAL rpl_semi_sync_master_wait_point = 'AFTER_SYNC', \
-                 rpl_semi_sync_master_timeout = {timeout}, rpl_semi_sync_master_enabled = ON"
-            ))
+            .exec("SET GLOBAL rpl_semi_sync_master_enabled = OFF")
             .await?;
     }
     if !on(col(3)) {

@@ -5,7 +5,7 @@ use super::gtid::GtidPos;
 use super::probe::{probe_all, NodeReplication, NodeSession};
 use super::{split_address, HaConfig, HaError};
 use crate::backend::BackendError;
-use crate::config::{BackendConfig, Config};
+use crate::config::{BackendConfig, Config, Durability};
 use holdfast_sql::quote;
 use serde::Serialize;
 use std::time::{Duration, Instant};
@@ -200,10 +200,15 @@ fn most_advanced<'a>(
 }
 
 impl NodeSession {
-    /// Makes this node a writable primary: replication stopped and forgotten.
-    async fn promote(&mut self) -> Result<(), HaError> {
+    /// Makes this node a writable primary: replication stopped and forgotten; with
+    /// semi-sync, its commits wait for a replica's acknowledgement from the first one.
+    async fn promote(&mut self, ha: &HaConfig) -> Result<(), HaError> {
         self.exec("STOP SLAVE").await?;
         self.exec("RESET SLAVE ALL").await?;
+        if ha.durability == Durability::SemiSync {
+            self.exec(&super::durability::enable_primary_side(ha))
+                .await?;
+        }
         self.exec("SET GLOBAL read_only=OFF").await
     }
 
@@ -217,6 +222,11 @@ impl NodeSession {
     ) -> Result<GtidPos, HaError> {
         let (host, port) = split_address(&primary.address)?;
         self.exec("SET GLOBAL read_only=ON").await?;
+        if ha.durability == Durability::SemiSync {
+            // A replica waiting for acknowledgements would stall its own applier.
+            self.exec("SET GLOBAL rpl_semi_sync_master_enabled = OFF")
+                .await?;
+        }
         self.exec("STOP SLAVE").await?;
         let me = self.replication().await?;
         let pos = me.executed();
@@ -452,7 +462,7 @@ pub async fn switchover(
     t.mark("catchup");
 
     // 3. Promote.
-    if let Err(e) = target_s.promote().await {
+    if let Err(e) = target_s.promote(ha).await {
         // Not writable: put things back as they were, as far as possible.
         tracing::error!(node = %target_cfg.name, error = %e, "ha: promotion failed; rolling back");
         let _ = target_s.exec("SET GLOBAL read_only=ON").await;
@@ -632,7 +642,7 @@ pub async fn failover(
     t.mark("choose");
 
     let mut s = NodeSession::connect(cfg, &new_cfg, ha.statement_timeout()).await?;
-    s.promote().await?;
+    s.promote(ha).await?;
     let promoted_at = s.replication().await?.gtid_binlog_pos;
     t.mark("promote");
 
