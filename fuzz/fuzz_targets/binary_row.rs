@@ -7,6 +7,7 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let _ = ColumnType::parse(data);
+    let _ = ColumnType::parse_with(data, true);
     let Some((&n, rest)) = data.split_first() else {
         return;
     };
