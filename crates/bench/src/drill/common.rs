@@ -28,6 +28,10 @@ pub enum Scenario {
     Serverless,
     /// Every scenario above, one after the other.
     All,
+    /// The primary killed (kill -9) `--kills` times on a fresh lab, no load: the time from
+    /// each kill to the answer of a session's next statement, from the new primary; median
+    /// and maximum. Not part of `all`.
+    FailoverTimes,
 }
 
 impl Scenario {
@@ -39,6 +43,7 @@ impl Scenario {
             Scenario::Resize => "resize",
             Scenario::Serverless => "serverless",
             Scenario::All => "all",
+            Scenario::FailoverTimes => "failover-times",
         }
     }
 }
@@ -68,6 +73,9 @@ pub struct DrillArgs {
     /// Leave the lab running afterwards.
     #[arg(long)]
     pub keep: bool,
+    /// Kills in the failover-times scenario.
+    #[arg(long, default_value_t = 10)]
+    pub kills: u32,
 }
 
 /// sysbench (from PATH) against `lab` with the drill's table sizes.

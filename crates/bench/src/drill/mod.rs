@@ -4,6 +4,7 @@
 //! scenarios share (options, sysbench, reading its output) is in [`common`].
 
 mod common;
+mod failover_times;
 mod ha;
 mod serverless;
 
@@ -23,6 +24,7 @@ pub fn run(args: &DrillArgs, holdfast: &Path) -> Result<()> {
             println!();
             serverless::run(args, holdfast)
         }
+        Scenario::FailoverTimes => failover_times::run(args, holdfast),
         one => ha::run(args, holdfast, &[one]),
     }
 }
