@@ -1,4 +1,5 @@
-//! The SQL lexer, splitter and classifier on arbitrary bytes.
+//! The SQL lexer, splitter, classifier and statement readers (KILL, password changes) on
+//! arbitrary bytes.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -11,4 +12,8 @@ fuzz_target!(|data: &[u8]| {
         last = r.end;
     }
     for _ in holdfast_sql::Lexer::new(data) {}
+    for mode in holdfast_sql::SqlMode::alternatives(data) {
+        let _ = holdfast_sql::parse_kill(data, mode);
+        let _ = holdfast_sql::own_password_change(data, mode, b"app");
+    }
 });

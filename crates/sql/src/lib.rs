@@ -34,6 +34,7 @@ mod classify;
 mod keyword;
 mod kill;
 mod lexer;
+pub mod password;
 pub mod quote;
 mod split;
 
@@ -43,6 +44,7 @@ mod tests;
 pub use classify::{classify, classify_with, first_keyword, Classification};
 pub use kill::{parse_kill, Kill};
 pub use lexer::{Lexer, SqlMode, Token, TokenKind};
+pub use password::{own_password_change, PasswordChange};
 pub use split::Statements;
 
 /// Iterates over the statements in a multi-statement text, yielding their byte ranges in

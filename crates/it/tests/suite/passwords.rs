@@ -117,3 +117,49 @@ fn expired_and_locked_accounts_get_the_servers_answers() {
     assert_eq!(error_code(&locked_direct), Some(4151), "{locked_direct:?}");
     assert_eq!(locked_via.stderr, locked_direct.stderr);
 }
+
+/// A session that changes its own password keeps working after it moves: holdfast logs it
+/// in again on the new primary with the new password (`SET PASSWORD = PASSWORD(..)`,
+/// then `SET PASSWORD FOR 'pw'@'%'`; `ALTER USER` needs the CREATE USER privilege). A password given as a hash cannot be
+/// logged in with from holdfast: the session says so in `/status` (it can no longer move).
+#[test]
+fn a_session_that_changes_its_own_password_survives_a_move() {
+    use mysql::prelude::Queryable;
+    let h = Harness::start_with(Options::default().replicas(1));
+    h.root_sql("CREATE USER 'pw'@'%' IDENTIFIED BY 'old'; GRANT ALL ON sbtest.* TO 'pw'@'%'");
+    let opts = mysql::OptsBuilder::new()
+        .ip_or_hostname(Some(h.proxy.ip().to_string()))
+        .tcp_port(h.proxy.port())
+        .user(Some("pw"))
+        .pass(Some("old"))
+        .db_name(Some("sbtest"))
+        .prefer_socket(false);
+    let mut c = mysql::Conn::new(opts).expect("login as pw");
+    c.query_drop("SET @kept = 42").unwrap();
+    let moved = |c: &mut mysql::Conn| -> (Option<String>, Option<i64>) {
+        let user: Option<String> = c
+            .query_first("SELECT CURRENT_USER()")
+            .expect("after the move");
+        let kept: Option<i64> = c.query_first("SELECT @kept").expect("state kept");
+        (user, kept)
+    };
+    c.query_drop("SET PASSWORD = PASSWORD('new1')").unwrap();
+    h.switch_over_to("node2");
+    assert_eq!(moved(&mut c), (Some("pw@%".into()), Some(42)));
+    c.query_drop("SET PASSWORD FOR 'pw'@'%' = PASSWORD('new2')")
+        .unwrap();
+    h.switch_over_to("node1");
+    assert_eq!(moved(&mut c), (Some("pw@%".into()), Some(42)));
+    let out = h.mariadb_as(h.proxy, "pw", "new2", &["--batch", "-e", "SELECT 1"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    // A hash: holdfast cannot log in with it any more, and says so.
+    c.query_drop("SET PASSWORD = '*E8D46CE25265E545D225A8A6F1BAF642FEBEE5CB'")
+        .unwrap();
+    let st = h.status();
+    let me = st
+        .sessions
+        .iter()
+        .find(|s| s.user == "pw")
+        .expect("the session in /status");
+    assert!(!me.can_reauthenticate, "{me:?}");
+}

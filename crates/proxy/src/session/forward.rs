@@ -16,7 +16,9 @@ use crate::error::code::{ER_CLIENT_IDLE_TIMEOUT, ER_CONNECTION_KILLED, ER_SERVER
 use crate::error::{ClientError, ErrorKind};
 use crate::state::SessionRecord;
 use bytes::{Buf, Bytes, BytesMut};
-use holdfast_sql::{classify_with, first_keyword, Classification as C, SqlMode};
+use holdfast_sql::{
+    classify_with, first_keyword, own_password_change, Classification as C, PasswordChange, SqlMode,
+};
 use holdfast_wire::caps::*;
 use holdfast_wire::command::*;
 use holdfast_wire::frame::{self, parse_header, HEADER_LEN};
@@ -198,6 +200,11 @@ impl Session {
         };
         if let Some(mark) = kill {
             self.settle_kill(mark, self.last_error);
+        }
+        if result.is_ok() && self.last_error.is_none() {
+            if let Some(sql) = query_text(&request) {
+                self.note_password_change(sql, mode.unwrap_or_default());
+            }
         }
         if self.killed_on_purpose() {
             return Err(self.killed(result));
@@ -491,6 +498,46 @@ impl Session {
                 _ => {}
             }
         }
+    }
+
+    /// After a statement that succeeded: if it changed the session's own password, the
+    /// secret holdfast logs in again with follows (or, for a password holdfast cannot
+    /// know, the session is marked as unable to log in again: a move then closes it with
+    /// that reason rather than failing a login).
+    fn note_password_change(&mut self, sql: &[u8], mode: SqlMode) {
+        let maybe = first_keyword(sql)
+            .is_some_and(|k| k.eq_ignore_ascii_case(b"SET") || k.eq_ignore_ascii_case(b"ALTER"));
+        if !maybe {
+            return;
+        }
+        let Some(change) = own_password_change(sql, mode, self.user.as_bytes()) else {
+            return;
+        };
+        let can = match change {
+            PasswordChange::Plain(p) => {
+                let p = zeroize::Zeroizing::new(p);
+                // An empty password has no secret (as at login).
+                self.secret =
+                    (!p.is_empty()).then(|| holdfast_wire::auth::PasswordHash::from_password(&p));
+                true
+            }
+            PasswordChange::Other => {
+                self.secret = None;
+                false
+            }
+        };
+        tracing::info!(
+            session = self.info.id,
+            can_log_in_again = can,
+            "the session changed its own password"
+        );
+        if self.can_reauthenticate && !can {
+            self.shared.metrics.sessions_passthrough_auth.inc();
+        } else if !self.can_reauthenticate && can {
+            self.shared.metrics.sessions_passthrough_auth.dec();
+        }
+        self.can_reauthenticate = can;
+        self.info.can_reauthenticate.store(can, Ordering::Relaxed);
     }
 
     async fn forward(&mut self, request: &[u8]) -> Result<(), End> {
