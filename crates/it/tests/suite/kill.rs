@@ -234,3 +234,26 @@ fn a_client_vanishing_during_get_lock_stops_its_statement() {
     }
     h.wait_sessions(0, Duration::from_secs(10));
 }
+
+/// A `KILL` whose target holdfast cannot read (`KILL @v`) may name the killer itself, so the
+/// killer is marked while it runs; when it ended another connection, that mark goes: the
+/// killer still moves with a switchover instead of being closed as killed.
+#[test]
+fn a_killer_naming_its_victim_by_variable_still_moves() {
+    let h = Harness::start_with(holdfast_it::Options::default().replicas(1));
+    let mut victim = connect(&h, h.proxy);
+    let thread = victim
+        .query_value("SELECT CONNECTION_ID()")
+        .unwrap()
+        .expect("an id");
+    let mut killer = connect(&h, h.proxy);
+    killer.query(&format!("SET @v = {thread}")).unwrap();
+    killer.query("KILL @v").expect("KILL @v");
+    drop(victim);
+    h.switch_over_to("node2");
+    assert_eq!(
+        next(&mut killer, "SELECT @v"),
+        Next::Answered(Some(thread)),
+        "the killer moved with its state"
+    );
+}

@@ -101,10 +101,17 @@ impl Session {
         KillMark { victim, thread }
     }
 
-    /// After the `KILL` ran: a failed one (no privilege, ...) leaves its victim unmarked.
-    /// The server answers a `KILL` of the killer's own connection with 1927.
+    /// After the `KILL` ran, the mark stands only where a connection was ended: another
+    /// session's after a `KILL` that succeeded, the killer's own when the server answered
+    /// 1927 (how it answers a `KILL` of the killer's connection). A failed `KILL` (no
+    /// privilege, ...), or one that named someone else by a value holdfast could not read
+    /// (`KILL @id`: the killer was marked in case it named itself), leaves it unmarked.
     pub(super) fn settle_kill(&self, mark: KillMark, error: Option<u16>) {
-        if error.is_some_and(|code| code != ER_CONNECTION_KILLED) {
+        let ended = match error {
+            Some(code) => code == ER_CONNECTION_KILLED,
+            None => !Arc::ptr_eq(&mark.victim, &self.info),
+        };
+        if !ended {
             let _ = mark.victim.kill_requested.compare_exchange(
                 mark.thread,
                 0,
