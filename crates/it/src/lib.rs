@@ -370,6 +370,18 @@ impl Harness {
         self.admin_get("/metrics")
     }
 
+    /// Waits until `/status` names a primary other than `old` (a failover away from it);
+    /// returns it.
+    pub fn wait_primary_other_than(&self, old: &str, timeout: Duration) -> String {
+        let mut last = serde_json::Value::Null;
+        poll(timeout, || {
+            last = self.status_json();
+            let p = last["topology"]["primary"].as_str()?;
+            (p != old).then(|| p.to_string())
+        })
+        .unwrap_or_else(|| panic!("no primary other than {old} within {timeout:?}: {last:#}"))
+    }
+
     /// Waits until `/status` shows exactly `n` open sessions.
     pub fn wait_sessions(&self, n: usize, timeout: Duration) {
         let mut last = 0;
@@ -395,6 +407,13 @@ impl Harness {
         password: &str,
         args: &[&str],
     ) -> CliOutput {
+        let cmd = Self::mariadb_command(addr, user, password, args);
+        run_with_deadline(cmd, Duration::from_secs(120)).into()
+    }
+
+    /// The `mariadb` CLI command line against `addr` as `user`, with `args` appended (for
+    /// a test that runs it itself, e.g. to signal it).
+    pub fn mariadb_command(addr: SocketAddr, user: &str, password: &str, args: &[&str]) -> Command {
         let mut cmd = Command::new("mariadb");
         cmd.args([
             "--no-defaults",
@@ -409,7 +428,7 @@ impl Harness {
             "--connect-timeout=10",
         ])
         .args(args);
-        run_with_deadline(cmd, Duration::from_secs(120)).into()
+        cmd
     }
 }
 

@@ -87,6 +87,16 @@ pub struct RawConn {
     pub mariadb_caps: u32,
 }
 
+/// The `mysql_native_password` answer to a scramble for `password` (empty for none).
+fn native_answer(password: &str) -> impl Fn(&[u8]) -> Vec<u8> {
+    let secret = (!password.is_empty()).then(|| PasswordHash::from_password(password.as_bytes()));
+    move |scramble| {
+        secret
+            .as_ref()
+            .map_or_else(Vec::new, |s| s.scramble_response(scramble).to_vec())
+    }
+}
+
 /// Opens a TCP connection with read/write timeouts set.
 pub fn open(addr: SocketAddr) -> Result<TcpStream> {
     let s = TcpStream::connect_timeout(&addr, Duration::from_secs(10))
@@ -212,14 +222,7 @@ impl RawConn {
             caps |= CLIENT_CONNECT_WITH_DB;
         }
         self.caps = caps;
-        let secret = PasswordHash::from_password(password.as_bytes());
-        let answer = |scramble: &[u8]| -> Vec<u8> {
-            if password.is_empty() {
-                Vec::new()
-            } else {
-                secret.scramble_response(scramble).to_vec()
-            }
-        };
+        let answer = native_answer(password);
         let req = LoginRequest {
             capabilities: caps,
             max_packet: 1 << 30,
@@ -267,14 +270,7 @@ impl RawConn {
     /// scramble, following an auth switch); returns the final OK payload, or the server's
     /// ERR as an error.
     pub fn change_user(&mut self, user: &str, password: &str, database: &str) -> Result<Vec<u8>> {
-        let secret = PasswordHash::from_password(password.as_bytes());
-        let answer = |scramble: &[u8]| -> Vec<u8> {
-            if password.is_empty() {
-                Vec::new()
-            } else {
-                secret.scramble_response(scramble).to_vec()
-            }
-        };
+        let answer = native_answer(password);
         let mut p = vec![0x11];
         p.extend_from_slice(user.as_bytes());
         p.push(0);

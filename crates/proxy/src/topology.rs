@@ -177,7 +177,7 @@ async fn probe(cfg: &Config, addr: &str, slot: &mut Option<BackendConn>) -> Resu
         row.get(i)
             .cloned()
             .flatten()
-            .is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("on"))
+            .is_some_and(|v| crate::ha::probe::is_on(&v))
     };
     Ok(Probed {
         read_only: flag(0),

@@ -14,11 +14,12 @@ fn semi_sync(h: &Harness) -> Value {
     h.status_json()["ha"]["semi_sync"].clone()
 }
 
-#[test]
-fn semi_sync_is_kept_on_and_a_fallback_is_shown_and_counted() {
-    let h = Harness::start_with(Options::default().replicas(2).config(|c| {
+/// A lab with two replicas and `durability = "semi-sync"` (timeout `timeout_ms`), once both
+/// replicas acknowledge.
+fn semi_sync_lab(timeout_ms: u64) -> Harness {
+    let h = Harness::start_with(Options::default().replicas(2).config(move |c| {
         c.ha.durability = Durability::SemiSync;
-        c.ha.semi_sync_timeout_ms = 500;
+        c.ha.semi_sync_timeout_ms = timeout_ms;
     }));
     wait_for(
         "semi-sync active with both replicas acknowledging",
@@ -28,6 +29,12 @@ fn semi_sync_is_kept_on_and_a_fallback_is_shown_and_counted() {
             (s["active"] == true && s["clients"] == 2).then_some(())
         },
     );
+    h
+}
+
+#[test]
+fn semi_sync_is_kept_on_and_a_fallback_is_shown_and_counted() {
+    let h = semi_sync_lab(500);
     for n in &h.lab.status.nodes {
         let row = node_sql(
             n,
@@ -86,18 +93,7 @@ fn semi_sync_is_kept_on_and_a_fallback_is_shown_and_counted() {
 /// the new primary instead of refusing it as diverged.
 #[test]
 fn a_killed_primary_comes_back_without_its_unacknowledged_tail_and_rejoins() {
-    let mut h = Harness::start_with(Options::default().replicas(2).config(|c| {
-        c.ha.durability = Durability::SemiSync;
-        c.ha.semi_sync_timeout_ms = 120_000;
-    }));
-    wait_for(
-        "semi-sync active with both replicas acknowledging",
-        WAIT,
-        || {
-            let s = semi_sync(&h);
-            (s["active"] == true && s["clients"] == 2).then_some(())
-        },
-    );
+    let mut h = semi_sync_lab(120_000);
     h.root_sql("CREATE TABLE sbtest.tail (a INT PRIMARY KEY); INSERT INTO sbtest.tail VALUES (1)");
     let count = |n: &holdfast_lab::NodeStatus| -> Option<String> {
         Some(
@@ -137,11 +133,7 @@ fn a_killed_primary_comes_back_without_its_unacknowledged_tail_and_rejoins() {
         pending.join().unwrap().is_err(),
         "the waiting commit never got its OK"
     );
-    let new_primary = holdfast_it::poll(WAIT, || {
-        let p = h.status_json()["topology"]["primary"].as_str()?.to_string();
-        (p != "node1").then_some(p)
-    })
-    .expect("a failover");
+    let new_primary = h.wait_primary_other_than("node1", WAIT);
 
     h.lab.start_node("node1").expect("node1 starts again");
     assert_eq!(

@@ -212,13 +212,7 @@ fn automatic_failover_after_kill_then_rejoin() {
 
     h.lab.kill_node("node1").expect("kill node1");
     let killed = Instant::now();
-    let mut last = Value::Null;
-    let new_primary = holdfast_it::poll(WAIT, || {
-        last = h.status_json();
-        let p = last["topology"]["primary"].as_str()?;
-        (p != "node1").then(|| p.to_string())
-    })
-    .unwrap_or_else(|| panic!("no new primary within {WAIT:?}: {last:#}"));
+    let new_primary = h.wait_primary_other_than("node1", WAIT);
     let took = killed.elapsed();
     println!("kill -9 node1 -> /status shows primary {new_primary} after {took:?}");
 
@@ -316,13 +310,7 @@ fn refused_connections_fail_over_without_waiting_for_the_window() {
     });
     h.lab.kill_node("node1").expect("kill node1");
     let killed = Instant::now();
-    let mut last = Value::Null;
-    let new_primary = holdfast_it::poll(WAIT, || {
-        last = h.status_json();
-        let p = last["topology"]["primary"].as_str()?;
-        (p != "node1").then(|| p.to_string())
-    })
-    .unwrap_or_else(|| panic!("no failover within {WAIT:?}: {last:#}"));
+    let new_primary = h.wait_primary_other_than("node1", WAIT);
     println!(
         "kill -9 node1 -> primary {new_primary} after {:?}",
         killed.elapsed()

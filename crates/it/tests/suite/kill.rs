@@ -163,24 +163,12 @@ fn kill_of_an_unknown_id_gets_the_servers_1094() {
 fn ctrl_c_in_the_mariadb_cli_stops_the_statement() {
     let h = Harness::start();
     let run = |addr: SocketAddr| {
-        let mut child = std::process::Command::new("mariadb")
-            .args([
-                "--no-defaults",
-                "--protocol=TCP",
-                "-h",
-                &addr.ip().to_string(),
-                "-P",
-                &addr.port().to_string(),
-                "-u",
-                h.user(),
-                &format!("-p{}", h.password()),
-                "-e",
-                "SELECT SLEEP(60)",
-            ])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("mariadb CLI");
+        let mut child =
+            Harness::mariadb_command(addr, h.user(), h.password(), &["-e", "SELECT SLEEP(60)"])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("mariadb CLI");
         wait_for("the SLEEP to run", Duration::from_secs(10), || {
             let rows = h.root_sql(
                 "SELECT ID FROM information_schema.PROCESSLIST WHERE INFO = 'SELECT SLEEP(60)'",

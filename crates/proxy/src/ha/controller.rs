@@ -553,7 +553,7 @@ impl HaController {
             };
             if probe.is_err() {
                 // While the primary is failing, look again sooner.
-                next_probe = tokio::time::Instant::now() + HaError::retry_after(ha);
+                next_probe = tokio::time::Instant::now() + super::detect::retry_interval(ha);
             } else if next_probe < tokio::time::Instant::now() {
                 next_probe = tokio::time::Instant::now() + ha.probe_interval();
             }

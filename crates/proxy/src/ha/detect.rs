@@ -79,6 +79,16 @@ impl LossDetector {
     }
 }
 
+/// How long to wait before the next probe of a node whose last probe failed: shorter
+/// when refused connections may decide quickly (`ha.refused_probes_to_fail`).
+pub fn retry_interval(ha: &HaConfig) -> Duration {
+    if ha.refused_probes_to_fail > 0 {
+        (ha.probe_interval() / 5).max(Duration::from_millis(20))
+    } else {
+        ha.probe_interval()
+    }
+}
+
 /// Allows one failover per cool-off window, so a node that keeps dropping out and coming
 /// back cannot trigger failover after failover.
 #[derive(Debug, Clone)]
@@ -285,7 +295,7 @@ pub async fn detect_primary_loss(
         let next = started
             + match last_ok {
                 true => ha.probe_interval(),
-                false => HaError::retry_after(ha),
+                false => retry_interval(ha),
             };
         tokio::time::sleep_until(next.min(deadline).into()).await;
     }

@@ -8,7 +8,7 @@
 //! is counted. Checked once a second, never while an HA operation runs.
 
 use super::controller::HaController;
-use super::probe::NodeSession;
+use super::probe::{is_on, NodeSession};
 use super::HaError;
 use crate::config::{Config, Durability, HaConfig, HaMode};
 use serde::{Deserialize, Serialize};
@@ -151,7 +151,7 @@ async fn ensure_settings(
         .await?;
     let row = r.rows.first().cloned().unwrap_or_default();
     let col = |i: usize| row.get(i).cloned().flatten().unwrap_or_default();
-    let on = |v: String| v == "1" || v.eq_ignore_ascii_case("on");
+    let on = |v: String| is_on(&v);
     let timeout = cfg.ha.semi_sync_timeout_ms;
     if is_primary
         && (!on(col(0))
@@ -200,7 +200,7 @@ async fn read_status(session: &mut NodeSession) -> Result<SemiSyncState, HaError
         let value = row.get(1).cloned().flatten().unwrap_or_default();
         let n = || value.parse().unwrap_or(0);
         match name.to_ascii_lowercase().as_str() {
-            "rpl_semi_sync_master_status" => out.active = value.eq_ignore_ascii_case("on"),
+            "rpl_semi_sync_master_status" => out.active = is_on(&value),
             "rpl_semi_sync_master_clients" => out.clients = n(),
             "rpl_semi_sync_master_yes_tx" => out.acknowledged_commits = n(),
             "rpl_semi_sync_master_no_tx" => out.unacknowledged_commits = n(),

@@ -136,16 +136,6 @@ impl HaError {
         )
     }
 
-    /// How long to wait before the next probe of a node whose last probe failed: shorter
-    /// when refused connections may decide quickly (`ha.refused_probes_to_fail`).
-    pub fn retry_after(ha: &HaConfig) -> Duration {
-        if ha.refused_probes_to_fail > 0 {
-            (ha.probe_interval() / 5).max(Duration::from_millis(20))
-        } else {
-            ha.probe_interval()
-        }
-    }
-
     /// Whether the request itself was wrong or not applicable now (as opposed to the
     /// operation failing on the servers): HTTP 400 rather than 500.
     pub fn is_refusal(&self) -> bool {

@@ -140,7 +140,7 @@ impl NodeSession {
             address: self.address.clone(),
             reachable: true,
             error: None,
-            read_only: Some(read_only == "1" || read_only.eq_ignore_ascii_case("on")),
+            read_only: Some(is_on(&read_only)),
             gtid_current_pos: gtid(1)?,
             gtid_binlog_pos: gtid(2)?,
             gtid_slave_pos: gtid(3)?,
@@ -154,6 +154,11 @@ impl NodeSession {
         }
         Ok(out)
     }
+}
+
+/// A server variable's boolean as SELECT or SHOW returns it (`1`/`0`, `ON`/`OFF`).
+pub fn is_on(value: &str) -> bool {
+    value == "1" || value.eq_ignore_ascii_case("on")
 }
 
 /// Hides the replication password in logged SQL (everything after `MASTER_PASSWORD=`).

@@ -201,7 +201,12 @@ impl Session {
         if let Some(mark) = kill {
             self.settle_kill(mark, self.last_error);
         }
-        if result.is_ok() && self.last_error.is_none() {
+        // SET PASSWORD and ALTER USER are implicit commits to the classifier: nothing more
+        // is read for any other statement.
+        if result.is_ok()
+            && self.last_error.is_none()
+            && query.is_some_and(|f| f.has(C::IMPLICIT_COMMIT))
+        {
             if let Some(sql) = query_text(&request) {
                 self.note_password_change(sql, mode.unwrap_or_default());
             }
