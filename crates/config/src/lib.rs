@@ -144,6 +144,13 @@ pub struct ProxyConfig {
     /// Close a logged-in client connection that has sent nothing for this long, as the
     /// server's `wait_timeout` would (its session state goes with it). 0: never.
     pub client_idle_timeout_secs: u64,
+    /// Keep the statements of each open transaction, with a checksum of every answer the
+    /// client got, and run them again on the new primary when the backend is lost
+    /// mid-transaction: the client carries on when every answer compares equal.
+    pub transaction_replay: bool,
+    /// A transaction whose statements take more than this many bytes is not kept for a
+    /// replay (a loss then rolls it back with ERR 1213, as without replay).
+    pub replay_max_bytes: usize,
 }
 
 impl Default for ProxyConfig {
@@ -165,6 +172,8 @@ impl Default for ProxyConfig {
             max_login_failure_delay_ms: 4_000,
             client_keepalive_secs: 60,
             client_idle_timeout_secs: 0,
+            transaction_replay: false,
+            replay_max_bytes: 1 << 20,
         }
     }
 }

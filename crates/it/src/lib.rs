@@ -485,6 +485,8 @@ pub fn lab_config(lab: &TestLab) -> Config {
     Config {
         proxy: ProxyConfig {
             listen: "127.0.0.1:0".into(),
+            // As the lab runs it (tests of the behaviour without it turn it off).
+            transaction_replay: true,
             ..ProxyConfig::default()
         },
         admin: AdminConfig {

@@ -1426,6 +1426,8 @@ pub fn holdfast_config(st: &LabStatus, serverless: Option<ServerlessConfig>) -> 
     let mut cfg = Config {
         proxy: ProxyConfig {
             listen: st.proxy.clone(),
+            // What a careful operator runs: a transaction lost with its primary is replayed.
+            transaction_replay: true,
             ..ProxyConfig::default()
         },
         admin: AdminConfig {

@@ -90,8 +90,9 @@ fn session_survives_a_restart_of_its_node() {
 }
 
 #[test]
-fn a_transaction_lost_with_its_node_reports_a_deadlock_and_the_session_goes_on() {
-    let mut h = Harness::start();
+fn without_replay_a_transaction_lost_with_its_node_reports_a_deadlock_and_the_session_goes_on() {
+    let mut h =
+        Harness::start_with(Options::default().config(|c| c.proxy.transaction_replay = false));
     let mut c = connect(&h);
     c.query_drop("CREATE TABLE sbtest.tx (id INT PRIMARY KEY)")
         .unwrap();

@@ -20,6 +20,7 @@ mod mariadb_caps;
 mod parity;
 mod passwords;
 mod python;
+mod replay;
 mod restore;
 mod rust_client;
 mod serverless;

@@ -149,6 +149,9 @@ pub struct Metrics {
     pub sessions_moved: Counter,
     pub move_latency: LatencyHistogram,
     pub move_failures: Family<ReasonLabel, Counter>,
+    /// Transactions lost with their backend and run again, by outcome (`replayed`,
+    /// `diverged`, `failed`).
+    pub transaction_replays: Family<ReasonLabel, Counter>,
     pub sessions_closed: Family<ReasonLabel, Counter>,
     pub requests_held: Counter,
     pub requests_retried: Counter,
@@ -216,6 +219,7 @@ impl Metrics {
             sessions_moved: register(r, "sessions_moved", "Sessions moved to another backend connection with their state"),
             move_latency: register(r, "session_move_seconds", "Time to move a session: log in on the new node, restore state, re-prepare"),
             move_failures: register(r, "session_move_failures", "Attempts to move a session that failed, by reason"),
+            transaction_replays: register(r, "transaction_replays", "Open transactions lost with their backend and replayed on the new one, by outcome: replayed (every answer compared equal), diverged (rolled back, the client got 1213), failed (the backend was lost again)"),
             sessions_closed: register(r, "sessions_closed_by_holdfast", "Sessions holdfast had to close, by reason"),
             requests_held: register(r, "requests_held", "Requests that waited for a backend while it was switching"),
             requests_retried: register(r, "requests_retried", "In-flight requests re-run on a new backend after the old one was lost"),
@@ -274,6 +278,12 @@ impl Metrics {
     pub fn move_failed(&self, reason: &'static str) {
         self.move_failures
             .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    pub fn replay(&self, outcome: &'static str) {
+        self.transaction_replays
+            .get_or_create(&ReasonLabel { reason: outcome })
             .inc();
     }
 

@@ -24,6 +24,7 @@ use holdfast_wire::command::*;
 use holdfast_wire::frame::{self, parse_header, HEADER_LEN};
 use holdfast_wire::packets::{self, OkPacket};
 use holdfast_wire::response::{Event, Expect, Kind, ResponseMachine};
+use std::hash::Hasher;
 use std::sync::atomic::Ordering;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -118,9 +119,6 @@ async fn client_gone(client: &mut PacketConn, watch: std::pin::Pin<&mut tokio::t
     std::future::pending().await
 }
 
-/// The statement id MariaDB reads as "the statement prepared last on this connection".
-const LAST_PREPARED: u32 = u32::MAX;
-
 /// The sequence id of the reply to a request: one after its last chunk's.
 pub(super) fn reply_seq(request: &[u8]) -> u8 {
     match frame::scan_logical(request, usize::MAX) {
@@ -194,10 +192,15 @@ impl Session {
         } else {
             None
         };
+        let kept = self.replay_before(&request, query, in_transaction);
         let result = match tracked {
             Ok(()) => self.command(&mut request).await,
             Err(e) => Err(e),
         };
+        match result {
+            Ok(()) => self.replay_after(kept),
+            Err(_) => self.checksum = None,
+        }
         if let Some(mark) = kill {
             self.settle_kill(mark, self.last_error);
         }
@@ -234,8 +237,12 @@ impl Session {
             }
             // The client's file was read to its end, none of it run: one ERR answers it.
             Err(End::BackendLostDuringFile { error, reply_seq }) => {
-                Box::pin(self.recover_lost_request(error, None, reply_seq, in_transaction, false))
-                    .await
+                let lost = super::migrate::Lost {
+                    in_transaction,
+                    commit: false,
+                    replay: false,
+                };
+                Box::pin(self.recover_lost_request(error, None, reply_seq, lost)).await
             }
             Err(End::BackendLost {
                 started: false,
@@ -251,7 +258,10 @@ impl Session {
                 };
                 // A statement whose connection was killed on purpose is not run again.
                 let retry = retry && !self.backend_killed;
-                let retry = retry.then(|| {
+                // Inside a transaction: run again after the transaction is replayed, if it
+                // can be (not when the statement may have committed it).
+                let replay = in_transaction && !commit && !self.backend_killed && self.can_replay();
+                let retry = (retry || replay).then(|| {
                     if let (Some(id), Some(&cmd)) = (client_statement, request.get(HEADER_LEN)) {
                         if is_statement_command(cmd) {
                             packets::set_statement_id(&mut request[HEADER_LEN..], id);
@@ -259,8 +269,12 @@ impl Session {
                     }
                     request
                 });
-                Box::pin(self.recover_lost_request(error, retry, reply_seq, in_transaction, commit))
-                    .await
+                let lost = super::migrate::Lost {
+                    in_transaction,
+                    commit,
+                    replay,
+                };
+                Box::pin(self.recover_lost_request(error, retry, reply_seq, lost)).await
             }
             other => other,
         }
@@ -560,6 +574,11 @@ impl Session {
     /// written before (a TLS stream may hold encrypted bytes until flushed; a socket's
     /// flush is a no-op).
     async fn flush(&mut self, n: usize) -> Result<(), End> {
+        if self.replaying {
+            // A replayed answer was compared, not sent: the client has it already.
+            self.backend.conn.rbuf.advance(n);
+            return Ok(());
+        }
         let client = |e: std::io::Error| End::Client(e.into());
         if n > 0 {
             let chunk = self.backend.conn.rbuf.split_to(n);
@@ -624,6 +643,9 @@ impl Session {
             let file_answer = file_sent.filter(|_| m.awaiting_infile());
             if passing > 0 {
                 let n = (self.backend.conn.rbuf.len() - ready).min(passing);
+                if let Some(h) = self.checksum.as_deref_mut() {
+                    h.write(&self.backend.conn.rbuf[ready..ready + n]);
+                }
                 ready += n;
                 passing -= n;
                 if passing > 0 {
@@ -655,6 +677,9 @@ impl Session {
                     match m.classify(h.len, rest.get(HEADER_LEN).copied()) {
                         Kind::Opaque => {
                             let have = rest.len().min(h.packet_len());
+                            if let Some(sum) = self.checksum.as_deref_mut() {
+                                sum.write(&rest[..have]);
+                            }
                             ready += have;
                             passing = h.packet_len() - have;
                             continue;
@@ -677,6 +702,9 @@ impl Session {
             let event = m
                 .on_packet(payload)
                 .map_err(|e| End::Protocol(format!("backend sent a malformed response: {e}")))?;
+            if let Some(sum) = self.checksum.as_deref_mut() {
+                super::replay::checksum_event(sum, &event, payload);
+            }
             // A packet the client must see changed is framed into `scratch` (reused).
             let mut replaced = false;
             let mut is_infile = false;
@@ -769,6 +797,7 @@ impl Session {
                 Event::PrepareOk(p) => {
                     let sql = prepare_sql.take().unwrap_or_default();
                     let verdict = LossVerdict::of_sql(&sql, self.record.sql_mode);
+                    let replayable = super::replay::replayable_sql(&sql, self.record.sql_mode);
                     let client_id = self.statements.insert(Statement {
                         backend_id: p.statement_id,
                         sql,
@@ -777,6 +806,7 @@ impl Session {
                         long_data: false,
                         retry_safe: verdict.retry_safe,
                         may_commit: verdict.may_commit,
+                        replayable,
                         types: None,
                         types_pending: false,
                     });
@@ -792,7 +822,10 @@ impl Session {
                 Event::LocalInfile => is_infile = true,
                 Event::None => {}
             }
-            if replaced {
+            if replaced && self.replaying {
+                self.backend.conn.rbuf.advance(ready + wire_len);
+                ready = 0;
+            } else if replaced {
                 // What came before it and the changed packet, in one write.
                 let before = self.backend.conn.rbuf.split_to(ready);
                 ready = 0;
@@ -808,6 +841,13 @@ impl Session {
                     .map_err(|e| End::Client(e.into()))?;
             } else {
                 ready += wire_len;
+            }
+            if is_infile && self.replaying {
+                // Never kept for a replay (LOAD DATA LOCAL is not replayable): the client's
+                // file is not there to send again.
+                return Err(End::Protocol(
+                    "a replayed statement asked for a client file".into(),
+                ));
             }
             if is_infile {
                 self.flush(ready).await?;
@@ -883,10 +923,7 @@ impl Session {
         // MariaDB's id -1: the statement prepared last (MariaDB Connectors send a prepare
         // and its execute together). holdfast names it explicitly: its own statements
         // may have been prepared on the backend since.
-        let client_id = match client_id {
-            LAST_PREPARED => self.statements.last.unwrap_or(LAST_PREPARED),
-            id => id,
-        };
+        let client_id = self.statements.resolve(client_id);
         let Some(stmt) = self.statements.get_mut(client_id) else {
             // The server sends nothing back for these two, whatever the id.
             if reply == Reply::None {
@@ -1067,17 +1104,33 @@ fn bind_types(stmt: &mut Statement, request: &[u8]) -> Option<BytesMut> {
             None
         }
         _ if stmt.types_pending => {
-            let types = stmt.types.as_ref()?;
-            let mut patched = Vec::with_capacity(payload.len() + types.len());
-            patched.extend_from_slice(&payload[..flag_pos]);
-            patched.push(1);
-            patched.extend_from_slice(types);
-            patched.extend_from_slice(&payload[flag_pos + 1..]);
+            let patched = with_types(stmt, request)?;
             stmt.types_pending = false;
-            Some(BytesMut::from(&frame::packet(&patched, header.seq)[..]))
+            Some(patched)
         }
         _ => None,
     }
+}
+
+/// A COM_STMT_EXECUTE that relies on the server remembering its parameter types, with the
+/// statement's last known types written in (`None`: it carries its own, or none are known).
+pub(super) fn with_types(stmt: &Statement, request: &[u8]) -> Option<BytesMut> {
+    let header = parse_header(request)?;
+    if header.continues() || stmt.params == 0 {
+        return None;
+    }
+    let payload = request.get(HEADER_LEN..HEADER_LEN + header.len)?;
+    let flag_pos = 10 + usize::from(stmt.params).div_ceil(8);
+    if *payload.get(flag_pos)? == 1 {
+        return None;
+    }
+    let types = stmt.types.as_ref()?;
+    let mut patched = Vec::with_capacity(payload.len() + types.len());
+    patched.extend_from_slice(&payload[..flag_pos]);
+    patched.push(1);
+    patched.extend_from_slice(types);
+    patched.extend_from_slice(&payload[flag_pos + 1..]);
+    Some(BytesMut::from(&frame::packet(&patched, header.seq)[..]))
 }
 
 /// What the record says the session holds that dies with its backend connection. The

@@ -50,6 +50,16 @@ impl fmt::Display for NotReady {
     }
 }
 
+/// What a request lost with its backend was.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Lost {
+    pub in_transaction: bool,
+    /// It may have committed its transaction: its outcome is not known.
+    pub commit: bool,
+    /// Its transaction is replayed before it runs again.
+    pub replay: bool,
+}
+
 /// Why one attempt to move failed.
 enum MoveError {
     Retry(NotReady),
@@ -71,6 +81,10 @@ impl Session {
             // Inside a transaction the characteristics tracker describes the open one
             // ("START TRANSACTION;"), which is gone; one-shot SET TRANSACTION went with it.
             self.record.next_transaction.clear();
+            // A replay starts from what the transaction's first statement saw.
+            if let Some(log) = self.txn_log.as_ref().filter(|l| l.replayable()) {
+                self.record.last_insert_id = log.start_last_insert_id;
+            }
         }
     }
 
@@ -89,15 +103,20 @@ impl Session {
     }
 
     /// The backend was lost before any of the response reached the client: move, then run
-    /// `retry` again there, or tell the client what became of its request.
+    /// `retry` again there (inside a transaction, after replaying it), or tell the client
+    /// what became of its request.
     pub(super) async fn recover_lost_request(
         &mut self,
         error: ConnError,
         retry: Option<bytes::BytesMut>,
         reply_seq: u8,
-        in_transaction: bool,
-        commit: bool,
+        lost: Lost,
     ) -> Result<(), End> {
+        let Lost {
+            in_transaction,
+            commit,
+            replay,
+        } = lost;
         tracing::info!(session = self.info.id, node = %self.backend_name, %error, "backend lost during a command");
         let (node, age) = (self.backend_name.clone(), self.backend_since.elapsed());
         self.mark_backend_dead();
@@ -112,6 +131,16 @@ impl Session {
             self.backend_killed = true;
         }
         let retry = retry.filter(|_| !self.backend_killed);
+        let retry = match retry {
+            Some(again) if replay => match self.replay_transaction().await? {
+                true => Some(again),
+                false => {
+                    self.execute_refused(&again).await;
+                    None
+                }
+            },
+            retry => retry,
+        };
         if let Some(again) = retry {
             self.shared.metrics.requests_retried.inc();
             // Through `forward_request`: a backend lost again is recovered from again.

@@ -38,6 +38,7 @@ mod idle;
 mod kill;
 mod migrate;
 mod passthrough;
+mod replay;
 mod route;
 mod statements;
 
@@ -146,8 +147,15 @@ struct Session {
     /// When the backend connection was opened: a server up for longer than this did not
     /// restart under it (see `Session::cut_while_server_ran`).
     backend_since: Instant,
-    /// The backend died inside a transaction: the next statement gets 1213 (rolled back).
+    /// The backend died inside a transaction: the next statement gets 1213 (rolled back),
+    /// unless the transaction is replayed.
     transaction_lost: bool,
+    /// The open transaction's statements, for a replay (see `replay.rs`).
+    txn_log: Option<Box<replay::TxnLog>>,
+    /// The checksum of the answer being relayed, while it is kept for a replay.
+    checksum: Option<Box<replay::Checksum>>,
+    /// A replay runs: answers are compared, not sent to the client.
+    replaying: bool,
     /// The last capture of what the trackers do not report (user variables...).
     captured: Captured,
     /// Since when a capture is due (see `Session::capture_if_due`).
@@ -337,6 +345,9 @@ impl Session {
             backend_epoch: epoch,
             backend_since: Instant::now(),
             transaction_lost: false,
+            txn_log: None,
+            checksum: None,
+            replaying: false,
             captured: Captured::default(),
             capture_due_since: None,
             capture_failing: false,

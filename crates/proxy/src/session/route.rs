@@ -105,7 +105,11 @@ impl Session {
         // reply; one without goes ahead.
         if self.transaction_lost && reply != Some(Reply::None) {
             self.transaction_lost = false;
-            if !is_rollback(request) {
+            if is_rollback(request) {
+                self.txn_log = None;
+            } else if self.can_replay() && Box::pin(self.replay_transaction()).await? {
+                // The transaction is open again where it was: the request joins it.
+            } else {
                 self.execute_refused(request).await;
                 self.shared.metrics.requests_failed_on_backend_loss.inc();
                 self.send_error(reply_seq, &ClientError::transaction_rolled_back())

@@ -21,6 +21,8 @@ pub(super) struct Statement {
     /// An execute lost with its backend inside a transaction may have committed it (a
     /// prepared COMMIT, DDL...): its outcome is unknown.
     pub may_commit: bool,
+    /// The statement may be part of a transaction replay (see `replay.rs`).
+    pub replayable: bool,
     /// The parameter type block of the last execute that sent types.
     pub types: Option<Vec<u8>>,
     /// Re-prepared on a new backend that has not seen the types yet.
@@ -79,6 +81,14 @@ impl Statements {
         id
     }
 
+    /// The statement a client's id names: MariaDB's id -1 is the one prepared last.
+    pub fn resolve(&self, id: u32) -> u32 {
+        match id {
+            u32::MAX => self.last.unwrap_or(u32::MAX),
+            id => id,
+        }
+    }
+
     pub fn get(&self, id: u32) -> Option<&Statement> {
         self.by_id.get(&id)
     }
@@ -127,6 +137,7 @@ mod tests {
             long_data: false,
             retry_safe: true,
             may_commit: false,
+            replayable: true,
             types: None,
             types_pending: false,
         }

@@ -1,0 +1,215 @@
+//! Transaction replay (issue 8, item 3): a transaction open when its primary is killed with
+//! SIGKILL runs again on the node that takes over, and the client carries on; when an answer
+//! differs from the one the client got, it is rolled back with 1213 as before.
+
+use holdfast_config::Durability;
+use holdfast_it::{metric, wait_for, Harness, Options};
+use holdfast_lab::{node_sql, NodeStatus};
+use mysql::prelude::*;
+use mysql::{Conn, Opts, OptsBuilder};
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn connect(h: &Harness) -> Conn {
+    let opts = OptsBuilder::from_opts(Opts::from_url(&h.url()).expect("url")).prefer_socket(false);
+    Conn::new(opts).expect("connect through holdfast")
+}
+
+fn mysql_error(e: &mysql::Error) -> Option<(u16, &str)> {
+    match e {
+        mysql::Error::MySqlError(e) => Some((e.code, e.state.as_str())),
+        _ => None,
+    }
+}
+
+fn replays(h: &Harness, outcome: &str) -> f64 {
+    metric(
+        &h.metrics(),
+        &format!("holdfast_transaction_replays_total{{reason=\"{outcome}\"}}"),
+    )
+    .unwrap_or(0.0)
+}
+
+fn node<'a>(h: &'a Harness, name: &str) -> &'a NodeStatus {
+    h.lab
+        .status
+        .nodes
+        .iter()
+        .find(|n| n.name == name)
+        .expect("node")
+}
+
+/// node1 is killed with SIGKILL and started again: the session's transaction died with it.
+fn crash_and_restart(h: &mut Harness) {
+    h.lab.kill_node("node1").expect("kill node1");
+    h.lab.start_node("node1").expect("start node1");
+}
+
+/// A harness with two replicas acknowledging semi-synchronously, so that what was
+/// committed before the kill is on the node that takes over.
+fn semi_sync_cluster() -> Harness {
+    let h = Harness::start_with(Options::default().replicas(2).config(|c| {
+        c.ha.durability = Durability::SemiSync;
+        c.ha.semi_sync_timeout_ms = 5_000;
+    }));
+    wait_for("both replicas acknowledging", WAIT, || {
+        let s = h.status_json()["ha"]["semi_sync"].clone();
+        (s["active"] == true && s["clients"] == 2).then_some(())
+    });
+    h
+}
+
+#[test]
+fn an_open_transaction_lost_while_idle_is_replayed_and_the_client_carries_on() {
+    let mut h = Harness::start();
+    let mut c = connect(&h);
+    c.query_drop("CREATE TABLE sbtest.rp (id INT PRIMARY KEY, v VARCHAR(20))")
+        .unwrap();
+    c.query_drop("INSERT INTO sbtest.rp VALUES (1, 'one'), (2, 'two')")
+        .unwrap();
+    c.query_drop("BEGIN").unwrap();
+    c.query_drop("INSERT INTO sbtest.rp VALUES (3, 'three')")
+        .unwrap();
+    // A prepared statement (binary protocol) and a read whose rows the replay compares.
+    c.exec_drop("UPDATE sbtest.rp SET v = ? WHERE id = ?", ("uno", 1))
+        .unwrap();
+    let seen: Vec<(i32, String)> = c.query("SELECT id, v FROM sbtest.rp ORDER BY id").unwrap();
+    assert_eq!(seen.len(), 3);
+    crash_and_restart(&mut h);
+    // The transaction is open again on the restarted node: the next statement joins it.
+    c.exec_drop("INSERT INTO sbtest.rp VALUES (?, ?)", (4, "four"))
+        .expect("the statement after the crash runs in the replayed transaction");
+    let inside: Vec<(i32, String)> = c.query("SELECT id, v FROM sbtest.rp ORDER BY id").unwrap();
+    assert_eq!(
+        inside,
+        vec![
+            (1, "uno".into()),
+            (2, "two".into()),
+            (3, "three".into()),
+            (4, "four".into())
+        ]
+    );
+    c.query_drop("COMMIT").unwrap();
+    let rows = node_sql(node(&h, "node1"), "SELECT id, v FROM sbtest.rp ORDER BY id").unwrap();
+    assert_eq!(
+        rows,
+        vec![
+            vec!["1".to_string(), "uno".into()],
+            vec!["2".into(), "two".into()],
+            vec!["3".into(), "three".into()],
+            vec!["4".into(), "four".into()],
+        ],
+        "the replayed transaction committed, each row once"
+    );
+    assert_eq!(replays(&h, "replayed"), 1.0);
+}
+
+#[test]
+fn a_replay_whose_answers_differ_is_rolled_back_with_1213() {
+    let mut h = Harness::start();
+    let mut c = connect(&h);
+    c.query_drop("CREATE TABLE sbtest.rd (id INT PRIMARY KEY, v VARCHAR(20))")
+        .unwrap();
+    c.query_drop("INSERT INTO sbtest.rd VALUES (1, 'before')")
+        .unwrap();
+    c.query_drop("BEGIN").unwrap();
+    let v: Option<String> = c
+        .query_first("SELECT v FROM sbtest.rd WHERE id = 1")
+        .unwrap();
+    assert_eq!(v.as_deref(), Some("before"));
+    c.query_drop("INSERT INTO sbtest.rd VALUES (2, 'decided on before')")
+        .unwrap();
+    crash_and_restart(&mut h);
+    // Someone else changes what the transaction read before it is replayed.
+    node_sql(
+        node(&h, "node1"),
+        "UPDATE sbtest.rd SET v = 'after' WHERE id = 1",
+    )
+    .unwrap();
+    let err = c
+        .query_drop("INSERT INTO sbtest.rd VALUES (3, 'x')")
+        .unwrap_err();
+    assert_eq!(mysql_error(&err), Some((1213, "40001")), "{err}");
+    c.query_drop("ROLLBACK").unwrap();
+    let ids: Vec<i32> = c.query("SELECT id FROM sbtest.rd ORDER BY id").unwrap();
+    assert_eq!(ids, vec![1], "nothing of the diverged replay was kept");
+    assert_eq!(replays(&h, "diverged"), 1.0);
+    assert_eq!(replays(&h, "replayed"), 0.0);
+}
+
+#[test]
+fn a_transaction_that_used_a_user_variable_is_not_replayed() {
+    let mut h = Harness::start();
+    let mut c = connect(&h);
+    c.query_drop("CREATE TABLE sbtest.ru (id INT PRIMARY KEY)")
+        .unwrap();
+    c.query_drop("BEGIN").unwrap();
+    c.query_drop("SET @next = 1").unwrap();
+    c.query_drop("INSERT INTO sbtest.ru VALUES (@next)")
+        .unwrap();
+    crash_and_restart(&mut h);
+    let err = c
+        .query_drop("INSERT INTO sbtest.ru VALUES (2)")
+        .unwrap_err();
+    assert_eq!(mysql_error(&err), Some((1213, "40001")), "{err}");
+    let ids: Vec<i32> = c.query("SELECT id FROM sbtest.ru").unwrap();
+    assert!(ids.is_empty(), "{ids:?}");
+    assert_eq!(replays(&h, "replayed"), 0.0);
+}
+
+/// The primary is killed while a statement of the transaction runs: after the failover
+/// the transaction is replayed on the new primary and the statement runs again there; its
+/// answer is the client's first. Auto-increment ids and LAST_INSERT_ID() come out as the
+/// client saw them.
+#[test]
+fn a_statement_in_flight_when_the_primary_dies_runs_again_in_the_replayed_transaction() {
+    let h = semi_sync_cluster();
+    let mut c = connect(&h);
+    c.query_drop("CREATE TABLE sbtest.rf (id INT AUTO_INCREMENT PRIMARY KEY, v INT NOT NULL)")
+        .unwrap();
+    c.query_drop("INSERT INTO sbtest.rf (v) VALUES (10), (20)")
+        .unwrap();
+    c.query_drop("BEGIN").unwrap();
+    c.exec_drop("INSERT INTO sbtest.rf (v) VALUES (?)", (30,))
+        .unwrap();
+    let id: Option<u64> = c.query_first("SELECT LAST_INSERT_ID()").unwrap();
+    assert_eq!(id, Some(3));
+    let old = h.status_json()["topology"]["primary"]
+        .as_str()
+        .expect("a primary")
+        .to_string();
+    let kill = {
+        let lab_dir = h.lab.status.dir.clone();
+        let old = old.clone();
+        std::thread::spawn(move || {
+            // While the statement below sleeps on the primary.
+            std::thread::sleep(Duration::from_millis(700));
+            holdfast_lab::kill_node(&lab_dir, &old).expect("kill the primary");
+        })
+    };
+    let started = std::time::Instant::now();
+    c.query_drop("UPDATE sbtest.rf SET v = v + 1 WHERE id = 1 AND SLEEP(2) = 0")
+        .expect("the statement in flight is run again in the replayed transaction");
+    kill.join().unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(700),
+        "the statement was in flight when the primary died"
+    );
+    assert_eq!(c.affected_rows(), 1);
+    let new = h.wait_primary_other_than(&old, WAIT);
+    let id: Option<u64> = c.query_first("SELECT LAST_INSERT_ID()").unwrap();
+    assert_eq!(id, Some(3), "LAST_INSERT_ID() as the transaction left it");
+    c.query_drop("COMMIT").unwrap();
+    let rows = node_sql(node(&h, &new), "SELECT id, v FROM sbtest.rf ORDER BY id").unwrap();
+    assert_eq!(
+        rows,
+        vec![
+            vec!["1".to_string(), "11".into()],
+            vec!["2".into(), "20".into()],
+            vec!["3".into(), "30".into()],
+        ],
+        "on the new primary: the transaction's rows, each once"
+    );
+    assert_eq!(replays(&h, "replayed"), 1.0);
+}
