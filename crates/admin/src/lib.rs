@@ -44,6 +44,10 @@ pub struct Status {
     pub topology: TopologyView,
     pub verifiers_loaded: bool,
     pub verifier_accounts: usize,
+    /// `[ha] commit_markers`: `off`, `waiting` (the marker table is not there yet) or
+    /// `ready`.
+    #[serde(default)]
+    pub commit_markers: String,
     pub counters: Counters,
     /// HA mode, the running operation, the last result and counters.
     pub ha: HaState,
@@ -129,6 +133,17 @@ pub fn status(shared: &Shared) -> Status {
         topology: topology_view(&topo),
         verifiers_loaded: shared.verifiers.is_loaded(),
         verifier_accounts: shared.verifiers.account_count(),
+        commit_markers: match (
+            shared.config.ha.commit_markers,
+            shared
+                .commit_markers_ready
+                .load(std::sync::atomic::Ordering::Acquire),
+        ) {
+            (false, _) => "off",
+            (true, false) => "waiting",
+            (true, true) => "ready",
+        }
+        .into(),
         counters: Counters {
             sessions_open: sessions.len(),
             connections_accepted: m.connections_accepted.get(),

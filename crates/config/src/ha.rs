@@ -79,6 +79,10 @@ pub struct HaConfig {
     /// replica's acknowledgement before MariaDB falls back to asynchronous replication
     /// (`/status` shows it, the log says so, and it is counted).
     pub semi_sync_timeout_ms: u64,
+    /// Write a marker row (`holdfast.commit_marker`) inside each transaction that wrote,
+    /// just before its COMMIT: a COMMIT whose answer was lost with its primary is then
+    /// known to have committed or not, by reading the marker on the node that took over.
+    pub commit_markers: bool,
     /// During failover, how long replicas get to apply what their IO thread received.
     pub relay_apply_timeout_ms: u64,
     /// No second automatic failover within this window.
@@ -105,6 +109,7 @@ impl Default for HaConfig {
             require_replica_confirmation: true,
             durability: Durability::Async,
             semi_sync_timeout_ms: 10_000,
+            commit_markers: false,
             relay_apply_timeout_ms: 5_000,
             failover_cooloff_ms: 60_000,
         }

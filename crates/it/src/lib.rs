@@ -471,13 +471,19 @@ pub fn lab(replicas: usize) -> TestLab {
 /// in managed mode with the lab's replication account.
 pub fn lab_config(lab: &TestLab) -> Config {
     let st = &lab.status;
+    // Commit markers on, as the lab runs them (tests of the behaviour without them turn them
+    // off).
     let ha = if lab.replicas().is_empty() {
-        HaConfig::default()
+        HaConfig {
+            commit_markers: true,
+            ..HaConfig::default()
+        }
     } else {
         HaConfig {
             mode: HaMode::Managed,
             repl_user: holdfast_lab::REPL_USER.into(),
             repl_password: holdfast_lab::REPL_PASSWORD.into(),
+            commit_markers: true,
             ..HaConfig::default()
         }
     };

@@ -1459,6 +1459,8 @@ pub fn holdfast_config(st: &LabStatus, serverless: Option<ServerlessConfig>) -> 
                 // What a careful operator runs: no acknowledged write lost in a failover.
                 durability: Durability::SemiSync,
                 semi_sync_timeout_ms: 2_000,
+                // And the outcome of a COMMIT lost in flight is known.
+                commit_markers: true,
                 ..HaConfig::default()
             };
             cfg.driver = DriverConfig {

@@ -66,6 +66,8 @@ pub struct Shared {
     pub admission: Arc<admission::Admission>,
     /// TLS offered to clients (`[tls]` with a certificate); set by [`Proxy::start_with`].
     pub client_tls: Option<Arc<tls::ClientTls>>,
+    /// `[ha] commit_markers` is on and the marker table exists (see `ha::markers`).
+    pub commit_markers_ready: Arc<std::sync::atomic::AtomicBool>,
     next_session_id: AtomicU32,
 }
 
@@ -123,6 +125,7 @@ impl Shared {
             started: Instant::now(),
             switching: watch::channel(false).0,
             switching_now: std::sync::atomic::AtomicBool::new(false),
+            commit_markers_ready: Arc::default(),
             node_driver,
             connector: backend_connector.unwrap_or_else(|| Arc::new(backend::TcpConnector)),
             admission,
@@ -338,6 +341,13 @@ impl Proxy {
         ));
         tokio::spawn(shared.ha.clone().run());
         tokio::spawn(shared.ha.clone().keep_durability());
+        if config.ha.commit_markers {
+            tokio::spawn(ha::markers::keep_marker_table(
+                config.clone(),
+                shared.topology.clone(),
+                shared.commit_markers_ready.clone(),
+            ));
+        }
         tokio::spawn(refresh_verifiers(shared.clone()));
         if let Some(lc) = &shared.serverless {
             tokio::spawn(serverless::run_lifecycle(shared.clone(), lc.clone()));

@@ -6,6 +6,7 @@ mod admin_auth;
 mod bad_input;
 mod cli;
 mod client_address;
+mod commit_markers;
 mod compression;
 mod desync;
 mod differential;

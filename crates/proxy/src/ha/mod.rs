@@ -34,6 +34,7 @@ pub mod controller;
 pub mod detect;
 pub mod durability;
 pub mod gtid;
+pub mod markers;
 pub mod ops;
 pub mod probe;
 

@@ -152,6 +152,8 @@ pub struct Metrics {
     /// Transactions lost with their backend and run again, by outcome (`replayed`,
     /// `diverged`, `failed`).
     pub transaction_replays: Family<ReasonLabel, Counter>,
+    /// COMMITs lost in flight whose marker was read, by outcome.
+    pub commit_outcomes: Family<ReasonLabel, Counter>,
     pub sessions_closed: Family<ReasonLabel, Counter>,
     pub requests_held: Counter,
     pub requests_retried: Counter,
@@ -220,6 +222,7 @@ impl Metrics {
             move_latency: register(r, "session_move_seconds", "Time to move a session: log in on the new node, restore state, re-prepare"),
             move_failures: register(r, "session_move_failures", "Attempts to move a session that failed, by reason"),
             transaction_replays: register(r, "transaction_replays", "Open transactions lost with their backend and replayed on the new one, by outcome: replayed (every answer compared equal), diverged (rolled back, the client got 1213), failed (the backend was lost again)"),
+            commit_outcomes: register(r, "lost_commit_outcomes", "COMMITs whose answer was lost with their backend, by what their commit marker told: committed (the client got OK), replayed (not committed; replayed and committed again), rolled_back (not committed; the client got 1213), unknown (the marker could not be read)"),
             sessions_closed: register(r, "sessions_closed_by_holdfast", "Sessions holdfast had to close, by reason"),
             requests_held: register(r, "requests_held", "Requests that waited for a backend while it was switching"),
             requests_retried: register(r, "requests_retried", "In-flight requests re-run on a new backend after the old one was lost"),
@@ -283,6 +286,12 @@ impl Metrics {
 
     pub fn replay(&self, outcome: &'static str) {
         self.transaction_replays
+            .get_or_create(&ReasonLabel { reason: outcome })
+            .inc();
+    }
+
+    pub fn commit_outcome(&self, outcome: &'static str) {
+        self.commit_outcomes
             .get_or_create(&ReasonLabel { reason: outcome })
             .inc();
     }

@@ -193,13 +193,23 @@ impl Session {
             None
         };
         let kept = self.replay_before(&request, query, in_transaction);
+        self.note_writes(query, &request);
+        let marked = match (query, query_text(&request)) {
+            (Some(flags), Some(sql)) => self.marks_commit(sql, flags, in_transaction),
+            _ => false,
+        };
         let result = match tracked {
+            Ok(()) if marked => self.commit_with_marker(&request).await,
             Ok(()) => self.command(&mut request).await,
             Err(e) => Err(e),
         };
         match result {
             Ok(()) => self.replay_after(kept),
             Err(_) => self.checksum = None,
+        }
+        let marked_commit = self.take_marked_commit();
+        if result.is_ok() {
+            self.markers_after();
         }
         if let Some(mark) = kill {
             self.settle_kill(mark, self.last_error);
@@ -243,6 +253,15 @@ impl Session {
                     replay: false,
                 };
                 Box::pin(self.recover_lost_request(error, None, reply_seq, lost)).await
+            }
+            // A marked COMMIT: its marker tells what became of it.
+            Err(End::BackendLost {
+                started: false,
+                error,
+            }) if marked_commit.is_some() => {
+                held.restore(&mut self.record);
+                let seq = marked_commit.unwrap_or_default();
+                Box::pin(self.recover_lost_commit(error, request, reply_seq, seq)).await
             }
             Err(End::BackendLost {
                 started: false,
@@ -616,7 +635,7 @@ impl Session {
 
     /// Streams one command's response to the client, inspecting only the packets that carry
     /// state. Rows and column definitions pass through in the reads they arrived in.
-    async fn relay(&mut self, reply: Reply) -> Result<(), End> {
+    pub(super) async fn relay(&mut self, reply: Reply) -> Result<(), End> {
         self.relay_inner(reply, None, false).await.map(|_| ())
     }
 
@@ -798,6 +817,10 @@ impl Session {
                     let sql = prepare_sql.take().unwrap_or_default();
                     let verdict = LossVerdict::of_sql(&sql, self.record.sql_mode);
                     let replayable = super::replay::replayable_sql(&sql, self.record.sql_mode);
+                    let writes = super::markers::writes_data(classify_with(
+                        &sql,
+                        self.record.sql_mode.unwrap_or_default(),
+                    ));
                     let client_id = self.statements.insert(Statement {
                         backend_id: p.statement_id,
                         sql,
@@ -807,6 +830,7 @@ impl Session {
                         retry_safe: verdict.retry_safe,
                         may_commit: verdict.may_commit,
                         replayable,
+                        writes,
                         types: None,
                         types_pending: false,
                     });
@@ -1048,6 +1072,19 @@ impl Session {
         self.record.open_cursors = self.statements.open_cursors();
         self.record.pending_long_data = self.statements.pending_long_data();
         self.record.prepared_statements = self.statements.len();
+    }
+}
+
+/// Whether a command other than COM_QUERY changes data: the execute of a prepared
+/// statement that does, any bulk execute.
+pub(super) fn statement_writes(statements: &super::statements::Statements, request: &[u8]) -> bool {
+    match request.get(HEADER_LEN) {
+        Some(&COM_STMT_BULK_EXECUTE) => true,
+        Some(&COM_STMT_EXECUTE) => packets::statement_id(&request[HEADER_LEN..])
+            .map(|id| statements.resolve(id))
+            .and_then(|id| statements.get(id))
+            .is_some_and(|s| s.writes),
+        _ => false,
     }
 }
 

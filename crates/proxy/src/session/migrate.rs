@@ -166,10 +166,20 @@ impl Session {
     /// Then no restart or crash took the connection: it was cut while the server kept
     /// running, by someone's KILL (MariaDB closes a killed connection without an ERR) or
     /// the network. False when that cannot be told.
-    async fn cut_while_server_ran(&mut self, node: &str, age: Duration) -> bool {
+    pub(super) async fn cut_while_server_ran(&mut self, node: &str, age: Duration) -> bool {
         if self.backend_name != node {
             return false;
         }
+        let ran = self.server_ran_throughout(age).await == Some(true);
+        if ran {
+            tracing::info!(session = self.info.id, node, age_ms = age.as_millis() as u64, "the lost connection was cut while its server kept running (KILL?); not running the request again");
+        }
+        ran
+    }
+
+    /// Whether the session's backend server has been up for longer than `age` (`None`: its
+    /// uptime could not be read).
+    pub(super) async fn server_ran_throughout(&mut self, age: Duration) -> Option<bool> {
         match self.backend.query(UPTIME).await {
             Ok(r) => {
                 let uptime = r
@@ -178,16 +188,12 @@ impl Session {
                     .and_then(|row| row.first())
                     .cloned()
                     .flatten();
-                let uptime = uptime.and_then(|v| v.parse::<u64>().ok());
-                let ran = uptime.is_some_and(|up| up > age.as_secs());
-                if ran {
-                    tracing::info!(session = self.info.id, node, uptime, age_ms = age.as_millis() as u64, "the lost connection was cut while its server kept running (KILL?); not running the request again");
-                }
-                ran
+                let uptime = uptime.and_then(|v| v.parse::<u64>().ok())?;
+                Some(uptime > age.as_secs())
             }
             Err(e) => {
                 tracing::debug!(session = self.info.id, error = %e, "uptime of the new backend unknown");
-                false
+                None
             }
         }
     }

@@ -36,6 +36,7 @@ pub mod auth;
 mod forward;
 mod idle;
 mod kill;
+mod markers;
 mod migrate;
 mod passthrough;
 mod replay;
@@ -156,6 +157,8 @@ struct Session {
     checksum: Option<Box<replay::Checksum>>,
     /// A replay runs: answers are compared, not sent to the client.
     replaying: bool,
+    /// Commit markers (see `markers.rs`).
+    markers: markers::Markers,
     /// The last capture of what the trackers do not report (user variables...).
     captured: Captured,
     /// Since when a capture is due (see `Session::capture_if_due`).
@@ -348,6 +351,7 @@ impl Session {
             txn_log: None,
             checksum: None,
             replaying: false,
+            markers: Default::default(),
             captured: Captured::default(),
             capture_due_since: None,
             capture_failing: false,

@@ -94,6 +94,10 @@ impl Session {
         if self.shared.switching_now.load(Ordering::SeqCst) && self.record.blocker().is_none() {
             self.park().await?;
         }
+        // Where a transaction lost while idle was: a server that kept running had its
+        // connection cut (someone's KILL), and then it is not replayed.
+        let lost_from = (self.transaction_lost && self.can_replay())
+            .then(|| (self.backend_name.clone(), self.backend_since.elapsed()));
         if self.backend_dead {
             self.shared.metrics.requests_held.inc();
             self.relocate("backend_lost").await?;
@@ -107,9 +111,17 @@ impl Session {
             self.transaction_lost = false;
             if is_rollback(request) {
                 self.txn_log = None;
-            } else if self.can_replay() && Box::pin(self.replay_transaction()).await? {
-                // The transaction is open again where it was: the request joins it.
-            } else {
+                return Ok(Routed::Forward);
+            }
+            let killed = match lost_from {
+                Some((node, age)) => self.cut_while_server_ran(&node, age).await,
+                None => false,
+            };
+            // Replayed: the transaction is open again where it was, the request joins it.
+            let replayed =
+                !killed && self.can_replay() && Box::pin(self.replay_transaction()).await?;
+            if !replayed {
+                self.txn_log = None;
                 self.execute_refused(request).await;
                 self.shared.metrics.requests_failed_on_backend_loss.inc();
                 self.send_error(reply_seq, &ClientError::transaction_rolled_back())

@@ -23,6 +23,9 @@ pub(super) struct Statement {
     pub may_commit: bool,
     /// The statement may be part of a transaction replay (see `replay.rs`).
     pub replayable: bool,
+    /// The statement changes data (its transaction's COMMIT gets a marker, see
+    /// `markers.rs`).
+    pub writes: bool,
     /// The parameter type block of the last execute that sent types.
     pub types: Option<Vec<u8>>,
     /// Re-prepared on a new backend that has not seen the types yet.
@@ -138,6 +141,7 @@ mod tests {
             retry_safe: true,
             may_commit: false,
             replayable: true,
+            writes: false,
             types: None,
             types_pending: false,
         }

@@ -1,0 +1,179 @@
+//! Commit markers (issue 8, item 4): a COMMIT whose answer is lost because its primary was
+//! killed with SIGKILL gets the truth. The primary is made to hold the COMMIT (semi-sync
+//! with nobody to acknowledge: the commit waits after it is written to the binary log) and
+//! is killed while it waits. If a replica had already received the transaction, the new
+//! primary has it and the client gets the COMMIT's OK; if none had, the transaction is
+//! replayed and committed on the new primary. Either way each row is there once.
+
+use holdfast_it::{metric, wait_for, Harness, Options};
+use holdfast_lab::{node_sql, node_sql_value, NodeStatus};
+use mysql::prelude::*;
+use mysql::{Conn, Opts, OptsBuilder};
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(60);
+/// When the primary is killed, after the COMMIT went out.
+const KILL_AFTER: Duration = Duration::from_millis(800);
+
+fn connect(h: &Harness) -> Conn {
+    let opts = OptsBuilder::from_opts(Opts::from_url(&h.url()).expect("url")).prefer_socket(false);
+    Conn::new(opts).expect("connect through holdfast")
+}
+
+fn node<'a>(h: &'a Harness, name: &str) -> &'a NodeStatus {
+    h.lab
+        .status
+        .nodes
+        .iter()
+        .find(|n| n.name == name)
+        .expect("node")
+}
+
+fn outcomes(h: &Harness, outcome: &str) -> f64 {
+    metric(
+        &h.metrics(),
+        &format!("holdfast_lost_commit_outcomes_total{{reason=\"{outcome}\"}}"),
+    )
+    .unwrap_or(0.0)
+}
+
+/// Two replicas (asynchronous: the test decides who acknowledges), markers ready and the
+/// marker table on every node.
+fn cluster() -> Harness {
+    let h = Harness::start_with(Options::default().replicas(2));
+    wait_for("commit markers ready", WAIT, || {
+        (h.status_json()["commit_markers"] == "ready").then_some(())
+    });
+    for n in &h.lab.status.nodes {
+        wait_for("the marker table on every node", WAIT, || {
+            node_sql_value(
+                n,
+                "SELECT COUNT(*) FROM information_schema.TABLES \
+                 WHERE TABLE_SCHEMA = 'holdfast' AND TABLE_NAME = 'commit_marker'",
+            )
+            .ok()
+            .flatten()
+            .filter(|v| v == "1")
+        });
+    }
+    h
+}
+
+fn primary(h: &Harness) -> String {
+    h.status_json()["topology"]["primary"]
+        .as_str()
+        .expect("a primary")
+        .to_string()
+}
+
+/// Every commit on `primary` from now on waits (up to 60 s) for an acknowledgement that
+/// no replica sends: it is in the binary log, not yet answered.
+fn hold_commits(h: &Harness, primary: &str) {
+    node_sql(
+        node(h, primary),
+        "SET GLOBAL rpl_semi_sync_master_timeout = 60000; \
+         SET GLOBAL rpl_semi_sync_master_wait_no_slave = ON; \
+         SET GLOBAL rpl_semi_sync_master_enabled = ON",
+    )
+    .expect("semi-sync on the primary");
+}
+
+/// Sends COMMIT and kills `primary` with SIGKILL while it waits; returns the COMMIT's
+/// result.
+fn commit_while_the_primary_dies(h: &Harness, c: &mut Conn, primary: &str) -> mysql::Result<()> {
+    let lab_dir = h.lab.status.dir.clone();
+    let victim = primary.to_string();
+    let kill = std::thread::spawn(move || {
+        std::thread::sleep(KILL_AFTER);
+        holdfast_lab::kill_node(&lab_dir, &victim).expect("kill the primary");
+    });
+    let started = Instant::now();
+    let result = c.query_drop("COMMIT");
+    let took = started.elapsed();
+    kill.join().unwrap();
+    assert!(
+        took >= KILL_AFTER,
+        "the COMMIT was answered after {took:?}, before the primary died: it was not in flight"
+    );
+    result
+}
+
+fn rows(n: &NodeStatus, table: &str) -> Vec<Vec<String>> {
+    node_sql(n, &format!("SELECT id, v FROM sbtest.{table} ORDER BY id")).unwrap()
+}
+
+#[test]
+fn a_commit_lost_after_a_replica_received_it_is_answered_ok() {
+    let h = cluster();
+    let old = primary(&h);
+    let mut c = connect(&h);
+    c.query_drop("CREATE TABLE sbtest.cm (id INT PRIMARY KEY, v INT)")
+        .unwrap();
+    c.query_drop("BEGIN").unwrap();
+    c.exec_drop("INSERT INTO sbtest.cm VALUES (?, ?)", (1, 10))
+        .unwrap();
+    c.query_drop("UPDATE sbtest.cm SET v = v + 1 WHERE id = 1")
+        .unwrap();
+    // The replicas stop acknowledging (they replicate asynchronously): they receive the
+    // transaction at once, while the primary waits for an acknowledgement.
+    for n in h.lab.status.nodes.iter().filter(|n| n.name != old) {
+        node_sql(
+            n,
+            "SET GLOBAL rpl_semi_sync_slave_enabled = OFF; STOP SLAVE IO_THREAD; START SLAVE IO_THREAD",
+        )
+        .unwrap();
+    }
+    hold_commits(&h, &old);
+    commit_while_the_primary_dies(&h, &mut c, &old)
+        .expect("the COMMIT is answered OK: its marker is on the new primary");
+    let new = h.wait_primary_other_than(&old, WAIT);
+    assert_eq!(
+        rows(node(&h, &new), "cm"),
+        vec![vec!["1".to_string(), "11".into()]]
+    );
+    assert_eq!(outcomes(&h, "committed"), 1.0);
+    // The session goes on, outside any transaction.
+    c.query_drop("INSERT INTO sbtest.cm VALUES (2, 20)")
+        .unwrap();
+    let n: Option<u64> = c.query_first("SELECT COUNT(*) FROM sbtest.cm").unwrap();
+    assert_eq!(n, Some(2));
+}
+
+#[test]
+fn a_commit_lost_before_any_replica_received_it_is_replayed_and_committed_once() {
+    let h = cluster();
+    let old = primary(&h);
+    let mut c = connect(&h);
+    c.query_drop("CREATE TABLE sbtest.cr (id INT PRIMARY KEY, v INT)")
+        .unwrap();
+    c.query_drop("INSERT INTO sbtest.cr VALUES (1, 10)")
+        .unwrap();
+    // The table and its first row are on the replicas before they stop receiving.
+    for n in h.lab.status.nodes.iter().filter(|n| n.name != old) {
+        wait_for("the first row replicated", WAIT, || {
+            node_sql_value(n, "SELECT COUNT(*) FROM sbtest.cr")
+                .ok()
+                .flatten()
+                .filter(|v| v == "1")
+        });
+        node_sql(n, "STOP SLAVE IO_THREAD").unwrap();
+    }
+    c.query_drop("BEGIN").unwrap();
+    c.query_drop("INSERT INTO sbtest.cr VALUES (2, 20)")
+        .unwrap();
+    c.exec_drop("UPDATE sbtest.cr SET v = v + ? WHERE id = ?", (5, 1))
+        .unwrap();
+    hold_commits(&h, &old);
+    commit_while_the_primary_dies(&h, &mut c, &old)
+        .expect("the transaction is replayed and committed on the new primary");
+    let new = h.wait_primary_other_than(&old, WAIT);
+    assert_eq!(
+        rows(node(&h, &new), "cr"),
+        vec![
+            vec!["1".to_string(), "15".into()],
+            vec!["2".into(), "20".into()]
+        ],
+        "the transaction committed once, on the new primary"
+    );
+    assert_eq!(outcomes(&h, "replayed"), 1.0);
+}
