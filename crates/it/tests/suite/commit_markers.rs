@@ -177,3 +177,64 @@ fn a_commit_lost_before_any_replica_received_it_is_replayed_and_committed_once()
     );
     assert_eq!(outcomes(&h, "replayed"), 1.0);
 }
+
+/// An autocommit INSERT is wrapped with a marker: lost in flight after a replica received
+/// it, the client gets its OK (affected rows and insert id) and the row is there once; lost
+/// before any replica received it, it runs again on the new primary, once.
+#[test]
+fn an_autocommit_insert_lost_in_flight_is_applied_exactly_once() {
+    for received in [true, false] {
+        let h = cluster();
+        let old = primary(&h);
+        let mut c = connect(&h);
+        c.query_drop("CREATE TABLE sbtest.ai (id INT AUTO_INCREMENT PRIMARY KEY, v INT)")
+            .unwrap();
+        c.query_drop("INSERT INTO sbtest.ai (v) VALUES (1), (2)")
+            .unwrap();
+        for n in h.lab.status.nodes.iter().filter(|n| n.name != old) {
+            wait_for("the first rows replicated", WAIT, || {
+                node_sql_value(n, "SELECT COUNT(*) FROM sbtest.ai")
+                    .ok()
+                    .flatten()
+                    .filter(|v| v == "2")
+            });
+            let stop = match received {
+                true => "SET GLOBAL rpl_semi_sync_slave_enabled = OFF; STOP SLAVE IO_THREAD; START SLAVE IO_THREAD",
+                false => "STOP SLAVE IO_THREAD",
+            };
+            node_sql(n, stop).unwrap();
+        }
+        hold_commits(&h, &old);
+        let lab_dir = h.lab.status.dir.clone();
+        let victim = old.clone();
+        let kill = std::thread::spawn(move || {
+            std::thread::sleep(KILL_AFTER);
+            holdfast_lab::kill_node(&lab_dir, &victim).expect("kill the primary");
+        });
+        let started = Instant::now();
+        let result = c.query_drop("INSERT INTO sbtest.ai (v) VALUES (3)");
+        let took = started.elapsed();
+        kill.join().unwrap();
+        assert!(took >= KILL_AFTER, "answered after {took:?}: not in flight");
+        result.unwrap_or_else(|e| panic!("received={received}: {e}"));
+        assert_eq!(c.affected_rows(), 1, "received={received}");
+        assert_eq!(c.last_insert_id(), 3, "received={received}");
+        let new = h.wait_primary_other_than(&old, WAIT);
+        assert_eq!(
+            rows(node(&h, &new), "ai"),
+            vec![
+                vec!["1".to_string(), "1".into()],
+                vec!["2".into(), "2".into()],
+                vec!["3".into(), "3".into()]
+            ],
+            "received={received}: the row once"
+        );
+        let outcome = if received { "committed" } else { "replayed" };
+        assert_eq!(outcomes(&h, outcome), 1.0, "received={received}");
+        // Not in a transaction: the next write commits by itself.
+        c.query_drop("INSERT INTO sbtest.ai (v) VALUES (4)")
+            .unwrap();
+        let n = node_sql_value(node(&h, &new), "SELECT COUNT(*) FROM sbtest.ai").unwrap();
+        assert_eq!(n.as_deref(), Some("4"));
+    }
+}

@@ -24,6 +24,8 @@ const CREATE: [&str; 2] = [
     "CREATE TABLE IF NOT EXISTS holdfast.commit_marker (\
      session BIGINT UNSIGNED NOT NULL PRIMARY KEY, \
      seq BIGINT UNSIGNED NOT NULL, \
+     affected BIGINT NULL, \
+     insert_id BIGINT UNSIGNED NULL, \
      at TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP\
      ) ENGINE=InnoDB",
 ];

@@ -194,12 +194,16 @@ impl Session {
         };
         let kept = self.replay_before(&request, query, in_transaction);
         self.note_writes(query, &request);
-        let marked = match (query, query_text(&request)) {
-            (Some(flags), Some(sql)) => self.marks_commit(sql, flags, in_transaction),
-            _ => false,
+        let (marked, wrapped) = match (query, query_text(&request)) {
+            (Some(flags), Some(sql)) => (
+                self.marks_commit(sql, flags, in_transaction),
+                self.wraps_autocommit(sql, flags, in_transaction, &request),
+            ),
+            _ => (false, false),
         };
         let result = match tracked {
             Ok(()) if marked => self.commit_with_marker(&request).await,
+            Ok(()) if wrapped => self.autocommit_with_marker(&request).await,
             Ok(()) => self.command(&mut request).await,
             Err(e) => Err(e),
         };
@@ -207,7 +211,7 @@ impl Session {
             Ok(()) => self.replay_after(kept),
             Err(_) => self.checksum = None,
         }
-        let marked_commit = self.take_marked_commit();
+        let marked = self.take_marked();
         if result.is_ok() {
             self.markers_after();
         }
@@ -254,14 +258,18 @@ impl Session {
                 };
                 Box::pin(self.recover_lost_request(error, None, reply_seq, lost)).await
             }
-            // A marked COMMIT: its marker tells what became of it.
+            // A marked COMMIT or autocommit write: its marker tells what became of it.
             Err(End::BackendLost {
                 started: false,
                 error,
-            }) if marked_commit.is_some() => {
+            }) if marked.is_some() => {
                 held.restore(&mut self.record);
-                let seq = marked_commit.unwrap_or_default();
-                Box::pin(self.recover_lost_commit(error, request, reply_seq, seq)).await
+                match marked {
+                    Some(m) => {
+                        Box::pin(self.recover_lost_marked(error, request, reply_seq, m)).await
+                    }
+                    None => Ok(()),
+                }
             }
             Err(End::BackendLost {
                 started: false,
@@ -1103,7 +1111,7 @@ fn mentions_trackers(sql: &[u8]) -> bool {
 }
 
 /// Records what an OK packet says.
-fn observe_ok(record: &mut SessionRecord, ok: &OkPacket<'_>) {
+pub(super) fn observe_ok(record: &mut SessionRecord, ok: &OkPacket<'_>) {
     record.status = ok.status;
     record.last_warnings = ok.warnings;
     record.last_affected_rows = ok.affected_rows;

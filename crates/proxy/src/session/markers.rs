@@ -11,11 +11,11 @@ use super::{End, Session};
 use crate::conn::ConnError;
 use crate::error::ClientError;
 use bytes::BytesMut;
-use holdfast_sql::{first_keyword, Classification as C};
-use holdfast_wire::caps::SERVER_STATUS_IN_TRANS;
+use holdfast_sql::{first_keyword, Classification as C, Lexer};
+use holdfast_wire::caps::*;
 use holdfast_wire::command::COM_QUERY;
 use holdfast_wire::frame;
-use holdfast_wire::packets::ok_payload;
+use holdfast_wire::packets::{ok_payload, OkPacket};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -31,8 +31,8 @@ pub(super) struct Markers {
     key: u64,
     /// The sequence number of the session's last marked COMMIT.
     seq: u64,
-    /// A marked COMMIT is in flight: its sequence number.
-    in_flight: Option<u64>,
+    /// A marked COMMIT, or a wrapped autocommit write, is in flight.
+    in_flight: Option<InFlight>,
     /// The open transaction changed data (a COMMIT without writes needs no marker).
     pub(super) txn_writes: bool,
     /// A marker was refused (no table, no privilege): this session sends no more.
@@ -49,6 +49,16 @@ impl Default for Markers {
             refused: false,
         }
     }
+}
+
+/// What is in flight behind a marker.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum InFlight {
+    /// The COMMIT of the session's transaction, marker `seq`.
+    Commit { seq: u64 },
+    /// An autocommit write wrapped in a transaction with marker `seq`; `last_insert_id`:
+    /// the session's value before it (an insert id equal to it was not generated).
+    Autocommit { seq: u64, last_insert_id: u64 },
 }
 
 /// Whether a statement changes data: not a plain read, nor one that only opens or ends a
@@ -100,9 +110,167 @@ impl Session {
         }
     }
 
-    /// The marked COMMIT in flight when the backend was lost, if there was one.
-    pub(super) fn take_marked_commit(&mut self) -> Option<u64> {
+    /// What was in flight behind a marker when the backend was lost, if anything.
+    pub(super) fn take_marked(&mut self) -> Option<InFlight> {
         self.markers.in_flight.take()
+    }
+
+    /// The COM_QUERY payload that upserts the session's marker `seq`, with what the
+    /// statement before it did (`ROW_COUNT()`, -1 after an error; `LAST_INSERT_ID()`).
+    fn marker_upsert(&self, seq: u64) -> String {
+        format!(
+            "\u{3}INSERT INTO {} (session, seq, affected, insert_id) \
+             VALUES ({}, {seq}, ROW_COUNT(), LAST_INSERT_ID()) ON DUPLICATE KEY UPDATE \
+             seq = VALUES(seq), affected = VALUES(affected), insert_id = VALUES(insert_id)",
+            crate::ha::markers::TABLE,
+            self.markers.key
+        )
+    }
+
+    /// Whether an autocommit statement goes out wrapped in a transaction with a marker: a
+    /// single `INSERT`, `UPDATE`, `DELETE` or `REPLACE` (without `RETURNING`: its answer is
+    /// one OK or ERR) outside a transaction, with autocommit on.
+    pub(super) fn wraps_autocommit(
+        &self,
+        sql: &[u8],
+        flags: C,
+        in_transaction: bool,
+        request: &[u8],
+    ) -> bool {
+        const NOT_WRAPPED: C = C::CHANGES_SESSION
+            .union(C::MULTI)
+            .union(C::MAY_COMMIT)
+            .union(C::LOAD_DATA_LOCAL)
+            .union(C::KILL)
+            .union(C::SHUTDOWN);
+        !in_transaction
+            && self.record.status & SERVER_STATUS_AUTOCOMMIT != 0
+            && !self.markers.refused
+            && writes_data(flags)
+            && !flags.intersects(NOT_WRAPPED)
+            && frame::parse_header(request).is_some_and(|h| !h.continues())
+            && self.shared.commit_markers_ready.load(Ordering::Acquire)
+            && first_keyword(sql).is_some_and(|k| {
+                [&b"INSERT"[..], b"UPDATE", b"DELETE", b"REPLACE"]
+                    .iter()
+                    .any(|w| k.eq_ignore_ascii_case(w))
+            })
+            && !Lexer::with_mode(sql, self.record.sql_mode.unwrap_or_default())
+                .any(|t| t.is_word("RETURNING"))
+    }
+
+    /// Runs an autocommit write as `BEGIN`, the statement, the marker, `COMMIT`, in one
+    /// write; the client gets the statement's answer once the COMMIT's is in (or the
+    /// COMMIT's error if it failed).
+    pub(super) async fn autocommit_with_marker(&mut self, request: &[u8]) -> Result<(), End> {
+        self.shared.metrics.requests.command(COM_QUERY);
+        self.response_started = false;
+        self.last_error = None;
+        let reply_seq = super::forward::reply_seq(request);
+        let seq = self.markers.seq + 1;
+        let upsert = self.marker_upsert(seq);
+        let mut out = BytesMut::with_capacity(upsert.len() + request.len() + 32);
+        out.extend_from_slice(&frame::packet(b"\x03BEGIN", 0));
+        out.extend_from_slice(request);
+        out.extend_from_slice(&frame::packet(upsert.as_bytes(), 0));
+        out.extend_from_slice(&frame::packet(b"\x03COMMIT", 0));
+        self.markers.seq = seq;
+        self.markers.in_flight = Some(InFlight::Autocommit {
+            seq,
+            last_insert_id: self.record.last_insert_id,
+        });
+        let lost = |error| End::BackendLost {
+            started: false,
+            error,
+        };
+        self.backend.conn.write_raw(&out).await.map_err(lost)?;
+        let max = self.shared.config.proxy.max_packet_size;
+        let mut answers = Vec::with_capacity(4);
+        for _ in 0..4 {
+            let p = self.backend.conn.read_packet(max).await.map_err(lost)?;
+            if !matches!(p.payload.first(), Some(0 | 0xff)) {
+                return Err(End::Protocol(
+                    "a wrapped autocommit write was answered with neither OK nor ERR".into(),
+                ));
+            }
+            answers.push(p.payload);
+        }
+        let [begin, statement, marker, commit] =
+            [&answers[0], &answers[1], &answers[2], &answers[3]];
+        if marker.first() == Some(&0xff) {
+            self.markers.refused = true;
+            tracing::warn!(
+                session = self.info.id,
+                "commit marker refused; this session's writes go on without one"
+            );
+        }
+        let tracks = self.capabilities & CLIENT_SESSION_TRACK != 0;
+        let failed = [begin, commit]
+            .into_iter()
+            .find(|a| a.first() == Some(&0xff));
+        let answer = match failed {
+            // The statement did not commit: the client gets why.
+            Some(err) => err.to_vec(),
+            None if statement.first() == Some(&0xff) => statement.to_vec(),
+            None => {
+                let after = OkPacket::parse(commit, tracks)
+                    .map_err(|e| End::Protocol(format!("backend sent a malformed OK: {e}")))?;
+                let ok = OkPacket::parse(statement, tracks)
+                    .map_err(|e| End::Protocol(format!("backend sent a malformed OK: {e}")))?;
+                self.client_ok(&ok, after.status)
+            }
+        };
+        if answer.first() == Some(&0xff) {
+            let code = holdfast_wire::packets::ErrPacket::parse(&answer).map_or(0, |e| e.code);
+            self.last_error = Some(code);
+            self.shared.metrics.count_error(code);
+            self.record.last_warnings = 1;
+            self.record.last_affected_rows = 0;
+        }
+        if let Ok(after) = OkPacket::parse(commit, tracks) {
+            self.record.status = after.status;
+        }
+        self.shared
+            .metrics
+            .requests
+            .bytes_to_client(answer.len() as u64 + 4);
+        self.response_started = true;
+        self.client
+            .write_packet(&answer, reply_seq)
+            .await
+            .map_err(End::Client)
+    }
+
+    /// The client's OK for a statement whose transaction holdfast committed: the
+    /// statement's counts, the status after the commit (its plan flags kept), the session
+    /// state the client's own trackers would report. The record follows the statement.
+    fn client_ok(&mut self, ok: &OkPacket<'_>, status_after: u16) -> Vec<u8> {
+        const PLAN: u16 =
+            SERVER_STATUS_NO_GOOD_INDEX_USED | SERVER_STATUS_NO_INDEX_USED | SERVER_QUERY_WAS_SLOW;
+        super::forward::observe_ok(&mut self.record, ok);
+        let tracks = self.capabilities & CLIENT_SESSION_TRACK != 0;
+        let mut kept = Vec::new();
+        if tracks {
+            self.record
+                .client_trackers
+                .filter(ok.session_state, &mut kept);
+        }
+        let mut status = (status_after & !SERVER_SESSION_STATE_CHANGED) | (ok.status & PLAN);
+        if tracks
+            && (!kept.is_empty()
+                || (self.record.client_trackers.state_change()
+                    && ok.status & SERVER_SESSION_STATE_CHANGED != 0))
+        {
+            status |= SERVER_SESSION_STATE_CHANGED;
+        }
+        let ok = OkPacket {
+            status,
+            session_state: &kept,
+            ..*ok
+        };
+        let mut out = Vec::new();
+        ok.encode_into(tracks, &mut out);
+        out
     }
 
     /// Sends the marker and the COMMIT in one write, drops the marker's answer and relays
@@ -112,16 +280,12 @@ impl Session {
         self.response_started = false;
         self.last_error = None;
         let seq = self.markers.seq + 1;
-        let upsert = format!(
-            "\u{3}INSERT INTO {} (session, seq) VALUES ({}, {seq}) ON DUPLICATE KEY UPDATE seq = {seq}",
-            crate::ha::markers::TABLE,
-            self.markers.key
-        );
+        let upsert = self.marker_upsert(seq);
         let mut out = BytesMut::with_capacity(upsert.len() + request.len() + 8);
         out.extend_from_slice(&frame::packet(upsert.as_bytes(), 0));
         out.extend_from_slice(request);
         self.markers.seq = seq;
-        self.markers.in_flight = Some(seq);
+        self.markers.in_flight = Some(InFlight::Commit { seq });
         self.backend
             .conn
             .write_raw(&out)
@@ -168,7 +332,102 @@ impl Session {
 
     /// The backend was lost with a marked COMMIT (`seq`) in flight: move, read the marker
     /// on the new backend, and answer the client with what became of its transaction.
-    pub(super) async fn recover_lost_commit(
+    pub(super) async fn recover_lost_marked(
+        &mut self,
+        error: ConnError,
+        request: BytesMut,
+        reply_seq: u8,
+        marked: InFlight,
+    ) -> Result<(), End> {
+        match marked {
+            InFlight::Commit { seq } => {
+                self.recover_lost_commit(error, request, reply_seq, seq)
+                    .await
+            }
+            InFlight::Autocommit {
+                seq,
+                last_insert_id,
+            } => {
+                self.recover_lost_autocommit(error, request, reply_seq, seq, last_insert_id)
+                    .await
+            }
+        }
+    }
+
+    /// A wrapped autocommit write lost in flight: applied (its marker is there with its
+    /// counts) -> OK with them; not applied -> run again, wrapped again; the marker
+    /// unreadable -> the client learns the outcome is unknown, as without markers.
+    async fn recover_lost_autocommit(
+        &mut self,
+        error: ConnError,
+        request: BytesMut,
+        reply_seq: u8,
+        seq: u64,
+        last_insert_id: u64,
+    ) -> Result<(), End> {
+        tracing::info!(session = self.info.id, node = %self.backend_name, %error, "backend lost with an autocommit write in flight; reading its commit marker");
+        let node = self.backend_name.clone();
+        let age = self.backend_since.elapsed();
+        let old_thread = self.backend.greeting.connection_id;
+        self.mark_backend_dead();
+        self.transaction_lost = false;
+        self.relocate("backend_lost").await?;
+        let killed = self.backend_killed || self.cut_while_server_ran(&node, age).await;
+        self.backend_killed = false;
+        match self.read_marker(&node, age, old_thread).await {
+            Some(Some(m)) if m.seq >= seq && m.affected >= 0 => {
+                tracing::info!(
+                    session = self.info.id,
+                    "the lost autocommit write was applied; answering it"
+                );
+                self.shared.metrics.commit_outcome("committed");
+                self.shared.metrics.requests_retried.inc();
+                let insert_id = if m.insert_id != last_insert_id {
+                    m.insert_id
+                } else {
+                    0
+                };
+                if insert_id != 0 {
+                    self.record.last_insert_id = insert_id;
+                }
+                self.record.last_affected_rows = m.affected.unsigned_abs();
+                self.record.last_warnings = 0;
+                let ok = ok_payload(
+                    m.affected.unsigned_abs(),
+                    insert_id,
+                    self.record.status & !SERVER_STATUS_IN_TRANS,
+                    0,
+                );
+                self.client
+                    .write_packet(&ok, reply_seq)
+                    .await
+                    .map_err(End::Client)
+            }
+            Some(_) if !killed => {
+                tracing::info!(
+                    session = self.info.id,
+                    "the lost autocommit write was not applied; running it again"
+                );
+                self.shared.metrics.commit_outcome("replayed");
+                self.shared.metrics.requests_retried.inc();
+                self.forward_request(request).await
+            }
+            Some(_) => {
+                self.shared.metrics.commit_outcome("rolled_back");
+                self.shared.metrics.requests_failed_on_backend_loss.inc();
+                self.send_error(reply_seq, &ClientError::statement_killed())
+                    .await
+            }
+            None => {
+                self.shared.metrics.commit_outcome("unknown");
+                self.shared.metrics.requests_failed_on_backend_loss.inc();
+                self.send_error(reply_seq, &ClientError::statement_interrupted())
+                    .await
+            }
+        }
+    }
+
+    async fn recover_lost_commit(
         &mut self,
         error: ConnError,
         request: BytesMut,
@@ -189,7 +448,10 @@ impl Session {
         // did not commit is not committed again.
         let killed = self.backend_killed || self.cut_while_server_ran(&node, age).await;
         self.backend_killed = false;
-        let outcome = self.commit_outcome(&node, age, old_thread, seq).await;
+        let outcome = self
+            .read_marker(&node, age, old_thread)
+            .await
+            .map(|m| m.is_some_and(|m| m.seq >= seq));
         self.markers.txn_writes = false;
         match outcome {
             Some(true) => {
@@ -250,16 +512,15 @@ impl Session {
         self.replay_transaction().await
     }
 
-    /// Whether the transaction behind marker `seq` committed, read on the session's new
-    /// backend (`None`: it cannot be told). On the node the COMMIT was sent to, still
+    /// The session's marker as the session's new backend has it (`Some(None)`: no row;
+    /// `None`: it cannot be told). On the node the lost request was sent to, still
     /// running, the old connection must be gone first: its COMMIT may still be running.
-    async fn commit_outcome(
+    async fn read_marker(
         &mut self,
         node: &str,
         age: Duration,
         old_thread: u32,
-        seq: u64,
-    ) -> Option<bool> {
+    ) -> Option<Option<Marker>> {
         if self.backend_name == node && self.server_ran_throughout(age).await != Some(false) {
             let gone = format!(
                 "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = {old_thread}"
@@ -274,7 +535,7 @@ impl Session {
                     tracing::warn!(
                         session = self.info.id,
                         old_thread,
-                        "the old connection is still on the server; COMMIT outcome unknown"
+                        "the old connection is still on the server; outcome unknown"
                     );
                     return None;
                 }
@@ -282,21 +543,34 @@ impl Session {
             }
         }
         let read = format!(
-            "SELECT seq FROM {} WHERE session = {}",
+            "SELECT seq, affected, insert_id FROM {} WHERE session = {}",
             crate::ha::markers::TABLE,
             self.markers.key
         );
         match self.backend.query(&read).await {
-            Ok(r) => {
-                let found = first_value(&r).and_then(|v| v.parse::<u64>().ok());
-                Some(found.is_some_and(|s| s >= seq))
-            }
+            Ok(r) => Some(r.rows.first().map(|row| {
+                let at = |i: usize| row.get(i).cloned().flatten();
+                Marker {
+                    seq: at(0).and_then(|v| v.parse().ok()).unwrap_or(0),
+                    affected: at(1).and_then(|v| v.parse().ok()).unwrap_or(-1),
+                    insert_id: at(2).and_then(|v| v.parse().ok()).unwrap_or(0),
+                }
+            })),
             Err(e) => {
-                tracing::warn!(session = self.info.id, error = %e, "reading the commit marker failed; COMMIT outcome unknown");
+                tracing::warn!(session = self.info.id, error = %e, "reading the commit marker failed; outcome unknown");
                 None
             }
         }
     }
+}
+
+/// A session's marker row.
+#[derive(Debug, Clone, Copy)]
+struct Marker {
+    seq: u64,
+    /// `ROW_COUNT()` of the statement before the marker (-1: it failed).
+    affected: i64,
+    insert_id: u64,
 }
 
 fn first_value(r: &holdfast_client::TextResult) -> Option<String> {

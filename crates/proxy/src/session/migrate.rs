@@ -189,7 +189,9 @@ impl Session {
                     .cloned()
                     .flatten();
                 let uptime = uptime.and_then(|v| v.parse::<u64>().ok())?;
-                Some(uptime > age.as_secs())
+                // Whole seconds, rounded down: up for longer than the connection for sure
+                // only past its age rounded up.
+                Some(uptime > age.as_secs() + 1)
             }
             Err(e) => {
                 tracing::debug!(session = self.info.id, error = %e, "uptime of the new backend unknown");
