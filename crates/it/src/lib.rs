@@ -167,7 +167,12 @@ impl Harness {
             READY_TIMEOUT,
             || {
                 let topo = shared.topology.borrow().clone();
-                (topo.primary.is_some() && shared.verifiers.is_loaded()).then_some(())
+                // With commit markers on, tests start once COMMITs carry them.
+                let markers = !shared.config.ha.commit_markers
+                    || shared
+                        .commit_markers_ready
+                        .load(std::sync::atomic::Ordering::Acquire);
+                (topo.primary.is_some() && shared.verifiers.is_loaded() && markers).then_some(())
             },
         );
         Ok(h)

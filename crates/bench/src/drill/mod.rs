@@ -1,8 +1,10 @@
 //! `holdfast-bench drill`: sysbench through holdfast on a lab while the database goes
 //! through a maintenance event mid-run ([`ha`]: switchover, restart, resize, failover), and
 //! a serverless instance pausing under a pool of idle connections ([`serverless`]). What the
-//! scenarios share (options, sysbench, reading its output) is in [`common`].
+//! scenarios share (options, sysbench, reading its output) is in [`common`]; the writers
+//! that check no acknowledged write was lost are in [`ack`].
 
+mod ack;
 mod common;
 mod failover_times;
 mod ha;

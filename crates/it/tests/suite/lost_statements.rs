@@ -275,11 +275,24 @@ fn an_implicit_commit_lost_in_a_transaction_has_an_unknown_outcome() {
 }
 
 /// A prepared COMMIT executed (COM_STMT_EXECUTE) waits for a backup stage that blocks
-/// commits; its connection is killed. Like a COMMIT sent as text: the outcome is unknown
-/// (1180), not "rolled back" (1213).
+/// commits; its connection is killed. Without commit markers, like a COMMIT sent as text:
+/// the outcome is unknown (1180), not "rolled back" (1213).
 #[test]
-fn a_prepared_commit_lost_in_flight_has_an_unknown_outcome() {
-    let h = Harness::start();
+fn a_prepared_commit_lost_in_flight_has_an_unknown_outcome_without_markers() {
+    prepared_commit_killed_while_commits_are_blocked(false);
+}
+
+/// The same with commit markers: the marker is not on the server, so the transaction is
+/// known to be rolled back (1213); it is not replayed (its connection was killed).
+#[test]
+fn a_prepared_commit_lost_in_flight_is_known_rolled_back_with_markers() {
+    prepared_commit_killed_while_commits_are_blocked(true);
+}
+
+fn prepared_commit_killed_while_commits_are_blocked(markers: bool) {
+    let h = Harness::start_with(
+        holdfast_it::Options::default().config(move |c| c.ha.commit_markers = markers),
+    );
     h.root_sql("CREATE TABLE sbtest.tx (id INT PRIMARY KEY)");
     let mut c = connect(&h);
     let commit = c.prep("COMMIT").unwrap();
@@ -294,7 +307,11 @@ fn a_prepared_commit_lost_in_flight_has_an_unknown_outcome() {
     h.root_sql(&format!("KILL CONNECTION {thread}"));
     let (mut c, r) = answer(&rx, || None);
     let err = r.expect_err("an error");
-    assert_eq!(mysql_error(&err), Some((1180, "HY000")), "{err}");
+    let expected = match markers {
+        true => (1213, "40001"),
+        false => (1180, "HY000"),
+    };
+    assert_eq!(mysql_error(&err), Some(expected), "{err}");
     backup.query_drop("BACKUP STAGE END").unwrap();
     // The session goes on; this COMMIT never happened.
     let n: Option<u64> = c.query_first("SELECT COUNT(*) FROM tx").unwrap();

@@ -213,3 +213,39 @@ fn a_statement_in_flight_when_the_primary_dies_runs_again_in_the_replayed_transa
     );
     assert_eq!(replays(&h, "replayed"), 1.0);
 }
+
+/// sysbench's way: BEGIN and COMMIT prepared and executed like the other statements. The
+/// transaction is replayed from its prepared BEGIN, and its prepared COMMIT commits it.
+#[test]
+fn a_transaction_of_prepared_statements_from_begin_to_commit_is_replayed() {
+    let mut h = Harness::start();
+    let mut c = connect(&h);
+    c.query_drop("CREATE TABLE sbtest.rps (id INT PRIMARY KEY, v INT)")
+        .unwrap();
+    c.exec_drop("INSERT INTO sbtest.rps VALUES (?, ?)", (1, 1))
+        .unwrap();
+    c.exec_drop("BEGIN", ()).unwrap();
+    c.exec_drop("UPDATE sbtest.rps SET v = v + ? WHERE id = ?", (10, 1))
+        .unwrap();
+    let v: Option<i32> = c
+        .exec_first("SELECT v FROM sbtest.rps WHERE id = ?", (1,))
+        .unwrap();
+    assert_eq!(v, Some(11));
+    crash_and_restart(&mut h);
+    c.exec_drop("INSERT INTO sbtest.rps VALUES (?, ?)", (2, 2))
+        .expect("the replayed transaction goes on");
+    c.exec_drop("COMMIT", ()).unwrap();
+    let rows = node_sql(
+        node(&h, "node1"),
+        "SELECT id, v FROM sbtest.rps ORDER BY id",
+    )
+    .unwrap();
+    assert_eq!(
+        rows,
+        vec![
+            vec!["1".to_string(), "11".into()],
+            vec!["2".into(), "2".into()]
+        ]
+    );
+    assert_eq!(replays(&h, "replayed"), 1.0);
+}

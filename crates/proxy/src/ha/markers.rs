@@ -43,14 +43,20 @@ pub async fn keep_marker_table(
     ready: Arc<AtomicBool>,
 ) {
     let mut failures = 0u32;
+    let mut topology = topology;
     loop {
+        if !has_writable_primary(&topology) {
+            // Until the first probe says which node is writable.
+            let _ = tokio::time::timeout(RETRY_EVERY, topology.changed()).await;
+            continue;
+        }
         match run_on_primary(&cfg, &topology, &CREATE).await {
             Ok(()) => break,
             Err(e) => {
                 failures += 1;
-                // After ten seconds (the primary may not be known yet at start), then
-                // every minute: a monitor without CREATE on holdfast.* would flood the log.
-                if failures % 60 == 10 {
+                // Once, then every minute: a monitor without CREATE on holdfast.* would
+                // flood the log.
+                if failures % 60 == 1 {
                     tracing::warn!(error = %e, "commit markers: cannot create {TABLE} yet (the monitor account needs CREATE on holdfast.*); COMMITs carry no marker until it exists");
                 }
                 tokio::time::sleep(RETRY_EVERY).await;
@@ -68,6 +74,13 @@ pub async fn keep_marker_table(
             tracing::debug!(error = %e, "commit markers: purge failed");
         }
     }
+}
+
+fn has_writable_primary(topology: &watch::Receiver<Arc<Topology>>) -> bool {
+    topology
+        .borrow()
+        .primary_node()
+        .is_some_and(|n| n.read_only == Some(false))
 }
 
 async fn run_on_primary(

@@ -192,13 +192,22 @@ impl Session {
         } else {
             None
         };
-        let kept = self.replay_before(&request, query, in_transaction);
-        self.note_writes(query, &request);
-        let (marked, wrapped) = match (query, query_text(&request)) {
-            (Some(flags), Some(sql)) => (
+        // A statement's flags, whether sent as text or prepared and executed.
+        let executed = match query {
+            Some(_) => None,
+            None => self.executed_statement(&request),
+        };
+        let flags = query.or(executed.as_ref().map(|(_, f)| *f));
+        let kept = self.replay_before(&request, flags, in_transaction);
+        self.note_writes(flags);
+        let (marked, wrapped) = match (flags, query_text(&request), &executed) {
+            (Some(flags), Some(sql), _) => (
                 self.marks_commit(sql, flags, in_transaction),
                 self.wraps_autocommit(sql, flags, in_transaction, &request),
             ),
+            (Some(flags), None, Some((sql, _))) => {
+                (self.marks_commit(sql, flags, in_transaction), false)
+            }
             _ => (false, false),
         };
         let result = match tracked {
@@ -305,6 +314,24 @@ impl Session {
             }
             other => other,
         }
+    }
+
+    /// The text and flags of the prepared statement a COM_STMT_EXECUTE or bulk execute
+    /// runs (a bulk execute counts as a write whatever its text).
+    fn executed_statement(&self, request: &[u8]) -> Option<(Bytes, C)> {
+        let cmd = *request.get(HEADER_LEN)?;
+        if cmd != COM_STMT_EXECUTE && cmd != COM_STMT_BULK_EXECUTE {
+            return None;
+        }
+        let id = self
+            .statements
+            .resolve(packets::statement_id(&request[HEADER_LEN..])?);
+        let stmt = self.statements.get(id)?;
+        let flags = match cmd {
+            COM_STMT_BULK_EXECUTE => stmt.flags.union(C::WRITE).difference(C::READ_ONLY),
+            _ => stmt.flags,
+        };
+        Some((stmt.sql.clone(), flags))
     }
 
     /// Whether a command other than COM_QUERY, lost with its backend outside a transaction,
@@ -825,10 +852,7 @@ impl Session {
                     let sql = prepare_sql.take().unwrap_or_default();
                     let verdict = LossVerdict::of_sql(&sql, self.record.sql_mode);
                     let replayable = super::replay::replayable_sql(&sql, self.record.sql_mode);
-                    let writes = super::markers::writes_data(classify_with(
-                        &sql,
-                        self.record.sql_mode.unwrap_or_default(),
-                    ));
+                    let flags = classify_with(&sql, self.record.sql_mode.unwrap_or_default());
                     let client_id = self.statements.insert(Statement {
                         backend_id: p.statement_id,
                         sql,
@@ -838,7 +862,7 @@ impl Session {
                         retry_safe: verdict.retry_safe,
                         may_commit: verdict.may_commit,
                         replayable,
-                        writes,
+                        flags,
                         types: None,
                         types_pending: false,
                     });
@@ -1080,19 +1104,6 @@ impl Session {
         self.record.open_cursors = self.statements.open_cursors();
         self.record.pending_long_data = self.statements.pending_long_data();
         self.record.prepared_statements = self.statements.len();
-    }
-}
-
-/// Whether a command other than COM_QUERY changes data: the execute of a prepared
-/// statement that does, any bulk execute.
-pub(super) fn statement_writes(statements: &super::statements::Statements, request: &[u8]) -> bool {
-    match request.get(HEADER_LEN) {
-        Some(&COM_STMT_BULK_EXECUTE) => true,
-        Some(&COM_STMT_EXECUTE) => packets::statement_id(&request[HEADER_LEN..])
-            .map(|id| statements.resolve(id))
-            .and_then(|id| statements.get(id))
-            .is_some_and(|s| s.writes),
-        _ => false,
     }
 }
 

@@ -7,13 +7,14 @@
 //! client gets the COMMIT's OK) or did not (it is replayed and committed again, or the
 //! client learns it was rolled back: 1213, now a fact rather than a guess).
 
+use super::migrate::LostConn;
 use super::{End, Session};
 use crate::conn::ConnError;
 use crate::error::ClientError;
 use bytes::BytesMut;
 use holdfast_sql::{first_keyword, Classification as C, Lexer};
 use holdfast_wire::caps::*;
-use holdfast_wire::command::COM_QUERY;
+use holdfast_wire::command::{COM_QUERY, COM_STMT_EXECUTE};
 use holdfast_wire::frame;
 use holdfast_wire::packets::{ok_payload, OkPacket};
 use std::sync::atomic::Ordering;
@@ -84,13 +85,9 @@ fn plain_commit(sql: &[u8], flags: C) -> bool {
 }
 
 impl Session {
-    /// Before a request runs: notes whether the transaction changed data.
-    pub(super) fn note_writes(&mut self, query: Option<C>, request: &[u8]) {
-        let writes = match query {
-            Some(flags) => writes_data(flags),
-            None => super::forward::statement_writes(&self.statements, request),
-        };
-        self.markers.txn_writes |= writes;
+    /// Before a statement runs: notes whether the transaction changed data.
+    pub(super) fn note_writes(&mut self, flags: Option<C>) {
+        self.markers.txn_writes |= flags.is_some_and(writes_data);
     }
 
     /// Whether this COMMIT goes out behind a marker.
@@ -276,14 +273,26 @@ impl Session {
     /// Sends the marker and the COMMIT in one write, drops the marker's answer and relays
     /// the COMMIT's.
     pub(super) async fn commit_with_marker(&mut self, request: &[u8]) -> Result<(), End> {
-        self.shared.metrics.requests.command(COM_QUERY);
+        let cmd = request.get(frame::HEADER_LEN).copied().unwrap_or(COM_QUERY);
+        self.shared.metrics.requests.command(cmd);
         self.response_started = false;
         self.last_error = None;
         let seq = self.markers.seq + 1;
         let upsert = self.marker_upsert(seq);
         let mut out = BytesMut::with_capacity(upsert.len() + request.len() + 8);
         out.extend_from_slice(&frame::packet(upsert.as_bytes(), 0));
+        let at = out.len();
         out.extend_from_slice(request);
+        // A prepared COMMIT: the backend knows it by its own id.
+        if request.get(frame::HEADER_LEN) == Some(&COM_STMT_EXECUTE) {
+            let backend_id = holdfast_wire::packets::statement_id(&request[frame::HEADER_LEN..])
+                .map(|id| self.statements.resolve(id))
+                .and_then(|id| self.statements.get(id))
+                .map(|s| s.backend_id);
+            if let (Some(id), Some(payload)) = (backend_id, out.get_mut(at + frame::HEADER_LEN..)) {
+                holdfast_wire::packets::set_statement_id(payload, id);
+            }
+        }
         self.markers.seq = seq;
         self.markers.in_flight = Some(InFlight::Commit { seq });
         self.backend
@@ -366,15 +375,13 @@ impl Session {
         last_insert_id: u64,
     ) -> Result<(), End> {
         tracing::info!(session = self.info.id, node = %self.backend_name, %error, "backend lost with an autocommit write in flight; reading its commit marker");
-        let node = self.backend_name.clone();
-        let age = self.backend_since.elapsed();
-        let old_thread = self.backend.greeting.connection_id;
+        let lost = self.lost_conn();
         self.mark_backend_dead();
         self.transaction_lost = false;
         self.relocate("backend_lost").await?;
-        let killed = self.backend_killed || self.cut_while_server_ran(&node, age).await;
+        let killed = self.backend_killed || self.cut_while_server_ran(&lost).await;
         self.backend_killed = false;
-        match self.read_marker(&node, age, old_thread).await {
+        match self.read_marker(&lost).await {
             Some(Some(m)) if m.seq >= seq && m.affected >= 0 => {
                 tracing::info!(
                     session = self.info.id,
@@ -435,9 +442,7 @@ impl Session {
         seq: u64,
     ) -> Result<(), End> {
         tracing::info!(session = self.info.id, node = %self.backend_name, %error, "backend lost with a COMMIT in flight; reading its commit marker");
-        let node = self.backend_name.clone();
-        let age = self.backend_since.elapsed();
-        let old_thread = self.backend.greeting.connection_id;
+        let lost = self.lost_conn();
         // Restored as the transaction left it: right if it committed; a replay sets its
         // own start below.
         let log = self.txn_log.take();
@@ -446,10 +451,10 @@ impl Session {
         self.relocate("backend_lost").await?;
         // Someone's KILL stopped it (or the network cut it while its server ran): what
         // did not commit is not committed again.
-        let killed = self.backend_killed || self.cut_while_server_ran(&node, age).await;
+        let killed = self.backend_killed || self.cut_while_server_ran(&lost).await;
         self.backend_killed = false;
         let outcome = self
-            .read_marker(&node, age, old_thread)
+            .read_marker(&lost)
             .await
             .map(|m| m.is_some_and(|m| m.seq >= seq));
         self.markers.txn_writes = false;
@@ -515,13 +520,9 @@ impl Session {
     /// The session's marker as the session's new backend has it (`Some(None)`: no row;
     /// `None`: it cannot be told). On the node the lost request was sent to, still
     /// running, the old connection must be gone first: its COMMIT may still be running.
-    async fn read_marker(
-        &mut self,
-        node: &str,
-        age: Duration,
-        old_thread: u32,
-    ) -> Option<Option<Marker>> {
-        if self.backend_name == node && self.server_ran_throughout(age).await != Some(false) {
+    async fn read_marker(&mut self, lost: &LostConn) -> Option<Option<Marker>> {
+        let old_thread = lost.thread;
+        if self.backend_name == lost.node && self.server_ran_throughout(lost).await != Some(false) {
             let gone = format!(
                 "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = {old_thread}"
             );

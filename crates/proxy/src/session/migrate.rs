@@ -50,6 +50,15 @@ impl fmt::Display for NotReady {
     }
 }
 
+/// The backend connection a session lost: where, how old, its server thread.
+#[derive(Debug, Clone)]
+pub(super) struct LostConn {
+    pub node: String,
+    /// When it was opened.
+    pub since: Instant,
+    pub thread: u32,
+}
+
 /// What a request lost with its backend was.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Lost {
@@ -118,7 +127,7 @@ impl Session {
             replay,
         } = lost;
         tracing::info!(session = self.info.id, node = %self.backend_name, %error, "backend lost during a command");
-        let (node, age) = (self.backend_name.clone(), self.backend_since.elapsed());
+        let lost_conn = self.lost_conn();
         self.mark_backend_dead();
         self.transaction_lost = false;
         self.relocate("backend_lost").await?;
@@ -127,7 +136,7 @@ impl Session {
             .as_ref()
             .and_then(|r| r.get(holdfast_wire::frame::HEADER_LEN))
             .is_some_and(|&cmd| cmd == COM_QUERY || cmd == COM_STMT_EXECUTE);
-        if statement && !self.backend_killed && self.cut_while_server_ran(&node, age).await {
+        if statement && !self.backend_killed && self.cut_while_server_ran(&lost_conn).await {
             self.backend_killed = true;
         }
         let retry = retry.filter(|_| !self.backend_killed);
@@ -161,25 +170,39 @@ impl Session {
         self.send_error(reply_seq, &error).await
     }
 
-    /// After a move for a lost request: whether the session is back on the node it lost
-    /// (`node`) and that server has been up for longer than the lost connection (`age`).
-    /// Then no restart or crash took the connection: it was cut while the server kept
-    /// running, by someone's KILL (MariaDB closes a killed connection without an ERR) or
-    /// the network. False when that cannot be told.
-    pub(super) async fn cut_while_server_ran(&mut self, node: &str, age: Duration) -> bool {
-        if self.backend_name != node {
-            return false;
+    /// What is known of the backend connection just lost, taken before the move.
+    pub(super) fn lost_conn(&self) -> LostConn {
+        LostConn {
+            node: self.backend_name.clone(),
+            since: self.backend_since,
+            thread: self.backend.greeting.connection_id,
         }
-        let ran = self.server_ran_throughout(age).await == Some(true);
+    }
+
+    /// After a move for a lost request: whether the session is back on the node it lost
+    /// and that server kept running meanwhile. Then no restart or crash took the
+    /// connection: it was cut while the server kept running, by someone's KILL (MariaDB
+    /// closes a killed connection without an ERR) or the network. False when that cannot
+    /// be told.
+    pub(super) async fn cut_while_server_ran(&mut self, lost: &LostConn) -> bool {
+        let ran = self.server_ran_throughout(lost).await == Some(true);
         if ran {
-            tracing::info!(session = self.info.id, node, age_ms = age.as_millis() as u64, "the lost connection was cut while its server kept running (KILL?); not running the request again");
+            tracing::info!(session = self.info.id, node = %lost.node, age_ms = lost.since.elapsed().as_millis() as u64, "the lost connection was cut while its server kept running (KILL?); not running the request again");
         }
         ran
     }
 
-    /// Whether the session's backend server has been up for longer than `age` (`None`: its
-    /// uptime could not be read).
-    pub(super) async fn server_ran_throughout(&mut self, age: Duration) -> Option<bool> {
+    /// Whether the session is back on the node it lost and that server did not restart
+    /// since (`None`: it cannot be told). A server hands out connection ids in increasing
+    /// order from its start: a new id above the lost one says it kept running, unless its
+    /// uptime is shorter than the lost connection's age.
+    pub(super) async fn server_ran_throughout(&mut self, lost: &LostConn) -> Option<bool> {
+        if self.backend_name != lost.node {
+            return Some(false);
+        }
+        if self.backend.greeting.connection_id <= lost.thread {
+            return Some(false);
+        }
         match self.backend.query(UPTIME).await {
             Ok(r) => {
                 let uptime = r
@@ -189,9 +212,10 @@ impl Session {
                     .cloned()
                     .flatten();
                 let uptime = uptime.and_then(|v| v.parse::<u64>().ok())?;
-                // Whole seconds, rounded down: up for longer than the connection for sure
-                // only past its age rounded up.
-                Some(uptime > age.as_secs() + 1)
+                // Whole seconds, rounded down: restarted for sure only when shorter than
+                // the connection's age (now: it began before the server stopped, if it
+                // did) by a second or more.
+                Some(uptime + 1 > lost.since.elapsed().as_secs())
             }
             Err(e) => {
                 tracing::debug!(session = self.info.id, error = %e, "uptime of the new backend unknown");

@@ -96,8 +96,7 @@ impl Session {
         }
         // Where a transaction lost while idle was: a server that kept running had its
         // connection cut (someone's KILL), and then it is not replayed.
-        let lost_from = (self.transaction_lost && self.can_replay())
-            .then(|| (self.backend_name.clone(), self.backend_since.elapsed()));
+        let lost_from = (self.transaction_lost && self.can_replay()).then(|| self.lost_conn());
         if self.backend_dead {
             self.shared.metrics.requests_held.inc();
             self.relocate("backend_lost").await?;
@@ -114,7 +113,7 @@ impl Session {
                 return Ok(Routed::Forward);
             }
             let killed = match lost_from {
-                Some((node, age)) => self.cut_while_server_ran(&node, age).await,
+                Some(lost) => self.cut_while_server_ran(&lost).await,
                 None => false,
             };
             // Replayed: the transaction is open again where it was, the request joins it.

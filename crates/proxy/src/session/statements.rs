@@ -23,9 +23,8 @@ pub(super) struct Statement {
     pub may_commit: bool,
     /// The statement may be part of a transaction replay (see `replay.rs`).
     pub replayable: bool,
-    /// The statement changes data (its transaction's COMMIT gets a marker, see
-    /// `markers.rs`).
-    pub writes: bool,
+    /// The statement's classification (under the session's sql_mode when prepared).
+    pub flags: holdfast_sql::Classification,
     /// The parameter type block of the last execute that sent types.
     pub types: Option<Vec<u8>>,
     /// Re-prepared on a new backend that has not seen the types yet.
@@ -141,7 +140,7 @@ mod tests {
             retry_safe: true,
             may_commit: false,
             replayable: true,
-            writes: false,
+            flags: holdfast_sql::Classification::READ_ONLY,
             types: None,
             types_pending: false,
         }
