@@ -215,6 +215,7 @@ async fn select_cut_while_its_server_kept_running_is_not_run_again() {
 async fn select_lost_to_a_restart_is_run_again() {
     let (first, _first_log) = ScriptedServer::new(Script::default().reply(SELECT, Reply::HangUp));
     let second = Script::default()
+        .connection_id(3)
         .reply(UPTIME, uptime("0"))
         .reply(SELECT, rows_of_t());
     let (second, second_log) = ScriptedServer::new(second);

@@ -39,6 +39,8 @@ struct Row {
     longest_gap_s: u64,
     event: String,
     ack: AckReport,
+    /// Transactions replayed and lost COMMITs resolved by holdfast, by outcome.
+    recovered: String,
 }
 
 /// Runs `scenarios` one after the other on a lab in `args.dir` (started unless one runs).
@@ -114,6 +116,7 @@ pub fn run(args: &DrillArgs, holdfast: &Path, scenarios: &[Scenario]) -> Result<
             stall,
             r.event
         );
+        println!("   {}: holdfast recovered: {}", r.scenario, r.recovered);
         if !r.ack.errors.is_empty() {
             println!(
                 "   {}: the writers' errors by code: {:?}",
@@ -122,8 +125,9 @@ pub fn run(args: &DrillArgs, holdfast: &Path, scenarios: &[Scenario]) -> Result<
         }
     }
     println!(
-        "ignored: sysbench's own list (1213 deadlock, 1205 lock wait timeout, 1020) and 1180 (a \
-         COMMIT whose outcome holdfast could not tell); acknowledged writes: {} writers beside \
+        "ignored: sysbench's own list (1213: a deadlock, or a transaction lost with its node \
+         whose replay read rows another transaction had changed meanwhile; 1205 lock wait \
+         timeout; 1020) and 1180 (a COMMIT whose outcome holdfast could not tell); acknowledged writes: {} writers beside \
          sysbench insert numbered rows (autocommit and in transactions); every one acknowledged \
          is looked for on the primary afterwards",
         super::ack::WRITERS
@@ -134,6 +138,46 @@ pub fn run(args: &DrillArgs, holdfast: &Path, scenarios: &[Scenario]) -> Result<
         holdfast_lab::down(&args.dir)?;
     }
     Ok(())
+}
+
+/// holdfast's counters of replays and lost COMMITs, by outcome (`replays: replayed=3 ...`).
+fn recovery_counters(admin_addr: &holdfast_admin::AdminClient) -> Vec<(String, f64)> {
+    let Ok(text) = admin::get(admin_addr, "/metrics") else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter(|l| {
+            l.starts_with("holdfast_transaction_replays_total")
+                || l.starts_with("holdfast_lost_commit_outcomes_total")
+        })
+        .filter_map(|l| {
+            let (name, value) = l.rsplit_once(' ')?;
+            let kind = match name.starts_with("holdfast_transaction_replays") {
+                true => "replay",
+                false => "lost COMMIT",
+            };
+            let reason = name.split('"').nth(1)?;
+            Some((format!("{kind} {reason}"), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// What changed between two readings of [`recovery_counters`], as `name n, ...`.
+fn recovery_delta(before: &[(String, f64)], after: &[(String, f64)]) -> String {
+    let parts: Vec<String> = after
+        .iter()
+        .filter_map(|(name, v)| {
+            let was = before
+                .iter()
+                .find(|(n, _)| n == name)
+                .map_or(0.0, |(_, v)| *v);
+            (v - was > 0.0).then(|| format!("{name} {}", v - was))
+        })
+        .collect();
+    match parts.is_empty() {
+        true => "none".into(),
+        false => parts.join(", "),
+    }
 }
 
 fn closed_sessions(admin_addr: &holdfast_admin::AdminClient) -> f64 {
@@ -156,6 +200,7 @@ fn run_scenario(lab: &LabStatus, args: &DrillArgs, scenario: Scenario) -> Result
         args.seconds / 3
     );
     let closed_before = closed_sessions(&admin);
+    let recovered_before = recovery_counters(&admin);
     let options = [
         format!("--threads={}", args.threads),
         format!("--time={}", args.seconds),
@@ -183,6 +228,7 @@ fn run_scenario(lab: &LabStatus, args: &DrillArgs, scenario: Scenario) -> Result
     let text = output_text(&out);
     std::fs::write(args.dir.join(format!("drill-{name}.log")), &text)?;
     let closed = (closed_sessions(&admin) - closed_before).max(0.0) as u32;
+    let recovered = recovery_delta(&recovered_before, &recovery_counters(&admin));
     let fatal = !out.status.success() || text.contains("FATAL");
     if scenario == Scenario::Failover {
         // Bring the killed node back as a replica for the next drill.
@@ -207,6 +253,7 @@ fn run_scenario(lab: &LabStatus, args: &DrillArgs, scenario: Scenario) -> Result
         longest_gap_s: longest_gap(&text),
         event,
         ack,
+        recovered,
     })
 }
 
@@ -305,6 +352,21 @@ fn longest_gap(text: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn recovery_counters_are_shown_as_what_changed() {
+        let before = vec![("replay replayed".to_string(), 2.0)];
+        let after = vec![
+            ("replay replayed".to_string(), 5.0),
+            ("replay diverged".to_string(), 1.0),
+            ("lost COMMIT unknown".to_string(), 0.0),
+        ];
+        assert_eq!(
+            recovery_delta(&before, &after),
+            "replay replayed 3, replay diverged 1"
+        );
+        assert_eq!(recovery_delta(&after, &after), "none");
+    }
 
     #[test]
     fn longest_run_without_transactions() {

@@ -178,12 +178,14 @@ fn a_commit_lost_before_any_replica_received_it_is_replayed_and_committed_once()
     assert_eq!(outcomes(&h, "replayed"), 1.0);
 }
 
-/// An autocommit INSERT is wrapped with a marker: lost in flight after a replica received
-/// it, the client gets its OK (affected rows and insert id) and the row is there once; lost
-/// before any replica received it, it runs again on the new primary, once.
+/// An autocommit INSERT (as text, and prepared) is wrapped with a marker: lost in flight
+/// after a replica received it, the client gets its OK (affected rows and insert id) and
+/// the row is there once; lost before any replica received it, it runs again on the new
+/// primary, once.
 #[test]
 fn an_autocommit_insert_lost_in_flight_is_applied_exactly_once() {
-    for received in [true, false] {
+    for (received, prepared) in [(true, false), (false, false), (true, true), (false, true)] {
+        let case = format!("received={received} prepared={prepared}");
         let h = cluster();
         let old = primary(&h);
         let mut c = connect(&h);
@@ -212,13 +214,16 @@ fn an_autocommit_insert_lost_in_flight_is_applied_exactly_once() {
             holdfast_lab::kill_node(&lab_dir, &victim).expect("kill the primary");
         });
         let started = Instant::now();
-        let result = c.query_drop("INSERT INTO sbtest.ai (v) VALUES (3)");
+        let result = match prepared {
+            true => c.exec_drop("INSERT INTO sbtest.ai (v) VALUES (?)", (3,)),
+            false => c.query_drop("INSERT INTO sbtest.ai (v) VALUES (3)"),
+        };
         let took = started.elapsed();
         kill.join().unwrap();
         assert!(took >= KILL_AFTER, "answered after {took:?}: not in flight");
-        result.unwrap_or_else(|e| panic!("received={received}: {e}"));
-        assert_eq!(c.affected_rows(), 1, "received={received}");
-        assert_eq!(c.last_insert_id(), 3, "received={received}");
+        result.unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert_eq!(c.affected_rows(), 1, "{case}");
+        assert_eq!(c.last_insert_id(), 3, "{case}");
         let new = h.wait_primary_other_than(&old, WAIT);
         assert_eq!(
             rows(node(&h, &new), "ai"),
@@ -227,10 +232,10 @@ fn an_autocommit_insert_lost_in_flight_is_applied_exactly_once() {
                 vec!["2".into(), "2".into()],
                 vec!["3".into(), "3".into()]
             ],
-            "received={received}: the row once"
+            "{case}: the row once"
         );
         let outcome = if received { "committed" } else { "replayed" };
-        assert_eq!(outcomes(&h, outcome), 1.0, "received={received}");
+        assert_eq!(outcomes(&h, outcome), 1.0, "{case}");
         // Not in a transaction: the next write commits by itself.
         c.query_drop("INSERT INTO sbtest.ai (v) VALUES (4)")
             .unwrap();

@@ -205,9 +205,10 @@ impl Session {
                 self.marks_commit(sql, flags, in_transaction),
                 self.wraps_autocommit(sql, flags, in_transaction, &request),
             ),
-            (Some(flags), None, Some((sql, _))) => {
-                (self.marks_commit(sql, flags, in_transaction), false)
-            }
+            (Some(flags), None, Some((sql, _))) => (
+                self.marks_commit(sql, flags, in_transaction),
+                self.wraps_autocommit(sql, flags, in_transaction, &request),
+            ),
             _ => (false, false),
         };
         let result = match tracked {
@@ -1137,7 +1138,7 @@ pub(super) fn observe_ok(record: &mut SessionRecord, ok: &OkPacket<'_>) {
 /// Remembers the parameter types a COM_STMT_EXECUTE sends, and puts them back into an execute
 /// that relies on the server remembering them when the statement was re-prepared on a new
 /// backend that never saw them. Returns the rewritten request when one is needed.
-fn bind_types(stmt: &mut Statement, request: &[u8]) -> Option<BytesMut> {
+pub(super) fn bind_types(stmt: &mut Statement, request: &[u8]) -> Option<BytesMut> {
     let header = parse_header(request)?;
     if header.continues() || stmt.params == 0 {
         return None;

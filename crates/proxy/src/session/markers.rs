@@ -14,7 +14,7 @@ use crate::error::ClientError;
 use bytes::BytesMut;
 use holdfast_sql::{first_keyword, Classification as C, Lexer};
 use holdfast_wire::caps::*;
-use holdfast_wire::command::{COM_QUERY, COM_STMT_EXECUTE};
+use holdfast_wire::command::{COM_QUERY, COM_STMT_EXECUTE, CURSOR_TYPE_READ_ONLY};
 use holdfast_wire::frame;
 use holdfast_wire::packets::{ok_payload, OkPacket};
 use std::sync::atomic::Ordering;
@@ -140,8 +140,14 @@ impl Session {
             .union(C::LOAD_DATA_LOCAL)
             .union(C::KILL)
             .union(C::SHUTDOWN);
+        let execute = request.get(frame::HEADER_LEN) == Some(&COM_STMT_EXECUTE);
         !in_transaction
             && self.record.status & SERVER_STATUS_AUTOCOMMIT != 0
+            && (!execute
+                || !self.record.pending_long_data
+                    && request
+                        .get(frame::HEADER_LEN + 5)
+                        .is_some_and(|f| f & CURSOR_TYPE_READ_ONLY == 0))
             && !self.markers.refused
             && writes_data(flags)
             && !flags.intersects(NOT_WRAPPED)
@@ -160,7 +166,8 @@ impl Session {
     /// write; the client gets the statement's answer once the COMMIT's is in (or the
     /// COMMIT's error if it failed).
     pub(super) async fn autocommit_with_marker(&mut self, request: &[u8]) -> Result<(), End> {
-        self.shared.metrics.requests.command(COM_QUERY);
+        let cmd = request.get(frame::HEADER_LEN).copied().unwrap_or(COM_QUERY);
+        self.shared.metrics.requests.command(cmd);
         self.response_started = false;
         self.last_error = None;
         let reply_seq = super::forward::reply_seq(request);
@@ -168,7 +175,25 @@ impl Session {
         let upsert = self.marker_upsert(seq);
         let mut out = BytesMut::with_capacity(upsert.len() + request.len() + 32);
         out.extend_from_slice(&frame::packet(b"\x03BEGIN", 0));
+        let at = out.len();
         out.extend_from_slice(request);
+        if request.get(frame::HEADER_LEN) == Some(&COM_STMT_EXECUTE) {
+            // As `statement_command` sends it: the backend's id, the types it must know.
+            let id = holdfast_wire::packets::statement_id(&request[frame::HEADER_LEN..])
+                .map(|id| self.statements.resolve(id));
+            let Some(stmt) = id.and_then(|id| self.statements.get_mut(id)) else {
+                return Err(End::Protocol("a wrapped execute lost its statement".into()));
+            };
+            stmt.long_data = false;
+            let backend_id = stmt.backend_id;
+            if let Some(patched) = super::forward::bind_types(stmt, request) {
+                out.truncate(at);
+                out.extend_from_slice(&patched);
+            }
+            if let Some(payload) = out.get_mut(at + frame::HEADER_LEN..) {
+                holdfast_wire::packets::set_statement_id(payload, backend_id);
+            }
+        }
         out.extend_from_slice(&frame::packet(upsert.as_bytes(), 0));
         out.extend_from_slice(&frame::packet(b"\x03COMMIT", 0));
         self.markers.seq = seq;

@@ -179,9 +179,20 @@ type FateHook = Arc<Mutex<dyn FnMut(&Seen<'_>) -> Fate + Send>>;
 pub struct Script {
     replies: Vec<(String, Reply)>,
     fate: Option<FateHook>,
+    connection_id: Option<u32>,
 }
 
+/// Connection ids as one server that keeps running hands them out: increasing.
+static NEXT_CONNECTION_ID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(42);
+
 impl Script {
+    /// The id in the greeting (a server that just restarted gives low ids again); by
+    /// default the next of an increasing sequence.
+    pub fn connection_id(mut self, id: u32) -> Self {
+        self.connection_id = Some(id);
+        self
+    }
+
     pub fn reply(mut self, sql: &str, reply: Reply) -> Self {
         self.replies.push((sql.to_string(), reply));
         self
@@ -338,7 +349,9 @@ impl ScriptedServer {
         let scramble = printable_scramble(rand::random());
         let greeting = Greeting {
             server_version: b"11.4.2-MariaDB-scripted".to_vec(),
-            connection_id: 42,
+            connection_id: self.script.connection_id.unwrap_or_else(|| {
+                NEXT_CONNECTION_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            }),
             scramble: scramble.to_vec(),
             capabilities: PROXY_CAPABILITIES | BACKEND_REQUIRED,
             charset: UTF8MB4_GENERAL_CI,
