@@ -83,6 +83,9 @@ pub struct HaConfig {
     /// just before its COMMIT: a COMMIT whose answer was lost with its primary is then
     /// known to have committed or not, by reading the marker on the node that took over.
     pub commit_markers: bool,
+    /// With commit markers: an autocommit INSERT/UPDATE/DELETE/REPLACE is wrapped in a
+    /// transaction with a marker too, so one lost in flight is applied exactly once.
+    pub mark_autocommit_writes: bool,
     /// During failover, how long replicas get to apply what their IO thread received.
     pub relay_apply_timeout_ms: u64,
     /// No second automatic failover within this window.
@@ -110,6 +113,7 @@ impl Default for HaConfig {
             durability: Durability::Async,
             semi_sync_timeout_ms: 10_000,
             commit_markers: false,
+            mark_autocommit_writes: true,
             relay_apply_timeout_ms: 5_000,
             failover_cooloff_ms: 60_000,
         }

@@ -243,3 +243,40 @@ fn an_autocommit_insert_lost_in_flight_is_applied_exactly_once() {
         assert_eq!(n.as_deref(), Some("4"));
     }
 }
+
+/// Which statements write a marker: a transaction that wrote (at its COMMIT), an autocommit
+/// write unless `mark_autocommit_writes = false`; never a read-only transaction.
+#[test]
+fn markers_are_written_for_writes_only_and_autocommit_ones_can_be_left_out() {
+    for wrap in [true, false] {
+        let h = Harness::start_with(Options::default().config(move |c| {
+            c.ha.mark_autocommit_writes = wrap;
+        }));
+        let mut c = connect(&h);
+        let markers = |h: &Harness| {
+            h.root_sql("SELECT COALESCE(SUM(seq), 0) FROM holdfast.commit_marker")[0][0].clone()
+        };
+        c.query_drop("CREATE TABLE sbtest.mw (id INT PRIMARY KEY)")
+            .unwrap();
+        c.query_drop("BEGIN").unwrap();
+        let _: Vec<i32> = c.query("SELECT id FROM sbtest.mw").unwrap();
+        c.query_drop("COMMIT").unwrap();
+        assert_eq!(markers(&h), "0", "wrap={wrap}: a read-only transaction");
+        c.query_drop("INSERT INTO sbtest.mw VALUES (1)").unwrap();
+        assert_eq!(c.affected_rows(), 1);
+        let expected = if wrap { "1" } else { "0" };
+        assert_eq!(markers(&h), expected, "wrap={wrap}: an autocommit insert");
+        c.query_drop("BEGIN").unwrap();
+        c.query_drop("INSERT INTO sbtest.mw VALUES (2)").unwrap();
+        c.query_drop("COMMIT").unwrap();
+        let expected = if wrap { "2" } else { "1" };
+        assert_eq!(
+            markers(&h),
+            expected,
+            "wrap={wrap}: a transaction that wrote"
+        );
+        // Not left in a transaction by the wrap.
+        let in_trx: Option<i32> = c.query_first("SELECT @@in_transaction").unwrap();
+        assert_eq!(in_trx, Some(0));
+    }
+}

@@ -142,6 +142,7 @@ impl Session {
             .union(C::SHUTDOWN);
         let execute = request.get(frame::HEADER_LEN) == Some(&COM_STMT_EXECUTE);
         !in_transaction
+            && self.shared.config.ha.mark_autocommit_writes
             && self.record.status & SERVER_STATUS_AUTOCOMMIT != 0
             && (!execute
                 || !self.record.pending_long_data
