@@ -272,7 +272,13 @@ fn automatic_failover_after_kill_then_rejoin() {
 /// new connections do not fail during a failover.
 #[test]
 fn a_login_during_an_automatic_failover_is_held_and_lands_on_the_new_primary() {
-    let mut h = managed_lab();
+    // The slow path (failover_after_ms, 1 s): with the refused-connection fast path the
+    // failover can be over before the login arrives, and nothing is held.
+    let mut h = Harness::start_with(
+        Options::default()
+            .replicas(2)
+            .config(|c| c.ha.refused_probes_to_fail = 0),
+    );
     wait_for("the detector to watch node1", WAIT, || {
         (h.status_json()["ha"]["watching"] == "node1").then_some(())
     });
