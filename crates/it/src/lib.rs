@@ -186,6 +186,16 @@ impl Harness {
         }
     }
 
+    /// The lab node named `name`.
+    pub fn node(&self, name: &str) -> &holdfast_lab::NodeStatus {
+        self.lab
+            .status
+            .nodes
+            .iter()
+            .find(|n| n.name == name)
+            .unwrap_or_else(|| panic!("no lab node named {name}"))
+    }
+
     /// The primary's address (to compare holdfast with the server itself).
     pub fn direct(&self) -> SocketAddr {
         self.lab.primary().address.parse().expect("primary address")

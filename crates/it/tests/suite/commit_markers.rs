@@ -20,15 +20,6 @@ fn connect(h: &Harness) -> Conn {
     Conn::new(opts).expect("connect through holdfast")
 }
 
-fn node<'a>(h: &'a Harness, name: &str) -> &'a NodeStatus {
-    h.lab
-        .status
-        .nodes
-        .iter()
-        .find(|n| n.name == name)
-        .expect("node")
-}
-
 fn outcomes(h: &Harness, outcome: &str) -> f64 {
     metric(
         &h.metrics(),
@@ -70,7 +61,7 @@ fn primary(h: &Harness) -> String {
 /// no replica sends: it is in the binary log, not yet answered.
 fn hold_commits(h: &Harness, primary: &str) {
     node_sql(
-        node(h, primary),
+        h.node(primary),
         "SET GLOBAL rpl_semi_sync_master_timeout = 60000; \
          SET GLOBAL rpl_semi_sync_master_wait_no_slave = ON; \
          SET GLOBAL rpl_semi_sync_master_enabled = ON",
@@ -128,7 +119,7 @@ fn a_commit_lost_after_a_replica_received_it_is_answered_ok() {
         .expect("the COMMIT is answered OK: its marker is on the new primary");
     let new = h.wait_primary_other_than(&old, WAIT);
     assert_eq!(
-        rows(node(&h, &new), "cm"),
+        rows(h.node(&new), "cm"),
         vec![vec!["1".to_string(), "11".into()]]
     );
     assert_eq!(outcomes(&h, "committed"), 1.0);
@@ -168,7 +159,7 @@ fn a_commit_lost_before_any_replica_received_it_is_replayed_and_committed_once()
         .expect("the transaction is replayed and committed on the new primary");
     let new = h.wait_primary_other_than(&old, WAIT);
     assert_eq!(
-        rows(node(&h, &new), "cr"),
+        rows(h.node(&new), "cr"),
         vec![
             vec!["1".to_string(), "15".into()],
             vec!["2".into(), "20".into()]
@@ -226,7 +217,7 @@ fn an_autocommit_insert_lost_in_flight_is_applied_exactly_once() {
         assert_eq!(c.last_insert_id(), 3, "{case}");
         let new = h.wait_primary_other_than(&old, WAIT);
         assert_eq!(
-            rows(node(&h, &new), "ai"),
+            rows(h.node(&new), "ai"),
             vec![
                 vec!["1".to_string(), "1".into()],
                 vec!["2".into(), "2".into()],
@@ -239,7 +230,7 @@ fn an_autocommit_insert_lost_in_flight_is_applied_exactly_once() {
         // Not in a transaction: the next write commits by itself.
         c.query_drop("INSERT INTO sbtest.ai (v) VALUES (4)")
             .unwrap();
-        let n = node_sql_value(node(&h, &new), "SELECT COUNT(*) FROM sbtest.ai").unwrap();
+        let n = node_sql_value(h.node(&new), "SELECT COUNT(*) FROM sbtest.ai").unwrap();
         assert_eq!(n.as_deref(), Some("4"));
     }
 }

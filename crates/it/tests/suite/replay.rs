@@ -4,7 +4,7 @@
 
 use holdfast_config::Durability;
 use holdfast_it::{metric, wait_for, Harness, Options};
-use holdfast_lab::{node_sql, NodeStatus};
+use holdfast_lab::node_sql;
 use mysql::prelude::*;
 use mysql::{Conn, Opts, OptsBuilder};
 use std::time::Duration;
@@ -29,15 +29,6 @@ fn replays(h: &Harness, outcome: &str) -> f64 {
         &format!("holdfast_transaction_replays_total{{reason=\"{outcome}\"}}"),
     )
     .unwrap_or(0.0)
-}
-
-fn node<'a>(h: &'a Harness, name: &str) -> &'a NodeStatus {
-    h.lab
-        .status
-        .nodes
-        .iter()
-        .find(|n| n.name == name)
-        .expect("node")
 }
 
 /// node1 is killed with SIGKILL and started again: the session's transaction died with it.
@@ -91,7 +82,7 @@ fn an_open_transaction_lost_while_idle_is_replayed_and_the_client_carries_on() {
         ]
     );
     c.query_drop("COMMIT").unwrap();
-    let rows = node_sql(node(&h, "node1"), "SELECT id, v FROM sbtest.rp ORDER BY id").unwrap();
+    let rows = node_sql(h.node("node1"), "SELECT id, v FROM sbtest.rp ORDER BY id").unwrap();
     assert_eq!(
         rows,
         vec![
@@ -123,7 +114,7 @@ fn a_replay_whose_answers_differ_is_rolled_back_with_1213() {
     crash_and_restart(&mut h);
     // Someone else changes what the transaction read before it is replayed.
     node_sql(
-        node(&h, "node1"),
+        h.node("node1"),
         "UPDATE sbtest.rd SET v = 'after' WHERE id = 1",
     )
     .unwrap();
@@ -201,7 +192,7 @@ fn a_statement_in_flight_when_the_primary_dies_runs_again_in_the_replayed_transa
     let id: Option<u64> = c.query_first("SELECT LAST_INSERT_ID()").unwrap();
     assert_eq!(id, Some(3), "LAST_INSERT_ID() as the transaction left it");
     c.query_drop("COMMIT").unwrap();
-    let rows = node_sql(node(&h, &new), "SELECT id, v FROM sbtest.rf ORDER BY id").unwrap();
+    let rows = node_sql(h.node(&new), "SELECT id, v FROM sbtest.rf ORDER BY id").unwrap();
     assert_eq!(
         rows,
         vec![
@@ -235,11 +226,7 @@ fn a_transaction_of_prepared_statements_from_begin_to_commit_is_replayed() {
     c.exec_drop("INSERT INTO sbtest.rps VALUES (?, ?)", (2, 2))
         .expect("the replayed transaction goes on");
     c.exec_drop("COMMIT", ()).unwrap();
-    let rows = node_sql(
-        node(&h, "node1"),
-        "SELECT id, v FROM sbtest.rps ORDER BY id",
-    )
-    .unwrap();
+    let rows = node_sql(h.node("node1"), "SELECT id, v FROM sbtest.rps ORDER BY id").unwrap();
     assert_eq!(
         rows,
         vec![

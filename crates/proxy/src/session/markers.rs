@@ -401,12 +401,7 @@ impl Session {
         last_insert_id: u64,
     ) -> Result<(), End> {
         tracing::info!(session = self.info.id, node = %self.backend_name, %error, "backend lost with an autocommit write in flight; reading its commit marker");
-        let lost = self.lost_conn();
-        self.mark_backend_dead();
-        self.transaction_lost = false;
-        self.relocate("backend_lost").await?;
-        let killed = self.backend_killed || self.cut_while_server_ran(&lost).await;
-        self.backend_killed = false;
+        let (lost, killed) = self.move_after_marked_loss().await?;
         match self.read_marker(&lost).await {
             Some(Some(m)) if m.seq >= seq && m.affected >= 0 => {
                 tracing::info!(
@@ -460,6 +455,19 @@ impl Session {
         }
     }
 
+    /// Moves after a marked request was lost; returns the lost connection and whether it
+    /// was cut while its server ran (someone's KILL, or the network): then what did not
+    /// commit is not committed again.
+    async fn move_after_marked_loss(&mut self) -> Result<(LostConn, bool), End> {
+        let lost = self.lost_conn();
+        self.mark_backend_dead();
+        self.transaction_lost = false;
+        self.relocate("backend_lost").await?;
+        let killed = self.backend_killed || self.cut_while_server_ran(&lost).await;
+        self.backend_killed = false;
+        Ok((lost, killed))
+    }
+
     async fn recover_lost_commit(
         &mut self,
         error: ConnError,
@@ -468,17 +476,10 @@ impl Session {
         seq: u64,
     ) -> Result<(), End> {
         tracing::info!(session = self.info.id, node = %self.backend_name, %error, "backend lost with a COMMIT in flight; reading its commit marker");
-        let lost = self.lost_conn();
         // Restored as the transaction left it: right if it committed; a replay sets its
         // own start below.
         let log = self.txn_log.take();
-        self.mark_backend_dead();
-        self.transaction_lost = false;
-        self.relocate("backend_lost").await?;
-        // Someone's KILL stopped it (or the network cut it while its server ran): what
-        // did not commit is not committed again.
-        let killed = self.backend_killed || self.cut_while_server_ran(&lost).await;
-        self.backend_killed = false;
+        let (lost, killed) = self.move_after_marked_loss().await?;
         let outcome = self
             .read_marker(&lost)
             .await
