@@ -192,20 +192,21 @@ impl Session {
         } else {
             None
         };
-        // A statement's flags, whether sent as text or prepared and executed.
+        // A statement's text and flags, whether sent as text or prepared and executed
+        // (looked up only when replay or markers need them).
+        let cfg = &self.shared.config;
         let executed = match query {
-            Some(_) => None,
-            None => self.executed_statement(&request),
+            None if cfg.proxy.transaction_replay || cfg.ha.commit_markers => {
+                self.executed_statement(&request)
+            }
+            _ => None,
         };
         let flags = query.or(executed.as_ref().map(|(_, f)| *f));
         let kept = self.replay_before(&request, flags, in_transaction);
         self.note_writes(flags);
-        let (marked, wrapped) = match (flags, query_text(&request), &executed) {
-            (Some(flags), Some(sql), _) => (
-                self.marks_commit(sql, flags, in_transaction),
-                self.wraps_autocommit(sql, flags, in_transaction, &request),
-            ),
-            (Some(flags), None, Some((sql, _))) => (
+        let sql = query_text(&request).or(executed.as_ref().map(|(sql, _)| &sql[..]));
+        let (marked, wrapped) = match (flags, sql) {
+            (Some(flags), Some(sql)) => (
                 self.marks_commit(sql, flags, in_transaction),
                 self.wraps_autocommit(sql, flags, in_transaction, &request),
             ),
@@ -272,14 +273,9 @@ impl Session {
             Err(End::BackendLost {
                 started: false,
                 error,
-            }) if marked.is_some() => {
+            }) if let Some(m) = marked => {
                 held.restore(&mut self.record);
-                match marked {
-                    Some(m) => {
-                        Box::pin(self.recover_lost_marked(error, request, reply_seq, m)).await
-                    }
-                    None => Ok(()),
-                }
+                Box::pin(self.recover_lost_marked(error, request, reply_seq, m)).await
             }
             Err(End::BackendLost {
                 started: false,

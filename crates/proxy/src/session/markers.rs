@@ -209,38 +209,49 @@ impl Session {
         self.backend.conn.write_raw(&out).await.map_err(lost)?;
         let max = self.shared.config.proxy.max_packet_size;
         let mut answers = Vec::with_capacity(4);
-        for _ in 0..4 {
+        for at in 0..4 {
             let p = self.backend.conn.read_packet(max).await.map_err(lost)?;
-            if !matches!(p.payload.first(), Some(0 | 0xff)) {
-                return Err(End::Protocol(
-                    "a wrapped autocommit write was answered with neither OK nor ERR".into(),
-                ));
+            match p.payload.first() {
+                // The marker was refused: a loss before the COMMIT's answer leaves the
+                // outcome unknown (the statement may commit without its marker).
+                Some(0xff) if at == 2 => {
+                    self.markers.in_flight = None;
+                    self.markers.refused = true;
+                    tracing::warn!(
+                        session = self.info.id,
+                        "commit marker refused; this session's writes go on without one"
+                    );
+                }
+                Some(0 | 0xff) => {}
+                _ => {
+                    return Err(End::Protocol(
+                        "a wrapped autocommit write was answered with neither OK nor ERR".into(),
+                    ))
+                }
             }
             answers.push(p.payload);
         }
-        let [begin, statement, marker, commit] =
-            [&answers[0], &answers[1], &answers[2], &answers[3]];
-        if marker.first() == Some(&0xff) {
-            self.markers.refused = true;
-            tracing::warn!(
-                session = self.info.id,
-                "commit marker refused; this session's writes go on without one"
-            );
-        }
+        let [begin, statement, _, commit] = [&answers[0], &answers[1], &answers[2], &answers[3]];
         let tracks = self.capabilities & CLIENT_SESSION_TRACK != 0;
+        let malformed = |e| End::Protocol(format!("backend sent a malformed OK: {e}"));
         let failed = [begin, commit]
             .into_iter()
             .find(|a| a.first() == Some(&0xff));
         let answer = match failed {
             // The statement did not commit: the client gets why.
             Some(err) => err.to_vec(),
-            None if statement.first() == Some(&0xff) => statement.to_vec(),
             None => {
-                let after = OkPacket::parse(commit, tracks)
-                    .map_err(|e| End::Protocol(format!("backend sent a malformed OK: {e}")))?;
-                let ok = OkPacket::parse(statement, tracks)
-                    .map_err(|e| End::Protocol(format!("backend sent a malformed OK: {e}")))?;
-                self.client_ok(&ok, after.status)
+                let after = OkPacket::parse(commit, tracks).map_err(malformed)?.status;
+                let answer = match statement.first() {
+                    Some(0xff) => statement.to_vec(),
+                    _ => {
+                        let ok = OkPacket::parse(statement, tracks).map_err(malformed)?;
+                        self.client_ok(&ok, after)
+                    }
+                };
+                // The session's status is the one after the COMMIT.
+                self.record.status = after;
+                answer
             }
         };
         if answer.first() == Some(&0xff) {
@@ -249,9 +260,6 @@ impl Session {
             self.shared.metrics.count_error(code);
             self.record.last_warnings = 1;
             self.record.last_affected_rows = 0;
-        }
-        if let Ok(after) = OkPacket::parse(commit, tracks) {
-            self.record.status = after.status;
         }
         self.shared
             .metrics
