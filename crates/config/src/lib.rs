@@ -14,12 +14,14 @@ pub mod admin;
 pub mod ha;
 pub mod secret;
 pub mod serverless;
+pub mod split;
 pub mod tls;
 
 pub use admin::{AdminConfig, AdminToken, TokenSource};
 pub use ha::{Durability, HaConfig, HaMode};
 pub use secret::Secret;
 pub use serverless::{PauseTier, ServerlessConfig};
+pub use split::{Consistency, Routing, SplitConfig};
 pub use tls::{BackendTlsConfig, BackendTlsMode, TlsConfig, TlsVersion};
 
 use serde::{Deserialize, Serialize};
@@ -80,6 +82,9 @@ pub struct Config {
     /// TLS to the nodes (`[backend_tls]`).
     #[serde(default, skip_serializing_if = "is_default")]
     pub backend_tls: BackendTlsConfig,
+    /// How split listeners (`routing = "split"`) choose nodes for reads (`[split]`).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub split: SplitConfig,
 }
 
 fn is_default<T: Default + PartialEq>(value: &T) -> bool {
@@ -93,6 +98,9 @@ pub struct ListenerConfig {
     pub listen: String,
     #[serde(default)]
     pub mode: ListenerMode,
+    /// `primary` (the default) or `split` (reads to the replicas, see `[split]`).
+    #[serde(default, skip_serializing_if = "Routing::is_primary")]
+    pub routing: Routing,
 }
 
 /// What holdfast does with a client's connection after login.
@@ -151,6 +159,9 @@ pub struct ProxyConfig {
     /// A transaction whose statements take more than this many bytes is not kept for a
     /// replay (a loss then rolls it back with ERR 1213, as without replay).
     pub replay_max_bytes: usize,
+    /// The main listener's routing: `primary` or `split` (see `[split]`).
+    #[serde(skip_serializing_if = "Routing::is_primary")]
+    pub routing: Routing,
 }
 
 impl Default for ProxyConfig {
@@ -174,6 +185,7 @@ impl Default for ProxyConfig {
             client_idle_timeout_secs: 0,
             transaction_replay: false,
             replay_max_bytes: 1 << 20,
+            routing: Routing::Primary,
         }
     }
 }
@@ -398,6 +410,23 @@ impl Config {
         self.driver.validate()?;
         self.tls.validate()?;
         self.backend_tls.validate()?;
+        self.split.validate()?;
+        let split = self.proxy.routing == Routing::Split
+            || self.listeners.iter().any(|l| l.routing == Routing::Split);
+        if split && self.serverless.is_some() {
+            return Err(ConfigError::Invalid(
+                "routing = \"split\" needs replicas; a [serverless] instance has none".into(),
+            ));
+        }
+        if self
+            .listeners
+            .iter()
+            .any(|l| l.routing == Routing::Split && l.mode == ListenerMode::Passthrough)
+        {
+            return Err(ConfigError::Invalid(
+                "a pass-through listener cannot split reads: it does not parse statements".into(),
+            ));
+        }
         if self.driver.kind == DriverKind::Lab && self.driver.lab_dir.is_none() {
             return Err(ConfigError::Invalid(
                 "[driver] kind = \"lab\" needs lab_dir".into(),

@@ -247,6 +247,7 @@ fn full_config() -> Config {
         listeners: vec![ListenerConfig {
             listen: "127.0.0.1:6035".into(),
             mode: ListenerMode::Passthrough,
+            routing: Default::default(),
         }],
         serverless: Some(serverless),
         ..Config::default()

@@ -539,6 +539,7 @@ pub fn lab_config(lab: &TestLab) -> Config {
         serverless: None,
         tls,
         backend_tls,
+        split: Default::default(),
     }
 }
 

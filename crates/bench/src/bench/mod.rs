@@ -823,6 +823,7 @@ fn passthrough_config(st: &LabStatus, port: u16, tls: bool) -> Result<PathBuf> {
             c.listeners.push(ListenerConfig {
                 listen: format!("127.0.0.1:{port}"),
                 mode: ListenerMode::Passthrough,
+                routing: Default::default(),
             });
             set_transport(c, tls);
             Ok(())

@@ -320,6 +320,7 @@ fn a_passthrough_listener_relays_and_keeps_the_instance_awake() {
                 c.listeners.push(holdfast_proxy::config::ListenerConfig {
                     listen: "127.0.0.1:0".into(),
                     mode: holdfast_proxy::config::ListenerMode::Passthrough,
+                    routing: Default::default(),
                 })
             }),
     );

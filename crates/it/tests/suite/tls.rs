@@ -132,6 +132,7 @@ fn a_pass_through_listener_speaks_tls_on_both_sides() {
         c.listeners.push(holdfast_config::ListenerConfig {
             listen: "127.0.0.1:0".into(),
             mode: holdfast_config::ListenerMode::Passthrough,
+            routing: Default::default(),
         })
     }));
     let ca = path(&ca(&h));
