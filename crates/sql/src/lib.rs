@@ -36,6 +36,7 @@ mod kill;
 mod lexer;
 pub mod password;
 pub mod quote;
+mod route;
 mod split;
 
 #[cfg(test)]
@@ -45,6 +46,7 @@ pub use classify::{classify, classify_with, first_keyword, Classification};
 pub use kill::{parse_kill, Kill};
 pub use lexer::{Lexer, SqlMode, Token, TokenKind};
 pub use password::{own_password_change, PasswordChange};
+pub use route::{read_route, ReadRoute};
 pub use split::Statements;
 
 /// Iterates over the statements in a multi-statement text, yielding their byte ranges in
