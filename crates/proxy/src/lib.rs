@@ -22,7 +22,7 @@ pub mod tls;
 pub mod topology;
 pub mod verifiers;
 
-use config::{Config, ListenerMode};
+use config::{Config, ListenerMode, Routing};
 use ha::controller::HaController;
 use holdfast_serverless::driver::InstanceDriver;
 use metrics::Metrics;
@@ -294,8 +294,8 @@ pub enum RestartError {
 pub struct Proxy {
     pub shared: Arc<Shared>,
     listener: TcpListener,
-    /// `[[listener]]`s, each with its mode.
-    extra: Vec<(TcpListener, ListenerMode)>,
+    /// `[[listener]]`s, each with its mode and routing.
+    extra: Vec<(TcpListener, ListenerMode, Routing)>,
 }
 
 impl Proxy {
@@ -314,7 +314,7 @@ impl Proxy {
             let bound = TcpListener::bind(&l.listen).await.map_err(|e| {
                 std::io::Error::new(e.kind(), format!("binding listener {}: {e}", l.listen))
             })?;
-            extra.push((bound, l.mode));
+            extra.push((bound, l.mode, l.routing));
         }
         let tls_error = |e: holdfast_client::tls::TlsSetupError| {
             std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string())
@@ -375,29 +375,30 @@ impl Proxy {
     pub fn listener_addrs(&self) -> Vec<(SocketAddr, ListenerMode)> {
         self.extra
             .iter()
-            .filter_map(|(l, m)| l.local_addr().ok().map(|a| (a, *m)))
+            .filter_map(|(l, m, _)| l.local_addr().ok().map(|a| (a, *m)))
             .collect()
     }
 
     /// Accepts clients on every listener until the task is dropped.
     pub async fn run(self) {
         let limit = Arc::new(Semaphore::new(self.shared.config.proxy.max_connections));
-        for (listener, mode) in self.extra {
+        for (listener, mode, routing) in self.extra {
             tokio::spawn(accept_loop(
                 self.shared.clone(),
                 listener,
-                mode,
+                (mode, routing),
                 limit.clone(),
             ));
         }
-        accept_loop(self.shared, self.listener, ListenerMode::Session, limit).await
+        let main = (ListenerMode::Session, self.shared.config.proxy.routing);
+        accept_loop(self.shared, self.listener, main, limit).await
     }
 }
 
 async fn accept_loop(
     shared: Arc<Shared>,
     listener: TcpListener,
-    mode: ListenerMode,
+    (mode, routing): (ListenerMode, Routing),
     limit: Arc<Semaphore>,
 ) {
     loop {
@@ -418,7 +419,7 @@ async fn accept_loop(
         match limit.clone().try_acquire_owned() {
             Ok(permit) => {
                 tokio::spawn(async move {
-                    session::run(shared, stream, peer, mode).await;
+                    session::run_routed(shared, stream, peer, mode, routing).await;
                     drop(permit);
                 });
             }

@@ -51,6 +51,10 @@ pub struct SessionRecord {
     /// session, to be put back.
     #[serde(skip)]
     pub trackers_overridden: bool,
+    /// Counts changes of what a split session's replica connections must follow (schema,
+    /// settable variables): a connection synced at an older value is synced again.
+    #[serde(skip)]
+    pub state_version: u64,
 }
 
 impl SessionRecord {
@@ -69,12 +73,16 @@ impl SessionRecord {
                     if self.client_trackers.set(name, value) {
                         self.trackers_overridden = true;
                     }
+                    if !connection_history(name) {
+                        self.state_version += 1;
+                    }
                     self.variables.insert(
                         String::from_utf8_lossy(name).into_owned(),
                         String::from_utf8_lossy(value).into_owned(),
                     );
                 }
                 Ok(TrackItem::Schema(s)) => {
+                    self.state_version += 1;
                     self.schema = Some(String::from_utf8_lossy(s).into_owned());
                 }
                 Ok(TrackItem::TransactionCharacteristics(c)) => {
@@ -127,6 +135,21 @@ impl SessionRecord {
             ..SessionRecord::default()
         };
     }
+}
+
+/// Variables the server reports as they change with the session's statements, not with its
+/// settings: a change of one is not a change of the state replica connections follow.
+fn connection_history(name: &[u8]) -> bool {
+    const NAMES: [&[u8]; 7] = [
+        b"last_gtid",
+        b"last_insert_id",
+        b"identity",
+        b"insert_id",
+        b"warning_count",
+        b"error_count",
+        b"in_transaction",
+    ];
+    NAMES.iter().any(|n| name.eq_ignore_ascii_case(n))
 }
 
 /// What keeps a session from moving to another node right now.

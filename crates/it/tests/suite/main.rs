@@ -26,5 +26,6 @@ mod restore;
 mod rust_client;
 mod serverless;
 mod session;
+mod split;
 mod sysbench;
 mod tls;

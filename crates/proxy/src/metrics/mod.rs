@@ -158,6 +158,13 @@ pub struct Metrics {
     pub requests_held: Counter,
     pub requests_retried: Counter,
     pub requests_failed_on_backend_loss: Counter,
+    /// Split sessions: reads run on a replica.
+    pub reads_on_replicas: Counter,
+    /// Split sessions: reads that could have run on a replica and ran on the primary, by
+    /// why (`no_replica`, `replica_unreachable`, `causal_timeout`, `replica_lost`...).
+    pub reads_fallback: Family<ReasonLabel, Counter>,
+    /// Waits for a replica to catch up before a read (read-your-writes), and how long.
+    pub causal_waits: LatencyHistogram,
     /// Serverless instance: one gauge per phase, 1 for the current one.
     instance_phase: Family<PhaseLabel, Gauge>,
     instance_transitions: Family<TransitionLabel, Counter>,
@@ -227,6 +234,9 @@ impl Metrics {
             requests_held: register(r, "requests_held", "Requests that waited for a backend while it was switching"),
             requests_retried: register(r, "requests_retried", "In-flight requests re-run on a new backend after the old one was lost"),
             requests_failed_on_backend_loss: register(r, "requests_failed_on_backend_loss", "In-flight requests answered with an error because their backend was lost"),
+            reads_on_replicas: register(r, "reads_on_replicas", "Split sessions: reads run on a replica"),
+            reads_fallback: register(r, "reads_fallback", "Split sessions: reads that could run on a replica but ran on the primary, by reason"),
+            causal_waits: register(r, "causal_wait_seconds", "Split sessions: waits for a replica to reach the position a read must see (MASTER_GTID_WAIT), fallbacks included"),
             instance_phase: register(r, "instance_phase", "Serverless instance: 1 for the phase it is in (running, pausing, paused, resuming)"),
             instance_transitions: register(r, "instance_transitions", "Serverless instance lifecycle transitions (running, frozen, stopped)"),
             instance_resume_latency: register(r, "instance_resume_seconds", "Time to resume a paused instance (thaw or start, until it answers)"),
@@ -280,6 +290,12 @@ impl Metrics {
 
     pub fn move_failed(&self, reason: &'static str) {
         self.move_failures
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    pub fn read_fallback(&self, reason: &'static str) {
+        self.reads_fallback
             .get_or_create(&ReasonLabel { reason })
             .inc();
     }

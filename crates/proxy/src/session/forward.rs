@@ -169,6 +169,17 @@ impl Session {
         let mentions_trackers = query.is_some()
             && !self.record.untracked
             && query_text(&request).is_some_and(mentions_trackers);
+        if self.split.is_some() && kill_free(query, &request) {
+            if !mentions_trackers {
+                if let Some(target) = self.read_target(&request, query) {
+                    match Box::pin(self.read_on_replica(target, request)).await? {
+                        super::split::ReadOutcome::Done => return Ok(()),
+                        super::split::ReadOutcome::Primary(r) => request = r,
+                    }
+                }
+            }
+            self.split_follow(&request).await;
+        }
         let tracked = match query {
             Some(flags) if flags.has(C::SET_TRANSACTION) => self.track_transactions().await,
             // A statement that reads the trackers' settings (`@@session_track_...`, `SHOW
@@ -610,7 +621,7 @@ impl Session {
         self.info.can_reauthenticate.store(can, Ordering::Relaxed);
     }
 
-    async fn forward(&mut self, request: &[u8]) -> Result<(), End> {
+    pub(super) async fn forward(&mut self, request: &[u8]) -> Result<(), End> {
         self.backend
             .conn
             .write_raw(request)
@@ -849,7 +860,9 @@ impl Session {
                     let sql = prepare_sql.take().unwrap_or_default();
                     let verdict = LossVerdict::of_sql(&sql, self.record.sql_mode);
                     let replayable = super::replay::replayable_sql(&sql, self.record.sql_mode);
-                    let flags = classify_with(&sql, self.record.sql_mode.unwrap_or_default());
+                    let mode = self.record.sql_mode.unwrap_or_default();
+                    let flags = classify_with(&sql, mode);
+                    let read_route = holdfast_sql::read_route(&sql, flags, mode);
                     let client_id = self.statements.insert(Statement {
                         backend_id: p.statement_id,
                         sql,
@@ -862,6 +875,7 @@ impl Session {
                         flags,
                         types: None,
                         types_pending: false,
+                        read_route,
                     });
                     self.record.prepared_statements = self.statements.len();
                     // The client sees the statement under holdfast's id.
@@ -1102,6 +1116,11 @@ impl Session {
         self.record.pending_long_data = self.statements.pending_long_data();
         self.record.prepared_statements = self.statements.len();
     }
+}
+
+/// Not a KILL (those are mapped to backend threads on the primary connection).
+fn kill_free(query: Option<C>, request: &[u8]) -> bool {
+    !query.is_some_and(|f| f.has(C::KILL)) && request.get(HEADER_LEN) != Some(&COM_PROCESS_KILL)
 }
 
 /// Whether a statement's text has `session_track` in it (any case): a look at the bytes

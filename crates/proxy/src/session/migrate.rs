@@ -32,7 +32,7 @@ const UPTIME: &str =
 /// Why a node could not take the session yet (worth another try within the hold window).
 /// Shown to the client when the hold window expires, so it names nodes, never addresses;
 /// the backend's own error text goes to the log.
-enum NotReady {
+pub(super) enum NotReady {
     NoWritableNode,
     Unreachable(String),
     ReadOnly(String),
@@ -70,7 +70,7 @@ pub(super) struct Lost {
 }
 
 /// Why one attempt to move failed.
-enum MoveError {
+pub(super) enum MoveError {
     Retry(NotReady),
     /// The session cannot be moved at all.
     Fatal {
@@ -437,44 +437,7 @@ impl Session {
             tracing::debug!(node = %node.name, error = %e, "node not ready for the session yet");
             MoveError::Retry(NotReady::Unreachable(node.name.clone()))
         };
-        let cfg = &self.shared.config;
-        let header = backend::proxy_header(node, self.info.client);
-        let tls = crate::tls::backend(&cfg.backend_tls).map_err(|e| unreachable(&e))?;
-        let params = LoginParams {
-            user: &self.identity.user,
-            secret: self.secret.as_ref(),
-            database: None,
-            charset: self.identity.charset,
-            client_capabilities: self.capabilities,
-            mariadb_caps: self.identity.mariadb_caps,
-            attributes: &self.identity.attributes,
-            exact_capabilities: false,
-            proxy_header: header.as_deref(),
-            tls: tls.as_ref(),
-        };
-        self.shared.metrics.backend_connects.inc();
-        let connector = &*self.shared.connector;
-        let timeout = cfg.proxy.connect_timeout();
-        let mut new = match backend::connect(connector, &node.address, &params, timeout).await {
-            Ok(b) => b,
-            Err(BackendError::Server {
-                code: crate::error::code::ER_ACCESS_DENIED_ERROR,
-                message,
-                ..
-            }) => {
-                return Err(MoveError::Fatal {
-                    reason: CloseReason::LoginRefused,
-                    message: format!(
-                        "closed: the new node {} refused the session's login: {message}",
-                        node.name
-                    ),
-                })
-            }
-            Err(e) => {
-                self.shared.metrics.backend_connect_failures.inc();
-                return Err(unreachable(&e));
-            }
-        };
+        let mut new = self.log_in_on(node).await?;
         let read_only = new
             .query("SELECT @@global.read_only")
             .await
@@ -540,10 +503,56 @@ impl Session {
         }
         Ok(new)
     }
+
+    /// Logs the session's user in on `node` (a new connection, no state yet).
+    pub(super) async fn log_in_on(&self, node: &NodeState) -> Result<BackendConn, MoveError> {
+        let unreachable = |e: &dyn fmt::Display| {
+            tracing::debug!(node = %node.name, error = %e, "node not ready for the session yet");
+            MoveError::Retry(NotReady::Unreachable(node.name.clone()))
+        };
+        let cfg = &self.shared.config;
+        let header = backend::proxy_header(node, self.info.client);
+        let tls = crate::tls::backend(&cfg.backend_tls).map_err(|e| unreachable(&e))?;
+        let params = LoginParams {
+            user: &self.identity.user,
+            secret: self.secret.as_ref(),
+            database: None,
+            charset: self.identity.charset,
+            client_capabilities: self.capabilities,
+            mariadb_caps: self.identity.mariadb_caps,
+            attributes: &self.identity.attributes,
+            exact_capabilities: false,
+            proxy_header: header.as_deref(),
+            tls: tls.as_ref(),
+        };
+        self.shared.metrics.backend_connects.inc();
+        let connector = &*self.shared.connector;
+        let timeout = cfg.proxy.connect_timeout();
+        match backend::connect(connector, &node.address, &params, timeout).await {
+            Ok(b) => Ok(b),
+            Err(BackendError::Server {
+                code: crate::error::code::ER_ACCESS_DENIED_ERROR,
+                message,
+                ..
+            }) => {
+                Err(MoveError::Fatal {
+                    reason: CloseReason::LoginRefused,
+                    message: format!(
+                        "closed: the new node {} refused the session's login: {message}",
+                        node.name
+                    ),
+                })
+            }
+            Err(e) => {
+                self.shared.metrics.backend_connect_failures.inc();
+                Err(unreachable(&e))
+            }
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
-enum PrepareError {
+pub(super) enum PrepareError {
     #[error("{0}")]
     Conn(ConnError),
     #[error("refused: {0}")]
@@ -551,7 +560,7 @@ enum PrepareError {
 }
 
 /// Prepares `sql` on a backend, returning the backend's statement id.
-async fn prepare(
+pub(super) async fn prepare(
     conn: &mut BackendConn,
     sql: &[u8],
     deprecate_eof: bool,

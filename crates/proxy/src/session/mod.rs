@@ -16,7 +16,7 @@
 
 use crate::admission::Refusal;
 use crate::backend::{BackendConn, BackendError};
-use crate::config::ListenerMode;
+use crate::config::{ListenerMode, Routing};
 use crate::conn::{BoxedIo, ConnError, PacketConn};
 use crate::error::{ClientError, ErrorKind};
 use crate::registry::SessionInfo;
@@ -41,6 +41,7 @@ mod migrate;
 mod passthrough;
 mod replay;
 mod route;
+mod split;
 mod statements;
 
 pub use auth::{server_version, Identity, LoggedIn, LoginError};
@@ -172,6 +173,8 @@ struct Session {
     /// The session's node stopped being the primary at this time; it moves at its next
     /// safe point or is closed after the cool-down.
     move_pending_since: Option<Instant>,
+    /// Read/write splitting: the session's replica connections (split listeners only).
+    split: Option<Box<split::Split>>,
 }
 
 /// Answers a connection over the limit with ERR 1040 and closes it.
@@ -209,6 +212,17 @@ async fn refuse_at_accept(
 /// passes accepted sockets; a test or an embedder may pass any stream, e.g. one end of
 /// `tokio::io::duplex`). No connection limit applies here: that is the accept loop's.
 pub async fn run(shared: Arc<Shared>, stream: BoxedIo, peer: SocketAddr, mode: ListenerMode) {
+    run_routed(shared, stream, peer, mode, Routing::Primary).await
+}
+
+/// [`run`] with the listener's routing: `split` sends reads to the replicas.
+pub async fn run_routed(
+    shared: Arc<Shared>,
+    stream: BoxedIo,
+    peer: SocketAddr,
+    mode: ListenerMode,
+    routing: Routing,
+) {
     // Counted against the client address's limits until the session ends.
     let mut ticket = match shared.admission.admit(peer.ip()) {
         Ok(t) => t,
@@ -250,7 +264,9 @@ pub async fn run(shared: Arc<Shared>, stream: BoxedIo, peer: SocketAddr, mode: L
         passthrough::run(shared, client, logged_in, peer, id).await;
         return;
     }
-    let start = Box::pin(Session::start(shared, client, logged_in, peer, id, epoch));
+    let start = Box::pin(Session::start(
+        shared, client, logged_in, peer, id, epoch, routing,
+    ));
     let Some(mut session) = start.await else {
         return;
     };
@@ -288,6 +304,7 @@ impl Session {
         peer: SocketAddr,
         id: u32,
         epoch: u64,
+        routing: Routing,
     ) -> Option<Session> {
         let LoggedIn {
             mut backend,
@@ -359,6 +376,7 @@ impl Session {
             topology,
             switching: shared.switching.subscribe(),
             move_pending_since: None,
+            split: (routing == Routing::Split).then(|| split::Split::new(shared.topology.clone())),
             shared,
         })
     }

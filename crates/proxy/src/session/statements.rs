@@ -25,6 +25,8 @@ pub(super) struct Statement {
     pub replayable: bool,
     /// The statement's classification (under the session's sql_mode when prepared).
     pub flags: holdfast_sql::Classification,
+    /// Where an execute of it may run in a split session.
+    pub read_route: holdfast_sql::ReadRoute,
     /// The parameter type block of the last execute that sent types.
     pub types: Option<Vec<u8>>,
     /// Re-prepared on a new backend that has not seen the types yet.
@@ -143,6 +145,7 @@ mod tests {
             flags: holdfast_sql::Classification::READ_ONLY,
             types: None,
             types_pending: false,
+            read_route: holdfast_sql::ReadRoute::Primary,
         }
     }
 

@@ -1,0 +1,241 @@
+//! Read/write splitting (`routing = "split"`) against a real primary and two GTID replicas,
+//! through the Rust `mysql` crate: which node each kind of statement reaches (by
+//! `@@server_id`), and reads that see the session's own writes while a replica lags.
+
+use holdfast_config::{Consistency, Routing};
+use holdfast_it::{metric, wait_for, Harness, Options};
+use mysql::prelude::*;
+use mysql::{Conn, Opts, OptsBuilder};
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn connect_to(url: &str) -> Conn {
+    let opts = OptsBuilder::from_opts(Opts::from_url(url).expect("url"))
+        .prefer_socket(false)
+        .read_timeout(Some(Duration::from_secs(60)))
+        .tcp_connect_timeout(Some(Duration::from_secs(10)));
+    Conn::new(opts).unwrap_or_else(|e| panic!("connecting to {url}: {e}"))
+}
+
+/// A primary, two replicas, holdfast's main listener splitting reads.
+fn split_harness(tweak: impl FnOnce(&mut holdfast_config::Config) + 'static) -> Harness {
+    let h = Harness::start_with(Options::default().replicas(2).config(move |c| {
+        c.proxy.routing = Routing::Split;
+        tweak(c);
+    }));
+    wait_for("both replicas take reads", Duration::from_secs(30), || {
+        (h.shared.topology.borrow().read_nodes().count() == 2).then_some(())
+    });
+    h
+}
+
+/// The server ids of the primary and of the replicas.
+fn server_ids(h: &Harness) -> (u32, HashSet<u32>) {
+    let id = |name: &str| -> u32 {
+        let node = h.node(name);
+        let rows = holdfast_lab::node_sql(node, "SELECT @@server_id").expect("server id");
+        rows[0][0].parse().expect("numeric server id")
+    };
+    let primary = h.lab.primary().name.clone();
+    let replicas = h
+        .lab
+        .status
+        .nodes
+        .iter()
+        .filter(|n| n.name != primary)
+        .map(|n| id(&n.name))
+        .collect();
+    (id(&primary), replicas)
+}
+
+/// The first column of every row of every result of `sql`.
+fn ids_of(c: &mut Conn, sql: &str) -> Vec<u32> {
+    let mut result = c.query_iter(sql).unwrap();
+    let mut ids = Vec::new();
+    while let Some(set) = result.iter() {
+        for row in set {
+            let row = row.unwrap();
+            if let Some(id) = row.get::<u32, _>(0) {
+                ids.push(id);
+            }
+        }
+    }
+    ids
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Node {
+    Primary,
+    Replica,
+}
+
+fn node_of(id: u32, primary: u32, replicas: &HashSet<u32>) -> Node {
+    if id == primary {
+        Node::Primary
+    } else {
+        assert!(replicas.contains(&id), "server id {id} is no node of the lab");
+        Node::Replica
+    }
+}
+
+#[test]
+fn each_kind_of_statement_reaches_the_node_it_must() {
+    let h = split_harness(|_| {});
+    let (primary, replicas) = server_ids(&h);
+    let mut c = connect_to(&h.url());
+    c.query_drop("CREATE TABLE t (id INT PRIMARY KEY, v INT)")
+        .unwrap();
+    c.query_drop("INSERT INTO t VALUES (1, 10), (2, 20)").unwrap();
+    c.query_drop("CREATE PROCEDURE p() SELECT @@server_id")
+        .unwrap();
+    let on = |c: &mut Conn, sql: &str| -> Node {
+        let id: u32 = c
+            .query_first(sql)
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .unwrap_or_else(|| panic!("{sql}: no row"));
+        node_of(id, primary, &replicas)
+    };
+    let table = [
+        ("SELECT @@server_id", Node::Replica),
+        ("SELECT @@server_id FROM t WHERE id = 1", Node::Replica),
+        (
+            "SELECT @@server_id FROM t WHERE id = 1 FOR UPDATE",
+            Node::Primary,
+        ),
+        (
+            "SELECT @@server_id FROM t WHERE id = 1 LOCK IN SHARE MODE",
+            Node::Primary,
+        ),
+        ("SELECT @@server_id + 0 * (@x := 1)", Node::Primary),
+        ("SELECT @@server_id + 0 * LAST_INSERT_ID()", Node::Primary),
+        ("SELECT @@server_id + 0 * FOUND_ROWS()", Node::Primary),
+        ("/* holdfast: primary */ SELECT @@server_id", Node::Primary),
+    ];
+    for (sql, want) in table {
+        // Each several times: balancing must never send these elsewhere.
+        for _ in 0..4 {
+            assert_eq!(on(&mut c, sql), want, "{sql}");
+        }
+    }
+    // Prepared: by the statement's text.
+    let read = c.prep("SELECT @@server_id + 0 * ?").unwrap();
+    let locking = c
+        .prep("SELECT @@server_id FROM t WHERE id = ? FOR UPDATE")
+        .unwrap();
+    for i in 0..4 {
+        let id: u32 = c.exec_first(&read, (i,)).unwrap().unwrap();
+        assert_eq!(node_of(id, primary, &replicas), Node::Replica);
+        let id: u32 = c.exec_first(&locking, (1,)).unwrap().unwrap();
+        assert_eq!(node_of(id, primary, &replicas), Node::Primary);
+    }
+    // Several statements in one request, and CALL: the primary.
+    assert_eq!(
+        ids_of(&mut c, "SELECT @@server_id; SELECT @@server_id"),
+        vec![primary, primary]
+    );
+    assert_eq!(ids_of(&mut c, "CALL p()"), vec![primary]);
+    // A read-write transaction stays on the primary, reads included.
+    c.query_drop("BEGIN").unwrap();
+    assert_eq!(on(&mut c, "SELECT @@server_id"), Node::Primary);
+    c.query_drop("COMMIT").unwrap();
+    assert_eq!(on(&mut c, "SELECT @@server_id"), Node::Replica);
+    // SHOW WARNINGS reads what the last statement left, where it ran.
+    let id: u32 = c
+        .query_first("SELECT @@server_id + 0 * CAST('1x' AS INTEGER)")
+        .unwrap()
+        .unwrap();
+    assert_eq!(node_of(id, primary, &replicas), Node::Replica);
+    let warnings: Vec<(String, u32, String)> = c.query("SHOW WARNINGS").unwrap();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(warnings[0].1, 1292, "{warnings:?}");
+
+    // Once the session holds a temporary table or a named lock, everything stays on the
+    // primary (those live on its connection).
+    let mut temp = connect_to(&h.url());
+    assert_eq!(on(&mut temp, "SELECT @@server_id"), Node::Replica);
+    temp.query_drop("CREATE TEMPORARY TABLE tt (a INT)").unwrap();
+    assert_eq!(on(&mut temp, "SELECT @@server_id"), Node::Primary);
+    assert_eq!(
+        on(&mut temp, "SELECT @@server_id + 0 * COUNT(*) FROM tt"),
+        Node::Primary
+    );
+    let mut locked = connect_to(&h.url());
+    assert_eq!(
+        on(&mut locked, "SELECT @@server_id + 0 * GET_LOCK('split', 0)"),
+        Node::Primary
+    );
+    assert_eq!(on(&mut locked, "SELECT @@server_id"), Node::Primary);
+
+    // The session's schema and variables follow it to the replicas.
+    c.query_drop("SET SESSION sql_mode = 'ANSI_QUOTES'").unwrap();
+    c.query_drop("SET @@session.group_concat_max_len = 1234")
+        .unwrap();
+    for _ in 0..4 {
+        let (id, mode, len): (u32, String, u32) = c
+            .query_first("SELECT @@server_id, @@sql_mode, @@group_concat_max_len")
+            .unwrap()
+            .unwrap();
+        assert_eq!(node_of(id, primary, &replicas), Node::Replica);
+        assert_eq!((mode.as_str(), len), ("ANSI_QUOTES", 1234));
+    }
+    let replica_reads = metric(&h.metrics(), "holdfast_reads_on_replicas_total").unwrap_or(0.0);
+    assert!(replica_reads >= 20.0, "{replica_reads}");
+}
+
+#[test]
+fn a_session_reads_its_own_writes_on_a_lagging_replica() {
+    let h = split_harness(|c| {
+        c.ha.commit_markers = false;
+        c.split.consistency = Consistency::Session;
+        c.split.causal_wait_ms = 100;
+    });
+    let mut c = connect_to(&h.url());
+    c.query_drop("CREATE TABLE rw (id INT PRIMARY KEY, v INT)")
+        .unwrap();
+    // One replica keeps falling behind: its SQL thread stops for 300 ms of every 400.
+    let stop = Arc::new(AtomicBool::new(false));
+    let lagging = h
+        .lab
+        .status
+        .nodes
+        .iter()
+        .find(|n| n.name != h.lab.primary().name)
+        .cloned()
+        .expect("a replica");
+    let perturb = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let _ = holdfast_lab::node_sql(&lagging, "STOP SLAVE SQL_THREAD");
+                std::thread::sleep(Duration::from_millis(300));
+                let _ = holdfast_lab::node_sql(&lagging, "START SLAVE SQL_THREAD");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = holdfast_lab::node_sql(&lagging, "START SLAVE SQL_THREAD");
+        })
+    };
+    let insert = c.prep("INSERT INTO rw VALUES (?, ?)").unwrap();
+    let select = c.prep("SELECT v FROM rw WHERE id = ?").unwrap();
+    let mut misses = Vec::new();
+    for i in 0..10_000i64 {
+        c.exec_drop(&insert, (i, i * 7)).unwrap();
+        let v: Option<i64> = c.exec_first(&select, (i,)).unwrap();
+        if v != Some(i * 7) {
+            misses.push((i, v));
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    perturb.join().expect("perturbing thread");
+    assert!(misses.is_empty(), "{} misses: {:?}", misses.len(), &misses[..misses.len().min(10)]);
+    let m = h.metrics();
+    let on_replicas = metric(&m, "holdfast_reads_on_replicas_total").unwrap_or(0.0);
+    let waits = metric(&m, "holdfast_causal_wait_seconds_count").unwrap_or(0.0);
+    let timeouts =
+        metric(&m, "holdfast_reads_fallback_total{reason=\"causal_timeout\"}").unwrap_or(0.0);
+    eprintln!("reads on replicas {on_replicas}, waits {waits}, causal timeouts {timeouts}");
+    assert!(on_replicas > 1000.0, "{m}");
+    assert!(waits > 1000.0, "reads after writes waited: {waits}");
+    assert!(timeouts > 0.0, "the lag was real: some waits timed out");
+}

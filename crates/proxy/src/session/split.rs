@@ -1,0 +1,527 @@
+//! Read/write splitting (`routing = "split"`): a session keeps, besides its primary
+//! connection, one connection per replica it reads from, opened on first use with the
+//! session's state (schema, variables) and synced again when that state changes. A read
+//! that may run anywhere ([`holdfast_sql::read_route`]; prepared statements by their text)
+//! goes to the replica with the fewest requests in flight, outside transactions and while
+//! the session holds nothing that lives on its primary connection (temporary tables,
+//! locks, cursors...). Before it runs there, the replica waits for what the read must see
+//! (`[split] consistency`): the session's own last write (its `last_gtid`, reported by the
+//! server's tracker) or the primary's position. A replica that cannot serve the read (none
+//! qualifies, it cannot be reached, it does not catch up within `causal_wait_ms`, it is
+//! lost before answering) leaves the read to the primary: the client never sees why.
+
+use super::forward::Reply;
+use super::migrate::{prepare, MoveError};
+use super::{End, Session};
+use crate::backend::BackendConn;
+use crate::config::Consistency;
+use crate::restore::{self, VariableTypes};
+use crate::topology::{NodeLoad, NodeState, Topology};
+use bytes::BytesMut;
+use holdfast_sql::{Classification as C, ReadRoute};
+use holdfast_wire::caps::{CLIENT_DEPRECATE_EOF, SERVER_STATUS_AUTOCOMMIT};
+use holdfast_wire::command::{
+    COM_QUERY, COM_QUIT, COM_STMT_CLOSE, COM_STMT_EXECUTE, CURSOR_TYPE_READ_ONLY,
+};
+use holdfast_wire::frame::{parse_header, HEADER_LEN};
+use holdfast_wire::packets;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::watch;
+
+/// A split session's replica side.
+pub(super) struct Split {
+    readers: Vec<Reader>,
+    /// The node the session's last statement ran on, when it was a replica.
+    last_on: Option<String>,
+    /// The topology reads are routed by, refreshed when the monitor publishes a new one.
+    topology: Arc<Topology>,
+    watch: watch::Receiver<Arc<Topology>>,
+    /// Spreads reads over equally loaded replicas.
+    turn: usize,
+}
+
+/// One connection of the session to a replica.
+struct Reader {
+    node: String,
+    conn: BackendConn,
+    load: Arc<NodeLoad>,
+    /// The session's [`state_version`](crate::state::SessionRecord::state_version) it has.
+    state_version: u64,
+    types: VariableTypes,
+    /// The client's statement ids prepared here: this connection's id, and whether it has
+    /// seen the statement's parameter types.
+    statements: HashMap<u32, (u32, bool)>,
+    /// The highest position this connection has waited for, per GTID domain.
+    waited: Vec<(u32, u64)>,
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        // Best effort, without waiting: the server counts a silent close as aborted.
+        let _ = self.conn.conn.try_write_now(&[1, 0, 0, 0, COM_QUIT]);
+    }
+}
+
+impl Split {
+    pub(super) fn new(watch: watch::Receiver<Arc<Topology>>) -> Box<Split> {
+        let topology = watch.borrow().clone();
+        Box::new(Split {
+            readers: Vec::new(),
+            last_on: None,
+            topology,
+            watch,
+            turn: 0,
+        })
+    }
+
+    /// Closes every replica connection (the session's user or state was reset).
+    pub(super) fn close_all(&mut self) {
+        self.readers.clear();
+        self.last_on = None;
+    }
+
+    fn refresh(&mut self) {
+        if self.watch.has_changed().unwrap_or(false) {
+            self.topology = self.watch.borrow_and_update().clone();
+            let topology = &self.topology;
+            // Connections to nodes gone from the topology go with them.
+            self.readers
+                .retain(|r| topology.nodes.iter().any(|n| n.name == r.node));
+        }
+    }
+
+    /// The replica with the fewest requests in flight (`None`: the primary, because no
+    /// replica serves reads or the primary's weighted load is lower).
+    fn choose(&mut self, primary_weight: f64) -> Option<NodeState> {
+        let nodes = &self.topology.nodes;
+        let primary = self.topology.primary;
+        self.turn = self.turn.wrapping_add(1);
+        let mut best: Option<(f64, usize)> = None;
+        for k in 0..nodes.len() {
+            let i = (self.turn + k) % nodes.len();
+            let n = &nodes[i];
+            let score = if Some(i) == primary {
+                if primary_weight <= 0.0 {
+                    continue;
+                }
+                f64::from(n.load.0.active()) / primary_weight
+            } else if n.serves_reads {
+                f64::from(n.load.0.active())
+            } else {
+                continue;
+            };
+            if best.is_none_or(|(s, _)| score < s) {
+                best = Some((score, i));
+            }
+        }
+        let (_, i) = best?;
+        (Some(i) != primary).then(|| nodes[i].clone())
+    }
+
+    fn reader(&mut self, node: &str) -> Option<usize> {
+        self.readers.iter().position(|r| r.node == node)
+    }
+
+    /// Closes the session's connection to `node`.
+    fn drop_reader(&mut self, node: &str) {
+        self.readers.retain(|r| r.node != node);
+        if self.last_on.as_deref() == Some(node) {
+            self.last_on = None;
+        }
+    }
+}
+
+/// Where a request of a split session goes.
+pub(super) enum Target {
+    /// A replica chosen by load (with the wait its consistency needs).
+    Balanced,
+    /// The replica the last statement ran on (it reads what that statement left).
+    Last(String),
+}
+
+/// What became of a read offered to a replica.
+pub(super) enum ReadOutcome {
+    /// It ran there; the client has its answer.
+    Done,
+    /// It goes to the primary after all.
+    Primary(BytesMut),
+}
+
+/// A GTID `domain-server-seq` as (domain, seq).
+fn parse_gtid(gtid: &str) -> Option<(u32, u64)> {
+    let mut parts = gtid.trim().split('-');
+    let domain = parts.next()?.parse().ok()?;
+    let _server: u32 = parts.next()?.parse().ok()?;
+    let seq = parts.next()?.parse().ok()?;
+    parts.next().is_none().then_some((domain, seq))
+}
+
+impl Session {
+    /// Where a request may run, for a split session: `None` keeps it on the primary.
+    pub(super) fn read_target(&mut self, request: &[u8], query: Option<C>) -> Option<Target> {
+        let split = self.split.as_mut()?;
+        let header = parse_header(request)?;
+        let route = if header.continues() || !self.can_reauthenticate || self.replaying {
+            ReadRoute::Primary
+        } else if self.record.in_transaction()
+            || self.record.status & SERVER_STATUS_AUTOCOMMIT == 0
+            || self.record.blocker().is_some()
+        {
+            // Inside a transaction, or about to open one (autocommit off), or holding what
+            // lives on the primary connection.
+            ReadRoute::Primary
+        } else {
+            match (request.get(HEADER_LEN).copied(), query) {
+                (Some(COM_QUERY), Some(flags)) => {
+                    let sql = &request[HEADER_LEN + 1..];
+                    holdfast_sql::read_route(sql, flags, self.record.sql_mode.unwrap_or_default())
+                }
+                (Some(COM_STMT_EXECUTE), _) => {
+                    let cursor = request
+                        .get(HEADER_LEN + 5)
+                        .is_some_and(|f| f & CURSOR_TYPE_READ_ONLY != 0);
+                    let id = packets::statement_id(&request[HEADER_LEN..])
+                        .map(|id| self.statements.resolve(id));
+                    match id.and_then(|id| self.statements.get(id)) {
+                        Some(s) if !cursor && !s.long_data => s.read_route,
+                        _ => ReadRoute::Primary,
+                    }
+                }
+                _ => ReadRoute::Primary,
+            }
+        };
+        let target = match route {
+            ReadRoute::Replica => Some(Target::Balanced),
+            ReadRoute::LastNode => split.last_on.clone().map(Target::Last),
+            ReadRoute::Primary => None,
+        };
+        if target.is_none() {
+            split.last_on = None;
+        }
+        target
+    }
+
+    /// Statement ids closed by the client are closed on the replicas too; a reset or a
+    /// change of user closes the replica connections.
+    pub(super) async fn split_follow(&mut self, request: &[u8]) {
+        let Some(split) = self.split.as_mut() else {
+            return;
+        };
+        match request.get(HEADER_LEN).copied() {
+            Some(COM_STMT_CLOSE) => {
+                let Some(id) = packets::statement_id(&request[HEADER_LEN..]) else {
+                    return;
+                };
+                let id = self.statements.resolve(id);
+                let mut lost = Vec::new();
+                for r in &mut split.readers {
+                    if let Some((reader_id, _)) = r.statements.remove(&id) {
+                        let mut close = vec![COM_STMT_CLOSE];
+                        close.extend_from_slice(&reader_id.to_le_bytes());
+                        if r.conn.conn.write_packet(&close, 0).await.is_err() {
+                            lost.push(r.node.clone());
+                        }
+                    }
+                }
+                for node in lost {
+                    split.drop_reader(&node);
+                }
+            }
+            Some(
+                holdfast_wire::command::COM_CHANGE_USER
+                | holdfast_wire::command::COM_RESET_CONNECTION,
+            ) => split.close_all(),
+            _ => {}
+        }
+    }
+
+    /// Runs a read on a replica, or gives it back for the primary.
+    pub(super) async fn read_on_replica(
+        &mut self,
+        target: Target,
+        mut request: BytesMut,
+    ) -> Result<ReadOutcome, End> {
+        let Some(split) = self.split.as_mut() else {
+            return Ok(ReadOutcome::Primary(request));
+        };
+        split.refresh();
+        let balanced = matches!(target, Target::Balanced);
+        let index = match target {
+            Target::Last(node) => match split.reader(&node) {
+                Some(i) => i,
+                None => return Ok(ReadOutcome::Primary(request)),
+            },
+            Target::Balanced => {
+                let weight = self.shared.config.split.primary_read_weight;
+                let Some(node) = split.choose(weight) else {
+                    self.shared.metrics.read_fallback("no_replica");
+                    return Ok(ReadOutcome::Primary(request));
+                };
+                match split.reader(&node.name) {
+                    Some(i) => i,
+                    None => match self.open_reader(&node).await {
+                        Some(i) => i,
+                        None => {
+                            self.shared.metrics.read_fallback("replica_unreachable");
+                            return Ok(ReadOutcome::Primary(request));
+                        }
+                    },
+                }
+            }
+        };
+        if balanced {
+            match self.prepare_reader(index).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.shared.metrics.read_fallback("causal_timeout");
+                    return Ok(ReadOutcome::Primary(request));
+                }
+                Err(why) => {
+                    self.lose_reader(index, why);
+                    return Ok(ReadOutcome::Primary(request));
+                }
+            }
+        }
+        // An execute names the statement by the replica connection's id.
+        let client_statement = match request.get(HEADER_LEN) {
+            Some(&COM_STMT_EXECUTE) => match self.reader_execute(index, &mut request).await {
+                Ok(id) => Some(id),
+                Err(why) => {
+                    self.lose_reader(index, why);
+                    return Ok(ReadOutcome::Primary(request));
+                }
+            },
+            _ => None,
+        };
+        let Some(split) = self.split.as_mut() else {
+            return Ok(ReadOutcome::Primary(request));
+        };
+        let reader = &mut split.readers[index];
+        let load = reader.load.clone();
+        let node = reader.node.clone();
+        load.active.fetch_add(1, Ordering::Relaxed);
+        load.reads.fetch_add(1, Ordering::Relaxed);
+        std::mem::swap(&mut self.backend, &mut reader.conn);
+        self.response_started = false;
+        self.last_error = None;
+        self.shared.metrics.requests.command(request[HEADER_LEN]);
+        let mut result = self.forward(&request).await;
+        if result.is_ok() {
+            result = self.relay(Reply::of(request[HEADER_LEN])).await;
+        }
+        load.active.fetch_sub(1, Ordering::Relaxed);
+        if let Some(split) = self.split.as_mut() {
+            if let Some(reader) = split.readers.get_mut(index) {
+                std::mem::swap(&mut self.backend, &mut reader.conn);
+            }
+        }
+        match result {
+            Ok(()) => {
+                self.shared.metrics.reads_on_replicas.inc();
+                if let Some(split) = self.split.as_mut() {
+                    split.last_on = Some(node);
+                }
+                Ok(ReadOutcome::Done)
+            }
+            Err(End::BackendLost {
+                started: false,
+                error,
+            }) => {
+                self.backend_killed = false;
+                if let Some(id) = client_statement {
+                    packets::set_statement_id(&mut request[HEADER_LEN..], id);
+                }
+                self.lose_reader(index, error.to_string());
+                Ok(ReadOutcome::Primary(request))
+            }
+            Err(end) => Err(end),
+        }
+    }
+
+    fn lose_reader(&mut self, index: usize, why: String) {
+        self.shared.metrics.read_fallback("replica_lost");
+        if let Some(split) = self.split.as_mut() {
+            if let Some(r) = split.readers.get(index) {
+                tracing::info!(session = self.info.id, node = %r.node, error = %why, "replica connection lost; the read runs on the primary");
+                let node = r.node.clone();
+                split.drop_reader(&node);
+            }
+        }
+    }
+
+    /// Opens the session's connection to `node` with the session's state.
+    async fn open_reader(&mut self, node: &NodeState) -> Option<usize> {
+        let mut conn = match self.log_in_on(node).await {
+            Ok(c) => c,
+            Err(MoveError::Retry(why)) => {
+                tracing::debug!(session = self.info.id, node = %node.name, reason = %why, "replica not reachable for reads");
+                return None;
+            }
+            Err(MoveError::Fatal { message, .. }) => {
+                tracing::info!(session = self.info.id, node = %node.name, %message, "replica refused the session");
+                return None;
+            }
+        };
+        let types = match VariableTypes::load(&mut conn).await {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::debug!(session = self.info.id, node = %node.name, error = %e, "replica not usable for reads");
+                return None;
+            }
+        };
+        let split = self.split.as_mut()?;
+        split.readers.push(Reader {
+            node: node.name.clone(),
+            conn,
+            load: node.load.0.clone(),
+            // Synced before its first read.
+            state_version: u64::MAX,
+            types,
+            statements: HashMap::new(),
+            waited: Vec::new(),
+        });
+        Some(split.readers.len() - 1)
+    }
+
+    /// Brings a replica connection up to the session's state and makes it wait for what
+    /// the read must see; `false`: it did not catch up in time (the read goes to the
+    /// primary).
+    async fn prepare_reader(&mut self, index: usize) -> Result<bool, String> {
+        let version = self.record.state_version;
+        let mode = self.shared.config.split.consistency;
+        let wait_for = match mode {
+            Consistency::None => None,
+            Consistency::Session => self
+                .record
+                .variables
+                .get("last_gtid")
+                .filter(|g| !g.is_empty())
+                .cloned(),
+            Consistency::Global => match restore::execute(
+                &mut self.backend,
+                b"SELECT @@global.gtid_binlog_pos",
+            )
+            .await
+            {
+                Ok(r) => r.text_rows().first().and_then(|r| r.first()).cloned().flatten(),
+                Err(e) => return Err(format!("reading the primary's position: {e}")),
+            },
+        };
+        let wait = self.shared.config.split.causal_wait();
+        let Some(split) = self.split.as_mut() else {
+            return Ok(false);
+        };
+        let reader = &mut split.readers[index];
+        if reader.state_version != version {
+            let mut record = self.record.clone();
+            self.captured.apply_to(&mut record);
+            restore::restore_session(&mut reader.conn, &record, &[], &reader.types)
+                .await
+                .map_err(|e| format!("syncing the session state: {e}"))?;
+            reader.state_version = version;
+        }
+        let Some(position) = wait_for else {
+            return Ok(true);
+        };
+        let needed: Vec<(u32, u64)> = position.split(',').filter_map(parse_gtid).collect();
+        let behind = needed.iter().any(|&(d, s)| {
+            !reader
+                .waited
+                .iter()
+                .any(|&(wd, ws)| wd == d && ws >= s)
+        });
+        if !behind {
+            return Ok(true);
+        }
+        let started = Instant::now();
+        let sql = format!(
+            "SELECT MASTER_GTID_WAIT({}, {:.3})",
+            holdfast_sql::quote::string_literal(position.trim()),
+            wait.as_secs_f64()
+        );
+        let answer = restore::execute(&mut reader.conn, sql.as_bytes())
+            .await
+            .map_err(|e| format!("waiting for {position}: {e}"))?;
+        self.shared.metrics.causal_waits.observe(started.elapsed());
+        let reached = answer
+            .text_rows()
+            .first()
+            .and_then(|r| r.first())
+            .cloned()
+            .flatten()
+            .as_deref()
+            == Some("0");
+        if reached {
+            for (d, s) in needed {
+                match reader.waited.iter_mut().find(|(wd, _)| *wd == d) {
+                    Some(w) => w.1 = w.1.max(s),
+                    None => reader.waited.push((d, s)),
+                }
+            }
+        }
+        Ok(reached)
+    }
+
+    /// Writes the replica connection's statement id into an execute, preparing the
+    /// statement there first if needed (and sending its parameter types when that
+    /// connection has not seen them); returns the client's id.
+    async fn reader_execute(&mut self, index: usize, request: &mut BytesMut) -> Result<u32, String> {
+        let client_id = packets::statement_id(&request[HEADER_LEN..])
+            .ok_or_else(|| "no statement id".to_string())?;
+        let id = self.statements.resolve(client_id);
+        let deprecate_eof = self.capabilities & CLIENT_DEPRECATE_EOF != 0;
+        let Some(stmt) = self.statements.get_mut(id) else {
+            return Err("unknown statement".into());
+        };
+        // The types this execute sends are remembered, and the primary, which does not see
+        // it, gets them with its next execute.
+        let _ = super::forward::bind_types(stmt, request);
+        stmt.types_pending = stmt.params > 0 && stmt.types.is_some();
+        let sql = stmt.sql.clone();
+        let Some(split) = self.split.as_mut() else {
+            return Err("not split".into());
+        };
+        let reader = &mut split.readers[index];
+        let (reader_id, typed) = match reader.statements.get(&id) {
+            Some(&known) => known,
+            None => {
+                let reader_id = prepare(&mut reader.conn, &sql, deprecate_eof)
+                    .await
+                    .map_err(|e| format!("preparing statement {id}: {e}"))?;
+                reader.statements.insert(id, (reader_id, false));
+                (reader_id, false)
+            }
+        };
+        if !typed {
+            if let Some(stmt) = self.statements.get(id) {
+                if let Some(patched) = super::forward::with_types(stmt, request) {
+                    *request = patched;
+                }
+            }
+            if let Some(split) = self.split.as_mut() {
+                if let Some(entry) = split.readers[index].statements.get_mut(&id) {
+                    entry.1 = true;
+                }
+            }
+        }
+        packets::set_statement_id(&mut request[HEADER_LEN..], reader_id);
+        Ok(client_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_gtid;
+
+    #[test]
+    fn gtids_are_read_as_domain_and_sequence() {
+        assert_eq!(parse_gtid("0-1-42"), Some((0, 42)));
+        assert_eq!(parse_gtid(" 3-100-7 "), Some((3, 7)));
+        assert_eq!(parse_gtid("0-1"), None);
+        assert_eq!(parse_gtid("0-1-2-3"), None);
+        assert_eq!(parse_gtid(""), None);
+    }
+}
