@@ -237,8 +237,7 @@ pub async fn run_monitor_gated(
 
 /// One line each way when a node starts or stops taking reads.
 fn log_read_changes(before: &Topology, now: &Topology) {
-    if !now.nodes.iter().any(|n| n.serves_reads) && !before.nodes.iter().any(|n| n.serves_reads)
-    {
+    if !now.nodes.iter().any(|n| n.serves_reads) && !before.nodes.iter().any(|n| n.serves_reads) {
         return;
     }
     for n in &now.nodes {

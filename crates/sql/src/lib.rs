@@ -46,7 +46,7 @@ pub use classify::{classify, classify_with, first_keyword, Classification};
 pub use kill::{parse_kill, Kill};
 pub use lexer::{Lexer, SqlMode, Token, TokenKind};
 pub use password::{own_password_change, PasswordChange};
-pub use route::{read_route, ReadRoute};
+pub use route::{read_only_transaction, read_route, ReadRoute};
 pub use split::Statements;
 
 /// Iterates over the statements in a multi-statement text, yielding their byte ranges in

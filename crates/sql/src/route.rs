@@ -57,6 +57,28 @@ pub fn read_route(sql: &[u8], flags: C, mode: SqlMode) -> ReadRoute {
     }
 }
 
+/// Whether `sql` is one `START TRANSACTION` whose characteristics include `READ ONLY`: a
+/// transaction that may run on a replica as a whole.
+pub fn read_only_transaction(sql: &[u8], flags: C, mode: SqlMode) -> bool {
+    if !flags.has(C::BEGIN_TXN) || flags.intersects(C::MULTI.union(C::END_TXN)) || has_hint(sql) {
+        return false;
+    }
+    let mut words = Lexer::with_mode(sql, mode).filter(|t| t.kind == TokenKind::Word);
+    if !(words.next().is_some_and(|t| t.is_word("START"))
+        && words.next().is_some_and(|t| t.is_word("TRANSACTION")))
+    {
+        return false;
+    }
+    let mut after_read = false;
+    for w in words {
+        if after_read && w.is_word("ONLY") {
+            return true;
+        }
+        after_read = w.is_word("READ");
+    }
+    false
+}
+
 fn has_hint(sql: &[u8]) -> bool {
     sql.windows(PRIMARY_HINT.len())
         .any(|w| w.eq_ignore_ascii_case(PRIMARY_HINT))
@@ -185,6 +207,20 @@ mod tests {
         ] {
             assert_eq!(route(sql), ReadRoute::LastNode, "{sql}");
         }
+    }
+
+    #[test]
+    fn read_only_transactions_are_told_from_the_others() {
+        let ro = |sql: &str| {
+            read_only_transaction(sql.as_bytes(), classify(sql.as_bytes()), SqlMode::DEFAULT)
+        };
+        assert!(ro("START TRANSACTION READ ONLY"));
+        assert!(ro("start transaction with consistent snapshot, read only"));
+        assert!(!ro("START TRANSACTION READ WRITE"));
+        assert!(!ro("START TRANSACTION"));
+        assert!(!ro("BEGIN"));
+        assert!(!ro("START TRANSACTION READ ONLY; SELECT 1"));
+        assert!(!ro("/* holdfast: primary */ START TRANSACTION READ ONLY"));
     }
 
     #[test]

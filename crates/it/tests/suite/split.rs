@@ -75,7 +75,10 @@ fn node_of(id: u32, primary: u32, replicas: &HashSet<u32>) -> Node {
     if id == primary {
         Node::Primary
     } else {
-        assert!(replicas.contains(&id), "server id {id} is no node of the lab");
+        assert!(
+            replicas.contains(&id),
+            "server id {id} is no node of the lab"
+        );
         Node::Replica
     }
 }
@@ -87,7 +90,8 @@ fn each_kind_of_statement_reaches_the_node_it_must() {
     let mut c = connect_to(&h.url());
     c.query_drop("CREATE TABLE t (id INT PRIMARY KEY, v INT)")
         .unwrap();
-    c.query_drop("INSERT INTO t VALUES (1, 10), (2, 20)").unwrap();
+    c.query_drop("INSERT INTO t VALUES (1, 10), (2, 20)")
+        .unwrap();
     c.query_drop("CREATE PROCEDURE p() SELECT @@server_id")
         .unwrap();
     let on = |c: &mut Conn, sql: &str| -> Node {
@@ -141,6 +145,32 @@ fn each_kind_of_statement_reaches_the_node_it_must() {
     assert_eq!(on(&mut c, "SELECT @@server_id"), Node::Primary);
     c.query_drop("COMMIT").unwrap();
     assert_eq!(on(&mut c, "SELECT @@server_id"), Node::Replica);
+    // A read-only transaction runs on one replica as a whole; a write in it is refused
+    // (by the replica's read_only, 1290, where the primary would say 1792).
+    c.query_drop("START TRANSACTION READ ONLY").unwrap();
+    let first: u32 = c.query_first("SELECT @@server_id").unwrap().unwrap();
+    assert_eq!(node_of(first, primary, &replicas), Node::Replica);
+    for _ in 0..4 {
+        let id: u32 = c
+            .query_first("SELECT @@server_id + 0 * COUNT(*) FROM t")
+            .unwrap()
+            .unwrap();
+        assert_eq!(id, first, "the whole transaction on one node");
+    }
+    let e = c
+        .query_drop("UPDATE t SET v = v + 1 WHERE id = 1")
+        .unwrap_err();
+    assert!(
+        matches!(&e, mysql::Error::MySqlError(m) if m.code == 1792 || m.code == 1290),
+        "{e}"
+    );
+    let id: u32 = c.query_first("SELECT @@server_id").unwrap().unwrap();
+    assert_eq!(id, first, "the transaction goes on after the refused write");
+    c.query_drop("COMMIT").unwrap();
+    assert_eq!(
+        on(&mut c, "SELECT @@server_id FROM t WHERE id = 1 FOR UPDATE"),
+        Node::Primary
+    );
     // SHOW WARNINGS reads what the last statement left, where it ran.
     let id: u32 = c
         .query_first("SELECT @@server_id + 0 * CAST('1x' AS INTEGER)")
@@ -155,7 +185,8 @@ fn each_kind_of_statement_reaches_the_node_it_must() {
     // primary (those live on its connection).
     let mut temp = connect_to(&h.url());
     assert_eq!(on(&mut temp, "SELECT @@server_id"), Node::Replica);
-    temp.query_drop("CREATE TEMPORARY TABLE tt (a INT)").unwrap();
+    temp.query_drop("CREATE TEMPORARY TABLE tt (a INT)")
+        .unwrap();
     assert_eq!(on(&mut temp, "SELECT @@server_id"), Node::Primary);
     assert_eq!(
         on(&mut temp, "SELECT @@server_id + 0 * COUNT(*) FROM tt"),
@@ -169,7 +200,8 @@ fn each_kind_of_statement_reaches_the_node_it_must() {
     assert_eq!(on(&mut locked, "SELECT @@server_id"), Node::Primary);
 
     // The session's schema and variables follow it to the replicas.
-    c.query_drop("SET SESSION sql_mode = 'ANSI_QUOTES'").unwrap();
+    c.query_drop("SET SESSION sql_mode = 'ANSI_QUOTES'")
+        .unwrap();
     c.query_drop("SET @@session.group_concat_max_len = 1234")
         .unwrap();
     for _ in 0..4 {
@@ -228,12 +260,20 @@ fn a_session_reads_its_own_writes_on_a_lagging_replica() {
     }
     stop.store(true, Ordering::Relaxed);
     perturb.join().expect("perturbing thread");
-    assert!(misses.is_empty(), "{} misses: {:?}", misses.len(), &misses[..misses.len().min(10)]);
+    assert!(
+        misses.is_empty(),
+        "{} misses: {:?}",
+        misses.len(),
+        &misses[..misses.len().min(10)]
+    );
     let m = h.metrics();
     let on_replicas = metric(&m, "holdfast_reads_on_replicas_total").unwrap_or(0.0);
     let waits = metric(&m, "holdfast_causal_wait_seconds_count").unwrap_or(0.0);
-    let timeouts =
-        metric(&m, "holdfast_reads_fallback_total{reason=\"causal_timeout\"}").unwrap_or(0.0);
+    let timeouts = metric(
+        &m,
+        "holdfast_reads_fallback_total{reason=\"causal_timeout\"}",
+    )
+    .unwrap_or(0.0);
     eprintln!("reads on replicas {on_replicas}, waits {waits}, causal timeouts {timeouts}");
     assert!(on_replicas > 1000.0, "{m}");
     assert!(waits > 1000.0, "reads after writes waited: {waits}");

@@ -534,15 +534,13 @@ impl Session {
                 code: crate::error::code::ER_ACCESS_DENIED_ERROR,
                 message,
                 ..
-            }) => {
-                Err(MoveError::Fatal {
-                    reason: CloseReason::LoginRefused,
-                    message: format!(
-                        "closed: the new node {} refused the session's login: {message}",
-                        node.name
-                    ),
-                })
-            }
+            }) => Err(MoveError::Fatal {
+                reason: CloseReason::LoginRefused,
+                message: format!(
+                    "closed: the new node {} refused the session's login: {message}",
+                    node.name
+                ),
+            }),
             Err(e) => {
                 self.shared.metrics.backend_connect_failures.inc();
                 Err(unreachable(&e))

@@ -36,6 +36,9 @@ pub(super) struct Split {
     readers: Vec<Reader>,
     /// The node the session's last statement ran on, when it was a replica.
     last_on: Option<String>,
+    /// A `START TRANSACTION READ ONLY` transaction open on this replica: the session's
+    /// statements go there until it ends.
+    txn_on: Option<String>,
     /// The topology reads are routed by, refreshed when the monitor publishes a new one.
     topology: Arc<Topology>,
     watch: watch::Receiver<Arc<Topology>>,
@@ -71,6 +74,7 @@ impl Split {
         Box::new(Split {
             readers: Vec::new(),
             last_on: None,
+            txn_on: None,
             topology,
             watch,
             turn: 0,
@@ -81,6 +85,7 @@ impl Split {
     pub(super) fn close_all(&mut self) {
         self.readers.clear();
         self.last_on = None;
+        self.txn_on = None;
     }
 
     fn refresh(&mut self) {
@@ -140,6 +145,8 @@ pub(super) enum Target {
     Balanced,
     /// The replica the last statement ran on (it reads what that statement left).
     Last(String),
+    /// The replica holding the session's read-only transaction.
+    Pinned(String),
 }
 
 /// What became of a read offered to a replica.
@@ -164,8 +171,22 @@ impl Session {
     pub(super) fn read_target(&mut self, request: &[u8], query: Option<C>) -> Option<Target> {
         let split = self.split.as_mut()?;
         let header = parse_header(request)?;
+        let command = request.get(HEADER_LEN).copied();
+        if let Some(node) = &split.txn_on {
+            return matches!(command, Some(COM_QUERY | COM_STMT_EXECUTE))
+                .then(|| Target::Pinned(node.clone()));
+        }
+        let mode = self.record.sql_mode.unwrap_or_default();
+        let read_only_start = match (command, query) {
+            (Some(COM_QUERY), Some(flags)) if flags.has(C::BEGIN_TXN) => {
+                holdfast_sql::read_only_transaction(&request[HEADER_LEN + 1..], flags, mode)
+            }
+            _ => false,
+        };
         let route = if header.continues() || !self.can_reauthenticate || self.replaying {
             ReadRoute::Primary
+        } else if read_only_start && self.record.blocker().is_none() {
+            ReadRoute::Replica
         } else if self.record.in_transaction()
             || self.record.status & SERVER_STATUS_AUTOCOMMIT == 0
             || self.record.blocker().is_some()
@@ -174,10 +195,9 @@ impl Session {
             // lives on the primary connection.
             ReadRoute::Primary
         } else {
-            match (request.get(HEADER_LEN).copied(), query) {
+            match (command, query) {
                 (Some(COM_QUERY), Some(flags)) => {
-                    let sql = &request[HEADER_LEN + 1..];
-                    holdfast_sql::read_route(sql, flags, self.record.sql_mode.unwrap_or_default())
+                    holdfast_sql::read_route(&request[HEADER_LEN + 1..], flags, mode)
                 }
                 (Some(COM_STMT_EXECUTE), _) => {
                     let cursor = request
@@ -254,6 +274,10 @@ impl Session {
                 Some(i) => i,
                 None => return Ok(ReadOutcome::Primary(request)),
             },
+            Target::Pinned(node) => match split.reader(&node) {
+                Some(i) => i,
+                None => return self.read_only_transaction_lost(&request).await,
+            },
             Target::Balanced => {
                 let weight = self.shared.config.split.primary_read_weight;
                 let Some(node) = split.choose(weight) else {
@@ -318,13 +342,23 @@ impl Session {
                 std::mem::swap(&mut self.backend, &mut reader.conn);
             }
         }
+        let pinned = self.split.as_ref().is_some_and(|s| s.txn_on.is_some());
         match result {
             Ok(()) => {
                 self.shared.metrics.reads_on_replicas.inc();
+                let open = self.record.in_transaction();
                 if let Some(split) = self.split.as_mut() {
+                    split.txn_on = open.then(|| node.clone());
                     split.last_on = Some(node);
                 }
                 Ok(ReadOutcome::Done)
+            }
+            Err(End::BackendLost {
+                started: false,
+                error,
+            }) if pinned => {
+                self.lose_reader(index, error.to_string());
+                self.read_only_transaction_lost(&request).await
             }
             Err(End::BackendLost {
                 started: false,
@@ -339,6 +373,20 @@ impl Session {
             }
             Err(end) => Err(end),
         }
+    }
+
+    /// The replica holding the session's read-only transaction is gone, and the
+    /// transaction with it: the client learns so as after a lost primary (1213).
+    async fn read_only_transaction_lost(&mut self, request: &[u8]) -> Result<ReadOutcome, End> {
+        if let Some(split) = self.split.as_mut() {
+            split.txn_on = None;
+        }
+        self.record.status &= !holdfast_wire::caps::SERVER_STATUS_IN_TRANS;
+        self.shared.metrics.requests_failed_on_backend_loss.inc();
+        let seq = super::forward::reply_seq(request);
+        self.send_error(seq, &crate::error::ClientError::transaction_rolled_back())
+            .await?;
+        Ok(ReadOutcome::Done)
     }
 
     fn lose_reader(&mut self, index: usize, why: String) {
@@ -400,15 +448,18 @@ impl Session {
                 .get("last_gtid")
                 .filter(|g| !g.is_empty())
                 .cloned(),
-            Consistency::Global => match restore::execute(
-                &mut self.backend,
-                b"SELECT @@global.gtid_binlog_pos",
-            )
-            .await
-            {
-                Ok(r) => r.text_rows().first().and_then(|r| r.first()).cloned().flatten(),
-                Err(e) => return Err(format!("reading the primary's position: {e}")),
-            },
+            Consistency::Global => {
+                match restore::execute(&mut self.backend, b"SELECT @@global.gtid_binlog_pos").await
+                {
+                    Ok(r) => r
+                        .text_rows()
+                        .first()
+                        .and_then(|r| r.first())
+                        .cloned()
+                        .flatten(),
+                    Err(e) => return Err(format!("reading the primary's position: {e}")),
+                }
+            }
         };
         let wait = self.shared.config.split.causal_wait();
         let Some(split) = self.split.as_mut() else {
@@ -427,12 +478,9 @@ impl Session {
             return Ok(true);
         };
         let needed: Vec<(u32, u64)> = position.split(',').filter_map(parse_gtid).collect();
-        let behind = needed.iter().any(|&(d, s)| {
-            !reader
-                .waited
-                .iter()
-                .any(|&(wd, ws)| wd == d && ws >= s)
-        });
+        let behind = needed
+            .iter()
+            .any(|&(d, s)| !reader.waited.iter().any(|&(wd, ws)| wd == d && ws >= s));
         if !behind {
             return Ok(true);
         }
@@ -468,7 +516,11 @@ impl Session {
     /// Writes the replica connection's statement id into an execute, preparing the
     /// statement there first if needed (and sending its parameter types when that
     /// connection has not seen them); returns the client's id.
-    async fn reader_execute(&mut self, index: usize, request: &mut BytesMut) -> Result<u32, String> {
+    async fn reader_execute(
+        &mut self,
+        index: usize,
+        request: &mut BytesMut,
+    ) -> Result<u32, String> {
         let client_id = packets::statement_id(&request[HEADER_LEN..])
             .ok_or_else(|| "no statement id".to_string())?;
         let id = self.statements.resolve(client_id);
