@@ -71,6 +71,21 @@ pub struct NodeView {
     pub read_only: Option<bool>,
     pub version: String,
     pub last_error: Option<String>,
+    /// It takes reads of split sessions now.
+    #[serde(default)]
+    pub serves_reads: bool,
+    /// Being removed (`ctl node remove`).
+    #[serde(default)]
+    pub draining: bool,
+    /// Requests of split sessions running on it now.
+    #[serde(default)]
+    pub active_requests: u32,
+    /// Reads split sessions sent it.
+    #[serde(default)]
+    pub reads: u64,
+    /// Its replication (a replica): threads running, lag, source.
+    #[serde(default)]
+    pub replication: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -117,6 +132,14 @@ fn topology_view(t: &Topology) -> TopologyView {
                 read_only: n.read_only,
                 version: n.version.clone(),
                 last_error: n.last_error.clone(),
+                serves_reads: n.serves_reads,
+                draining: n.draining,
+                active_requests: n.load.0.active(),
+                reads: n.load.0.reads.load(std::sync::atomic::Ordering::Relaxed),
+                replication: n
+                    .replication
+                    .as_ref()
+                    .and_then(|r| serde_json::to_value(r).ok()),
             })
             .collect(),
     }
@@ -275,6 +298,60 @@ async fn post_rejoin(
     }
 }
 
+/// `?name=node4&address=127.0.0.1:3310[&proxy_protocol=true]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeAddRequest {
+    name: Option<String>,
+    address: Option<String>,
+    proxy_protocol: Option<bool>,
+}
+
+/// `POST /nodes/add`: a replica of the primary joins; it takes reads once healthy.
+async fn post_node_add(
+    State(shared): State<Arc<Shared>>,
+    Query(q): Query<NodeAddRequest>,
+) -> Response {
+    let (Some(name), Some(address)) = (q.name, q.address) else {
+        return bad_request("which node? POST /nodes/add?name=NAME&address=HOST:PORT".into());
+    };
+    membership_answer(shared.add_node(&name, &address, q.proxy_protocol).await)
+}
+
+/// `?name=node3[&drain_ms=60000]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeRemoveRequest {
+    name: Option<String>,
+    drain_ms: Option<u64>,
+}
+
+/// `POST /nodes/remove`: the node takes no new work, what runs there gets the drain
+/// window, then holdfast lets it go.
+async fn post_node_remove(
+    State(shared): State<Arc<Shared>>,
+    Query(q): Query<NodeRemoveRequest>,
+) -> Response {
+    let Some(name) = q.name else {
+        return bad_request("which node? POST /nodes/remove?name=NAME[&drain_ms=N]".into());
+    };
+    let drain = q
+        .drain_ms
+        .map(std::time::Duration::from_millis)
+        .unwrap_or_else(|| shared.config.split.drain());
+    membership_answer(shared.remove_node(&name, drain).await)
+}
+
+fn membership_answer<T: Serialize>(
+    result: Result<T, holdfast_proxy::membership::MembershipError>,
+) -> Response {
+    match result {
+        Ok(report) => (StatusCode::OK, Json(report)).into_response(),
+        Err(e) if e.is_bad_request() => error_answer(StatusCode::BAD_REQUEST, e),
+        Err(e) => error_answer(StatusCode::CONFLICT, e),
+    }
+}
+
 /// `?node=node1&binary=/path/to/mariadbd&set=innodb_buffer_pool_size=256M,max_connections=500`.
 #[derive(Debug, Default, Deserialize)]
 struct RestartQuery {
@@ -332,6 +409,8 @@ pub fn router(shared: Arc<Shared>, token: AdminToken) -> Router {
         .route("/switchover", post(post_switchover))
         .route("/failover", post(post_failover))
         .route("/rejoin", post(post_rejoin))
+        .route("/nodes/add", post(post_node_add))
+        .route("/nodes/remove", post(post_node_remove))
         .route("/restart", post(post_restart))
         .route("/resize", post(post_restart))
         .route("/pause", post(serverless::post_pause))

@@ -82,6 +82,36 @@ enum Command {
 }
 
 #[derive(Subcommand)]
+enum NodeCommand {
+    /// Add a replica of the current primary; it takes reads of split listeners once its
+    /// replication runs within `[split] max_replica_lag_ms`.
+    ///
+    /// The address must answer to the monitor account, be read-only and replicate from the
+    /// primary; anything else is refused and nothing changes.
+    ///
+    /// Example: holdfast ctl node add --name node4 --address 127.0.0.1:3313
+    Add {
+        #[arg(long)]
+        name: String,
+        #[arg(long, value_name = "HOST:PORT")]
+        address: String,
+    },
+    /// Remove a replica: no new work goes to it at once; requests running there get the
+    /// drain window; past it they are stopped (each gets an ERR, its session goes on); then
+    /// holdfast closes its connections there.
+    ///
+    /// The primary and the last node cannot be removed.
+    ///
+    /// Example: holdfast ctl node remove node3 --drain-ms 10000
+    Remove {
+        name: String,
+        /// The drain window in milliseconds [default: [split] drain_ms, 60000].
+        #[arg(long)]
+        drain_ms: Option<u64>,
+    },
+}
+
+#[derive(Subcommand)]
 enum CtlCommand {
     /// Topology, HA state, counters and sessions, for a person (or --json).
     Status {
@@ -133,6 +163,9 @@ enum CtlCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Add or remove a node at run time (read scale-out).
+    #[command(subcommand)]
+    Node(NodeCommand),
     /// Pause the serverless instance now (needs `[serverless]`).
     ///
     /// Idle sessions stay open and wake it when they next speak; sessions that could not
@@ -415,6 +448,37 @@ async fn ctl(client: &AdminClient, command: CtlCommand) -> Result<()> {
             ha_operation(client, &path, json).await?;
         }
         CtlCommand::Failover { json } => ha_operation(client, "/failover", json).await?,
+        CtlCommand::Node(NodeCommand::Add { name, address }) => {
+            let path = format!(
+                "/nodes/add?name={}&address={}",
+                query_escape(&name),
+                query_escape(&address)
+            );
+            let v = post_json(client, &path).await?;
+            let reads = v.get("serves_reads").and_then(|b| b.as_bool()) == Some(true);
+            println!(
+                "{name} ({address}) added; {}",
+                if reads {
+                    "it takes reads"
+                } else {
+                    "it takes reads once its replication runs within the lag limit"
+                }
+            );
+        }
+        CtlCommand::Node(NodeCommand::Remove { name, drain_ms }) => {
+            let mut path = format!("/nodes/remove?name={}", query_escape(&name));
+            if let Some(ms) = drain_ms {
+                path.push_str(&format!("&drain_ms={ms}"));
+            }
+            let v = post_json(client, &path).await?;
+            let n = |k: &str| v.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
+            println!(
+                "{name} removed: drained in {} ms, {} statements stopped at the end of the window, {} connections closed",
+                n("drained_ms"),
+                n("interrupted"),
+                n("connections_closed")
+            );
+        }
         CtlCommand::Restart { node, binary } => {
             let mut path = format!("/restart?node={}", query_escape(&node));
             if let Some(b) = binary {

@@ -12,6 +12,7 @@ pub mod driver;
 pub mod error;
 pub mod gate;
 pub mod ha;
+pub mod membership;
 pub mod metrics;
 pub mod registry;
 pub mod restore;
@@ -68,6 +69,8 @@ pub struct Shared {
     pub client_tls: Option<Arc<tls::ClientTls>>,
     /// `[ha] commit_markers` is on and the marker table exists (see `ha::markers`).
     pub commit_markers_ready: Arc<std::sync::atomic::AtomicBool>,
+    /// The nodes holdfast fronts (the `[[backend]]`s, then `node add` / `node remove`).
+    pub members: topology::Members,
     next_session_id: AtomicU32,
 }
 
@@ -113,6 +116,7 @@ impl Shared {
         };
         let admission = Arc::new(admission::Admission::new(&config.proxy));
         Shared {
+            members: topology::members_of(&config),
             serverless,
             gate,
             ledger: None,
@@ -333,9 +337,10 @@ impl Proxy {
             shared.ledger = Some(Arc::new(ledger));
         }
         let shared = Arc::new(shared);
-        tokio::spawn(topology::run_monitor_gated(
+        tokio::spawn(topology::run_monitor(
             config.clone(),
             tx,
+            shared.members.subscribe(),
             shared.ha.topology_nudge(),
             shared.serverless.clone(),
         ));

@@ -2,7 +2,7 @@
 //! so sessions read the current view without locks.
 
 use crate::backend::BackendConn;
-use crate::config::Config;
+use crate::config::{BackendConfig, Config};
 use crate::serverless::Lifecycle;
 use crate::verifiers::monitor_connect;
 use serde::Serialize;
@@ -33,6 +33,35 @@ pub struct NodeState {
     /// Requests running on the node right now, over all sessions (split sessions count
     /// theirs; see [`NodeLoad`]).
     pub load: LoadRef,
+    /// Being removed (`ctl node remove`): it takes no new work; what runs there gets the
+    /// drain window.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub draining: bool,
+}
+
+/// One node holdfast fronts: a `[[backend]]` of the configuration, or one added at run
+/// time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub backend: BackendConfig,
+    pub draining: bool,
+}
+
+/// The nodes holdfast fronts now (the `[[backend]]`s at start, then `node add` and `node
+/// remove`), published to the monitor.
+pub type Members = watch::Sender<Arc<Vec<Member>>>;
+
+/// The member list of a configuration.
+pub fn members_of(cfg: &Config) -> Members {
+    let list = cfg
+        .backends
+        .iter()
+        .map(|b| Member {
+            backend: b.clone(),
+            draining: false,
+        })
+        .collect();
+    watch::channel(Arc::new(list)).0
 }
 
 /// A replica's replication, as the monitor last read it.
@@ -62,11 +91,30 @@ pub struct NodeLoad {
     pub active: std::sync::atomic::AtomicU32,
     /// Reads routed to the node since holdfast started.
     pub reads: std::sync::atomic::AtomicU64,
+    /// The server threads of split sessions' connections there (locked when one opens or
+    /// closes, never per request), for a removal to stop and close them.
+    threads: std::sync::Mutex<Vec<u32>>,
 }
 
 impl NodeLoad {
     pub fn active(&self) -> u32 {
         self.active.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn threads(&self) -> Vec<u32> {
+        self.threads.lock().map(|t| t.clone()).unwrap_or_default()
+    }
+
+    pub fn opened(&self, thread: u32) {
+        if let Ok(mut t) = self.threads.lock() {
+            t.push(thread);
+        }
+    }
+
+    pub fn closed(&self, thread: u32) {
+        if let Ok(mut t) = self.threads.lock() {
+            t.retain(|&x| x != thread);
+        }
     }
 }
 
@@ -106,23 +154,41 @@ pub struct Topology {
 
 impl Topology {
     pub fn from_config(cfg: &Config) -> Self {
+        let members: Vec<Member> = cfg
+            .backends
+            .iter()
+            .map(|b| Member {
+                backend: b.clone(),
+                draining: false,
+            })
+            .collect();
+        Self::of_members(&members)
+    }
+
+    /// A topology of `members` before any of them was probed.
+    pub fn of_members(members: &[Member]) -> Self {
         Topology {
-            nodes: cfg
-                .backends
+            nodes: members
                 .iter()
-                .map(|b| NodeState {
-                    name: b.name.clone(),
-                    address: b.address.clone(),
-                    proxy_protocol: b.proxy_protocol,
-                    reachable: false,
-                    read_only: None,
-                    version: String::new(),
-                    autocommit: None,
-                    last_error: None,
-                    replication: None,
-                    serves_reads: false,
-                    load: LoadRef::default(),
-                })
+                .map(
+                    |Member {
+                         backend: b,
+                         draining,
+                     }| NodeState {
+                        name: b.name.clone(),
+                        address: b.address.clone(),
+                        proxy_protocol: b.proxy_protocol,
+                        reachable: false,
+                        read_only: None,
+                        version: String::new(),
+                        autocommit: None,
+                        last_error: None,
+                        replication: None,
+                        serves_reads: false,
+                        load: LoadRef::default(),
+                        draining: *draining,
+                    },
+                )
                 .collect(),
             primary: None,
             observed: false,
@@ -139,6 +205,19 @@ impl Topology {
         }
     }
 
+    /// The nodes HA operations consider (those being removed left out).
+    pub fn backends(&self) -> Vec<BackendConfig> {
+        self.nodes
+            .iter()
+            .filter(|n| !n.draining)
+            .map(|n| BackendConfig {
+                name: n.name.clone(),
+                address: n.address.clone(),
+                proxy_protocol: n.proxy_protocol,
+            })
+            .collect()
+    }
+
     /// The nodes that take reads of split sessions now.
     pub fn read_nodes(&self) -> impl Iterator<Item = &NodeState> {
         self.nodes.iter().filter(|n| n.serves_reads)
@@ -148,51 +227,50 @@ impl Topology {
 pub const MONITOR_INTERVAL: Duration = Duration::from_millis(1000);
 
 /// Polls every node each interval and publishes the result.
-pub async fn run_monitor(cfg: Arc<Config>, tx: watch::Sender<Arc<Topology>>) {
-    run_monitor_nudged(cfg, tx, Arc::new(Notify::new())).await
-}
-
-/// [`run_monitor`], also probing at once whenever `nudge` is notified (the HA controller
-/// does after each operation, so sessions find a new primary without waiting a tick).
-pub async fn run_monitor_nudged(
+/// Probes every member each interval (and at once whenever `nudge` is notified: the HA
+/// controller does after each operation, so sessions find a new primary without waiting a
+/// tick, and so does a change of members), and publishes the result. A paused serverless
+/// instance (`gate`) is left alone: while it is paused the last view stands (the node is
+/// still where sessions go once it resumes), and probing would only hang on a frozen
+/// process.
+pub async fn run_monitor(
     cfg: Arc<Config>,
     tx: watch::Sender<Arc<Topology>>,
-    nudge: Arc<Notify>,
-) {
-    run_monitor_gated(cfg, tx, nudge, None).await
-}
-
-/// [`run_monitor_nudged`] that leaves a paused serverless instance alone: while it is
-/// paused the last view stands (the node is still where sessions go once it resumes), and
-/// probing would only hang on a frozen process.
-pub async fn run_monitor_gated(
-    cfg: Arc<Config>,
-    tx: watch::Sender<Arc<Topology>>,
+    mut members: watch::Receiver<Arc<Vec<Member>>>,
     nudge: Arc<Notify>,
     gate: Option<Arc<Lifecycle>>,
 ) {
-    let mut conns: Vec<Option<BackendConn>> = cfg.backends.iter().map(|_| None).collect();
-    let loads: Vec<LoadRef> = cfg.backends.iter().map(|_| LoadRef::default()).collect();
+    let mut conns: std::collections::HashMap<String, BackendConn> = Default::default();
+    let mut loads: std::collections::HashMap<String, LoadRef> = Default::default();
     let mut ticker = tokio::time::interval(MONITOR_INTERVAL);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
             _ = nudge.notified() => ticker.reset(),
+            Ok(()) = members.changed() => ticker.reset(),
         }
         if gate.as_ref().is_some_and(|l| !l.is_running()) {
             continue;
         }
-        let mut topo = Topology::from_config(&cfg);
+        let list = members.borrow_and_update().clone();
+        conns.retain(|name, _| list.iter().any(|m| &m.backend.name == name));
+        loads.retain(|name, _| list.iter().any(|m| &m.backend.name == name));
+        let mut topo = Topology::of_members(&list);
         topo.observed = true;
-        for (i, node) in topo.nodes.iter_mut().enumerate() {
-            node.load = loads[i].clone();
-            let mut result = probe(&cfg, &node.address, &mut conns[i]).await;
-            if result.is_err() && conns[i].is_some() {
+        for node in topo.nodes.iter_mut() {
+            node.load = loads.entry(node.name.clone()).or_default().clone();
+            let mut slot = conns.remove(&node.name);
+            let had = slot.is_some();
+            let mut result = probe(&cfg, &node.address, &mut slot).await;
+            if result.is_err() && had {
                 // A monitor connection the server dropped (restart, KILL): one fresh try
                 // before the node counts as unreachable.
-                conns[i] = None;
-                result = probe(&cfg, &node.address, &mut conns[i]).await;
+                slot = None;
+                result = probe(&cfg, &node.address, &mut slot).await;
+            }
+            if let (Ok(_), Some(conn)) = (&result, slot) {
+                conns.insert(node.name.clone(), conn);
             }
             match result {
                 Ok(Probed {
@@ -206,15 +284,13 @@ pub async fn run_monitor_gated(
                     node.version = version;
                     node.autocommit = Some(autocommit);
                     node.serves_reads = read_only
+                        && !node.draining
                         && replication
                             .as_ref()
                             .is_some_and(|r| r.within(cfg.split.max_replica_lag_ms));
                     node.replication = replication;
                 }
-                Err(e) => {
-                    conns[i] = None;
-                    node.last_error = Some(e);
-                }
+                Err(e) => node.last_error = Some(e),
             }
         }
         topo.primary = topo

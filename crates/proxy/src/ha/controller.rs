@@ -229,6 +229,12 @@ impl HaController {
         self.cfg.clone()
     }
 
+    /// The nodes operations consider now (the topology's members, those being removed
+    /// left out).
+    pub(super) fn backends(&self) -> Vec<BackendConfig> {
+        self.topology.borrow().backends()
+    }
+
     /// The writable node the topology monitor sees now.
     pub(super) fn primary_name(&self) -> Option<String> {
         self.topology
@@ -360,7 +366,7 @@ impl HaController {
         let cfg = &*self.cfg;
         let ha = &cfg.ha;
         match req {
-            Request::Switchover(target) => switchover(cfg, &cfg.backends, target.as_deref(), ha)
+            Request::Switchover(target) => switchover(cfg, &self.backends(), target.as_deref(), ha)
                 .await
                 .map(Report::Switchover),
             Request::Failover { lost, automatic } => {
@@ -372,7 +378,7 @@ impl HaController {
                 if automatic {
                     ops.guard.check(now)?;
                 }
-                let result = failover(cfg, &cfg.backends, &lost, None, ha).await;
+                let result = failover(cfg, &self.backends(), &lost, None, ha).await;
                 // A refusal (the primary answers after all) changed nothing: no cool-off.
                 // Anything else starts one, a failed attempt included.
                 if !matches!(&result, Err(e) if e.is_refusal()) {
@@ -380,7 +386,7 @@ impl HaController {
                 }
                 result.map(Report::Failover)
             }
-            Request::Rejoin(node) => rejoin(cfg, &cfg.backends, &node, None, ha)
+            Request::Rejoin(node) => rejoin(cfg, &self.backends(), &node, None, ha)
                 .await
                 .map(Report::Rejoin),
         }
@@ -522,9 +528,9 @@ impl HaController {
                 switch_to = w.filter(|w| watched.is_some() && differs(w));
             }
             if let Some(name) = switch_to {
-                if let Some(b) = cfg.backends.iter().find(|b| b.name == name) {
+                if let Some(b) = self.backends().into_iter().find(|b| b.name == name) {
                     tracing::info!(node = %b.name, address = %b.address, "ha: watching primary");
-                    watched = Some(b.clone());
+                    watched = Some(b);
                     detector = LossDetector::from_config(ha);
                     session = None;
                     held_back.clear();
@@ -587,11 +593,10 @@ impl HaController {
 
             // Cross-check: every reachable replica must have lost the primary too.
             if ha.require_replica_confirmation {
-                let others: Vec<BackendConfig> = cfg
-                    .backends
-                    .iter()
+                let others: Vec<BackendConfig> = self
+                    .backends()
+                    .into_iter()
                     .filter(|b| b.name != node.name)
-                    .cloned()
                     .collect();
                 let probes = probe_all(cfg, &others, ha.probe_timeout()).await;
                 match replicas_confirm_loss(&probes, &node) {
@@ -624,8 +629,12 @@ impl HaController {
             };
             match self.run_op(permit, req).await {
                 Ok(Report::Failover(r)) => {
-                    if let Some(b) = cfg.backends.iter().find(|b| b.name == r.new_primary) {
-                        watched = Some(b.clone());
+                    if let Some(b) = self
+                        .backends()
+                        .into_iter()
+                        .find(|b| b.name == r.new_primary)
+                    {
+                        watched = Some(b);
                     }
                 }
                 Ok(_) => {}

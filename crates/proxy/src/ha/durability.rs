@@ -65,7 +65,7 @@ impl HaController {
             if primary.is_none() || primary != self.state().watching {
                 continue;
             }
-            for node in &cfg.backends {
+            for node in &self.backends() {
                 let is_primary = primary.as_deref() == Some(node.name.as_str());
                 if !sessions.contains_key(&node.name) {
                     match NodeSession::connect(&cfg, node, cfg.ha.probe_timeout()).await {

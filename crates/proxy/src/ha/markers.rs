@@ -94,8 +94,8 @@ async fn run_on_primary(
         .filter(|n| n.read_only == Some(false))
         .map(|n| n.name.clone())
         .ok_or("no writable primary known")?;
-    let node = cfg
-        .backends
+    let backends = topology.borrow().backends();
+    let node = backends
         .iter()
         .find(|b| b.name == primary)
         .ok_or("the primary is not a configured backend")?;

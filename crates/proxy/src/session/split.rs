@@ -63,6 +63,7 @@ struct Reader {
 
 impl Drop for Reader {
     fn drop(&mut self) {
+        self.load.closed(self.conn.greeting.connection_id);
         // Best effort, without waiting: the server counts a silent close as aborted.
         let _ = self.conn.conn.try_write_now(&[1, 0, 0, 0, COM_QUIT]);
     }
@@ -92,9 +93,20 @@ impl Split {
         if self.watch.has_changed().unwrap_or(false) {
             self.topology = self.watch.borrow_and_update().clone();
             let topology = &self.topology;
-            // Connections to nodes gone from the topology go with them.
-            self.readers
-                .retain(|r| topology.nodes.iter().any(|n| n.name == r.node));
+            let pinned = self.txn_on.as_deref();
+            // Connections to nodes gone from the topology, or being removed, go (but the
+            // one holding a read-only transaction, which the drain window lets finish).
+            self.readers.retain(|r| {
+                topology
+                    .nodes
+                    .iter()
+                    .any(|n| n.name == r.node && (!n.draining || pinned == Some(&r.node)))
+            });
+            if let Some(node) = &self.last_on {
+                if !self.readers.iter().any(|r| &r.node == node) {
+                    self.last_on = None;
+                }
+            }
         }
     }
 
@@ -421,6 +433,7 @@ impl Session {
             }
         };
         let split = self.split.as_mut()?;
+        node.load.0.opened(conn.greeting.connection_id);
         split.readers.push(Reader {
             node: node.name.clone(),
             conn,

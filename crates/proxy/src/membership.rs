@@ -1,0 +1,361 @@
+//! Nodes added and removed at run time (`ctl node add`, `ctl node remove`).
+//!
+//! * **Add**: the address must answer as a MariaDB/MySQL server to the monitor account,
+//!   be read-only and replicate from the current primary; it joins the member list, the
+//!   monitor probes it, and it takes reads once its replication runs within the lag limit.
+//! * **Remove**: from that instant the node takes no new reads (it is marked draining);
+//!   requests running on it get the drain window to finish; past it, what still runs there
+//!   is stopped with `KILL QUERY` (that statement gets the server's ERR, its session goes
+//!   on); then the node leaves the member list and holdfast's remaining connections there
+//!   are closed. The primary and the last node cannot be removed.
+
+use crate::config::BackendConfig;
+use crate::ha::split_address;
+use crate::topology::{Member, NodeState};
+use crate::verifiers::monitor_connect;
+use crate::Shared;
+use serde::Serialize;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, thiserror::Error)]
+pub enum MembershipError {
+    #[error("no node named {0:?}")]
+    UnknownNode(String),
+    #[error("{0:?} is the only node; holdfast needs at least one")]
+    LastNode(String),
+    #[error("{0:?} is the primary; switch over to another node first")]
+    Primary(String),
+    #[error("a node named {0:?} exists already")]
+    NameTaken(String),
+    #[error("node {existing:?} has the address {address} already")]
+    AddressTaken { existing: String, address: String },
+    #[error("invalid node name {0:?}: use letters, digits, '-', '_' and '.'")]
+    BadName(String),
+    #[error("invalid address {0:?}: expected HOST:PORT")]
+    BadAddress(String),
+    #[error("{address} is not a database server holdfast can use: {reason}")]
+    NotAServer { address: String, reason: String },
+    #[error("{address} is writable (read_only is OFF); only replicas of the primary can be added")]
+    Writable { address: String },
+    #[error("{address} does not replicate (SHOW SLAVE STATUS is empty); set it up as a replica of the primary first")]
+    NotReplicating { address: String },
+    #[error("{address} replicates from {replicates_from}, not from the primary {primary} ({primary_address})")]
+    ReplicatesElsewhere {
+        address: String,
+        replicates_from: String,
+        primary: String,
+        primary_address: String,
+    },
+    #[error("no primary is known; nodes are added once one is")]
+    NoPrimary,
+    #[error("{0:?} is being removed already")]
+    Draining(String),
+}
+
+impl MembershipError {
+    /// Whether the request itself was wrong (400), rather than the cluster's state (409).
+    pub fn is_bad_request(&self) -> bool {
+        !matches!(
+            self,
+            MembershipError::NoPrimary | MembershipError::Draining(_)
+        )
+    }
+}
+
+/// What `node add` did.
+#[derive(Debug, Serialize)]
+pub struct Added {
+    pub node: String,
+    pub address: String,
+    /// It takes reads already (its replication runs within the lag limit).
+    pub serves_reads: bool,
+}
+
+/// What `node remove` did.
+#[derive(Debug, Serialize)]
+pub struct Removed {
+    pub node: String,
+    /// How long the requests running on it took to finish (or the whole window).
+    pub drained_ms: u64,
+    /// Requests still running when the window closed, stopped with `KILL QUERY`.
+    pub interrupted: u32,
+    /// holdfast's connections to it closed at the end.
+    pub connections_closed: usize,
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+impl Shared {
+    /// Adds a replica of the primary at `address` under `name`.
+    pub async fn add_node(
+        &self,
+        name: &str,
+        address: &str,
+        proxy_protocol: Option<bool>,
+    ) -> Result<Added, MembershipError> {
+        if !valid_name(name) {
+            return Err(MembershipError::BadName(name.into()));
+        }
+        split_address(address).map_err(|_| MembershipError::BadAddress(address.into()))?;
+        let members = self.members.borrow().clone();
+        if members.iter().any(|m| m.backend.name == name) {
+            return Err(MembershipError::NameTaken(name.into()));
+        }
+        if let Some(m) = members.iter().find(|m| m.backend.address == address) {
+            return Err(MembershipError::AddressTaken {
+                existing: m.backend.name.clone(),
+                address: address.into(),
+            });
+        }
+        let primary: NodeState = self
+            .topology
+            .borrow()
+            .primary_node()
+            .filter(|p| p.read_only == Some(false))
+            .cloned()
+            .ok_or(MembershipError::NoPrimary)?;
+        self.check_replica(address, &primary).await?;
+        let backend = BackendConfig {
+            name: name.into(),
+            address: address.into(),
+            proxy_protocol: proxy_protocol.unwrap_or(primary.proxy_protocol),
+        };
+        self.members.send_modify(|list| {
+            let mut next = list.as_ref().clone();
+            next.push(Member {
+                backend,
+                draining: false,
+            });
+            *list = std::sync::Arc::new(next);
+        });
+        tracing::info!(node = name, address, "node added");
+        // The monitor probes it at once (a member change nudges it).
+        let mut topology = self.topology.clone();
+        let seen = tokio::time::timeout(
+            self.config.proxy.connect_timeout() + Duration::from_secs(2),
+            topology.wait_for(|t| {
+                t.observed
+                    && t.nodes
+                        .iter()
+                        .any(|n| n.name == name && (n.reachable || n.last_error.is_some()))
+            }),
+        )
+        .await;
+        let serves_reads = matches!(seen, Ok(Ok(ref t)) if t.nodes.iter().any(|n| n.name == name && n.serves_reads));
+        Ok(Added {
+            node: name.into(),
+            address: address.into(),
+            serves_reads,
+        })
+    }
+
+    /// The checks a node passes before it is added.
+    async fn check_replica(
+        &self,
+        address: &str,
+        primary: &NodeState,
+    ) -> Result<(), MembershipError> {
+        let not_a_server = |reason: String| MembershipError::NotAServer {
+            address: address.into(),
+            reason,
+        };
+        let timeout = self.config.proxy.connect_timeout();
+        let mut conn = tokio::time::timeout(timeout, monitor_connect(&self.config, address))
+            .await
+            .map_err(|_| not_a_server(format!("no answer within {} ms", timeout.as_millis())))?
+            .map_err(|e| not_a_server(e.to_string()))?;
+        let read_only = conn
+            .query("SELECT @@global.read_only")
+            .await
+            .map_err(|e| not_a_server(e.to_string()))?;
+        let on = read_only
+            .rows
+            .first()
+            .and_then(|r| r.first())
+            .cloned()
+            .flatten()
+            .is_some_and(|v| crate::ha::probe::is_on(&v));
+        if !on {
+            return Err(MembershipError::Writable {
+                address: address.into(),
+            });
+        }
+        let status = conn
+            .execute(b"SHOW SLAVE STATUS", 1 << 20)
+            .await
+            .map_err(|e| not_a_server(e.to_string()))?;
+        let rows = status.text_rows();
+        let Some(row) = rows.first() else {
+            return Err(MembershipError::NotReplicating {
+                address: address.into(),
+            });
+        };
+        let get = |name: &str| {
+            status
+                .columns
+                .iter()
+                .position(|c| c == name)
+                .and_then(|i| row.get(i).cloned().flatten())
+                .unwrap_or_default()
+        };
+        let source = format!("{}:{}", get("Master_Host"), get("Master_Port"));
+        let same = match (split_address(&source), split_address(&primary.address)) {
+            (Ok((h1, p1)), Ok((h2, p2))) => p1 == p2 && h1.eq_ignore_ascii_case(&h2),
+            _ => false,
+        };
+        if !same {
+            return Err(MembershipError::ReplicatesElsewhere {
+                address: address.into(),
+                replicates_from: source,
+                primary: primary.name.clone(),
+                primary_address: primary.address.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Removes `name` after draining it for `drain`.
+    pub async fn remove_node(
+        &self,
+        name: &str,
+        drain: Duration,
+    ) -> Result<Removed, MembershipError> {
+        let members = self.members.borrow().clone();
+        let Some(member) = members.iter().find(|m| m.backend.name == name) else {
+            return Err(MembershipError::UnknownNode(name.into()));
+        };
+        if member.draining {
+            return Err(MembershipError::Draining(name.into()));
+        }
+        if members.iter().filter(|m| !m.draining).count() <= 1 {
+            return Err(MembershipError::LastNode(name.into()));
+        }
+        let is_primary = self
+            .topology
+            .borrow()
+            .primary_node()
+            .is_some_and(|p| p.name == name);
+        if is_primary {
+            return Err(MembershipError::Primary(name.into()));
+        }
+        let address = member.backend.address.clone();
+        self.set_draining(name, true);
+        tracing::info!(
+            node = name,
+            drain_ms = drain.as_millis() as u64,
+            "node removal: draining"
+        );
+        let load = self
+            .topology
+            .borrow()
+            .nodes
+            .iter()
+            .find(|n| n.name == name)
+            .map(|n| n.load.0.clone())
+            .unwrap_or_default();
+        let started = Instant::now();
+        let deadline = started + drain;
+        while load.active() > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let drained_ms = started.elapsed().as_millis() as u64;
+        let interrupted = load.active();
+        let threads: Vec<u32> = load.threads();
+        if interrupted > 0 {
+            tracing::warn!(
+                node = name,
+                running = interrupted,
+                "node removal: drain window over; stopping the statements still running there"
+            );
+            self.kill_on(&address, &threads, "KILL QUERY").await;
+            // Their sessions get the server's ERR; a little while for it to arrive.
+            let grace = Instant::now() + Duration::from_secs(2);
+            while load.active() > 0 && Instant::now() < grace {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        self.members.send_modify(|list| {
+            let next: Vec<Member> = list
+                .iter()
+                .filter(|m| m.backend.name != name)
+                .cloned()
+                .collect();
+            *list = std::sync::Arc::new(next);
+        });
+        // Sessions drop their connections there when they next route a read; idle ones
+        // are closed here.
+        let threads = load.threads();
+        self.kill_on(&address, &threads, "KILL CONNECTION").await;
+        tracing::info!(
+            node = name,
+            drained_ms,
+            interrupted,
+            closed = threads.len(),
+            "node removed"
+        );
+        Ok(Removed {
+            node: name.into(),
+            drained_ms,
+            interrupted,
+            connections_closed: threads.len(),
+        })
+    }
+
+    fn set_draining(&self, name: &str, draining: bool) {
+        self.members.send_modify(|list| {
+            let next: Vec<Member> = list
+                .iter()
+                .map(|m| Member {
+                    draining: if m.backend.name == name {
+                        draining
+                    } else {
+                        m.draining
+                    },
+                    backend: m.backend.clone(),
+                })
+                .collect();
+            *list = std::sync::Arc::new(next);
+        });
+    }
+
+    /// Runs `kill` (`KILL QUERY`, `KILL CONNECTION`) for each thread on the node at
+    /// `address`, with the monitor account; failures are logged.
+    async fn kill_on(&self, address: &str, threads: &[u32], kill: &str) {
+        if threads.is_empty() {
+            return;
+        }
+        let mut conn = match monitor_connect(&self.config, address).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(address, error = %e, "node removal: cannot connect to stop holdfast's connections there");
+                return;
+            }
+        };
+        for t in threads {
+            if let Err(e) = conn.query(&format!("{kill} {t}")).await {
+                tracing::debug!(address, thread = t, error = %e, "node removal: {kill} failed");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_names_are_plain() {
+        assert!(valid_name("node4"));
+        assert!(valid_name("db-2.eu_west"));
+        assert!(!valid_name(""));
+        assert!(!valid_name("a b"));
+        assert!(!valid_name("x;DROP"));
+        assert!(!valid_name(&"n".repeat(65)));
+    }
+}
