@@ -604,9 +604,14 @@ pub fn add_replica(dir: &Path, name: Option<&str>) -> Result<NodeStatus> {
     launch.server_ids.insert(node.name.clone(), server_id);
 
     let template = template::ensure(&launch.mariadbd)?;
+    if node.datadir.exists() {
+        bail!("{} already exists", node.datadir.display());
+    }
+    // From here on, a failure leaves nothing behind.
     let mut guard = NewNodeGuard {
         node: node.clone(),
         pid: None,
+        armed: true,
     };
     template::copy_to(&template, &[node.datadir.as_path()])?;
     let pid = spawn_node(&launch, &node)?;
@@ -633,7 +638,7 @@ pub fn add_replica(dir: &Path, name: Option<&str>) -> Result<NodeStatus> {
     write_json(&st.dir.join(LAUNCH_FILE), &launch_now)?;
     write_status(&st)?;
     write_config(&st)?;
-    guard.pid = None;
+    guard.armed = false;
     forget_starting(&st, &[pid]);
     Ok(added)
 }
@@ -717,23 +722,27 @@ pub fn remove_node(dir: &Path, name: &str) -> Result<NodeStatus> {
     })
 }
 
-/// Kills a node that [`add_replica`] started and deletes its files, unless it was recorded
-/// (`pid` taken).
+/// While armed, kills the server [`add_replica`] started and deletes the node's files on
+/// drop (the add failed); disarmed once the node is recorded.
 struct NewNodeGuard {
     node: NodeStatus,
     pid: Option<u32>,
+    armed: bool,
 }
 
 impl Drop for NewNodeGuard {
     fn drop(&mut self) {
-        if let Some(pid) = self.pid.take() {
+        if !self.armed {
+            return;
+        }
+        if let Some(pid) = self.pid {
             let _ = procs::kill_now(pid);
             if let Some(dir) = self.node.socket.parent() {
                 let _ = unregister_aux(dir, pid);
             }
-            if let Err(e) = delete_node_files(&self.node) {
-                tracing::warn!(node = %self.node.name, "cleaning up after a failed add: {e:#}");
-            }
+        }
+        if let Err(e) = delete_node_files(&self.node) {
+            tracing::warn!(node = %self.node.name, "cleaning up after a failed add: {e:#}");
         }
     }
 }
