@@ -13,8 +13,10 @@ use crate::lab::{self, LabOptions, LabStatus, DEFAULT_BASE_PORT};
 pub enum LabCommand {
     /// Start a primary and N replicas on 127.0.0.1 and write DIR/holdfast.toml for them.
     ///
-    /// Ports: holdfast's proxy listener = BASE, its admin listener = BASE+1, node i
-    /// (1-based) = BASE+10+i-1. Accounts: app/app_pass (all privileges),
+    /// Ports: holdfast's proxy listener = BASE, its admin listener = BASE+1, its
+    /// read/write-split listener = BASE+2 (not with --serverless), node i (1-based) =
+    /// BASE+10+i-1 (a node added later by `lab add-replica` takes the first free port from
+    /// its own slot on). Accounts: app/app_pass (all privileges),
     /// holdfast_monitor/monitor_pass, repl/repl_pass; root logs in without a password
     /// through DIR/nodeN.sock.
     /// A directory holding a stopped lab is restarted with its data.
@@ -30,7 +32,8 @@ pub enum LabCommand {
         /// DIR/holdfast.toml).
         #[arg(long)]
         serverless: bool,
-        /// Base port of the port layout (proxy = BASE, admin = BASE+1, nodes from BASE+10).
+        /// Base port of the port layout (proxy = BASE, admin = BASE+1, split = BASE+2, nodes
+        /// from BASE+10).
         #[arg(long, default_value_t = DEFAULT_BASE_PORT)]
         base_port: u16,
         /// Server binary [default: mariadbd on PATH, else mysqld].
@@ -40,15 +43,38 @@ pub enum LabCommand {
         #[arg(long = "server-arg", allow_hyphen_values = true)]
         server_args: Vec<String>,
     },
-    /// Show the nodes of a lab and whether they run.
+    /// Show the nodes of a lab, whether they run and their role now (each running node is
+    /// asked: writable = primary, read-only with a replication source = replica).
     Status {
         /// Lab directory.
         #[arg(long, default_value = "holdfast-lab")]
         dir: PathBuf,
         /// Print DIR/lab.json's content (with fresh liveness) as JSON, with holdfast's admin
-        /// API token (`admin_token`, from DIR/admin.token).
+        /// API token (`admin_token`, from DIR/admin.token) and each node's `live_role`
+        /// (primary, replica, down or unknown) and `replicates_from`; `role` stays the role
+        /// the node was set up with.
         #[arg(long)]
         json: bool,
+    },
+    /// Add a replica to a running lab: a new mariadbd, seeded from a dump of the current
+    /// primary (the writable node), replicating from it by GTID; added to DIR/lab.json and
+    /// DIR/holdfast.toml's backends (restart holdfast to use it).
+    AddReplica {
+        /// Lab directory.
+        #[arg(long, default_value = "holdfast-lab")]
+        dir: PathBuf,
+        /// The new node's name [default: the next nodeK].
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Remove a node from a lab: stops its mariadbd, deletes its data, and takes it out of
+    /// DIR/lab.json and DIR/holdfast.toml. Refuses the primary and the last node.
+    Remove {
+        /// Lab directory.
+        #[arg(long, default_value = "holdfast-lab")]
+        dir: PathBuf,
+        /// The node to remove (e.g. node3).
+        name: String,
     },
     /// Stop every process of a lab (mariadbd gets SIGTERM, then SIGKILL after 60 s).
     Down {
@@ -95,6 +121,22 @@ pub fn run(cmd: LabCommand) -> Result<()> {
                 print!("{}", status_table(&st));
             }
         }
+        LabCommand::AddReplica { dir, name } => {
+            let node = lab::add_replica(&dir, name.as_deref())?;
+            println!(
+                "added {} at {} (replica of {}); holdfast.toml lists it",
+                node.name,
+                node.address,
+                node.replicates_from.as_deref().unwrap_or("?")
+            );
+        }
+        LabCommand::Remove { dir, name } => {
+            let node = lab::remove_node(&dir, &name)?;
+            println!(
+                "removed {} ({}): stopped, data deleted, gone from lab.json and holdfast.toml",
+                node.name, node.address
+            );
+        }
         LabCommand::Down { dir, purge } => {
             if purge {
                 lab::purge(&dir)?;
@@ -119,24 +161,34 @@ pub fn status_table(st: &LabStatus) -> String {
     let _ = writeln!(out, "lab {}", st.dir.display());
     let _ = writeln!(
         out,
-        "{:<8} {:<8} {:<17} {:<8} {:<8} socket",
-        "node", "role", "address", "pid", "state"
+        "{:<8} {:<8} {:<8} {:<17} {:<8} {:<8} socket",
+        "node", "role", "from", "address", "pid", "state"
     );
     for n in &st.nodes {
+        // The role now when the node was asked; the one it was set up with otherwise.
+        let role = match n.live_role.as_deref() {
+            Some(live) => live.to_string(),
+            None => format!("{}?", n.role),
+        };
         let _ = writeln!(
             out,
-            "{:<8} {:<8} {:<17} {:<8} {:<8} {}",
+            "{:<8} {:<8} {:<8} {:<17} {:<8} {:<8} {}",
             n.name,
-            n.role,
+            role,
+            n.replicates_from.as_deref().unwrap_or("-"),
             n.address,
             n.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
             if n.alive { "running" } else { "stopped" },
             n.socket.display()
         );
     }
+    let split = match &st.split {
+        Some(s) => format!(" / split {s}"),
+        None => String::new(),
+    };
     let _ = writeln!(
         out,
-        "holdfast proxy {} / admin {} (config {})",
+        "holdfast proxy {}{split} / admin {} (config {})",
         st.proxy,
         st.admin,
         st.config.display()
@@ -171,11 +223,17 @@ fn describe_up(st: &LabStatus, took: std::time::Duration) -> String {
         out,
         "  root         no password, via the unix sockets above"
     );
-    if let Some(p) = st.nodes.first() {
+    if let Ok(p) = st.primary() {
         let _ = writeln!(
             out,
             "primary:  mariadb -h127.0.0.1 -P{} -u{} -p{} {}",
             p.port, st.app_user, st.app_password, st.database
+        );
+    }
+    if let Some(split) = &st.split {
+        let _ = writeln!(
+            out,
+            "split:    {split} (holdfast's listener with routing = \"split\": reads to the replicas)"
         );
     }
     let _ = writeln!(out, "config:   {}", st.config.display());

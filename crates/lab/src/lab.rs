@@ -17,7 +17,8 @@ use holdfast_config::serverless::{
 };
 use holdfast_config::{
     AdminConfig, AdminToken, AuthConfig, BackendConfig, BackendTlsConfig, BackendTlsMode, Config,
-    DriverConfig, DriverKind, Durability, HaConfig, HaMode, ProxyConfig, TlsConfig,
+    DriverConfig, DriverKind, Durability, HaConfig, HaMode, ListenerConfig, ListenerMode,
+    ProxyConfig, Routing, TlsConfig,
 };
 use serde::{Deserialize, Serialize};
 
@@ -30,11 +31,17 @@ use holdfast_sql::quote;
 pub const PROXY_PORT_OFFSET: u16 = 0;
 /// Port of holdfast's HTTP admin listener, as an offset from the base port.
 pub const ADMIN_PORT_OFFSET: u16 = 1;
+/// Port of holdfast's read/write-split listener (`routing = "split"`), as an offset from
+/// the base port (not for serverless labs).
+pub const SPLIT_PORT_OFFSET: u16 = 2;
 /// Port of `node1`, as an offset from the base port; node *i* (1-based) listens on
-/// `base + NODE_PORT_OFFSET + i - 1`. Offsets 2..=9 stay free for helpers (the benchmark
-/// picks free ports for HAProxy instead, so they are unused today).
+/// `base + NODE_PORT_OFFSET + i - 1`, and a node added later ([`add_replica`]) on the first
+/// free port from its own slot on (from `node1`'s for a name that is not `nodeK`). Offsets
+/// 3..=9 stay free for helpers (the benchmark picks free ports for HAProxy instead, so they
+/// are unused today).
 pub const NODE_PORT_OFFSET: u16 = 10;
-/// The default base port of `holdfast lab up`: proxy 3310, admin 3311, node1 3320, node2 3321, …
+/// The default base port of `holdfast lab up`: proxy 3310, admin 3311, split 3312, node1
+/// 3320, node2 3321, …
 pub const DEFAULT_BASE_PORT: u16 = 3310;
 
 /// Application account (full privileges, `@'%'` and `@'localhost'`).
@@ -60,6 +67,8 @@ pub const ED25519_PASSWORD: &str = "ed_pass";
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long replicas may take to apply the primary's setup transactions.
 const CATCH_UP_TIMEOUT_SECS: u32 = 60;
+/// How long [`status`] waits for a running node to tell its role.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a node gets to shut down cleanly after SIGTERM before SIGKILL.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(60);
 /// `sun_path` is 108 bytes including the terminating NUL.
@@ -77,6 +86,15 @@ const REPL_PASSWORD_FILE: &str = "repl.password";
 const ADMIN_TOKEN_FILE: &str = "admin.token";
 /// The CA, node and holdfast certificates ([`certs`]).
 const TLS_DIR: &str = "tls";
+
+/// [`NodeStatus::live_role`] of a writable node.
+const LIVE_PRIMARY: &str = "primary";
+/// [`NodeStatus::live_role`] of a read-only node with a replication source.
+const LIVE_REPLICA: &str = "replica";
+/// [`NodeStatus::live_role`] of a node that does not run.
+const LIVE_DOWN: &str = "down";
+/// [`NodeStatus::live_role`] of a running node whose role could not be told.
+const LIVE_UNKNOWN: &str = "unknown";
 
 /// What `up` should build.
 #[derive(Clone, Debug)]
@@ -121,6 +139,10 @@ pub struct LabStatus {
     pub proxy: String,
     /// Address holdfast's admin HTTP listener is configured on.
     pub admin: String,
+    /// Address of holdfast's read/write-split listener (a `[[listener]]` with
+    /// `routing = "split"`); none for a serverless lab and for labs made before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<String>,
     /// The file holding holdfast's admin API token (`[admin] token_file`, mode 0600).
     #[serde(default)]
     pub admin_token_file: PathBuf,
@@ -170,8 +192,19 @@ pub struct NodeStatus {
     pub address: String,
     /// TCP port on 127.0.0.1.
     pub port: u16,
-    /// `"primary"` or `"replica"` (the role the lab set up; failovers may change reality).
+    /// `"primary"` or `"replica"` (the role the lab set up; failovers may change reality:
+    /// see `live_role`).
     pub role: String,
+    /// The role the running server has now, as [`status`] found it: `"primary"` (writable),
+    /// `"replica"` (read-only, with a replication source), `"down"` (not running) or
+    /// `"unknown"` (not answering, frozen, or read-only without a source). Not kept in
+    /// `lab.json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live_role: Option<String>,
+    /// The node (its name, or `host:port` outside the lab) this one replicates from now,
+    /// as [`status`] found it. Not kept in `lab.json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicates_from: Option<String>,
     /// Process id of the running `mariadbd`, if one was started and not stopped.
     pub pid: Option<u32>,
     /// Whether `pid` is a live `mariadbd` of this node (refreshed by [`status`]).
@@ -204,6 +237,11 @@ impl NodeStatus {
         self.role == "primary"
     }
 
+    /// Whether [`status`] found this node writable (the primary now).
+    pub fn is_live_primary(&self) -> bool {
+        self.live_role.as_deref() == Some(LIVE_PRIMARY)
+    }
+
     /// 1-based index taken from the name (`node3` → 3).
     fn index(&self) -> Result<usize> {
         self.name
@@ -214,20 +252,33 @@ impl NodeStatus {
 }
 
 impl LabStatus {
-    /// The primary (node1).
+    /// The primary: the node that is writable now, as [`status`] found it (the one set up as
+    /// the primary if several are), else — nodes down or not asked — the node the lab set
+    /// up as the primary.
     pub fn primary(&self) -> Result<&NodeStatus> {
+        let live: Vec<&NodeStatus> = self.nodes.iter().filter(|n| n.is_live_primary()).collect();
+        match live.iter().find(|n| n.is_primary()).or(live.first()) {
+            Some(n) => Ok(n),
+            None => self.recorded_primary(),
+        }
+    }
+
+    /// The node the lab set up as the primary (`role`), whatever the servers say now.
+    pub fn recorded_primary(&self) -> Result<&NodeStatus> {
         self.nodes
             .iter()
             .find(|n| n.is_primary())
             .context("the lab has no primary node")
     }
 
-    /// The replicas, in order.
+    /// The nodes other than [`LabStatus::primary`], in order.
     pub fn replicas(&self) -> impl Iterator<Item = &NodeStatus> {
-        self.nodes.iter().filter(|n| !n.is_primary())
+        let primary = self.primary().ok().map(|p| p.name.clone());
+        self.nodes
+            .iter()
+            .filter(move |n| Some(&n.name) != primary.as_ref())
     }
 
-    /// A node by name.
     /// The lab's TLS files, when it has them.
     pub fn tls(&self) -> Option<LabTls> {
         let dir = self.ca.as_deref()?.parent()?;
@@ -255,6 +306,7 @@ impl LabStatus {
         }
     }
 
+    /// A node by name.
     pub fn node(&self, name: &str) -> Result<&NodeStatus> {
         self.nodes
             .iter()
@@ -275,6 +327,14 @@ struct LaunchInfo {
     /// The lab's TLS files ([`certs`]); labs made before TLS have none.
     #[serde(default)]
     tls_dir: Option<PathBuf>,
+    /// The base port of the lab's port layout; none for a lab on free ports (and labs made
+    /// before it was recorded: [`layout_base`] works it out from their ports).
+    #[serde(default)]
+    base_port: Option<u16>,
+    /// Server ids of the nodes added by [`add_replica`] (the others have their name's
+    /// number, `nodeK` → K).
+    #[serde(default)]
+    server_ids: BTreeMap<String, u32>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default)]
@@ -335,9 +395,17 @@ pub fn up(opts: &LabOptions) -> Result<LabStatus> {
     fresh_lab(&dir, opts)
 }
 
-/// Reads `DIR/lab.json` and refreshes each node's `alive` flag (a recorded pid counts only
-/// while it is a `mariadbd` serving that node's data directory).
+/// Reads `DIR/lab.json`, refreshes each node's `alive` flag (a recorded pid counts only
+/// while it is a `mariadbd` serving that node's data directory) and asks every running node
+/// for its role now (`live_role`, `replicates_from`; [`LabStatus::primary`] follows them).
 pub fn status(dir: &Path) -> Result<LabStatus> {
+    let mut st = load(dir)?;
+    probe_live_roles(&mut st);
+    Ok(st)
+}
+
+/// `DIR/lab.json` with fresh liveness, without asking the servers anything.
+fn load(dir: &Path) -> Result<LabStatus> {
     let dir = std::path::absolute(dir).with_context(|| format!("resolving {}", dir.display()))?;
     let path = dir.join(STATUS_FILE);
     let text = fs::read_to_string(&path).with_context(|| {
@@ -384,7 +452,7 @@ pub fn purge(dir: &Path) -> Result<()> {
 
 /// Stops one node cleanly (SIGTERM, wait up to 60 s, then SIGKILL) and records it as stopped.
 pub fn stop_node(dir: &Path, name: &str) -> Result<NodeStatus> {
-    let mut st = status(dir)?;
+    let mut st = load(dir)?;
     let node = node_mut(&mut st, name)?;
     if let Some(pid) = node.pid.filter(|_| node.alive) {
         procs::terminate(pid, SHUTDOWN_GRACE)
@@ -399,7 +467,7 @@ pub fn stop_node(dir: &Path, name: &str) -> Result<NodeStatus> {
 
 /// Kills one node with SIGKILL (a crash, for failure tests) and records it as stopped.
 pub fn kill_node(dir: &Path, name: &str) -> Result<NodeStatus> {
-    let mut st = status(dir)?;
+    let mut st = load(dir)?;
     let node = node_mut(&mut st, name)?;
     if let Some(pid) = node.pid.filter(|_| node.alive) {
         procs::kill_now(pid).with_context(|| format!("killing {} (pid {pid})", node.name))?;
@@ -451,7 +519,7 @@ pub fn restart_node(
 /// truncates the binary log transactions no replica acknowledged (semi-sync), so that
 /// `holdfast ctl rejoin` finds it in line with the new primary instead of diverged.
 pub fn start_node(dir: &Path, name: &str) -> Result<NodeStatus> {
-    let mut st = status(dir)?;
+    let mut st = load(dir)?;
     let launch = read_launch(&st.dir)?;
     let another_writable = st
         .nodes
@@ -481,6 +549,657 @@ pub fn start_node(dir: &Path, name: &str) -> Result<NodeStatus> {
     Ok(out)
 }
 
+/// Adds a replica to a running lab and returns it once it replicates and has caught up.
+///
+/// The new node (default name: the next `nodeK`) runs with the options, TLS files and
+/// server arguments of the lab's other nodes, on the next free port of the lab's port layout
+/// ([`NODE_PORT_OFFSET`]). It is seeded from a consistent dump of the **current** primary
+/// (the writable node, whatever `lab.json` recorded), so it works however much of the
+/// primary's binary log was purged, then replicates from it by GTID. It is added to
+/// `lab.json` and to `holdfast.toml`'s backends (a running holdfast does not reread them).
+pub fn add_replica(dir: &Path, name: Option<&str>) -> Result<NodeStatus> {
+    let st = status(dir)?;
+    if st.serverless {
+        bail!("a serverless lab is a single instance: it takes no replicas");
+    }
+    let launch = read_launch(&st.dir)?;
+    let primary = live_primary(&st)?.clone();
+    let (name, number) = match name {
+        Some(name) => {
+            check_new_name(&st, name)?;
+            (name.to_string(), node_number(name))
+        }
+        None => next_node_name(&st),
+    };
+    let taken_ids = st
+        .nodes
+        .iter()
+        .map(|n| server_id(&launch, n))
+        .collect::<Result<Vec<u32>>>()?;
+    let server_id = match number.and_then(|k| u32::try_from(k).ok()) {
+        Some(k) if !taken_ids.contains(&k) => k,
+        _ => taken_ids.iter().max().copied().unwrap_or(0) + 1,
+    };
+    let port = next_node_port(&st, &launch, number)?;
+    let node = NodeStatus {
+        address: format!("127.0.0.1:{port}"),
+        port,
+        role: "replica".into(),
+        live_role: None,
+        replicates_from: None,
+        pid: None,
+        alive: false,
+        socket: st.dir.join(format!("{name}.sock")),
+        datadir: st.dir.join(&name),
+        name,
+    };
+    if node.socket.as_os_str().len() > MAX_SOCKET_PATH {
+        bail!(
+            "socket path {} is longer than {MAX_SOCKET_PATH} bytes (a unix socket limit); \
+             choose a shorter name",
+            node.socket.display()
+        );
+    }
+    let mut launch = launch;
+    launch.server_ids.insert(node.name.clone(), server_id);
+
+    let template = template::ensure(&launch.mariadbd)?;
+    if node.datadir.exists() {
+        bail!("{} already exists", node.datadir.display());
+    }
+    // From here on, a failure leaves nothing behind.
+    let mut guard = NewNodeGuard {
+        node: node.clone(),
+        pid: None,
+        armed: true,
+    };
+    template::copy_to(&template, &[node.datadir.as_path()])?;
+    let pid = spawn_node(&launch, &node)?;
+    guard.pid = Some(pid);
+    wait_ready(&node, pid)?;
+    seed_and_replicate(&st, &primary, &node)?;
+
+    // Recorded only now, from a fresh read: a node restarted meanwhile keeps its new pid.
+    let mut st = load(&st.dir)?;
+    if st.nodes.iter().any(|n| n.name == node.name) {
+        bail!("a node {:?} appeared in the lab meanwhile", node.name);
+    }
+    let mut launch_now = read_launch(&st.dir)?;
+    launch_now.server_ids.insert(node.name.clone(), server_id);
+    let added = NodeStatus {
+        pid: Some(pid),
+        alive: true,
+        live_role: Some(LIVE_REPLICA.into()),
+        replicates_from: Some(primary.name.clone()),
+        ..node
+    };
+    st.nodes.push(added.clone());
+    launch_now.replicas = st.nodes.len().saturating_sub(1);
+    write_json(&st.dir.join(LAUNCH_FILE), &launch_now)?;
+    write_status(&st)?;
+    write_config(&st)?;
+    guard.armed = false;
+    forget_starting(&st, &[pid]);
+    Ok(added)
+}
+
+/// Removes a node from a lab: stops its server, deletes its data directory and files, and
+/// takes it out of `lab.json` and `holdfast.toml`. Refuses, changing nothing, an unknown
+/// name, the primary ([`LabStatus::primary`]: the writable node now, else the one set up
+/// as the primary), a node another one replicates from, and the lab's last node.
+pub fn remove_node(dir: &Path, name: &str) -> Result<NodeStatus> {
+    let st = status(dir)?;
+    let Some(node) = st.nodes.iter().find(|n| n.name == name).cloned() else {
+        let names: Vec<&str> = st.nodes.iter().map(|n| n.name.as_str()).collect();
+        bail!(
+            "the lab in {} has no node {name:?} (its nodes: {})",
+            st.dir.display(),
+            names.join(", ")
+        );
+    };
+    if st.nodes.len() == 1 {
+        bail!(
+            "{name} is the lab's last node; `holdfast lab down --dir {} --purge` deletes the \
+             whole lab",
+            st.dir.display()
+        );
+    }
+    let primary = st.primary()?.clone();
+    if primary.name == name {
+        let how = if node.is_live_primary() {
+            "it is writable now"
+        } else {
+            "no other node is writable now and the lab set it up as the primary"
+        };
+        bail!(
+            "{name} is the lab's primary ({how}); switch over to another node first \
+             (holdfast ctl switchover) or remove a replica"
+        );
+    }
+    if let Some(r) = st
+        .nodes
+        .iter()
+        .find(|n| n.replicates_from.as_deref() == Some(name))
+    {
+        bail!(
+            "{} replicates from {name}; point it at another node before removing {name}",
+            r.name
+        );
+    }
+
+    if let Some(pid) = node.pid.filter(|_| node.alive) {
+        procs::terminate(pid, SHUTDOWN_GRACE)
+            .with_context(|| format!("stopping {name} (pid {pid})"))?;
+    }
+    let mut now = load(&st.dir)?;
+    now.nodes.retain(|n| n.name != name);
+    // The primary the lab restarts with (`up` on a stopped lab) is the recorded one: when
+    // the node set up as the primary goes, the node that is the primary now takes its role.
+    if node.is_primary() {
+        for n in &mut now.nodes {
+            n.role = if n.name == primary.name {
+                "primary"
+            } else {
+                "replica"
+            }
+            .into();
+        }
+    }
+    let mut launch = read_launch(&now.dir)?;
+    launch.node_overrides.remove(name);
+    launch.server_ids.remove(name);
+    launch.replicas = now.nodes.len().saturating_sub(1);
+    write_json(&now.dir.join(LAUNCH_FILE), &launch)?;
+    write_status(&now)?;
+    write_config(&now)?;
+    delete_node_files(&node)?;
+    Ok(NodeStatus {
+        pid: None,
+        alive: false,
+        live_role: Some(LIVE_DOWN.into()),
+        replicates_from: None,
+        ..node
+    })
+}
+
+/// While armed, kills the server [`add_replica`] started and deletes the node's files on
+/// drop (the add failed); disarmed once the node is recorded.
+struct NewNodeGuard {
+    node: NodeStatus,
+    pid: Option<u32>,
+    armed: bool,
+}
+
+impl Drop for NewNodeGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Some(pid) = self.pid {
+            let _ = procs::kill_now(pid);
+            if let Some(dir) = self.node.socket.parent() {
+                let _ = unregister_aux(dir, pid);
+            }
+        }
+        if let Err(e) = delete_node_files(&self.node) {
+            tracing::warn!(node = %self.node.name, "cleaning up after a failed add: {e:#}");
+        }
+    }
+}
+
+/// Deletes a node's data directory, temporary directory, socket, pid file and error log.
+fn delete_node_files(node: &NodeStatus) -> Result<()> {
+    for dir in [node.datadir.clone(), node.tmpdir()] {
+        remove_dir_retrying(&dir)?;
+    }
+    for file in [node.socket.clone(), node.pid_file(), node.error_log()] {
+        match fs::remove_file(&file) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("deleting {}", file.display())),
+        }
+    }
+    Ok(())
+}
+
+/// The one writable node of a lab whose status was just probed.
+fn live_primary(st: &LabStatus) -> Result<&NodeStatus> {
+    let live: Vec<&NodeStatus> = st.nodes.iter().filter(|n| n.is_live_primary()).collect();
+    match live.as_slice() {
+        [one] => Ok(one),
+        [] => {
+            let roles: Vec<String> = st
+                .nodes
+                .iter()
+                .map(|n| {
+                    let role = n.live_role.as_deref().unwrap_or(LIVE_UNKNOWN);
+                    format!("{} {role}", n.name)
+                })
+                .collect();
+            bail!(
+                "the lab in {} has no running writable node (@@read_only = 0) to copy a \
+                 replica from ({})",
+                st.dir.display(),
+                roles.join(", ")
+            )
+        }
+        many => {
+            let names: Vec<&str> = many.iter().map(|n| n.name.as_str()).collect();
+            bail!(
+                "several nodes of the lab in {} are writable ({}); which one is the primary?",
+                st.dir.display(),
+                names.join(", ")
+            )
+        }
+    }
+}
+
+/// `K` of a name `nodeK`.
+fn node_number(name: &str) -> Option<usize> {
+    name.strip_prefix("node")
+        .filter(|k| !k.starts_with('0'))
+        .and_then(|k| k.parse().ok())
+}
+
+/// The next `nodeK` after the highest one of the lab whose data directory is free.
+fn next_node_name(st: &LabStatus) -> (String, Option<usize>) {
+    let mut k = st
+        .nodes
+        .iter()
+        .filter_map(|n| node_number(&n.name))
+        .max()
+        .unwrap_or(0)
+        + 1;
+    while st.dir.join(format!("node{k}")).exists() {
+        k += 1;
+    }
+    (format!("node{k}"), Some(k))
+}
+
+/// A new node's name becomes file names in the lab directory (`NAME/`, `NAME.sock`, …).
+fn check_new_name(st: &LabStatus, name: &str) -> Result<()> {
+    let valid = (1..=32).contains(&name.len())
+        && name.starts_with(|c: char| c.is_ascii_alphabetic())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if !valid {
+        bail!(
+            "node name {name:?}: use 1 to 32 letters, digits, '_' or '-', starting with a letter"
+        );
+    }
+    if st.nodes.iter().any(|n| n.name == name) {
+        bail!("the lab in {} already has a node {name}", st.dir.display());
+    }
+    let datadir = st.dir.join(name);
+    if datadir.exists() || name == TLS_DIR {
+        bail!(
+            "node name {name:?}: {} already exists in the lab directory",
+            datadir.display()
+        );
+    }
+    Ok(())
+}
+
+/// The base port of the lab's port layout: recorded at creation, or worked out from the
+/// ports of a lab made before it was recorded; none for a lab on free ports.
+fn layout_base(st: &LabStatus, launch: &LaunchInfo) -> Option<u16> {
+    if launch.base_port.is_some() {
+        return launch.base_port;
+    }
+    let node1 = st.nodes.iter().find(|n| n.name == "node1")?;
+    let base = node1.port.checked_sub(NODE_PORT_OFFSET)?;
+    let fits = st.proxy == format!("127.0.0.1:{}", base + PROXY_PORT_OFFSET)
+        && st.nodes.iter().all(|n| {
+            node_number(&n.name).is_some_and(|k| {
+                usize::from(n.port) == usize::from(base + NODE_PORT_OFFSET) + k - 1
+            })
+        });
+    fits.then_some(base)
+}
+
+/// The port of a new node: with a port layout, the first port from node `number`'s slot
+/// (node1's without a number) that no listener of the lab uses and nothing listens on; on
+/// a lab of free ports, a free port.
+fn next_node_port(st: &LabStatus, launch: &LaunchInfo, number: Option<usize>) -> Result<u16> {
+    let mut used: Vec<u16> = st.nodes.iter().map(|n| n.port).collect();
+    used.extend(
+        [Some(&st.proxy), Some(&st.admin), st.split.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok())),
+    );
+    let bindable = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
+    match layout_base(st, launch) {
+        Some(base) => {
+            let slot = number.unwrap_or(1).saturating_sub(1);
+            let first = usize::from(base) + usize::from(NODE_PORT_OFFSET) + slot;
+            (first..=usize::from(u16::MAX))
+                .filter_map(|p| u16::try_from(p).ok())
+                .find(|&p| !used.contains(&p) && bindable(p))
+                .with_context(|| format!("no free port from {first} on for a new node"))
+        }
+        None => {
+            for _ in 0..10 {
+                let port = procs::free_ports(1)?[0];
+                if !used.contains(&port) {
+                    return Ok(port);
+                }
+            }
+            bail!("no free port for a new node")
+        }
+    }
+}
+
+/// Loads a consistent copy of `primary`'s data and accounts into the fresh `node` and makes
+/// it replicate from `primary` by GTID; returns once it runs and has caught up.
+fn seed_and_replicate(st: &LabStatus, primary: &NodeStatus, node: &NodeStatus) -> Result<()> {
+    // The node's own part, outside its binlog, as `configure` makes it on every node: the
+    // ed25519 plugin (the dump's accounts may use it) and the replication account.
+    let user = quote::plain_string_literal(REPL_USER)?;
+    let password = quote::plain_string_literal(REPL_PASSWORD)?;
+    let mut sql = String::from("SET SESSION sql_log_bin=0; ");
+    if st.ed25519_user.is_some() {
+        sql.push_str("INSTALL SONAME 'auth_ed25519'; ");
+    }
+    sql.push_str(&format!(
+        "CREATE USER {user}@'%' IDENTIFIED BY {password}; \
+         GRANT REPLICATION SLAVE, REPLICATION SLAVE ADMIN, BINLOG MONITOR ON *.* TO {user}@'%';"
+    ));
+    node_sql(node, &sql).with_context(|| format!("preparing {}", node.name))?;
+
+    copy_primary(primary, node)?;
+    let pos = node_sql_value(node, "SELECT @@GLOBAL.gtid_slave_pos")?.unwrap_or_default();
+    if pos.is_empty() {
+        bail!(
+            "the dump of {} set no GTID position on {}; cannot start replication",
+            primary.name,
+            node.name
+        );
+    }
+    // Events come out of a dump enabled; on a replica they must not run (replication
+    // brings their effects), as replicated events are: SLAVESIDE_DISABLED.
+    let events = node_sql(
+        node,
+        "SELECT EVENT_SCHEMA, EVENT_NAME FROM information_schema.EVENTS WHERE STATUS = 'ENABLED'",
+    )?;
+    if !events.is_empty() {
+        let mut sql = String::from("SET SESSION sql_log_bin=0; ");
+        for e in &events {
+            if let [schema, name] = e.as_slice() {
+                sql.push_str(&format!(
+                    "ALTER EVENT {}.{} DISABLE ON SLAVE; ",
+                    quote::identifier(schema),
+                    quote::identifier(name)
+                ));
+            }
+        }
+        node_sql(node, &sql)?;
+    }
+    node_sql(
+        node,
+        &format!(
+            "CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={}, \
+             MASTER_USER={user}, MASTER_PASSWORD={password}, \
+             MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1; START SLAVE;",
+            primary.port
+        ),
+    )?;
+    wait_replicating(node, primary)
+}
+
+/// Pipes `mariadb-dump` of `primary` (as root through its socket) into `mariadb` on `node`.
+///
+/// What is copied, in one transaction (`--single-transaction`) at one GTID position:
+/// * every database but the system ones, with routines, events and triggers;
+/// * the accounts, as `CREATE USER IF NOT EXISTS` and `GRANT` statements
+///   (`--system=users --insert-ignore`), not as rows of `mysql.global_priv`: a dump of
+///   the `mysql` schema would drop and recreate tables the new server is using, among them
+///   `mysql.gtid_slave_pos` (the replication position the dump sets). Accounts the node
+///   already has (root, `mariadb.sys` and the replication account its bootstrap made) stay
+///   as they are; the others — the lab's application, monitor and ed25519 accounts and any
+///   made since — come from the primary. Later account changes on the primary arrive by
+///   replication, as with every other replica.
+/// * `--gtid --master-data=1`: `CHANGE MASTER TO MASTER_USE_GTID=slave_pos` first and
+///   `SET GLOBAL gtid_slave_pos` to the dump's position last.
+///
+/// The load runs with `sql_log_bin=0`: a replica's own binlog must hold only replicated
+/// transactions (GTID strict mode), never local ones in the primary's domain.
+fn copy_primary(primary: &NodeStatus, node: &NodeStatus) -> Result<()> {
+    let databases: Vec<String> = node_sql(
+        primary,
+        "SELECT SCHEMA_NAME FROM information_schema.SCHEMATA WHERE SCHEMA_NAME NOT IN \
+         ('mysql', 'information_schema', 'performance_schema', 'sys') ORDER BY 1",
+    )?
+    .into_iter()
+    .filter_map(|row| row.into_iter().next())
+    .collect();
+    let dump_exe = procs::require_program(&["mariadb-dump", "mysqldump"], "mariadb-client")?;
+    let mut dump = Command::new(&dump_exe);
+    dump.arg("--no-defaults")
+        .arg("--user=root")
+        .arg(format!("--socket={}", primary.socket.display()))
+        .args([
+            "--single-transaction",
+            "--gtid",
+            "--master-data=1",
+            "--routines",
+            "--events",
+            "--triggers",
+            "--system=users",
+            "--insert-ignore",
+        ]);
+    if databases.is_empty() {
+        // Accounts and the position only.
+        dump.args(["--no-data", "--databases", "mysql"]);
+    } else {
+        dump.arg("--databases").args(&databases);
+    }
+    let mut dump = dump
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {}", dump_exe.display()))?;
+    let Some(dump_out) = dump.stdout.take() else {
+        let _ = dump.kill();
+        let _ = dump.wait();
+        bail!("{} gave no output pipe", dump_exe.display());
+    };
+    let client = mariadb_client()?;
+    let load = Command::new(client)
+        .arg("--no-defaults")
+        .arg("--user=root")
+        .arg(format!("--socket={}", node.socket.display()))
+        .arg("--init-command=SET SESSION sql_log_bin=0")
+        .arg("--batch")
+        .stdin(dump_out)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let load = match load {
+        Ok(l) => l.wait_with_output(),
+        Err(e) => {
+            let _ = dump.kill();
+            let _ = dump.wait();
+            return Err(e).with_context(|| format!("running {}", client.display()));
+        }
+    };
+    let dumped = dump
+        .wait_with_output()
+        .with_context(|| format!("waiting for {}", dump_exe.display()))?;
+    let loaded = load.with_context(|| format!("waiting for {}", client.display()))?;
+    if !dumped.status.success() {
+        let stderr = String::from_utf8_lossy(&dumped.stderr);
+        // Labs made before their template used --skip-name-resolve have root@<hostname>,
+        // an account the nodes ignore (they run with --skip-name-resolve) and so cannot show.
+        let hint = if stderr.contains("SHOW CREATE USER") {
+            "\n(the primary has an account for a host name, which the lab's servers ignore \
+             under --skip-name-resolve and so cannot dump; DROP USER it on the primary)"
+        } else {
+            ""
+        };
+        bail!(
+            "dumping {} failed ({}): {}{hint}",
+            primary.name,
+            dumped.status,
+            stderr.trim()
+        );
+    }
+    if !loaded.status.success() {
+        bail!(
+            "loading the dump of {} into {} failed ({}): {}",
+            primary.name,
+            node.name,
+            loaded.status,
+            String::from_utf8_lossy(&loaded.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// Waits until `replica`'s replication threads both run and it has applied what `primary`
+/// had binlogged once they did.
+fn wait_replicating(replica: &NodeStatus, primary: &NodeStatus) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(u64::from(CATCH_UP_TIMEOUT_SECS));
+    loop {
+        let row = node_sql_maps(replica, "SHOW SLAVE STATUS")?
+            .into_iter()
+            .next()
+            .with_context(|| format!("{} has no replication set up", replica.name))?;
+        let field = |k: &str| row.get(k).map(String::as_str).unwrap_or("");
+        if field("Slave_IO_Running") == "Yes" && field("Slave_SQL_Running") == "Yes" {
+            break;
+        }
+        // A thread that stopped on an error does not restart by itself ("Connecting" does
+        // retry).
+        let stopped = ["Slave_IO_Running", "Slave_SQL_Running"]
+            .iter()
+            .any(|k| field(k) == "No");
+        let failed = !field("Last_IO_Error").is_empty() || !field("Last_SQL_Error").is_empty();
+        if (stopped && failed) || Instant::now() >= deadline {
+            bail!(
+                "{} does not replicate from {}: {}",
+                replica.name,
+                primary.name,
+                slave_status_detail(replica)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pos = node_sql_value(primary, "SELECT @@GLOBAL.gtid_binlog_pos")?.unwrap_or_default();
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .as_secs()
+        .max(1);
+    let waited = node_sql_value(
+        replica,
+        &format!(
+            "SELECT MASTER_GTID_WAIT({}, {left})",
+            quote::plain_string_literal(&pos)?
+        ),
+    )?;
+    if waited.as_deref() != Some("0") {
+        bail!(
+            "{} did not reach {}'s GTID position {pos} within {CATCH_UP_TIMEOUT_SECS} s; {}",
+            replica.name,
+            primary.name,
+            slave_status_detail(replica)
+        );
+    }
+    Ok(())
+}
+
+/// The replication threads' states and errors of `node`, for error messages.
+fn slave_status_detail(node: &NodeStatus) -> String {
+    node_sql_maps(node, "SHOW SLAVE STATUS")
+        .ok()
+        .and_then(|rows| rows.into_iter().next())
+        .map(|row| {
+            [
+                "Slave_IO_Running",
+                "Slave_SQL_Running",
+                "Gtid_IO_Pos",
+                "Last_IO_Error",
+                "Last_SQL_Error",
+            ]
+            .iter()
+            .map(|k| format!("{k}={}", row.get(*k).map(String::as_str).unwrap_or("?")))
+            .collect::<Vec<_>>()
+            .join(", ")
+        })
+        .map(|d| format!("slave status: {d}"))
+        .unwrap_or_else(|| "(no SHOW SLAVE STATUS row)".into())
+}
+
+/// Asks every running node for its role now: `live_role` and `replicates_from`.
+fn probe_live_roles(st: &mut LabStatus) {
+    let probes = in_parallel(&st.nodes, |n| Ok(probe(n)));
+    let nodes: Vec<(String, u16)> = st.nodes.iter().map(|n| (n.name.clone(), n.port)).collect();
+    for (node, probe) in st.nodes.iter_mut().zip(probes) {
+        let (role, source) = probe.unwrap_or((LIVE_UNKNOWN, None));
+        node.live_role = Some(role.into());
+        node.replicates_from = source.map(|(host, port)| {
+            let local = matches!(host.as_str(), "127.0.0.1" | "localhost" | "::1");
+            nodes
+                .iter()
+                .find(|(_, p)| local && *p == port)
+                .map(|(name, _)| name.clone())
+                .unwrap_or_else(|| format!("{host}:{port}"))
+        });
+    }
+}
+
+/// One node's role now and its replication source (`host`, `port`).
+fn probe(node: &NodeStatus) -> (&'static str, Option<(String, u16)>) {
+    let Some(pid) = node.pid.filter(|_| node.alive) else {
+        return (LIVE_DOWN, None);
+    };
+    // A frozen server accepts a connection but never answers.
+    if procs::is_stopped(pid) {
+        return (LIVE_UNKNOWN, None);
+    }
+    let rows = match run_client_within(
+        node,
+        "SELECT @@GLOBAL.read_only; SHOW SLAVE STATUS",
+        true,
+        Some(PROBE_TIMEOUT),
+    ) {
+        Ok(rows) => rows,
+        Err(e) => {
+            tracing::debug!(node = %node.name, "role probe failed: {e:#}");
+            return (LIVE_UNKNOWN, None);
+        }
+    };
+    // With column names: the first set's header and row, then SHOW SLAVE STATUS's header
+    // and row (none without replication set up).
+    let read_only = rows.get(1).and_then(|r| r.first()).map(String::as_str);
+    let source = match (rows.get(2), rows.get(3)) {
+        (Some(header), Some(values)) => {
+            let get = |k: &str| {
+                header
+                    .iter()
+                    .position(|h| h == k)
+                    .and_then(|i| values.get(i))
+                    .filter(|v| !v.is_empty())
+            };
+            match (
+                get("Master_Host"),
+                get("Master_Port").and_then(|p| p.parse().ok()),
+            ) {
+                (Some(host), Some(port)) => Some((host.clone(), port)),
+                _ => None,
+            }
+        }
+        _ => None,
+    };
+    match (read_only, source) {
+        (Some("0"), source) => (LIVE_PRIMARY, source),
+        (Some("1"), Some(source)) => (LIVE_REPLICA, Some(source)),
+        (_, source) => (LIVE_UNKNOWN, source),
+    }
+}
+
 /// Runs `sql` (one or more `;`-separated statements) on `node` as root through its unix
 /// socket with the `mariadb` command-line client. Returns the rows of all result sets,
 /// each a vector of column values; `NULL` comes back as the string `"NULL"`, and
@@ -503,6 +1222,16 @@ pub fn node_sql_maps(node: &NodeStatus, sql: &str) -> Result<Vec<BTreeMap<String
 }
 
 fn run_client(node: &NodeStatus, sql: &str, column_names: bool) -> Result<Vec<Vec<String>>> {
+    run_client_within(node, sql, column_names, None)
+}
+
+/// [`run_client`], killed after `timeout` if one is given.
+fn run_client_within(
+    node: &NodeStatus,
+    sql: &str,
+    column_names: bool,
+    timeout: Option<Duration>,
+) -> Result<Vec<Vec<String>>> {
     let client = mariadb_client()?;
     let mut cmd = Command::new(client);
     cmd.arg("--no-defaults")
@@ -512,12 +1241,14 @@ fn run_client(node: &NodeStatus, sql: &str, column_names: bool) -> Result<Vec<Ve
     if !column_names {
         cmd.arg("--skip-column-names");
     }
-    let out = cmd
-        .arg("--execute")
-        .arg(sql)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .with_context(|| format!("running {}", client.display()))?;
+    cmd.arg("--execute").arg(sql);
+    let out = match timeout {
+        Some(t) => procs::output_within(cmd.arg("--connect-timeout=2"), t)?,
+        None => cmd
+            .stdin(std::process::Stdio::null())
+            .output()
+            .with_context(|| format!("running {}", client.display()))?,
+    };
     if !out.status.success() {
         bail!(
             "SQL on {} failed: {}\nstatement: {}",
@@ -563,6 +1294,20 @@ impl TestLab {
 
     /// Like [`TestLab::start`], with extra `mariadbd` options for every node.
     pub fn start_with(replicas: usize, extra_server_args: Vec<String>) -> Result<TestLab> {
+        Self::start_opts(replicas, extra_server_args, None)
+    }
+
+    /// Like [`TestLab::start`], on the port layout of `base_port` (see [`NODE_PORT_OFFSET`])
+    /// instead of free ports: each test needs its own base port.
+    pub fn start_on(replicas: usize, base_port: u16) -> Result<TestLab> {
+        Self::start_opts(replicas, Vec::new(), Some(base_port))
+    }
+
+    fn start_opts(
+        replicas: usize,
+        extra_server_args: Vec<String>,
+        base_port: Option<u16>,
+    ) -> Result<TestLab> {
         static COUNTER: AtomicUsize = AtomicUsize::new(0);
         let dir = std::env::temp_dir().join(format!(
             "holdfast-lab-{}-{}-{:08x}",
@@ -572,6 +1317,7 @@ impl TestLab {
         ));
         let opts = LabOptions {
             extra_server_args,
+            base_port,
             ..LabOptions::new(&dir, replicas)
         };
         match up(&opts) {
@@ -623,6 +1369,20 @@ impl TestLab {
     pub fn start_node(&mut self, name: &str) -> Result<()> {
         start_node(&self.status.dir, name)?;
         self.refresh().map(|_| ())
+    }
+
+    /// [`add_replica`] for this lab, then refresh.
+    pub fn add_replica(&mut self, name: Option<&str>) -> Result<NodeStatus> {
+        let node = add_replica(&self.status.dir, name)?;
+        self.refresh()?;
+        Ok(node)
+    }
+
+    /// [`remove_node`] for this lab, then refresh.
+    pub fn remove_node(&mut self, name: &str) -> Result<NodeStatus> {
+        let node = remove_node(&self.status.dir, name)?;
+        self.refresh()?;
+        Ok(node)
     }
 }
 
@@ -727,10 +1487,12 @@ fn fresh_lab(dir: &Path, opts: &LabOptions) -> Result<LabStatus> {
         replicas: opts.replicas,
         node_overrides: BTreeMap::new(),
         tls_dir: Some(dir.join(TLS_DIR)),
+        base_port: opts.base_port,
+        server_ids: BTreeMap::new(),
     };
     write_json(&dir.join(LAUNCH_FILE), &launch)?;
 
-    let (proxy_port, admin_port, node_ports) = match opts.base_port {
+    let (proxy_port, admin_port, split_port, node_ports) = match opts.base_port {
         Some(base) => {
             let last = u32::from(base) + u32::from(NODE_PORT_OFFSET) + n_nodes as u32 - 1;
             if last > u32::from(u16::MAX) {
@@ -739,11 +1501,16 @@ fn fresh_lab(dir: &Path, opts: &LabOptions) -> Result<LabStatus> {
             let nodes = (0..n_nodes)
                 .map(|i| base + NODE_PORT_OFFSET + i as u16)
                 .collect::<Vec<_>>();
-            (base + PROXY_PORT_OFFSET, base + ADMIN_PORT_OFFSET, nodes)
+            (
+                base + PROXY_PORT_OFFSET,
+                base + ADMIN_PORT_OFFSET,
+                base + SPLIT_PORT_OFFSET,
+                nodes,
+            )
         }
         None => {
-            let ports = procs::free_ports(n_nodes + 2)?;
-            (ports[0], ports[1], ports[2..].to_vec())
+            let ports = procs::free_ports(n_nodes + 3)?;
+            (ports[0], ports[1], ports[2], ports[3..].to_vec())
         }
     };
 
@@ -756,6 +1523,8 @@ fn fresh_lab(dir: &Path, opts: &LabOptions) -> Result<LabStatus> {
                 address: format!("127.0.0.1:{port}"),
                 port,
                 role: if i == 0 { "primary" } else { "replica" }.to_string(),
+                live_role: None,
+                replicates_from: None,
                 pid: None,
                 alive: false,
                 socket: dir.join(format!("{name}.sock")),
@@ -777,10 +1546,12 @@ fn fresh_lab(dir: &Path, opts: &LabOptions) -> Result<LabStatus> {
 
     let admin_token_file = dir.join(ADMIN_TOKEN_FILE);
     let admin_token = holdfast_config::admin::write_new_token_file(&admin_token_file)?;
-    let st = LabStatus {
+    let mut st = LabStatus {
         dir: dir.to_path_buf(),
         proxy: format!("127.0.0.1:{proxy_port}"),
         admin: format!("127.0.0.1:{admin_port}"),
+        // A serverless instance has no replicas to split reads to.
+        split: (!opts.serverless).then(|| format!("127.0.0.1:{split_port}")),
         admin_token_file,
         admin_token: Some(admin_token),
         mariadbd: launch.mariadbd.clone(),
@@ -800,11 +1571,12 @@ fn fresh_lab(dir: &Path, opts: &LabOptions) -> Result<LabStatus> {
     write_status(&st)?;
     forget_starting(&st, &guard.0);
     guard.0.clear();
+    probe_live_roles(&mut st);
     Ok(st)
 }
 
 fn restart_existing(dir: &Path, opts: &LabOptions) -> Result<LabStatus> {
-    let mut st = status(dir)?;
+    let mut st = load(dir)?;
     if let Some(n) = st.nodes.iter().find(|n| n.alive) {
         bail!(
             "{} already holds a running lab ({} is up, pid {}); use it, or stop it with \
@@ -828,13 +1600,16 @@ fn restart_existing(dir: &Path, opts: &LabOptions) -> Result<LabStatus> {
         );
     }
     if let Some(base) = opts.base_port {
-        let want = base + NODE_PORT_OFFSET;
-        if st.nodes[0].port != want {
+        let layout = layout_base(&st, &launch);
+        if layout != Some(base) {
             bail!(
-                "{} holds a stopped lab whose node1 uses port {}, not {want} (base port {base}); \
+                "{} holds a stopped lab whose ports are {}, not those of base port {base}; \
                  its ports cannot change — delete it with --purge to start over",
                 dir.display(),
-                st.nodes[0].port
+                match layout {
+                    Some(b) => format!("those of base port {b}"),
+                    None => "free ports picked at its creation".into(),
+                },
             );
         }
     }
@@ -853,6 +1628,7 @@ fn restart_existing(dir: &Path, opts: &LabOptions) -> Result<LabStatus> {
     write_status(&st)?;
     forget_starting(&st, &guard.0);
     guard.0.clear();
+    probe_live_roles(&mut st);
     Ok(st)
 }
 
@@ -927,7 +1703,7 @@ enum Role {
 
 /// The `mariadbd` command line of a node.
 fn node_args(launch: &LaunchInfo, node: &NodeStatus, role: Role) -> Result<Vec<String>> {
-    let index = node.index()?;
+    let index = server_id(launch, node)?;
     let tmpdir = node.tmpdir();
     std::fs::create_dir_all(&tmpdir).with_context(|| format!("creating {}", tmpdir.display()))?;
     let mut args = vec![
@@ -971,6 +1747,16 @@ fn node_args(launch: &LaunchInfo, node: &NodeStatus, role: Role) -> Result<Vec<S
         args.extend(o.args.iter().map(|(k, v)| format!("--{k}={v}")));
     }
     Ok(args)
+}
+
+/// The `--server-id` of a node: recorded for nodes added by [`add_replica`], else its
+/// name's number.
+fn server_id(launch: &LaunchInfo, node: &NodeStatus) -> Result<u32> {
+    match launch.server_ids.get(&node.name) {
+        Some(&id) => Ok(id),
+        None => u32::try_from(node.index()?)
+            .with_context(|| format!("node number of {:?} out of range", node.name)),
+    }
 }
 
 fn spawn_node(launch: &LaunchInfo, node: &NodeStatus) -> Result<u32> {
@@ -1167,26 +1953,10 @@ fn wait_replicas_caught_up(nodes: &[NodeStatus]) -> Result<()> {
             &format!("SELECT MASTER_GTID_WAIT('{pos}', {CATCH_UP_TIMEOUT_SECS})"),
         )?;
         if waited.as_deref() != Some("0") {
-            let detail = node_sql_maps(replica, "SHOW SLAVE STATUS")
-                .ok()
-                .and_then(|rows| rows.into_iter().next())
-                .map(|row| {
-                    [
-                        "Slave_IO_Running",
-                        "Slave_SQL_Running",
-                        "Gtid_IO_Pos",
-                        "Last_IO_Error",
-                        "Last_SQL_Error",
-                    ]
-                    .iter()
-                    .map(|k| format!("{k}={}", row.get(*k).map(String::as_str).unwrap_or("?")))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-                })
-                .unwrap_or_else(|| "(no SHOW SLAVE STATUS row)".into());
+            let detail = slave_status_detail(replica);
             bail!(
                 "{} did not reach the primary's GTID position {pos} within {CATCH_UP_TIMEOUT_SECS} s; \
-                 slave status: {detail}",
+                 {detail}",
                 replica.name
             );
         }
@@ -1213,7 +1983,7 @@ fn refresh_node(node: &mut NodeStatus) {
 
 fn stop_all(dir: &Path, hard: bool) -> Result<()> {
     let dir = std::path::absolute(dir).with_context(|| format!("resolving {}", dir.display()))?;
-    let mut st = match status(&dir) {
+    let mut st = match load(&dir) {
         Ok(st) => Some(st),
         Err(e) if !dir.join(LAUNCH_FILE).exists() => return Err(e),
         // A failed or interrupted `up` leaves no lab.json; a failed one killed its
@@ -1335,6 +2105,10 @@ fn read_launch(dir: &Path) -> Result<LaunchInfo> {
 fn write_status(st: &LabStatus) -> Result<()> {
     let mut kept = st.clone();
     kept.admin_token = None;
+    for n in &mut kept.nodes {
+        n.live_role = None;
+        n.replicates_from = None;
+    }
     write_json(&st.dir.join(STATUS_FILE), &kept)
 }
 
@@ -1365,7 +2139,7 @@ fn write_atomic(path: &Path, text: &str) -> Result<()> {
 /// The full command line (binary first) that runs `name`, as the lab would start it: what a
 /// serverless process driver needs to start the node itself.
 pub fn node_command(dir: &Path, name: &str) -> Result<Vec<String>> {
-    let st = status(dir)?;
+    let st = load(dir)?;
     node_command_for(&read_launch(dir)?, st.node(name)?)
 }
 
@@ -1451,6 +2225,16 @@ pub fn holdfast_config(st: &LabStatus, serverless: Option<ServerlessConfig>) -> 
         }
         None => {
             cfg.backends = st.nodes.iter().map(backend).collect();
+            // Reads spread over the replicas (the proxy side of `routing = "split"`).
+            cfg.listeners = st
+                .split
+                .iter()
+                .map(|listen| ListenerConfig {
+                    listen: listen.clone(),
+                    mode: ListenerMode::Session,
+                    routing: Routing::Split,
+                })
+                .collect();
             cfg.ha = HaConfig {
                 mode: HaMode::Managed,
                 repl_user: REPL_USER.into(),
@@ -1598,12 +2382,16 @@ mod tests {
                 },
             )]),
             tls_dir: Some("/x/tls".into()),
+            base_port: None,
+            server_ids: BTreeMap::new(),
         };
         let node = NodeStatus {
             name: "node2".into(),
             address: "127.0.0.1:3321".into(),
             port: 3321,
             role: "replica".into(),
+            live_role: None,
+            replicates_from: None,
             pid: None,
             alive: false,
             socket: "/x/node2.sock".into(),
@@ -1637,6 +2425,7 @@ mod tests {
             dir: "/tmp/lab \"x\"".into(),
             proxy: "127.0.0.1:6033".into(),
             admin: "127.0.0.1:6034".into(),
+            split: (!serverless).then(|| "127.0.0.1:6035".into()),
             admin_token_file: "/tmp/lab/admin.token".into(),
             admin_token: None,
             mariadbd: "/usr/sbin/mariadbd".into(),
@@ -1654,6 +2443,8 @@ mod tests {
                     address: format!("127.0.0.1:{}", 3300 + i),
                     port: 3300 + i as u16,
                     role: if i == 1 { "primary" } else { "replica" }.into(),
+                    live_role: None,
+                    replicates_from: None,
                     pid: None,
                     alive: false,
                     socket: format!("/tmp/lab/node{i}.sock").into(),
@@ -1690,6 +2481,15 @@ mod tests {
         );
         assert!(text.contains("# Backends: node1 (primary), node2 (replica), node3 (replica)"));
         assert_eq!(cfg.backends.len(), 3);
+        assert_eq!(
+            cfg.listeners,
+            vec![ListenerConfig {
+                listen: "127.0.0.1:6035".into(),
+                mode: ListenerMode::Session,
+                routing: Routing::Split,
+            }]
+        );
+        assert!(text.contains("routing = \"split\""), "{text}");
         assert_eq!(cfg.ha.mode, HaMode::Managed);
         assert_eq!(cfg.driver.kind, DriverKind::Lab);
         assert_eq!(
@@ -1722,6 +2522,7 @@ mod tests {
         );
         assert!(!text.contains(&format!("\"{MONITOR_PASSWORD}\"")), "{text}");
         assert_eq!(cfg.driver.kind, DriverKind::None);
+        assert!(cfg.listeners.is_empty(), "no split listener: {text}");
         assert!(!text.contains("lab_dir"), "{text}");
         let sl = cfg.serverless.as_ref().unwrap();
         assert_eq!(sl.ledger, st.dir.join("usage.db"));

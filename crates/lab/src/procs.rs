@@ -127,6 +127,71 @@ pub fn is_alive(pid: u32) -> bool {
     }
 }
 
+/// Whether `pid` is stopped (SIGSTOP: state `T` or `t` in /proc/PID/stat), e.g. a frozen
+/// serverless instance, which accepts connections into its backlog but never answers.
+pub fn is_stopped(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().next())
+            .is_some_and(|state| matches!(state, "T" | "t"))
+    })
+}
+
+/// Runs `cmd` (standard input /dev/null) and collects its output like
+/// [`Command::output`], but kills it and fails once `timeout` has passed.
+pub fn output_within(cmd: &mut Command, timeout: Duration) -> Result<std::process::Output> {
+    use std::io::Read;
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {program}"))?;
+    // Read both pipes on their own threads: a child blocked on a full pipe never exits.
+    let reader = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let stdout = reader(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = reader(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(status) = child
+            .try_wait()
+            .with_context(|| format!("waiting for {program}"))?
+        {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("{program} did not finish within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    Ok(std::process::Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    })
+}
+
 /// The command line of `pid` (program and arguments), if readable.
 pub fn cmdline(pid: u32) -> Option<Vec<String>> {
     let raw = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
@@ -366,6 +431,28 @@ mod tests {
         assert!(!is_alive_since(me, start + 1));
         assert!(rss_kib(me).unwrap() > 0);
         assert!(!is_alive(0));
+    }
+
+    #[test]
+    fn output_within_returns_output_or_times_out() {
+        let out = output_within(Command::new("echo").arg("hi"), Duration::from_secs(10)).unwrap();
+        assert!(out.status.success());
+        assert_eq!(out.stdout, b"hi\n");
+        let started = Instant::now();
+        let err =
+            output_within(Command::new("sleep").arg("30"), Duration::from_millis(200)).unwrap_err();
+        assert!(format!("{err:#}").contains("did not finish"), "{err:#}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_stopped_process_is_seen_as_stopped() {
+        let pid = spawn_detached(Command::new("sleep").arg("60"), None).unwrap();
+        assert!(!is_stopped(pid));
+        signal(pid, libc::SIGSTOP).unwrap();
+        assert!(crate::poll(Duration::from_secs(5), || is_stopped(pid).then_some(())).is_some());
+        kill_now(pid).unwrap();
+        assert!(!is_stopped(pid));
     }
 
     #[test]

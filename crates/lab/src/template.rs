@@ -2,7 +2,7 @@
 //!
 //! `mariadb-install-db` takes most of a second and lots of I/O; a lab node instead gets a
 //! `cp -a` of a template made once per server version, in
-//! `$TMPDIR/holdfast-lab-template-<version>/`. Parallel processes (test binaries) coordinate
+//! `$TMPDIR/holdfast-lab-template-v2-<version>/`. Parallel processes (test binaries) coordinate
 //! with an `flock` on `<template>.lock`, and the template only appears under its final name
 //! through an atomic rename of a complete directory, so a reader never sees half of one.
 
@@ -18,6 +18,12 @@ use crate::procs;
 /// The InnoDB redo log size the template is made with (and the lab runs with), so that a
 /// node doesn't resize it on first start.
 pub const INNODB_LOG_FILE_SIZE: &str = "48M";
+
+/// The template's own version, in its directory name: a template made by an older lab is
+/// not reused. 2: without a `root@<hostname>` account, which the nodes, running with
+/// `--skip-name-resolve`, ignore, and which `mariadb-dump --system=users` therefore cannot
+/// dump (`lab add-replica` dumps the accounts).
+const TEMPLATE_FORMAT: u32 = 2;
 
 /// File inside a complete template; its absence means "not a template".
 const MARKER: &str = ".holdfast-template-complete";
@@ -57,7 +63,10 @@ fn sanitize(s: &str) -> String {
 pub fn ensure(mariadbd: &Path) -> Result<PathBuf> {
     let version = server_version(mariadbd)?;
     let base = std::env::temp_dir();
-    let name = format!("holdfast-lab-template-{}", sanitize(&version));
+    let name = format!(
+        "holdfast-lab-template-v{TEMPLATE_FORMAT}-{}",
+        sanitize(&version)
+    );
     let dir = base.join(&name);
     if dir.join(MARKER).exists() {
         return Ok(dir);
@@ -113,6 +122,9 @@ fn install(mariadbd: &Path, datadir: &Path) -> Result<()> {
     cmd.arg("--no-defaults")
         .arg("--auth-root-authentication-method=normal")
         .arg("--skip-test-db")
+        // No account for this machine's host name (see TEMPLATE_FORMAT): the one thing
+        // "cross bootstrap" changes, besides fewer messages, is to leave those out.
+        .arg("--cross-bootstrap")
         .arg(format!("--datadir={}", datadir.display()))
         .arg("--user=root")
         .arg(format!("--innodb-log-file-size={INNODB_LOG_FILE_SIZE}"));
