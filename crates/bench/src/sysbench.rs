@@ -22,6 +22,8 @@ pub struct Sysbench {
     /// TLS (`--mysql-ssl=on`): sysbench 1.0 reads `cacert.pem`, `client-cert.pem` and
     /// `client-key.pem` from its working directory, so it runs in this one.
     pub tls_dir: Option<PathBuf>,
+    /// More options for every run (e.g. `--skip_trx=on`).
+    pub extra: Vec<String>,
 }
 
 /// Numbers of one successful run.
@@ -73,6 +75,7 @@ impl Sysbench {
             table_size,
             ignore_errors: ignore_errors.into(),
             tls_dir: None,
+            extra: Vec::new(),
         }
     }
 
@@ -131,6 +134,7 @@ impl Sysbench {
         if workload == "oltp_point_select" {
             options.push("--rand-type=uniform".into());
         }
+        options.extend(self.extra.iter().cloned());
         self.command(workload, port, &options, "run")
     }
 

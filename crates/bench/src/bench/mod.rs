@@ -41,6 +41,10 @@ pub enum Target {
     /// comparison in one interleaved run.
     #[value(name = "holdfast_baseline", alias = "holdfast-baseline")]
     HoldfastBaseline,
+    /// Through the same holdfast's split listener (the lab's `[[listener]]` with
+    /// `routing = "split"`): reads to the replicas (needs --replicas).
+    #[value(name = "holdfast_split", alias = "holdfast-split")]
+    HoldfastSplit,
 }
 
 impl Target {
@@ -52,6 +56,7 @@ impl Target {
             Target::Holdfast => "holdfast",
             Target::HoldfastPassthrough => "holdfast_passthrough",
             Target::HoldfastBaseline => "holdfast_baseline",
+            Target::HoldfastSplit => "holdfast_split",
         }
     }
 
@@ -60,6 +65,7 @@ impl Target {
         match self {
             Target::HoldfastPassthrough => "holdfast (pass-through)",
             Target::HoldfastBaseline => "holdfast (baseline)",
+            Target::HoldfastSplit => "holdfast (split)",
             other => other.name(),
         }
     }
@@ -68,7 +74,10 @@ impl Target {
     fn is_holdfast(self) -> bool {
         matches!(
             self,
-            Target::Holdfast | Target::HoldfastPassthrough | Target::HoldfastBaseline
+            Target::Holdfast
+                | Target::HoldfastPassthrough
+                | Target::HoldfastBaseline
+                | Target::HoldfastSplit
         )
     }
 }
@@ -160,6 +169,20 @@ pub struct BenchArgs {
     /// Seconds of each extra run of --syscalls and --profile.
     #[arg(long, default_value_t = 5)]
     pub trace_time: u32,
+    /// Cap each mariadbd of the lab at this many CPUs (a cgroup of its own, after the
+    /// tables are prepared), so that nodes sharing this machine stand for hosts of their
+    /// own; e.g. 0.5 to show read scale-out with --targets holdfast,holdfast_split.
+    #[arg(long, value_name = "CPUS")]
+    pub node_cpus: Option<f64>,
+    /// One more sysbench option for every run (repeatable), e.g. --sysbench-arg=--skip_trx=on
+    /// (reads outside transactions, which a split listener can send to the replicas).
+    #[arg(long = "sysbench-arg", allow_hyphen_values = true, value_name = "OPTION")]
+    pub sysbench_args: Vec<String>,
+    /// `[split] primary_read_weight` of the holdfast under test: the primary's share of
+    /// split reads against a replica's 1 (the configuration's default is 0; 1 makes the
+    /// three lab nodes equal for a read-only workload).
+    #[arg(long, default_value_t = 1.0)]
+    pub primary_read_weight: f64,
 }
 
 /// The workload of the --syscalls and --profile runs.
@@ -285,6 +308,10 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
         &args.ignore_errors,
     );
     prepare_tables(&sb, &st, &logs)?;
+    sb.extra = args.sysbench_args.clone();
+    if let Some(cpus) = args.node_cpus {
+        limit_node_cpus(&st, cpus)?;
+    }
     if args.tls {
         sb.tls_dir = Some(sysbench_tls_dir(&st)?);
     }
@@ -312,11 +339,16 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
     let holdfast = if args
         .targets
         .iter()
-        .any(|t| matches!(t, Target::Holdfast | Target::HoldfastPassthrough))
+        .any(|t| {
+            matches!(
+                t,
+                Target::Holdfast | Target::HoldfastPassthrough | Target::HoldfastSplit
+            )
+        })
     {
         let started = if args.targets.contains(&Target::HoldfastPassthrough) {
             procs::free_ports(1).and_then(|p| {
-                let config = passthrough_config(&st, p[0], args.tls)?;
+                let config = passthrough_config(&st, p[0], args)?;
                 start_holdfast(
                     holdfast_exe,
                     &st,
@@ -329,6 +361,7 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
         } else {
             config_variant(&st, "bench-holdfast.toml", transport_note(args.tls), |c| {
                 set_transport(c, args.tls);
+                c.split.primary_read_weight = args.primary_read_weight;
                 Ok(())
             })
             .and_then(|config| {
@@ -396,6 +429,24 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
                 Ok((_, port)) => ports.push((target, *port)),
                 Err(e) => unavailable.push((target, e.clone())),
             },
+            Target::HoldfastSplit => {
+                let split = st
+                    .split
+                    .as_deref()
+                    .and_then(|a| a.rsplit_once(':'))
+                    .and_then(|(_, p)| p.parse::<u16>().ok());
+                match (&holdfast, split) {
+                    (Ok((pid, _, _)), Some(port)) if st.replicas().next().is_some() => {
+                        pids.push((target, *pid));
+                        ports.push((target, port));
+                    }
+                    (Ok(_), _) => unavailable.push((
+                        target,
+                        "the lab has no split listener or no replica (--replicas 2)".into(),
+                    )),
+                    (Err(e), _) => unavailable.push((target, e.clone())),
+                }
+            }
         }
     }
     if let Ok((helper, _)) = baseline {
@@ -807,14 +858,31 @@ fn start_baseline(args: &BenchArgs, st: &LabStatus) -> Result<(Helper, u16)> {
         |c| {
             c.proxy.listen = format!("127.0.0.1:{}", p[0]);
             c.admin.listen = format!("127.0.0.1:{}", p[1]);
+            // Its main listener only: the others' ports are the holdfast under test's.
+            c.listeners.clear();
             set_transport(c, args.tls);
+            c.split.primary_read_weight = args.primary_read_weight;
             Ok(())
         },
     )?;
     start_holdfast(exe, st, &config, &st.dir.join("holdfast-baseline.log"), &[])
 }
 
-fn passthrough_config(st: &LabStatus, port: u16, tls: bool) -> Result<PathBuf> {
+/// Caps every node of the lab at `cpus` CPUs (see `--node-cpus`).
+fn limit_node_cpus(st: &LabStatus, cpus: f64) -> Result<()> {
+    for node in &st.nodes {
+        let Some(pid) = node.pid else {
+            bail!("--node-cpus: {} does not run", node.name);
+        };
+        let key = st.dir.join(format!("{}.cpu", node.name));
+        let group = holdfast_serverless::driver::process::limit_process_cpu(pid, &key, cpus)
+            .map_err(|e| anyhow::anyhow!("--node-cpus: {}: {e}", node.name))?;
+        eprintln!("bench: {} capped at {cpus} CPU ({group})", node.name);
+    }
+    Ok(())
+}
+
+fn passthrough_config(st: &LabStatus, port: u16, args: &BenchArgs) -> Result<PathBuf> {
     config_variant(
         st,
         "bench-holdfast.toml",
@@ -825,7 +893,8 @@ fn passthrough_config(st: &LabStatus, port: u16, tls: bool) -> Result<PathBuf> {
                 mode: ListenerMode::Passthrough,
                 routing: Default::default(),
             });
-            set_transport(c, tls);
+            set_transport(c, args.tls);
+            c.split.primary_read_weight = args.primary_read_weight;
             Ok(())
         },
     )
@@ -1162,6 +1231,7 @@ impl Report<'_> {
                     Target::Holdfast => "holdfast",
                     Target::HoldfastPassthrough => "holdfast (pass-through)",
                     Target::HoldfastBaseline => "holdfast (baseline)",
+                    Target::HoldfastSplit => "holdfast (split)",
                 };
                 match r {
                     Ok(r) => t.row(vec![

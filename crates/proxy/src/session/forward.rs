@@ -180,6 +180,8 @@ impl Session {
             }
             self.split_follow(&request).await;
         }
+        // Balancing by load counts the primary's requests too.
+        let _on_primary = self.split.as_mut().and_then(|s| s.on_primary());
         let tracked = match query {
             Some(flags) if flags.has(C::SET_TRANSACTION) => self.track_transactions().await,
             // A statement that reads the trackers' settings (`@@session_track_...`, `SHOW

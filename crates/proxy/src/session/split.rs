@@ -110,9 +110,9 @@ impl Split {
         }
     }
 
-    /// The replica with the fewest requests in flight (`None`: the primary, because no
-    /// replica serves reads or the primary's weighted load is lower).
-    fn choose(&mut self, primary_weight: f64) -> Option<NodeState> {
+    /// The node with the fewest requests in flight, weighted (`Some(None)`: the primary,
+    /// by its weight; `None`: no node takes reads).
+    fn choose(&mut self, primary_weight: f64) -> Option<Option<NodeState>> {
         let nodes = &self.topology.nodes;
         let primary = self.topology.primary;
         self.turn = self.turn.wrapping_add(1);
@@ -135,7 +135,16 @@ impl Split {
             }
         }
         let (_, i) = best?;
-        (Some(i) != primary).then(|| nodes[i].clone())
+        Some((Some(i) != primary).then(|| nodes[i].clone()))
+    }
+
+    /// Counts a request on the primary for as long as the guard lives (so that balancing
+    /// with `primary_read_weight` sees the primary's load).
+    pub(super) fn on_primary(&mut self) -> Option<Active> {
+        self.refresh();
+        let load = self.topology.primary_node()?.load.0.clone();
+        load.active.fetch_add(1, Ordering::Relaxed);
+        Some(Active(load))
     }
 
     fn reader(&mut self, node: &str) -> Option<usize> {
@@ -148,6 +157,15 @@ impl Split {
         if self.last_on.as_deref() == Some(node) {
             self.last_on = None;
         }
+    }
+}
+
+/// A request in flight on a node, counted in its [`NodeLoad`] until dropped.
+pub(super) struct Active(Arc<NodeLoad>);
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -292,9 +310,13 @@ impl Session {
             },
             Target::Balanced => {
                 let weight = self.shared.config.split.primary_read_weight;
-                let Some(node) = split.choose(weight) else {
-                    self.shared.metrics.read_fallback("no_replica");
-                    return Ok(ReadOutcome::Primary(request));
+                let node = match split.choose(weight) {
+                    Some(Some(node)) => node,
+                    Some(None) => return Ok(ReadOutcome::Primary(request)),
+                    None => {
+                        self.shared.metrics.read_fallback("no_replica");
+                        return Ok(ReadOutcome::Primary(request));
+                    }
                 };
                 match split.reader(&node.name) {
                     Some(i) => i,
@@ -336,10 +358,10 @@ impl Session {
             return Ok(ReadOutcome::Primary(request));
         };
         let reader = &mut split.readers[index];
-        let load = reader.load.clone();
         let node = reader.node.clone();
-        load.active.fetch_add(1, Ordering::Relaxed);
-        load.reads.fetch_add(1, Ordering::Relaxed);
+        reader.load.active.fetch_add(1, Ordering::Relaxed);
+        reader.load.reads.fetch_add(1, Ordering::Relaxed);
+        let active = Active(reader.load.clone());
         std::mem::swap(&mut self.backend, &mut reader.conn);
         self.response_started = false;
         self.last_error = None;
@@ -348,7 +370,7 @@ impl Session {
         if result.is_ok() {
             result = self.relay(Reply::of(request[HEADER_LEN])).await;
         }
-        load.active.fetch_sub(1, Ordering::Relaxed);
+        drop(active);
         if let Some(split) = self.split.as_mut() {
             if let Some(reader) = split.readers.get_mut(index) {
                 std::mem::swap(&mut self.backend, &mut reader.conn);

@@ -138,6 +138,25 @@ impl Cgroup {
     }
 }
 
+/// Caps the CPU of process `pid` (all its threads) at `cpus` in a cgroup of its own, named
+/// from `key` like the driver's groups (e.g. the benchmark gives each lab node a share of
+/// the machine, to stand for a host of its own). Returns the group's description.
+pub fn limit_process_cpu(pid: u32, key: &Path, cpus: f64) -> Result<String, String> {
+    if !(cpus.is_finite() && cpus > 0.0) {
+        return Err(format!("{cpus} CPUs is not a limit"));
+    }
+    let group = auto_cgroup(key)?;
+    let describe = group.describe();
+    group
+        .attach(pid)
+        .map_err(|e| format!("{describe}: moving process {pid}: {e}"))?;
+    let quota = (cpus * CFS_PERIOD_US as f64).round().max(1000.0) as u64;
+    group
+        .limit_cpu(quota)
+        .map_err(|e| format!("{describe}: setting the quota: {e}"))?;
+    Ok(describe)
+}
+
 fn create_group(dir: &Path) -> io::Result<()> {
     match fs::create_dir_all(dir) {
         Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(e),
