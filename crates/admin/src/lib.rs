@@ -199,13 +199,76 @@ async fn get_status(State(shared): State<Arc<Shared>>) -> Json<Status> {
 }
 
 async fn get_metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    let mut text = shared.metrics.render();
+    let nodes = node_metrics(&shared.topology.borrow());
+    match text.rfind("# EOF") {
+        Some(at) => text.insert_str(at, &nodes),
+        None => text.push_str(&nodes),
+    }
     (
         [(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        shared.metrics.render(),
+        text,
     )
+}
+
+/// Per-node figures of the current topology (the node set changes at run time, so they
+/// are written from it at each scrape rather than registered).
+fn node_metrics(t: &Topology) -> String {
+    use std::fmt::Write as _;
+    let label = |name: &str| name.replace('\\', "\\\\").replace('"', "\\\"");
+    let mut out = String::new();
+    let mut family =
+        |name: &str,
+         kind: &str,
+         help: &str,
+         value: &dyn Fn(&holdfast_proxy::topology::NodeState) -> Option<f64>| {
+            let _ = writeln!(out, "# HELP holdfast_{name} {help}");
+            let _ = writeln!(out, "# TYPE holdfast_{name} {kind}");
+            let suffix = if kind == "counter" { "_total" } else { "" };
+            for n in &t.nodes {
+                if let Some(v) = value(n) {
+                    let _ = writeln!(
+                        out,
+                        "holdfast_{name}{suffix}{{node=\"{}\"}} {v}",
+                        label(&n.name)
+                    );
+                }
+            }
+        };
+    family(
+        "node_active_requests",
+        "gauge",
+        "Requests of split sessions running on each node now",
+        &|n| Some(f64::from(n.load.0.active())),
+    );
+    family(
+        "node_reads",
+        "counter",
+        "Reads split sessions sent to each node",
+        &|n| Some(n.load.0.reads.load(std::sync::atomic::Ordering::Relaxed) as f64),
+    );
+    family(
+        "node_serves_reads",
+        "gauge",
+        "1 when the node takes reads of split sessions",
+        &|n| Some(f64::from(u8::from(n.serves_reads))),
+    );
+    family(
+        "node_draining",
+        "gauge",
+        "1 while the node is being removed",
+        &|n| Some(f64::from(u8::from(n.draining))),
+    );
+    family(
+        "node_replica_lag_seconds",
+        "gauge",
+        "Seconds_Behind_Master of each replica, when known",
+        &|n| n.replication.as_ref()?.lag_ms.map(|ms| ms as f64 / 1000.0),
+    );
+    out
 }
 
 /// An error answer: `{"error": "..."}`.
@@ -451,15 +514,28 @@ pub fn render_status(s: &Status) -> String {
     }
     let _ = writeln!(
         o,
-        "{:<10} {:<22} {:<10} {:<10} version",
-        "node", "address", "reachable", "read_only"
+        "{:<10} {:<22} {:<10} {:<10} {:<14} {:>7} {:>10} version",
+        "node", "address", "reachable", "read_only", "reads", "active", "lag ms"
     );
     for n in &s.topology.nodes {
         let ro = n.read_only.map_or("?".to_string(), |r| r.to_string());
+        let reads = if n.draining {
+            "draining"
+        } else if n.serves_reads {
+            "taking reads"
+        } else {
+            "-"
+        };
+        let lag = n
+            .replication
+            .as_ref()
+            .and_then(|r| r.get("lag_ms"))
+            .and_then(|l| l.as_u64())
+            .map_or("-".to_string(), |l| l.to_string());
         let _ = writeln!(
             o,
-            "{:<10} {:<22} {:<10} {:<10} {}",
-            n.name, n.address, n.reachable, ro, n.version
+            "{:<10} {:<22} {:<10} {:<10} {:<14} {:>7} {:>10} {}",
+            n.name, n.address, n.reachable, ro, reads, n.active_requests, lag, n.version
         );
         if let Some(e) = &n.last_error {
             let _ = writeln!(o, "           last error: {e}");

@@ -36,7 +36,7 @@ enum Command {
     /// sysbench through direct, HAProxy and holdfast, interleaved, with medians and ratios.
     ///
     /// Example: holdfast-bench bench --rounds 3 --time 20 --out bench.md
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
     /// Serverless resume latency per pause tier (freeze, stop) next to a raw mariadbd cold
     /// start, and sysbench threads arriving together at a stopped instance.
     ///

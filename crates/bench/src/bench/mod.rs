@@ -176,7 +176,11 @@ pub struct BenchArgs {
     pub node_cpus: Option<f64>,
     /// One more sysbench option for every run (repeatable), e.g. --sysbench-arg=--skip_trx=on
     /// (reads outside transactions, which a split listener can send to the replicas).
-    #[arg(long = "sysbench-arg", allow_hyphen_values = true, value_name = "OPTION")]
+    #[arg(
+        long = "sysbench-arg",
+        allow_hyphen_values = true,
+        value_name = "OPTION"
+    )]
     pub sysbench_args: Vec<String>,
     /// `[split] primary_read_weight` of the holdfast under test: the primary's share of
     /// split reads against a replica's 1 (the configuration's default is 0; 1 makes the
@@ -336,16 +340,12 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
     if let Ok((helper, _)) = &baseline {
         pids.push((Target::HoldfastBaseline, helper.pid));
     }
-    let holdfast = if args
-        .targets
-        .iter()
-        .any(|t| {
-            matches!(
-                t,
-                Target::Holdfast | Target::HoldfastPassthrough | Target::HoldfastSplit
-            )
-        })
-    {
+    let holdfast = if args.targets.iter().any(|t| {
+        matches!(
+            t,
+            Target::Holdfast | Target::HoldfastPassthrough | Target::HoldfastSplit
+        )
+    }) {
         let started = if args.targets.contains(&Target::HoldfastPassthrough) {
             procs::free_ports(1).and_then(|p| {
                 let config = passthrough_config(&st, p[0], args)?;

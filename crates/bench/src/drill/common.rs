@@ -22,6 +22,12 @@ pub enum Scenario {
     Restart,
     /// Planned restart of the primary with another buffer pool size through `POST /resize`.
     Resize,
+    /// A replica made (`holdfast lab add-replica`, seeded from the primary) and added to
+    /// holdfast (`POST /nodes/add`) while sysbench runs through the split listener.
+    AddNode,
+    /// A replica removed (`POST /nodes/remove`, 10 s drain, then `lab remove`) while sysbench
+    /// runs through the split listener: the one `add-node` added, else the last replica.
+    RemoveNode,
     /// A serverless instance (its own lab) that pauses whenever idle, frozen then stopped,
     /// with a pool of idle connections open throughout and sysbench connecting to it while
     /// it is paused.
@@ -41,6 +47,8 @@ impl Scenario {
             Scenario::Failover => "failover",
             Scenario::Restart => "restart",
             Scenario::Resize => "resize",
+            Scenario::AddNode => "add-node",
+            Scenario::RemoveNode => "remove-node",
             Scenario::Serverless => "serverless",
             Scenario::All => "all",
             Scenario::FailoverTimes => "failover-times",

@@ -16,12 +16,17 @@ use crate::serve::{self, proxy_port};
 
 /// The HA scenarios in the order `--scenario all` runs them (the failover last: it kills
 /// a node).
-pub const SCENARIOS: [Scenario; 4] = [
+pub const SCENARIOS: [Scenario; 6] = [
     Scenario::Switchover,
     Scenario::Restart,
     Scenario::Resize,
     Scenario::Failover,
+    Scenario::AddNode,
+    Scenario::RemoveNode,
 ];
+
+/// The drain window of the remove-node scenario.
+const REMOVE_DRAIN_MS: u64 = 10_000;
 
 /// How long holdfast may take to see a primary, or a new one after a kill.
 const PRIMARY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -211,9 +216,13 @@ fn run_scenario(lab: &LabStatus, args: &DrillArgs, scenario: Scenario) -> Result
         // The count is in the "ignored" column; the connection stays.
         "--mysql-ignore-errors=1213,1020,1205,1180".into(),
     ];
-    let sb =
-        common::sysbench(lab, args).command("oltp_read_write", proxy_port(lab)?, &options, "run");
-    let writers = Writers::start(lab, &format!("127.0.0.1:{}", proxy_port(lab)?))?;
+    // Nodes come and go under the split listener, where reads reach them.
+    let port = match scenario {
+        Scenario::AddNode | Scenario::RemoveNode => split_port(lab)?,
+        _ => proxy_port(lab)?,
+    };
+    let sb = common::sysbench(lab, args).command("oltp_read_write", port, &options, "run");
+    let writers = Writers::start(lab, &format!("127.0.0.1:{port}"))?;
     let child = Command::new("sysbench")
         .args(&sb)
         .stdout(Stdio::piped())
@@ -321,8 +330,50 @@ fn perform(lab: &LabStatus, scenario: Scenario) -> Result<String> {
                 t.elapsed().as_millis()
             ))
         }
+        Scenario::AddNode => {
+            let node = holdfast_lab::add_replica(&lab.dir, None)?;
+            let made = t.elapsed().as_millis();
+            admin::post(
+                &admin,
+                &format!("/nodes/add?name={}&address={}", node.name, node.address),
+            )?;
+            Ok(format!(
+                "made {} (seeded from {primary}) in {made} ms, added to holdfast in {} ms",
+                node.name,
+                t.elapsed().as_millis() - made
+            ))
+        }
+        Scenario::RemoveNode => {
+            let st = holdfast_lab::status(&lab.dir)?;
+            let victim = st
+                .nodes
+                .iter()
+                .rev()
+                .find(|n| n.name != primary && !lab.nodes.iter().any(|o| o.name == n.name))
+                .or_else(|| st.nodes.iter().rev().find(|n| n.name != primary))
+                .map(|n| n.name.clone())
+                .context("no replica to remove")?;
+            let body = admin::post(
+                &admin,
+                &format!("/nodes/remove?name={victim}&drain_ms={REMOVE_DRAIN_MS}"),
+            )?;
+            holdfast_lab::remove_node(&lab.dir, &victim)?;
+            Ok(format!(
+                "removed {victim} in {} ms (drain {REMOVE_DRAIN_MS} ms): {body}",
+                t.elapsed().as_millis()
+            ))
+        }
         Scenario::Serverless | Scenario::All | Scenario::FailoverTimes => Ok(String::new()),
     }
+}
+
+/// The port of the lab's split listener.
+fn split_port(lab: &LabStatus) -> Result<u16> {
+    lab.split
+        .as_deref()
+        .and_then(|a| a.rsplit_once(':'))
+        .and_then(|(_, p)| p.parse().ok())
+        .context("the lab has no split listener (made before read/write splitting?)")
 }
 
 /// The longest run of per-second reports with zero transactions per second.
