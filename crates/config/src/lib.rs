@@ -83,7 +83,7 @@ pub struct Config {
     #[serde(default, skip_serializing_if = "is_default")]
     pub backend_tls: BackendTlsConfig,
     /// How split listeners (`routing = "split"`) choose nodes for reads (`[split]`).
-    #[serde(default, skip_serializing_if = "is_default")]
+    #[serde(default)]
     pub split: SplitConfig,
 }
 
@@ -160,7 +160,6 @@ pub struct ProxyConfig {
     /// replay (a loss then rolls it back with ERR 1213, as without replay).
     pub replay_max_bytes: usize,
     /// The main listener's routing: `primary` or `split` (see `[split]`).
-    #[serde(skip_serializing_if = "Routing::is_primary")]
     pub routing: Routing,
 }
 

@@ -224,3 +224,48 @@ fn serve_refuses_a_non_loopback_admin_listener_without_a_configured_token() {
     assert!(!dir.join("holdfast.admin-token").exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn ctl_node_commands_reach_the_api_and_show_its_refusals() {
+    let dir = scratch_dir("nodes");
+    let ports = holdfast_lab::procs::free_ports(2).unwrap();
+    let admin: SocketAddr = format!("127.0.0.1:{}", ports[1]).parse().unwrap();
+    let config = write_config(&dir, ports[0], &admin.to_string(), "");
+    let mut served = Served::start(&config, dir.join("serve.log"));
+    served.wait_listening(admin);
+    let cfg = config.display().to_string();
+    let ctl = |args: &[&str]| {
+        let mut cmd = holdfast();
+        cmd.args(["ctl", "--config", &cfg]).args(args);
+        run(cmd)
+    };
+    // The only node cannot go; a name that is not a node neither; nothing changes.
+    let out = ctl(&["node", "remove", "node1", "--drain-ms", "10"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("only node"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = ctl(&["node", "remove", "nodeX"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("no node named"),
+        "{}",
+        text(&out.stderr)
+    );
+    // An address where no server answers is not added.
+    let out = ctl(&["node", "add", "--name", "node2", "--address", "127.0.0.1:2"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("no primary") || err.contains("not a database server"),
+        "{err}"
+    );
+    let out = ctl(&["status", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["topology"]["nodes"].as_array().map(Vec::len), Some(1));
+    drop(served);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

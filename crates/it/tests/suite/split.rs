@@ -279,3 +279,44 @@ fn a_session_reads_its_own_writes_on_a_lagging_replica() {
     assert!(waits > 1000.0, "reads after writes waited: {waits}");
     assert!(timeouts > 0.0, "the lag was real: some waits timed out");
 }
+
+#[test]
+fn a_replica_whose_replication_stops_leaves_reads_and_comes_back() {
+    let h = split_harness(|_| {});
+    let (primary, replicas) = server_ids(&h);
+    let node2 = h.node("node2").clone();
+    let id2: u32 = holdfast_lab::node_sql(&node2, "SELECT @@server_id").unwrap()[0][0]
+        .parse()
+        .unwrap();
+    assert!(replicas.contains(&id2) && id2 != primary);
+    let serves = |name: &str| {
+        h.shared
+            .topology
+            .borrow()
+            .nodes
+            .iter()
+            .any(|n| n.name == name && n.serves_reads)
+    };
+    let mut c = connect_to(&h.url());
+    let mut reads_on = |c: &mut Conn| -> Vec<u32> {
+        (0..40)
+            .map(|_| c.query_first("SELECT @@server_id").unwrap().unwrap())
+            .collect()
+    };
+    assert!(
+        reads_on(&mut c).contains(&id2),
+        "node2 takes reads at first"
+    );
+    holdfast_lab::node_sql(&node2, "STOP SLAVE SQL_THREAD").unwrap();
+    wait_for("node2 out of reads", Duration::from_secs(10), || {
+        (!serves("node2")).then_some(())
+    });
+    let ids = reads_on(&mut c);
+    assert!(!ids.contains(&id2), "{ids:?}");
+    assert!(ids.iter().all(|id| replicas.contains(id)), "{ids:?}");
+    holdfast_lab::node_sql(&node2, "START SLAVE SQL_THREAD").unwrap();
+    wait_for("node2 back in reads", Duration::from_secs(10), || {
+        serves("node2").then_some(())
+    });
+    assert!(reads_on(&mut c).contains(&id2), "node2 takes reads again");
+}
