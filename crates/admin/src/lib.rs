@@ -405,6 +405,12 @@ async fn post_node_remove(
     membership_answer(shared.remove_node(&name, drain).await)
 }
 
+/// `POST /reload`: the configuration file's `[[backend]]` list applied (nodes added and
+/// removed); other settings need a restart.
+async fn post_reload(State(shared): State<Arc<Shared>>) -> Response {
+    membership_answer(shared.reload_backends().await)
+}
+
 fn membership_answer<T: Serialize>(
     result: Result<T, holdfast_proxy::membership::MembershipError>,
 ) -> Response {
@@ -474,6 +480,7 @@ pub fn router(shared: Arc<Shared>, token: AdminToken) -> Router {
         .route("/rejoin", post(post_rejoin))
         .route("/nodes/add", post(post_node_add))
         .route("/nodes/remove", post(post_node_remove))
+        .route("/reload", post(post_reload))
         .route("/restart", post(post_restart))
         .route("/resize", post(post_restart))
         .route("/pause", post(serverless::post_pause))

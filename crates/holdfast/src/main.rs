@@ -384,6 +384,17 @@ async fn serve(cfg: Config, config_path: &Path) -> Result<()> {
         .collect();
     tracing::info!(proxy = %proxy.local_addr()?, admin = %admin_addr, listeners = ?listeners, "holdfast serving");
     let shared = proxy.shared.clone();
+    let _ = shared.config_path.set(config_path.to_path_buf());
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    let reloading = shared.clone();
+    tokio::spawn(async move {
+        while hangup.recv().await.is_some() {
+            tracing::info!("SIGHUP: reloading the [[backend]] list");
+            if let Err(e) = reloading.reload_backends().await {
+                tracing::warn!(error = %e, "reload failed; nothing changed");
+            }
+        }
+    });
     let admin_task = tokio::spawn(holdfast_admin::serve(admin, shared.clone(), admin_token));
     let proxy_task = tokio::spawn(proxy.run());
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

@@ -71,6 +71,9 @@ pub struct Shared {
     pub commit_markers_ready: Arc<std::sync::atomic::AtomicBool>,
     /// The nodes holdfast fronts (the `[[backend]]`s, then `node add` / `node remove`).
     pub members: topology::Members,
+    /// The configuration file holdfast was started from (`POST /reload` and SIGHUP re-read
+    /// its `[[backend]]` list).
+    pub config_path: std::sync::OnceLock<std::path::PathBuf>,
     next_session_id: AtomicU32,
 }
 
@@ -117,6 +120,7 @@ impl Shared {
         let admission = Arc::new(admission::Admission::new(&config.proxy));
         Shared {
             members: topology::members_of(&config),
+            config_path: std::sync::OnceLock::new(),
             serverless,
             gate,
             ledger: None,

@@ -50,6 +50,10 @@ pub enum MembershipError {
     NoPrimary,
     #[error("{0:?} is being removed already")]
     Draining(String),
+    #[error("holdfast was not started from a configuration file: nothing to reload")]
+    NoConfigFile,
+    #[error("{0}")]
+    Config(String),
 }
 
 impl MembershipError {
@@ -60,6 +64,16 @@ impl MembershipError {
             MembershipError::NoPrimary | MembershipError::Draining(_)
         )
     }
+}
+
+/// What a reload of the `[[backend]]` list did.
+#[derive(Debug, Serialize, Default)]
+pub struct Reloaded {
+    pub added: Vec<String>,
+    /// Being removed (each drains for `[split] drain_ms` in the background).
+    pub removing: Vec<String>,
+    /// Nodes of the file that could not be added, or changed in place, with why.
+    pub refused: Vec<String>,
 }
 
 /// What `node add` did.
@@ -305,6 +319,66 @@ impl Shared {
             interrupted,
             connections_closed: threads.len(),
         })
+    }
+
+    /// Applies the `[[backend]]` list of the configuration file holdfast was started from:
+    /// nodes new to it are added (with the same checks as `node add`), nodes gone from it
+    /// are removed with the configured drain (in the background). A node whose address
+    /// changed is refused: remove it, then add it. Other settings are not reloaded.
+    pub async fn reload_backends(self: &std::sync::Arc<Self>) -> Result<Reloaded, MembershipError> {
+        let path = self
+            .config_path
+            .get()
+            .ok_or(MembershipError::NoConfigFile)?;
+        let cfg = crate::config::Config::load(path)
+            .map_err(|e| MembershipError::Config(e.to_string()))?;
+        let members = self.members.borrow().clone();
+        let mut report = Reloaded::default();
+        for b in &cfg.backends {
+            match members.iter().find(|m| m.backend.name == b.name) {
+                Some(m) if m.backend.address != b.address => report.refused.push(format!(
+                    "{}: its address changed ({} -> {}); remove it, then add it",
+                    b.name, m.backend.address, b.address
+                )),
+                Some(_) => {}
+                None => match self
+                    .add_node(&b.name, &b.address, Some(b.proxy_protocol))
+                    .await
+                {
+                    Ok(_) => report.added.push(b.name.clone()),
+                    Err(e) => report.refused.push(format!("{}: {e}", b.name)),
+                },
+            }
+        }
+        for m in members.iter().filter(|m| !m.draining) {
+            if cfg.backends.iter().any(|b| b.name == m.backend.name) {
+                continue;
+            }
+            let shared = self.clone();
+            let name = m.backend.name.clone();
+            // Checked now, so that the answer says what will not happen.
+            let is_primary = self
+                .topology
+                .borrow()
+                .primary_node()
+                .is_some_and(|p| p.name == name);
+            if is_primary {
+                report.refused.push(format!(
+                    "{name}: {}",
+                    MembershipError::Primary(name.clone())
+                ));
+                continue;
+            }
+            report.removing.push(name.clone());
+            let drain = self.config.split.drain();
+            tokio::spawn(async move {
+                if let Err(e) = shared.remove_node(&name, drain).await {
+                    tracing::warn!(node = %name, error = %e, "reload: the node was not removed");
+                }
+            });
+        }
+        tracing::info!(added = ?report.added, removing = ?report.removing, refused = ?report.refused, "reloaded the [[backend]] list (other settings need a restart)");
+        Ok(report)
     }
 
     fn set_draining(&self, name: &str, draining: bool) {

@@ -276,3 +276,56 @@ fn a_statement_past_the_drain_window_gets_an_error_and_its_session_goes_on() {
         assert_ne!(id, removed);
     }
 }
+
+#[test]
+fn a_reload_applies_the_backend_list_of_the_config_file() {
+    let mut h = split_harness();
+    let (code, body) = h.admin_post("/reload", None);
+    assert_eq!(code, 400, "no config file: {body}");
+    let node4 = h.lab.add_replica(Some("node4")).expect("lab add-replica");
+    let path = h.lab.status.dir.join("reload-test.toml");
+    let mut cfg = holdfast_it::lab_config(&h.lab);
+    let write =
+        |cfg: &holdfast_config::Config| std::fs::write(&path, cfg.to_toml().unwrap()).unwrap();
+    cfg.backends.retain(|b| b.name != "node4");
+    cfg.backends.push(holdfast_config::BackendConfig {
+        name: "node4".into(),
+        address: node4.address.clone(),
+        proxy_protocol: true,
+    });
+    write(&cfg);
+    h.shared.config_path.set(path.clone()).unwrap();
+    let (code, body) = h.admin_post("/reload", None);
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["added"], serde_json::json!(["node4"]), "{v}");
+    wait_reading(&h, 3);
+    // node3 leaves the file: it is drained and removed; node2's address changed: refused.
+    cfg.backends.retain(|b| b.name != "node3");
+    for b in &mut cfg.backends {
+        if b.name == "node2" {
+            b.address = "127.0.0.1:1".into();
+        }
+    }
+    write(&cfg);
+    let (code, body) = h.admin_post("/reload", None);
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["removing"], serde_json::json!(["node3"]), "{v}");
+    assert!(
+        v["refused"][0]
+            .as_str()
+            .unwrap()
+            .contains("address changed"),
+        "{v}"
+    );
+    wait_for("node3 gone", Duration::from_secs(30), || {
+        (!h.shared
+            .members
+            .borrow()
+            .iter()
+            .any(|m| m.backend.name == "node3"))
+        .then_some(())
+    });
+    wait_reading(&h, 2);
+}
