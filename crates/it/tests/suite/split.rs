@@ -298,7 +298,7 @@ fn a_replica_whose_replication_stops_leaves_reads_and_comes_back() {
             .any(|n| n.name == name && n.serves_reads)
     };
     let mut c = connect_to(&h.url());
-    let mut reads_on = |c: &mut Conn| -> Vec<u32> {
+    let reads_on = |c: &mut Conn| -> Vec<u32> {
         (0..40)
             .map(|_| c.query_first("SELECT @@server_id").unwrap().unwrap())
             .collect()
