@@ -46,7 +46,20 @@ struct Row {
     ack: AckReport,
     /// Transactions replayed and lost COMMITs resolved by holdfast, by outcome.
     recovered: String,
+    /// The readers beside sysbench in the node scenarios (reads outside transactions,
+    /// which the split listener sends to the replicas).
+    readers: Option<Readers>,
 }
+
+/// What the readers of a node scenario did.
+struct Readers {
+    transactions: u64,
+    errors: u64,
+    fatal: bool,
+}
+
+/// Threads of the read-only sysbench beside the main one in the node scenarios.
+const READER_THREADS: u32 = 8;
 
 /// Runs `scenarios` one after the other on a lab in `args.dir` (started unless one runs).
 pub fn run(args: &DrillArgs, holdfast: &Path, scenarios: &[Scenario]) -> Result<()> {
@@ -122,6 +135,15 @@ pub fn run(args: &DrillArgs, holdfast: &Path, scenarios: &[Scenario]) -> Result<
             r.event
         );
         println!("   {}: holdfast recovered: {}", r.scenario, r.recovered);
+        if let Some(rd) = &r.readers {
+            println!(
+                "   {}: beside it {READER_THREADS} readers (oltp_read_only outside transactions, to the replicas): {} transactions, {} errors{}",
+                r.scenario,
+                rd.transactions,
+                rd.errors,
+                if rd.fatal { ", FATAL" } else { "" }
+            );
+        }
         if !r.ack.errors.is_empty() {
             println!(
                 "   {}: the writers' errors by code: {:?}",
@@ -229,16 +251,52 @@ fn run_scenario(lab: &LabStatus, args: &DrillArgs, scenario: Scenario) -> Result
         .stderr(Stdio::piped())
         .spawn()
         .context("cannot run sysbench")?;
+    let readers = match scenario {
+        Scenario::AddNode | Scenario::RemoveNode => {
+            let options = [
+                format!("--threads={READER_THREADS}"),
+                format!("--time={}", args.seconds),
+                "--db-ps-mode=auto".into(),
+                "--skip_trx=on".into(),
+                "--report-interval=1".into(),
+            ];
+            let cmd = common::sysbench(lab, args).command("oltp_read_only", port, &options, "run");
+            Some(
+                Command::new("sysbench")
+                    .args(&cmd)
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .context("cannot run sysbench")?,
+            )
+        }
+        _ => None,
+    };
     std::thread::sleep(Duration::from_secs(args.seconds / 3));
     let event = perform(lab, scenario)?;
     println!("   {event}");
     let out = child.wait_with_output()?;
+    let readers = match readers {
+        Some(r) => {
+            let out = r.wait_with_output()?;
+            let text = output_text(&out);
+            std::fs::write(args.dir.join(format!("drill-{name}-readers.log")), &text)?;
+            Some(Readers {
+                transactions: value_after(&text, "transactions:"),
+                errors: value_after(&text, "ignored errors:"),
+                fatal: !out.status.success() || text.contains("FATAL"),
+            })
+        }
+        None => None,
+    };
     let ack = writers.finish()?;
     let text = output_text(&out);
     std::fs::write(args.dir.join(format!("drill-{name}.log")), &text)?;
     let closed = (closed_sessions(&admin) - closed_before).max(0.0) as u32;
     let recovered = recovery_delta(&recovered_before, &recovery_counters(&admin));
-    let fatal = !out.status.success() || text.contains("FATAL");
+    let fatal = !out.status.success()
+        || text.contains("FATAL")
+        || readers.as_ref().is_some_and(|r| r.fatal);
     if scenario == Scenario::Failover {
         // Bring the killed node back as a replica for the next drill.
         if let Some(dead) = event.split_whitespace().nth(1) {
@@ -246,13 +304,15 @@ fn run_scenario(lab: &LabStatus, args: &DrillArgs, scenario: Scenario) -> Result
             let _ = admin::post(&admin, &format!("/rejoin?node={dead}"));
         }
     }
+    // The readers' connections count as well.
+    let threads = args.threads + if readers.is_some() { READER_THREADS } else { 0 };
     Ok(Row {
         scenario: name,
-        threads: args.threads,
+        threads,
         kept: if fatal {
             0
         } else {
-            args.threads.saturating_sub(closed)
+            threads.saturating_sub(closed)
         },
         fatal,
         transactions: value_after(&text, "transactions:"),
@@ -263,6 +323,7 @@ fn run_scenario(lab: &LabStatus, args: &DrillArgs, scenario: Scenario) -> Result
         event,
         ack,
         recovered,
+        readers,
     })
 }
 
