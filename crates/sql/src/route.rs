@@ -10,6 +10,9 @@ pub enum ReadRoute {
     /// Any node: the statement reads data only, and its answer does not depend on the
     /// connection it runs on (beyond the session state holdfast carries to every node).
     Replica,
+    /// Any node that has the session's user variables: a read that uses them (their values
+    /// must be carried there first).
+    ReplicaWithUserVariables,
     /// The node the session's previous statement ran on: it reads what that statement left
     /// (`SHOW WARNINGS`, `@@warning_count`...).
     LastNode,
@@ -24,7 +27,8 @@ const PRIMARY_HINT: &[u8] = b"holdfast: primary";
 
 /// Where `sql` (classified as `flags` under `mode`) may run. Reads qualify when they are
 /// [`READ_ONLY`](C::READ_ONLY) with no function holdfast cannot vouch for, one statement,
-/// no user variable (their values live on the primary's connection), no
+/// no assignment of a user variable (one that only reads them is
+/// [`ReadRoute::ReplicaWithUserVariables`]), no
 /// `SQL_CALC_FOUND_ROWS` (its `FOUND_ROWS()` is read on the primary), no system variable
 /// that reports the connection's history (`@@last_insert_id`, `@@warning_count`...), no
 /// `SHOW` of something per-connection or per-server (`SHOW WARNINGS`, `SHOW MASTER STATUS`,
@@ -38,9 +42,10 @@ pub fn read_route(sql: &[u8], flags: C, mode: SqlMode) -> ReadRoute {
     }
     let mut first = None;
     let mut second = None;
+    let mut user_variables = false;
     for t in Lexer::with_mode(sql, mode) {
         match t.kind {
-            TokenKind::UserVar => return ReadRoute::Primary,
+            TokenKind::UserVar => user_variables = true,
             TokenKind::SysVar if connection_history(t.text) => {
                 return diagnostics(t.text);
             }
@@ -52,6 +57,7 @@ pub fn read_route(sql: &[u8], flags: C, mode: SqlMode) -> ReadRoute {
     }
     match (first, second) {
         (Some(f), s) if f.is_word("SHOW") => show_route(s.map(|s| s.text)),
+        _ if user_variables => ReadRoute::ReplicaWithUserVariables,
         _ => ReadRoute::Replica,
     }
 }
@@ -169,7 +175,6 @@ mod tests {
             "SELECT * FROM t FOR UPDATE",
             "SELECT * FROM t LOCK IN SHARE MODE",
             "SELECT @x := 1",
-            "SELECT @x",
             "SELECT a INTO @a FROM t",
             "SELECT GET_LOCK('a', 1)",
             "SELECT LAST_INSERT_ID()",
@@ -194,6 +199,19 @@ mod tests {
         ] {
             assert_eq!(route(sql), ReadRoute::Primary, "{sql}");
         }
+    }
+
+    #[test]
+    fn reads_of_user_variables_need_them_carried() {
+        for sql in [
+            "SELECT @x",
+            "SELECT c FROM t WHERE id = @id",
+            "SELECT @`a b` + 1",
+        ] {
+            assert_eq!(route(sql), ReadRoute::ReplicaWithUserVariables, "{sql}");
+        }
+        assert_eq!(route("SELECT @x := 1"), ReadRoute::Primary);
+        assert_eq!(route("SELECT @@x"), ReadRoute::Replica);
     }
 
     #[test]

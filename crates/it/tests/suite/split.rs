@@ -199,6 +199,30 @@ fn each_kind_of_statement_reaches_the_node_it_must() {
     );
     assert_eq!(on(&mut locked, "SELECT @@server_id"), Node::Primary);
 
+    // User variables: read on the primary until holdfast has captured their values, then
+    // carried to the replicas.
+    let mut uv = connect_to(&h.url());
+    uv.query_drop("SET @uv = 41").unwrap();
+    let (id, v): (u32, i64) = uv
+        .query_first("SELECT @@server_id, @uv + 1")
+        .unwrap()
+        .unwrap();
+    assert_eq!((node_of(id, primary, &replicas), v), (Node::Primary, 42));
+    h.wait_captured();
+    for _ in 0..4 {
+        let (id, v): (u32, i64) = uv
+            .query_first("SELECT @@server_id, @uv + 1")
+            .unwrap()
+            .unwrap();
+        assert_eq!((node_of(id, primary, &replicas), v), (Node::Replica, 42));
+    }
+    uv.query_drop("SET @uv = 99").unwrap();
+    let v: i64 = uv.query_first("SELECT @uv").unwrap().unwrap();
+    assert_eq!(v, 99, "a new value is never read stale from a replica");
+    h.wait_captured();
+    let (id, v): (u32, i64) = uv.query_first("SELECT @@server_id, @uv").unwrap().unwrap();
+    assert_eq!((node_of(id, primary, &replicas), v), (Node::Replica, 99));
+
     // The session's schema and variables follow it to the replicas.
     c.query_drop("SET SESSION sql_mode = 'ANSI_QUOTES'")
         .unwrap();

@@ -276,6 +276,8 @@ impl Session {
             Ok(Some(c)) => {
                 self.record.last_insert_id = c.last_insert_id;
                 self.captured = c;
+                // Replica connections follow the captured values (user variables).
+                self.record.state_version += 1;
                 self.record.capture_due = false;
                 self.capture_due_since = None;
                 self.capture_failing = false;

@@ -243,8 +243,12 @@ impl Session {
                 _ => ReadRoute::Primary,
             }
         };
+        // User variables are carried once captured (values set since live on the primary).
+        let variables_known = !self.record.capture_due && !self.capture_failing;
         let target = match route {
             ReadRoute::Replica => Some(Target::Balanced),
+            ReadRoute::ReplicaWithUserVariables if variables_known => Some(Target::Balanced),
+            ReadRoute::ReplicaWithUserVariables => None,
             ReadRoute::LastNode => split.last_on.clone().map(Target::Last),
             ReadRoute::Primary => None,
         };
@@ -504,9 +508,14 @@ impl Session {
         if reader.state_version != version {
             let mut record = self.record.clone();
             self.captured.apply_to(&mut record);
-            restore::restore_session(&mut reader.conn, &record, &[], &reader.types)
-                .await
-                .map_err(|e| format!("syncing the session state: {e}"))?;
+            restore::restore_session(
+                &mut reader.conn,
+                &record,
+                &self.captured.user_variables,
+                &reader.types,
+            )
+            .await
+            .map_err(|e| format!("syncing the session state: {e}"))?;
             reader.state_version = version;
         }
         let Some(position) = wait_for else {
