@@ -250,12 +250,7 @@ impl Shared {
         if members.iter().filter(|m| !m.draining).count() <= 1 {
             return Err(MembershipError::LastNode(name.into()));
         }
-        let is_primary = self
-            .topology
-            .borrow()
-            .primary_node()
-            .is_some_and(|p| p.name == name);
-        if is_primary {
+        if self.is_primary(name) {
             return Err(MembershipError::Primary(name.into()));
         }
         let address = member.backend.address.clone();
@@ -357,12 +352,7 @@ impl Shared {
             let shared = self.clone();
             let name = m.backend.name.clone();
             // Checked now, so that the answer says what will not happen.
-            let is_primary = self
-                .topology
-                .borrow()
-                .primary_node()
-                .is_some_and(|p| p.name == name);
-            if is_primary {
+            if self.is_primary(&name) {
                 report.refused.push(format!(
                     "{name}: {}",
                     MembershipError::Primary(name.clone())
@@ -379,6 +369,13 @@ impl Shared {
         }
         tracing::info!(added = ?report.added, removing = ?report.removing, refused = ?report.refused, "reloaded the [[backend]] list (other settings need a restart)");
         Ok(report)
+    }
+
+    fn is_primary(&self, name: &str) -> bool {
+        self.topology
+            .borrow()
+            .primary_node()
+            .is_some_and(|p| p.name == name)
     }
 
     fn set_draining(&self, name: &str, draining: bool) {

@@ -53,15 +53,17 @@ pub type Members = watch::Sender<Arc<Vec<Member>>>;
 
 /// The member list of a configuration.
 pub fn members_of(cfg: &Config) -> Members {
-    let list = cfg
-        .backends
+    watch::channel(Arc::new(member_list(cfg))).0
+}
+
+fn member_list(cfg: &Config) -> Vec<Member> {
+    cfg.backends
         .iter()
         .map(|b| Member {
             backend: b.clone(),
             draining: false,
         })
-        .collect();
-    watch::channel(Arc::new(list)).0
+        .collect()
 }
 
 /// A replica's replication, as the monitor last read it.
@@ -154,15 +156,7 @@ pub struct Topology {
 
 impl Topology {
     pub fn from_config(cfg: &Config) -> Self {
-        let members: Vec<Member> = cfg
-            .backends
-            .iter()
-            .map(|b| Member {
-                backend: b.clone(),
-                draining: false,
-            })
-            .collect();
-        Self::of_members(&members)
+        Self::of_members(&member_list(cfg))
     }
 
     /// A topology of `members` before any of them was probed.
