@@ -13,6 +13,15 @@ use std::time::Instant;
 /// count connections since the server started).
 pub const SESSION_ID_BASE: u32 = 1 << 30;
 
+/// A read a split session runs on a replica right now (what a `KILL QUERY` of the session
+/// stops there).
+#[derive(Debug)]
+pub struct ReplicaRead {
+    pub node: String,
+    pub address: String,
+    pub thread: u32,
+}
+
 pub struct SessionInfo {
     pub id: u32,
     pub client: SocketAddr,
@@ -41,6 +50,9 @@ pub struct SessionInfo {
     /// State only a capture reads changed and has not been captured yet (the session
     /// captures once idle; a switchover waits for it).
     pub capture_due: AtomicBool,
+    /// The read it runs on a replica now, if any (split sessions; set and cleared around
+    /// each such read without a lock).
+    pub replica_read: arc_swap::ArcSwapOption<ReplicaRead>,
     /// A capture is due but waits for a moment the client cannot tell (see the session's
     /// `capture_if_due`): a switchover waits for it (the session captures when it starts),
     /// a pause does not.
@@ -66,6 +78,7 @@ impl SessionInfo {
             busy: AtomicBool::new(false),
             parked: AtomicBool::new(false),
             capture_due: AtomicBool::new(false),
+            replica_read: arc_swap::ArcSwapOption::empty(),
             capture_deferred: AtomicBool::new(false),
         }
     }

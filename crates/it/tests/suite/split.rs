@@ -391,3 +391,39 @@ fn global_consistency_reads_what_other_sessions_committed() {
     let on_replicas = metric(&m, "holdfast_reads_on_replicas_total").unwrap_or(0.0);
     assert!(on_replicas > 200.0, "{m}");
 }
+
+#[test]
+fn kill_query_through_holdfast_stops_a_read_on_a_replica() {
+    let h = split_harness(|_| {});
+    let (primary, replicas) = server_ids(&h);
+    let mut c = connect_to(&h.url());
+    c.query_drop("SELECT 1").unwrap();
+    // holdfast's id, from the greeting: what the CLI's Ctrl-C kills.
+    let id = c.connection_id();
+    let (mut c, result) = std::thread::scope(|s| {
+        let running = s.spawn(move || {
+            let r = c.query_first::<u64, _>(
+                "SELECT COUNT(*) FROM seq_1_to_5000000000 WHERE seq % 7 = 3",
+            );
+            (c, r)
+        });
+        wait_for("the long read on a replica", Duration::from_secs(20), || {
+            h.shared
+                .topology
+                .borrow()
+                .nodes
+                .iter()
+                .any(|n| n.serves_reads && n.load.0.active() == 1)
+                .then_some(())
+        });
+        let mut killer = connect_to(&h.url());
+        killer.query_drop(format!("KILL QUERY {id}")).unwrap();
+        running.join().expect("reading thread")
+    });
+    match result {
+        Err(mysql::Error::MySqlError(e)) => assert_eq!(e.code, 1317, "{e:?}"),
+        other => panic!("the read should have been stopped: {other:?}"),
+    }
+    let id: u32 = c.query_first("SELECT @@server_id").unwrap().unwrap();
+    assert_eq!(node_of(id, primary, &replicas), Node::Replica, "the session goes on");
+}

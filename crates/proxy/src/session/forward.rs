@@ -199,7 +199,19 @@ impl Session {
             || request.get(HEADER_LEN) == Some(&COM_PROCESS_KILL)
         {
             match self.plan_kill(&mut request, query) {
-                Ok(mark) => mark,
+                Ok(super::kill::KillPlan::Forward(mark)) => mark,
+                Ok(super::kill::KillPlan::OnReplica(read)) => {
+                    return match self.kill_replica_read(&read).await {
+                        Ok(()) => {
+                            let ok = packets::ok_payload(0, 0, self.record.status, 0);
+                            self.client
+                                .write_packet(&ok, reply_seq)
+                                .await
+                                .map_err(End::Client)
+                        }
+                        Err(e) => self.send_error(reply_seq, &e).await,
+                    };
+                }
                 Err(e) => return self.send_error(reply_seq, &e).await,
             }
         } else {

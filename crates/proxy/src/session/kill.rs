@@ -5,6 +5,10 @@
 //! session (on the killer's node: a session elsewhere is unknown there, 1094 as the server
 //! would say), and a `KILL` of a server thread id passes as it is.
 //!
+//! A `KILL QUERY` of a split session whose statement runs on a replica is run on that
+//! replica instead, on a connection of the killer's account (the server checks the
+//! killer's right to it).
+//!
 //! A `KILL [CONNECTION]` that ends a holdfast session's backend connection also ends that
 //! session's client connection, as the server would end a direct one: the victim is marked
 //! before the `KILL` runs, and holdfast does not move it to a new backend connection when
@@ -27,6 +31,15 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
 
+/// What a `KILL` request becomes.
+pub(super) enum KillPlan {
+    /// Forwarded (rewritten), marking the session whose connection it ends, if any.
+    Forward(Option<KillMark>),
+    /// A `KILL QUERY` of a split session's read running on a replica: run there by holdfast
+    /// (the monitor account), the killer answered with OK.
+    OnReplica(Arc<crate::registry::ReplicaRead>),
+}
+
 /// A session marked as the victim of a `KILL` in flight: unmarked again if the `KILL`
 /// fails.
 pub(super) struct KillMark {
@@ -43,9 +56,9 @@ impl Session {
         &mut self,
         request: &mut BytesMut,
         query: Option<C>,
-    ) -> Result<Option<KillMark>, ClientError> {
+    ) -> Result<KillPlan, ClientError> {
         let Some(header) = parse_header(request) else {
-            return Ok(None);
+            return Ok(KillPlan::Forward(None));
         };
         let (id, ends_connection, span) = match request.get(HEADER_LEN) {
             Some(&COM_PROCESS_KILL) => match request.get(HEADER_LEN + 1..HEADER_LEN + 5) {
@@ -54,21 +67,21 @@ impl Session {
                     true,
                     None,
                 ),
-                None => return Ok(None),
+                None => return Ok(KillPlan::Forward(None)),
             },
             Some(&COM_QUERY) if query.is_some_and(|f| f.has(C::KILL)) && !header.continues() => {
                 let sql = &request[HEADER_LEN + 1..];
                 match parse_kill(sql, self.record.sql_mode.unwrap_or_default()) {
                     Some(k) if k.thread => (k.id, !k.query, Some(k.id_span)),
                     // `KILL QUERY ID n` names a query, not a connection.
-                    Some(_) => return Ok(None),
+                    Some(_) => return Ok(KillPlan::Forward(None)),
                     // `KILL CONNECTION_ID()`, a variable...: only this session's own
                     // connection can be named so that holdfast could tell; if it is, the
                     // answer is the server's 1927 and the session ends with it.
-                    None => return Ok(Some(self.mark(self.info.clone()))),
+                    None => return Ok(KillPlan::Forward(Some(self.mark(self.info.clone())))),
                 }
             }
-            _ => return Ok(None),
+            _ => return Ok(KillPlan::Forward(None)),
         };
         let own_node = self.backend_name.as_str();
         let victim = if id >= u64::from(SESSION_ID_BASE) {
@@ -79,6 +92,11 @@ impl Session {
                 .and_then(|id| self.shared.sessions.get(id))
                 .filter(|v| v.is_on(own_node))
                 .ok_or_else(unknown)?;
+            if !ends_connection {
+                if let Some(read) = victim.replica_read.load_full() {
+                    return Ok(KillPlan::OnReplica(read));
+                }
+            }
             let thread = victim.backend_thread.load(Ordering::Acquire);
             if thread == 0 {
                 return Err(unknown());
@@ -90,9 +108,50 @@ impl Session {
                 .ok()
                 .and_then(|t| self.shared.sessions.by_backend_thread(own_node, t))
         };
-        Ok(victim
-            .filter(|_| ends_connection)
-            .map(|victim| self.mark(victim)))
+        Ok(KillPlan::Forward(
+            victim
+                .filter(|_| ends_connection)
+                .map(|victim| self.mark(victim)),
+        ))
+    }
+
+    /// Runs a `KILL QUERY` of a session's read on a replica there, on a connection of the
+    /// killer's own account (so the server checks the killer's right to it, as it would
+    /// for a direct `KILL`).
+    pub(super) async fn kill_replica_read(
+        &self,
+        read: &crate::registry::ReplicaRead,
+    ) -> Result<(), ClientError> {
+        let failed = |e: &dyn std::fmt::Display| {
+            ClientError::new(
+                ErrorKind::UnknownThread,
+                format!(
+                    "holdfast could not stop the statement running on {}: {e}",
+                    read.node
+                ),
+            )
+        };
+        let node = self
+            .shared
+            .topology
+            .borrow()
+            .nodes
+            .iter()
+            .find(|n| n.name == read.node)
+            .cloned()
+            .ok_or_else(|| failed(&"the node is gone"))?;
+        let mut conn = match self.log_in_on(&node).await {
+            Ok(c) => c,
+            Err(super::migrate::MoveError::Retry(why)) => return Err(failed(&why)),
+            Err(super::migrate::MoveError::Fatal { message, .. }) => return Err(failed(&message)),
+        };
+        let killed = conn.query(&format!("KILL QUERY {}", read.thread)).await;
+        let _ = conn
+            .conn
+            .try_write_now(&[1, 0, 0, 0, holdfast_wire::command::COM_QUIT]);
+        killed.map_err(|e| failed(&e))?;
+        tracing::info!(session = self.info.id, node = %read.node, thread = read.thread, "KILL QUERY of a read on a replica");
+        Ok(())
     }
 
     fn mark(&self, victim: Arc<SessionInfo>) -> KillMark {

@@ -49,6 +49,8 @@ pub(super) struct Split {
 /// One connection of the session to a replica.
 struct Reader {
     node: String,
+    /// Published in the session's registry entry while a read runs here.
+    read: Arc<crate::registry::ReplicaRead>,
     conn: BackendConn,
     load: Arc<NodeLoad>,
     /// The session's [`state_version`](crate::state::SessionRecord::state_version) it has.
@@ -366,6 +368,7 @@ impl Session {
         reader.load.active.fetch_add(1, Ordering::Relaxed);
         reader.load.reads.fetch_add(1, Ordering::Relaxed);
         let active = Active(reader.load.clone());
+        self.info.replica_read.store(Some(reader.read.clone()));
         std::mem::swap(&mut self.backend, &mut reader.conn);
         self.response_started = false;
         self.last_error = None;
@@ -375,6 +378,7 @@ impl Session {
             result = self.relay(Reply::of(request[HEADER_LEN])).await;
         }
         drop(active);
+        self.info.replica_read.store(None);
         if let Some(split) = self.split.as_mut() {
             if let Some(reader) = split.readers.get_mut(index) {
                 std::mem::swap(&mut self.backend, &mut reader.conn);
@@ -461,6 +465,11 @@ impl Session {
         let split = self.split.as_mut()?;
         node.load.0.opened(conn.greeting.connection_id);
         split.readers.push(Reader {
+            read: Arc::new(crate::registry::ReplicaRead {
+                node: node.name.clone(),
+                address: node.address.clone(),
+                thread: conn.greeting.connection_id,
+            }),
             node: node.name.clone(),
             conn,
             load: node.load.0.clone(),
