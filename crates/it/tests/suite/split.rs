@@ -407,15 +407,19 @@ fn kill_query_through_holdfast_stops_a_read_on_a_replica() {
             );
             (c, r)
         });
-        wait_for("the long read on a replica", Duration::from_secs(20), || {
-            h.shared
-                .topology
-                .borrow()
-                .nodes
-                .iter()
-                .any(|n| n.serves_reads && n.load.0.active() == 1)
-                .then_some(())
-        });
+        wait_for(
+            "the long read on a replica",
+            Duration::from_secs(20),
+            || {
+                h.shared
+                    .topology
+                    .borrow()
+                    .nodes
+                    .iter()
+                    .any(|n| n.serves_reads && n.load.0.active() == 1)
+                    .then_some(())
+            },
+        );
         let mut killer = connect_to(&h.url());
         killer.query_drop(format!("KILL QUERY {id}")).unwrap();
         running.join().expect("reading thread")
@@ -425,5 +429,9 @@ fn kill_query_through_holdfast_stops_a_read_on_a_replica() {
         other => panic!("the read should have been stopped: {other:?}"),
     }
     let id: u32 = c.query_first("SELECT @@server_id").unwrap().unwrap();
-    assert_eq!(node_of(id, primary, &replicas), Node::Replica, "the session goes on");
+    assert_eq!(
+        node_of(id, primary, &replicas),
+        Node::Replica,
+        "the session goes on"
+    );
 }
