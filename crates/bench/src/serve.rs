@@ -130,6 +130,15 @@ pub fn proxy_port(st: &LabStatus) -> Result<u16> {
     Ok(proxy_addr(st)?.port())
 }
 
+/// The port of the lab's split listener (`routing = "split"`).
+pub fn split_port(st: &LabStatus) -> Result<u16> {
+    st.split
+        .as_deref()
+        .and_then(|a| a.rsplit_once(':'))
+        .and_then(|(_, p)| p.parse().ok())
+        .context("the lab has no split listener (made before read/write splitting?)")
+}
+
 /// Writes `DIR/NAME`: the lab's `holdfast.toml` changed by `edit`, headed by `note`.
 pub fn config_variant(
     st: &LabStatus,

@@ -200,33 +200,22 @@ impl Shared {
                 address: address.into(),
             });
         }
-        let status = conn
+        let answer = conn
             .execute(b"SHOW SLAVE STATUS", 1 << 20)
             .await
             .map_err(|e| not_a_server(e.to_string()))?;
-        let rows = status.text_rows();
-        let Some(row) = rows.first() else {
-            return Err(MembershipError::NotReplicating {
-                address: address.into(),
-            });
+        let status = match crate::ha::probe::SlaveStatus::of_answer(address, answer) {
+            None => {
+                return Err(MembershipError::NotReplicating {
+                    address: address.into(),
+                })
+            }
+            Some(s) => s.map_err(|e| not_a_server(e.to_string()))?,
         };
-        let get = |name: &str| {
-            status
-                .columns
-                .iter()
-                .position(|c| c == name)
-                .and_then(|i| row.get(i).cloned().flatten())
-                .unwrap_or_default()
-        };
-        let source = format!("{}:{}", get("Master_Host"), get("Master_Port"));
-        let same = match (split_address(&source), split_address(&primary.address)) {
-            (Ok((h1, p1)), Ok((h2, p2))) => p1 == p2 && h1.eq_ignore_ascii_case(&h2),
-            _ => false,
-        };
-        if !same {
+        if !status.points_at(&primary.address) {
             return Err(MembershipError::ReplicatesElsewhere {
                 address: address.into(),
-                replicates_from: source,
+                replicates_from: status.source(),
                 primary: primary.name.clone(),
                 primary_address: primary.address.clone(),
             });

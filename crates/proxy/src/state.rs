@@ -73,7 +73,14 @@ impl SessionRecord {
                     if self.client_trackers.set(name, value) {
                         self.trackers_overridden = true;
                     }
-                    if !connection_history(name) {
+                    // What a restore skips (last_gtid, warning_count...) changes with
+                    // statements, not settings: replica connections need no sync for it.
+                    let name_text = String::from_utf8_lossy(name);
+                    let lower = match name_text.bytes().any(|b| b.is_ascii_uppercase()) {
+                        true => std::borrow::Cow::Owned(name_text.to_ascii_lowercase()),
+                        false => name_text,
+                    };
+                    if crate::restore::skip_reason_by_name(&lower).is_none() {
                         self.state_version += 1;
                     }
                     self.variables.insert(
@@ -135,21 +142,6 @@ impl SessionRecord {
             ..SessionRecord::default()
         };
     }
-}
-
-/// Variables the server reports as they change with the session's statements, not with its
-/// settings: a change of one is not a change of the state replica connections follow.
-fn connection_history(name: &[u8]) -> bool {
-    const NAMES: [&[u8]; 7] = [
-        b"last_gtid",
-        b"last_insert_id",
-        b"identity",
-        b"insert_id",
-        b"warning_count",
-        b"error_count",
-        b"in_transaction",
-    ];
-    NAMES.iter().any(|n| name.eq_ignore_ascii_case(n))
 }
 
 /// What keeps a session from moving to another node right now.

@@ -3,6 +3,7 @@
 
 use crate::backend::BackendConn;
 use crate::config::{BackendConfig, Config};
+use crate::ha::probe::SlaveStatus;
 use crate::serverless::Lifecycle;
 use crate::verifiers::monitor_connect;
 use serde::Serialize;
@@ -77,6 +78,23 @@ pub struct ReplicaHealth {
     pub source: String,
     #[serde(skip_serializing_if = "String::is_empty")]
     pub error: String,
+}
+
+impl From<&SlaveStatus> for ReplicaHealth {
+    fn from(s: &SlaveStatus) -> Self {
+        let error = if s.last_error.is_empty() {
+            &s.last_io_error
+        } else {
+            &s.last_error
+        };
+        ReplicaHealth {
+            io_running: s.io_running == "Yes",
+            sql_running: s.sql_running == "Yes",
+            lag_ms: s.seconds_behind_master.map(|secs| secs * 1000),
+            source: s.source(),
+            error: error.clone(),
+        }
+    }
 }
 
 impl ReplicaHealth {
@@ -374,7 +392,16 @@ async fn probe(cfg: &Config, addr: &str, slot: &mut Option<BackendConn>) -> Resu
             .await
             .map_err(|_| "replication status query timed out".to_string())?
             .map_err(|e| e.to_string())?;
-        replica_health(&r.columns, r.text_rows().first())
+        SlaveStatus::of_answer(addr, r).map(|s| match s {
+            Ok(s) => ReplicaHealth::from(&s),
+            Err(e) => ReplicaHealth {
+                io_running: false,
+                sql_running: false,
+                lag_ms: None,
+                source: String::new(),
+                error: e.to_string(),
+            },
+        })
     } else {
         None
     };
@@ -383,31 +410,5 @@ async fn probe(cfg: &Config, addr: &str, slot: &mut Option<BackendConn>) -> Resu
         version: row.get(1).cloned().flatten().unwrap_or_default(),
         autocommit: flag(2),
         replication,
-    })
-}
-
-/// The replication health in a `SHOW SLAVE STATUS` row (`None`: no replication set up).
-fn replica_health(columns: &[String], row: Option<&Vec<Option<String>>>) -> Option<ReplicaHealth> {
-    let row = row?;
-    let get = |name: &str| {
-        columns
-            .iter()
-            .position(|c| c == name)
-            .and_then(|i| row.get(i).cloned().flatten())
-            .unwrap_or_default()
-    };
-    let mut error = get("Last_SQL_Error");
-    if error.is_empty() {
-        error = get("Last_IO_Error");
-    }
-    Some(ReplicaHealth {
-        io_running: get("Slave_IO_Running") == "Yes",
-        sql_running: get("Slave_SQL_Running") == "Yes",
-        lag_ms: get("Seconds_Behind_Master")
-            .parse::<u64>()
-            .ok()
-            .map(|s| s * 1000),
-        source: format!("{}:{}", get("Master_Host"), get("Master_Port")),
-        error,
     })
 }

@@ -430,11 +430,7 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
                 Err(e) => unavailable.push((target, e.clone())),
             },
             Target::HoldfastSplit => {
-                let split = st
-                    .split
-                    .as_deref()
-                    .and_then(|a| a.rsplit_once(':'))
-                    .and_then(|(_, p)| p.parse::<u16>().ok());
+                let split = crate::serve::split_port(&st).ok();
                 match (&holdfast, split) {
                     (Ok((pid, _, _)), Some(port)) if st.replicas().next().is_some() => {
                         pids.push((target, *pid));

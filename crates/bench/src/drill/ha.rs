@@ -12,7 +12,7 @@ use holdfast_lab::{wait_for, LabStatus};
 use super::ack::{AckReport, Writers};
 use super::common::{self, output_text, value_after, DrillArgs, Scenario};
 use crate::admin;
-use crate::serve::{self, proxy_port};
+use crate::serve::{self, proxy_port, split_port};
 
 /// The HA scenarios in the order `--scenario all` runs them (the failover last: it kills
 /// a node).
@@ -426,15 +426,6 @@ fn perform(lab: &LabStatus, scenario: Scenario) -> Result<String> {
         }
         Scenario::Serverless | Scenario::All | Scenario::FailoverTimes => Ok(String::new()),
     }
-}
-
-/// The port of the lab's split listener.
-fn split_port(lab: &LabStatus) -> Result<u16> {
-    lab.split
-        .as_deref()
-        .and_then(|a| a.rsplit_once(':'))
-        .and_then(|(_, p)| p.parse().ok())
-        .context("the lab has no split listener (made before read/write splitting?)")
 }
 
 /// The longest run of per-second reports with zero transactions per second.

@@ -65,6 +65,35 @@ fn ids_of(c: &mut Conn, sql: &str) -> Vec<u32> {
     ids
 }
 
+/// A replica kept falling behind: its SQL thread stops for 300 ms of every 400 until
+/// [`Lagging::stop`].
+struct Lagging {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Lagging {
+    fn start(node: holdfast_lab::NodeStatus) -> Lagging {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !flag.load(Ordering::Relaxed) {
+                let _ = holdfast_lab::node_sql(&node, "STOP SLAVE SQL_THREAD");
+                std::thread::sleep(Duration::from_millis(300));
+                let _ = holdfast_lab::node_sql(&node, "START SLAVE SQL_THREAD");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = holdfast_lab::node_sql(&node, "START SLAVE SQL_THREAD");
+        });
+        Lagging { stop, thread }
+    }
+
+    fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("perturbing thread");
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Node {
     Primary,
@@ -250,8 +279,7 @@ fn a_session_reads_its_own_writes_on_a_lagging_replica() {
     let mut c = connect_to(&h.url());
     c.query_drop("CREATE TABLE rw (id INT PRIMARY KEY, v INT)")
         .unwrap();
-    // One replica keeps falling behind: its SQL thread stops for 300 ms of every 400.
-    let stop = Arc::new(AtomicBool::new(false));
+    // One replica keeps falling behind.
     let lagging = h
         .lab
         .status
@@ -260,18 +288,7 @@ fn a_session_reads_its_own_writes_on_a_lagging_replica() {
         .find(|n| n.name != h.lab.primary().name)
         .cloned()
         .expect("a replica");
-    let perturb = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                let _ = holdfast_lab::node_sql(&lagging, "STOP SLAVE SQL_THREAD");
-                std::thread::sleep(Duration::from_millis(300));
-                let _ = holdfast_lab::node_sql(&lagging, "START SLAVE SQL_THREAD");
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            let _ = holdfast_lab::node_sql(&lagging, "START SLAVE SQL_THREAD");
-        })
-    };
+    let perturb = Lagging::start(lagging);
     let insert = c.prep("INSERT INTO rw VALUES (?, ?)").unwrap();
     let select = c.prep("SELECT v FROM rw WHERE id = ?").unwrap();
     let mut misses = Vec::new();
@@ -282,8 +299,7 @@ fn a_session_reads_its_own_writes_on_a_lagging_replica() {
             misses.push((i, v));
         }
     }
-    stop.store(true, Ordering::Relaxed);
-    perturb.join().expect("perturbing thread");
+    perturb.stop();
     assert!(
         misses.is_empty(),
         "{} misses: {:?}",
@@ -357,20 +373,7 @@ fn global_consistency_reads_what_other_sessions_committed() {
     writer
         .query_drop("CREATE TABLE g (id INT PRIMARY KEY, v INT)")
         .unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let lagging = h.node("node2").clone();
-    let perturb = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                let _ = holdfast_lab::node_sql(&lagging, "STOP SLAVE SQL_THREAD");
-                std::thread::sleep(Duration::from_millis(300));
-                let _ = holdfast_lab::node_sql(&lagging, "START SLAVE SQL_THREAD");
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            let _ = holdfast_lab::node_sql(&lagging, "START SLAVE SQL_THREAD");
-        })
-    };
+    let perturb = Lagging::start(h.node("node2").clone());
     let select = reader.prep("SELECT v FROM g WHERE id = ?").unwrap();
     let mut misses = 0;
     for i in 0..2_000i64 {
@@ -384,8 +387,7 @@ fn global_consistency_reads_what_other_sessions_committed() {
             misses += 1;
         }
     }
-    stop.store(true, Ordering::Relaxed);
-    perturb.join().expect("perturbing thread");
+    perturb.stop();
     assert_eq!(misses, 0);
     let m = h.metrics();
     let on_replicas = metric(&m, "holdfast_reads_on_replicas_total").unwrap_or(0.0);

@@ -196,6 +196,19 @@ pub struct SlaveStatus {
 }
 
 impl SlaveStatus {
+    /// The first row of a `SHOW SLAVE STATUS` answer (`None`: replication is not set up).
+    pub(crate) fn of_answer(
+        node: &str,
+        answer: holdfast_client::Executed,
+    ) -> Option<Result<SlaveStatus, HaError>> {
+        let named = NamedResult {
+            rows: answer.text_rows(),
+            columns: answer.columns,
+        };
+        let map = named.maps().into_iter().next()?;
+        Some(SlaveStatus::from_map(node, &map))
+    }
+
     fn from_map(node: &str, m: &BTreeMap<String, Option<String>>) -> Result<Self, HaError> {
         let s = |k: &str| m.get(k).cloned().flatten().unwrap_or_default();
         Ok(SlaveStatus {
@@ -216,6 +229,14 @@ impl SlaveStatus {
             last_error: s("Last_Error"),
             using_gtid: s("Using_Gtid"),
         })
+    }
+
+    /// Where it replicates from, `host:port`.
+    pub fn source(&self) -> String {
+        match self.master_port {
+            Some(p) => format!("{}:{p}", self.master_host),
+            None => self.master_host.clone(),
+        }
     }
 
     /// Whether both threads run.

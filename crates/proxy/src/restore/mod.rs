@@ -82,6 +82,7 @@ mod plan;
 #[cfg(test)]
 mod tests;
 mod types;
+pub(crate) use types::skip_reason_by_name;
 mod values;
 
 pub use crate::backend::{Executed, OkInfo};

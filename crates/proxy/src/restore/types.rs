@@ -125,22 +125,29 @@ impl VariableTypes {
 /// are replayed: the client could set them with its privileges, the same account can again.
 pub fn skip_reason(name: &str, types: &VariableTypes) -> Option<&'static str> {
     let lower = name.to_ascii_lowercase();
-    if lower.starts_with("session_track_") {
-        return Some("set by holdfast on every backend connection");
-    }
-    match lower.as_str() {
-        "last_insert_id" | "identity" => return Some("restored from the record's last insert id"),
-        "insert_id" | "rand_seed1" | "rand_seed2" | "gtid_seq_no" => {
-            return Some("one-shot value consumed by the next statement")
-        }
-        "pseudo_thread_id" => return Some("names a thread of the old server"),
-        "warning_count" | "error_count" | "in_transaction" | "last_gtid" | "external_user"
-        | "proxy_user" => return Some("read-only"),
-        _ => {}
+    if let Some(why) = skip_reason_by_name(&lower) {
+        return Some(why);
     }
     match types.get(&lower) {
         Some(i) if i.read_only => Some("read-only"),
         Some(i) if i.global_only => Some("global only"),
+        _ => None,
+    }
+}
+
+/// The part of [`skip_reason`] that the (lower-case) name alone decides.
+pub(crate) fn skip_reason_by_name(lower: &str) -> Option<&'static str> {
+    if lower.starts_with("session_track_") {
+        return Some("set by holdfast on every backend connection");
+    }
+    match lower {
+        "last_insert_id" | "identity" => Some("restored from the record's last insert id"),
+        "insert_id" | "rand_seed1" | "rand_seed2" | "gtid_seq_no" => {
+            Some("one-shot value consumed by the next statement")
+        }
+        "pseudo_thread_id" => Some("names a thread of the old server"),
+        "warning_count" | "error_count" | "in_transaction" | "last_gtid" | "external_user"
+        | "proxy_user" => Some("read-only"),
         _ => None,
     }
 }

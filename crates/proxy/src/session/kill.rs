@@ -36,7 +36,7 @@ pub(super) enum KillPlan {
     /// Forwarded (rewritten), marking the session whose connection it ends, if any.
     Forward(Option<KillMark>),
     /// A `KILL QUERY` of a split session's read running on a replica: run there by holdfast
-    /// (the monitor account), the killer answered with OK.
+    /// on a connection of the killer's account, the killer answered with OK.
     OnReplica(Arc<crate::registry::ReplicaRead>),
 }
 

@@ -48,8 +48,8 @@ pub(super) struct Split {
 
 /// One connection of the session to a replica.
 struct Reader {
-    node: String,
-    /// Published in the session's registry entry while a read runs here.
+    /// Its node and server thread, published in the session's registry entry while a read
+    /// runs here.
     read: Arc<crate::registry::ReplicaRead>,
     conn: BackendConn,
     load: Arc<NodeLoad>,
@@ -65,7 +65,7 @@ struct Reader {
 
 impl Drop for Reader {
     fn drop(&mut self) {
-        self.load.closed(self.conn.greeting.connection_id);
+        self.load.closed(self.read.thread);
         // Best effort, without waiting: the server counts a silent close as aborted.
         let _ = self.conn.conn.try_write_now(&[1, 0, 0, 0, COM_QUIT]);
     }
@@ -102,10 +102,10 @@ impl Split {
                 topology
                     .nodes
                     .iter()
-                    .any(|n| n.name == r.node && (!n.draining || pinned == Some(&r.node)))
+                    .any(|n| n.name == r.read.node && (!n.draining || pinned == Some(&r.read.node)))
             });
             if let Some(node) = &self.last_on {
-                if !self.readers.iter().any(|r| &r.node == node) {
+                if !self.readers.iter().any(|r| &r.read.node == node) {
                     self.last_on = None;
                 }
             }
@@ -150,12 +150,12 @@ impl Split {
     }
 
     fn reader(&mut self, node: &str) -> Option<usize> {
-        self.readers.iter().position(|r| r.node == node)
+        self.readers.iter().position(|r| r.read.node == node)
     }
 
     /// Closes the session's connection to `node`.
     fn drop_reader(&mut self, node: &str) {
-        self.readers.retain(|r| r.node != node);
+        self.readers.retain(|r| r.read.node != node);
         if self.last_on.as_deref() == Some(node) {
             self.last_on = None;
         }
@@ -278,7 +278,7 @@ impl Session {
                         let mut close = vec![COM_STMT_CLOSE];
                         close.extend_from_slice(&reader_id.to_le_bytes());
                         if r.conn.conn.write_packet(&close, 0).await.is_err() {
-                            lost.push(r.node.clone());
+                            lost.push(r.read.node.clone());
                         }
                     }
                 }
@@ -364,7 +364,7 @@ impl Session {
             return Ok(ReadOutcome::Primary(request));
         };
         let reader = &mut split.readers[index];
-        let node = reader.node.clone();
+        let node = reader.read.node.clone();
         reader.load.active.fetch_add(1, Ordering::Relaxed);
         reader.load.reads.fetch_add(1, Ordering::Relaxed);
         let active = Active(reader.load.clone());
@@ -435,8 +435,8 @@ impl Session {
         self.shared.metrics.read_fallback("replica_lost");
         if let Some(split) = self.split.as_mut() {
             if let Some(r) = split.readers.get(index) {
-                tracing::info!(session = self.info.id, node = %r.node, error = %why, "replica connection lost; the read runs on the primary");
-                let node = r.node.clone();
+                tracing::info!(session = self.info.id, node = %r.read.node, error = %why, "replica connection lost; the read runs on the primary");
+                let node = r.read.node.clone();
                 split.drop_reader(&node);
             }
         }
@@ -470,7 +470,6 @@ impl Session {
                 address: node.address.clone(),
                 thread: conn.greeting.connection_id,
             }),
-            node: node.name.clone(),
             conn,
             load: node.load.0.clone(),
             // Synced before its first read.
