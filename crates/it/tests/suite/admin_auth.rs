@@ -51,6 +51,16 @@ fn requests_without_the_token_are_refused_and_change_nothing() {
         assert_eq!(a.code, 401, "GET {path}: {a:?}");
         assert!(!a.body.contains("node1"), "{a:?}");
     }
+    // So do the node operations: nothing is removed or reloaded without it.
+    for path in [
+        "/nodes/remove?name=node2&drain_ms=0",
+        "/nodes/add?name=x&address=127.0.0.1:1",
+        "/reload",
+    ] {
+        let a = h.admin_raw("POST", path, &[], None);
+        assert_eq!(a.code, 401, "POST {path}: {a:?}");
+    }
+    assert_eq!(h.shared.members.borrow().len(), 2, "a refused removal ran");
     let a = h.admin_raw("GET", "/health", &[], None);
     assert_eq!(a.code, 200, "{a:?}");
     assert_eq!(a.body, r#"{"status":"ok"}"#);
