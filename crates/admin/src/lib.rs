@@ -200,7 +200,8 @@ async fn get_status(State(shared): State<Arc<Shared>>) -> Json<Status> {
 
 async fn get_metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     let mut text = shared.metrics.render();
-    let nodes = node_metrics(&shared.topology.borrow());
+    let mut nodes = node_metrics(&shared.topology.borrow());
+    nodes.push_str(&ha_metrics(&shared.ha.state()));
     match text.rfind("# EOF") {
         Some(at) => text.insert_str(at, &nodes),
         None => text.push_str(&nodes),
@@ -211,6 +212,20 @@ async fn get_metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
         text,
+    )
+}
+
+/// The HA figures an alert needs (from the controller's state at each scrape).
+fn ha_metrics(h: &HaState) -> String {
+    format!(
+        "# HELP holdfast_failovers_withheld Failovers not done because no replica had applied everything the replicas received (acknowledged writes would be lost)\n\
+         # TYPE holdfast_failovers_withheld counter\n\
+         holdfast_failovers_withheld_total {}\n\
+         # HELP holdfast_failover_withheld 1 while a lost primary is not failed over for that reason (an operator must act)\n\
+         # TYPE holdfast_failover_withheld gauge\n\
+         holdfast_failover_withheld {}\n",
+        h.counters.failovers_withheld,
+        u8::from(h.failover_withheld.is_some())
     )
 }
 
@@ -283,6 +298,8 @@ fn ha_answer<T: Serialize>(result: Result<T, HaError>) -> Response {
         Err(e) => {
             let code = match &e {
                 HaError::Busy(_) => StatusCode::CONFLICT,
+                // Nothing was changed; the operator may force it.
+                e if e.is_withheld() => StatusCode::SERVICE_UNAVAILABLE,
                 e if e.is_refusal() => StatusCode::BAD_REQUEST,
                 _ => StatusCode::INTERNAL_SERVER_ERROR,
             };
@@ -336,14 +353,25 @@ async fn post_switchover(
     ha_answer(shared.switchover(to).await)
 }
 
-async fn post_failover(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
-    #[derive(Default, Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct NoParams {}
-    if let Err(e) = json_body::<NoParams>(&body) {
-        return bad_request(e);
-    }
-    ha_answer(shared.ha.failover().await)
+/// `?force=true` (or `{"force": true}`): promote even when that loses transactions a
+/// replica received; the report names them.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FailoverRequest {
+    force: Option<bool>,
+}
+
+async fn post_failover(
+    State(shared): State<Arc<Shared>>,
+    Query(query): Query<FailoverRequest>,
+    body: Bytes,
+) -> Response {
+    let body: FailoverRequest = match json_body(&body) {
+        Ok(b) => b,
+        Err(e) => return bad_request(e),
+    };
+    let force = query.force.or(body.force).unwrap_or(false);
+    ha_answer(shared.ha.failover(force).await)
 }
 
 async fn post_rejoin(
@@ -648,6 +676,13 @@ pub fn render_ha(h: &HaState, now_unix_ms: u64) -> String {
             let _ = writeln!(o, "    warning: {w}");
         }
     }
+    if let Some(w) = &h.failover_withheld {
+        let _ = writeln!(
+            o,
+            "    FAILOVER WITHHELD ({} attempts): {w}",
+            c.failovers_withheld
+        );
+    }
     if !h.needs_rejoin.is_empty() {
         let _ = writeln!(
             o,
@@ -811,6 +846,7 @@ mod tests {
             watching: Some("node2".into()),
             failed_probes: 0,
             needs_rejoin: vec![],
+            failover_withheld: None,
             semi_sync: Some(holdfast_proxy::ha::durability::SemiSyncState {
                 active: false,
                 primary: Some("node2".into()),

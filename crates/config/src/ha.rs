@@ -86,7 +86,9 @@ pub struct HaConfig {
     /// With commit markers: an autocommit INSERT/UPDATE/DELETE/REPLACE is wrapped in a
     /// transaction with a marker too, so one lost in flight is applied exactly once.
     pub mark_autocommit_writes: bool,
-    /// During failover, how long replicas get to apply what their IO thread received.
+    /// During failover, how long replicas get to apply what their IO thread received. Only
+    /// one that applied everything any replica received is promoted; otherwise the failover
+    /// is withheld (an operator may force it).
     pub relay_apply_timeout_ms: u64,
     /// No second automatic failover within this window.
     pub failover_cooloff_ms: u64,

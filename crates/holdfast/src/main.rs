@@ -144,7 +144,15 @@ enum CtlCommand {
     /// others re-pointed; the lost primary is left out until `holdfast ctl rejoin`. In managed
     /// mode holdfast does this on its own; this command is for when the cool-off holds the
     /// automatic failover back or the detector has not decided yet.
+    ///
+    /// Only a replica that applied every transaction the replicas received is promoted
+    /// (acknowledged writes live in relay logs). When none has, the failover is withheld and
+    /// the answer names the transactions that would be lost; --force promotes the most
+    /// advanced replica anyway, losing exactly those.
     Failover {
+        /// Promote even when that loses transactions a replica received.
+        #[arg(long)]
+        force: bool,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
@@ -458,7 +466,14 @@ async fn ctl(client: &AdminClient, command: CtlCommand) -> Result<()> {
             };
             ha_operation(client, &path, json).await?;
         }
-        CtlCommand::Failover { json } => ha_operation(client, "/failover", json).await?,
+        CtlCommand::Failover { force, json } => {
+            let path = if force {
+                "/failover?force=true"
+            } else {
+                "/failover"
+            };
+            ha_operation(client, path, json).await?
+        }
         CtlCommand::Node(NodeCommand::Add { name, address }) => {
             let path = format!(
                 "/nodes/add?name={}&address={}",
@@ -595,6 +610,7 @@ async fn ha_operation(client: &AdminClient, path: &str, json: bool) -> Result<()
     if !(200..300).contains(&code) {
         let what = match code {
             409 => "busy",
+            503 => "withheld",
             400 | 401 | 403 => "refused",
             _ => "failed",
         };

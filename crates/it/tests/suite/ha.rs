@@ -247,7 +247,7 @@ fn failover_after_kill_then_rejoin() {
         .try_begin(Instant::now())
         .expect("first failover allowed");
     let report = rt
-        .block_on(ha::failover(&cfg, &cfg.backends, "node1", None, &ha))
+        .block_on(ha::failover(&cfg, &cfg.backends, "node1", None, false, &ha))
         .expect("failover");
     let writable = lost_at.elapsed();
     println!(
@@ -310,6 +310,7 @@ fn diverged_node_is_not_rejoined() {
             &cfg.backends,
             "node1",
             Some("node3"),
+            false,
             &ha,
         ))
         .expect("failover");
@@ -332,4 +333,108 @@ fn diverged_node_is_not_rejoined() {
     assert!(status
         .first()
         .is_none_or(|r| r.get("Slave_IO_Running").map(String::as_str) != Some("Yes")));
+}
+
+/// Waits until `replica`'s IO thread has received everything `primary` has in its binlog.
+fn wait_received(primary: &NodeStatus, replica: &NodeStatus) {
+    let want = value(primary, "SELECT @@global.gtid_binlog_pos");
+    wait_for(&format!("{} to receive {want}", replica.name), WAIT, || {
+        let rows = node_sql_maps(replica, "SHOW SLAVE STATUS").ok()?;
+        let io = rows.into_iter().next()?.get("Gtid_IO_Pos")?.clone();
+        (io == want).then_some(())
+    });
+}
+
+/// Issue 18, item 1: a replica whose SQL thread is stopped has the writes the primary
+/// acknowledged in its relay log only. The failover starts the SQL thread and promotes it
+/// once it applied them (before: `RESET SLAVE ALL` deleted the relay log, and the table
+/// and every row with it).
+#[test]
+fn failover_applies_the_relay_log_of_a_stopped_sql_thread() {
+    let (mut lab, cfg, ha, rt) = setup(1);
+    setup_table(&lab, 10);
+    let replica = node(&lab, "node2").clone();
+    sql(&replica, "STOP SLAVE SQL_THREAD");
+    sql(
+        lab.primary(),
+        &format!("CREATE TABLE {DATABASE}.acked (id INT PRIMARY KEY)"),
+    );
+    for i in 1..=200 {
+        sql(
+            lab.primary(),
+            &format!("INSERT INTO {DATABASE}.acked VALUES ({i})"),
+        );
+    }
+    wait_received(lab.primary(), &replica);
+    lab.kill_node("node1").expect("kill node1");
+
+    let report = rt
+        .block_on(ha::failover(&cfg, &cfg.backends, "node1", None, false, &ha))
+        .expect("failover");
+    println!("failover: {}", pretty(&report));
+    assert_eq!(report.new_primary, "node2");
+    assert_eq!(
+        value(&replica, &format!("SELECT COUNT(*) FROM {DATABASE}.acked")),
+        "200",
+        "every acknowledged row is on the new primary"
+    );
+    assert_eq!(value(&replica, "SELECT @@global.read_only"), "0");
+}
+
+/// Issue 18, item 1: a replica that cannot apply what it received (its SQL thread fails on
+/// a row) is not promoted: the failover is withheld, names the transactions that would be
+/// lost, and leaves the replica read-only with its relay log. `force` promotes it anyway
+/// and says what it lost.
+#[test]
+fn failover_is_withheld_when_it_would_lose_received_transactions() {
+    let (mut lab, cfg, mut ha, rt) = setup(1);
+    ha.relay_apply_timeout_ms = 1_000;
+    setup_table(&lab, 10);
+    let replica = node(&lab, "node2").clone();
+    // A row only the replica has: the primary's insert of the same key stops its applier.
+    sql(
+        &replica,
+        &format!(
+            "SET SESSION sql_log_bin=0; SET GLOBAL read_only=OFF; \
+             INSERT INTO {DATABASE}.ha_t VALUES (11, 'replica only'); SET GLOBAL read_only=ON"
+        ),
+    );
+    insert(lab.primary(), 11, 20);
+    wait_received(lab.primary(), &replica);
+    let primary_at = value(lab.primary(), "SELECT @@global.gtid_binlog_pos");
+    lab.kill_node("node1").expect("kill node1");
+
+    let err = rt
+        .block_on(ha::failover(&cfg, &cfg.backends, "node1", None, false, &ha))
+        .expect_err("a failover that loses a received transaction must be withheld");
+    println!("withheld: {err}");
+    assert!(err.is_withheld(), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains(&primary_at),
+        "names what was received: {text}"
+    );
+    assert!(text.contains("1 transaction"), "{text}");
+    assert_eq!(value(&replica, "SELECT @@global.read_only"), "1");
+    let status = node_sql_maps(&replica, "SHOW SLAVE STATUS").expect("status");
+    assert_eq!(
+        status.first().and_then(|r| r.get("Gtid_IO_Pos")).cloned(),
+        Some(primary_at.clone()),
+        "replication (and its relay log) kept"
+    );
+
+    let report = rt
+        .block_on(ha::failover(&cfg, &cfg.backends, "node1", None, true, &ha))
+        .expect("forced failover");
+    println!("forced: {}", pretty(&report));
+    assert_eq!(report.new_primary, "node2");
+    assert!(
+        report
+            .warnings
+            .iter()
+            .any(|w| w.starts_with("forced:") && w.contains("1 transaction")),
+        "{}",
+        pretty(&report)
+    );
+    assert_eq!(value(&replica, "SELECT @@global.read_only"), "0");
 }

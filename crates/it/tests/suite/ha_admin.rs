@@ -325,3 +325,126 @@ fn refused_connections_fail_over_without_waiting_for_the_window() {
     assert_eq!(ha["counters"]["automatic_failovers"], 1, "{ha:#}");
     assert_eq!(port_via_holdfast(&h), port_of(&h, &new_primary));
 }
+
+/// The lab with one replica, waiting until the detector watches node1 and semi-sync runs
+/// (every write through holdfast then waits for the replica's IO thread).
+fn one_replica_lab() -> Harness {
+    let h = Harness::start_with(Options::default().replicas(1).config(|c| {
+        c.ha.durability = holdfast_config::Durability::SemiSync;
+        c.ha.relay_apply_timeout_ms = 1_000;
+    }));
+    wait_for(
+        "the detector to watch node1 with semi-sync on",
+        WAIT,
+        || {
+            let ha = h.status_json()["ha"].clone();
+            (ha["watching"] == "node1" && ha["semi_sync"]["active"] == true).then_some(())
+        },
+    );
+    h
+}
+
+/// 200 acknowledged autocommit inserts through holdfast into `sbtest.acked`.
+fn acked_inserts(h: &Harness) {
+    let inserts: String = (1..=200)
+        .map(|i| format!("INSERT INTO sbtest.acked VALUES ({i});"))
+        .collect();
+    let out = h.mariadb(
+        h.proxy,
+        &[
+            "-e",
+            &format!("CREATE TABLE sbtest.acked (id INT PRIMARY KEY); {inserts}"),
+        ],
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+}
+
+/// Issue 18, item 1, as it was found: the only replica's SQL thread stopped, 200 writes
+/// acknowledged (semi-sync: its IO thread has them), kill -9 of the primary. The automatic
+/// failover starts the SQL thread and promotes the replica once it applied them all (it
+/// used to promote at once and delete the relay log: table and rows gone).
+#[test]
+fn automatic_failover_keeps_writes_a_stopped_sql_thread_had_not_applied() {
+    let mut h = one_replica_lab();
+    let replica = h.node("node2").clone();
+    holdfast_lab::node_sql(&replica, "STOP SLAVE SQL_THREAD").expect("stop SQL thread");
+    acked_inserts(&h);
+    h.lab.kill_node("node1").expect("kill node1");
+    assert_eq!(h.wait_primary_other_than("node1", WAIT), "node2");
+    let out = h.mariadb(
+        h.proxy,
+        &["-N", "-B", "-e", "SELECT COUNT(*) FROM sbtest.acked"],
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(
+        out.stdout.trim(),
+        "200",
+        "acknowledged writes lost: {out:?}"
+    );
+}
+
+/// Issue 18, item 1: when the replica cannot apply what it received (its applier fails on
+/// a row), the automatic failover is withheld (not failed over, not cooled off): `/status`,
+/// `ctl status` and the metrics say so; an operator's `failover --force` promotes it and
+/// names the transactions that were lost.
+#[test]
+fn automatic_failover_is_withheld_then_forced_by_an_operator() {
+    let mut h = one_replica_lab();
+    let replica = h.node("node2").clone();
+    h.root_sql("CREATE TABLE sbtest.acked (id INT PRIMARY KEY)");
+    wait_for("the table on node2", WAIT, || {
+        holdfast_lab::node_sql(&replica, "SELECT COUNT(*) FROM sbtest.acked").ok()
+    });
+    holdfast_lab::node_sql(
+        &replica,
+        "SET SESSION sql_log_bin=0; SET GLOBAL read_only=OFF; \
+         INSERT INTO sbtest.acked VALUES (7); SET GLOBAL read_only=ON",
+    )
+    .expect("a row only the replica has");
+    let out = h.mariadb(h.proxy, &["-e", "INSERT INTO sbtest.acked VALUES (7)"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    h.lab.kill_node("node1").expect("kill node1");
+
+    wait_for("the failover withheld in /status", WAIT, || {
+        let ha = h.status_json()["ha"].clone();
+        (ha["failover_withheld"].is_string() && ha["counters"]["failovers_withheld"].as_u64()? >= 1)
+            .then_some(())
+    });
+    let ha = h.status_json()["ha"].clone();
+    println!("ha while withheld: {ha:#}");
+    assert_eq!(ha["counters"]["failovers"], 0, "{ha:#}");
+    let why = ha["failover_withheld"].as_str().unwrap_or_default();
+    assert!(why.contains("1 transaction"), "{why}");
+    assert!(why.contains("--force"), "{why}");
+    assert_eq!(
+        holdfast_it::metric(&h.metrics(), "holdfast_failover_withheld"),
+        Some(1.0)
+    );
+    let text = holdfast_admin::render_status(&h.status());
+    assert!(text.contains("FAILOVER WITHHELD"), "{text}");
+    let ro = holdfast_lab::node_sql(&replica, "SELECT @@global.read_only").expect("read_only");
+    assert_eq!(ro[0][0], "1", "the replica was not made writable");
+
+    // The operator decides. (The detector may be running an attempt: retry on 409.)
+    let mut answer = (0, String::new());
+    wait_for("a forced failover", WAIT, || {
+        answer = h.admin_post("/failover?force=true", None);
+        (answer.0 != 409).then_some(())
+    });
+    assert_eq!(answer.0, 200, "{}", answer.1);
+    let report = json(&answer.1);
+    println!("forced: {report:#}");
+    assert!(
+        report["warnings"].as_array().is_some_and(|w| w
+            .iter()
+            .any(|w| w.as_str().is_some_and(|w| w.starts_with("forced:")))),
+        "{report:#}"
+    );
+    assert_eq!(h.wait_primary_other_than("node1", WAIT), "node2");
+    let ha = h.status_json()["ha"].clone();
+    assert!(ha["failover_withheld"].is_null(), "{ha:#}");
+    assert_eq!(
+        holdfast_it::metric(&h.metrics(), "holdfast_failover_withheld"),
+        Some(0.0)
+    );
+}

@@ -85,6 +85,10 @@ pub struct HaCounters {
     /// Operations that failed on the servers. Refusals are not counted: busy and external
     /// mode leave no trace, an unknown node or "already the primary" show in `last` only.
     pub failed_operations: u64,
+    /// Failovers not done because no replica had applied everything the replicas received
+    /// (acknowledged writes would have been lost); each attempt counts.
+    #[serde(default)]
+    pub failovers_withheld: u64,
 }
 
 /// What `/status` shows about HA.
@@ -100,6 +104,10 @@ pub struct HaState {
     pub failed_probes: u32,
     /// Nodes a failover left out; bring each back with `rejoin`.
     pub needs_rejoin: Vec<String>,
+    /// Set while a lost primary is not failed over because that would lose transactions
+    /// the replicas received (what and why); cleared by the next switchover or failover.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failover_withheld: Option<String>,
     /// With `durability = "semi-sync"`: whether the primary runs it now, and its fallbacks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub semi_sync: Option<super::durability::SemiSyncState>,
@@ -115,6 +123,7 @@ impl HaState {
             watching: None,
             failed_probes: 0,
             needs_rejoin: Vec::new(),
+            failover_withheld: None,
             semi_sync: None,
         }
     }
@@ -127,10 +136,12 @@ struct Ops {
 
 enum Request {
     Switchover(Option<String>),
-    /// `lost: None`: the primary the detector watches (manual failover).
+    /// `lost: None`: the primary the detector watches (manual failover). `force`: promote
+    /// even when that loses transactions a replica received (operators only).
     Failover {
         lost: Option<String>,
         automatic: bool,
+        force: bool,
     },
     Rejoin(String),
 }
@@ -271,12 +282,16 @@ impl HaController {
 
     /// Failover away from the primary the detector watches (which must be down; the
     /// replicas must confirm unless `ha.require_replica_confirmation = false`). An operator
-    /// failover ignores the cool-off but starts a new one (unless it was refused).
-    pub async fn failover(self: &Arc<Self>) -> Result<FailoverReport, HaError> {
+    /// failover ignores the cool-off but starts a new one (unless it was refused). Without
+    /// `force` it is withheld, as an automatic one, when no replica has applied everything
+    /// the replicas received; with `force` the most advanced replica is promoted anyway and
+    /// the report says which transactions were lost.
+    pub async fn failover(self: &Arc<Self>, force: bool) -> Result<FailoverReport, HaError> {
         let permit = self.try_acquire()?;
         let req = Request::Failover {
             lost: None,
             automatic: false,
+            force,
         };
         match self.run_op(permit, req).await? {
             Report::Failover(r) => Ok(r),
@@ -369,7 +384,11 @@ impl HaController {
             Request::Switchover(target) => switchover(cfg, &self.backends(), target.as_deref(), ha)
                 .await
                 .map(Report::Switchover),
-            Request::Failover { lost, automatic } => {
+            Request::Failover {
+                lost,
+                automatic,
+                force,
+            } => {
                 let lost = match lost {
                     Some(l) => l,
                     None => self.failover_source()?,
@@ -378,10 +397,11 @@ impl HaController {
                 if automatic {
                     ops.guard.check(now)?;
                 }
-                let result = failover(cfg, &self.backends(), &lost, None, ha).await;
+                let result = failover(cfg, &self.backends(), &lost, None, force, ha).await;
                 // A refusal (the primary answers after all) changed nothing: no cool-off.
-                // Anything else starts one, a failed attempt included.
-                if !matches!(&result, Err(e) if e.is_refusal()) {
+                // Neither did a withheld failover, which the detector must try again (a
+                // replica may catch up). Anything else starts one, a failed attempt included.
+                if !matches!(&result, Err(e) if e.is_refusal() || e.is_withheld()) {
                     ops.guard.record(now);
                 }
                 result.map(Report::Failover)
@@ -445,11 +465,13 @@ impl HaController {
             match result {
                 Ok(Report::Switchover(r)) => {
                     s.counters.switchovers += 1;
+                    s.failover_withheld = None;
                     s.watching = Some(r.new_primary.clone());
                     s.failed_probes = 0;
                 }
                 Ok(Report::Failover(r)) => {
                     s.counters.failovers += 1;
+                    s.failover_withheld = None;
                     if automatic {
                         s.counters.automatic_failovers += 1;
                     }
@@ -464,6 +486,10 @@ impl HaController {
                 Ok(Report::Rejoin(r)) => {
                     s.counters.rejoins += 1;
                     s.needs_rejoin.retain(|n| *n != r.node);
+                }
+                Err(e) if e.is_withheld() => {
+                    s.counters.failovers_withheld += 1;
+                    s.failover_withheld = Some(e.to_string());
                 }
                 Err(e) if !e.is_refusal() => s.counters.failed_operations += 1,
                 Err(_) => {}
@@ -626,6 +652,7 @@ impl HaController {
             let req = Request::Failover {
                 lost: Some(node.name.clone()),
                 automatic: true,
+                force: false,
             };
             match self.run_op(permit, req).await {
                 Ok(Report::Failover(r)) => {
@@ -638,6 +665,9 @@ impl HaController {
                     }
                 }
                 Ok(_) => {}
+                Err(e) if e.is_withheld() => {
+                    tracing::error!(node = %node.name, error = %e, "ha: automatic failover withheld; trying again while the primary stays lost");
+                }
                 Err(e) => {
                     tracing::error!(node = %node.name, error = %e, cooloff = ?ha.failover_cooloff(), "ha: automatic failover failed; no new attempt before the cool-off ends");
                 }

@@ -149,6 +149,27 @@ impl GtidPos {
         GtidPos { by_domain }
     }
 
+    /// Per domain, the transactions this position has beyond `have`: what a node at `have`
+    /// lacks of `self`, as one line a person can act on (`domain 0: 0-1-201 .. 0-1-400, 200
+    /// transactions`). Empty when `have` contains `self`.
+    pub fn missing_from(&self, have: &GtidPos) -> Vec<String> {
+        self.by_domain
+            .iter()
+            .filter_map(|(d, want)| {
+                let from = have.by_domain.get(d).map_or(0, |g| g.seq);
+                (want.seq > from).then(|| {
+                    format!(
+                        "domain {d}: {d}-{}-{} .. {want}, {} transaction{}",
+                        want.server,
+                        from + 1,
+                        want.seq - from,
+                        if want.seq - from == 1 { "" } else { "s" }
+                    )
+                })
+            })
+            .collect()
+    }
+
     /// Transactions this position has that `reference` provably lacks: domains where this
     /// position is further, or where both stop at the same sequence number written by
     /// different servers (two different transactions). A node with such GTIDs has diverged
@@ -178,6 +199,23 @@ mod tests {
 
     fn p(s: &str) -> GtidPos {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn missing_transactions_are_named_per_domain() {
+        let received = p("0-1-400,1-2-7");
+        assert!(received.missing_from(&p("0-1-400,1-2-9")).is_empty());
+        assert_eq!(
+            received.missing_from(&p("0-1-200,1-2-7")),
+            vec!["domain 0: 0-1-201 .. 0-1-400, 200 transactions".to_string()]
+        );
+        assert_eq!(
+            received.missing_from(&p("0-1-399")),
+            vec![
+                "domain 0: 0-1-400 .. 0-1-400, 1 transaction".to_string(),
+                "domain 1: 1-2-1 .. 1-2-7, 7 transactions".to_string()
+            ]
+        );
     }
 
     #[test]

@@ -37,6 +37,7 @@ pub mod gtid;
 pub mod markers;
 pub mod ops;
 pub mod probe;
+mod relay;
 
 pub use detect::{
     detect_primary_loss, find_writable, FailoverGuard, LossDetector, LossReport, LossVerdict,
@@ -107,6 +108,16 @@ pub enum HaError {
         reached: GtidPos,
         after: Duration,
     },
+    /// No replica has applied every transaction the replicas received from the lost
+    /// primary (acknowledged writes among them): an automatic failover would throw them
+    /// away, so it is withheld until one catches up or an operator forces it.
+    #[error("failover from {lost} withheld: no replica has applied all it received ({received}); {detail}; bring a replica's SQL thread up to date, or run `holdfast ctl failover --force` to promote anyway")]
+    WouldLoseWrites {
+        lost: String,
+        received: GtidPos,
+        detail: String,
+        warnings: Vec<String>,
+    },
     #[error("{node} has diverged from the primary and was not rejoined: {detail}")]
     Diverged { node: String, detail: String },
     #[error("a failover ran {since:?} ago; the next is allowed in {remaining:?}")]
@@ -135,6 +146,11 @@ impl HaError {
                 if matches!(&**source, BackendError::Connect { source, .. }
                     if source.kind() == std::io::ErrorKind::ConnectionRefused)
         )
+    }
+
+    /// A failover not done because it would lose transactions a replica received.
+    pub fn is_withheld(&self) -> bool {
+        matches!(self, HaError::WouldLoseWrites { .. })
     }
 
     /// Whether the request itself was wrong or not applicable now (as opposed to the

@@ -3,6 +3,7 @@
 use super::detect::{find_writable, replicas_confirm_loss};
 use super::gtid::GtidPos;
 use super::probe::{probe_all, NodeReplication, NodeSession};
+use super::relay;
 use super::{split_address, HaConfig, HaError};
 use crate::backend::BackendError;
 use crate::config::{BackendConfig, Config, Durability};
@@ -202,8 +203,22 @@ fn most_advanced<'a>(
 impl NodeSession {
     /// Makes this node a writable primary: replication stopped and forgotten; with
     /// semi-sync, its commits wait for a replica's acknowledgement from the first one.
-    async fn promote(&mut self, ha: &HaConfig) -> Result<(), HaError> {
+    ///
+    /// `must_have` is checked once replication is stopped, before `RESET SLAVE ALL` deletes
+    /// the relay log: a node that lacks part of it is not promoted (replication restarts).
+    async fn promote(&mut self, ha: &HaConfig, must_have: &GtidPos) -> Result<(), HaError> {
         self.exec("STOP SLAVE").await?;
+        let has = self.replication().await?.executed();
+        if !has.contains(must_have) {
+            let _ = self.exec("START SLAVE").await;
+            return Err(HaError::Unexpected {
+                node: self.name.clone(),
+                detail: format!(
+                    "not promoted: at {has} once stopped, which lacks {}",
+                    must_have.missing_from(&has).join("; ")
+                ),
+            });
+        }
         self.exec("RESET SLAVE ALL").await?;
         if ha.durability == Durability::SemiSync {
             self.exec(&super::durability::enable_primary_side(ha))
@@ -462,7 +477,7 @@ pub async fn switchover(
     t.mark("catchup");
 
     // 3. Promote.
-    if let Err(e) = target_s.promote(ha).await {
+    if let Err(e) = target_s.promote(ha, &fenced_at).await {
         // Not writable: put things back as they were, as far as possible.
         tracing::error!(node = %target_cfg.name, error = %e, "ha: promotion failed; rolling back");
         let _ = target_s.exec("SET GLOBAL read_only=ON").await;
@@ -544,15 +559,19 @@ async fn unfence(s: &mut NodeSession) {
 /// Unplanned failover away from `lost` (which must be unreachable).
 ///
 /// The replicas must confirm the loss (their IO thread is not connected) when
-/// `ha.require_replica_confirmation`; each replica then gets `relay_apply_timeout` to
-/// apply what its IO thread already received; the most advanced one (`prefer` among
-/// equals) is promoted and the others re-pointed. `lost` is left out: bring it back with
+/// `ha.require_replica_confirmation`. Then the replicas apply what their IO threads
+/// received (a stopped SQL thread is started), for up to `relay_apply_timeout`: only a
+/// replica that applied every transaction any replica received is promoted (`prefer`
+/// among equals) and the others re-pointed. When none gets there, nothing is promoted
+/// ([`HaError::WouldLoseWrites`] names what would be lost) unless `force`, which promotes
+/// the most advanced and says what it lost. `lost` is left out: bring it back with
 /// [`rejoin`].
 pub async fn failover(
     cfg: &Config,
     nodes: &[BackendConfig],
     lost: &str,
     prefer: Option<&str>,
+    force: bool,
     ha: &HaConfig,
 ) -> Result<FailoverReport, HaError> {
     let mut t = Timer::new();
@@ -580,7 +599,8 @@ pub async fn failover(
     };
     t.mark("confirm");
 
-    // Let every replica apply what it received.
+    // Let every replica apply what it received: only one that applied everything any
+    // replica received may become writable (its relay log goes with RESET SLAVE ALL).
     let replicas: Vec<&NodeReplication> = probes
         .iter()
         .filter(|p| {
@@ -595,54 +615,50 @@ pub async fn failover(
             "no reachable replica of {lost}"
         )));
     }
-    for r in &replicas {
-        let Some(s) = &r.slave else { continue };
-        if s.sql_running != "Yes" {
-            warnings.push(format!(
-                "{}: SQL thread not running ({}), relay log not applied",
-                r.name, s.last_error
-            ));
-            continue;
-        }
-        let applied = async {
-            let n = find(nodes, &r.name)?;
-            let mut sess = NodeSession::connect(cfg, n, ha.statement_timeout()).await?;
-            sess.wait_gtid(&s.gtid_io_pos, ha.relay_apply_timeout())
-                .await
-        }
-        .await;
-        match applied {
-            Ok(true) => {}
-            Ok(false) => warnings.push(format!(
-                "{} did not apply its relay log up to {} within {:?}",
-                r.name,
-                s.gtid_io_pos,
-                ha.relay_apply_timeout()
-            )),
-            Err(e) => warnings.push(format!("{}: waiting for the relay log: {e}", r.name)),
-        }
-    }
+    let applied = relay::apply_received(
+        cfg,
+        nodes,
+        &replicas,
+        ha.relay_apply_timeout(),
+        ha.statement_timeout(),
+    )
+    .await;
+    warnings.extend(applied.warnings.iter().cloned());
     t.mark("relay_apply");
 
-    // Choose on fresh positions.
-    let names: Vec<BackendConfig> = replicas
-        .iter()
-        .filter_map(|r| find(nodes, &r.name).ok().cloned())
-        .collect();
-    let fresh = probe_all(cfg, &names, ha.statement_timeout()).await;
-    let candidates: Vec<&NodeReplication> = fresh.iter().filter(|p| p.reachable).collect();
-    let chosen = most_advanced(&candidates, prefer, &mut warnings)
-        .ok_or_else(|| HaError::NoCandidate("every replica became unreachable".into()))?;
-    let positions: Vec<(String, GtidPos)> = candidates
+    let complete = applied.complete();
+    let reachable: Vec<&NodeReplication> = applied.replicas.iter().collect();
+    let chosen = match most_advanced(&complete, prefer, &mut warnings) {
+        Some(c) => c,
+        None => {
+            let best = most_advanced(&reachable, prefer, &mut Vec::new());
+            let refusal = relay::would_lose(lost, &applied, best);
+            match best {
+                Some(b) if force => {
+                    let lose = applied.received.missing_from(&b.executed());
+                    tracing::error!(lost = %lost, new = %b.name, would_lose = ?lose, "ha: forced failover promotes a replica that lacks transactions the replicas received");
+                    warnings.push(format!(
+                        "forced: {} was promoted without {}",
+                        b.name,
+                        lose.join("; ")
+                    ));
+                    b
+                }
+                _ => return Err(refusal),
+            }
+        }
+    };
+    let positions: Vec<(String, GtidPos)> = reachable
         .iter()
         .map(|c| (c.name.clone(), c.executed()))
         .collect();
+    let must_have = chosen.executed();
     let new_cfg = find(nodes, &chosen.name)?.clone();
-    tracing::warn!(lost = %lost, new = %new_cfg.name, position = %chosen.executed(), "ha: failover promoting");
+    tracing::warn!(lost = %lost, new = %new_cfg.name, position = %must_have, "ha: failover promoting");
     t.mark("choose");
 
     let mut s = NodeSession::connect(cfg, &new_cfg, ha.statement_timeout()).await?;
-    s.promote(ha).await?;
+    s.promote(ha, &must_have).await?;
     let promoted_at = s.replication().await?.gtid_binlog_pos;
     t.mark("promote");
 
