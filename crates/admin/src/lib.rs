@@ -60,6 +60,10 @@ pub struct Status {
 #[derive(Debug, Serialize, Deserialize)]
 pub struct TopologyView {
     pub primary: Option<String>,
+    /// No node is writable and the primary was made read-only by an operator: sessions
+    /// stay on it and writes get the server's error.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only_primary: bool,
     pub nodes: Vec<NodeView>,
 }
 
@@ -122,6 +126,7 @@ fn topology_view(t: &Topology) -> TopologyView {
             .primary
             .and_then(|i| t.nodes.get(i))
             .map(|n| n.name.clone()),
+        read_only_primary: t.read_only_primary,
         nodes: t
             .nodes
             .iter()
@@ -540,8 +545,13 @@ pub fn render_status(s: &Status) -> String {
     );
     let _ = writeln!(
         o,
-        "primary: {}",
-        s.topology.primary.as_deref().unwrap_or("(none)")
+        "primary: {}{}",
+        s.topology.primary.as_deref().unwrap_or("(none)"),
+        if s.topology.read_only_primary {
+            " (READ-ONLY: no node is writable; writes get the server's error)"
+        } else {
+            ""
+        }
     );
     o.push_str(&render_ha(&s.ha, unix_ms_now()));
     if let Some(v) = &s.serverless {

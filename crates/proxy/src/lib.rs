@@ -347,6 +347,7 @@ impl Proxy {
             shared.members.subscribe(),
             shared.ha.topology_nudge(),
             shared.serverless.clone(),
+            shared.switching.subscribe(),
         ));
         tokio::spawn(shared.ha.clone().run());
         tokio::spawn(shared.ha.clone().keep_durability());

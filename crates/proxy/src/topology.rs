@@ -166,8 +166,16 @@ impl Serialize for LoadRef {
 #[derive(Debug, Clone, Serialize, Default, PartialEq, Eq)]
 pub struct Topology {
     pub nodes: Vec<NodeState>,
-    /// Index into `nodes` of the writable node, if one is known.
+    /// Index into `nodes` of the primary, if one is known: the writable node, or the
+    /// [`Topology::read_only_primary`].
     pub primary: Option<usize>,
+    /// The primary is read-only: no node is writable and an operator made the primary
+    /// read-only (`SET GLOBAL read_only=1` on the only server, say). That is no failover:
+    /// sessions stay and logins go on, reads work and writes get the server's own 1290.
+    /// Only a reachable node that replicates from nobody is taken for one, and only while no
+    /// switchover runs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only_primary: bool,
     /// Whether the monitor has completed at least one round.
     pub observed: bool,
 }
@@ -203,6 +211,7 @@ impl Topology {
                 )
                 .collect(),
             primary: None,
+            read_only_primary: false,
             observed: false,
         }
     }
@@ -251,7 +260,10 @@ pub async fn run_monitor(
     mut members: watch::Receiver<Arc<Vec<Member>>>,
     nudge: Arc<Notify>,
     gate: Option<Arc<Lifecycle>>,
+    switching: watch::Receiver<bool>,
 ) {
+    // The node that was the only read-only root in the last round (see `choose_primary`).
+    let mut root_before: Option<String> = None;
     let mut conns: std::collections::HashMap<String, BackendConn> = Default::default();
     let mut loads: std::collections::HashMap<String, LoadRef> = Default::default();
     let mut ticker = tokio::time::interval(MONITOR_INTERVAL);
@@ -305,14 +317,23 @@ pub async fn run_monitor(
                 Err(e) => node.last_error = Some(e),
             }
         }
-        topo.primary = topo
-            .nodes
-            .iter()
-            .position(|n| n.reachable && n.read_only == Some(false));
-        log_read_changes(&tx.borrow(), &topo);
-        let changed = tx.borrow().primary != topo.primary;
+        let previous = tx.borrow().clone();
+        let (primary, read_only_primary) = choose_primary(
+            &topo.nodes,
+            &previous,
+            *switching.borrow(),
+            &mut root_before,
+        );
+        topo.primary = primary;
+        topo.read_only_primary = read_only_primary;
+        log_read_changes(&previous, &topo);
+        let changed = previous.primary != topo.primary
+            || previous.read_only_primary != topo.read_only_primary;
         if changed {
             match topo.primary_node() {
+                Some(p) if read_only_primary => {
+                    tracing::warn!(node = %p.name, address = %p.address, "primary is read-only (no node is writable, it replicates from nobody): sessions stay, writes get the server's error")
+                }
                 Some(p) => tracing::info!(node = %p.name, address = %p.address, "primary is now"),
                 None => tracing::warn!("no writable node found"),
             }
@@ -320,6 +341,50 @@ pub async fn run_monitor(
         if *tx.borrow().as_ref() != topo {
             tx.send_replace(Arc::new(topo));
         }
+    }
+}
+
+/// Which node is the primary, and whether it is read-only.
+///
+/// A reachable writable node is. Failing that, and unless a switchover runs (`switching`:
+/// its old primary is read-only for a moment on purpose), a read-only primary: the one
+/// reachable node that replicates from nobody (the root of the replication tree; replicas
+/// of a lost primary still name it), if it was the primary in the last round (an operator
+/// set `read_only` on it) or was that root in the last round too (holdfast started on a
+/// read-only server: one round more to be sure it is not a promotion half done).
+pub(crate) fn choose_primary(
+    nodes: &[NodeState],
+    previous: &Topology,
+    switching: bool,
+    root_before: &mut Option<String>,
+) -> (Option<usize>, bool) {
+    if let Some(i) = nodes
+        .iter()
+        .position(|n| n.reachable && n.read_only == Some(false))
+    {
+        *root_before = None;
+        return (Some(i), false);
+    }
+    let mut roots = nodes.iter().enumerate().filter(|(_, n)| {
+        n.reachable && n.read_only == Some(true) && n.replication.is_none() && !n.draining
+    });
+    let root = match (roots.next(), roots.next()) {
+        (Some((i, n)), None) => Some((i, n.name.clone())),
+        _ => None,
+    };
+    let last_root = std::mem::replace(root_before, root.as_ref().map(|(_, n)| n.clone()));
+    let Some((i, name)) = root else {
+        return (None, false);
+    };
+    if switching {
+        return (None, false);
+    }
+    let was_primary =
+        previous.primary.is_some() && previous.primary_node().is_some_and(|p| p.name == name);
+    if was_primary || last_root.as_deref() == Some(name.as_str()) {
+        (Some(i), true)
+    } else {
+        (None, false)
     }
 }
 
@@ -411,4 +476,103 @@ async fn probe(cfg: &Config, addr: &str, slot: &mut Option<BackendConn>) -> Resu
         autocommit: flag(2),
         replication,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, reachable: bool, read_only: bool, replicates: bool) -> NodeState {
+        let mut t = Topology::of_members(&[Member {
+            backend: BackendConfig {
+                name: name.into(),
+                address: format!("127.0.0.1:{}", 3000 + name.len()),
+                proxy_protocol: false,
+            },
+            draining: false,
+        }]);
+        let mut n = t.nodes.remove(0);
+        n.reachable = reachable;
+        n.read_only = reachable.then_some(read_only);
+        n.replication = replicates.then(|| ReplicaHealth {
+            io_running: true,
+            sql_running: true,
+            lag_ms: Some(0),
+            source: "127.0.0.1:1".into(),
+            error: String::new(),
+        });
+        n
+    }
+
+    fn topology(nodes: Vec<NodeState>, primary: Option<usize>) -> Topology {
+        Topology {
+            nodes,
+            primary,
+            read_only_primary: false,
+            observed: true,
+        }
+    }
+
+    #[test]
+    fn a_primary_made_read_only_stays_the_primary() {
+        let before = topology(
+            vec![node("a", true, false, false), node("b", true, true, true)],
+            Some(0),
+        );
+        let now = vec![node("a", true, true, false), node("b", true, true, true)];
+        let mut root = None;
+        assert_eq!(
+            choose_primary(&now, &before, false, &mut root),
+            (Some(0), true)
+        );
+        // Not while a switchover runs: its old primary is read-only on purpose.
+        let mut root = None;
+        assert_eq!(
+            choose_primary(&now, &before, true, &mut root),
+            (None, false)
+        );
+        // A writable node wins.
+        let now = vec![node("a", true, true, false), node("b", true, false, false)];
+        assert_eq!(
+            choose_primary(&now, &before, false, &mut root),
+            (Some(1), false)
+        );
+    }
+
+    #[test]
+    fn a_lost_primary_is_not_replaced_by_a_replica() {
+        let before = topology(
+            vec![node("a", true, false, false), node("b", true, true, true)],
+            Some(0),
+        );
+        // The replicas still replicate (from the lost primary): no root, hold.
+        let now = vec![node("a", false, false, false), node("b", true, true, true)];
+        let mut root = None;
+        assert_eq!(
+            choose_primary(&now, &before, false, &mut root),
+            (None, false)
+        );
+    }
+
+    #[test]
+    fn a_read_only_server_at_start_is_the_primary_from_the_second_round() {
+        let start = topology(vec![node("a", false, false, false)], None);
+        let now = vec![node("a", true, true, false)];
+        let mut root = None;
+        assert_eq!(
+            choose_primary(&now, &start, false, &mut root),
+            (None, false)
+        );
+        assert_eq!(
+            choose_primary(&now, &start, false, &mut root),
+            (Some(0), true)
+        );
+        // Two roots (a promotion half done elsewhere): neither.
+        let two = vec![node("a", true, true, false), node("b", true, true, false)];
+        let mut root = Some("a".to_string());
+        assert_eq!(
+            choose_primary(&two, &start, false, &mut root),
+            (None, false)
+        );
+    }
 }

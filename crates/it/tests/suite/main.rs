@@ -22,6 +22,7 @@ mod nodes;
 mod parity;
 mod passwords;
 mod python;
+mod read_only;
 mod replay;
 mod restore;
 mod rust_client;

@@ -432,6 +432,13 @@ impl Session {
         self.shared.metrics.move_latency.observe(elapsed);
     }
 
+    /// Whether the topology takes `node` for a primary an operator made read-only (a
+    /// session may move there: its writes get the server's error, as they would directly).
+    fn is_read_only_primary(&self, node: &str) -> bool {
+        let t = self.topology.borrow();
+        t.read_only_primary && t.primary_node().is_some_and(|p| p.name == node)
+    }
+
     /// Logs in on `node`, checks it is writable, restores the session state and prepares
     /// the session's statements again.
     async fn open_restored(&mut self, node: &NodeState) -> Result<BackendConn, MoveError> {
@@ -452,6 +459,7 @@ impl Session {
             .flatten()
             .as_deref()
             != Some("0")
+            && !self.is_read_only_primary(&node.name)
         {
             return Err(MoveError::Retry(NotReady::ReadOnly(node.name.clone())));
         }
