@@ -130,6 +130,22 @@ impl SessionRecord {
         }
     }
 
+    /// Whether the session holds server-side state besides an open transaction (a
+    /// temporary table, a table or named lock, an XA transaction, a cursor, long data), or
+    /// holdfast cannot know (no trackers). Nothing may then be added to what the client
+    /// sends: a `BEGIN` of an autocommit wrap releases `LOCK TABLES`, a marker write fails
+    /// under them, and the state cannot follow the session to another node anyway, so a
+    /// marker would recover nothing.
+    pub fn holds_server_state(&self) -> bool {
+        self.temporary_tables
+            || self.table_locks
+            || self.named_locks
+            || self.xa
+            || self.open_cursors > 0
+            || self.pending_long_data
+            || self.untracked
+    }
+
     /// State that died with a lost backend and cannot be recreated on another node (an open
     /// transaction is not here: it is rolled back and the client told so).
     pub fn lost_with_backend(&self) -> Option<Blocker> {

@@ -271,3 +271,56 @@ fn markers_are_written_for_writes_only_and_autocommit_ones_can_be_left_out() {
         assert_eq!(in_trx, Some(0));
     }
 }
+
+/// `sql` on a direct connection to `node` with a 1 s lock wait: `Some(code)` of its error.
+fn blocked_read(node: &NodeStatus, sql: &str) -> Option<String> {
+    node_sql(node, &format!("SET SESSION lock_wait_timeout = 1; {sql}"))
+        .err()
+        .map(|e| format!("{e:#}"))
+}
+
+/// Issue 18, item 2: with markers on, a write under `LOCK TABLES` is not wrapped (the
+/// wrap's `BEGIN` released the locks: another session read the table at once), nor a
+/// COMMIT marked while table locks are held (`autocommit=0`: the marker write fails there,
+/// 1100). Another session waits for the lock, as it does directly (1205 after
+/// lock_wait_timeout).
+#[test]
+fn writes_under_lock_tables_are_neither_wrapped_nor_marked() {
+    let h = cluster();
+    let primary_node = h.node(&primary(&h)).clone();
+    h.root_sql("CREATE TABLE sbtest.lt (a INT PRIMARY KEY)");
+    let mut c = connect(&h);
+    c.query_drop("LOCK TABLES lt WRITE").unwrap();
+    c.query_drop("INSERT INTO lt VALUES (1)").unwrap();
+    let err = blocked_read(&primary_node, "SELECT COUNT(*) FROM sbtest.lt")
+        .expect("the table is still locked: another session waits");
+    assert!(err.contains("1205"), "{err}");
+    c.query_drop("UNLOCK TABLES").unwrap();
+
+    // autocommit=0: the COMMIT does not release table locks, and gets no marker.
+    let markers_before =
+        node_sql_value(&primary_node, "SELECT COUNT(*) FROM holdfast.commit_marker").unwrap();
+    c.query_drop("SET autocommit = 0").unwrap();
+    c.query_drop("LOCK TABLES lt WRITE").unwrap();
+    c.query_drop("INSERT INTO lt VALUES (2)").unwrap();
+    c.query_drop("COMMIT").unwrap();
+    let err = blocked_read(&primary_node, "SELECT COUNT(*) FROM sbtest.lt")
+        .expect("still locked after COMMIT");
+    assert!(err.contains("1205"), "{err}");
+    c.query_drop("UNLOCK TABLES").unwrap();
+    c.query_drop("SET autocommit = 1").unwrap();
+    let rows: u32 = c.query_first("SELECT COUNT(*) FROM lt").unwrap().unwrap();
+    assert_eq!(rows, 2);
+    assert_eq!(
+        node_sql_value(&primary_node, "SELECT COUNT(*) FROM holdfast.commit_marker").unwrap(),
+        markers_before,
+        "no marker was written under table locks"
+    );
+    // The session still marks its writes afterwards (no marker was refused).
+    c.query_drop("INSERT INTO lt VALUES (3)").unwrap();
+    assert_ne!(
+        node_sql_value(&primary_node, "SELECT COUNT(*) FROM holdfast.commit_marker").unwrap(),
+        markers_before,
+        "markers go on once the locks are released"
+    );
+}

@@ -90,10 +90,12 @@ impl Session {
         self.markers.txn_writes |= flags.is_some_and(writes_data);
     }
 
-    /// Whether this COMMIT goes out behind a marker.
+    /// Whether this COMMIT goes out behind a marker (never while the session holds state
+    /// a marker write would disturb or that dies with the backend anyway).
     pub(super) fn marks_commit(&self, sql: &[u8], flags: C, in_transaction: bool) -> bool {
         in_transaction
             && self.markers.txn_writes
+            && !self.record.holds_server_state()
             && !self.markers.refused
             && self.shared.commit_markers_ready.load(Ordering::Acquire)
             && plain_commit(sql, flags)
@@ -126,7 +128,8 @@ impl Session {
 
     /// Whether an autocommit statement goes out wrapped in a transaction with a marker: a
     /// single `INSERT`, `UPDATE`, `DELETE` or `REPLACE` (without `RETURNING`: its answer is
-    /// one OK or ERR) outside a transaction, with autocommit on.
+    /// one OK or ERR) outside a transaction, with autocommit on, while the session holds no
+    /// server-side state (`BEGIN` would release its `LOCK TABLES`).
     pub(super) fn wraps_autocommit(
         &self,
         sql: &[u8],
@@ -142,6 +145,7 @@ impl Session {
             .union(C::SHUTDOWN);
         let execute = request.get(frame::HEADER_LEN) == Some(&COM_STMT_EXECUTE);
         !in_transaction
+            && !self.record.holds_server_state()
             && self.shared.config.ha.mark_autocommit_writes
             && self.record.status & SERVER_STATUS_AUTOCOMMIT != 0
             && (!execute
@@ -232,7 +236,10 @@ impl Session {
             answers.push(p.payload);
         }
         let [begin, statement, _, commit] = [&answers[0], &answers[1], &answers[2], &answers[3]];
-        let tracks = self.capabilities & CLIENT_SESSION_TRACK != 0;
+        // The backend's OKs are read as the backend sends them (holdfast's session-mode
+        // connections always have CLIENT_SESSION_TRACK, whatever the client has);
+        // `client_ok` writes the client's.
+        let tracks = true;
         let malformed = |e| End::Protocol(format!("backend sent a malformed OK: {e}"));
         let failed = [begin, commit]
             .into_iter()
@@ -241,16 +248,22 @@ impl Session {
             // The statement did not commit: the client gets why.
             Some(err) => err.to_vec(),
             None => {
-                let after = OkPacket::parse(commit, tracks).map_err(malformed)?.status;
+                let commit_ok = OkPacket::parse(commit, tracks).map_err(malformed)?;
+                let after = commit_ok.status;
                 let answer = match statement.first() {
                     Some(0xff) => statement.to_vec(),
                     _ => {
                         let ok = OkPacket::parse(statement, tracks).map_err(malformed)?;
-                        self.client_ok(&ok, after)
+                        self.client_ok(&ok, after, commit_ok.session_state)
                     }
                 };
-                // The session's status is the one after the COMMIT.
+                // The session's status is the one after the COMMIT, and so is its tracked
+                // state: the COMMIT reports the write's GTID (`last_gtid`), which a read on
+                // a replica must wait for.
                 self.record.status = after;
+                if !commit_ok.session_state.is_empty() {
+                    self.record.apply_session_state(commit_ok.session_state);
+                }
                 answer
             }
         };
@@ -274,8 +287,10 @@ impl Session {
 
     /// The client's OK for a statement whose transaction holdfast committed: the
     /// statement's counts, the status after the commit (its plan flags kept), the session
-    /// state the client's own trackers would report. The record follows the statement.
-    fn client_ok(&mut self, ok: &OkPacket<'_>, status_after: u16) -> Vec<u8> {
+    /// state the client's own trackers would report (the statement's, then the COMMIT's
+    /// `commit_state`: a direct autocommit write reports both in its one OK). The record
+    /// follows the statement.
+    fn client_ok(&mut self, ok: &OkPacket<'_>, status_after: u16, commit_state: &[u8]) -> Vec<u8> {
         const PLAN: u16 =
             SERVER_STATUS_NO_GOOD_INDEX_USED | SERVER_STATUS_NO_INDEX_USED | SERVER_QUERY_WAS_SLOW;
         super::forward::observe_ok(&mut self.record, ok);
@@ -285,6 +300,7 @@ impl Session {
             self.record
                 .client_trackers
                 .filter(ok.session_state, &mut kept);
+            self.record.client_trackers.filter(commit_state, &mut kept);
         }
         let mut status = (status_after & !SERVER_SESSION_STATE_CHANGED) | (ok.status & PLAN);
         if tracks
