@@ -236,3 +236,29 @@ fn a_transaction_of_prepared_statements_from_begin_to_commit_is_replayed() {
     );
     assert_eq!(replays(&h, "replayed"), 1.0);
 }
+
+/// Issue 18, item 8: a prepared statement executed in the transaction and closed before
+/// the backend is lost makes the transaction not replayable: the client gets one 1213 for
+/// its next statement and the session stays in step (a replay ran the closed statement's
+/// execute and wrote its ERR to the client, one answer too many).
+#[test]
+fn a_transaction_whose_prepared_statement_was_closed_is_not_replayed() {
+    let mut h = Harness::start();
+    let mut c = connect(&h);
+    c.query_drop("CREATE TABLE sbtest.rc (id INT PRIMARY KEY, v VARCHAR(20))")
+        .unwrap();
+    c.query_drop("BEGIN").unwrap();
+    let insert = c.prep("INSERT INTO sbtest.rc VALUES (?, ?)").unwrap();
+    c.exec_drop(&insert, (1, "one")).unwrap();
+    c.close(insert).unwrap();
+    crash_and_restart(&mut h);
+    let err = c
+        .query_drop("INSERT INTO sbtest.rc VALUES (2, 'two')")
+        .expect_err("the transaction was lost and cannot be replayed");
+    assert_eq!(mysql_error(&err).map(|e| e.0), Some(1213), "{err}");
+    // One answer per request: the session goes on in step.
+    let v: Option<i32> = c.query_first("SELECT 42").unwrap();
+    assert_eq!(v, Some(42));
+    let n: Option<i64> = c.query_first("SELECT COUNT(*) FROM sbtest.rc").unwrap();
+    assert_eq!(n, Some(0), "the lost transaction left nothing");
+}

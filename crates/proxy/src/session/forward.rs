@@ -1023,6 +1023,9 @@ impl Session {
             COM_STMT_CLOSE => {
                 // Forgotten before it is forwarded: a close lost with its backend still
                 // closes it (it is not prepared again on the next one).
+                if let Some(log) = self.txn_log.as_mut() {
+                    log.statement_closed(client_id);
+                }
                 self.statements.remove(client_id);
                 self.record.prepared_statements = self.statements.len();
                 self.forward(request).await
@@ -1083,6 +1086,9 @@ impl Session {
     /// Forgets the statement a COM_STMT_CLOSE names, without telling any backend.
     pub(super) fn forget_statement(&mut self, request: &[u8]) {
         if let Some(id) = request.get(HEADER_LEN..).and_then(packets::statement_id) {
+            if let Some(log) = self.txn_log.as_mut() {
+                log.statement_closed(self.statements.resolve(id));
+            }
             self.statements.remove(id);
             self.record.prepared_statements = self.statements.len();
         }

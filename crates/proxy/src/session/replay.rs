@@ -66,6 +66,26 @@ impl TxnLog {
     pub(super) fn replayable(&self) -> bool {
         self.blocked.is_none()
     }
+
+    /// The client closed prepared statement `id` (its id as the client knows it): a kept
+    /// execute of it could not run again (an ERR to the client in the middle of the replay,
+    /// or, with the id reused, another statement), so the transaction is not replayable.
+    pub(super) fn statement_closed(&mut self, id: u32) {
+        let executes_it = self.entries.iter().any(|e| {
+            matches!(
+                e.request.get(HEADER_LEN),
+                Some(&(COM_STMT_EXECUTE | COM_STMT_BULK_EXECUTE))
+            ) && e
+                .request
+                .get(HEADER_LEN..)
+                .and_then(holdfast_wire::packets::statement_id)
+                == Some(id)
+        });
+        if executes_it {
+            self.blocked = Some("a prepared statement it executed was closed");
+            self.entries = Vec::new();
+        }
+    }
 }
 
 /// What a request contributes to the transaction log, decided before it runs.
