@@ -6,6 +6,15 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let _ = holdfast_sql::classify(data);
+    for server in [
+        holdfast_sql::Server::mariadb(101119),
+        holdfast_sql::Server::mysql(80036),
+        holdfast_sql::Server::UNKNOWN,
+    ] {
+        let mode = holdfast_sql::SqlMode::DEFAULT;
+        let flags = holdfast_sql::classify_for(data, mode, server);
+        let _ = holdfast_sql::read_route(data, flags, mode, server);
+    }
     let mut last = 0;
     for r in holdfast_sql::split_statements(data) {
         assert!(r.start >= last && r.end <= data.len() && r.start <= r.end);

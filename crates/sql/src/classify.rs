@@ -5,6 +5,7 @@ use std::ops::{BitAnd, BitOr, BitOrAssign};
 
 use crate::keyword::{is_pure_function, is_syntax_before_paren, upper};
 use crate::lexer::{SqlMode, Token, TokenKind};
+use crate::server::Server;
 use crate::split::StmtCursor;
 
 /// Flags describing one SQL text (which may contain several statements separated by
@@ -116,6 +117,13 @@ flags! {
     /// `SETVAL(...)`, `s.nextval`, `s.currval`, `NEXT`/`PREVIOUS VALUE FOR s`). Such a
     /// statement cannot be shown safe to run twice. Not looked for in other statements.
     FUNCTION_CALL = 30;
+    /// The text holds an executable comment (`/*!NNNNN ... */`, `/*M! ... */`) that the
+    /// servers it may run on do not all run or skip alike, or whose handling holdfast does
+    /// not know for sure (see [`Server`]): what the server runs is not known. Always with
+    /// [`WRITE`](Self::WRITE), part of [`CHANGES_SESSION`](Self::CHANGES_SESSION) and
+    /// [`MAY_COMMIT`](Self::MAY_COMMIT): such a text goes to the primary, and is never
+    /// retried, replayed or wrapped. The other flags are those of the comment read as code.
+    UNCERTAIN = 31;
 }
 
 impl Classification {
@@ -126,7 +134,8 @@ impl Classification {
     /// transaction): session and user variables, current database, SQL prepared
     /// statements, temporary tables, table and named locks, transaction
     /// characteristics, `autocommit`, XA, handlers, `LAST_INSERT_ID(expr)`, and
-    /// statements with unknown effects (`CALL`, `EXECUTE`, compound statements).
+    /// statements with unknown effects (`CALL`, `EXECUTE`, compound statements, uncertain
+    /// texts).
     /// Transaction boundaries and savepoints are not included.
     pub const CHANGES_SESSION: Classification = Classification {
         bits: Self::SET_SESSION_VAR.bits
@@ -147,13 +156,15 @@ impl Classification {
             | Self::CALL.bits
             | Self::HANDLER.bits
             | Self::LAST_INSERT_ID_CALL.bits
-            | Self::COMPOUND.bits,
+            | Self::COMPOUND.bits
+            | Self::UNCERTAIN.bits,
     };
 
     /// Statements that may commit an open transaction: `COMMIT` (and `ROLLBACK`: both are
     /// [`END_TXN`](Self::END_TXN), tell them apart by the first keyword), the implicit
     /// commits (DDL, `LOCK TABLES`..., `BEGIN`/`START TRANSACTION`, `SET autocommit`, even
-    /// to 0), and code holdfast does not see (`CALL`, `EXECUTE`, compound statements).
+    /// to 0), and code holdfast does not see (`CALL`, `EXECUTE`, compound statements,
+    /// uncertain texts).
     /// Lost in flight inside a transaction, such a statement leaves its outcome unknown.
     pub const MAY_COMMIT: Classification = Classification {
         bits: Self::END_TXN.bits
@@ -162,7 +173,8 @@ impl Classification {
             | Self::AUTOCOMMIT.bits
             | Self::CALL.bits
             | Self::EXECUTE_SQL.bits
-            | Self::COMPOUND.bits,
+            | Self::COMPOUND.bits
+            | Self::UNCERTAIN.bits,
     };
 
     /// Builds a classification from raw bits.
@@ -261,9 +273,16 @@ pub fn classify(sql: &[u8]) -> Classification {
 }
 
 /// Classifies a SQL text lexed under `mode` (a session's `ANSI_QUOTES` and
-/// `NO_BACKSLASH_ESCAPES`); otherwise as [`classify`].
+/// `NO_BACKSLASH_ESCAPES`), for any server ([`Server::UNKNOWN`]); otherwise as [`classify`].
 pub fn classify_with(sql: &[u8], mode: SqlMode) -> Classification {
-    let mut cursor = StmtCursor::new(sql, mode);
+    classify_for(sql, mode, Server::UNKNOWN)
+}
+
+/// Classifies a SQL text lexed under `mode`, reading executable comments as `server` does
+/// (a comment it may run or skip makes the text [`UNCERTAIN`](Classification::UNCERTAIN));
+/// otherwise as [`classify`].
+pub fn classify_for(sql: &[u8], mode: SqlMode, server: Server) -> Classification {
+    let mut cursor = StmtCursor::new(sql, mode, server);
     let mut result = Classification::EMPTY;
     let mut statements = 0u32;
     loop {
@@ -279,6 +298,9 @@ pub fn classify_with(sql: &[u8], mode: SqlMode) -> Classification {
     if statements > 1 {
         result |= Classification::MULTI;
     }
+    if cursor.is_uncertain() {
+        result |= Classification::UNCERTAIN | Classification::WRITE;
+    }
     if result.has(Classification::WRITE) {
         result = result.difference(Classification::READ_ONLY);
     }
@@ -287,16 +309,17 @@ pub fn classify_with(sql: &[u8], mode: SqlMode) -> Classification {
 
 /// The first keyword of the first non-empty statement, after any opening parentheses,
 /// as it appears in the text (compare with `eq_ignore_ascii_case`). `None` if the
-/// statement does not start with a word.
+/// statement does not start with a word, or if an executable comment some server may run
+/// and another skip comes before it (the first keyword is then not known).
 pub fn first_keyword(sql: &[u8]) -> Option<&[u8]> {
-    let mut cursor = StmtCursor::new(sql, SqlMode::DEFAULT);
+    let mut cursor = StmtCursor::new(sql, SqlMode::DEFAULT, Server::UNKNOWN);
     loop {
         let mut tok = cursor.next_token();
         while tok.is_some_and(|t| t.is_punct("(")) {
             tok = cursor.next_token();
         }
         if let Some(tok) = tok {
-            return (tok.kind == TokenKind::Word).then_some(tok.text);
+            return (tok.kind == TokenKind::Word && !cursor.is_uncertain()).then_some(tok.text);
         }
         if !cursor.advance() {
             return None;

@@ -5,6 +5,7 @@
 use std::ops::Range;
 
 use crate::lexer::{SqlMode, TokenKind};
+use crate::server::Server;
 use crate::split::StmtCursor;
 
 /// What a `KILL` statement asks for.
@@ -21,9 +22,10 @@ pub struct Kill {
 }
 
 /// The `KILL` of `sql` when the text is exactly one such statement with a plain decimal
-/// number (`KILL CONNECTION_ID()`, a variable, or several statements give `None`).
+/// number (`KILL CONNECTION_ID()`, a variable, several statements, or an executable
+/// comment some server may skip give `None`).
 pub fn parse_kill(sql: &[u8], mode: SqlMode) -> Option<Kill> {
-    let mut cursor = StmtCursor::new(sql, mode);
+    let mut cursor = StmtCursor::new(sql, mode, Server::UNKNOWN);
     let mut tok = cursor.next_token()?;
     if !tok.is_word("KILL") {
         return None;
@@ -54,6 +56,9 @@ pub fn parse_kill(sql: &[u8], mode: SqlMode) -> Option<Kill> {
         if cursor.next_token().is_some() {
             return None;
         }
+    }
+    if cursor.is_uncertain() {
+        return None;
     }
     Some(Kill {
         query,

@@ -1,5 +1,7 @@
 //! Byte-level MySQL/MariaDB tokenizer.
 
+use crate::server::{Run, Server};
+
 /// The parts of a session's `sql_mode` that change how SQL text is tokenized.
 ///
 /// Only two modes do: `ANSI_QUOTES` (`"..."` quotes an identifier, not a string) and
@@ -138,10 +140,13 @@ impl<'a> Token<'a> {
 
 /// Tokenizer over SQL text, yielding [`Token`]s and skipping whitespace and comments.
 ///
-/// The content of executable comments (`/*! ... */`, `/*!50100 ... */`, `/*M! ... */`,
-/// `/*M!100100 ... */`) is tokenized as ordinary SQL, whatever the version number: the
-/// lexer does not know the server's version, and treating the text as code is the
-/// conservative choice for classification. Optimizer hints (`/*+ ... */`) are comments.
+/// Executable comments (`/*! ... */`, `/*!50100 ... */`, `/*M! ... */`,
+/// `/*M!100100 ... */`) are read as the [`Server`] the text runs on reads them: the
+/// content of one it runs is code, one it skips is a comment (quotes and `--` inside it
+/// mean nothing). A comment the possible servers do not all treat alike (by default,
+/// [`Server::UNKNOWN`]: any server, so any version from 5.5.1 on) is tokenized as code
+/// and makes the text uncertain ([`Lexer::is_uncertain`]): what runs is not known.
+/// Optimizer hints (`/*+ ... */`) are comments.
 ///
 /// Quoting follows a [`SqlMode`]: by default (as [`Lexer::new`]) backslash escapes in
 /// strings are honoured and `"` quotes strings; [`Lexer::with_mode`] follows a session's
@@ -153,9 +158,11 @@ impl<'a> Token<'a> {
 pub struct Lexer<'a> {
     src: &'a [u8],
     mode: SqlMode,
+    server: Server,
     pos: usize,
     in_exec_comment: bool,
     unterminated: bool,
+    uncertain: bool,
 }
 
 impl<'a> Lexer<'a> {
@@ -164,20 +171,40 @@ impl<'a> Lexer<'a> {
         Self::with_mode(src, SqlMode::DEFAULT)
     }
 
-    /// Starts tokenizing `src` from its beginning, quoting as `mode` says.
+    /// Starts tokenizing `src` from its beginning, quoting as `mode` says, for any server
+    /// ([`Server::UNKNOWN`]).
     pub const fn with_mode(src: &'a [u8], mode: SqlMode) -> Self {
+        Self::for_server(src, mode, Server::UNKNOWN)
+    }
+
+    /// Starts tokenizing `src` from its beginning, quoting as `mode` says and running the
+    /// executable comments `server` runs.
+    pub const fn for_server(src: &'a [u8], mode: SqlMode, server: Server) -> Self {
         Lexer {
             src,
             mode,
+            server,
             pos: 0,
             in_exec_comment: false,
             unterminated: false,
+            uncertain: false,
         }
     }
 
     /// The `sql_mode` the lexer follows.
     pub const fn mode(&self) -> SqlMode {
         self.mode
+    }
+
+    /// The servers whose reading of executable comments the lexer follows.
+    pub const fn server(&self) -> Server {
+        self.server
+    }
+
+    /// True once the lexer met an executable comment that the possible servers do not all
+    /// run (or skip) alike: the tokens so far may not be what the server runs.
+    pub const fn is_uncertain(&self) -> bool {
+        self.uncertain
     }
 
     /// Byte offset of the next byte the lexer will look at.
@@ -218,28 +245,18 @@ impl<'a> Lexer<'a> {
             match c {
                 b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c => self.pos += 1,
                 b'#' => self.pos = line_end(src, self.pos),
+                // `--` starts a comment when a space or a control character (or the end)
+                // follows.
                 b'-' if src.get(self.pos + 1) == Some(&b'-')
-                    && src.get(self.pos + 2).is_none_or(|&c| c <= b' ') =>
+                    && src
+                        .get(self.pos + 2)
+                        .is_none_or(|&c| c <= b' ' || c == 0x7f) =>
                 {
                     self.pos = line_end(src, self.pos)
                 }
                 b'/' if src.get(self.pos + 1) == Some(&b'*') => {
-                    let body = self.pos + 2;
-                    let exec_marker = match (src.get(body), src.get(body + 1)) {
-                        (Some(b'!'), _) => Some(body + 1),
-                        (Some(b'M' | b'm'), Some(b'!')) => Some(body + 2),
-                        _ => None,
-                    };
-                    match exec_marker {
-                        // A nested `/*!` inside an executable comment is not special.
-                        Some(after) if !self.in_exec_comment => {
-                            self.in_exec_comment = true;
-                            self.pos = skip_version(src, after);
-                        }
-                        _ => match find_comment_end(src, body) {
-                            Some(end) => self.pos = end,
-                            None => return false,
-                        },
+                    if !self.skip_comment() {
+                        return false;
                     }
                 }
                 b'*' if self.in_exec_comment && src.get(self.pos + 1) == Some(&b'/') => {
@@ -250,6 +267,60 @@ impl<'a> Lexer<'a> {
             }
         }
         true
+    }
+
+    /// Skips the comment starting at `self.pos` (`/*`), or enters the executable comment
+    /// starting there, as the server does (`sql_lex.cc`, `MY_LEX_LONG_COMMENT`). Returns
+    /// false if the comment is not terminated.
+    fn skip_comment(&mut self) -> bool {
+        let src = self.src;
+        let body = self.pos + 2;
+        if self.in_exec_comment && self.server.may_be_mysql() {
+            // MySQL's reading of comments inside executable ones changed across versions.
+            self.uncertain = true;
+        }
+        // `/*!` and `/*M!` (MariaDB reads an uppercase M only).
+        let executable = match (src.get(body), src.get(body + 1)) {
+            (Some(b'!'), _) => Some((false, body + 1)),
+            (Some(b'M'), Some(b'!')) => Some((true, body + 2)),
+            _ => None,
+        };
+        let Some((mariadb_only, after)) = executable else {
+            return self.skip_to_comment_end(find_comment_end(src, body));
+        };
+        let digits = skip_digits(src, after) - after;
+        // A version is 5 digits, or 6 when a sixth follows; fewer are code.
+        let version_len = match digits {
+            0..=4 => 0,
+            5 => 5,
+            _ => 6,
+        };
+        let value = src
+            .get(after..after + version_len)
+            .unwrap_or_default()
+            .iter()
+            .fold(0u32, |n, &d| n * 10 + u32::from(d - b'0'));
+        match self.server.runs(mariadb_only, digits, value) {
+            Run::Code => {}
+            Run::Uncertain => self.uncertain = true,
+            Run::Skip => return self.skip_to_comment_end(skip_versioned_comment(src, after)),
+            Run::Comment => return self.skip_to_comment_end(find_comment_end(src, body)),
+        }
+        // Inside one, another executable comment the server runs is entered again: the
+        // first `*/` ends both (a second is then `*` and `/`).
+        self.in_exec_comment = true;
+        self.pos = after + version_len;
+        true
+    }
+
+    fn skip_to_comment_end(&mut self, end: Option<usize>) -> bool {
+        match end {
+            Some(end) => {
+                self.pos = end;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Lexes a quoted run starting at `start` (which holds the quote byte) and returns the
@@ -467,13 +538,18 @@ fn find_comment_end(src: &[u8], from: usize) -> Option<usize> {
         .map(|p| from + p + 2)
 }
 
-/// Skips the 5- or 6-digit server version after `/*!` or `/*M!`. Other digit runs are
-/// left alone: they are part of the code (`/*!1*/`).
-fn skip_version(src: &[u8], from: usize) -> usize {
-    let end = skip_digits(src, from);
-    if matches!(end - from, 5 | 6) {
-        end
-    } else {
-        from
+/// Offset just past the `*/` closing a versioned comment the server skips, whose body
+/// starts at `from`: one level of `/* ... */` may be nested inside (the server's
+/// `consume_comment(1)`).
+fn skip_versioned_comment(src: &[u8], from: usize) -> Option<usize> {
+    let mut i = from;
+    while let Some(&c) = src.get(i) {
+        i += 1;
+        match (c, src.get(i)) {
+            (b'/', Some(b'*')) => i = find_comment_end(src, i + 1)?,
+            (b'*', Some(b'/')) => return Some(i + 1),
+            _ => {}
+        }
     }
+    None
 }

@@ -8,7 +8,8 @@
 //! - [`classify`] sums up a query text as [`Classification`] flags: does it only read,
 //!   does it change session state, start or end a transaction, take locks, call functions
 //!   holdfast cannot vouch for... [`classify_with`] lexes it under a session's
-//!   [`SqlMode`] (`ANSI_QUOTES`, `NO_BACKSLASH_ESCAPES`).
+//!   [`SqlMode`] (`ANSI_QUOTES`, `NO_BACKSLASH_ESCAPES`), [`classify_for`] also as the
+//!   [`Server`] it runs on reads executable comments.
 //! - [`split_statements`] finds the statements of a multi-statement text.
 //! - [`Lexer`] is the underlying tokenizer, for callers that need more.
 //! - [`quote`] writes strings and identifiers into SQL text, correctly under every
@@ -23,9 +24,10 @@
 //! assert!(!c.is_read_only());
 //! ```
 //!
-//! Classification is a heuristic: it errs towards reporting effects (a versioned comment
-//! is treated as code whatever its version, unknown statements are writes), but it
-//! cannot see inside stored procedures, stored functions or prepared statement text.
+//! Classification is a heuristic: it errs towards reporting effects (unknown statements
+//! are writes; an executable comment that the possible servers do not all run or skip
+//! alike makes the text [`UNCERTAIN`](Classification::UNCERTAIN)), but it cannot see inside
+//! stored procedures, stored functions or prepared statement text.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -37,16 +39,18 @@ mod lexer;
 pub mod password;
 pub mod quote;
 mod route;
+mod server;
 mod split;
 
 #[cfg(test)]
 mod tests;
 
-pub use classify::{classify, classify_with, first_keyword, Classification};
+pub use classify::{classify, classify_for, classify_with, first_keyword, Classification};
 pub use kill::{parse_kill, Kill};
 pub use lexer::{Lexer, SqlMode, Token, TokenKind};
 pub use password::{own_password_change, PasswordChange};
 pub use route::{read_only_transaction, read_route, ReadRoute};
+pub use server::Server;
 pub use split::Statements;
 
 /// Iterates over the statements in a multi-statement text, yielding their byte ranges in

@@ -7,6 +7,7 @@ use std::ops::Range;
 
 use crate::keyword::upper;
 use crate::lexer::{Lexer, SqlMode, Token, TokenKind};
+use crate::server::Server;
 
 /// Whether the current statement can contain nested `;`-terminated statements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,10 +43,10 @@ pub(crate) struct StmtCursor<'a> {
 }
 
 impl<'a> StmtCursor<'a> {
-    pub(crate) fn new(src: &'a [u8], mode: SqlMode) -> Self {
+    pub(crate) fn new(src: &'a [u8], mode: SqlMode, server: Server) -> Self {
         StmtCursor {
             src,
-            lexer: Lexer::with_mode(src, mode),
+            lexer: Lexer::for_server(src, mode, server),
             start: 0,
             end: src.len(),
             count: 0,
@@ -55,6 +56,12 @@ impl<'a> StmtCursor<'a> {
             ended: false,
             at_eof: false,
         }
+    }
+
+    /// Whether the lexer met an executable comment whose fate is not known (see
+    /// [`Lexer::is_uncertain`]).
+    pub(crate) const fn is_uncertain(&self) -> bool {
+        self.lexer.is_uncertain()
     }
 
     /// Number of tokens of the current statement consumed so far.
@@ -97,7 +104,7 @@ impl<'a> StmtCursor<'a> {
     /// consuming anything. For short look-aheads when classifying a statement's head.
     pub(crate) fn lookahead(&self) -> impl Iterator<Item = Token<'a>> + 'a {
         let lexer = if self.ended {
-            Lexer::with_mode(&[], self.lexer.mode())
+            Lexer::for_server(&[], self.lexer.mode(), self.lexer.server())
         } else {
             self.lexer.clone()
         };
@@ -227,10 +234,15 @@ impl<'a> Statements<'a> {
         Self::with_mode(sql, SqlMode::DEFAULT)
     }
 
-    /// Starts splitting `sql`, lexed under `mode`.
+    /// Starts splitting `sql`, lexed under `mode` for any server.
     pub fn with_mode(sql: &'a [u8], mode: SqlMode) -> Self {
+        Self::for_server(sql, mode, Server::UNKNOWN)
+    }
+
+    /// Starts splitting `sql`, lexed under `mode` as `server` reads it.
+    pub fn for_server(sql: &'a [u8], mode: SqlMode, server: Server) -> Self {
         Statements {
-            cursor: StmtCursor::new(sql, mode),
+            cursor: StmtCursor::new(sql, mode, server),
             done: false,
         }
     }

@@ -1,6 +1,6 @@
 use crate::{
-    classify, classify_with, first_keyword, split_statements, Classification as C, Lexer, SqlMode,
-    Statements, TokenKind,
+    classify, classify_for, classify_with, first_keyword, split_statements, Classification as C,
+    Lexer, Server, SqlMode, Statements, TokenKind,
 };
 
 const ANSI: SqlMode = SqlMode::ANSI_QUOTES;
@@ -164,9 +164,8 @@ fn lexer_reads_executable_comments_as_code() {
         vec![(Word, "SET"), (Word, "x")]
     );
     assert_eq!(tokens("/*!SET*/ a"), vec![(Word, "SET"), (Word, "a")]);
-    assert_eq!(tokens("/*M!100100 b */c"), vec![(Word, "b"), (Word, "c")]);
-    assert_eq!(tokens("/*m! d*/"), vec![(Word, "d")]);
-    assert_eq!(tokens("/*!800001 e */"), vec![(Word, "e")]);
+    // MariaDB reads `/*M!` with an uppercase M only: `/*m!` is a comment.
+    assert_eq!(tokens("/*m! d*/"), vec![]);
     // Not a 5 or 6 digit version: the digits are code.
     assert_eq!(tokens("/*!1 */"), vec![(Number, "1")]);
     // Comments and strings inside executable comments.
@@ -178,6 +177,168 @@ fn lexer_reads_executable_comments_as_code() {
     assert_eq!(
         tokens("j */"),
         vec![(Word, "j"), (Punct, "*"), (Punct, "/")]
+    );
+}
+
+fn tokens_on(sql: &str, server: Server) -> (Vec<(TokenKind, &str)>, bool) {
+    let mut lexer = Lexer::for_server(sql.as_bytes(), SqlMode::DEFAULT, server);
+    let tokens = lexer
+        .by_ref()
+        .map(|t| {
+            (
+                t.kind,
+                std::str::from_utf8(t.text).expect("test input is UTF-8"),
+            )
+        })
+        .collect();
+    (tokens, lexer.is_uncertain())
+}
+
+const MARIADB_10_11: Server = Server::mariadb(101119);
+
+/// Issue 18, item 5: the lexer runs and skips executable comments as the server does.
+#[test]
+fn lexer_follows_the_servers_executable_comments() {
+    use TokenKind::*;
+    let m = MARIADB_10_11;
+    let certain = |sql: &'static str, server: Server| {
+        let (tokens, uncertain) = tokens_on(sql, server);
+        assert!(!uncertain, "{sql}: uncertain on {server:?}");
+        tokens
+    };
+    // Run: no version, versions up to the server's (5 digits below 5.7, or 6 digits).
+    assert_eq!(certain("/*!a*/", m), vec![(Word, "a")]);
+    assert_eq!(certain("/*!50699 a */", m), vec![(Word, "a")]);
+    assert_eq!(certain("/*!101119 a */", m), vec![(Word, "a")]);
+    assert_eq!(
+        certain("/*M!100100 b */c", m),
+        vec![(Word, "b"), (Word, "c")]
+    );
+    assert_eq!(certain("/*M!90000 b */", m), vec![(Word, "b")]);
+    assert_eq!(certain("/*M! b */", m), vec![(Word, "b")]);
+    // A seventh digit is code.
+    assert_eq!(certain("/*!1011001*/", m), vec![(Number, "1")]);
+    // Skipped: MySQL 5.7+ versions, later versions. Quotes and `--` inside mean nothing.
+    let hidden = "SELECT 1 /*!90000 ' */, GET_LOCK('j',0) -- '";
+    assert_eq!(
+        certain(hidden, m),
+        vec![
+            (Word, "SELECT"),
+            (Number, "1"),
+            (Punct, ","),
+            (Word, "GET_LOCK"),
+            (Punct, "("),
+            (String, "'j'"),
+            (Punct, ","),
+            (Number, "0"),
+            (Punct, ")"),
+        ]
+    );
+    assert_eq!(certain("/*!90000 -- */ x", m), vec![(Word, "x")]);
+    assert_eq!(certain("/*!50700 a */ b", m), vec![(Word, "b")]);
+    assert_eq!(certain("/*!101120 a */ b", m), vec![(Word, "b")]);
+    assert_eq!(certain("/*M!110000 a */ b", m), vec![(Word, "b")]);
+    // A skipped comment holds one level of comment; a regular comment none.
+    assert_eq!(certain("/*!99999 a /* b */ c */ d", m), vec![(Word, "d")]);
+    assert_eq!(
+        certain("/* a /* b */ c */", m),
+        vec![(Word, "c"), (Punct, "*"), (Punct, "/")]
+    );
+    // An executable comment run inside another: the first `*/` ends both.
+    assert_eq!(
+        certain("/*!40101 a /*!40101 b */ c */", m),
+        vec![
+            (Word, "a"),
+            (Word, "b"),
+            (Word, "c"),
+            (Punct, "*"),
+            (Punct, "/")
+        ]
+    );
+    // Skipped inside a run one: the outer goes on.
+    assert_eq!(
+        certain("/*!40101 a /*!90000 b */ c */ d", m),
+        vec![(Word, "a"), (Word, "c"), (Word, "d")]
+    );
+    // `/*+ ... */` hints are comments.
+    assert_eq!(
+        certain("SELECT /*+ 'x */ 1", m),
+        vec![(Word, "SELECT"), (Number, "1")]
+    );
+    // `--` followed by a control character (DEL too) is a comment.
+    assert_eq!(certain("a --x b", m).len(), 5);
+    assert_eq!(certain("a --\u{7f} b", m), vec![(Word, "a")]);
+    // Unterminated skipped comment: the stream ends.
+    let mut lexer = Lexer::for_server(b"a /*!90000 b", SqlMode::DEFAULT, m);
+    assert_eq!(lexer.by_ref().count(), 1);
+    assert!(lexer.is_unterminated());
+
+    // MySQL: `/*M!` is a comment; five-digit versions up to its own run.
+    let my = Server::mysql(80036);
+    assert_eq!(certain("/*M!100100 a */ b", my), vec![(Word, "b")]);
+    assert_eq!(certain("/*M! a /* b */ c", my), vec![(Word, "c")]);
+    assert_eq!(certain("/*!80036 a */", my), vec![(Word, "a")]);
+    assert_eq!(certain("/*!80037 ' */ b", my), vec![(Word, "b")]);
+    assert!(tokens_on("/*!100000 a */", my).1);
+
+    // Servers that disagree, or not known: uncertain (read as code).
+    let (t, uncertain) = tokens_on(hidden, Server::UNKNOWN);
+    assert!(uncertain);
+    assert_eq!(t.iter().filter(|(_, w)| *w == "GET_LOCK").count(), 0);
+    assert!(tokens_on("/*M!100100 a */", Server::UNKNOWN).1);
+    assert!(!tokens_on("/*!40101 a */", Server::UNKNOWN).1);
+    assert!(!tokens_on("/*! a */", Server::UNKNOWN).1);
+    let mixed = Server::mariadb(100611).or(MARIADB_10_11);
+    assert!(tokens_on("/*M!100700 a */", mixed).1);
+    assert!(!tokens_on("/*M!100500 a */", mixed).1);
+    // Galera runs /*!99997.
+    assert!(tokens_on("/*!99997 a */", m).1);
+}
+
+#[test]
+fn uncertain_texts_are_classified_as_unknown_code() {
+    let uncertain = |sql: &str, server: Server| {
+        let flags = classify_for(sql.as_bytes(), SqlMode::DEFAULT, server);
+        assert!(flags.has(C::UNCERTAIN | C::WRITE), "{sql}: {flags}");
+        assert!(!flags.is_read_only(), "{sql}: {flags}");
+        assert!(flags.changes_session(), "{sql}: {flags}");
+        assert!(flags.intersects(C::MAY_COMMIT), "{sql}: {flags}");
+    };
+    uncertain(
+        "SELECT 1 /*!90000 ' */, GET_LOCK('j',0) -- '",
+        Server::UNKNOWN,
+    );
+    uncertain("SELECT 1 /*M!100700 , 2 */", Server::UNKNOWN);
+    uncertain("SELECT 1 /*!99997 , 2 */", MARIADB_10_11);
+    // With the server known, the same texts are certain.
+    let flags = classify_for(
+        b"SELECT 1 /*!90000 ' */, GET_LOCK('j',0) -- '",
+        SqlMode::DEFAULT,
+        MARIADB_10_11,
+    );
+    assert_eq!(flags, C::GET_LOCK | C::FUNCTION_CALL | C::WRITE);
+    let flags = classify_for(
+        b"SELECT 1 /*!90000 -- */ , GET_LOCK('jj',0)",
+        SqlMode::DEFAULT,
+        MARIADB_10_11,
+    );
+    assert_eq!(flags, C::GET_LOCK | C::FUNCTION_CALL | C::WRITE);
+    let flags = classify_for(
+        b"SELECT 1 /*M!100700 , 2 */",
+        SqlMode::DEFAULT,
+        MARIADB_10_11,
+    );
+    assert_eq!(flags, C::READ_ONLY);
+    // The first keyword behind an uncertain comment is not known; after it, it is.
+    assert_eq!(first_keyword(b"/*M!100100 ROLLBACK; */ COMMIT"), None);
+    assert_eq!(
+        first_keyword(b"ROLLBACK /*M!100100 ; COMMIT */"),
+        Some(&b"ROLLBACK"[..])
+    );
+    // A KILL behind one is not rewritten.
+    assert_eq!(
+        crate::parse_kill(b"KILL /*!90000 QUERY */ 5", SqlMode::DEFAULT),
+        None
     );
 }
 
@@ -785,7 +946,10 @@ fn comments_and_strings_hide_keywords() {
     // Versioned comments are code.
     assert_flags("/*!40101 SET NAMES utf8 */", C::SET_SESSION_VAR | C::WRITE);
     assert_flags("/*!50100 BEGIN */", C::BEGIN_TXN | C::WRITE);
-    assert_flags("/*M!100100 SET @a = 1 */", C::SET_USER_VAR | C::WRITE);
+    assert_flags(
+        "/*M!100100 SET @a = 1 */",
+        C::SET_USER_VAR | C::WRITE | C::UNCERTAIN,
+    );
     assert_flags(
         "SELECT 1 /*!50000 FOR UPDATE */",
         C::SELECT_FOR_UPDATE | C::WRITE,
@@ -924,6 +1088,9 @@ fn random_inputs_never_panic() {
         b"/*!",
         b"/*M!",
         b"50100",
+        b"90000",
+        b"101100",
+        b"/*+",
         b"--",
         b"-- ",
         b"#",
@@ -995,6 +1162,15 @@ fn random_inputs_never_panic() {
             "{buf:?}: {c}"
         );
         let _ = first_keyword(&buf);
+        for server in [MARIADB_10_11, Server::mysql(80036), Server::UNKNOWN] {
+            let c = classify_for(&buf, SqlMode::DEFAULT, server);
+            assert!(
+                c.is_empty() || c.has(C::READ_ONLY) != c.has(C::WRITE),
+                "{buf:?} {server:?}: {c}"
+            );
+            assert!(!c.has(C::UNCERTAIN) || c.has(C::WRITE), "{buf:?}: {c}");
+            let _ = crate::read_route(&buf, c, SqlMode::DEFAULT, server);
+        }
         let mut last_end = 0;
         let mut count = 0;
         for range in split_statements(&buf) {

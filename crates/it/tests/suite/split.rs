@@ -456,3 +456,119 @@ fn kill_query_through_holdfast_stops_a_read_on_a_replica() {
         "the session goes on"
     );
 }
+
+/// The `Command` column of every row of a processlist answer (`SHOW [FULL] PROCESSLIST`,
+/// `SELECT * FROM information_schema.PROCESSLIST`).
+fn commands_of(c: &mut Conn, sql: &str) -> Vec<String> {
+    let rows: Vec<mysql::Row> = c.query(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    rows.iter()
+        .map(|row| {
+            let i = row
+                .columns_ref()
+                .iter()
+                .position(|col| col.name_str().eq_ignore_ascii_case("command"))
+                .unwrap_or_else(|| panic!("{sql}: no Command column"));
+            row.get::<String, _>(i).unwrap_or_default()
+        })
+        .collect()
+}
+
+/// Issue 18, item 5, against the real lab through the split listener (with the harness's
+/// defaults: commit markers and replay on).
+#[test]
+fn locks_behind_skipped_executable_comments_are_taken_on_the_primary() {
+    let h = split_harness(|_| {});
+    let (primary, replicas) = server_ids(&h);
+    let primary_node = h.lab.primary().clone();
+    let mut c = connect_to(&h.url());
+    // A plain read still reaches a replica: the split is on.
+    let id: u32 = c.query_first("SELECT @@server_id").unwrap().unwrap();
+    assert_eq!(node_of(id, primary, &replicas), Node::Replica);
+
+    // Item 5: MariaDB skips `/*!90000 ... */` (a MySQL version above 5.7), so the quote or
+    // `--` inside it means nothing and GET_LOCK runs. It must run on the primary.
+    for (sql, lock) in [
+        (
+            "SELECT @@server_id /*!90000 ' */, GET_LOCK('j',0) -- '",
+            "j",
+        ),
+        ("SELECT @@server_id /*!90000 -- */ , GET_LOCK('jj',0)", "jj"),
+    ] {
+        for _ in 0..4 {
+            let (id, got): (u32, Option<i64>) = c
+                .query_first(sql)
+                .unwrap_or_else(|e| panic!("{sql}: {e}"))
+                .unwrap_or_else(|| panic!("{sql}: no row"));
+            assert_eq!(got, Some(1), "{sql}: the lock was taken");
+            assert_eq!(node_of(id, primary, &replicas), Node::Primary, "{sql}");
+            let holder = holdfast_lab::node_sql_value(
+                &primary_node,
+                &format!("SELECT IS_USED_LOCK('{lock}')"),
+            )
+            .expect("IS_USED_LOCK on the primary");
+            assert!(
+                holder.as_deref().is_some_and(|v| v != "NULL"),
+                "{sql}: the primary holds no lock {lock} ({holder:?})"
+            );
+            c.query_drop(format!("DO RELEASE_LOCK('{lock}')")).unwrap();
+        }
+    }
+    // (The session, having taken named locks, now reads on the primary: another one
+    // still reads on a replica.)
+    let mut other = connect_to(&h.url());
+    let id: u32 = other.query_first("SELECT @@server_id").unwrap().unwrap();
+    assert_eq!(node_of(id, primary, &replicas), Node::Replica);
+}
+
+/// Issue 18, item 6, against the real lab through the split listener (with the harness's
+/// defaults): what describes the server that answers comes from the primary. Its
+/// processlist has the replicas' binlog dump threads and no replication threads of its own.
+#[test]
+fn server_local_reads_run_on_the_primary() {
+    let h = split_harness(|_| {});
+    let (primary, replicas) = server_ids(&h);
+    let mut c = connect_to(&h.url());
+    let id: u32 = c.query_first("SELECT @@server_id").unwrap().unwrap();
+    assert_eq!(node_of(id, primary, &replicas), Node::Replica);
+    let replication = |cmds: &[String]| {
+        cmds.iter()
+            .filter(|c| c.starts_with("Slave_") || c.starts_with("Replica_"))
+            .count()
+    };
+    let dumps = |cmds: &[String]| cmds.iter().filter(|c| c.starts_with("Binlog Dump")).count();
+    for sql in [
+        "SHOW FULL PROCESSLIST",
+        "SHOW PROCESSLIST",
+        "SELECT * FROM information_schema.PROCESSLIST",
+        "SET STATEMENT max_statement_time = 10 FOR SHOW FULL PROCESSLIST",
+    ] {
+        for _ in 0..4 {
+            let cmds = commands_of(&mut c, sql);
+            assert_eq!(
+                replication(&cmds),
+                0,
+                "{sql}: a replica's threads: {cmds:?}"
+            );
+            assert_eq!(
+                dumps(&cmds),
+                2,
+                "{sql}: the primary's binlog dumps: {cmds:?}"
+            );
+        }
+    }
+    for _ in 0..4 {
+        let read_only: u32 = c.query_first("SELECT @@read_only").unwrap().unwrap();
+        assert_eq!(read_only, 0, "@@read_only is the primary's");
+        let running: Option<(String, String)> = c
+            .query_first("SHOW GLOBAL STATUS LIKE 'Slave_running'")
+            .unwrap();
+        assert_eq!(
+            running.map(|(_, v)| v).as_deref(),
+            Some("OFF"),
+            "SHOW STATUS is the primary's"
+        );
+    }
+    // A plain read still goes to a replica afterwards.
+    let id: u32 = c.query_first("SELECT @@server_id").unwrap().unwrap();
+    assert_eq!(node_of(id, primary, &replicas), Node::Replica);
+}

@@ -17,7 +17,8 @@ use crate::error::{ClientError, ErrorKind};
 use crate::state::SessionRecord;
 use bytes::{Buf, Bytes, BytesMut};
 use holdfast_sql::{
-    classify_with, first_keyword, own_password_change, Classification as C, PasswordChange, SqlMode,
+    classify_for, first_keyword, own_password_change, Classification as C, PasswordChange, Server,
+    SqlMode,
 };
 use holdfast_wire::caps::*;
 use holdfast_wire::command::*;
@@ -128,6 +129,19 @@ pub(super) fn reply_seq(request: &[u8]) -> u8 {
 }
 
 impl Session {
+    /// The servers a statement of the session may run on, as far as reading executable
+    /// comments goes: its backend (by that server's greeting) and every node whose version
+    /// the monitor knows (a split session's reads, a move after a failover).
+    pub(super) fn server(&self) -> Server {
+        let own = Server::from_version(&self.backend.greeting.server_version);
+        self.topology
+            .borrow()
+            .nodes
+            .iter()
+            .filter(|n| !n.version.is_empty())
+            .fold(own, |s, n| s.or(Server::from_version(n.version.as_bytes())))
+    }
+
     /// Forwards one request and relays its response. A backend lost before any of the
     /// response reached the client is hidden: the session moves and the request runs again
     /// when that is safe, or the client learns what became of it.
@@ -149,8 +163,10 @@ impl Session {
         // A COM_QUERY is classified once, here, for both the record and retry safety (from
         // its first frame: a longer one is never retried), under the session's sql_mode
         // (the default one while the session has not set its own).
+        // Executable comments are read as the nodes the session may run on read them.
+        let server = self.server();
         let query = query_text(&request).map(|sql| {
-            let flags = classify_with(sql, mode.unwrap_or_default());
+            let flags = classify_for(sql, mode.unwrap_or_default(), server);
             self.note_query(flags, sql);
             flags
         });
@@ -309,7 +325,7 @@ impl Session {
                 held.restore(&mut self.record);
                 let (retry, commit) = match (query, query_text(&request)) {
                     (Some(flags), Some(sql)) => {
-                        let verdict = LossVerdict::of(sql, flags, mode);
+                        let verdict = LossVerdict::of(sql, flags, mode, server);
                         (retry && verdict.retry_safe, verdict.may_commit)
                     }
                     _ => (retry, statement_commits),
@@ -566,7 +582,8 @@ impl Session {
                 .union(C::SET_SESSION_VAR)
                 .union(C::CALL)
                 .union(C::EXECUTE_SQL)
-                .union(C::COMPOUND),
+                .union(C::COMPOUND)
+                .union(C::UNCERTAIN),
         ) {
             r.capture_due = true;
         }
@@ -872,11 +889,13 @@ impl Session {
                 }
                 Event::PrepareOk(p) => {
                     let sql = prepare_sql.take().unwrap_or_default();
-                    let verdict = LossVerdict::of_sql(&sql, self.record.sql_mode);
-                    let replayable = super::replay::replayable_sql(&sql, self.record.sql_mode);
+                    let server = self.server();
+                    let verdict = LossVerdict::of_sql(&sql, self.record.sql_mode, server);
+                    let replayable =
+                        super::replay::replayable_sql(&sql, self.record.sql_mode, server);
                     let mode = self.record.sql_mode.unwrap_or_default();
-                    let flags = classify_with(&sql, mode);
-                    let read_route = holdfast_sql::read_route(&sql, flags, mode);
+                    let flags = classify_for(&sql, mode, server);
+                    let read_route = holdfast_sql::read_route(&sql, flags, mode, server);
                     let client_id = self.statements.insert(Statement {
                         backend_id: p.statement_id,
                         sql,
@@ -1278,18 +1297,18 @@ pub(super) struct LossVerdict {
 }
 
 impl LossVerdict {
-    /// The verdict for `sql`, classified as `flags` under the session's `mode`, or under the
-    /// default mode if the session's is not known. Then every mode that could lex `sql`
-    /// differently is asked too (rarely any: only for texts with `"` or `\`): all must find
-    /// it safe to run again, any one finding that it may commit is enough.
-    pub(super) fn of(sql: &[u8], flags: C, mode: Option<SqlMode>) -> LossVerdict {
+    /// The verdict for `sql`, classified as `flags` under the session's `mode` (or under the
+    /// default mode if the session's is not known) for `server`. Then every mode that could
+    /// lex `sql` differently is asked too (rarely any: only for texts with `"` or `\`): all
+    /// must find it safe to run again, any one finding that it may commit is enough.
+    pub(super) fn of(sql: &[u8], flags: C, mode: Option<SqlMode>, server: Server) -> LossVerdict {
         let mut verdict = LossVerdict {
             retry_safe: retry_safe_flags(flags),
             may_commit: may_commit(sql, flags),
         };
         if mode.is_none() {
             for other in SqlMode::alternatives(sql) {
-                let flags = classify_with(sql, other);
+                let flags = classify_for(sql, other, server);
                 verdict.retry_safe &= retry_safe_flags(flags);
                 verdict.may_commit |= may_commit(sql, flags);
             }
@@ -1298,8 +1317,13 @@ impl LossVerdict {
     }
 
     /// [`LossVerdict::of`] for a text not classified yet (a statement being prepared).
-    pub(super) fn of_sql(sql: &[u8], mode: Option<SqlMode>) -> LossVerdict {
-        Self::of(sql, classify_with(sql, mode.unwrap_or_default()), mode)
+    pub(super) fn of_sql(sql: &[u8], mode: Option<SqlMode>, server: Server) -> LossVerdict {
+        Self::of(
+            sql,
+            classify_for(sql, mode.unwrap_or_default(), server),
+            mode,
+            server,
+        )
     }
 }
 
@@ -1341,14 +1365,16 @@ fn is_statement_command(cmd: u8) -> bool {
 #[cfg(test)]
 mod tests {
     use super::LossVerdict;
-    use holdfast_sql::SqlMode;
+    use holdfast_sql::{Server, SqlMode};
+
+    const MARIADB: Server = Server::mariadb(101119);
 
     const ANSI: SqlMode = SqlMode::ANSI_QUOTES;
     const NBE: SqlMode = SqlMode::NO_BACKSLASH_ESCAPES;
 
     /// Run again after a loss outside a transaction, in a session whose mode is `mode`.
     fn retried_in(sql: &str, mode: Option<SqlMode>) -> bool {
-        LossVerdict::of_sql(sql.as_bytes(), mode).retry_safe
+        LossVerdict::of_sql(sql.as_bytes(), mode, MARIADB).retry_safe
     }
 
     fn retried(sql: &str) -> bool {
@@ -1356,7 +1382,27 @@ mod tests {
     }
 
     fn may_commit_in(sql: &str, mode: Option<SqlMode>) -> bool {
-        LossVerdict::of_sql(sql.as_bytes(), mode).may_commit
+        LossVerdict::of_sql(sql.as_bytes(), mode, MARIADB).may_commit
+    }
+
+    /// Issue 18, item 5: a text whose executable comments the nodes may read differently
+    /// is neither retried nor taken for a rollback.
+    #[test]
+    fn uncertain_texts_are_neither_retried_nor_taken_for_rollbacks() {
+        // 10.6 skips what 10.11 runs.
+        let mixed = Server::mariadb(100611).or(MARIADB);
+        let sql = b"SELECT 1 /*M!100700 , GET_LOCK('a', 0) */";
+        assert!(!LossVerdict::of_sql(sql, None, MARIADB).retry_safe);
+        let verdict = LossVerdict::of_sql(sql, None, mixed);
+        assert!(!verdict.retry_safe && verdict.may_commit);
+        // Skipped by every node: a plain read (for a server not known, uncertain).
+        let sql = b"SELECT 1 /*M!110000 , GET_LOCK('a', 0) */";
+        assert!(LossVerdict::of_sql(sql, None, MARIADB).retry_safe);
+        assert!(LossVerdict::of_sql(sql, None, mixed).retry_safe);
+        assert!(!LossVerdict::of_sql(sql, None, Server::UNKNOWN).retry_safe);
+        // A ROLLBACK only some nodes run first.
+        let sql = b"/*M!100700 ROLLBACK; */ COMMIT";
+        assert!(LossVerdict::of_sql(sql, None, mixed).may_commit);
     }
 
     #[test]

@@ -77,10 +77,11 @@ pub(super) fn writes_data(flags: C) -> bool {
 }
 
 /// A plain `COMMIT [WORK]` (not `AND CHAIN`: the chained transaction would have to be
-/// opened again too; not several statements in one).
+/// opened again too; not several statements in one; not a text whose executable comments
+/// may run or not).
 fn plain_commit(sql: &[u8], flags: C) -> bool {
     flags.has(C::END_TXN)
-        && !flags.intersects(C::BEGIN_TXN.union(C::MULTI))
+        && !flags.intersects(C::BEGIN_TXN.union(C::MULTI).union(C::UNCERTAIN))
         && first_keyword(sql).is_some_and(|k| k.eq_ignore_ascii_case(b"COMMIT"))
 }
 
@@ -163,7 +164,7 @@ impl Session {
                     .iter()
                     .any(|w| k.eq_ignore_ascii_case(w))
             })
-            && !Lexer::with_mode(sql, self.record.sql_mode.unwrap_or_default())
+            && !Lexer::for_server(sql, self.record.sql_mode.unwrap_or_default(), self.server())
                 .any(|t| t.is_word("RETURNING"))
     }
 
@@ -668,5 +669,7 @@ mod tests {
         assert!(!marked("COMMIT AND CHAIN"));
         assert!(!marked("ROLLBACK"));
         assert!(!marked("INSERT INTO t VALUES (1); COMMIT"));
+        // Whether the comment runs depends on the server: not marked.
+        assert!(!marked("COMMIT /*M!100700 WORK */"));
     }
 }

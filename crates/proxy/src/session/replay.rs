@@ -15,7 +15,7 @@
 use super::{End, Session};
 use crate::backend::BackendError;
 use bytes::{Bytes, BytesMut};
-use holdfast_sql::{Classification as C, Lexer, SqlMode, TokenKind};
+use holdfast_sql::{Classification as C, Lexer, Server, SqlMode, TokenKind};
 use holdfast_wire::caps::*;
 use holdfast_wire::command::*;
 use holdfast_wire::frame::HEADER_LEN;
@@ -171,7 +171,7 @@ impl Session {
                 }
                 let sql = request.get(HEADER_LEN + 1..).unwrap_or_default();
                 let mode = self.record.sql_mode.unwrap_or_default();
-                mentions_user_variable(sql, mode).then_some("a user variable")
+                mentions_user_variable(sql, mode, self.server()).then_some("a user variable")
             }
             COM_STMT_EXECUTE | COM_STMT_BULK_EXECUTE => {
                 let id = holdfast_wire::packets::statement_id(request.get(HEADER_LEN..)?)?;
@@ -356,11 +356,12 @@ pub(super) fn checksum_event(h: &mut Checksum, event: &Event<'_>, payload: &[u8]
 }
 
 /// Whether a statement's text may be part of a replayed transaction, read under the
-/// session's `mode` (when it is not known, under every mode that could read it otherwise).
-pub(super) fn replayable_sql(sql: &[u8], mode: Option<SqlMode>) -> bool {
+/// session's `mode` (when it is not known, under every mode that could read it otherwise)
+/// for `server`.
+pub(super) fn replayable_sql(sql: &[u8], mode: Option<SqlMode>, server: Server) -> bool {
     let fine = |m: SqlMode| {
-        !holdfast_sql::classify_with(sql, m).intersects(NOT_REPLAYABLE)
-            && !mentions_user_variable(sql, m)
+        !holdfast_sql::classify_for(sql, m, server).intersects(NOT_REPLAYABLE)
+            && !mentions_user_variable(sql, m, server)
     };
     match mode {
         Some(m) => fine(m),
@@ -369,8 +370,9 @@ pub(super) fn replayable_sql(sql: &[u8], mode: Option<SqlMode>) -> bool {
 }
 
 /// Whether `sql` names a user variable (`@a`, not `@@a`): a quick look for `@` first.
-fn mentions_user_variable(sql: &[u8], mode: SqlMode) -> bool {
-    sql.contains(&b'@') && Lexer::with_mode(sql, mode).any(|t| t.kind == TokenKind::UserVar)
+fn mentions_user_variable(sql: &[u8], mode: SqlMode, server: Server) -> bool {
+    sql.contains(&b'@')
+        && Lexer::for_server(sql, mode, server).any(|t| t.kind == TokenKind::UserVar)
 }
 
 #[cfg(test)]
@@ -380,14 +382,22 @@ mod tests {
     #[test]
     fn user_variables_are_told_from_system_variables_and_strings() {
         let m = SqlMode::DEFAULT;
-        assert!(mentions_user_variable(b"UPDATE t SET a = @x", m));
-        assert!(mentions_user_variable(b"SELECT @`a b`", m));
-        assert!(!mentions_user_variable(b"SELECT @@tx_isolation", m));
+        let s = Server::mariadb(101119);
+        assert!(mentions_user_variable(b"UPDATE t SET a = @x", m, s));
+        assert!(mentions_user_variable(b"SELECT @`a b`", m, s));
+        assert!(!mentions_user_variable(b"SELECT @@tx_isolation", m, s));
         assert!(!mentions_user_variable(
             b"INSERT INTO t VALUES ('a@b.c')",
-            m
+            m,
+            s
         ));
-        assert!(!mentions_user_variable(b"SELECT 1", m));
+        assert!(!mentions_user_variable(b"SELECT 1", m, s));
+        // Behind a comment the server skips, a quote hides nothing.
+        assert!(mentions_user_variable(
+            b"UPDATE t SET a = 1 /*!90000 ' */, b = @x -- '",
+            m,
+            s
+        ));
     }
 
     #[test]

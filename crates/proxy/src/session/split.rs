@@ -189,6 +189,13 @@ pub(super) enum ReadOutcome {
     Primary(BytesMut),
 }
 
+/// The schemas that hold the server's own state rather than the application's data.
+fn is_system_schema(schema: &str) -> bool {
+    ["information_schema", "performance_schema", "sys", "mysql"]
+        .iter()
+        .any(|s| schema.eq_ignore_ascii_case(s))
+}
+
 /// A GTID `domain-server-seq` as (domain, seq).
 fn parse_gtid(gtid: &str) -> Option<(u32, u64)> {
     let mut parts = gtid.trim().split('-');
@@ -201,6 +208,8 @@ fn parse_gtid(gtid: &str) -> Option<(u32, u64)> {
 impl Session {
     /// Where a request may run, for a split session: `None` keeps it on the primary.
     pub(super) fn read_target(&mut self, request: &[u8], query: Option<C>) -> Option<Target> {
+        self.split.as_ref()?;
+        let server = self.server();
         let split = self.split.as_mut()?;
         let header = parse_header(request)?;
         let command = request.get(HEADER_LEN).copied();
@@ -211,11 +220,17 @@ impl Session {
         let mode = self.record.sql_mode.unwrap_or_default();
         let read_only_start = match (command, query) {
             (Some(COM_QUERY), Some(flags)) if flags.has(C::BEGIN_TXN) => {
-                holdfast_sql::read_only_transaction(&request[HEADER_LEN + 1..], flags, mode)
+                holdfast_sql::read_only_transaction(&request[HEADER_LEN + 1..], flags, mode, server)
             }
             _ => false,
         };
-        let route = if header.continues() || !self.can_reauthenticate || self.replaying {
+        let route = if header.continues()
+            || !self.can_reauthenticate
+            || self.replaying
+            || self.record.schema.as_deref().is_some_and(is_system_schema)
+        {
+            // In `information_schema` (or another schema of the server's own), unqualified
+            // names are views of the server's state (`SELECT * FROM PROCESSLIST`).
             ReadRoute::Primary
         } else if read_only_start && self.record.blocker().is_none() {
             ReadRoute::Replica
@@ -229,7 +244,7 @@ impl Session {
         } else {
             match (command, query) {
                 (Some(COM_QUERY), Some(flags)) => {
-                    holdfast_sql::read_route(&request[HEADER_LEN + 1..], flags, mode)
+                    holdfast_sql::read_route(&request[HEADER_LEN + 1..], flags, mode, server)
                 }
                 (Some(COM_STMT_EXECUTE), _) => {
                     let cursor = request
