@@ -380,10 +380,11 @@ impl Session {
         };
         let reader = &mut split.readers[index];
         let node = reader.read.node.clone();
+        // Where a KILL QUERY finds the read: published before the read counts as running.
+        self.info.replica_read.store(Some(reader.read.clone()));
         reader.load.active.fetch_add(1, Ordering::Relaxed);
         reader.load.reads.fetch_add(1, Ordering::Relaxed);
         let active = Active(reader.load.clone());
-        self.info.replica_read.store(Some(reader.read.clone()));
         std::mem::swap(&mut self.backend, &mut reader.conn);
         self.response_started = false;
         self.last_error = None;
