@@ -434,7 +434,7 @@ fn kill_query_through_holdfast_stops_a_read_on_a_replica() {
             "the long read on a replica",
             Duration::from_secs(20),
             || {
-                h.lab.replicas().into_iter().find_map(|r| {
+                h.lab.replicas().iter().find_map(|r| {
                     let n = holdfast_lab::node_sql(
                         r,
                         "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
