@@ -1900,6 +1900,13 @@ fn configure(nodes: &[NodeStatus]) -> Result<bool> {
                     "REVOKE READ_ONLY ADMIN ON *.* FROM {user}@'{host}';"
                 ));
             }
+            if !app {
+                // Commit markers: the monitor lets every account run its marker routines
+                // (GRANT EXECUTE ... TO PUBLIC), and nothing more.
+                sql.push_str(&format!(
+                    "GRANT ALL PRIVILEGES ON holdfast.* TO {user}@'{host}' WITH GRANT OPTION;"
+                ));
+            }
         }
     }
     node_sql(primary, &sql)?;

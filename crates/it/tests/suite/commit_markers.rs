@@ -324,3 +324,60 @@ fn writes_under_lock_tables_are_neither_wrapped_nor_marked() {
         "markers go on once the locks are released"
     );
 }
+
+/// Issue 18, item 7: no account but holdfast's may read or change another session's
+/// marker. A plain account (all rights on sbtest only) can neither read nor update the
+/// table, and even knowing a session's key, the definer routines do not let it change or
+/// read that row (it belongs to the user name that wrote it).
+#[test]
+fn a_plain_account_cannot_forge_a_commit_marker() {
+    let h = cluster();
+    let primary_node = h.node(&primary(&h)).clone();
+    h.root_sql(
+        "CREATE TABLE sbtest.fm (a INT PRIMARY KEY); \
+         CREATE USER 'plain'@'%' IDENTIFIED BY 'plain_pass'; \
+         GRANT ALL PRIVILEGES ON sbtest.* TO 'plain'@'%'",
+    );
+    // An app session writes a marker (an autocommit insert is wrapped with one).
+    let mut c = connect(&h);
+    c.query_drop("INSERT INTO fm VALUES (1)").unwrap();
+    let row = node_sql(
+        &primary_node,
+        "SELECT session, owner, seq FROM holdfast.commit_marker ORDER BY at DESC LIMIT 1",
+    )
+    .unwrap();
+    let (key, owner, seq) = (row[0][0].clone(), row[0][1].clone(), row[0][2].clone());
+    assert_eq!(owner, "app");
+
+    let plain = |sql: &str| {
+        let out = h.mariadb_as(h.proxy, "plain", "plain_pass", &["-N", "-B", "-e", sql]);
+        (out.code, out.stdout.trim().to_string(), out.stderr)
+    };
+    for sql in [
+        "UPDATE holdfast.commit_marker SET seq = 18446744073709551615".to_string(),
+        "UPDATE holdfast.commit_marker SET seq = 0".to_string(),
+        "SELECT session, seq FROM holdfast.commit_marker".to_string(),
+        format!("INSERT INTO holdfast.commit_marker (session, seq) VALUES ({key}, 0) ON DUPLICATE KEY UPDATE seq = 0"),
+    ] {
+        let (code, _, err) = plain(&sql);
+        assert_eq!(code, Some(1), "{sql} must be refused");
+        assert!(err.contains("1142"), "{sql}: {err}");
+    }
+    // With the key (leaked), through the routines: nothing changes, nothing is read.
+    let (code, _, err) = plain(&format!(
+        "CALL holdfast.mark_v1({key}, 18446744073709551615, 0, 0)"
+    ));
+    assert_eq!(code, Some(0), "{err}");
+    let (code, out, err) = plain(&format!("SELECT holdfast.marker_of_v1({key})"));
+    assert_eq!((code, out.as_str()), (Some(0), "NULL"), "{err}");
+    let now = node_sql(
+        &primary_node,
+        &format!("SELECT owner, seq FROM holdfast.commit_marker WHERE session = {key}"),
+    )
+    .unwrap();
+    assert_eq!(
+        now,
+        vec![vec!["app".to_string(), seq]],
+        "the row is unchanged"
+    );
+}

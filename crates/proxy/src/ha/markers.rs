@@ -4,9 +4,16 @@
 //! reads the row back on the node that took over (see `session/markers.rs`). The row
 //! replicates with the transaction, so it is there exactly when the transaction is.
 //!
-//! Created on the primary through the monitor account, which replicates it everywhere;
-//! every account may write it (`GRANT ... TO PUBLIC`, MariaDB 10.11). Rows not touched for
-//! a day belong to sessions long gone and are purged.
+//! Created on the primary through the monitor account, which replicates it everywhere.
+//! No client account may read or change the table itself: a forged `seq` would make a
+//! failover answer OK for a COMMIT that rolled back, or run a committed one twice. Sessions
+//! write their row through [`MARK`] and read it through [`MARKER_OF`], a procedure and a
+//! function with `SQL SECURITY DEFINER` (the monitor account) that everyone may execute
+//! (`GRANT EXECUTE ... TO PUBLIC`, MariaDB 10.11). A row belongs to the user name that
+//! wrote it first (`USER()` inside a definer routine is the caller's login): another
+//! account can neither change nor read it, even knowing its random 64-bit key (which only
+//! holdfast and that session's own statements carry). Rows not touched for a day belong to
+//! sessions long gone and are purged.
 
 use super::probe::NodeSession;
 use crate::config::Config;
@@ -19,17 +26,49 @@ use tokio::sync::watch;
 /// The marker table.
 pub const TABLE: &str = "holdfast.commit_marker";
 
-const CREATE: [&str; 2] = [
+/// The procedure a session writes its marker with: `CALL holdfast.mark_v1(key, seq,
+/// ROW_COUNT(), LAST_INSERT_ID())`.
+pub const MARK: &str = "holdfast.mark_v1";
+/// The function a session reads its marker with: `SELECT holdfast.marker_of_v1(key)`,
+/// `"seq affected insert_id"` or NULL.
+pub const MARKER_OF: &str = "holdfast.marker_of_v1";
+
+const CREATE: [&str; 5] = [
     "CREATE DATABASE IF NOT EXISTS holdfast",
     "CREATE TABLE IF NOT EXISTS holdfast.commit_marker (\
      session BIGINT UNSIGNED NOT NULL PRIMARY KEY, \
+     owner VARCHAR(128) NOT NULL DEFAULT '', \
      seq BIGINT UNSIGNED NOT NULL, \
      affected BIGINT NULL, \
      insert_id BIGINT UNSIGNED NULL, \
      at TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP\
      ) ENGINE=InnoDB",
+    // A table made by an earlier holdfast.
+    "ALTER TABLE holdfast.commit_marker \
+     ADD COLUMN IF NOT EXISTS owner VARCHAR(128) NOT NULL DEFAULT '' AFTER session",
+    "CREATE PROCEDURE IF NOT EXISTS holdfast.mark_v1(\
+     k BIGINT UNSIGNED, s BIGINT UNSIGNED, a BIGINT, i BIGINT UNSIGNED) \
+     MODIFIES SQL DATA SQL SECURITY DEFINER \
+     INSERT INTO holdfast.commit_marker (session, owner, seq, affected, insert_id) \
+     VALUES (k, SUBSTRING_INDEX(USER(), '@', 1), s, a, i) \
+     ON DUPLICATE KEY UPDATE \
+     seq = IF(owner = VALUES(owner), VALUES(seq), seq), \
+     affected = IF(owner = VALUES(owner), VALUES(affected), affected), \
+     insert_id = IF(owner = VALUES(owner), VALUES(insert_id), insert_id)",
+    "CREATE FUNCTION IF NOT EXISTS holdfast.marker_of_v1(k BIGINT UNSIGNED) \
+     RETURNS VARCHAR(80) READS SQL DATA SQL SECURITY DEFINER \
+     RETURN (SELECT CONCAT_WS(' ', seq, IFNULL(affected, -1), IFNULL(insert_id, 0)) \
+     FROM holdfast.commit_marker \
+     WHERE session = k AND owner = SUBSTRING_INDEX(USER(), '@', 1))",
 ];
-const GRANT: &str = "GRANT SELECT, INSERT, UPDATE ON holdfast.commit_marker TO PUBLIC";
+/// Everyone may run the two routines.
+const GRANT: [&str; 2] = [
+    "GRANT EXECUTE ON PROCEDURE holdfast.mark_v1 TO PUBLIC",
+    "GRANT EXECUTE ON FUNCTION holdfast.marker_of_v1 TO PUBLIC",
+];
+/// Nobody but the monitor touches the table: an earlier holdfast granted it to PUBLIC
+/// (1141/1147, "no such grant", otherwise).
+const REVOKE: &str = "REVOKE SELECT, INSERT, UPDATE ON holdfast.commit_marker FROM PUBLIC";
 const PURGE: &str = "DELETE FROM holdfast.commit_marker WHERE at < NOW() - INTERVAL 1 DAY";
 
 const RETRY_EVERY: Duration = Duration::from_secs(1);
@@ -63,8 +102,11 @@ pub async fn keep_marker_table(
             }
         }
     }
-    if let Err(e) = run_on_primary(&cfg, &topology, &[GRANT]).await {
-        tracing::warn!(error = %e, "commit markers: granting {TABLE} TO PUBLIC failed (the monitor account has no GRANT OPTION?); accounts without SELECT, INSERT, UPDATE on it commit without a marker");
+    if let Err(e) = run_on_primary(&cfg, &topology, &GRANT).await {
+        tracing::warn!(error = %e, "commit markers: granting EXECUTE on {MARK} and {MARKER_OF} TO PUBLIC failed (the monitor account has no GRANT OPTION?); accounts without EXECUTE on them commit without a marker");
+    }
+    if run_on_primary(&cfg, &topology, &[REVOKE]).await.is_ok() {
+        tracing::info!("commit markers: PUBLIC's rights on {TABLE} taken back (the routines are the way in now)");
     }
     ready.store(true, Ordering::Release);
     tracing::info!("commit markers: {TABLE} ready");

@@ -116,13 +116,12 @@ impl Session {
     }
 
     /// The COM_QUERY payload that upserts the session's marker `seq`, with what the
-    /// statement before it did (`ROW_COUNT()`, -1 after an error; `LAST_INSERT_ID()`).
+    /// statement before it did (`ROW_COUNT()`, -1 after an error; `LAST_INSERT_ID()`),
+    /// through the definer procedure (client accounts cannot touch the table).
     fn marker_upsert(&self, seq: u64) -> String {
         format!(
-            "\u{3}INSERT INTO {} (session, seq, affected, insert_id) \
-             VALUES ({}, {seq}, ROW_COUNT(), LAST_INSERT_ID()) ON DUPLICATE KEY UPDATE \
-             seq = VALUES(seq), affected = VALUES(affected), insert_id = VALUES(insert_id)",
-            crate::ha::markers::TABLE,
+            "\u{3}CALL {}({}, {seq}, ROW_COUNT(), LAST_INSERT_ID())",
+            crate::ha::markers::MARK,
             self.markers.key
         )
     }
@@ -596,17 +595,18 @@ impl Session {
             }
         }
         let read = format!(
-            "SELECT seq, affected, insert_id FROM {} WHERE session = {}",
-            crate::ha::markers::TABLE,
+            "SELECT {}({})",
+            crate::ha::markers::MARKER_OF,
             self.markers.key
         );
         match self.backend.query(&read).await {
-            Ok(r) => Some(r.rows.first().map(|row| {
-                let at = |i: usize| row.get(i).cloned().flatten();
+            Ok(r) => Some(first_value(&r).map(|v| {
+                let mut parts = v.split(' ');
+                let mut next = || parts.next().unwrap_or_default();
                 Marker {
-                    seq: at(0).and_then(|v| v.parse().ok()).unwrap_or(0),
-                    affected: at(1).and_then(|v| v.parse().ok()).unwrap_or(-1),
-                    insert_id: at(2).and_then(|v| v.parse().ok()).unwrap_or(0),
+                    seq: next().parse().unwrap_or(0),
+                    affected: next().parse().unwrap_or(-1),
+                    insert_id: next().parse().unwrap_or(0),
                 }
             })),
             Err(e) => {
