@@ -44,6 +44,18 @@ pub struct SessionRecord {
     pub prepared_statements: usize,
     /// The trackers could not be enabled on the backend.
     pub untracked: bool,
+    /// The server reported a session state change (`session_track_state_change`) in the
+    /// answer to the current request.
+    #[serde(skip)]
+    pub state_change_reported: bool,
+    /// Code holdfast cannot see into (a procedure, dynamic SQL) changed the session's
+    /// state; the next capture tells whether its user variables explain it.
+    #[serde(skip)]
+    pub opaque_change: bool,
+    /// Such a change that the user variables did not explain: a temporary table, a
+    /// prepared statement or anything else holdfast cannot recreate may exist. The session
+    /// cannot move (its state would be silently lost).
+    pub unknown_state: bool,
     /// The session trackers as the client set them (what it is shown).
     #[serde(skip)]
     pub client_trackers: ClientTrackers,
@@ -98,6 +110,7 @@ impl SessionRecord {
                 Ok(TrackItem::TransactionState(s)) => {
                     self.transaction_state = String::from_utf8_lossy(s).into_owned();
                 }
+                Ok(TrackItem::StateChanged(true)) => self.state_change_reported = true,
                 Ok(_) => {}
                 Err(e) => {
                     tracing::debug!(error = %e, "undecodable session state record");
@@ -123,6 +136,8 @@ impl SessionRecord {
             Some(Blocker::OpenCursor)
         } else if self.pending_long_data {
             Some(Blocker::PendingLongData)
+        } else if self.unknown_state {
+            Some(Blocker::UnknownState)
         } else if self.untracked {
             Some(Blocker::Untracked)
         } else {
@@ -143,6 +158,7 @@ impl SessionRecord {
             || self.xa
             || self.open_cursors > 0
             || self.pending_long_data
+            || self.unknown_state
             || self.untracked
     }
 
@@ -173,12 +189,15 @@ pub enum Blocker {
     PendingLongData,
     /// The session trackers could not be enabled, so holdfast cannot know the state.
     Untracked,
+    /// Code holdfast cannot see into changed the session's state in a way it cannot
+    /// recreate (a temporary table or prepared statement made in a procedure, say).
+    UnknownState,
     /// A pass-through listener's connection: holdfast does not see its statements.
     PassThrough,
 }
 
 impl Blocker {
-    pub const ALL: [Blocker; 9] = [
+    pub const ALL: [Blocker; 10] = [
         Blocker::OpenTransaction,
         Blocker::TemporaryTable,
         Blocker::LockTables,
@@ -187,6 +206,7 @@ impl Blocker {
         Blocker::OpenCursor,
         Blocker::PendingLongData,
         Blocker::Untracked,
+        Blocker::UnknownState,
         Blocker::PassThrough,
     ];
 
@@ -201,6 +221,7 @@ impl Blocker {
             Blocker::OpenCursor => "open cursor",
             Blocker::PendingLongData => "pending long data",
             Blocker::Untracked => "session trackers unavailable",
+            Blocker::UnknownState => "state changed by a procedure or dynamic SQL",
             Blocker::PassThrough => "pass-through connection",
         }
     }
@@ -216,6 +237,7 @@ impl Blocker {
             Blocker::OpenCursor => "an open cursor",
             Blocker::PendingLongData => "pending COM_STMT_SEND_LONG_DATA data",
             Blocker::Untracked => "its untracked session state",
+            Blocker::UnknownState => "state a procedure or dynamic SQL made on the server",
             Blocker::PassThrough => "its pass-through connection",
         }
     }
@@ -239,6 +261,7 @@ impl Blocker {
             Blocker::OpenCursor => "cursor_lost",
             Blocker::PendingLongData => "long_data_lost",
             Blocker::Untracked => "untracked_lost",
+            Blocker::UnknownState => "unknown_state_lost",
             Blocker::PassThrough => "passthrough_lost",
         }
     }
@@ -254,6 +277,7 @@ impl Blocker {
             Blocker::OpenCursor => "cooldown_open_cursor",
             Blocker::PendingLongData => "cooldown_long_data",
             Blocker::Untracked => "cooldown_untracked",
+            Blocker::UnknownState => "cooldown_unknown_state",
             Blocker::PassThrough => "cooldown_passthrough",
         }
     }

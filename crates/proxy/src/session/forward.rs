@@ -97,6 +97,14 @@ impl Reply {
     }
 }
 
+/// Statements whose effects on the session holdfast cannot read from their text: a
+/// procedure, dynamic SQL, a compound statement, text whose meaning depends on the server's
+/// version.
+const OPAQUE: C = C::CALL
+    .union(C::EXECUTE_SQL)
+    .union(C::COMPOUND)
+    .union(C::UNCERTAIN);
+
 /// How long a request runs before holdfast watches its client's connection: a quick
 /// response never pays for the watch.
 const WATCH_CLIENT_AFTER: std::time::Duration = std::time::Duration::from_millis(500);
@@ -235,14 +243,20 @@ impl Session {
         };
         // A statement's text and flags, whether sent as text or prepared and executed
         // (looked up only when replay or markers need them).
-        let cfg = &self.shared.config;
+        // Looked up for every execute: what its text does to the session (a temporary
+        // table, a named lock, user variables) is noted as a text statement's is.
         let executed = match query {
-            None if cfg.proxy.transaction_replay || cfg.ha.commit_markers => {
-                self.executed_statement(&request)
-            }
+            None => self.executed_statement(&request),
             _ => None,
         };
+        if let Some((sql, flags)) = &executed {
+            self.note_query(*flags, sql);
+        }
         let flags = query.or(executed.as_ref().map(|(_, f)| *f));
+        // Code holdfast does not see into: a state change it reports is explained later
+        // (by the user variables a capture reads) or makes the session's state unknown.
+        let opaque = flags.is_some_and(|f| f.intersects(OPAQUE));
+        self.record.state_change_reported = false;
         let kept = self.replay_before(&request, flags, in_transaction);
         self.note_writes(flags);
         let sql = query_text(&request).or(executed.as_ref().map(|(sql, _)| &sql[..]));
@@ -266,6 +280,10 @@ impl Session {
         let marked = self.take_marked();
         if result.is_ok() {
             self.markers_after();
+        }
+        if opaque && self.record.state_change_reported {
+            self.record.opaque_change = true;
+            self.record.capture_due = true;
         }
         if let Some(mark) = kill {
             self.settle_kill(mark, self.last_error);
@@ -574,7 +592,7 @@ impl Session {
             .map_err(lost)
     }
 
-    fn note_query(&mut self, flags: C, sql: &[u8]) {
+    pub(super) fn note_query(&mut self, flags: C, sql: &[u8]) {
         let r = &mut self.record;
         if flags.intersects(
             C::LAST_INSERT_ID_CALL

@@ -275,6 +275,16 @@ impl Session {
         match Box::pin(capture_keeping_diagnostics(&mut self.backend, moving)).await {
             Ok(Some(c)) => {
                 self.record.last_insert_id = c.last_insert_id;
+                if std::mem::take(&mut self.record.opaque_change)
+                    && c.user_variables == self.captured.user_variables
+                {
+                    tracing::info!(
+                        session = self.info.id,
+                        "a procedure or dynamic SQL changed the session's state, not its user variables: the session cannot move from now on"
+                    );
+                    self.record.unknown_state = true;
+                    self.info.set_blocker(self.record.blocker());
+                }
                 self.captured = c;
                 // Replica connections follow the captured values (user variables).
                 self.record.state_version += 1;
@@ -320,6 +330,10 @@ impl Session {
             ));
         }
         if self.backend_dead {
+            // A procedure or dynamic SQL changed the state and no capture has told what.
+            if self.record.opaque_change {
+                self.record.unknown_state = true;
+            }
             if let Some(lost) = self.record.lost_with_backend() {
                 return Err(self.closed(
                     CloseReason::StateLost(lost),
@@ -340,6 +354,12 @@ impl Session {
             self.captured.last_insert_id = self.record.last_insert_id;
         } else {
             self.capture_if_due(true).await;
+            if self.record.unknown_state {
+                // The capture found state holdfast cannot recreate: the session stays
+                // where it is (a blocker from now on; the cool-down decides).
+                self.move_pending_since.get_or_insert_with(Instant::now);
+                return Ok(());
+            }
             if self.record.capture_due {
                 tracing::info!(
                     session = self.info.id,
