@@ -20,6 +20,51 @@ pub struct Kill {
     pub id_span: Range<usize>,
 }
 
+/// The words of a `KILL` statement before what it names: `KILL [HARD | SOFT]
+/// [CONNECTION | QUERY [ID]]`, then `USER <account>` or an expression.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KillHead {
+    /// `KILL QUERY`: only the running statement, not the connection.
+    pub query: bool,
+    /// What follows names a thread (not a `KILL QUERY ID` query id).
+    pub thread: bool,
+    /// `KILL ... USER <account>`: every connection of an account.
+    pub user: bool,
+    /// Where the target (the expression, or `USER`) starts in the text: the text before
+    /// it followed by a thread id is the same `KILL` of that thread.
+    pub target: usize,
+}
+
+/// The head of `sql` when it is a `KILL` statement (whatever its target).
+pub fn parse_kill_head(sql: &[u8], mode: SqlMode) -> Option<KillHead> {
+    let mut cursor = StmtCursor::new(sql, mode);
+    let mut tok = cursor.next_token()?;
+    if !tok.is_word("KILL") {
+        return None;
+    }
+    tok = cursor.next_token()?;
+    if tok.is_word("HARD") || tok.is_word("SOFT") {
+        tok = cursor.next_token()?;
+    }
+    let (mut query, mut thread) = (false, true);
+    if tok.is_word("CONNECTION") {
+        tok = cursor.next_token()?;
+    } else if tok.is_word("QUERY") {
+        query = true;
+        tok = cursor.next_token()?;
+        if tok.is_word("ID") {
+            thread = false;
+            tok = cursor.next_token()?;
+        }
+    }
+    Some(KillHead {
+        query,
+        thread,
+        user: tok.is_word("USER"),
+        target: tok.offset,
+    })
+}
+
 /// The `KILL` of `sql` when the text is exactly one such statement with a plain decimal
 /// number (`KILL CONNECTION_ID()`, a variable, or several statements give `None`).
 pub fn parse_kill(sql: &[u8], mode: SqlMode) -> Option<Kill> {
@@ -96,5 +141,21 @@ mod tests {
         ] {
             assert_eq!(kill(not), None, "{not}");
         }
+    }
+
+    #[test]
+    fn kill_heads() {
+        let head = |sql: &str| parse_kill_head(sql.as_bytes(), SqlMode::DEFAULT);
+        let sql = "KILL HARD QUERY (SELECT 5)";
+        let h = head(sql).unwrap();
+        assert_eq!((h.query, h.thread, h.user), (true, true, false));
+        assert_eq!(&sql[..h.target], "KILL HARD QUERY ");
+        let h = head("kill soft connection user v").unwrap();
+        assert_eq!((h.query, h.user), (false, true));
+        let h = head("KILL @v").unwrap();
+        assert_eq!((h.query, h.user, h.target), (false, false, 5));
+        assert!(!head("KILL QUERY ID 5").unwrap().thread);
+        assert_eq!(head("SELECT 1"), None);
+        assert_eq!(head("KILL"), None);
     }
 }

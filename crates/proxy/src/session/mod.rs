@@ -133,10 +133,6 @@ struct Session {
     /// Client bytes of the current response already sent (a lost backend after this point
     /// cannot be hidden).
     response_started: bool,
-    /// The backend connection was killed with the current request in flight (ERR 1927, not
-    /// from holdfast's own switchover; or cut while its server kept running): someone
-    /// stopped the request on purpose, it is not run again.
-    backend_killed: bool,
     /// The code of the ERR that ended the current command's response, if one did.
     last_error: Option<u16>,
     identity: Identity,
@@ -356,7 +352,6 @@ impl Session {
             scratch: Vec::new(),
             idle_timer: Box::pin(tokio::time::sleep(idle::IDLE_PROBE)),
             response_started: false,
-            backend_killed: false,
             last_error: None,
             identity,
             can_reauthenticate,
