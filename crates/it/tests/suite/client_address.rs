@@ -188,4 +188,21 @@ fn change_user_to_an_account_of_another_host_is_refused_as_directly() {
         4.0,
         "each refused change-user counts as a failed login"
     );
+    // A user no account is for: the server's refusal names the client's address.
+    let unknown = |to| {
+        let mut c = raw_from(to, "127.0.0.2", h.user(), h.password());
+        let e = c
+            .change_user("nobody_here", "pw", "")
+            .expect_err("no such account");
+        server_err(&e).map(|e| (e.code, e.message.clone()))
+    };
+    let direct = unknown(h.direct());
+    assert_eq!(
+        direct,
+        Some((
+            1045,
+            "Access denied for user 'nobody_here'@'127.0.0.2' (using password: YES)".into()
+        ))
+    );
+    assert_eq!(unknown(h.proxy), direct, "through holdfast vs directly");
 }

@@ -8,6 +8,7 @@ use crate::backend::{self, BackendConn, BackendError, LoginParams};
 use crate::client_trackers::login_ok;
 use crate::config::ListenerMode;
 use crate::conn::{ConnError, PacketConn};
+use crate::error::code::ER_ACCESS_DENIED_ERROR;
 use crate::error::{ClientError, ErrorKind};
 use crate::restore::Captured;
 use crate::serverless::InFlight;
@@ -1087,9 +1088,20 @@ impl Session {
                 // The server keeps the connection, logged in as before (below).
                 self.after_refused_change_user();
                 self.restore_trackers().await?;
-                self.shared
-                    .metrics
-                    .count_error(ErrPacket::parse(&payload).map_or(0, |e| e.code));
+                let err = ErrPacket::parse(&payload).ok();
+                let code = err.as_ref().map_or(0, |e| e.code);
+                if code == ER_ACCESS_DENIED_ERROR
+                    && !node.as_ref().is_some_and(|n| n.proxy_protocol)
+                {
+                    // Without the PROXY protocol the server named holdfast's address: the
+                    // client gets its own, as the server would answer it directly.
+                    let with_password = !err
+                        .as_ref()
+                        .is_some_and(|e| e.message_lossy().contains("using password: NO"));
+                    let error = ClientError::access_denied(&user, peer, with_password);
+                    return self.send_error(seq, &error).await;
+                }
+                self.shared.metrics.count_error(code);
                 return self
                     .client
                     .write_packet(&payload, seq)
