@@ -315,6 +315,8 @@ enum Expr {
     ServerThread,
     /// COM_STMT_PREPARE `KILL ?`, executed with the greeting's id.
     Prepared,
+    /// `PREPARE k FROM 'KILL ?'`, `EXECUTE k USING @t` with the greeting's id in `@t`.
+    SqlPrepared,
     /// `KILL USER CURRENT_USER` run by the victim's account on another connection.
     UserCurrentUser,
 }
@@ -360,6 +362,13 @@ fn killed_by_expression(
             let stmt = killer.prepare("KILL ?").expect("PREPARE KILL ?");
             outcome(execute_with(&mut killer, stmt.id, u64::from(greeting_id)))
         }
+        Expr::SqlPrepared => {
+            killer.query("PREPARE k FROM 'KILL ?'").expect("PREPARE k");
+            killer
+                .query(&format!("SET @t = {greeting_id}"))
+                .expect("SET");
+            outcome(killer.query("EXECUTE k USING @t"))
+        }
         Expr::UserCurrentUser => {
             // The killer is of the same account: it ends itself too (after its answer).
             let answer = outcome(killer.query("KILL USER CURRENT_USER"));
@@ -388,6 +397,7 @@ fn kill_by_expression_or_prepared_ends_the_session_as_directly() {
         Expr::Arithmetic,
         Expr::ServerThread,
         Expr::Prepared,
+        Expr::SqlPrepared,
         Expr::UserCurrentUser,
     ] {
         let direct = killed_by_expression(&h, h.direct(), how);

@@ -195,7 +195,7 @@ impl Session {
             _ => Ok(()),
         };
         let mut by_value = None;
-        let kill = if query.is_some_and(|f| f.has(C::KILL))
+        let kill = if query.is_some_and(|f| f.intersects(C::KILL.union(C::EXECUTE_SQL)))
             || request.get(HEADER_LEN) == Some(&COM_PROCESS_KILL)
             || request.get(HEADER_LEN) == Some(&COM_STMT_EXECUTE)
         {
@@ -261,6 +261,12 @@ impl Session {
         }
         if let Some(mark) = kill {
             self.settle_kill(mark, self.last_error);
+        }
+        if query.is_some_and(|f| f.intersects(C::PREPARE_SQL.union(C::DEALLOCATE_SQL))) {
+            if let Some(sql) = query_text(&request) {
+                let ok = result.is_ok() && self.last_error.is_none();
+                self.note_sql_prepared(sql, ok);
+            }
         }
         // SET PASSWORD and ALTER USER are implicit commits to the classifier: nothing more
         // is read for any other statement.

@@ -30,11 +30,14 @@ use crate::error::code::ER_CONNECTION_KILLED;
 use crate::error::{ClientError, ErrorKind};
 use crate::registry::{SessionInfo, SESSION_ID_BASE};
 use bytes::BytesMut;
-use holdfast_sql::{parse_kill, parse_kill_head, Classification as C};
+use holdfast_sql::{
+    parse_kill, parse_kill_head, parse_sql_prepared, Classification as C, SqlPrepared,
+};
 use holdfast_wire::caps::CLIENT_SESSION_TRACK;
 use holdfast_wire::command::{COM_PROCESS_KILL, COM_QUERY, COM_STMT_EXECUTE};
 use holdfast_wire::frame::{self, parse_header, HEADER_LEN};
 use holdfast_wire::packets::{self, ErrPacket, OkPacket, ERR_HEADER};
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -53,6 +56,16 @@ pub(super) enum KillPlan {
     /// on a connection of the killer's account, the killer answered with OK.
     OnReplica(Arc<crate::registry::ReplicaRead>),
 }
+
+/// The SQL-level prepared statements (`PREPARE k FROM 'KILL ?'`) of a session that are a
+/// `KILL` of a value: their heads and whether they are `KILL QUERY`, by name (in lower
+/// case). An `EXECUTE` of one runs as a [`KillPlan::ByValue`].
+#[derive(Default)]
+pub(super) struct SqlKills(HashMap<Vec<u8>, (Vec<u8>, bool)>);
+
+/// At most this many are kept (the server's own limit, `max_prepared_stmt_count`, is per
+/// server).
+const MAX_SQL_KILLS: usize = 1024;
 
 /// A `KILL` naming its target by value (see [`KillPlan::ByValue`]).
 pub(super) struct ByValue {
@@ -119,6 +132,24 @@ impl Session {
                     },
                 }
             }
+            Some(&COM_QUERY)
+                if query.is_some_and(|f| f.has(C::EXECUTE_SQL)) && !header.continues() =>
+            {
+                let sql = &request[HEADER_LEN + 1..];
+                let mode = self.record.sql_mode.unwrap_or_default();
+                let kill = match parse_sql_prepared(sql, mode) {
+                    Some(SqlPrepared::Execute { name }) => self.sql_kills.0.get(&name),
+                    _ => None,
+                };
+                return Ok(match kill {
+                    Some((head, query)) => KillPlan::ByValue(ByValue {
+                        head: head.clone(),
+                        query: *query,
+                        value: None,
+                    }),
+                    None => KillPlan::Forward(None),
+                });
+            }
             Some(&COM_STMT_EXECUTE) if !header.continues() => {
                 return Ok(self
                     .prepared_kill(request)
@@ -156,6 +187,33 @@ impl Session {
                 .filter(|_| ends_connection)
                 .map(|victim| self.mark(victim)),
         ))
+    }
+
+    /// Notes a `PREPARE` or `DEALLOCATE PREPARE` the server ran (`ok`: it succeeded; a
+    /// failed `PREPARE` drops the statement of that name too).
+    pub(super) fn note_sql_prepared(&mut self, sql: &[u8], ok: bool) {
+        let mode = self.record.sql_mode.unwrap_or_default();
+        match parse_sql_prepared(sql, mode) {
+            Some(SqlPrepared::Prepare { name, text }) => {
+                let head = text.as_deref().filter(|_| ok).and_then(|text| {
+                    parse_kill_head(text, mode)
+                        .filter(|h| h.thread && !h.user)
+                        .map(|h| (text.get(..h.target).unwrap_or_default().to_vec(), h.query))
+                });
+                match head {
+                    Some(head) if self.sql_kills.0.len() < MAX_SQL_KILLS => {
+                        self.sql_kills.0.insert(name, head);
+                    }
+                    _ => {
+                        self.sql_kills.0.remove(&name);
+                    }
+                }
+            }
+            Some(SqlPrepared::Deallocate { name }) => {
+                self.sql_kills.0.remove(&name);
+            }
+            _ => {}
+        }
     }
 
     /// A COM_STMT_EXECUTE of a prepared `KILL [..] ?` whose parameter is one of holdfast's

@@ -126,6 +126,8 @@ struct Session {
     scramble: [u8; 20],
     record: SessionRecord,
     statements: Statements,
+    /// SQL-level prepared statements that are a `KILL` (see `kill.rs`).
+    sql_kills: kill::SqlKills,
     /// Reused for the packets holdfast rewrites on their way to the client.
     scratch: Vec<u8>,
     /// The client's silence that makes the session idle (see `idle.rs`).
@@ -349,6 +351,7 @@ impl Session {
             scramble,
             record,
             statements: Statements::default(),
+            sql_kills: kill::SqlKills::default(),
             scratch: Vec::new(),
             idle_timer: Box::pin(tokio::time::sleep(idle::IDLE_PROBE)),
             response_started: false,
