@@ -321,19 +321,25 @@ enum Expr {
     UserCurrentUser,
 }
 
-/// COM_STMT_EXECUTE of statement `id` with one unsigned BIGINT parameter.
+/// COM_STMT_EXECUTE of statement `id` with one unsigned BIGINT parameter, its type sent
+/// (`bind`) or left to what the server remembers from the last execute.
 fn execute_with(
     c: &mut RawConn,
     id: u32,
     value: u64,
+    bind: bool,
 ) -> anyhow::Result<Vec<holdfast_it::raw::Response>> {
     let mut p = vec![0x17];
     p.extend_from_slice(&id.to_le_bytes());
     p.push(0);
     p.extend_from_slice(&1u32.to_le_bytes());
     p.push(0); // null bitmap
-    p.push(1); // types follow
-    p.extend_from_slice(&[0x08, 0x80]); // LONGLONG, unsigned
+    if bind {
+        p.push(1); // types follow
+        p.extend_from_slice(&[0x08, 0x80]); // LONGLONG, unsigned
+    } else {
+        p.push(0);
+    }
     p.extend_from_slice(&value.to_le_bytes());
     c.command(&p)?;
     c.read_results()
@@ -360,7 +366,17 @@ fn killed_by_expression(
         }
         Expr::Prepared => {
             let stmt = killer.prepare("KILL ?").expect("PREPARE KILL ?");
-            outcome(execute_with(&mut killer, stmt.id, u64::from(greeting_id)))
+            let answer = outcome(execute_with(
+                &mut killer,
+                stmt.id,
+                u64::from(greeting_id),
+                true,
+            ));
+            // Executed again without its type (the server remembers it): a thread that
+            // does not exist.
+            let again = outcome(execute_with(&mut killer, stmt.id, 999_999, false));
+            assert_eq!(again, Err(1094), "{how:?}: executed again");
+            answer
         }
         Expr::SqlPrepared => {
             killer.query("PREPARE k FROM 'KILL ?'").expect("PREPARE k");

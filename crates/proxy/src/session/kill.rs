@@ -255,7 +255,10 @@ impl Session {
         self.response_started = false;
         self.last_error = None;
         let id = match kill.value {
-            Some(id) => id,
+            Some(id) => {
+                self.execute_not_forwarded(request);
+                id
+            }
             None => {
                 let answer = self
                     .kill_exchange(request.get(HEADER_LEN..).unwrap_or_default())
@@ -316,6 +319,26 @@ impl Session {
             }
         };
         self.relay_kill_answer(&answer, reply_seq, mark).await
+    }
+
+    /// A prepared `KILL ?` run as a text `KILL` instead: the backend never saw this
+    /// execute, so parameter types it carried are sent with the next one.
+    fn execute_not_forwarded(&mut self, request: &[u8]) {
+        let Some(payload) = request.get(HEADER_LEN..) else {
+            return;
+        };
+        let (Some(&1), Some(types), Some(id)) = (
+            payload.get(11),
+            payload.get(12..14),
+            packets::statement_id(payload),
+        ) else {
+            return;
+        };
+        let id = self.statements.resolve(id);
+        if let Some(stmt) = self.statements.get_mut(id) {
+            stmt.types = Some(types.to_vec());
+            stmt.types_pending = true;
+        }
     }
 
     /// Sends one command to the backend and reads its one-packet answer (a `KILL`'s: OK
