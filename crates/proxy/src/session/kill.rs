@@ -474,8 +474,8 @@ impl Session {
     }
 
     /// An idle session whose backend connection a client's `KILL` ended: the client gets
-    /// what the server sent before it closed (MariaDB sends ERR 1927 to a killed idle
-    /// connection, read with the client's next command), then the connection closes.
+    /// what the server sent before it closed, if anything (MariaDB 10.11 sends nothing to a
+    /// killed idle connection: it closes it), then the connection closes.
     pub(super) async fn end_killed_while_idle(&mut self) -> End {
         let conn = &mut self.backend.conn;
         let _ = tokio::time::timeout(Duration::from_secs(1), async {
