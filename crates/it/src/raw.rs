@@ -179,7 +179,15 @@ pub fn split_packets(mut bytes: &[u8]) -> Vec<Vec<u8>> {
 impl RawConn {
     /// Connects and reads the greeting without logging in.
     pub fn greet(addr: SocketAddr) -> Result<RawConn> {
-        let mut stream = open(addr)?;
+        Self::greet_on(open(addr)?)
+    }
+
+    /// Reads the greeting on a stream the caller connected itself (e.g. from another
+    /// loopback address); read and write timeouts are set.
+    pub fn greet_on(mut stream: TcpStream) -> Result<RawConn> {
+        stream.set_read_timeout(Some(IO_TIMEOUT))?;
+        stream.set_write_timeout(Some(IO_TIMEOUT))?;
+        stream.set_nodelay(true)?;
         let p = read_packet_from(&mut stream).context("reading the greeting")?;
         if p.payload.first() == Some(&0xff) {
             return Err(ServerErr::parse(&p.payload)?).context("the server refused the connection");

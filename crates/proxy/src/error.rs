@@ -48,9 +48,8 @@ pub enum ErrorKind {
     /// `BEGIN`, `SET autocommit`, `LOCK TABLES`, a prepared COMMIT...), was in flight inside
     /// a transaction; whether it committed is unknown (1180).
     CommitOutcomeUnknown,
-    /// The node was lost while a statement was in flight; it may have run (1317). Also a
-    /// statement whose connection was killed on purpose (ERR 1927 from the server, or the
-    /// connection cut while the server kept running): it is not run again.
+    /// The node was lost while a statement was in flight; it may have run (1317). (A
+    /// connection killed on purpose ends its session instead, as the server ends it.)
     StatementInterrupted,
     /// The session had to move and could not (no writable node within the hold window,
     /// state the new node refused); the connection closes (1927).
@@ -209,15 +208,6 @@ impl ClientError {
         Self::new(
             ErrorKind::StatementInterrupted,
             "Query execution was interrupted: holdfast lost the database node while the statement was in flight; it may or may not have been applied",
-        )
-    }
-
-    /// The statement's connection was killed (someone's KILL: ERR 1927, or the connection
-    /// cut while the server kept running): not run again.
-    pub fn statement_killed() -> Self {
-        Self::new(
-            ErrorKind::StatementInterrupted,
-            "Query execution was interrupted: the database connection was killed while the statement was in flight (the server kept running); holdfast did not run it again",
         )
     }
 

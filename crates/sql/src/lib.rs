@@ -46,7 +46,7 @@ mod split;
 mod tests;
 
 pub use classify::{classify, classify_for, classify_with, first_keyword, Classification};
-pub use kill::{parse_kill, Kill};
+pub use kill::{parse_kill, parse_kill_head, parse_sql_prepared, Kill, KillHead, SqlPrepared};
 pub use lexer::{Lexer, SqlMode, Token, TokenKind};
 pub use password::{own_password_change, PasswordChange};
 pub use route::{read_only_transaction, read_route, ReadRoute};

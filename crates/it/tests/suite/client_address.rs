@@ -1,7 +1,8 @@
 //! The client's own address reaches the server (PROXY protocol v2 to the backends): the
 //! server applies its host-based accounts to the client, not to holdfast's address.
 
-use holdfast_it::{wait_for, Harness, Options};
+use holdfast_it::raw::{server_err, RawConn, BASE_CAPS};
+use holdfast_it::{metric, wait_for, Harness, Options};
 use mysql::prelude::*;
 use mysql::{Conn, Opts, OptsBuilder};
 use std::net::SocketAddr;
@@ -95,4 +96,113 @@ fn without_the_proxy_protocol_a_login_that_depends_on_the_host_is_refused() {
     // An account for any host does not depend on it.
     let mut c = connect_from(&h, "127.0.0.2", h.user(), h.password()).unwrap();
     assert_eq!(server_side_user(&mut c), format!("{}@127.0.0.1", h.user()));
+}
+
+/// A raw connection to `to` from the loopback address `source`, logged in as `user`.
+fn raw_from(to: SocketAddr, source: &str, user: &str, password: &str) -> RawConn {
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    let local: SocketAddr = format!("{source}:0").parse().expect("address");
+    socket.bind(&local.into()).expect("bind");
+    socket.connect(&to.into()).expect("connect");
+    let mut c = RawConn::greet_on(socket.into()).expect("greeting");
+    c.login(user, password, None, BASE_CAPS).expect("login");
+    c
+}
+
+/// What a client from 127.0.0.2 sees when it changes user to an account that exists only
+/// for 127.0.0.1: each attempt's answer (code and message), then who it is and whether its
+/// user variable survived.
+fn change_user_from_elsewhere(
+    h: &Harness,
+    to: SocketAddr,
+) -> (Vec<(u16, String)>, Option<String>, Option<String>) {
+    let mut c = raw_from(to, "127.0.0.2", h.user(), h.password());
+    c.query("SET @kept = 1").expect("SET");
+    let answers = (0..4)
+        .map(|_| {
+            let e = c
+                .change_user("boss", "boss_pw", "")
+                .expect_err("change-user to an account for 127.0.0.1 only must be refused");
+            let e = server_err(&e).unwrap_or_else(|| panic!("a server ERR: {e:#}"));
+            (e.code, e.message.clone())
+        })
+        .collect();
+    let who = c
+        .query_value("SELECT CURRENT_USER()")
+        .expect("still connected");
+    let kept = c.query_value("SELECT @kept").expect("still connected");
+    (answers, who, kept)
+}
+
+/// COM_CHANGE_USER applies the server's account/host rule to the client's own address, as
+/// a login does: without the PROXY protocol the server would see holdfast's 127.0.0.1 and
+/// accept `boss`, whose only account is `boss@127.0.0.1`; holdfast refuses as the server
+/// refuses a direct client from 127.0.0.2, with the same answers (1045 three times, then
+/// 1047), leaves the session as the server leaves it (logged in as before, reset), and
+/// counts the failures like a login's.
+#[test]
+fn change_user_to_an_account_of_another_host_is_refused_as_directly() {
+    let h = Harness::start_with(Options::default().config(|c| {
+        for b in &mut c.backends {
+            b.proxy_protocol = false;
+        }
+    }));
+    let before = h.status().verifier_accounts;
+    h.root_sql(
+        "CREATE USER 'boss'@'127.0.0.1' IDENTIFIED BY 'boss_pw'; \
+         GRANT ALL ON *.* TO 'boss'@'127.0.0.1'",
+    );
+    wait_for(
+        "holdfast to load the new account",
+        Duration::from_secs(20),
+        || {
+            let mut c = connect_from(&h, "127.0.0.1", "boss", "boss_pw").ok()?;
+            assert_eq!(server_side_user(&mut c), "boss@127.0.0.1");
+            (h.status().verifier_accounts > before).then_some(())
+        },
+    );
+    let direct = change_user_from_elsewhere(&h, h.direct());
+    let denied = "Access denied for user 'boss'@'127.0.0.2' (using password: YES)".to_string();
+    assert_eq!(
+        direct.0,
+        vec![
+            (1045, denied.clone()),
+            (1045, denied.clone()),
+            (1045, denied),
+            (1047, "Unknown command".into())
+        ],
+        "directly"
+    );
+    assert_eq!(
+        direct.1.as_deref(),
+        Some(format!("{}@%", h.user()).as_str())
+    );
+    assert_eq!(direct.2, None, "the session is reset");
+    let failed = || metric(&h.metrics(), "holdfast_logins_failed_total").unwrap_or(0.0);
+    let failed_before = failed();
+    let through = change_user_from_elsewhere(&h, h.proxy);
+    assert_eq!(through, direct, "through holdfast vs directly");
+    assert_eq!(
+        failed() - failed_before,
+        4.0,
+        "each refused change-user counts as a failed login"
+    );
+    // A user no account is for: the server's refusal names the client's address.
+    let unknown = |to| {
+        let mut c = raw_from(to, "127.0.0.2", h.user(), h.password());
+        let e = c
+            .change_user("nobody_here", "pw", "")
+            .expect_err("no such account");
+        server_err(&e).map(|e| (e.code, e.message.clone()))
+    };
+    let direct = unknown(h.direct());
+    assert_eq!(
+        direct,
+        Some((
+            1045,
+            "Access denied for user 'nobody_here'@'127.0.0.2' (using password: YES)".into()
+        ))
+    );
+    assert_eq!(unknown(h.proxy), direct, "through holdfast vs directly");
 }

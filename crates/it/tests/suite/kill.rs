@@ -245,3 +245,184 @@ fn a_killer_naming_its_victim_by_variable_still_moves() {
         "the killer moved with its state"
     );
 }
+
+/// The affected-row count of the OK a statement got, or the server's error code.
+fn outcome(r: anyhow::Result<Vec<holdfast_it::raw::Response>>) -> Result<u64, u16> {
+    match r {
+        Ok(responses) => match responses.first() {
+            Some(holdfast_it::raw::Response::Ok { payload, .. }) => {
+                Ok(holdfast_wire::packets::OkPacket::parse(payload, false)
+                    .map_or(u64::MAX, |ok| ok.affected_rows))
+            }
+            other => panic!("expected an OK, got {other:?}"),
+        },
+        Err(e) => Err(server_err(&e).map_or(0, |e| e.code)),
+    }
+}
+
+/// `KILL USER v` from another connection while one of v's connections idles and another
+/// runs a statement: the server's answer (how many it killed), and what each victim's
+/// next command gets afterwards.
+fn kill_user(h: &Harness, addr: SocketAddr) -> (Result<u64, u16>, Next, Next, Next) {
+    let mut idle = RawConn::connect(addr, "v", "v_pw", None, BASE_CAPS).expect("login as v");
+    let busy = RawConn::connect(addr, "v", "v_pw", None, BASE_CAPS).expect("login as v");
+    let sleeping = std::thread::spawn(move || {
+        let mut busy = busy;
+        let r = next(&mut busy, "SELECT SLEEP(30)");
+        (busy, r)
+    });
+    wait_for("the SLEEP to run", Duration::from_secs(10), || {
+        let rows = h.root_sql(
+            "SELECT ID FROM information_schema.PROCESSLIST WHERE INFO = 'SELECT SLEEP(30)'",
+        );
+        (!rows.is_empty()).then_some(())
+    });
+    let mut killer = connect(h, addr);
+    let answer = outcome(killer.query("KILL USER v"));
+    let (mut busy, during) = sleeping.join().expect("the sleeping thread");
+    let idle_next = next(&mut idle, "SELECT 1");
+    let busy_next = next(&mut busy, "SELECT 1");
+    (answer, during, idle_next, busy_next)
+}
+
+/// `KILL USER` ends every connection of the user, through holdfast as directly: the
+/// server's count in the answer, the running statement's connection lost, the idle one
+/// gone at its next command (not logged in again on a fresh backend connection).
+#[test]
+fn kill_user_ends_every_session_of_the_user_as_directly() {
+    let h = Harness::start();
+    h.root_sql("CREATE USER 'v'@'%' IDENTIFIED BY 'v_pw'; GRANT SELECT ON *.* TO 'v'@'%'");
+    let direct = kill_user(&h, h.direct());
+    assert_eq!(
+        direct,
+        (Ok(2), Next::Closed, Next::Closed, Next::Closed),
+        "directly"
+    );
+    let through = kill_user(&h, h.proxy);
+    assert_eq!(through, direct, "through holdfast vs directly");
+    // v's sessions are closed (and the killer's, dropped).
+    h.wait_sessions(0, Duration::from_secs(10));
+}
+
+/// How a killer names its victim other than by a literal id.
+#[derive(Debug, Clone, Copy)]
+enum Expr {
+    /// `KILL (SELECT <greeting id>)`.
+    Subquery,
+    /// `KILL <greeting id> + 0`.
+    Arithmetic,
+    /// `KILL CONNECTION (SELECT <CONNECTION_ID() of the victim>)`.
+    ServerThread,
+    /// COM_STMT_PREPARE `KILL ?`, executed with the greeting's id.
+    Prepared,
+    /// `PREPARE k FROM 'KILL ?'`, `EXECUTE k USING @t` with the greeting's id in `@t`.
+    SqlPrepared,
+    /// `KILL USER CURRENT_USER` run by the victim's account on another connection.
+    UserCurrentUser,
+}
+
+/// COM_STMT_EXECUTE of statement `id` with one unsigned BIGINT parameter, its type sent
+/// (`bind`) or left to what the server remembers from the last execute.
+fn execute_with(
+    c: &mut RawConn,
+    id: u32,
+    value: u64,
+    bind: bool,
+) -> anyhow::Result<Vec<holdfast_it::raw::Response>> {
+    let mut p = vec![0x17];
+    p.extend_from_slice(&id.to_le_bytes());
+    p.push(0);
+    p.extend_from_slice(&1u32.to_le_bytes());
+    p.push(0); // null bitmap
+    if bind {
+        p.push(1); // types follow
+        p.extend_from_slice(&[0x08, 0x80]); // LONGLONG, unsigned
+    } else {
+        p.push(0);
+    }
+    p.extend_from_slice(&value.to_le_bytes());
+    c.command(&p)?;
+    c.read_results()
+}
+
+/// The killer's answer and the victim's next two commands.
+fn killed_by_expression(
+    h: &Harness,
+    addr: SocketAddr,
+    how: Expr,
+) -> (Result<u64, u16>, Next, Next) {
+    let mut victim = connect(h, addr);
+    let mut killer = connect(h, addr);
+    let greeting_id = victim.greeting.connection_id;
+    let answer = match how {
+        Expr::Subquery => outcome(killer.query(&format!("KILL (SELECT {greeting_id})"))),
+        Expr::Arithmetic => outcome(killer.query(&format!("KILL {greeting_id} + 0"))),
+        Expr::ServerThread => {
+            let thread = victim
+                .query_value("SELECT CONNECTION_ID()")
+                .unwrap()
+                .expect("an id");
+            outcome(killer.query(&format!("KILL CONNECTION (SELECT {thread})")))
+        }
+        Expr::Prepared => {
+            let stmt = killer.prepare("KILL ?").expect("PREPARE KILL ?");
+            let answer = outcome(execute_with(
+                &mut killer,
+                stmt.id,
+                u64::from(greeting_id),
+                true,
+            ));
+            // Executed again without its type (the server remembers it): a thread that
+            // does not exist.
+            let again = outcome(execute_with(&mut killer, stmt.id, 999_999, false));
+            assert_eq!(again, Err(1094), "{how:?}: executed again");
+            answer
+        }
+        Expr::SqlPrepared => {
+            killer.query("PREPARE k FROM 'KILL ?'").expect("PREPARE k");
+            killer
+                .query(&format!("SET @t = {greeting_id}"))
+                .expect("SET");
+            outcome(killer.query("EXECUTE k USING @t"))
+        }
+        Expr::UserCurrentUser => {
+            // The killer is of the same account: it ends itself too (after its answer).
+            let answer = outcome(killer.query("KILL USER CURRENT_USER"));
+            assert_eq!(
+                next(&mut killer, "SELECT 1"),
+                Next::Closed,
+                "{how:?}: the killer"
+            );
+            // Its count depends on the other connections of the account: not compared.
+            answer.map(|_| 0)
+        }
+    };
+    let first = next(&mut victim, "SELECT 1");
+    let second = next(&mut victim, "SELECT 1");
+    (answer, first, second)
+}
+
+/// A `KILL` whose target is an expression, a prepared `KILL ?`, or `KILL USER` of the
+/// killer's own account ends the connection it names, through holdfast as directly (with
+/// holdfast's ids mapped as for a literal id).
+#[test]
+fn kill_by_expression_or_prepared_ends_the_session_as_directly() {
+    let h = Harness::start();
+    for how in [
+        Expr::Subquery,
+        Expr::Arithmetic,
+        Expr::ServerThread,
+        Expr::Prepared,
+        Expr::SqlPrepared,
+        Expr::UserCurrentUser,
+    ] {
+        let direct = killed_by_expression(&h, h.direct(), how);
+        assert_eq!(
+            direct.2,
+            Next::Closed,
+            "{how:?}: the victim is gone directly"
+        );
+        let through = killed_by_expression(&h, h.proxy, how);
+        assert_eq!(through, direct, "{how:?}: through holdfast vs directly");
+    }
+}

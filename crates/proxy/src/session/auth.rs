@@ -8,6 +8,7 @@ use crate::backend::{self, BackendConn, BackendError, LoginParams};
 use crate::client_trackers::login_ok;
 use crate::config::ListenerMode;
 use crate::conn::{ConnError, PacketConn};
+use crate::error::code::ER_ACCESS_DENIED_ERROR;
 use crate::error::{ClientError, ErrorKind};
 use crate::restore::Captured;
 use crate::serverless::InFlight;
@@ -643,18 +644,9 @@ async fn refuse_if_host_dependent(
     peer: SocketAddr,
     node: &NodeState,
 ) -> Result<(), LoginError> {
-    if node.proxy_protocol || !shared.verifiers.has_host_specific_account(user) {
-        return Ok(());
-    }
-    let Some(server_sees) = source_address_towards(&node.address) else {
+    let Some(server_sees) = host_dependence(shared, user, peer.ip(), node) else {
         return Ok(());
     };
-    if !shared
-        .verifiers
-        .depends_on_host(user, peer.ip(), server_sees)
-    {
-        return Ok(());
-    }
     tracing::warn!(
         user = %user,
         client = %peer,
@@ -663,6 +655,26 @@ async fn refuse_if_host_dependent(
     );
     let error = ClientError::access_denied(user, peer.ip(), with_password);
     Err(refuse(client, shared, seq, error).await)
+}
+
+/// Whether the account `user` gets on `node` depends on the client's address while that
+/// node sees holdfast's instead (no PROXY protocol): the server, seeing the returned
+/// address, would pick another account (or none) than for `client` directly. A login or
+/// COM_CHANGE_USER that does is refused as the server would refuse the client.
+fn host_dependence(
+    shared: &Shared,
+    user: &str,
+    client: std::net::IpAddr,
+    node: &NodeState,
+) -> Option<std::net::IpAddr> {
+    if node.proxy_protocol || !shared.verifiers.has_host_specific_account(user) {
+        return None;
+    }
+    let server_sees = source_address_towards(&node.address)?;
+    shared
+        .verifiers
+        .depends_on_host(user, client, server_sees)
+        .then_some(server_sees)
 }
 
 /// The local address the kernel would use to reach `address` (a UDP "connect" sends
@@ -956,9 +968,22 @@ async fn relay_login(
     }
 }
 
+/// Which user a refused COM_CHANGE_USER is repeated for on the backend (see
+/// `Session::change_user_refused`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Probe {
+    /// The client's: its account counts the failure, as the server would count it.
+    SameUser,
+    /// None that exists: the client's address has no account of that user (or another
+    /// than the one the server would see), so no account counts it.
+    NoAccount,
+}
+
 impl Session {
-    /// COM_CHANGE_USER, checked against the verifiers like a login, then replayed on the
-    /// backend with an answer to the backend's own scramble.
+    /// COM_CHANGE_USER, checked like a login: the account the client's own address gets
+    /// (refused where the backend, seeing holdfast's address, would pick another), its
+    /// password against the verifiers, failures counted and delayed as a login's; then
+    /// replayed on the backend with an answer to the backend's own scramble.
     pub(super) async fn change_user(&mut self, request: &[u8]) -> Result<(), End> {
         let payload = frame::logical_payload(request);
         let mut seq = parse_header(request).map_or(0, |h| h.seq).wrapping_add(1);
@@ -972,11 +997,34 @@ impl Session {
         };
         let user = String::from_utf8_lossy(&cu.user).into_owned();
         let peer = self.info.client.ip();
-        let verifier = self
-            .shared
-            .verifiers
-            .lookup(&user, peer)
-            .map(|a| a.verifier());
+        let node = self
+            .topology
+            .borrow()
+            .nodes
+            .iter()
+            .find(|n| n.name == self.backend_name)
+            .cloned();
+        let server_sees = node
+            .as_ref()
+            .and_then(|n| host_dependence(&self.shared, &user, peer, n));
+        if let Some(server_sees) = server_sees {
+            // The server, seeing holdfast's address, would let the client in under an
+            // account that is not its own (or refuse it for another reason): refused as
+            // the server refuses the client directly, and counted like a login's failure.
+            tracing::warn!(
+                session = self.info.id,
+                user = %user,
+                client = %self.info.client,
+                node = %self.backend_name,
+                "COM_CHANGE_USER refused: the account depends on the client's host, and without proxy_protocol the server would see holdfast's address ({server_sees}) instead; set proxy_protocol = true for this [[backend]]"
+            );
+            wrong_password(&self.shared, peer, &user).await;
+            let error = ClientError::access_denied(&user, peer, !cu.auth_response.is_empty());
+            return self
+                .change_user_refused(cu, seq, error, Probe::NoAccount)
+                .await;
+        }
+        let verifier = self.change_user_verifier(&user, peer).await;
         let (auth, secret) = match &verifier {
             Some(v @ (Verifier::Native(_) | Verifier::Empty)) => {
                 let mut response = cu.auth_response.clone();
@@ -989,7 +1037,9 @@ impl Session {
                 let Ok(secret) = check_native(v, &response, &self.scramble) else {
                     wrong_password(&self.shared, peer, &user).await;
                     let error = ClientError::access_denied(&user, peer, !response.is_empty());
-                    return self.change_user_refused(cu, seq, error).await;
+                    return self
+                        .change_user_refused(cu, seq, error, Probe::SameUser)
+                        .await;
                 };
                 let answer = secret
                     .as_ref()
@@ -1033,12 +1083,25 @@ impl Session {
         {
             Exchange::Accepted(next) => seq = next,
             Exchange::Refused(payload, seq) => {
+                // Counted and delayed like a login's failure.
+                wrong_password(&self.shared, peer, &user).await;
                 // The server keeps the connection, logged in as before (below).
                 self.after_refused_change_user();
                 self.restore_trackers().await?;
-                self.shared
-                    .metrics
-                    .count_error(ErrPacket::parse(&payload).map_or(0, |e| e.code));
+                let err = ErrPacket::parse(&payload).ok();
+                let code = err.as_ref().map_or(0, |e| e.code);
+                if code == ER_ACCESS_DENIED_ERROR
+                    && !node.as_ref().is_some_and(|n| n.proxy_protocol)
+                {
+                    // Without the PROXY protocol the server named holdfast's address: the
+                    // client gets its own, as the server would answer it directly.
+                    let with_password = !err
+                        .as_ref()
+                        .is_some_and(|e| e.message_lossy().contains("using password: NO"));
+                    let error = ClientError::access_denied(&user, peer, with_password);
+                    return self.send_error(seq, &error).await;
+                }
+                self.shared.metrics.count_error(code);
                 return self
                     .client
                     .write_packet(&payload, seq)
@@ -1046,6 +1109,7 @@ impl Session {
                     .map_err(End::Client);
             }
         }
+        self.shared.admission.login_succeeded(peer, &user);
         self.statements.clear();
         self.record.reset();
         let database = String::from_utf8_lossy(&forwarded.database).into_owned();
@@ -1071,19 +1135,62 @@ impl Session {
             .map_err(End::Client)
     }
 
-    /// A COM_CHANGE_USER holdfast refused itself (wrong password for an account it
-    /// verifies). The server answers ERR and keeps the connection, logged in as before but
-    /// with its session reset (it resets before it authenticates, and counts the failure:
-    /// from the fourth on it answers ERR 1047). For the backend to be in that same state
-    /// it gets the same request with an answer that cannot match, and holdfast answers the
-    /// client as the backend did, in the server's words for the client's address.
+    /// The verifier of the account `user` changes to from the client's address. An account
+    /// holdfast has not seen makes it read the accounts again first (at most every
+    /// `verifier_miss_refresh_ms`), as a login does: the account may be new.
+    async fn change_user_verifier(&self, user: &str, peer: std::net::IpAddr) -> Option<Verifier> {
+        if let Some(account) = self.shared.verifiers.lookup(user, peer) {
+            return Some(account.verifier());
+        }
+        let addr = self
+            .shared
+            .topology
+            .borrow()
+            .primary_node()
+            .map(|n| n.address.clone());
+        if let (Some(addr), true) = (addr, self.shared.gate.is_open()) {
+            let min =
+                std::time::Duration::from_millis(self.shared.config.auth.verifier_miss_refresh_ms);
+            if let Err(e) = self
+                .shared
+                .verifiers
+                .refresh_waiting(&self.shared.config, &addr, min)
+                .await
+            {
+                tracing::debug!(error = %e, "cannot re-read the accounts for a COM_CHANGE_USER");
+            }
+        }
+        self.shared
+            .verifiers
+            .lookup(user, peer)
+            .map(|a| a.verifier())
+    }
+
+    /// A COM_CHANGE_USER holdfast refused itself (a wrong password for an account it
+    /// verifies, or an account that depends on the client's host). The server answers ERR
+    /// (after a second) and keeps the connection, logged in as before but with its session
+    /// reset (it resets before it authenticates, and counts the failure: from the fourth
+    /// on it answers ERR 1047). For the backend to be in that same state it gets the
+    /// request again with an answer that cannot match (`probe`: for which user), and
+    /// holdfast answers the client as the backend did, in the server's words for the
+    /// client's address.
     async fn change_user_refused(
         &mut self,
         cu: ChangeUser,
         seq: u8,
         denied: ClientError,
+        probe: Probe,
     ) -> Result<(), End> {
+        let user = match probe {
+            Probe::SameUser => cu.user.clone(),
+            // A user no account is for: the server counts no failure against an account
+            // the client could not have logged in as directly.
+            Probe::NoAccount => {
+                format!("holdfast-no-account-{:016x}", rand::random::<u64>()).into_bytes()
+            }
+        };
         let probe = ChangeUser {
+            user,
             // No password hashes to 20 zero bytes over any scramble that is not
             // pathological; an account without a password refuses any non-empty answer.
             auth_response: vec![0; 20],

@@ -189,7 +189,6 @@ impl Session {
         // Statement commands carry the backend's statement id once forwarded: a retry on
         // another backend starts again from the client's.
         let client_statement = packets::statement_id(&request[HEADER_LEN..]);
-        self.backend_killed = false;
         let mentions_trackers = query.is_some()
             && !self.record.untracked
             && query_text(&request).is_some_and(mentions_trackers);
@@ -219,11 +218,17 @@ impl Session {
             }
             _ => Ok(()),
         };
-        let kill = if query.is_some_and(|f| f.has(C::KILL))
+        let mut by_value = None;
+        let kill = if query.is_some_and(|f| f.intersects(C::KILL.union(C::EXECUTE_SQL)))
             || request.get(HEADER_LEN) == Some(&COM_PROCESS_KILL)
+            || request.get(HEADER_LEN) == Some(&COM_STMT_EXECUTE)
         {
             match self.plan_kill(&mut request, query) {
                 Ok(super::kill::KillPlan::Forward(mark)) => mark,
+                Ok(super::kill::KillPlan::ByValue(kill)) => {
+                    by_value = Some(kill);
+                    None
+                }
                 Ok(super::kill::KillPlan::OnReplica(read)) => {
                     return match self.kill_replica_read(&read).await {
                         Ok(()) => {
@@ -270,7 +275,10 @@ impl Session {
         let result = match tracked {
             Ok(()) if marked => self.commit_with_marker(&request).await,
             Ok(()) if wrapped => self.autocommit_with_marker(&request).await,
-            Ok(()) => self.command(&mut request).await,
+            Ok(()) => match by_value {
+                Some(kill) => self.kill_by_value(&request, kill, reply_seq).await,
+                None => self.command(&mut request).await,
+            },
             Err(e) => Err(e),
         };
         match result {
@@ -288,6 +296,12 @@ impl Session {
         if let Some(mark) = kill {
             self.settle_kill(mark, self.last_error);
         }
+        if query.is_some_and(|f| f.intersects(C::PREPARE_SQL.union(C::DEALLOCATE_SQL))) {
+            if let Some(sql) = query_text(&request) {
+                let ok = result.is_ok() && self.last_error.is_none();
+                self.note_sql_prepared(sql, ok);
+            }
+        }
         // SET PASSWORD and ALTER USER are implicit commits to the classifier: nothing more
         // is read for any other statement.
         if result.is_ok()
@@ -298,7 +312,13 @@ impl Session {
                 self.note_password_change(sql, mode.unwrap_or_default());
             }
         }
-        if self.killed_on_purpose() {
+        // Killed: this command found its connection gone, or got the server's 1927 (the
+        // killer's own connection). A session marked by someone's `KILL` after its command
+        // was answered but before it got here goes on: it ends when it sees its connection
+        // go (while idle, or with its next command).
+        if self.killed_on_purpose()
+            && (result.is_err() || self.last_error == Some(ER_CONNECTION_KILLED))
+        {
             return Err(self.killed(result));
         }
         // After a statement that set or read the trackers' settings: holdfast's back (the
@@ -348,11 +368,9 @@ impl Session {
                     }
                     _ => (retry, statement_commits),
                 };
-                // A statement whose connection was killed on purpose is not run again.
-                let retry = retry && !self.backend_killed;
                 // Inside a transaction: run again after the transaction is replayed, if it
                 // can be (not when the statement may have committed it).
-                let replay = in_transaction && !commit && !self.backend_killed && self.can_replay();
+                let replay = in_transaction && !commit && self.can_replay();
                 let retry = (retry || replay).then(|| {
                     if let (Some(id), Some(&cmd)) = (client_statement, request.get(HEADER_LEN)) {
                         if is_statement_command(cmd) {
@@ -880,28 +898,26 @@ impl Session {
                     // The server going away answers (or pre-empts) the command with one of
                     // these before it closes; nothing reached the client, so treat it as a
                     // lost backend.
-                    // Unless a client's KILL through holdfast ended it: that ERR is the
-                    // client's, and the session ends after it.
+                    // Unless someone's KILL ended the connection (through holdfast or on
+                    // the server, not holdfast's own fence): that ERR is the client's, and
+                    // the session ends after it, as a direct connection would.
+                    let killed = e.code == ER_CONNECTION_KILLED
+                        && (self.killed_on_purpose() || self.killed_by_someone_now());
                     if ready == 0
                         && !self.response_started
                         && matches!(
                             e.code,
                             ER_SERVER_SHUTDOWN | ER_CONNECTION_KILLED | ER_CLIENT_IDLE_TIMEOUT
                         )
-                        && !(e.code == ER_CONNECTION_KILLED && self.killed_on_purpose())
+                        && !killed
                     {
-                        // Killed by someone (an operator's KILL), not by the fence of
-                        // holdfast's own switchover: the statement was stopped on purpose
-                        // and must not run again elsewhere.
-                        if e.code == ER_CONNECTION_KILLED
-                            && !self.shared.switching_now.load(Ordering::SeqCst)
-                        {
-                            self.backend_killed = true;
-                        }
                         return Err(End::BackendLost {
                             started: false,
                             error: ConnError::Closed,
                         });
+                    }
+                    if killed {
+                        self.mark_killed();
                     }
                     self.shared.metrics.count_error(e.code)
                 }

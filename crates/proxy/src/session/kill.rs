@@ -9,22 +9,35 @@
 //! replica instead, on a connection of the killer's account (the server checks the
 //! killer's right to it).
 //!
+//! A `KILL` whose target is not a literal id (`KILL (SELECT ..)`, `KILL @v`, a prepared
+//! `KILL ?`) runs as it is; one of holdfast's ids in it (the server answers 1094 for it)
+//! is then mapped the same way and the `KILL` of that session's thread runs instead
+//! (`Session::kill_by_value`). `KILL USER` runs as it is: the server ends every connection
+//! of the account, holdfast's sessions' among them.
+//!
 //! A `KILL [CONNECTION]` that ends a holdfast session's backend connection also ends that
 //! session's client connection, as the server would end a direct one: the victim is marked
 //! before the `KILL` runs, and holdfast does not move it to a new backend connection when
 //! it sees its own go (see `Session::killed_on_purpose`). `KILL QUERY` ends only the
-//! statement, as it does on the server. A `KILL` run directly on the server, not through
-//! holdfast, cannot be told from a connection lost another way: the session goes on
-//! (its statement is not run again).
+//! statement, as it does on the server. A connection killed any other way (`KILL USER`,
+//! an operator's `KILL` on the server, an expression) is told by what the server does: an
+//! ERR 1927 on it, or the connection closed while the server kept running (back on the
+//! same node, a new connection id above the lost one and an uptime at least its age);
+//! the session then ends too, never logged in again (`Session::killed_by_server`).
 
 use super::{CloseReason, End, Session};
 use crate::error::code::ER_CONNECTION_KILLED;
 use crate::error::{ClientError, ErrorKind};
 use crate::registry::{SessionInfo, SESSION_ID_BASE};
 use bytes::BytesMut;
-use holdfast_sql::{parse_kill, Classification as C};
-use holdfast_wire::command::{COM_PROCESS_KILL, COM_QUERY};
+use holdfast_sql::{
+    parse_kill, parse_kill_head, parse_sql_prepared, Classification as C, SqlPrepared,
+};
+use holdfast_wire::caps::CLIENT_SESSION_TRACK;
+use holdfast_wire::command::{COM_PROCESS_KILL, COM_QUERY, COM_STMT_EXECUTE};
 use holdfast_wire::frame::{self, parse_header, HEADER_LEN};
+use holdfast_wire::packets::{self, ErrPacket, OkPacket, ERR_HEADER};
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -35,9 +48,35 @@ use tokio::io::AsyncReadExt;
 pub(super) enum KillPlan {
     /// Forwarded (rewritten), marking the session whose connection it ends, if any.
     Forward(Option<KillMark>),
+    /// A `KILL` whose target is a value holdfast cannot read from the text (an expression,
+    /// a prepared `KILL ?`): run by [`Session::kill_by_value`], which maps one of
+    /// holdfast's ids once the value is known.
+    ByValue(ByValue),
     /// A `KILL QUERY` of a split session's read running on a replica: run there by holdfast
     /// on a connection of the killer's account, the killer answered with OK.
     OnReplica(Arc<crate::registry::ReplicaRead>),
+}
+
+/// The SQL-level prepared statements (`PREPARE k FROM 'KILL ?'`) of a session that are a
+/// `KILL` of a value: their heads and whether they are `KILL QUERY`, by name (in lower
+/// case). An `EXECUTE` of one runs as a [`KillPlan::ByValue`].
+#[derive(Default)]
+pub(super) struct SqlKills(HashMap<Vec<u8>, (Vec<u8>, bool)>);
+
+/// At most this many are kept (the server's own limit, `max_prepared_stmt_count`, is per
+/// server).
+const MAX_SQL_KILLS: usize = 1024;
+
+/// A `KILL` naming its target by value (see [`KillPlan::ByValue`]).
+pub(super) struct ByValue {
+    /// The statement's words before its target (`KILL HARD QUERY `...): followed by a
+    /// thread id, the same `KILL` of that thread.
+    head: Vec<u8>,
+    /// `KILL QUERY`: the statement only, not the connection.
+    query: bool,
+    /// The value, when holdfast read it itself (a prepared `KILL ?`'s parameter); `None`:
+    /// the server evaluates the expression.
+    value: Option<u64>,
 }
 
 /// A session marked as the victim of a `KILL` in flight: unmarked again if the `KILL`
@@ -71,15 +110,50 @@ impl Session {
             },
             Some(&COM_QUERY) if query.is_some_and(|f| f.has(C::KILL)) && !header.continues() => {
                 let sql = &request[HEADER_LEN + 1..];
-                match parse_kill(sql, self.record.sql_mode.unwrap_or_default()) {
+                let mode = self.record.sql_mode.unwrap_or_default();
+                match parse_kill(sql, mode) {
                     Some(k) if k.thread => (k.id, !k.query, Some(k.id_span)),
                     // `KILL QUERY ID n` names a query, not a connection.
                     Some(_) => return Ok(KillPlan::Forward(None)),
-                    // `KILL CONNECTION_ID()`, a variable...: only this session's own
-                    // connection can be named so that holdfast could tell; if it is, the
-                    // answer is the server's 1927 and the session ends with it.
-                    None => return Ok(KillPlan::Forward(Some(self.mark(self.info.clone())))),
+                    None => match parse_kill_head(sql, mode) {
+                        // `KILL (SELECT n)`, `KILL @v`, `KILL CONNECTION_ID()`: the server
+                        // evaluates it; one of holdfast's ids is mapped after.
+                        Some(h) if h.thread && !h.user => {
+                            return Ok(KillPlan::ByValue(ByValue {
+                                head: sql.get(..h.target).unwrap_or_default().to_vec(),
+                                query: h.query,
+                                value: None,
+                            }))
+                        }
+                        // `KILL USER v` (the server ends every connection of the account,
+                        // holdfast's sessions' among them: they end as they see theirs
+                        // go), `KILL QUERY ID`, several statements...: as they are.
+                        _ => return Ok(KillPlan::Forward(None)),
+                    },
                 }
+            }
+            Some(&COM_QUERY)
+                if query.is_some_and(|f| f.has(C::EXECUTE_SQL)) && !header.continues() =>
+            {
+                let sql = &request[HEADER_LEN + 1..];
+                let mode = self.record.sql_mode.unwrap_or_default();
+                let kill = match parse_sql_prepared(sql, mode) {
+                    Some(SqlPrepared::Execute { name }) => self.sql_kills.0.get(&name),
+                    _ => None,
+                };
+                return Ok(match kill {
+                    Some((head, query)) => KillPlan::ByValue(ByValue {
+                        head: head.clone(),
+                        query: *query,
+                        value: None,
+                    }),
+                    None => KillPlan::Forward(None),
+                });
+            }
+            Some(&COM_STMT_EXECUTE) if !header.continues() => {
+                return Ok(self
+                    .prepared_kill(request)
+                    .map_or(KillPlan::Forward(None), KillPlan::ByValue))
             }
             _ => return Ok(KillPlan::Forward(None)),
         };
@@ -113,6 +187,207 @@ impl Session {
                 .filter(|_| ends_connection)
                 .map(|victim| self.mark(victim)),
         ))
+    }
+
+    /// Notes a `PREPARE` or `DEALLOCATE PREPARE` the server ran (`ok`: it succeeded; a
+    /// failed `PREPARE` drops the statement of that name too).
+    pub(super) fn note_sql_prepared(&mut self, sql: &[u8], ok: bool) {
+        let mode = self.record.sql_mode.unwrap_or_default();
+        match parse_sql_prepared(sql, mode) {
+            Some(SqlPrepared::Prepare { name, text }) => {
+                let head = text.as_deref().filter(|_| ok).and_then(|text| {
+                    parse_kill_head(text, mode)
+                        .filter(|h| h.thread && !h.user)
+                        .map(|h| (text.get(..h.target).unwrap_or_default().to_vec(), h.query))
+                });
+                match head {
+                    Some(head) if self.sql_kills.0.len() < MAX_SQL_KILLS => {
+                        self.sql_kills.0.insert(name, head);
+                    }
+                    _ => {
+                        self.sql_kills.0.remove(&name);
+                    }
+                }
+            }
+            Some(SqlPrepared::Deallocate { name }) => {
+                self.sql_kills.0.remove(&name);
+            }
+            _ => {}
+        }
+    }
+
+    /// A COM_STMT_EXECUTE of a prepared `KILL [..] ?` whose parameter is one of holdfast's
+    /// ids: run as the `KILL` of that id (see [`Session::kill_by_value`]). Anything else
+    /// (another statement, a server thread id, a value holdfast cannot read) is forwarded.
+    fn prepared_kill(&self, request: &[u8]) -> Option<ByValue> {
+        let payload = request.get(HEADER_LEN..)?;
+        let stmt = self
+            .statements
+            .get(self.statements.resolve(packets::statement_id(payload)?))?;
+        if !stmt.flags.has(C::KILL) {
+            return None;
+        }
+        let head = parse_kill_head(&stmt.sql, self.record.sql_mode.unwrap_or_default())?;
+        let target = stmt.sql.get(head.target..)?;
+        if !head.thread || head.user || target.trim_ascii() != b"?" || stmt.params != 1 {
+            return None;
+        }
+        let value = single_integer_param(payload, stmt.types.as_deref())?;
+        (value >= u64::from(SESSION_ID_BASE)).then(|| ByValue {
+            head: stmt.sql.get(..head.target).unwrap_or_default().to_vec(),
+            query: head.query,
+            value: Some(value),
+        })
+    }
+
+    /// Runs a `KILL` that names its target by value. An expression is run by the server
+    /// as it is (evaluated once, as directly); when it named one of holdfast's ids (the
+    /// server answers 1094 for it: its ids stay below holdfast's), or a prepared `KILL ?`
+    /// got one, that id is mapped as a literal one is (`plan_kill`) and the same `KILL`
+    /// of the session's backend thread runs instead; the client gets that answer.
+    pub(super) async fn kill_by_value(
+        &mut self,
+        request: &[u8],
+        kill: ByValue,
+        reply_seq: u8,
+    ) -> Result<(), End> {
+        self.shared.metrics.requests.command(COM_QUERY);
+        self.response_started = false;
+        self.last_error = None;
+        let id = match kill.value {
+            Some(id) => {
+                self.execute_not_forwarded(request);
+                id
+            }
+            None => {
+                let answer = self
+                    .kill_exchange(request.get(HEADER_LEN..).unwrap_or_default())
+                    .await?;
+                match holdfast_ids_unknown_thread(&answer) {
+                    Some(id) => id,
+                    None => return self.relay_kill_answer(&answer, reply_seq, None).await,
+                }
+            }
+        };
+        let unknown =
+            || ClientError::new(ErrorKind::UnknownThread, format!("Unknown thread id: {id}"));
+        let own_node = self.backend_name.clone();
+        let victim = u32::try_from(id)
+            .ok()
+            .and_then(|id| self.shared.sessions.get(id))
+            .filter(|v| v.is_on(&own_node));
+        let Some(victim) = victim else {
+            self.last_error = Some(ErrorKind::UnknownThread.code());
+            return self.send_error(reply_seq, &unknown()).await;
+        };
+        if kill.query {
+            if let Some(read) = victim.replica_read.load_full() {
+                return match self.kill_replica_read(&read).await {
+                    Ok(()) => {
+                        let ok = packets::ok_payload(0, 0, self.record.status, 0);
+                        self.client
+                            .write_packet(&ok, reply_seq)
+                            .await
+                            .map_err(End::Client)
+                    }
+                    Err(e) => {
+                        self.last_error = Some(e.kind.code());
+                        self.send_error(reply_seq, &e).await
+                    }
+                };
+            }
+        }
+        let thread = victim.backend_thread.load(Ordering::Acquire);
+        if thread == 0 {
+            self.last_error = Some(ErrorKind::UnknownThread.code());
+            return self.send_error(reply_seq, &unknown()).await;
+        }
+        let mark = (!kill.query).then(|| self.mark(victim));
+        let mut sql = vec![COM_QUERY];
+        sql.extend_from_slice(&kill.head);
+        if !kill.head.last().is_some_and(u8::is_ascii_whitespace) {
+            sql.push(b' ');
+        }
+        sql.extend_from_slice(thread.to_string().as_bytes());
+        let answer = match self.kill_exchange(&sql).await {
+            Ok(a) => a,
+            Err(e) => {
+                if let Some(mark) = mark {
+                    self.settle_kill(mark, Some(0));
+                }
+                return Err(e);
+            }
+        };
+        self.relay_kill_answer(&answer, reply_seq, mark).await
+    }
+
+    /// A prepared `KILL ?` run as a text `KILL` instead: the backend never saw this
+    /// execute, so parameter types it carried are sent with the next one.
+    fn execute_not_forwarded(&mut self, request: &[u8]) {
+        let Some(payload) = request.get(HEADER_LEN..) else {
+            return;
+        };
+        let (Some(&1), Some(types), Some(id)) = (
+            payload.get(11),
+            payload.get(12..14),
+            packets::statement_id(payload),
+        ) else {
+            return;
+        };
+        let id = self.statements.resolve(id);
+        if let Some(stmt) = self.statements.get_mut(id) {
+            stmt.types = Some(types.to_vec());
+            stmt.types_pending = true;
+        }
+    }
+
+    /// Sends one command to the backend and reads its one-packet answer (a `KILL`'s: OK
+    /// or ERR).
+    async fn kill_exchange(&mut self, payload: &[u8]) -> Result<Vec<u8>, End> {
+        let lost = |error| End::BackendLost {
+            started: false,
+            error,
+        };
+        let conn = &mut self.backend.conn;
+        conn.write_packet(payload, 0).await.map_err(lost)?;
+        let max = self.shared.config.proxy.max_packet_size;
+        let answer = conn.read_packet(max).await.map_err(lost)?;
+        Ok(answer.payload.to_vec())
+    }
+
+    /// Relays a `KILL`'s answer to the client and settles its mark. An ERR 1927 says the
+    /// killer's own connection was killed: the session ends after it.
+    async fn relay_kill_answer(
+        &mut self,
+        answer: &[u8],
+        reply_seq: u8,
+        mark: Option<KillMark>,
+    ) -> Result<(), End> {
+        match answer.first() {
+            Some(&ERR_HEADER) => {
+                let code = ErrPacket::parse(answer).map_or(0, |e| e.code);
+                self.last_error = Some(code);
+                self.shared.metrics.count_error(code);
+                if code == ER_CONNECTION_KILLED && mark.is_none() {
+                    self.mark_killed();
+                }
+            }
+            _ => {
+                let track = self.backend.capabilities & CLIENT_SESSION_TRACK != 0;
+                if let Ok(ok) = OkPacket::parse(answer, track) {
+                    self.record.status = ok.status;
+                    self.record.last_warnings = ok.warnings;
+                    self.record.last_affected_rows = ok.affected_rows;
+                }
+            }
+        }
+        if let Some(mark) = mark {
+            self.settle_kill(mark, self.last_error);
+        }
+        self.client
+            .write_packet(answer, reply_seq)
+            .await
+            .map_err(End::Client)
     }
 
     /// Runs a `KILL QUERY` of a session's read on a replica there, on a connection of the
@@ -199,8 +474,8 @@ impl Session {
     }
 
     /// An idle session whose backend connection a client's `KILL` ended: the client gets
-    /// what the server sent before it closed (MariaDB sends ERR 1927 to a killed idle
-    /// connection, read with the client's next command), then the connection closes.
+    /// what the server sent before it closed, if anything (MariaDB 10.11 sends nothing to a
+    /// killed idle connection: it closes it), then the connection closes.
     pub(super) async fn end_killed_while_idle(&mut self) -> End {
         let conn = &mut self.backend.conn;
         let _ = tokio::time::timeout(Duration::from_secs(1), async {
@@ -220,6 +495,95 @@ impl Session {
     pub(super) fn killed_on_purpose(&self) -> bool {
         self.info
             .killed_on_purpose(self.backend.greeting.connection_id)
+    }
+
+    /// Whether an ERR 1927 on the session's connection now is someone's `KILL` (run on
+    /// the server, a `KILL USER`, ...) rather than holdfast's own fence: no switchover
+    /// runs, the session's node is still the primary, and it is not reading on a replica
+    /// (whose connections a node removal ends).
+    pub(super) fn killed_by_someone_now(&self) -> bool {
+        !self.shared.switching_now.load(Ordering::SeqCst)
+            && self.info.replica_read.load().is_none()
+            && self.primary().is_some_and(|p| p.name == self.backend_name)
+    }
+
+    /// Marks the session's backend connection as killed: the session ends after the
+    /// current command, as a direct connection would (see [`Session::killed`]).
+    pub(super) fn mark_killed(&self) {
+        self.info
+            .kill_requested
+            .store(self.backend.greeting.connection_id, Ordering::Release);
+    }
+
+    /// How a session ends whose backend connection the server cut while it kept running
+    /// (someone's `KILL`, `KILL USER`, an expression holdfast could not read, ...; MariaDB
+    /// closes a killed connection without an ERR): as the server ended it, the client's
+    /// connection closed, not logged in again on a fresh one.
+    pub(super) fn killed_by_server(&self, lost: &super::migrate::LostConn) -> End {
+        End::Closed {
+            reason: CloseReason::Killed,
+            message: format!(
+                "closed: its backend connection (thread {} on {}) was cut while the server kept running (a KILL); ended as the server ended it",
+                lost.thread, lost.node
+            ),
+        }
+    }
+}
+
+/// The id of an ERR 1094 ("Unknown thread id: N") when it is one of holdfast's (the
+/// server's own thread ids stay below [`SESSION_ID_BASE`]): the last number in the message.
+fn holdfast_ids_unknown_thread(answer: &[u8]) -> Option<u64> {
+    let e = ErrPacket::parse(answer).ok()?;
+    if e.code != ErrorKind::UnknownThread.code() {
+        return None;
+    }
+    let message = e.message_lossy();
+    let id: u64 = message
+        .rsplit(|c: char| !c.is_ascii_digit())
+        .find(|part| !part.is_empty())?
+        .parse()
+        .ok()?;
+    (id >= u64::from(SESSION_ID_BASE)).then_some(id)
+}
+
+/// The value of the single parameter of a COM_STMT_EXECUTE (`payload`, the command byte
+/// first) when it is a non-negative integer (or a string or decimal of digits only); the
+/// parameter types are in the packet or, when it sends none, `cached` (the last ones sent).
+fn single_integer_param(payload: &[u8], cached: Option<&[u8]>) -> Option<u64> {
+    // command, statement id, flags, iteration count, null bitmap, "types follow".
+    let null_bitmap = *payload.get(10)?;
+    if null_bitmap & 1 != 0 {
+        return None;
+    }
+    let (types, value) = match *payload.get(11)? {
+        1 => (payload.get(12..14)?, payload.get(14..)?),
+        _ => (cached?.get(..2)?, payload.get(12..)?),
+    };
+    let unsigned = types[1] & 0x80 != 0;
+    let int = |n: usize| -> Option<u64> {
+        let b = value.get(..n)?;
+        let mut raw = [0u8; 8];
+        raw[..n].copy_from_slice(b);
+        let v = u64::from_le_bytes(raw);
+        let negative = !unsigned && b[n - 1] & 0x80 != 0;
+        (!negative).then_some(v)
+    };
+    match types[0] {
+        0x01 => int(1),
+        0x02 | 0x0d => int(2),
+        0x03 | 0x09 => int(4),
+        0x08 => int(8),
+        // Strings and decimals: a length-encoded text.
+        0x0f | 0xf6 | 0xfd | 0xfe => {
+            let mut r = holdfast_wire::codec::Reader::new(value);
+            let text = r.lenenc_bytes("parameter").ok()?;
+            let text = std::str::from_utf8(text).ok()?.trim();
+            if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            text.parse().ok()
+        }
+        _ => None,
     }
 }
 

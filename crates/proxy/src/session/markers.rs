@@ -425,7 +425,7 @@ impl Session {
         last_insert_id: u64,
     ) -> Result<(), End> {
         tracing::info!(session = self.info.id, node = %self.backend_name, %error, "backend lost with an autocommit write in flight; reading its commit marker");
-        let (lost, killed) = self.move_after_marked_loss().await?;
+        let lost = self.move_after_marked_loss().await?;
         match self.read_marker(&lost).await {
             Some(Some(m)) if m.seq >= seq && m.affected >= 0 => {
                 tracing::info!(
@@ -455,7 +455,7 @@ impl Session {
                     .await
                     .map_err(End::Client)
             }
-            Some(_) if !killed => {
+            Some(_) => {
                 tracing::info!(
                     session = self.info.id,
                     "the lost autocommit write was not applied; running it again"
@@ -463,12 +463,6 @@ impl Session {
                 self.shared.metrics.commit_outcome("replayed");
                 self.shared.metrics.requests_retried.inc();
                 self.forward_request(request).await
-            }
-            Some(_) => {
-                self.shared.metrics.commit_outcome("rolled_back");
-                self.shared.metrics.requests_failed_on_backend_loss.inc();
-                self.send_error(reply_seq, &ClientError::statement_killed())
-                    .await
             }
             None => {
                 self.shared.metrics.commit_outcome("unknown");
@@ -479,17 +473,19 @@ impl Session {
         }
     }
 
-    /// Moves after a marked request was lost; returns the lost connection and whether it
-    /// was cut while its server ran (someone's KILL, or the network): then what did not
-    /// commit is not committed again.
-    async fn move_after_marked_loss(&mut self) -> Result<(LostConn, bool), End> {
+    /// Moves after a marked request was lost; returns the lost connection. One cut while
+    /// its server ran (someone's KILL, or the network) ends the session instead, as the
+    /// server ended the connection: what did not commit is not committed again.
+    async fn move_after_marked_loss(&mut self) -> Result<LostConn, End> {
         let lost = self.lost_conn();
         self.mark_backend_dead();
         self.transaction_lost = false;
         self.relocate("backend_lost").await?;
-        let killed = self.backend_killed || self.cut_while_server_ran(&lost).await;
-        self.backend_killed = false;
-        Ok((lost, killed))
+        if self.cut_while_server_ran(&lost).await {
+            // Killed (someone's KILL): the session ends as the server ended the connection.
+            return Err(self.killed_by_server(&lost));
+        }
+        Ok(lost)
     }
 
     async fn recover_lost_commit(
@@ -503,7 +499,7 @@ impl Session {
         // Restored as the transaction left it: right if it committed; a replay sets its
         // own start below.
         let log = self.txn_log.take();
-        let (lost, killed) = self.move_after_marked_loss().await?;
+        let lost = self.move_after_marked_loss().await?;
         let outcome = self
             .read_marker(&lost)
             .await
@@ -526,7 +522,7 @@ impl Session {
             }
             Some(false) => {
                 self.txn_log = log;
-                if !killed && self.can_replay() && self.start_replay_from_marker().await? {
+                if self.can_replay() && self.start_replay_from_marker().await? {
                     tracing::info!(
                         session = self.info.id,
                         "the lost COMMIT had not committed; transaction replayed, committing again"

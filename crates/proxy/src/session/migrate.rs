@@ -131,15 +131,12 @@ impl Session {
         self.mark_backend_dead();
         self.transaction_lost = false;
         self.relocate("backend_lost").await?;
-        // A statement (not a ping, a prepare...) may have been stopped on purpose.
-        let statement = retry
-            .as_ref()
-            .and_then(|r| r.get(holdfast_wire::frame::HEADER_LEN))
-            .is_some_and(|&cmd| cmd == COM_QUERY || cmd == COM_STMT_EXECUTE);
-        if statement && !self.backend_killed && self.cut_while_server_ran(&lost_conn).await {
-            self.backend_killed = true;
+        // A connection the server cut while it kept running was killed (someone's KILL,
+        // `KILL USER`...): the session ends as the server ended it (the client learns it
+        // from the closed connection, as it would directly), nothing is run again.
+        if self.cut_while_server_ran(&lost_conn).await {
+            return Err(self.killed_by_server(&lost_conn));
         }
-        let retry = retry.filter(|_| !self.backend_killed);
         let retry = match retry {
             Some(again) if replay => match self.replay_transaction().await? {
                 true => Some(again),
@@ -162,8 +159,6 @@ impl Session {
             ClientError::commit_outcome_unknown()
         } else if in_transaction {
             ClientError::transaction_rolled_back()
-        } else if std::mem::take(&mut self.backend_killed) {
-            ClientError::statement_killed()
         } else {
             ClientError::statement_interrupted()
         };

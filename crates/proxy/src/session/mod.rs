@@ -126,6 +126,8 @@ struct Session {
     scramble: [u8; 20],
     record: SessionRecord,
     statements: Statements,
+    /// SQL-level prepared statements that are a `KILL` (see `kill.rs`).
+    sql_kills: kill::SqlKills,
     /// Reused for the packets holdfast rewrites on their way to the client.
     scratch: Vec<u8>,
     /// The client's silence that makes the session idle (see `idle.rs`).
@@ -133,10 +135,6 @@ struct Session {
     /// Client bytes of the current response already sent (a lost backend after this point
     /// cannot be hidden).
     response_started: bool,
-    /// The backend connection was killed with the current request in flight (ERR 1927, not
-    /// from holdfast's own switchover; or cut while its server kept running): someone
-    /// stopped the request on purpose, it is not run again.
-    backend_killed: bool,
     /// The code of the ERR that ended the current command's response, if one did.
     last_error: Option<u16>,
     identity: Identity,
@@ -353,10 +351,10 @@ impl Session {
             scramble,
             record,
             statements: Statements::default(),
+            sql_kills: kill::SqlKills::default(),
             scratch: Vec::new(),
             idle_timer: Box::pin(tokio::time::sleep(idle::IDLE_PROBE)),
             response_started: false,
-            backend_killed: false,
             last_error: None,
             identity,
             can_reauthenticate,

@@ -94,15 +94,21 @@ impl Session {
         if self.shared.switching_now.load(Ordering::SeqCst) && self.record.blocker().is_none() {
             self.park().await?;
         }
-        // Where a transaction lost while idle was: a server that kept running had its
-        // connection cut (someone's KILL), and then it is not replayed.
-        let lost_from = (self.transaction_lost && self.can_replay()).then(|| self.lost_conn());
+        // The connection lost while idle (or without a reply): a server that kept running
+        // had it cut (someone's KILL, `KILL USER`...), and then the session ends as the
+        // server ended it, instead of being logged in again.
+        let lost_from = self.backend_dead.then(|| self.lost_conn());
         if self.backend_dead {
             self.shared.metrics.requests_held.inc();
             self.relocate("backend_lost").await?;
         } else if self.move_pending_since.is_some() && self.record.blocker().is_none() {
             self.shared.metrics.requests_held.inc();
             self.relocate("primary_changed").await?;
+        }
+        if let Some(lost) = lost_from {
+            if self.cut_while_server_ran(&lost).await {
+                return Err(self.killed_by_server(&lost));
+            }
         }
         // The error that says the transaction is gone answers the next command that has a
         // reply; one without goes ahead.
@@ -112,13 +118,8 @@ impl Session {
                 self.txn_log = None;
                 return Ok(Routed::Forward);
             }
-            let killed = match lost_from {
-                Some(lost) => self.cut_while_server_ran(&lost).await,
-                None => false,
-            };
             // Replayed: the transaction is open again where it was, the request joins it.
-            let replayed =
-                !killed && self.can_replay() && Box::pin(self.replay_transaction()).await?;
+            let replayed = self.can_replay() && Box::pin(self.replay_transaction()).await?;
             if !replayed {
                 self.txn_log = None;
                 self.execute_refused(request).await;

@@ -422,7 +422,6 @@ impl Session {
                 started: false,
                 error,
             }) => {
-                self.backend_killed = false;
                 if let Some(id) = client_statement {
                     packets::set_statement_id(&mut request[HEADER_LEN..], id);
                 }
