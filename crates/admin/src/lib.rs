@@ -81,6 +81,10 @@ pub struct NodeView {
     /// Being removed (`ctl node remove`).
     #[serde(default)]
     pub draining: bool,
+    /// A failover moved away from it and it was not rejoined: never the primary, fenced
+    /// if it comes back writable.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deposed: bool,
     /// Requests of split sessions running on it now.
     #[serde(default)]
     pub active_requests: u32,
@@ -139,6 +143,7 @@ fn topology_view(t: &Topology) -> TopologyView {
                 last_error: n.last_error.clone(),
                 serves_reads: n.serves_reads,
                 draining: n.draining,
+                deposed: n.deposed,
                 active_requests: n.load.0.active(),
                 reads: n.load.0.reads.load(std::sync::atomic::Ordering::Relaxed),
                 replication: n
@@ -856,6 +861,7 @@ mod tests {
             watching: Some("node2".into()),
             failed_probes: 0,
             needs_rejoin: vec![],
+            failing_over_from: None,
             failover_withheld: None,
             semi_sync: Some(holdfast_proxy::ha::durability::SemiSyncState {
                 active: false,

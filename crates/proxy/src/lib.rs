@@ -348,6 +348,7 @@ impl Proxy {
             shared.ha.topology_nudge(),
             shared.serverless.clone(),
             shared.switching.subscribe(),
+            shared.ha.subscribe(),
         ));
         tokio::spawn(shared.ha.clone().run());
         tokio::spawn(shared.ha.clone().keep_durability());

@@ -38,6 +38,11 @@ pub struct NodeState {
     /// drain window.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub draining: bool,
+    /// A failover moved away from this node and it has not been rejoined: it is never the
+    /// primary (it may come back writable, e.g. after SIGSTOP and SIGCONT, with commits
+    /// nobody else has), takes no reads, and what a session sent it counts as lost.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub deposed: bool,
 }
 
 /// One node holdfast fronts: a `[[backend]]` of the configuration, or one added at run
@@ -207,6 +212,7 @@ impl Topology {
                         serves_reads: false,
                         load: LoadRef::default(),
                         draining: *draining,
+                        deposed: false,
                     },
                 )
                 .collect(),
@@ -239,6 +245,11 @@ impl Topology {
             .collect()
     }
 
+    /// Whether a failover moved away from node `name` (see [`NodeState::deposed`]).
+    pub fn is_deposed(&self, name: &str) -> bool {
+        self.nodes.iter().any(|n| n.deposed && n.name == name)
+    }
+
     /// The nodes that take reads of split sessions now.
     pub fn read_nodes(&self) -> impl Iterator<Item = &NodeState> {
         self.nodes.iter().filter(|n| n.serves_reads)
@@ -261,6 +272,7 @@ pub async fn run_monitor(
     nudge: Arc<Notify>,
     gate: Option<Arc<Lifecycle>>,
     switching: watch::Receiver<bool>,
+    ha: watch::Receiver<crate::ha::controller::HaState>,
 ) {
     // The node that was the only read-only root in the last round (see `choose_primary`).
     let mut root_before: Option<String> = None;
@@ -282,7 +294,14 @@ pub async fn run_monitor(
         loads.retain(|name, _| list.iter().any(|m| &m.backend.name == name));
         let mut topo = Topology::of_members(&list);
         topo.observed = true;
+        let deposed = {
+            let h = ha.borrow();
+            let mut d = h.needs_rejoin.clone();
+            d.extend(h.failing_over_from.iter().cloned());
+            d
+        };
         for node in topo.nodes.iter_mut() {
+            node.deposed = deposed.contains(&node.name);
             node.load = loads.entry(node.name.clone()).or_default().clone();
             let mut slot = conns.remove(&node.name);
             let had = slot.is_some();
@@ -309,6 +328,7 @@ pub async fn run_monitor(
                     node.autocommit = Some(autocommit);
                     node.serves_reads = read_only
                         && !node.draining
+                        && !node.deposed
                         && replication
                             .as_ref()
                             .is_some_and(|r| r.within(cfg.split.max_replica_lag_ms));
@@ -360,13 +380,17 @@ pub(crate) fn choose_primary(
 ) -> (Option<usize>, bool) {
     if let Some(i) = nodes
         .iter()
-        .position(|n| n.reachable && n.read_only == Some(false))
+        .position(|n| n.reachable && n.read_only == Some(false) && !n.deposed)
     {
         *root_before = None;
         return (Some(i), false);
     }
     let mut roots = nodes.iter().enumerate().filter(|(_, n)| {
-        n.reachable && n.read_only == Some(true) && n.replication.is_none() && !n.draining
+        n.reachable
+            && n.read_only == Some(true)
+            && n.replication.is_none()
+            && !n.draining
+            && !n.deposed
     });
     let root = match (roots.next(), roots.next()) {
         (Some((i, n)), None) => Some((i, n.name.clone())),
@@ -536,6 +560,29 @@ mod tests {
         assert_eq!(
             choose_primary(&now, &before, false, &mut root),
             (Some(1), false)
+        );
+    }
+
+    #[test]
+    fn a_deposed_node_is_never_the_primary() {
+        let before = topology(
+            vec![node("a", true, false, false), node("b", true, false, false)],
+            Some(1),
+        );
+        // The old primary is back and writable (SIGCONT): the promoted one stays primary.
+        let mut now = vec![node("a", true, false, false), node("b", true, false, false)];
+        now[0].deposed = true;
+        let mut root = None;
+        assert_eq!(
+            choose_primary(&now, &before, false, &mut root),
+            (Some(1), false)
+        );
+        // Alone and fenced (read-only, replicating from nobody): still not the primary.
+        let mut now = vec![node("a", true, true, false), node("b", false, false, false)];
+        now[0].deposed = true;
+        assert_eq!(
+            choose_primary(&now, &before, false, &mut root),
+            (None, false)
         );
     }
 

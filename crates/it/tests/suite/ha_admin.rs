@@ -448,3 +448,113 @@ fn automatic_failover_is_withheld_then_forced_by_an_operator() {
         Some(0.0)
     );
 }
+
+/// `kill -STOP` / `kill -CONT` of a lab node.
+fn signal(node: &holdfast_lab::NodeStatus, sig: &str) {
+    let pid = node.pid.expect("a running node has a pid");
+    let out = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .output()
+        .expect("kill");
+    assert!(out.status.success(), "kill {sig} {pid}: {out:?}");
+}
+
+/// Issue 18, found by the chaos drill: a primary frozen (SIGSTOP) past the detection time
+/// is failed over; when it wakes (SIGCONT) it is still writable and has the requests
+/// sessions had sent it. Nothing it answers may reach a client: a COMMIT in flight is
+/// settled on the new primary (its marker), a transaction left open there is replayed on
+/// the new primary, and the old node is fenced (read-only) as soon as it answers.
+#[test]
+fn a_frozen_primary_that_wakes_after_a_failover_takes_no_acknowledged_write() {
+    let h = Harness::start_with(
+        Options::default()
+            .replicas(2)
+            .server_args(&["--slave-net-timeout=3"])
+            .config(|c| {
+                c.ha.durability = holdfast_config::Durability::SemiSync;
+                c.ha.semi_sync_timeout_ms = 1_000;
+            }),
+    );
+    wait_for(
+        "the detector to watch node1 with semi-sync on",
+        WAIT,
+        || {
+            let ha = h.status_json()["ha"].clone();
+            (ha["watching"] == "node1" && ha["semi_sync"]["active"] == true).then_some(())
+        },
+    );
+    wait_for("commit markers ready", WAIT, || {
+        (h.status_json()["commit_markers"] == "ready").then_some(())
+    });
+    h.root_sql("CREATE TABLE sbtest.fz (id INT PRIMARY KEY)");
+    let connect = || {
+        let opts = mysql::OptsBuilder::from_opts(mysql::Opts::from_url(&h.url()).expect("url"))
+            .prefer_socket(false);
+        mysql::Conn::new(opts).expect("connect through holdfast")
+    };
+    use mysql::prelude::Queryable;
+    let mut a = connect();
+    let mut b = connect();
+    a.query_drop("BEGIN").unwrap();
+    a.query_drop("INSERT INTO sbtest.fz VALUES (1)").unwrap();
+    b.query_drop("BEGIN").unwrap();
+    b.query_drop("INSERT INTO sbtest.fz VALUES (2)").unwrap();
+
+    let node1 = h.node("node1").clone();
+    signal(&node1, "-STOP");
+    let (a, committed_a) = std::thread::scope(|s| {
+        let commit = s.spawn(move || {
+            let r = a.query_drop("COMMIT");
+            (a, r)
+        });
+        let new_primary = h.wait_primary_other_than("node1", WAIT);
+        println!("failed over to {new_primary}");
+        wait_for("node1 deposed in /status", WAIT, || {
+            h.status()
+                .topology
+                .nodes
+                .iter()
+                .any(|n| n.name == "node1" && n.deposed)
+                .then_some(())
+        });
+        signal(&node1, "-CONT");
+        commit.join().expect("the committing thread")
+    });
+    drop(a);
+    let new_primary = h.status().topology.primary.expect("a primary");
+    assert_ne!(new_primary, "node1");
+    let on_new = |id: u32| -> bool {
+        let rows = holdfast_lab::node_sql(
+            h.node(&new_primary),
+            &format!("SELECT COUNT(*) FROM sbtest.fz WHERE id = {id}"),
+        )
+        .expect("count on the new primary");
+        rows[0][0] == "1"
+    };
+    println!("COMMIT in flight across the failover: {committed_a:?}");
+    if committed_a.is_ok() {
+        assert!(on_new(1), "an acknowledged COMMIT is on the new primary");
+    } else {
+        assert!(!on_new(1), "a COMMIT answered with an error left nothing");
+    }
+    // The transaction left open on the frozen node goes on on the new primary (replayed),
+    // or ends with 1213; what is acknowledged is there.
+    let more = b.query_drop("INSERT INTO sbtest.fz VALUES (3)");
+    let done = more.and_then(|()| b.query_drop("COMMIT"));
+    println!("the transaction open across the failover: {done:?}");
+    match done {
+        Ok(()) => assert!(
+            on_new(2) && on_new(3),
+            "acknowledged rows on the new primary"
+        ),
+        Err(e) => {
+            assert!(e.to_string().contains("1213"), "{e}");
+            assert!(!on_new(2) && !on_new(3));
+        }
+    }
+    // The old node is fenced once it answers again.
+    wait_for("node1 fenced (read-only)", WAIT, || {
+        let ro = holdfast_lab::node_sql(&node1, "SELECT @@global.read_only").ok()?;
+        (ro.first()?.first()? == "1").then_some(())
+    });
+}

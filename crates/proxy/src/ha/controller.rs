@@ -104,6 +104,11 @@ pub struct HaState {
     pub failed_probes: u32,
     /// Nodes a failover left out; bring each back with `rejoin`.
     pub needs_rejoin: Vec<String>,
+    /// The node a running failover moves away from (confirmed lost): sessions abandon their
+    /// connections to it and it is never taken for the primary, from before the promotion
+    /// on (then it is in `needs_rejoin`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failing_over_from: Option<String>,
     /// Set while a lost primary is not failed over because that would lose transactions
     /// the replicas received (what and why); cleared by the next switchover or failover.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -123,6 +128,7 @@ impl HaState {
             watching: None,
             failed_probes: 0,
             needs_rejoin: Vec::new(),
+            failing_over_from: None,
             failover_withheld: None,
             semi_sync: None,
         }
@@ -397,6 +403,9 @@ impl HaController {
                 if automatic {
                     ops.guard.check(now)?;
                 }
+                self.state
+                    .send_modify(|s| s.failing_over_from = Some(lost.clone()));
+                self.nudge.notify_one();
                 let result = failover(cfg, &self.backends(), &lost, None, force, ha).await;
                 // A refusal (the primary answers after all) changed nothing: no cool-off.
                 // Neither did a withheld failover, which the detector must try again (a
@@ -462,6 +471,7 @@ impl HaController {
         };
         self.state.send_modify(|s| {
             s.in_progress = None;
+            s.failing_over_from = None;
             match result {
                 Ok(Report::Switchover(r)) => {
                     s.counters.switchovers += 1;
@@ -566,6 +576,7 @@ impl HaController {
                     });
                 }
             }
+            self.fence_returning_nodes().await;
             let Some(node) = watched.clone() else {
                 continue;
             };
@@ -675,6 +686,37 @@ impl HaController {
             detector = LossDetector::from_config(ha);
             session = None;
             held_back.clear();
+        }
+    }
+}
+
+impl HaController {
+    /// Fences every node a failover moved away from that the monitor sees writable again
+    /// (see [`super::ops::fence_deposed`]).
+    async fn fence_returning_nodes(&self) {
+        let returning: Vec<BackendConfig> = {
+            let t = self.topology.borrow();
+            t.nodes
+                .iter()
+                .filter(|n| n.deposed && n.reachable && n.read_only == Some(false))
+                .map(|n| BackendConfig {
+                    name: n.name.clone(),
+                    address: n.address.clone(),
+                    proxy_protocol: n.proxy_protocol,
+                })
+                .collect()
+        };
+        for node in returning {
+            tracing::warn!(node = %node.name, "ha: a node failed over away from is back and writable; fencing it");
+            match super::ops::fence_deposed(&self.cfg, &node, &self.cfg.ha).await {
+                Ok(killed) => {
+                    tracing::warn!(node = %node.name, killed, "ha: fenced (read-only, client connections killed); it needs a rejoin or a rebuild");
+                    self.nudge.notify_one();
+                }
+                Err(e) => {
+                    tracing::error!(node = %node.name, error = %e, "ha: fencing a returning node failed")
+                }
+            }
         }
     }
 }

@@ -689,6 +689,20 @@ pub async fn failover(
     Ok(report)
 }
 
+/// A node a failover moved away from answers again and is writable (it was frozen or cut
+/// off, not dead): it is made read-only and its client connections are killed at once, so
+/// that it takes no more writes. It serves again only after [`rejoin`] (or a rebuild, if it
+/// committed what the cluster never got). Returns the connections killed.
+pub async fn fence_deposed(
+    cfg: &Config,
+    node: &BackendConfig,
+    ha: &HaConfig,
+) -> Result<usize, HaError> {
+    let mut s = NodeSession::connect(cfg, node, ha.statement_timeout()).await?;
+    s.exec("SET GLOBAL read_only=ON").await?;
+    s.kill_clients().await
+}
+
 /// Makes `node` (a returning old primary or a lost replica) a replica of the writable
 /// node (`primary`, or the one writable node among the others).
 ///

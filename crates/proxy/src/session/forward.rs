@@ -128,6 +128,40 @@ async fn client_gone(client: &mut PacketConn, watch: std::pin::Pin<&mut tokio::t
     std::future::pending().await
 }
 
+/// Why a request stopped waiting for its backend.
+enum Interrupt {
+    ClientGone,
+    Deposed,
+}
+
+/// Once `watch` has fired (a request running that long): resolves when the client goes
+/// away ([`client_gone`]) or the topology says a failover moved away from `node`. The
+/// topology is followed on a clone of the receiver: the session's own still sees the
+/// change afterwards.
+async fn watch_request(
+    client: &mut PacketConn,
+    topology: &tokio::sync::watch::Receiver<std::sync::Arc<crate::topology::Topology>>,
+    node: &str,
+    mut watch: std::pin::Pin<&mut tokio::time::Sleep>,
+) -> Interrupt {
+    watch.as_mut().await;
+    let mut topology = topology.clone();
+    let deposed = async {
+        loop {
+            if topology.borrow_and_update().is_deposed(node) {
+                return;
+            }
+            if topology.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = client_gone(client, watch) => Interrupt::ClientGone,
+        () = deposed => Interrupt::Deposed,
+    }
+}
+
 /// The sequence id of the reply to a request: one after its last chunk's.
 pub(super) fn reply_seq(request: &[u8]) -> u8 {
     match frame::scan_logical(request, usize::MAX) {
@@ -725,11 +759,26 @@ impl Session {
         let filled = tokio::select! {
             biased;
             r = self.backend.conn.fill() => r,
-            () = client_gone(&mut self.client, self.idle_timer.as_mut()) => {
+            gone = watch_request(
+                &mut self.client,
+                &self.topology,
+                &self.backend_name,
+                self.idle_timer.as_mut(),
+            ) => match gone {
                 // As when a direct client vanishes: the server sees its connection close
                 // (and stops a statement that waits, such as GET_LOCK or SLEEP).
-                return Err(End::Client(ConnError::Closed));
-            }
+                Interrupt::ClientGone => return Err(End::Client(ConnError::Closed)),
+                // The node was failed over away from while it had this request (frozen,
+                // say): its answer, if it ever comes, is not the cluster's. Lost, as with a
+                // crash: the request's outcome is settled on the new primary.
+                Interrupt::Deposed => {
+                    tracing::warn!(session = self.info.id, node = %self.backend_name, "the node was failed over away from with a request in flight; its answer is not taken");
+                    Err(ConnError::Io(std::io::Error::new(
+                        std::io::ErrorKind::ConnectionAborted,
+                        "the node was failed over away from",
+                    )))
+                }
+            },
         };
         match filled {
             Ok(_) => Ok(()),

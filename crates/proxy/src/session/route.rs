@@ -144,6 +144,15 @@ impl Session {
     /// The topology changed: move now if the session is at a safe point, or once it is
     /// (within the cool-down).
     pub(super) async fn on_topology_change(&mut self) -> Result<(), End> {
+        if !self.backend_dead && self.topology.borrow().is_deposed(&self.backend_name) {
+            // Failed over away from: whatever this connection does from now on happens
+            // on a node that is no longer the cluster (a frozen primary that wakes up
+            // would commit there). It is abandoned; the next request moves the session
+            // (its open transaction replayed on the new primary, or 1213).
+            tracing::warn!(session = self.info.id, node = %self.backend_name, "the session's node was failed over away from; its connection is abandoned");
+            self.mark_backend_dead();
+            return Ok(());
+        }
         let Some(primary) = self.primary() else {
             return Ok(());
         };
