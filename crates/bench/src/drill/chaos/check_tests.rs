@@ -92,7 +92,10 @@ fn lost_and_duplicated_writes() {
         op(0, 0, Ok, vec![a(1, 10)]),
         op(1, 2, Ok, vec![r(1, &[10, 10])]),
     ];
-    assert_eq!(run(&read_twice, &fin(&[(1, &[10])])), vec!["duplicate"]);
+    assert_eq!(
+        run(&read_twice, &fin(&[(1, &[10])])),
+        vec!["duplicate", "incompatible-order"]
+    );
 }
 
 #[test]
