@@ -44,6 +44,9 @@ impl Target {
         let opts = OptsBuilder::new()
             .ip_or_hostname(Some(self.host.clone()))
             .tcp_port(port)
+            // The driver would otherwise ask the server for its unix socket and log in
+            // there directly, past holdfast.
+            .prefer_socket(false)
             .user(Some(self.user.clone()))
             .pass(Some(self.password.clone()))
             .read_timeout(Some(IO_TIMEOUT))
@@ -67,8 +70,11 @@ pub fn prepare(t: &Target) -> Result<i64> {
             "CREATE TABLE {BANK_TABLE} (id INT PRIMARY KEY, balance BIGINT NOT NULL) ENGINE=InnoDB"
         ),
         format!(
-            "INSERT INTO {BANK_TABLE} (id, balance) SELECT seq, {INITIAL_BALANCE} FROM seq_0_to_{}",
-            ACCOUNTS - 1
+            "INSERT INTO {BANK_TABLE} (id, balance) VALUES {}",
+            (0..ACCOUNTS)
+                .map(|id| format!("({id}, {INITIAL_BALANCE})"))
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     ] {
         c.query_drop(&sql)
