@@ -15,8 +15,12 @@ use crate::admin;
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long holdfast may take to promote a replica after the primary is lost.
 const FAILOVER_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long a frozen primary stays frozen at most (holdfast's detection is ~1 s).
-const FREEZE: Duration = Duration::from_secs(4);
+/// How long a frozen primary stays frozen at most: past holdfast's detection (~1 s) and
+/// the replicas' (the lab's `slave_net_timeout`, see `chaos::SLAVE_NET_TIMEOUT`), which
+/// holdfast waits for before failing over.
+const FREEZE: Duration = Duration::from_secs(15);
+/// How long a frozen primary stays frozen after holdfast promoted another node.
+const FROZEN_AFTER_PROMOTION: Duration = Duration::from_millis(500);
 /// How long a replica's SQL thread stays stopped.
 const SQL_THREAD_STOP: Duration = Duration::from_secs(3);
 
@@ -108,9 +112,9 @@ fn run(lab: &LabStatus, admin: &AdminClient, fault: Fault, primary: &str) -> Res
             let new = new_primary(admin, primary)?;
             let after = t.elapsed().as_millis();
             holdfast_lab::start_node(&lab.dir, primary)?;
-            admin::post(admin, &format!("/rejoin?node={primary}"))?;
+            let rejoined = rejoin(admin, primary);
             Ok(format!(
-                "{primary} killed; {new} primary after {after} ms; {primary} rejoined"
+                "{primary} killed; {new} primary after {after} ms; {primary} {rejoined}"
             ))
         }
         Fault::Switchover => {
@@ -151,14 +155,14 @@ fn freeze(lab: &LabStatus, admin: &AdminClient, primary: &str) -> Result<String>
         .pid
         .context("the primary has no pid")?;
     holdfast_lab::procs::signal(pid, libc::SIGSTOP)?;
-    let promoted = wait_for("a new primary", FREEZE, || {
-        admin::status(admin)
-            .ok()?
-            .topology
-            .primary
-            .filter(|p| p != primary)
+    // Failed over: the old primary is left for a rejoin (the topology may follow later).
+    let promoted = wait_for("a failover", FREEZE, || {
+        let st = admin::status(admin).ok()?;
+        let left_out = st.ha.needs_rejoin.iter().any(|n| n == primary);
+        let other = st.topology.primary.filter(|p| p != primary);
+        (left_out || other.is_some()).then(|| other.unwrap_or_else(|| "another node".into()))
     });
-    std::thread::sleep(FREEZE.saturating_sub(t.elapsed()));
+    std::thread::sleep(FROZEN_AFTER_PROMOTION);
     holdfast_lab::procs::signal(pid, libc::SIGCONT)?;
     let frozen = t.elapsed().as_millis();
     let Ok(new) = promoted else {
@@ -170,10 +174,21 @@ fn freeze(lab: &LabStatus, admin: &AdminClient, primary: &str) -> Result<String>
     std::thread::sleep(Duration::from_secs(2));
     holdfast_lab::kill_node(&lab.dir, primary)?;
     holdfast_lab::start_node(&lab.dir, primary)?;
-    admin::post(admin, &format!("/rejoin?node={primary}"))?;
+    let rejoined = rejoin(admin, primary);
     Ok(format!(
-        "{primary} frozen {frozen} ms; {new} promoted; {primary} resumed 2 s, restarted, rejoined"
+        "{primary} frozen {frozen} ms; {new} promoted; {primary} resumed 2 s, restarted, {rejoined}"
     ))
+}
+
+/// `POST /rejoin`; a refusal is noted (a diverged node is replaced when the lab recovers).
+fn rejoin(admin: &AdminClient, node: &str) -> String {
+    match admin::post(admin, &format!("/rejoin?node={node}")) {
+        Ok(_) => "rejoined".into(),
+        Err(e) => {
+            let why: String = format!("{e:#}").chars().take(160).collect();
+            format!("NOT rejoined ({why}...)")
+        }
+    }
 }
 
 fn new_primary(admin: &AdminClient, old: &str) -> Result<String> {
@@ -214,8 +229,27 @@ fn recover(lab: &LabStatus, admin: &AdminClient) -> Result<()> {
     let needs = admin::status(admin)?.ha.needs_rejoin;
     for n in needs {
         if let Err(e) = admin::post(admin, &format!("/rejoin?node={n}")) {
-            bail!("rejoining {n}: {e:#}");
+            if !format!("{e:#}").contains("diverged") {
+                bail!("rejoining {n}: {e:#}");
+            }
+            println!(
+                "   {n} diverged (it has transactions the primary has not): replaced by a fresh replica"
+            );
+            replace(lab, admin, &n)?;
         }
     }
     settle(admin).map(|_| ())
+}
+
+/// Removes a diverged node from holdfast and the lab and adds a fresh replica seeded from
+/// the primary in its place.
+fn replace(lab: &LabStatus, admin: &AdminClient, node: &str) -> Result<()> {
+    admin::post(admin, &format!("/nodes/remove?name={node}&drain_ms=0"))?;
+    holdfast_lab::remove_node(&lab.dir, node)?;
+    let fresh = holdfast_lab::add_replica(&lab.dir, None)?;
+    admin::post(
+        admin,
+        &format!("/nodes/add?name={}&address={}", fresh.name, fresh.address),
+    )?;
+    Ok(())
 }

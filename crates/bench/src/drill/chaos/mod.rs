@@ -27,6 +27,9 @@ use super::common::DrillArgs;
 use crate::admin;
 use crate::serve::{self, proxy_port, split_port};
 
+/// The nodes' `slave_net_timeout` (seconds; MariaDB's default is 60).
+const SLAVE_NET_TIMEOUT: u32 = 3;
+
 /// Load before the first fault and after the last.
 const QUIET: Duration = Duration::from_secs(3);
 
@@ -47,6 +50,9 @@ pub fn run(args: &DrillArgs, holdfast: &Path) -> Result<()> {
     let _ = holdfast_lab::purge(&args.dir);
     let mut opts = holdfast_lab::LabOptions::new(&args.dir, 2);
     opts.base_port = Some(c.base_port);
+    // Replicas notice a frozen primary within seconds (holdfast fails over only once they
+    // confirm the loss), as a production setup tuned for failover would.
+    opts.extra_server_args = vec![format!("--slave-net-timeout={SLAVE_NET_TIMEOUT}")];
     let lab = holdfast_lab::up(&opts)?;
     let config = serve::config_variant(
         &lab,
