@@ -1,6 +1,7 @@
 //! The dependency graph between transactions (Elle's ww, wr and rw edges) and its cycles:
 //! strongly connected components by Tarjan's algorithm, then one cycle inside each.
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// The kind of a dependency edge.
@@ -79,16 +80,21 @@ impl Graph {
                 let n = *n;
                 if let Some(&m) = succ.get(*pos) {
                     *pos += 1;
-                    if !index.contains_key(&m) {
-                        index.insert(m, counter);
-                        low.insert(m, counter);
-                        counter += 1;
-                        stack.push(m);
-                        on_stack.insert(m);
-                        work.push((m, self.next(m, allowed).collect(), 0));
-                    } else if on_stack.contains(&m) {
-                        let lm = index[&m].min(low[&n]);
-                        low.insert(n, lm);
+                    match index.entry(m) {
+                        Entry::Vacant(e) => {
+                            e.insert(counter);
+                            low.insert(m, counter);
+                            counter += 1;
+                            stack.push(m);
+                            on_stack.insert(m);
+                            work.push((m, self.next(m, allowed).collect(), 0));
+                        }
+                        Entry::Occupied(e) => {
+                            if on_stack.contains(&m) {
+                                let lm = (*e.get()).min(low[&n]);
+                                low.insert(n, lm);
+                            }
+                        }
                     }
                     continue;
                 }
