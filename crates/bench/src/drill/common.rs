@@ -38,6 +38,11 @@ pub enum Scenario {
     /// each kill to the answer of a session's next statement, from the new primary; median
     /// and maximum. Not part of `all`.
     FailoverTimes,
+    /// Clients (list-append and bank transactions, text and prepared, through the main and
+    /// the split listener) while `--faults` random faults hit the lab one after the other;
+    /// the whole history is checked afterwards (lost and duplicated writes, G0, G1a, G1b,
+    /// G1c, G2, divergence, bank totals, read-your-writes). Not part of `all`.
+    Chaos,
 }
 
 impl Scenario {
@@ -52,6 +57,7 @@ impl Scenario {
             Scenario::Serverless => "serverless",
             Scenario::All => "all",
             Scenario::FailoverTimes => "failover-times",
+            Scenario::Chaos => "chaos",
         }
     }
 }
@@ -84,6 +90,30 @@ pub struct DrillArgs {
     /// Kills in the failover-times scenario.
     #[arg(long, default_value_t = 10)]
     pub kills: u32,
+    #[command(flatten)]
+    pub chaos: ChaosArgs,
+}
+
+/// Options of the chaos scenario.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ChaosArgs {
+    /// Faults injected one after the other (chaos).
+    #[arg(long, default_value_t = 50)]
+    pub faults: u32,
+    /// Concurrent clients (chaos): a quarter run bank transfers and reads, the others
+    /// list-append transactions; half go through the split listener.
+    #[arg(long, default_value_t = 16)]
+    pub clients: u32,
+    /// Seed of the fault schedule and the clients' choices (chaos) [default: from the clock].
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Seconds after which no further fault is injected (chaos); the run then ends.
+    #[arg(long, default_value_t = 540)]
+    pub duration_limit: u64,
+    /// Base port of the chaos scenario's fresh lab (holdfast at BASE, admin BASE+1, split
+    /// BASE+2, nodes from BASE+10).
+    #[arg(long, default_value_t = holdfast_lab::DEFAULT_BASE_PORT + 200)]
+    pub base_port: u16,
 }
 
 /// sysbench (from PATH) against `lab` with the drill's table sizes.

@@ -168,7 +168,7 @@ pub fn run(args: &DrillArgs, holdfast: &Path, scenarios: &[Scenario]) -> Result<
 }
 
 /// holdfast's counters of replays and lost COMMITs, by outcome (`replays: replayed=3 ...`).
-fn recovery_counters(admin_addr: &holdfast_admin::AdminClient) -> Vec<(String, f64)> {
+pub(super) fn recovery_counters(admin_addr: &holdfast_admin::AdminClient) -> Vec<(String, f64)> {
     let Ok(text) = admin::get(admin_addr, "/metrics") else {
         return Vec::new();
     };
@@ -424,7 +424,9 @@ fn perform(lab: &LabStatus, scenario: Scenario) -> Result<String> {
                 t.elapsed().as_millis()
             ))
         }
-        Scenario::Serverless | Scenario::All | Scenario::FailoverTimes => Ok(String::new()),
+        Scenario::Serverless | Scenario::All | Scenario::FailoverTimes | Scenario::Chaos => {
+            Ok(String::new())
+        }
     }
 }
 

@@ -2,9 +2,10 @@
 //! through a maintenance event mid-run ([`ha`]: switchover, restart, resize, failover), and
 //! a serverless instance pausing under a pool of idle connections ([`serverless`]). What the
 //! scenarios share (options, sysbench, reading its output) is in [`common`]; the writers
-//! that check no acknowledged write was lost are in [`ack`].
+//! that check no acknowledged write was lost are in [`ack`]; the chaos drill with its history checker is in [`chaos`].
 
 mod ack;
+mod chaos;
 mod common;
 mod failover_times;
 mod ha;
@@ -27,6 +28,7 @@ pub fn run(args: &DrillArgs, holdfast: &Path) -> Result<()> {
             serverless::run(args, holdfast)
         }
         Scenario::FailoverTimes => failover_times::run(args, holdfast),
+        Scenario::Chaos => chaos::run(args, holdfast),
         one => ha::run(args, holdfast, &[one]),
     }
 }

@@ -1,0 +1,255 @@
+//! The chaos drill's faults, one at a time: each is injected, the lab is brought back
+//! (a killed or frozen old primary restarted as a replica and rejoined), and the drill waits
+//! until holdfast sees every node again before the next.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use holdfast_admin::AdminClient;
+use holdfast_lab::{wait_for, LabStatus};
+use rand::Rng;
+
+use crate::admin;
+
+/// How long the lab may take to be whole again after a fault.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long holdfast may take to promote a replica after the primary is lost.
+const FAILOVER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a frozen primary stays frozen at most: past holdfast's detection (~1 s) and
+/// the replicas' (the lab's `slave_net_timeout`, see `chaos::SLAVE_NET_TIMEOUT`), which
+/// holdfast waits for before failing over.
+const FREEZE: Duration = Duration::from_secs(15);
+/// How long a frozen primary stays frozen after holdfast promoted another node.
+const FROZEN_AFTER_PROMOTION: Duration = Duration::from_millis(500);
+/// How long a replica's SQL thread stays stopped.
+const SQL_THREAD_STOP: Duration = Duration::from_secs(3);
+
+/// The kinds of fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// kill -9 of the primary: holdfast fails over; the old one comes back as a replica.
+    Kill,
+    /// A planned switchover (`POST /switchover`).
+    Switchover,
+    /// A planned restart of the primary (`POST /restart`).
+    Restart,
+    /// SIGSTOP of the primary past the failure detection, then SIGCONT.
+    Freeze,
+    /// A replica's SQL thread stopped for a while.
+    ReplicaStall,
+}
+
+impl Fault {
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::Kill => "kill -9 primary",
+            Fault::Switchover => "switchover",
+            Fault::Restart => "restart primary",
+            Fault::Freeze => "SIGSTOP primary",
+            Fault::ReplicaStall => "replica SQL thread stop",
+        }
+    }
+
+    /// A random fault.
+    pub fn pick(rng: &mut impl Rng) -> Fault {
+        match rng.gen_range(0..100) {
+            0..25 => Fault::Kill,
+            25..45 => Fault::Switchover,
+            45..60 => Fault::Restart,
+            60..80 => Fault::Freeze,
+            _ => Fault::ReplicaStall,
+        }
+    }
+}
+
+/// What one fault did.
+#[derive(Debug, Clone)]
+pub struct Done {
+    pub fault: Fault,
+    /// Milliseconds since the run started: injected, and the lab whole again.
+    pub start_ms: u64,
+    pub settled_ms: u64,
+    /// What happened (`node1 killed; node2 primary after 412 ms`), or what went wrong.
+    pub note: String,
+    pub failed: bool,
+}
+
+/// Injects `fault`, brings the lab back and waits until it is settled.
+pub fn inject(lab: &LabStatus, fault: Fault, epoch: Instant) -> Done {
+    let admin = admin::client(lab);
+    let start_ms = epoch.elapsed().as_millis() as u64;
+    let result = settle(&admin).and_then(|primary| run(lab, &admin, fault, &primary));
+    let (mut note, mut failed) = match result {
+        Ok(note) => (note, false),
+        Err(e) => (format!("{e:#}"), true),
+    };
+    if let Err(e) = recover(lab, &admin) {
+        note.push_str(&format!("; not settled afterwards: {e:#}"));
+        failed = true;
+    }
+    Done {
+        fault,
+        start_ms,
+        settled_ms: epoch.elapsed().as_millis() as u64,
+        note,
+        failed,
+    }
+}
+
+fn run(lab: &LabStatus, admin: &AdminClient, fault: Fault, primary: &str) -> Result<String> {
+    let t = Instant::now();
+    let st = admin::status(admin)?;
+    let replica = st
+        .topology
+        .nodes
+        .iter()
+        .find(|n| n.name != primary && n.reachable)
+        .map(|n| n.name.clone())
+        .context("no replica")?;
+    match fault {
+        Fault::Kill => {
+            holdfast_lab::kill_node(&lab.dir, primary)?;
+            let new = new_primary(admin, primary)?;
+            let after = t.elapsed().as_millis();
+            holdfast_lab::start_node(&lab.dir, primary)?;
+            let rejoined = rejoin(admin, primary);
+            Ok(format!(
+                "{primary} killed; {new} primary after {after} ms; {primary} {rejoined}"
+            ))
+        }
+        Fault::Switchover => {
+            admin::post(admin, &format!("/switchover?to={replica}"))?;
+            Ok(format!(
+                "{primary} -> {replica} in {} ms",
+                t.elapsed().as_millis()
+            ))
+        }
+        Fault::Restart => {
+            admin::post(admin, &format!("/restart?node={primary}"))?;
+            Ok(format!(
+                "{primary} restarted and back in {} ms",
+                t.elapsed().as_millis()
+            ))
+        }
+        Fault::Freeze => freeze(lab, admin, primary),
+        Fault::ReplicaStall => {
+            let node = holdfast_lab::status(&lab.dir)?.node(&replica)?.clone();
+            holdfast_lab::node_sql(&node, "STOP SLAVE SQL_THREAD")?;
+            std::thread::sleep(SQL_THREAD_STOP);
+            holdfast_lab::node_sql(&node, "START SLAVE SQL_THREAD")?;
+            Ok(format!(
+                "{replica}'s SQL thread stopped for {} ms",
+                SQL_THREAD_STOP.as_millis()
+            ))
+        }
+    }
+}
+
+/// SIGSTOP of the primary until holdfast promotes another node (or `FREEZE` passes), then
+/// SIGCONT: the old primary runs again beside the new one for a moment (it must take no
+/// writes), then is restarted as a replica and rejoined.
+fn freeze(lab: &LabStatus, admin: &AdminClient, primary: &str) -> Result<String> {
+    let t = Instant::now();
+    let pid = holdfast_lab::status(&lab.dir)?
+        .node(primary)?
+        .pid
+        .context("the primary has no pid")?;
+    holdfast_lab::procs::signal(pid, libc::SIGSTOP)?;
+    // Failed over: the old primary is left for a rejoin (the topology may follow later).
+    let promoted = wait_for("a failover", FREEZE, || {
+        let st = admin::status(admin).ok()?;
+        let left_out = st.ha.needs_rejoin.iter().any(|n| n == primary);
+        let other = st.topology.primary.filter(|p| p != primary);
+        (left_out || other.is_some()).then(|| other.unwrap_or_else(|| "another node".into()))
+    });
+    std::thread::sleep(FROZEN_AFTER_PROMOTION);
+    holdfast_lab::procs::signal(pid, libc::SIGCONT)?;
+    let frozen = t.elapsed().as_millis();
+    let Ok(new) = promoted else {
+        return Ok(format!(
+            "{primary} frozen {frozen} ms; no failover (it is the primary again)"
+        ));
+    };
+    // Both writable for a moment: holdfast must send nothing to the old one.
+    std::thread::sleep(Duration::from_secs(2));
+    holdfast_lab::kill_node(&lab.dir, primary)?;
+    holdfast_lab::start_node(&lab.dir, primary)?;
+    let rejoined = rejoin(admin, primary);
+    Ok(format!(
+        "{primary} frozen {frozen} ms; {new} promoted; {primary} resumed 2 s, restarted, {rejoined}"
+    ))
+}
+
+/// `POST /rejoin`; a refusal is noted (a diverged node is replaced when the lab recovers).
+fn rejoin(admin: &AdminClient, node: &str) -> String {
+    match admin::post(admin, &format!("/rejoin?node={node}")) {
+        Ok(_) => "rejoined".into(),
+        Err(e) => {
+            let why: String = format!("{e:#}").chars().take(160).collect();
+            format!("NOT rejoined ({why}...)")
+        }
+    }
+}
+
+fn new_primary(admin: &AdminClient, old: &str) -> Result<String> {
+    wait_for("a new primary", FAILOVER_TIMEOUT, || {
+        admin::status(admin)
+            .ok()?
+            .topology
+            .primary
+            .filter(|p| p != old)
+    })
+}
+
+/// Every node up and rejoined, a primary, no operation running: the primary.
+fn settle(admin: &AdminClient) -> Result<String> {
+    wait_for(
+        "every node up, a primary, no operation running",
+        SETTLE_TIMEOUT,
+        || {
+            let st = admin::status(admin).ok()?;
+            let all_up = st.topology.nodes.iter().all(|n| n.reachable);
+            let idle = st.ha.in_progress.is_none() && st.ha.needs_rejoin.is_empty();
+            let primary = st.topology.primary.clone()?;
+            (all_up && idle && st.ha.watching.as_deref() == Some(primary.as_str()))
+                .then_some(primary)
+        },
+    )
+}
+
+/// Starts any stopped node and rejoins what holdfast left out, then waits to settle.
+fn recover(lab: &LabStatus, admin: &AdminClient) -> Result<()> {
+    if settle(admin).is_ok() {
+        return Ok(());
+    }
+    let st = holdfast_lab::status(&lab.dir)?;
+    for n in st.nodes.iter().filter(|n| !n.alive) {
+        holdfast_lab::start_node(&lab.dir, &n.name)?;
+    }
+    let needs = admin::status(admin)?.ha.needs_rejoin;
+    for n in needs {
+        if let Err(e) = admin::post(admin, &format!("/rejoin?node={n}")) {
+            if !format!("{e:#}").contains("diverged") {
+                bail!("rejoining {n}: {e:#}");
+            }
+            println!(
+                "   {n} diverged (it has transactions the primary has not): replaced by a fresh replica"
+            );
+            replace(lab, admin, &n)?;
+        }
+    }
+    settle(admin).map(|_| ())
+}
+
+/// Removes a diverged node from holdfast and the lab and adds a fresh replica seeded from
+/// the primary in its place.
+fn replace(lab: &LabStatus, admin: &AdminClient, node: &str) -> Result<()> {
+    admin::post(admin, &format!("/nodes/remove?name={node}&drain_ms=0"))?;
+    holdfast_lab::remove_node(&lab.dir, node)?;
+    let fresh = holdfast_lab::add_replica(&lab.dir, None)?;
+    admin::post(
+        admin,
+        &format!("/nodes/add?name={}&address={}", fresh.name, fresh.address),
+    )?;
+    Ok(())
+}

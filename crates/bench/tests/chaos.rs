@@ -1,0 +1,62 @@
+//! The chaos drill, short enough for CI: 5 faults, 8 clients, on a fresh lab of real
+//! mariadbd processes, through the `holdfast` binary built next to `holdfast-bench`
+//! (`cargo build -p holdfast -p holdfast-bench`). It must pass: nothing lost, nothing
+//! applied twice, no anomaly, no unexplained client error.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+#[test]
+fn a_short_chaos_run_passes() {
+    let bench = PathBuf::from(env!("CARGO_BIN_EXE_holdfast-bench"));
+    let holdfast = bench.with_file_name("holdfast");
+    assert!(
+        holdfast.is_file(),
+        "no holdfast binary at {}: cargo build -p holdfast first",
+        holdfast.display()
+    );
+    let dir = std::env::temp_dir().join(format!("holdfast-chaos-test-{}", std::process::id()));
+    let started = Instant::now();
+    let out = Command::new(&bench)
+        .args([
+            "drill",
+            "--scenario",
+            "chaos",
+            "--faults",
+            "5",
+            "--clients",
+            "8",
+        ])
+        .args([
+            "--seed",
+            "7",
+            "--duration-limit",
+            "120",
+            "--base-port",
+            "3710",
+        ])
+        .arg("--dir")
+        .arg(&dir)
+        .arg("--holdfast")
+        .arg(&holdfast)
+        .output()
+        .expect("running holdfast-bench");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    println!("{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+    let verdict = text
+        .lines()
+        .find(|l| l.starts_with("chaos: ") && l.contains(" faults, "))
+        .unwrap_or("no verdict line");
+    assert!(
+        out.status.success() && verdict.ends_with(": PASS"),
+        "the chaos drill failed: {verdict}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(180),
+        "took {:?}",
+        started.elapsed()
+    );
+}
