@@ -272,7 +272,7 @@ pub async fn run_monitor(
     nudge: Arc<Notify>,
     gate: Option<Arc<Lifecycle>>,
     switching: watch::Receiver<bool>,
-    ha: watch::Receiver<crate::ha::controller::HaState>,
+    mut ha: watch::Receiver<crate::ha::controller::HaState>,
 ) {
     // The node that was the only read-only root in the last round (see `choose_primary`).
     let mut root_before: Option<String> = None;
@@ -285,6 +285,27 @@ pub async fn run_monitor(
             _ = ticker.tick() => {}
             _ = nudge.notified() => ticker.reset(),
             Ok(()) = members.changed() => ticker.reset(),
+            Ok(()) = ha.changed() => {
+                // A failover deposed a node: said at once, without waiting for a probe
+                // round (one that waits on a frozen node takes seconds), so that sessions
+                // drop their connections to it before it can wake up and answer.
+                let deposed = deposed_nodes(&ha);
+                let now = tx.borrow().clone();
+                if now.nodes.iter().any(|n| n.deposed != deposed.contains(&n.name)) {
+                    let mut topo = (*now).clone();
+                    for n in topo.nodes.iter_mut() {
+                        n.deposed = deposed.contains(&n.name);
+                        n.serves_reads &= !n.deposed;
+                    }
+                    if topo.primary.is_some_and(|i| topo.nodes.get(i).is_some_and(|n| n.deposed)) {
+                        topo.primary = None;
+                        topo.read_only_primary = false;
+                    }
+                    tracing::warn!(deposed = ?deposed, "nodes failed over away from");
+                    tx.send_replace(Arc::new(topo));
+                }
+                continue;
+            }
         }
         if gate.as_ref().is_some_and(|l| !l.is_running()) {
             continue;
@@ -294,12 +315,7 @@ pub async fn run_monitor(
         loads.retain(|name, _| list.iter().any(|m| &m.backend.name == name));
         let mut topo = Topology::of_members(&list);
         topo.observed = true;
-        let deposed = {
-            let h = ha.borrow();
-            let mut d = h.needs_rejoin.clone();
-            d.extend(h.failing_over_from.iter().cloned());
-            d
-        };
+        let deposed = deposed_nodes(&ha);
         for node in topo.nodes.iter_mut() {
             node.deposed = deposed.contains(&node.name);
             node.load = loads.entry(node.name.clone()).or_default().clone();
@@ -362,6 +378,14 @@ pub async fn run_monitor(
             tx.send_replace(Arc::new(topo));
         }
     }
+}
+
+/// The nodes a failover moved away from, or is moving away from now.
+fn deposed_nodes(ha: &watch::Receiver<crate::ha::controller::HaState>) -> Vec<String> {
+    let h = ha.borrow();
+    let mut d = h.needs_rejoin.clone();
+    d.extend(h.failing_over_from.iter().cloned());
+    d
 }
 
 /// Which node is the primary, and whether it is read-only.

@@ -152,12 +152,29 @@ impl Session {
             // Through `forward_request`: a backend lost again is recovered from again.
             return self.forward_request(again).await;
         }
+        if in_transaction && commit && !self.markers.txn_writes {
+            // A transaction that wrote nothing: committed or rolled back, the database is
+            // the same, and so is what the client may rely on. Its COMMIT's answer is OK.
+            self.record.status &= !SERVER_STATUS_IN_TRANS;
+            self.txn_log = None;
+            self.shared.metrics.commit_outcome("nothing_written");
+            let ok = holdfast_wire::packets::ok_payload(0, 0, self.record.status, 0);
+            return self
+                .client
+                .write_packet(&ok, reply_seq)
+                .await
+                .map_err(End::Client);
+        }
         self.shared.metrics.requests_failed_on_backend_loss.inc();
         // `commit`: the statement may have committed the transaction (COMMIT, an implicit
         // commit, a prepared COMMIT...), so it is not known to be rolled back.
         let error = if in_transaction && commit {
+            self.shared.metrics.commit_outcome("unknown");
             ClientError::commit_outcome_unknown()
         } else if in_transaction {
+            if !replay {
+                self.shared.metrics.replay("not_replayable");
+            }
             ClientError::transaction_rolled_back()
         } else {
             ClientError::statement_interrupted()

@@ -119,8 +119,12 @@ impl Session {
                 return Ok(Routed::Forward);
             }
             // Replayed: the transaction is open again where it was, the request joins it.
-            let replayed = self.can_replay() && Box::pin(self.replay_transaction()).await?;
+            let replayable = self.can_replay();
+            let replayed = replayable && Box::pin(self.replay_transaction()).await?;
             if !replayed {
+                if !replayable {
+                    self.shared.metrics.replay("not_replayable");
+                }
                 self.txn_log = None;
                 self.execute_refused(request).await;
                 self.shared.metrics.requests_failed_on_backend_loss.inc();

@@ -36,6 +36,7 @@ pub fn recovered(before: &[(String, f64)], after: &[(String, f64)]) -> Recovered
     Recovered {
         rolled_back: delta("replay diverged")
             + delta("replay failed")
+            + delta("replay not_replayable")
             + delta("lost COMMIT rolled_back"),
         unknown: delta("lost COMMIT unknown"),
     }
