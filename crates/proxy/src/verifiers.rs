@@ -51,9 +51,10 @@ impl Account {
         }
         match parse_native_verifier(&self.auth_string) {
             Some(v) => Verifier::Native(v),
-            None => Verifier::Relay {
-                plugin: plugin.to_string(),
-            },
+            // Not a password hash (`mariadb.sys`'s 'invalid', a hand-edited row): the
+            // server accepts no password for it, so neither does holdfast (without a
+            // backend, and without waking a paused instance).
+            None => Verifier::Native(rand::random()),
         }
     }
 }
@@ -161,6 +162,28 @@ impl VerifierCache {
         }
         let map = self.accounts.load();
         !map.contains_key(user) && !map.contains_key("")
+    }
+
+    /// Whether the server certainly refuses `user` from `host` as of the last load: the
+    /// name has accounts, none for this host, every host pattern is one holdfast matches as
+    /// the server does (addresses and wildcards, `localhost`; not a host name, which the
+    /// server would resolve), and there is no anonymous account.
+    pub fn no_account_for(&self, user: &str, host: IpAddr) -> bool {
+        if !self.is_loaded() || self.lookup(user, host).is_some() {
+            return false;
+        }
+        let map = self.accounts.load();
+        if map.contains_key("") {
+            return false;
+        }
+        let judged = |pattern: &str| {
+            pattern.eq_ignore_ascii_case("localhost")
+                || pattern
+                    .bytes()
+                    .all(|b| b.is_ascii_hexdigit() || b".:%_/".contains(&b))
+        };
+        map.get(user)
+            .is_some_and(|accounts| accounts.iter().all(|a| judged(&a.host)))
     }
 
     /// What the server's `skip_name_resolve` says (see [`VerifierCache::lookup`]).

@@ -687,3 +687,48 @@ fn guessed_user_names_wake_a_paused_instance_once_a_minute_per_address() {
     assert_eq!(count(&h, "resumes"), resumes, "no wake for further guesses");
     assert_eq!(phase(&h), "paused");
 }
+
+/// Issue 18, item 15: failed logins that holdfast can refuse by itself never wake a paused
+/// instance: `mariadb.sys` (a mysql_native_password account whose hash is 'invalid': the
+/// server accepts no password) and a name whose accounts are all for other hosts, guessed
+/// again within the minute. (Both used to reach the wake before any check.)
+#[test]
+fn failed_logins_for_impossible_accounts_do_not_wake_a_paused_instance() {
+    let h = Harness::start_with(Options::default().serverless(|s| s.idle_pause_secs = 0));
+    h.root_sql("CREATE USER 'elsewhere'@'10.9.9.9' IDENTIFIED BY 'pw'");
+    // holdfast reads the accounts (the new one included) before the pause.
+    let out = h.mariadb(h.proxy, &["-N", "-e", "SELECT 1"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let (code, body) = h.admin_post("/pause", None);
+    assert_eq!(code, 200, "{body}");
+    wait_phase(&h, "paused", None);
+    let before = count(&h, "resumes");
+
+    let out = h.mariadb_as(h.proxy, "mariadb.sys", "x", &["-e", "SELECT 1"]);
+    assert!(out.stderr.contains("1045"), "{out:?}");
+    assert_eq!(
+        count(&h, "resumes"),
+        before,
+        "mariadb.sys woke the instance"
+    );
+    assert_eq!(phase(&h), "paused");
+
+    // A guessed name uses this address's one wake a minute; the next name whose accounts
+    // are for other hosts is refused without one.
+    let out = h.mariadb_as(h.proxy, "no_such_user_x", "x", &["-e", "SELECT 1"]);
+    assert!(out.stderr.contains("1045"), "{out:?}");
+    let after_guess = count(&h, "resumes");
+    if phase(&h) != "paused" {
+        let (code, body) = h.admin_post("/pause", None);
+        assert_eq!(code, 200, "{body}");
+        wait_phase(&h, "paused", None);
+    }
+    let out = h.mariadb_as(h.proxy, "elsewhere", "pw", &["-e", "SELECT 1"]);
+    assert!(out.stderr.contains("1045"), "{out:?}");
+    assert_eq!(
+        count(&h, "resumes"),
+        after_guess,
+        "a host-mismatched name woke it"
+    );
+    assert_eq!(phase(&h), "paused");
+}

@@ -183,6 +183,22 @@ async fn pause(shared: &Shared, lc: &Lifecycle, tier: PauseTier) -> bool {
         return false;
     }
     lc.lock().pause_blocked_by.clear();
+    // The accounts as of the pause (they cannot change while it lasts): a login they
+    // refuse is then refused without waking the instance.
+    let primary = shared
+        .topology
+        .borrow()
+        .primary_node()
+        .map(|n| n.address.clone());
+    if let Some(addr) = primary {
+        if let Err(e) = shared
+            .verifiers
+            .refresh_waiting(&shared.config, &addr, Duration::ZERO)
+            .await
+        {
+            tracing::debug!(error = %e, "reading the accounts before a pause failed");
+        }
+    }
     // Close the gate first, then wait for what got through it: a session marks itself busy
     // before it reads the gate, and the pause reads the busy marks after closing it, so
     // every request either sees the gate closed or is seen here.

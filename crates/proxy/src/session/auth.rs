@@ -278,8 +278,8 @@ pub async fn login(
     // No such account on the server: refused like a wrong password, with the same packets
     // and delays, so that a user name cannot be told from its answer, and without a
     // backend connection.
-    let no_such_account =
-        matches!(lookup, Lookup::NotFound) && shared.verifiers.no_such_account(&user);
+    let no_such_account = matches!(lookup, Lookup::NotWoken)
+        || matches!(lookup, Lookup::NotFound) && shared.verifiers.no_such_account(&user);
     let verifier = match lookup {
         Lookup::Found(v) => Some(v),
         _ if no_such_account => Some(Verifier::Native(rand::random())),
@@ -461,9 +461,12 @@ async fn read_login_request(
 /// What holdfast knows of the account `user` would log in as from `peer`.
 enum Lookup {
     Found(Verifier),
-    /// Not among the accounts read from the server (after this login arrived, or before a
-    /// pause when the instance is not woken for it).
+    /// Not among the accounts read from the server after this login arrived.
     NotFound,
+    /// Not among the accounts known from before a pause, and the instance is not woken to
+    /// look again (a name guessed again within the minute, or one whose accounts are for
+    /// other hosts): refused as a wrong password.
+    NotWoken,
     /// The accounts could not be read: the server decides.
     Unchecked,
 }
@@ -481,13 +484,18 @@ async fn find_verifier(
     if let Some(account) = shared.verifiers.lookup(user, peer.ip()) {
         return Ok(Lookup::Found(account.verifier()));
     }
+    if !shared.gate.is_open() && shared.verifiers.no_account_for(user, peer.ip()) {
+        // The accounts were read as the instance paused and cannot have changed since:
+        // the server would refuse this name from this host (`mariadb.sys`, say). Not woken.
+        return Ok(Lookup::NotWoken);
+    }
     if !shared.gate.is_open()
         && shared.verifiers.is_loaded()
         && !shared.admission.may_wake_for_unknown_user(peer.ip())
     {
         // A paused instance is not woken again and again for guessed user names: the
         // accounts known from before the pause decide.
-        return Ok(Lookup::NotFound);
+        return Ok(Lookup::NotWoken);
     }
     let _held = pass_gate(shared, client, seq).await?;
     let addr = shared
