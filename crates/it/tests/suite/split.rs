@@ -576,3 +576,56 @@ fn server_local_reads_run_on_the_primary() {
     let id: u32 = c.query_first("SELECT @@server_id").unwrap().unwrap();
     assert_eq!(node_of(id, primary, &replicas), Node::Replica);
 }
+
+/// Issue 18, item 4: a statement that changes the session (`USE`, here) inside a read-only
+/// transaction running on a replica would change that connection only: the DATABASE() the
+/// client then saw was not the one its next INSERT went to. The transaction is rolled back
+/// with 1213 instead (it only read), the statement does not run, and the session's
+/// read-only transactions run on the primary from then on, where every statement keeps
+/// the session in step. The lab's defaults (markers, replay) stay on.
+#[test]
+fn a_session_change_inside_a_read_only_transaction_on_a_replica_is_not_lost() {
+    let h = split_harness(|_| {});
+    let (primary, replicas) = server_ids(&h);
+    h.root_sql(
+        "CREATE DATABASE other; CREATE TABLE other.w (a INT); CREATE TABLE sbtest.w (a INT)",
+    );
+    wait_for(
+        "the tables on the replicas",
+        Duration::from_secs(30),
+        || {
+            h.lab
+                .replicas()
+                .iter()
+                .all(|r| holdfast_lab::node_sql(r, "SELECT COUNT(*) FROM other.w").is_ok())
+                .then_some(())
+        },
+    );
+    let mut c = connect_to(&h.url());
+    c.query_drop("START TRANSACTION READ ONLY").unwrap();
+    let id: u32 = c.query_first("SELECT @@server_id").unwrap().unwrap();
+    assert_eq!(node_of(id, primary, &replicas), Node::Replica);
+    let err = c
+        .query_drop("USE other")
+        .expect_err("rolled back, not run on the replica only");
+    assert!(err.to_string().contains("1213"), "{err}");
+    let db: Option<String> = c.query_first("SELECT DATABASE()").unwrap();
+    assert_eq!(db.as_deref(), Some("sbtest"), "the USE did not run");
+
+    // The client restarts its transaction: on the primary now.
+    c.query_drop("START TRANSACTION READ ONLY").unwrap();
+    let id: u32 = c.query_first("SELECT @@server_id").unwrap().unwrap();
+    assert_eq!(node_of(id, primary, &replicas), Node::Primary);
+    c.query_drop("USE other").unwrap();
+    c.query_drop("COMMIT").unwrap();
+    c.query_drop("INSERT INTO w VALUES (7)").unwrap();
+    let db: Option<String> = c.query_first("SELECT DATABASE()").unwrap();
+    assert_eq!(db.as_deref(), Some("other"));
+    let count = |table: &str| h.root_sql(&format!("SELECT COUNT(*) FROM {table}"))[0][0].clone();
+    assert_eq!(
+        count("other.w"),
+        "1",
+        "the INSERT went where DATABASE() says"
+    );
+    assert_eq!(count("sbtest.w"), "0");
+}

@@ -39,6 +39,10 @@ pub(super) struct Split {
     /// A `START TRANSACTION READ ONLY` transaction open on this replica: the session's
     /// statements go there until it ends.
     txn_on: Option<String>,
+    /// A read-only transaction had to be given up on its replica (a statement in it would
+    /// have changed the session there only): this session's read-only transactions run on
+    /// the primary from then on.
+    read_only_on_primary: bool,
     /// The topology reads are routed by, refreshed when the monitor publishes a new one.
     topology: Arc<Topology>,
     watch: watch::Receiver<Arc<Topology>>,
@@ -78,6 +82,7 @@ impl Split {
             readers: Vec::new(),
             last_on: None,
             txn_on: None,
+            read_only_on_primary: false,
             topology,
             watch,
             turn: 0,
@@ -206,6 +211,64 @@ fn parse_gtid(gtid: &str) -> Option<(u32, u64)> {
 }
 
 impl Session {
+    /// Whether `request` is a statement with effects on the session (`USE`, `SET`, user
+    /// variables, temporary tables, locks, code holdfast does not see into) inside a
+    /// read-only transaction pinned to a replica: run there, it would change that
+    /// connection only, and later statements on the primary would not see it.
+    pub(super) fn changes_pinned_session(&self, request: &[u8], query: Option<C>) -> bool {
+        if self.split.as_ref().is_none_or(|s| s.txn_on.is_none()) {
+            return false;
+        }
+        const EFFECTS: C = C::CHANGES_SESSION
+            .union(C::MULTI)
+            .union(C::IMPLICIT_COMMIT)
+            .union(C::LOAD_DATA_LOCAL);
+        match request.get(HEADER_LEN) {
+            Some(&COM_QUERY) => query.is_none_or(|f| f.intersects(EFFECTS)),
+            Some(&COM_STMT_EXECUTE) => packets::statement_id(&request[HEADER_LEN..])
+                .map(|id| self.statements.resolve(id))
+                .and_then(|id| self.statements.get(id))
+                .is_none_or(|s| s.flags.intersects(EFFECTS)),
+            _ => false,
+        }
+    }
+
+    /// Gives up the read-only transaction pinned to a replica (it read only: rolling it
+    /// back changes nothing) before a statement that would change the session there; the
+    /// client gets 1213 and restarts it, and the session's read-only transactions run on
+    /// the primary from now on, where such statements keep every connection in step.
+    pub(super) async fn leave_pinned_transaction(&mut self, reply_seq: u8) -> Result<(), End> {
+        if let Some(split) = self.split.as_mut() {
+            if let Some(node) = split.txn_on.take() {
+                if let Some(i) = split.reader(&node) {
+                    if let Err(e) = restore::execute(&mut split.readers[i].conn, b"ROLLBACK").await
+                    {
+                        let why = format!("rolling back its read-only transaction: {e}");
+                        self.lose_reader(i, why);
+                    }
+                }
+            }
+            if let Some(split) = self.split.as_mut() {
+                split.read_only_on_primary = true;
+                split.last_on = None;
+            }
+        }
+        self.record.status &= !holdfast_wire::caps::SERVER_STATUS_IN_TRANS;
+        self.txn_log = None;
+        tracing::info!(session = self.info.id, "a statement that changes the session in a read-only transaction on a replica: transaction rolled back (1213), read-only transactions on the primary from now on");
+        self.shared
+            .metrics
+            .read_fallback("session_change_in_replica_transaction");
+        let error = crate::error::ClientError::new(
+            crate::error::ErrorKind::TransactionRolledBack,
+            "Deadlock found when trying to get lock; try restarting transaction (holdfast: this \
+             read-only transaction ran on a replica and the statement would change the session \
+             there only; it was rolled back, and this session's read-only transactions run on \
+             the primary from now on)",
+        );
+        self.send_error(reply_seq, &error).await
+    }
+
     /// Where a request may run, for a split session: `None` keeps it on the primary.
     pub(super) fn read_target(&mut self, request: &[u8], query: Option<C>) -> Option<Target> {
         self.split.as_ref()?;
@@ -232,7 +295,8 @@ impl Session {
             // In `information_schema` (or another schema of the server's own), unqualified
             // names are views of the server's state (`SELECT * FROM PROCESSLIST`).
             ReadRoute::Primary
-        } else if read_only_start && self.record.blocker().is_none() {
+        } else if read_only_start && self.record.blocker().is_none() && !split.read_only_on_primary
+        {
             ReadRoute::Replica
         } else if self.record.in_transaction()
             || self.record.status & SERVER_STATUS_AUTOCOMMIT == 0
