@@ -95,6 +95,10 @@ pub struct Removed {
     pub interrupted: u32,
     /// holdfast's connections to it closed at the end.
     pub connections_closed: usize,
+    /// `KILL`s the server refused (the monitor account needs CONNECTION ADMIN to stop
+    /// the connections of other accounts), each with the server's error.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kill_failures: Vec<String>,
 }
 
 fn valid_name(name: &str) -> bool {
@@ -265,13 +269,14 @@ impl Shared {
         let drained_ms = started.elapsed().as_millis() as u64;
         let interrupted = load.active();
         let threads: Vec<u32> = load.threads();
+        let mut kill_failures = Vec::new();
         if interrupted > 0 {
             tracing::warn!(
                 node = name,
                 running = interrupted,
                 "node removal: drain window over; stopping the statements still running there"
             );
-            self.kill_on(&address, &threads, "KILL QUERY").await;
+            kill_failures.extend(self.kill_on(&address, &threads, "KILL QUERY").await.1);
             // Their sessions get the server's ERR; a little while for it to arrive.
             let grace = Instant::now() + Duration::from_secs(2);
             while load.active() > 0 && Instant::now() < grace {
@@ -289,19 +294,18 @@ impl Shared {
         // Sessions drop their connections there when they next route a read; idle ones
         // are closed here.
         let threads = load.threads();
-        self.kill_on(&address, &threads, "KILL CONNECTION").await;
-        tracing::info!(
-            node = name,
-            drained_ms,
-            interrupted,
-            closed = threads.len(),
-            "node removed"
-        );
+        let (closed, failed) = self.kill_on(&address, &threads, "KILL CONNECTION").await;
+        kill_failures.extend(failed);
+        tracing::info!(node = name, drained_ms, interrupted, closed, "node removed");
+        if !kill_failures.is_empty() {
+            tracing::warn!(node = name, failures = ?kill_failures, "node removal: the server refused to stop some of holdfast's connections there (the monitor account needs CONNECTION ADMIN)");
+        }
         Ok(Removed {
             node: name.into(),
             drained_ms,
             interrupted,
-            connections_closed: threads.len(),
+            connections_closed: closed,
+            kill_failures,
         })
     }
 
@@ -385,23 +389,32 @@ impl Shared {
     }
 
     /// Runs `kill` (`KILL QUERY`, `KILL CONNECTION`) for each thread on the node at
-    /// `address`, with the monitor account; failures are logged.
-    async fn kill_on(&self, address: &str, threads: &[u32], kill: &str) {
+    /// `address`, with the monitor account: how many it stopped (a thread already gone,
+    /// 1094, counts) and what the server refused.
+    async fn kill_on(&self, address: &str, threads: &[u32], kill: &str) -> (usize, Vec<String>) {
         if threads.is_empty() {
-            return;
+            return (0, Vec::new());
         }
         let mut conn = match monitor_connect(&self.config, address).await {
             Ok(c) => c,
             Err(e) => {
-                tracing::warn!(address, error = %e, "node removal: cannot connect to stop holdfast's connections there");
-                return;
+                return (
+                    0,
+                    vec![format!(
+                        "{kill}: cannot connect as the monitor account: {e}"
+                    )],
+                )
             }
         };
+        let (mut done, mut failed) = (0, Vec::new());
         for t in threads {
-            if let Err(e) = conn.query(&format!("{kill} {t}")).await {
-                tracing::debug!(address, thread = t, error = %e, "node removal: {kill} failed");
+            match conn.query(&format!("{kill} {t}")).await {
+                Ok(_) => done += 1,
+                Err(crate::backend::BackendError::Server { code: 1094, .. }) => done += 1,
+                Err(e) => failed.push(format!("{kill} {t}: {e}")),
             }
         }
+        (done, failed)
     }
 }
 

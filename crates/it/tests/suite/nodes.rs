@@ -329,3 +329,74 @@ fn a_reload_applies_the_backend_list_of_the_config_file() {
     });
     wait_reading(&h, 2);
 }
+
+/// Issue 18, item 16: node removal stops holdfast's connections there with the monitor
+/// account; when the server refuses (a monitor without CONNECTION ADMIN, as the README's
+/// grants were), the report says so instead of counting them as closed.
+#[test]
+fn a_removal_whose_kills_are_refused_says_so() {
+    let h = split_harness();
+    let mut c = connect_to(&h.url());
+    c.query_drop("SELECT 1").unwrap();
+    // Every replica: the monitor may not stop other accounts' statements there.
+    for r in h.lab.replicas() {
+        holdfast_lab::node_sql(
+            r,
+            "SET SESSION sql_log_bin = 0; \
+             REVOKE SUPER, CONNECTION ADMIN ON *.* FROM 'holdfast_monitor'@'%'; \
+             REVOKE SUPER, CONNECTION ADMIN ON *.* FROM 'holdfast_monitor'@'localhost'",
+        )
+        .expect("revoke on a replica");
+    }
+    let report = std::thread::scope(|s| {
+        let running = s.spawn(move || {
+            c.query_first::<u64, _>("SELECT COUNT(*) FROM seq_1_to_5000000000 WHERE seq % 7 = 3")
+        });
+        let node = wait_for(
+            "the long read running on a replica",
+            Duration::from_secs(20),
+            || {
+                h.lab.replicas().iter().find_map(|r| {
+                    let n = holdfast_lab::node_sql(
+                        r,
+                        "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+                     WHERE INFO LIKE 'SELECT COUNT(*) FROM seq_1_to_5000000000%'",
+                    )
+                    .ok()?;
+                    (n.first()?.first()? == "1").then(|| r.clone())
+                })
+            },
+        );
+        let (code, body) = h.admin_post(
+            &format!("/nodes/remove?name={}&drain_ms=500", node.name),
+            None,
+        );
+        assert_eq!(code, 200, "{body}");
+        // Stop the read ourselves (as root) so the thread ends.
+        holdfast_lab::node_sql(
+            &node,
+            "SELECT CONCAT('KILL QUERY ', ID) INTO @k FROM information_schema.PROCESSLIST \
+             WHERE INFO LIKE 'SELECT COUNT(*) FROM seq_1_to_5000000000%' LIMIT 1; \
+             PREPARE s FROM @k; EXECUTE s",
+        )
+        .expect("root stops the read");
+        let _ = running.join();
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()
+    });
+    println!("{report:#}");
+    assert_eq!(report["interrupted"], 1, "{report}");
+    let failures = report["kill_failures"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        !failures.is_empty(),
+        "the refused KILLs are reported: {report}"
+    );
+    assert!(
+        failures
+            .iter()
+            .any(|f| f.as_str().is_some_and(|f| f.contains("1095"))),
+        "{report}"
+    );
+}
