@@ -218,22 +218,36 @@ impl VerifierCache {
         self.refresh_locked(&mut last, cfg, addr).await
     }
 
-    /// Re-reads the verifiers, waiting first until `min_interval` has passed since the last
-    /// read: a login of an account holdfast has not seen yet gets an answer from accounts
-    /// read after it arrived.
+    /// Makes sure the verifiers were read after `arrived` (a login of an account holdfast
+    /// has not seen yet gets an answer from accounts read after it came), reading them no
+    /// more often than every `min_interval`. Logins waiting together share one read, and
+    /// nobody sleeps holding the lock: a flood of unknown names costs one read per
+    /// interval, not one interval per login in a queue.
     pub async fn refresh_waiting(
         &self,
         cfg: &Config,
         addr: &str,
         min_interval: Duration,
     ) -> Result<(), backend::BackendError> {
-        let mut last = self.last_refresh.lock().await;
-        if let Some(t) = *last {
-            if let Some(wait) = min_interval.checked_sub(t.elapsed()) {
-                tokio::time::sleep(wait).await;
+        let arrived = Instant::now();
+        loop {
+            let mut last = self.last_refresh.lock().await;
+            let wait = match *last {
+                // A read that started after this login came is done (it held the lock).
+                Some(t) if t >= arrived => return Ok(()),
+                Some(t) => min_interval.checked_sub(t.elapsed()),
+                None => None,
+            };
+            match wait {
+                None | Some(Duration::ZERO) => {
+                    return self.refresh_locked(&mut last, cfg, addr).await.map(|_| ())
+                }
+                Some(wait) => {
+                    drop(last);
+                    tokio::time::sleep(wait).await;
+                }
             }
         }
-        self.refresh_locked(&mut last, cfg, addr).await.map(|_| ())
     }
 
     async fn refresh_locked(

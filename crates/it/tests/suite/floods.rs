@@ -193,3 +193,45 @@ fn an_idle_client_is_closed_after_client_idle_timeout_secs_and_a_busy_one_is_not
         "{m}"
     );
 }
+
+/// Issue 18, item 10: clients looping over unknown user names do not stall a real login.
+/// Each unknown name makes holdfast read the accounts again; those reads were taken one
+/// after the other, each waiting out `verifier_miss_refresh_ms` under one lock, so a new
+/// account's first login queued behind every guess (4.99 s with four loopers, the login
+/// deadline 5 s). Now waiting logins share one read. With a 2.5 s handshake deadline the
+/// new account still logs in, again and again, while four loopers guess names.
+#[test]
+fn guessed_user_names_do_not_stall_a_real_login() {
+    let h = Harness::start_with(Options::default().config(|c| {
+        c.proxy.handshake_timeout_ms = 2_500;
+    }));
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let (h, stop) = (&h, &stop);
+            s.spawn(move || {
+                let mut i = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    i += 1;
+                    let _ = login_as(h, &format!("guess_{t}_{i}"), "x");
+                }
+            });
+        }
+        // The loopers are at it before the account exists.
+        std::thread::sleep(Duration::from_millis(1500));
+        for n in 0..3 {
+            let name = format!("fresh_{n}");
+            h.root_sql(&format!(
+                "CREATE USER '{name}'@'%' IDENTIFIED BY 'pw'; GRANT SELECT ON *.* TO '{name}'@'%'"
+            ));
+            let login = login_as(&h, &name, "pw");
+            stop.store(n == 2, std::sync::atomic::Ordering::Relaxed);
+            let mut c = login.unwrap_or_else(|e| {
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                panic!("{name}'s first login, with four clients guessing names: {e}")
+            });
+            use mysql::prelude::Queryable;
+            assert_eq!(c.query_first::<i64, _>("SELECT 1").unwrap(), Some(1));
+        }
+    });
+}
