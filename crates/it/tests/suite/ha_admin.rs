@@ -495,6 +495,8 @@ fn a_frozen_primary_that_wakes_after_a_failover_takes_no_acknowledged_write() {
     use mysql::prelude::Queryable;
     let mut a = connect();
     let mut b = connect();
+    let mut c = connect();
+    c.query_drop("SELECT 1").unwrap();
     a.query_drop("BEGIN").unwrap();
     a.query_drop("INSERT INTO sbtest.fz VALUES (1)").unwrap();
     b.query_drop("BEGIN").unwrap();
@@ -502,11 +504,13 @@ fn a_frozen_primary_that_wakes_after_a_failover_takes_no_acknowledged_write() {
 
     let node1 = h.node("node1").clone();
     signal(&node1, "-STOP");
-    let (a, committed_a) = std::thread::scope(|s| {
+    let (a, committed_a, inserted_c) = std::thread::scope(|s| {
         let commit = s.spawn(move || {
             let r = a.query_drop("COMMIT");
             (a, r)
         });
+        // An autocommit write (wrapped with its marker) in flight too.
+        let insert = s.spawn(move || c.query_drop("INSERT INTO sbtest.fz VALUES (4)"));
         let new_primary = h.wait_primary_other_than("node1", WAIT);
         println!("failed over to {new_primary}");
         wait_for("node1 deposed in /status", WAIT, || {
@@ -518,7 +522,8 @@ fn a_frozen_primary_that_wakes_after_a_failover_takes_no_acknowledged_write() {
                 .then_some(())
         });
         signal(&node1, "-CONT");
-        commit.join().expect("the committing thread")
+        let (a, committed) = commit.join().expect("the committing thread");
+        (a, committed, insert.join().expect("the inserting thread"))
     });
     drop(a);
     let new_primary = h.status().topology.primary.expect("a primary");
@@ -532,6 +537,12 @@ fn a_frozen_primary_that_wakes_after_a_failover_takes_no_acknowledged_write() {
         rows[0][0] == "1"
     };
     println!("COMMIT in flight across the failover: {committed_a:?}");
+    println!("autocommit INSERT in flight across the failover: {inserted_c:?}");
+    assert_eq!(
+        inserted_c.is_ok(),
+        on_new(4),
+        "an acknowledged autocommit write is on the new primary, a failed one is not"
+    );
     if committed_a.is_ok() {
         assert!(on_new(1), "an acknowledged COMMIT is on the new primary");
     } else {

@@ -795,6 +795,37 @@ impl Session {
         }
     }
 
+    /// Reads one packet of an answer holdfast reads itself (a commit marker's exchange),
+    /// watched as [`Session::fill_backend`] watches: a client that goes away, a node that
+    /// was failed over away from (its answer is not taken). A backend error is
+    /// [`End::BackendLost`] before the client got anything.
+    pub(super) async fn read_backend_packet(&mut self) -> Result<crate::conn::Packet, End> {
+        let max = self.shared.config.proxy.max_packet_size;
+        let read = tokio::select! {
+            biased;
+            r = self.backend.conn.read_packet(max) => r,
+            gone = watch_request(
+                &mut self.client,
+                &self.topology,
+                &self.backend_name,
+                self.idle_timer.as_mut(),
+            ) => match gone {
+                Interrupt::ClientGone => return Err(End::Client(ConnError::Closed)),
+                Interrupt::Deposed => {
+                    tracing::warn!(session = self.info.id, node = %self.backend_name, "the node was failed over away from with a marked write in flight; its answer is not taken");
+                    Err(ConnError::Io(std::io::Error::new(
+                        std::io::ErrorKind::ConnectionAborted,
+                        "the node was failed over away from",
+                    )))
+                }
+            },
+        };
+        read.map_err(|error| End::BackendLost {
+            started: false,
+            error,
+        })
+    }
+
     /// Streams one command's response to the client, inspecting only the packets that carry
     /// state. Rows and column definitions pass through in the reads they arrived in.
     pub(super) async fn relay(&mut self, reply: Reply) -> Result<(), End> {

@@ -211,10 +211,9 @@ impl Session {
             error,
         };
         self.backend.conn.write_raw(&out).await.map_err(lost)?;
-        let max = self.shared.config.proxy.max_packet_size;
         let mut answers = Vec::with_capacity(4);
         for at in 0..4 {
-            let p = self.backend.conn.read_packet(max).await.map_err(lost)?;
+            let p = self.read_backend_packet().await?;
             match p.payload.first() {
                 // The marker was refused: a loss before the COMMIT's answer leaves the
                 // outcome unknown (the statement may commit without its marker).
@@ -353,16 +352,7 @@ impl Session {
                 started: false,
                 error,
             })?;
-        let max = self.shared.config.proxy.max_packet_size;
-        let answer =
-            self.backend
-                .conn
-                .read_packet(max)
-                .await
-                .map_err(|error| End::BackendLost {
-                    started: false,
-                    error,
-                })?;
+        let answer = self.read_backend_packet().await?;
         match answer.payload.first() {
             Some(0) => {}
             Some(0xff) => {
