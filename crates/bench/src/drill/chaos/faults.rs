@@ -125,13 +125,21 @@ fn run(lab: &LabStatus, admin: &AdminClient, fault: Fault, primary: &str) -> Res
                 t.elapsed().as_millis()
             ))
         }
-        Fault::Restart => {
-            admin::post(admin, &format!("/restart?node={primary}"))?;
-            Ok(format!(
+        Fault::Restart => match admin::post(admin, &format!("/restart?node={primary}")) {
+            Ok(_) => Ok(format!(
                 "{primary} restarted and back in {} ms",
                 t.elapsed().as_millis()
-            ))
-        }
+            )),
+            // Restarted, but holdfast refused to rejoin it (its unacknowledged tail).
+            Err(e) if is_diverged(&e) => {
+                let fresh = replace(lab, admin, primary)?;
+                Ok(format!(
+                    "{primary} restarted, {}; replaced by a fresh replica {fresh}",
+                    diverged_detail(&e)
+                ))
+            }
+            Err(e) => Err(e),
+        },
         Fault::Freeze => freeze(lab, admin, primary),
         Fault::ReplicaStall => {
             let node = holdfast_lab::status(&lab.dir)?.node(&replica)?.clone();
@@ -188,9 +196,12 @@ fn freeze(lab: &LabStatus, admin: &AdminClient, primary: &str) -> Result<String>
 fn rejoin_or_replace(lab: &LabStatus, admin: &AdminClient, node: &str) -> Result<String> {
     match admin::post(admin, &format!("/rejoin?node={node}")) {
         Ok(_) => Ok("rejoined".into()),
-        Err(e) if format!("{e:#}").contains("diverged") => {
+        Err(e) if is_diverged(&e) => {
             let fresh = replace(lab, admin, node)?;
-            Ok(format!("diverged, replaced by a fresh replica {fresh}"))
+            Ok(format!(
+                "{}; replaced by a fresh replica {fresh}",
+                diverged_detail(&e)
+            ))
         }
         Err(e) => Err(e.context(format!("rejoining {node}"))),
     }
@@ -204,6 +215,24 @@ fn new_primary(admin: &AdminClient, old: &str) -> Result<String> {
             .primary
             .filter(|p| p != old)
     })
+}
+
+/// Whether holdfast refused a rejoin because the node has diverged.
+fn is_diverged(e: &anyhow::Error) -> bool {
+    format!("{e:#}").contains("has diverged")
+}
+
+/// What holdfast said about a diverged node, for the note: `diverged: it has 0-1-17 which
+/// node2 (at 0-1-16) lacks` (the transactions only that node has, shortened).
+fn diverged_detail(e: &anyhow::Error) -> String {
+    let text = format!("{e:#}");
+    let why = text
+        .split_once("was not rejoined: ")
+        .map_or(text.as_str(), |(_, why)| why);
+    let why = why.trim_end_matches(['"', '}']);
+    let short: String = why.chars().take(120).collect();
+    let more = if short.len() < why.len() { "..." } else { "" };
+    format!("diverged: {short}{more}")
 }
 
 /// The primary, if the lab is whole: holdfast fronts exactly the lab's nodes, each up and
