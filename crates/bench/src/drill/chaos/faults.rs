@@ -223,9 +223,15 @@ fn is_diverged(e: &anyhow::Error) -> bool {
 }
 
 /// What holdfast said about a diverged node, for the note: `diverged: it has 0-1-17 which
-/// node2 (at 0-1-16) lacks` (the transactions only that node has, shortened).
+/// node2 (at 0-1-16) lacks` (the transactions only that node has, shortened), or the
+/// position the new primary refused.
 fn diverged_detail(e: &anyhow::Error) -> String {
     let text = format!("{e:#}");
+    // The primary refused the node's position (error 1236): which one.
+    if let Some((_, rest)) = text.split_once("requested to start from GTID ") {
+        let gtid = rest.split([',', ' ']).next().unwrap_or_default();
+        return format!("diverged: its position {gtid} is not in the new primary's binlog");
+    }
     let why = text
         .split_once("was not rejoined: ")
         .map_or(text.as_str(), |(_, why)| why);
