@@ -7,7 +7,9 @@
 //!   requests running on it get the drain window to finish; past it, what still runs there
 //!   is stopped with `KILL QUERY` (that statement gets the server's ERR, its session goes
 //!   on); then the node leaves the member list and holdfast's remaining connections there
-//!   are closed. The primary and the last node cannot be removed.
+//!   are closed; a node a failover left out leaves the HA state's `needs_rejoin` (a node
+//!   added later under its name is a new one). The primary and the last node cannot be
+//!   removed.
 
 use crate::config::BackendConfig;
 use crate::ha::split_address;
@@ -291,6 +293,8 @@ impl Shared {
                 .collect();
             *list = std::sync::Arc::new(next);
         });
+        // A node left out by a failover is no longer waited for (nor deposed).
+        self.ha.forget_node(name);
         // Sessions drop their connections there when they next route a read; idle ones
         // are closed here.
         let threads = load.threads();

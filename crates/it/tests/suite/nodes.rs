@@ -1,7 +1,8 @@
 //! Nodes added and removed at run time (`/nodes/add`, `/nodes/remove`, `ctl node`) under
 //! split sessions: a new replica takes reads; a removed one is drained while 20 sysbench
 //! threads read through holdfast, and nobody is dropped; a statement still running when the
-//! drain window closes gets an ERR and its session goes on; bad requests change nothing.
+//! drain window closes gets an ERR and its session goes on; bad requests change nothing; a
+//! deposed node that is removed is waited for no more and its name can be reused.
 
 use holdfast_config::Routing;
 use holdfast_it::{run_with_deadline, wait_for, Harness, Options};
@@ -399,4 +400,59 @@ fn a_removal_whose_kills_are_refused_says_so() {
             .any(|f| f.as_str().is_some_and(|f| f.contains("1095"))),
         "{report}"
     );
+}
+
+/// A node a failover left out (deposed, in `needs_rejoin`) that is removed instead of
+/// rejoined is waited for no more; a fresh replica added later under its name is a new
+/// node: not deposed, and it takes reads.
+#[test]
+fn a_removed_deposed_node_leaves_needs_rejoin_and_its_name_can_be_reused() {
+    let mut h = split_harness();
+    wait_for(
+        "the detector to watch node1",
+        Duration::from_secs(30),
+        || (h.status_json()["ha"]["watching"] == "node1").then_some(()),
+    );
+    h.lab.kill_node("node1").expect("kill node1");
+    let new_primary = h.wait_primary_other_than("node1", Duration::from_secs(30));
+    let node_json = |h: &Harness, name: &str| {
+        h.status_json()["topology"]["nodes"]
+            .as_array()
+            .and_then(|nodes| nodes.iter().find(|n| n["name"] == name).cloned())
+    };
+    wait_for(
+        "node1 left out by the failover",
+        Duration::from_secs(30),
+        || (h.status_json()["ha"]["needs_rejoin"] == serde_json::json!(["node1"])).then_some(()),
+    );
+    let n1 = node_json(&h, "node1").expect("node1 in /status");
+    assert_eq!(n1["deposed"], true, "{n1}");
+
+    let (code, body) = h.admin_post("/nodes/remove?name=node1&drain_ms=0", None);
+    assert_eq!(code, 200, "{body}");
+    let ha = h.status_json()["ha"].clone();
+    assert_eq!(ha["needs_rejoin"], serde_json::json!([]), "{ha:#}");
+    wait_for("node1 gone from /status", Duration::from_secs(30), || {
+        node_json(&h, "node1").is_none().then_some(())
+    });
+
+    // The lab replaces it with a fresh replica of the new primary, under the same name.
+    h.lab.remove_node("node1").expect("lab remove node1");
+    let fresh = h
+        .lab
+        .add_replica(Some("node1"))
+        .expect("lab add-replica node1");
+    let (code, body) = h.admin_post(
+        &format!("/nodes/add?name=node1&address={}", fresh.address),
+        None,
+    );
+    assert_eq!(code, 200, "{body}");
+    wait_reading(&h, 2);
+    let n1 = node_json(&h, "node1").expect("node1 in /status");
+    // `deposed` is shown only when true.
+    assert_ne!(n1["deposed"], true, "{n1}");
+    assert_eq!(n1["serves_reads"], true, "{n1}");
+    let st = h.status_json();
+    assert_eq!(st["topology"]["primary"], new_primary.as_str(), "{st:#}");
+    assert_eq!(st["ha"]["needs_rejoin"], serde_json::json!([]), "{st:#}");
 }

@@ -260,6 +260,16 @@ impl HaController {
             .map(|n| n.name.clone())
     }
 
+    /// A node removed from the members leaves `needs_rejoin`: it is waited for no more,
+    /// and a node added later under its name is a new one (not deposed).
+    pub fn forget_node(&self, name: &str) {
+        self.state.send_if_modified(|s| {
+            let before = s.needs_rejoin.len();
+            s.needs_rejoin.retain(|n| n != name);
+            s.needs_rejoin.len() != before
+        });
+    }
+
     pub(super) fn update_state(&self, f: impl FnOnce(&mut HaState)) {
         self.state.send_modify(f);
     }

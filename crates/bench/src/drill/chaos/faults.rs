@@ -1,10 +1,11 @@
 //! The chaos drill's faults, one at a time: each is injected, the lab is brought back
-//! (a killed or frozen old primary restarted as a replica and rejoined), and the drill waits
-//! until holdfast sees every node again before the next.
+//! (a killed or frozen old primary restarted as a replica and rejoined, or, when it has
+//! diverged, replaced by a fresh replica), and the drill waits until holdfast sees every
+//! node again before the next.
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use holdfast_admin::AdminClient;
 use holdfast_lab::{wait_for, LabStatus};
 use rand::Rng;
@@ -78,7 +79,7 @@ pub struct Done {
 pub fn inject(lab: &LabStatus, fault: Fault, epoch: Instant) -> Done {
     let admin = admin::client(lab);
     let start_ms = epoch.elapsed().as_millis() as u64;
-    let result = settle(&admin).and_then(|primary| run(lab, &admin, fault, &primary));
+    let result = settle(lab, &admin).and_then(|primary| run(lab, &admin, fault, &primary));
     let (mut note, mut failed) = match result {
         Ok(note) => (note, false),
         Err(e) => (format!("{e:#}"), true),
@@ -112,7 +113,7 @@ fn run(lab: &LabStatus, admin: &AdminClient, fault: Fault, primary: &str) -> Res
             let new = new_primary(admin, primary)?;
             let after = t.elapsed().as_millis();
             holdfast_lab::start_node(&lab.dir, primary)?;
-            let rejoined = rejoin(admin, primary);
+            let rejoined = rejoin_or_replace(lab, admin, primary)?;
             Ok(format!(
                 "{primary} killed; {new} primary after {after} ms; {primary} {rejoined}"
             ))
@@ -124,13 +125,21 @@ fn run(lab: &LabStatus, admin: &AdminClient, fault: Fault, primary: &str) -> Res
                 t.elapsed().as_millis()
             ))
         }
-        Fault::Restart => {
-            admin::post(admin, &format!("/restart?node={primary}"))?;
-            Ok(format!(
+        Fault::Restart => match admin::post(admin, &format!("/restart?node={primary}")) {
+            Ok(_) => Ok(format!(
                 "{primary} restarted and back in {} ms",
                 t.elapsed().as_millis()
-            ))
-        }
+            )),
+            // Restarted, but holdfast refused to rejoin it (its unacknowledged tail).
+            Err(e) if is_diverged(&e) => {
+                let fresh = replace(lab, admin, primary)?;
+                Ok(format!(
+                    "{primary} restarted, {}; replaced by a fresh replica {fresh}",
+                    diverged_detail(&e)
+                ))
+            }
+            Err(e) => Err(e),
+        },
         Fault::Freeze => freeze(lab, admin, primary),
         Fault::ReplicaStall => {
             let node = holdfast_lab::status(&lab.dir)?.node(&replica)?.clone();
@@ -147,7 +156,9 @@ fn run(lab: &LabStatus, admin: &AdminClient, fault: Fault, primary: &str) -> Res
 
 /// SIGSTOP of the primary until holdfast promotes another node (or `FREEZE` passes), then
 /// SIGCONT: the old primary runs again beside the new one for a moment (it must take no
-/// writes), then is restarted as a replica and rejoined.
+/// writes), then is restarted as a replica and rejoined. Usually it committed, when it
+/// woke, the requests buffered in its sockets: it has diverged (holdfast deposed it and
+/// refuses the rejoin) and is replaced by a fresh replica.
 fn freeze(lab: &LabStatus, admin: &AdminClient, primary: &str) -> Result<String> {
     let t = Instant::now();
     let pid = holdfast_lab::status(&lab.dir)?
@@ -174,20 +185,25 @@ fn freeze(lab: &LabStatus, admin: &AdminClient, primary: &str) -> Result<String>
     std::thread::sleep(Duration::from_secs(2));
     holdfast_lab::kill_node(&lab.dir, primary)?;
     holdfast_lab::start_node(&lab.dir, primary)?;
-    let rejoined = rejoin(admin, primary);
+    let rejoined = rejoin_or_replace(lab, admin, primary)?;
     Ok(format!(
         "{primary} frozen {frozen} ms; {new} promoted; {primary} resumed 2 s, restarted, {rejoined}"
     ))
 }
 
-/// `POST /rejoin`; a refusal is noted (a diverged node is replaced when the lab recovers).
-fn rejoin(admin: &AdminClient, node: &str) -> String {
+/// `POST /rejoin`; a node holdfast refuses because it has diverged (it has transactions
+/// the primary has not) is replaced by a fresh replica: what happened, for the note.
+fn rejoin_or_replace(lab: &LabStatus, admin: &AdminClient, node: &str) -> Result<String> {
     match admin::post(admin, &format!("/rejoin?node={node}")) {
-        Ok(_) => "rejoined".into(),
-        Err(e) => {
-            let why: String = format!("{e:#}").chars().take(160).collect();
-            format!("NOT rejoined ({why}...)")
+        Ok(_) => Ok("rejoined".into()),
+        Err(e) if is_diverged(&e) => {
+            let fresh = replace(lab, admin, node)?;
+            Ok(format!(
+                "{}; replaced by a fresh replica {fresh}",
+                diverged_detail(&e)
+            ))
         }
+        Err(e) => Err(e.context(format!("rejoining {node}"))),
     }
 }
 
@@ -201,49 +217,88 @@ fn new_primary(admin: &AdminClient, old: &str) -> Result<String> {
     })
 }
 
-/// Every node up and rejoined, a primary, no operation running: the primary.
-fn settle(admin: &AdminClient) -> Result<String> {
+/// Whether holdfast refused a rejoin because the node has diverged.
+fn is_diverged(e: &anyhow::Error) -> bool {
+    format!("{e:#}").contains("has diverged")
+}
+
+/// What holdfast said about a diverged node, for the note: `diverged: it has 0-1-17 which
+/// node2 (at 0-1-16) lacks` (the transactions only that node has, shortened), or the
+/// position the new primary refused.
+fn diverged_detail(e: &anyhow::Error) -> String {
+    let text = format!("{e:#}");
+    // The primary refused the node's position (error 1236): which one.
+    if let Some((_, rest)) = text.split_once("requested to start from GTID ") {
+        let gtid = rest.split([',', ' ']).next().unwrap_or_default();
+        return format!("diverged: its position {gtid} is not in the new primary's binlog");
+    }
+    let why = text
+        .split_once("was not rejoined: ")
+        .map_or(text.as_str(), |(_, why)| why);
+    let why = why.trim_end_matches(['"', '}']);
+    let short: String = why.chars().take(120).collect();
+    let more = if short.len() < why.len() { "..." } else { "" };
+    format!("diverged: {short}{more}")
+}
+
+/// The primary, if the lab is whole: holdfast fronts exactly the lab's nodes, each up and
+/// neither deposed (a failover left it out) nor being removed; a primary, watched by the
+/// failure detector; no operation running and no node waiting for a rejoin.
+fn settled(lab: &LabStatus, admin: &AdminClient) -> Option<String> {
+    let st = admin::status(admin).ok()?;
+    let nodes = &st.topology.nodes;
+    let whole = nodes
+        .iter()
+        .all(|n| n.reachable && !n.deposed && !n.draining);
+    let idle = st.ha.in_progress.is_none() && st.ha.needs_rejoin.is_empty();
+    let primary = st.topology.primary.clone()?;
+    let watched = st.ha.watching.as_deref() == Some(primary.as_str());
+    let lab_nodes = holdfast_lab::status(&lab.dir).ok()?.nodes;
+    let same_nodes = lab_nodes.len() == nodes.len()
+        && lab_nodes
+            .iter()
+            .all(|l| l.alive && nodes.iter().any(|n| n.name == l.name));
+    (whole && idle && watched && same_nodes).then_some(primary)
+}
+
+/// Waits until the lab is whole (see [`settled`]): the primary.
+fn settle(lab: &LabStatus, admin: &AdminClient) -> Result<String> {
     wait_for(
-        "every node up, a primary, no operation running",
+        "every node up and none deposed, a primary, no operation running",
         SETTLE_TIMEOUT,
-        || {
-            let st = admin::status(admin).ok()?;
-            let all_up = st.topology.nodes.iter().all(|n| n.reachable);
-            let idle = st.ha.in_progress.is_none() && st.ha.needs_rejoin.is_empty();
-            let primary = st.topology.primary.clone()?;
-            (all_up && idle && st.ha.watching.as_deref() == Some(primary.as_str()))
-                .then_some(primary)
-        },
+        || settled(lab, admin),
     )
 }
 
-/// Starts any stopped node and rejoins what holdfast left out, then waits to settle.
+/// Starts any stopped node and rejoins what holdfast left out (replacing a node that has
+/// diverged), then waits to settle.
 fn recover(lab: &LabStatus, admin: &AdminClient) -> Result<()> {
-    if settle(admin).is_ok() {
+    if settled(lab, admin).is_some() {
         return Ok(());
     }
+    // A failover still running decides what is left out.
+    wait_for("no operation running", SETTLE_TIMEOUT, || {
+        admin::status(admin)
+            .ok()?
+            .ha
+            .in_progress
+            .is_none()
+            .then_some(())
+    })?;
     let st = holdfast_lab::status(&lab.dir)?;
     for n in st.nodes.iter().filter(|n| !n.alive) {
         holdfast_lab::start_node(&lab.dir, &n.name)?;
     }
-    let needs = admin::status(admin)?.ha.needs_rejoin;
-    for n in needs {
-        if let Err(e) = admin::post(admin, &format!("/rejoin?node={n}")) {
-            if !format!("{e:#}").contains("diverged") {
-                bail!("rejoining {n}: {e:#}");
-            }
-            println!(
-                "   {n} diverged (it has transactions the primary has not): replaced by a fresh replica"
-            );
-            replace(lab, admin, &n)?;
-        }
+    for n in admin::status(admin)?.ha.needs_rejoin {
+        let done = rejoin_or_replace(lab, admin, &n)?;
+        println!("   recovering: {n} {done}");
     }
-    settle(admin).map(|_| ())
+    settle(lab, admin).map(|_| ())
 }
 
 /// Removes a diverged node from holdfast and the lab and adds a fresh replica seeded from
-/// the primary in its place.
-fn replace(lab: &LabStatus, admin: &AdminClient, node: &str) -> Result<()> {
+/// the primary in its place: the new node's name.
+fn replace(lab: &LabStatus, admin: &AdminClient, node: &str) -> Result<String> {
     admin::post(admin, &format!("/nodes/remove?name={node}&drain_ms=0"))?;
     holdfast_lab::remove_node(&lab.dir, node)?;
     let fresh = holdfast_lab::add_replica(&lab.dir, None)?;
@@ -251,5 +306,5 @@ fn replace(lab: &LabStatus, admin: &AdminClient, node: &str) -> Result<()> {
         admin,
         &format!("/nodes/add?name={}&address={}", fresh.name, fresh.address),
     )?;
-    Ok(())
+    Ok(fresh.name)
 }
