@@ -286,24 +286,7 @@ pub async fn run_monitor(
             _ = nudge.notified() => ticker.reset(),
             Ok(()) = members.changed() => ticker.reset(),
             Ok(()) = ha.changed() => {
-                // A failover deposed a node: said at once, without waiting for a probe
-                // round (one that waits on a frozen node takes seconds), so that sessions
-                // drop their connections to it before it can wake up and answer.
-                let deposed = deposed_nodes(&ha);
-                let now = tx.borrow().clone();
-                if now.nodes.iter().any(|n| n.deposed != deposed.contains(&n.name)) {
-                    let mut topo = (*now).clone();
-                    for n in topo.nodes.iter_mut() {
-                        n.deposed = deposed.contains(&n.name);
-                        n.serves_reads &= !n.deposed;
-                    }
-                    if topo.primary.is_some_and(|i| topo.nodes.get(i).is_some_and(|n| n.deposed)) {
-                        topo.primary = None;
-                        topo.read_only_primary = false;
-                    }
-                    tracing::warn!(deposed = ?deposed, "nodes failed over away from");
-                    tx.send_replace(Arc::new(topo));
-                }
+                publish_deposed(&tx, &ha);
                 continue;
             }
         }
@@ -315,43 +298,23 @@ pub async fn run_monitor(
         loads.retain(|name, _| list.iter().any(|m| &m.backend.name == name));
         let mut topo = Topology::of_members(&list);
         topo.observed = true;
+        {
+            // A failover that deposes a node is published at once, also while this round
+            // waits on a frozen node (seconds): sessions must drop their connections to it
+            // before it wakes up and answers.
+            let round = probe_nodes(&cfg, &mut topo, &mut conns, &mut loads);
+            tokio::pin!(round);
+            loop {
+                tokio::select! {
+                    () = &mut round => break,
+                    Ok(()) = ha.changed() => publish_deposed(&tx, &ha),
+                }
+            }
+        }
         let deposed = deposed_nodes(&ha);
         for node in topo.nodes.iter_mut() {
             node.deposed = deposed.contains(&node.name);
-            node.load = loads.entry(node.name.clone()).or_default().clone();
-            let mut slot = conns.remove(&node.name);
-            let had = slot.is_some();
-            let mut result = probe(&cfg, &node.address, &mut slot).await;
-            if result.is_err() && had {
-                // A monitor connection the server dropped (restart, KILL): one fresh try
-                // before the node counts as unreachable.
-                slot = None;
-                result = probe(&cfg, &node.address, &mut slot).await;
-            }
-            if let (Ok(_), Some(conn)) = (&result, slot) {
-                conns.insert(node.name.clone(), conn);
-            }
-            match result {
-                Ok(Probed {
-                    read_only,
-                    version,
-                    autocommit,
-                    replication,
-                }) => {
-                    node.reachable = true;
-                    node.read_only = Some(read_only);
-                    node.version = version;
-                    node.autocommit = Some(autocommit);
-                    node.serves_reads = read_only
-                        && !node.draining
-                        && !node.deposed
-                        && replication
-                            .as_ref()
-                            .is_some_and(|r| r.within(cfg.split.max_replica_lag_ms));
-                    node.replication = replication;
-                }
-                Err(e) => node.last_error = Some(e),
-            }
+            node.serves_reads &= !node.deposed;
         }
         let previous = tx.borrow().clone();
         let (primary, read_only_primary) = choose_primary(
@@ -378,6 +341,82 @@ pub async fn run_monitor(
             tx.send_replace(Arc::new(topo));
         }
     }
+}
+
+/// Probes every node of `topo` one after the other (reusing monitor connections) and fills
+/// in what each reports.
+async fn probe_nodes(
+    cfg: &Config,
+    topo: &mut Topology,
+    conns: &mut std::collections::HashMap<String, BackendConn>,
+    loads: &mut std::collections::HashMap<String, LoadRef>,
+) {
+    for node in topo.nodes.iter_mut() {
+        node.load = loads.entry(node.name.clone()).or_default().clone();
+        let mut slot = conns.remove(&node.name);
+        let had = slot.is_some();
+        let mut result = probe(cfg, &node.address, &mut slot).await;
+        if result.is_err() && had {
+            // A monitor connection the server dropped (restart, KILL): one fresh try
+            // before the node counts as unreachable.
+            slot = None;
+            result = probe(cfg, &node.address, &mut slot).await;
+        }
+        if let (Ok(_), Some(conn)) = (&result, slot) {
+            conns.insert(node.name.clone(), conn);
+        }
+        match result {
+            Ok(Probed {
+                read_only,
+                version,
+                autocommit,
+                replication,
+            }) => {
+                node.reachable = true;
+                node.read_only = Some(read_only);
+                node.version = version;
+                node.autocommit = Some(autocommit);
+                node.serves_reads = read_only
+                    && !node.draining
+                    && replication
+                        .as_ref()
+                        .is_some_and(|r| r.within(cfg.split.max_replica_lag_ms));
+                node.replication = replication;
+            }
+            Err(e) => node.last_error = Some(e),
+        }
+    }
+}
+
+/// Publishes the deposed nodes of the HA state on the current topology at once (no probe):
+/// never the primary, no reads.
+fn publish_deposed(
+    tx: &watch::Sender<Arc<Topology>>,
+    ha: &watch::Receiver<crate::ha::controller::HaState>,
+) {
+    let deposed = deposed_nodes(ha);
+    let now = tx.borrow().clone();
+    if !now
+        .nodes
+        .iter()
+        .any(|n| n.deposed != deposed.contains(&n.name))
+    {
+        return;
+    }
+    let mut topo = (*now).clone();
+    for n in topo.nodes.iter_mut() {
+        n.deposed = deposed.contains(&n.name);
+        n.serves_reads &= !n.deposed;
+    }
+    if topo
+        .primary
+        .is_some_and(|i| topo.nodes.get(i).is_some_and(|n| n.deposed))
+    {
+        topo.primary = None;
+        topo.read_only_primary = false;
+    }
+    tracing::warn!(deposed = ?deposed, "nodes failed over away from");
+    tx.send_replace(Arc::new(topo));
 }
 
 /// The nodes a failover moved away from, or is moving away from now.

@@ -743,8 +743,10 @@ pub async fn rejoin(
         return Err(HaError::AlreadyPrimary(node.to_string()));
     }
     let mut p = NodeSession::connect(cfg, &primary_cfg, ha.statement_timeout()).await?;
-    let primary_pos = p.replication().await?.gtid_binlog_pos;
+    // The node first: one that already replicates from the primary (restarted as a
+    // replica) would otherwise apply a transaction between the two reads and look ahead.
     let me = s.replication().await?;
+    let primary_pos = p.replication().await?.gtid_binlog_pos;
     let node_was_at = me.executed();
     let extra = node_was_at.ahead_of(&primary_pos);
     if !extra.is_empty() {

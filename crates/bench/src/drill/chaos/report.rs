@@ -127,7 +127,10 @@ pub fn print(r: &Run) {
 
 fn show(what: &str, list: &[Anomaly]) {
     for a in list.iter().take(SHOWN) {
-        println!("{what}: {}: {}", a.kind, a.detail);
+        match what == a.kind {
+            true => println!("{what}: {}", a.detail),
+            false => println!("{what}: {}: {}", a.kind, a.detail),
+        }
     }
     if list.len() > SHOWN {
         println!("{what}: ... and {} more", list.len() - SHOWN);
