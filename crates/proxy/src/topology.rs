@@ -388,18 +388,39 @@ async fn probe_nodes(
     }
 }
 
-/// Publishes the deposed nodes of the HA state on the current topology at once (no probe):
-/// never the primary, no reads.
+/// Publishes what an HA operation decided on the current topology at once (no probe): the
+/// deposed nodes (never the primary, no reads), and, once the operation is over, the node
+/// it made the primary (a probe round may be waiting on a frozen node for seconds).
 fn publish_deposed(
     tx: &watch::Sender<Arc<Topology>>,
     ha: &watch::Receiver<crate::ha::controller::HaState>,
 ) {
     let deposed = deposed_nodes(ha);
+    let promoted = {
+        let h = ha.borrow();
+        let after_failover = h.in_progress.is_none()
+            && h.last
+                .as_ref()
+                .is_some_and(|l| l.ok && l.operation == crate::ha::controller::OpKind::Failover);
+        after_failover.then(|| h.watching.clone()).flatten()
+    };
     let now = tx.borrow().clone();
-    if !now
-        .nodes
-        .iter()
-        .any(|n| n.deposed != deposed.contains(&n.name))
+    let new_primary = promoted.and_then(|w| {
+        let at = now
+            .nodes
+            .iter()
+            .position(|n| n.name == w && n.reachable && !deposed.contains(&n.name))?;
+        (now.primary != Some(at)
+            && now
+                .primary
+                .is_none_or(|p| now.nodes.get(p).is_none_or(|n| deposed.contains(&n.name))))
+        .then_some(at)
+    });
+    if new_primary.is_none()
+        && !now
+            .nodes
+            .iter()
+            .any(|n| n.deposed != deposed.contains(&n.name))
     {
         return;
     }
@@ -414,6 +435,16 @@ fn publish_deposed(
     {
         topo.primary = None;
         topo.read_only_primary = false;
+    }
+    if let Some(at) = new_primary {
+        // Promoted and writable: the failover made it so (the next probe round confirms).
+        topo.primary = Some(at);
+        topo.read_only_primary = false;
+        if let Some(n) = topo.nodes.get_mut(at) {
+            n.read_only = Some(false);
+            n.serves_reads = false;
+            tracing::info!(node = %n.name, "primary is now (from the failover's report)");
+        }
     }
     tracing::warn!(deposed = ?deposed, "nodes failed over away from");
     tx.send_replace(Arc::new(topo));
