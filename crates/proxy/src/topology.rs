@@ -181,6 +181,11 @@ pub struct Topology {
     /// switchover runs.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub read_only_primary: bool,
+    /// The servers the nodes with a known version are, together (how executable comments
+    /// read on any of them; `None`: no version known yet). Computed once a round, not per
+    /// request.
+    #[serde(skip)]
+    pub node_servers: Option<holdfast_sql::Server>,
     /// Whether the monitor has completed at least one round.
     pub observed: bool,
 }
@@ -218,6 +223,7 @@ impl Topology {
                 .collect(),
             primary: None,
             read_only_primary: false,
+            node_servers: None,
             observed: false,
         }
     }
@@ -316,6 +322,12 @@ pub async fn run_monitor(
             node.deposed = deposed.contains(&node.name);
             node.serves_reads &= !node.deposed;
         }
+        topo.node_servers = topo
+            .nodes
+            .iter()
+            .filter(|n| !n.version.is_empty())
+            .map(|n| holdfast_sql::Server::from_version(n.version.as_bytes()))
+            .reduce(holdfast_sql::Server::or);
         let previous = tx.borrow().clone();
         let (primary, read_only_primary) = choose_primary(
             &topo.nodes,
@@ -627,6 +639,7 @@ mod tests {
             nodes,
             primary,
             read_only_primary: false,
+            node_servers: None,
             observed: true,
         }
     }

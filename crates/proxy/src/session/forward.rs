@@ -176,12 +176,10 @@ impl Session {
     /// the monitor knows (a split session's reads, a move after a failover).
     pub(super) fn server(&self) -> Server {
         let own = Server::from_version(&self.backend.greeting.server_version);
-        self.topology
-            .borrow()
-            .nodes
-            .iter()
-            .filter(|n| !n.version.is_empty())
-            .fold(own, |s, n| s.or(Server::from_version(n.version.as_bytes())))
+        match self.topology.borrow().node_servers {
+            Some(nodes) => own.or(nodes),
+            None => own,
+        }
     }
 
     /// Forwards one request and relays its response. A backend lost before any of the
