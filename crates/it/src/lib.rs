@@ -397,6 +397,26 @@ impl Harness {
         .unwrap_or_else(|| panic!("no primary other than {old} within {timeout:?}: {last:#}"))
     }
 
+    /// Waits until a replica runs a statement whose text starts with `prefix` (as the
+    /// replica's processlist says: holdfast's own marks of a read may lag behind), and
+    /// returns that replica.
+    pub fn wait_replica_running(&self, prefix: &str) -> holdfast_lab::NodeStatus {
+        let sql = format!(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE '{}%'",
+            prefix.replace('\'', "''")
+        );
+        wait_for(
+            &format!("a replica running {prefix}"),
+            Duration::from_secs(20),
+            || {
+                self.lab.replicas().iter().find_map(|r| {
+                    let n = holdfast_lab::node_sql(r, &sql).ok()?;
+                    (n.first()?.first()? == "1").then(|| r.clone())
+                })
+            },
+        )
+    }
+
     /// Waits until `/status` shows exactly `n` open sessions.
     pub fn wait_sessions(&self, n: usize, timeout: Duration) {
         let mut last = 0;

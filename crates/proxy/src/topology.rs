@@ -292,7 +292,7 @@ pub async fn run_monitor(
             _ = nudge.notified() => ticker.reset(),
             Ok(()) = members.changed() => ticker.reset(),
             Ok(()) = ha.changed() => {
-                publish_deposed(&tx, &ha);
+                publish_ha_decisions(&tx, &ha);
                 continue;
             }
         }
@@ -313,7 +313,7 @@ pub async fn run_monitor(
             loop {
                 tokio::select! {
                     () = &mut round => break,
-                    Ok(()) = ha.changed() => publish_deposed(&tx, &ha),
+                    Ok(()) = ha.changed() => publish_ha_decisions(&tx, &ha),
                 }
             }
         }
@@ -403,7 +403,7 @@ async fn probe_nodes(
 /// Publishes what an HA operation decided on the current topology at once (no probe): the
 /// deposed nodes (never the primary, no reads), and, once the operation is over, the node
 /// it made the primary (a probe round may be waiting on a frozen node for seconds).
-fn publish_deposed(
+fn publish_ha_decisions(
     tx: &watch::Sender<Arc<Topology>>,
     ha: &watch::Receiver<crate::ha::controller::HaState>,
 ) {

@@ -39,6 +39,22 @@ pub struct KillHead {
 /// The head of `sql` when it is a `KILL` statement (whatever its target).
 pub fn parse_kill_head(sql: &[u8], mode: SqlMode) -> Option<KillHead> {
     let mut cursor = StmtCursor::new(sql, mode, Server::UNKNOWN);
+    let (query, thread, tok) = kill_words(&mut cursor)?;
+    // An executable comment some server skips may hide the head's words.
+    if cursor.is_uncertain() {
+        return None;
+    }
+    Some(KillHead {
+        query,
+        thread,
+        user: tok.is_word("USER"),
+        target: tok.offset,
+    })
+}
+
+/// Reads `KILL [HARD|SOFT] [CONNECTION | QUERY [ID]]`: whether it names a query, whether
+/// what follows is a thread, and the target's first token.
+fn kill_words<'a>(cursor: &mut StmtCursor<'a>) -> Option<(bool, bool, crate::lexer::Token<'a>)> {
     let mut tok = cursor.next_token()?;
     if !tok.is_word("KILL") {
         return None;
@@ -58,16 +74,7 @@ pub fn parse_kill_head(sql: &[u8], mode: SqlMode) -> Option<KillHead> {
             tok = cursor.next_token()?;
         }
     }
-    // An executable comment some server skips may hide the head's words.
-    if cursor.is_uncertain() {
-        return None;
-    }
-    Some(KillHead {
-        query,
-        thread,
-        user: tok.is_word("USER"),
-        target: tok.offset,
-    })
+    Some((query, thread, tok))
 }
 
 /// A statement about an SQL-level prepared statement (`PREPARE name FROM ..`, `EXECUTE
@@ -165,25 +172,7 @@ fn plain_string(text: &[u8]) -> Option<Vec<u8>> {
 /// comment some server may skip give `None`).
 pub fn parse_kill(sql: &[u8], mode: SqlMode) -> Option<Kill> {
     let mut cursor = StmtCursor::new(sql, mode, Server::UNKNOWN);
-    let mut tok = cursor.next_token()?;
-    if !tok.is_word("KILL") {
-        return None;
-    }
-    tok = cursor.next_token()?;
-    if tok.is_word("HARD") || tok.is_word("SOFT") {
-        tok = cursor.next_token()?;
-    }
-    let (mut query, mut thread) = (false, true);
-    if tok.is_word("CONNECTION") {
-        tok = cursor.next_token()?;
-    } else if tok.is_word("QUERY") {
-        query = true;
-        tok = cursor.next_token()?;
-        if tok.is_word("ID") {
-            thread = false;
-            tok = cursor.next_token()?;
-        }
-    }
+    let (query, thread, tok) = kill_words(&mut cursor)?;
     if tok.kind != TokenKind::Number || !tok.text.iter().all(u8::is_ascii_digit) {
         return None;
     }

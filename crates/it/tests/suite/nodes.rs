@@ -353,21 +353,7 @@ fn a_removal_whose_kills_are_refused_says_so() {
         let running = s.spawn(move || {
             c.query_first::<u64, _>("SELECT COUNT(*) FROM seq_1_to_5000000000 WHERE seq % 7 = 3")
         });
-        let node = wait_for(
-            "the long read running on a replica",
-            Duration::from_secs(20),
-            || {
-                h.lab.replicas().iter().find_map(|r| {
-                    let n = holdfast_lab::node_sql(
-                        r,
-                        "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
-                     WHERE INFO LIKE 'SELECT COUNT(*) FROM seq_1_to_5000000000%'",
-                    )
-                    .ok()?;
-                    (n.first()?.first()? == "1").then(|| r.clone())
-                })
-            },
-        );
+        let node = h.wait_replica_running("SELECT COUNT(*) FROM seq_1_to_5000000000");
         let (code, body) = h.admin_post(
             &format!("/nodes/remove?name={}&drain_ms=500", node.name),
             None,

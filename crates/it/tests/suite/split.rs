@@ -430,21 +430,7 @@ fn kill_query_through_holdfast_stops_a_read_on_a_replica() {
         });
         // Running on a replica, as the replica itself says (holdfast's own marks of the
         // `SELECT 1` before may still stand: they drop after its answer went out).
-        wait_for(
-            "the long read on a replica",
-            Duration::from_secs(20),
-            || {
-                h.lab.replicas().iter().find_map(|r| {
-                    let n = holdfast_lab::node_sql(
-                        r,
-                        "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
-                         WHERE INFO LIKE 'SELECT COUNT(*) FROM seq_1_to_5000000000%'",
-                    )
-                    .ok()?;
-                    (n.first()?.first()? == "1").then_some(())
-                })
-            },
-        );
+        h.wait_replica_running("SELECT COUNT(*) FROM seq_1_to_5000000000");
         let mut killer = connect_to(&h.url());
         killer.query_drop(format!("KILL QUERY {id}")).unwrap();
         running.join().expect("reading thread")

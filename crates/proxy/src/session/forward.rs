@@ -134,6 +134,12 @@ enum Interrupt {
     Deposed,
 }
 
+/// A backend read, or why the wait for it stopped.
+enum Watched {
+    Read(ConnError),
+    Interrupted(Interrupt),
+}
+
 /// Once `watch` has fired (a request running that long): resolves when the client goes
 /// away ([`client_gone`]) or the topology says a failover moved away from `node`. The
 /// topology is followed on a clone of the receiver: the session's own still sees the
@@ -265,16 +271,7 @@ impl Session {
                     None
                 }
                 Ok(super::kill::KillPlan::OnReplica(read)) => {
-                    return match self.kill_replica_read(&read).await {
-                        Ok(()) => {
-                            let ok = packets::ok_payload(0, 0, self.record.status, 0);
-                            self.client
-                                .write_packet(&ok, reply_seq)
-                                .await
-                                .map_err(End::Client)
-                        }
-                        Err(e) => self.send_error(reply_seq, &e).await,
-                    };
+                    return self.answer_kill_of_replica_read(&read, reply_seq).await;
                 }
                 Err(e) => return self.send_error(reply_seq, &e).await,
             }
@@ -759,27 +756,18 @@ impl Session {
     async fn fill_backend(&mut self, file_answer: Option<u8>) -> Result<(), End> {
         let filled = tokio::select! {
             biased;
-            r = self.backend.conn.fill() => r,
+            r = self.backend.conn.fill() => r.map(|_| ()).map_err(Watched::Read),
             gone = watch_request(
                 &mut self.client,
                 &self.topology,
                 &self.backend_name,
                 self.idle_timer.as_mut(),
-            ) => match gone {
-                // As when a direct client vanishes: the server sees its connection close
-                // (and stops a statement that waits, such as GET_LOCK or SLEEP).
-                Interrupt::ClientGone => return Err(End::Client(ConnError::Closed)),
-                // The node was failed over away from while it had this request (frozen,
-                // say): its answer, if it ever comes, is not the cluster's. Lost, as with a
-                // crash: the request's outcome is settled on the new primary.
-                Interrupt::Deposed => {
-                    tracing::warn!(session = self.info.id, node = %self.backend_name, "the node was failed over away from with a request in flight; its answer is not taken");
-                    Err(ConnError::Io(std::io::Error::new(
-                        std::io::ErrorKind::ConnectionAborted,
-                        "the node was failed over away from",
-                    )))
-                }
-            },
+            ) => Err(Watched::Interrupted(gone)),
+        };
+        let filled = match filled {
+            Ok(()) => Ok(()),
+            Err(Watched::Read(e)) => Err(e),
+            Err(Watched::Interrupted(gone)) => Err(self.interrupted(gone)?),
         };
         match filled {
             Ok(_) => Ok(()),
@@ -793,6 +781,25 @@ impl Session {
         }
     }
 
+    /// What a request that stopped waiting for its backend becomes: the client gone ends
+    /// the session (as when a direct client vanishes, the server sees its connection close
+    /// and stops a statement that waits, such as GET_LOCK or SLEEP); a node failed over
+    /// away from while it had the request (frozen, say) is a lost backend: its answer, if
+    /// it ever comes, is not the cluster's, and the request's outcome is settled on the new
+    /// primary.
+    fn interrupted(&self, gone: Interrupt) -> Result<ConnError, End> {
+        match gone {
+            Interrupt::ClientGone => Err(End::Client(ConnError::Closed)),
+            Interrupt::Deposed => {
+                tracing::warn!(session = self.info.id, node = %self.backend_name, "the node was failed over away from with a request in flight; its answer is not taken");
+                Ok(ConnError::Io(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionAborted,
+                    "the node was failed over away from",
+                )))
+            }
+        }
+    }
+
     /// Reads one packet of an answer holdfast reads itself (a commit marker's exchange),
     /// watched as [`Session::fill_backend`] watches: a client that goes away, a node that
     /// was failed over away from (its answer is not taken). A backend error is
@@ -801,22 +808,18 @@ impl Session {
         let max = self.shared.config.proxy.max_packet_size;
         let read = tokio::select! {
             biased;
-            r = self.backend.conn.read_packet(max) => r,
+            r = self.backend.conn.read_packet(max) => r.map_err(Watched::Read),
             gone = watch_request(
                 &mut self.client,
                 &self.topology,
                 &self.backend_name,
                 self.idle_timer.as_mut(),
-            ) => match gone {
-                Interrupt::ClientGone => return Err(End::Client(ConnError::Closed)),
-                Interrupt::Deposed => {
-                    tracing::warn!(session = self.info.id, node = %self.backend_name, "the node was failed over away from with a marked write in flight; its answer is not taken");
-                    Err(ConnError::Io(std::io::Error::new(
-                        std::io::ErrorKind::ConnectionAborted,
-                        "the node was failed over away from",
-                    )))
-                }
-            },
+            ) => Err(Watched::Interrupted(gone)),
+        };
+        let read = match read {
+            Ok(p) => Ok(p),
+            Err(Watched::Read(e)) => Err(e),
+            Err(Watched::Interrupted(gone)) => Err(self.interrupted(gone)?),
         };
         read.map_err(|error| End::BackendLost {
             started: false,

@@ -282,19 +282,7 @@ impl Session {
         };
         if kill.query {
             if let Some(read) = victim.replica_read.load_full() {
-                return match self.kill_replica_read(&read).await {
-                    Ok(()) => {
-                        let ok = packets::ok_payload(0, 0, self.record.status, 0);
-                        self.client
-                            .write_packet(&ok, reply_seq)
-                            .await
-                            .map_err(End::Client)
-                    }
-                    Err(e) => {
-                        self.last_error = Some(e.kind.code());
-                        self.send_error(reply_seq, &e).await
-                    }
-                };
+                return self.answer_kill_of_replica_read(&read, reply_seq).await;
             }
         }
         let thread = victim.backend_thread.load(Ordering::Acquire);
@@ -388,6 +376,28 @@ impl Session {
             .write_packet(answer, reply_seq)
             .await
             .map_err(End::Client)
+    }
+
+    /// Stops a session's read on a replica ([`Session::kill_replica_read`]) and answers the
+    /// killer: OK, or why it could not.
+    pub(super) async fn answer_kill_of_replica_read(
+        &mut self,
+        read: &crate::registry::ReplicaRead,
+        reply_seq: u8,
+    ) -> Result<(), End> {
+        match self.kill_replica_read(read).await {
+            Ok(()) => {
+                let ok = packets::ok_payload(0, 0, self.record.status, 0);
+                self.client
+                    .write_packet(&ok, reply_seq)
+                    .await
+                    .map_err(End::Client)
+            }
+            Err(e) => {
+                self.last_error = Some(e.kind.code());
+                self.send_error(reply_seq, &e).await
+            }
+        }
     }
 
     /// Runs a `KILL QUERY` of a session's read on a replica there, on a connection of the
