@@ -457,3 +457,105 @@ fn tempdir(name: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).expect("temp dir");
     dir
 }
+
+/// The lab's servers with MariaDB's test plugins loadable (their maturity is "unknown").
+fn test_plugins() -> Options {
+    Options::default().server_args(&["--plugin-maturity=unknown"])
+}
+
+/// An account whose password the client sends in clear: MariaDB's own
+/// `cleartext_plugin_server` (auth_test_plugin.so) asks for the `mysql_clear_password`
+/// client plugin, as PAM accounts ask for `dialog`. Made on the primary only (the replicas
+/// have no such plugin). None when the server does not ship the plugin.
+fn clear_password_account(h: &Harness) -> Option<(&'static str, &'static str)> {
+    let plugin_dir = h.root_sql("SELECT @@plugin_dir");
+    let dir = plugin_dir.first()?.first()?.clone();
+    if !std::path::Path::new(&dir)
+        .join("auth_test_plugin.so")
+        .exists()
+    {
+        return None;
+    }
+    h.root_sql(
+        "SET SESSION sql_log_bin = 0; \
+         INSTALL SONAME 'auth_test_plugin'; \
+         CREATE USER 'clear_pw'@'%' IDENTIFIED VIA cleartext_plugin_server USING 'clear secret'; \
+         GRANT SELECT ON *.* TO 'clear_pw'@'%'",
+    );
+    Some(("clear_pw", "clear secret"))
+}
+
+/// A TLS client's password sent in clear (`mysql_clear_password`, PAM's `dialog`,
+/// caching_sha2_password's full authentication) never leaves holdfast over a plain link to
+/// the server: with `[backend_tls]` off the relayed login is refused before the client
+/// sends the password, with 1251 and a message naming what to turn on.
+#[test]
+fn a_clear_text_password_is_not_relayed_over_a_plain_backend_link() {
+    let h = Harness::start_with(test_plugins().config(|c| {
+        c.backend_tls.mode = holdfast_config::BackendTlsMode::Disabled;
+    }));
+    let Some((user, password)) = clear_password_account(&h) else {
+        eprintln!("SKIP: the server has no auth_test_plugin.so");
+        return;
+    };
+    let ca = path(&ca(&h));
+    let tls_args = [
+        "--ssl",
+        "--ssl-ca",
+        &ca,
+        "--ssl-verify-server-cert",
+        "--batch",
+        "-e",
+        "SELECT CURRENT_USER()",
+    ];
+    // The account works when the client speaks to the server itself.
+    let direct = h.mariadb_as(h.direct(), user, password, &["--batch", "-e", "SELECT 1"]);
+    assert_eq!(direct.code, Some(0), "{direct:?}");
+    let out = h.mariadb_as(h.proxy, user, password, &tls_args);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(
+        out.stderr.contains("ERROR 1251 (08004)") && out.stderr.contains("[backend_tls]"),
+        "{out:?}"
+    );
+    // Other logins go on as before over the plain link.
+    let app = h.mariadb(h.proxy, &tls_args);
+    assert_eq!(app.code, Some(0), "{app:?}");
+    let m = h.metrics();
+    assert_eq!(
+        holdfast_it::metric(
+            &m,
+            "holdfast_client_connections_rejected_total{reason=\"auth_method_unsupported\"}"
+        ),
+        Some(1.0),
+        "{m}"
+    );
+}
+
+/// With `[backend_tls]` on (the lab's default) the same login is relayed inside TLS on
+/// both sides.
+#[test]
+fn a_clear_text_password_is_relayed_inside_backend_tls() {
+    let h = Harness::start_with(test_plugins());
+    let Some((user, password)) = clear_password_account(&h) else {
+        eprintln!("SKIP: the server has no auth_test_plugin.so");
+        return;
+    };
+    let ca = path(&ca(&h));
+    let out = h.mariadb_as(
+        h.proxy,
+        user,
+        password,
+        &[
+            "--ssl",
+            "--ssl-ca",
+            &ca,
+            "--ssl-verify-server-cert",
+            "--batch",
+            "-e",
+            "SELECT CURRENT_USER(); SHOW SESSION STATUS LIKE 'Ssl_version'",
+        ],
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stdout.contains("clear_pw@%"), "{out:?}");
+    assert!(out.stdout.contains("Ssl_version\tTLSv1."), "{out:?}");
+}

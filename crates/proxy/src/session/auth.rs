@@ -307,6 +307,7 @@ pub async fn login(
                 node: &node,
                 proxy_header: header.as_deref(),
                 peer,
+                client_secure: secure,
             },
             plugin,
         )
@@ -819,6 +820,49 @@ enum Exchange {
     Accepted(u8),
     /// The backend refused with this ERR payload; the client sequence id to relay it with.
     Refused(Vec<u8>, u8),
+    /// The backend asked for a password in clear over a plain link (see [`clear_password_step`]);
+    /// the request was not passed on. The step's name and the client sequence id.
+    ClearTextRefused(&'static str, u8),
+}
+
+/// Whether the links of a relayed authentication are encrypted.
+#[derive(Debug, Clone, Copy)]
+struct Links {
+    client_tls: bool,
+    backend_tls: bool,
+}
+
+/// The step of an authentication exchange the backend's `payload` asks the client for, if
+/// the client would answer it with its password in clear (`plugin` is the plugin the
+/// exchange runs under so far). `mysql_clear_password` and `dialog` (PAM) always send it so;
+/// `sha256_password` and caching_sha2_password's full authentication only over TLS (on a
+/// plain client link they encrypt it with the server's RSA key instead).
+fn clear_password_step(payload: &[u8], plugin: &str, client_tls: bool) -> Option<&'static str> {
+    match payload.first() {
+        Some(0xfe) => match AuthSwitch::parse(payload).ok()?.plugin.as_slice() {
+            b"mysql_clear_password" => Some("mysql_clear_password"),
+            b"dialog" => Some("dialog (PAM)"),
+            b"sha256_password" if client_tls => Some("sha256_password"),
+            _ => None,
+        },
+        // AuthMoreData "perform full authentication".
+        Some(0x01)
+            if payload.get(1) == Some(&0x04) && client_tls && plugin == "caching_sha2_password" =>
+        {
+            Some("caching_sha2_password full authentication")
+        }
+        _ => None,
+    }
+}
+
+/// The answer to a login whose password would cross a plain backend link in clear.
+fn clear_password_refused(user: &str, step: &str) -> ClientError {
+    ClientError::new(
+        ErrorKind::AuthMethodUnsupported,
+        format!(
+            "holdfast: the account '{user}' authenticates with {step}, which sends the password in clear, and holdfast's link to the server is not encrypted; turn on [backend_tls] (mode = \"verify-full\") to log in with it through holdfast"
+        ),
+    )
 }
 
 /// Relays an authentication exchange between a backend and the client until the backend
@@ -829,12 +873,25 @@ async fn relay_exchange(
     backend: &mut PacketConn,
     mut seq: u8,
     secret: Option<&PasswordHash>,
+    links: Links,
 ) -> Result<Exchange, RelayError> {
+    // The plugin the exchange runs under: the server's switch names it.
+    let mut plugin = String::new();
     loop {
         let p = backend
             .read_packet(AUTH_MAX_PACKET)
             .await
             .map_err(RelayError::Backend)?;
+        if !links.backend_tls {
+            if let Some(step) = clear_password_step(&p.payload, &plugin, links.client_tls) {
+                return Ok(Exchange::ClearTextRefused(step, seq));
+            }
+        }
+        if p.payload.first() == Some(&0xfe) {
+            if let Ok(switch) = AuthSwitch::parse(&p.payload) {
+                plugin = String::from_utf8_lossy(&switch.plugin).into_owned();
+            }
+        }
         let answer = match p.payload.first() {
             Some(&OK_HEADER) => return Ok(Exchange::Accepted(seq)),
             Some(&ERR_HEADER) => return Ok(Exchange::Refused(p.payload.to_vec(), seq)),
@@ -870,6 +927,8 @@ struct RelayTarget<'a> {
     node: &'a NodeState,
     proxy_header: Option<&'a [u8]>,
     peer: SocketAddr,
+    /// Whether the client's link is TLS.
+    client_secure: bool,
 }
 
 /// Relays the authentication exchange between the client and a backend: the client answers
@@ -887,6 +946,7 @@ async fn relay_login(
         node,
         proxy_header,
         peer,
+        client_secure,
     } = target;
     if capabilities & CLIENT_PLUGIN_AUTH == 0 {
         let error = ClientError::auth_method_unsupported();
@@ -946,7 +1006,11 @@ async fn relay_login(
     conn.write_packet(&login.encode(), login_seq)
         .await
         .map_err(lost)?;
-    match relay_exchange(client, &mut conn, seq, None).await {
+    let links = Links {
+        client_tls: client_secure,
+        backend_tls: tls.is_some(),
+    };
+    match relay_exchange(client, &mut conn, seq, None, links).await {
         Ok(Exchange::Accepted(seq)) => {
             shared
                 .admission
@@ -965,6 +1029,12 @@ async fn relay_login(
                 capabilities: backend_caps,
                 mariadb_caps: login.mariadb_caps,
             })
+        }
+        Ok(Exchange::ClearTextRefused(step, seq)) => {
+            // The backend connection, mid-authentication, is dropped here.
+            let user = String::from_utf8_lossy(&req.user);
+            tracing::warn!(user = %user, client = %peer, node = %node.name, step, "login refused: the password would cross the plain backend link in clear ([backend_tls] is off)");
+            Err(refuse(client, shared, seq, clear_password_refused(&user, step)).await)
         }
         Ok(Exchange::Refused(payload, seq)) => {
             wrong_password(shared, peer.ip(), &String::from_utf8_lossy(&req.user)).await;
@@ -1081,15 +1151,33 @@ impl Session {
             .write_packet(&forwarded.encode(self.backend.capabilities), 0)
             .await
             .map_err(End::Backend)?;
+        // Whether the client's own link is TLS is not kept: a clear-text step is refused
+        // over a plain backend link whatever the client's link.
+        let links = Links {
+            client_tls: true,
+            backend_tls: self.shared.config.backend_tls.enabled(),
+        };
         match relay_exchange(
             &mut self.client,
             &mut self.backend.conn,
             seq,
             secret.as_ref(),
+            links,
         )
         .await?
         {
             Exchange::Accepted(next) => seq = next,
+            Exchange::ClearTextRefused(step, seq) => {
+                // The backend connection is left mid-authentication: the session ends
+                // after the client has its answer.
+                tracing::warn!(session = self.info.id, user = %user, step, "change-user refused: the password would cross the plain backend link in clear ([backend_tls] is off)");
+                let error = clear_password_refused(&user, step);
+                self.send_error(seq, &error).await?;
+                return Err(End::Closed {
+                    reason: super::CloseReason::LoginRefused,
+                    message: error.message,
+                });
+            }
             Exchange::Refused(payload, seq) => {
                 // Counted and delayed like a login's failure.
                 wrong_password(&self.shared, peer, &user).await;
@@ -1284,5 +1372,44 @@ impl Session {
         self.record.schema = schema;
         self.record.variables.extend(kept);
         self.captured = Captured::default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::clear_password_step;
+
+    fn switch(plugin: &str) -> Vec<u8> {
+        let mut p = vec![0xfe];
+        p.extend_from_slice(plugin.as_bytes());
+        p.push(0);
+        p.extend_from_slice(b"12345678901234567890\0");
+        p
+    }
+
+    #[test]
+    fn clear_password_steps_are_recognised() {
+        assert!(clear_password_step(&switch("mysql_clear_password"), "", false).is_some());
+        assert!(clear_password_step(&switch("dialog"), "", true).is_some());
+        // Over a plain client link these encrypt the password with the server's RSA key.
+        assert!(clear_password_step(&switch("sha256_password"), "", false).is_none());
+        assert!(clear_password_step(&switch("sha256_password"), "", true).is_some());
+        let full_auth = [0x01, 0x04];
+        assert!(clear_password_step(&full_auth, "caching_sha2_password", true).is_some());
+        assert!(clear_password_step(&full_auth, "caching_sha2_password", false).is_none());
+        // Fast authentication succeeded: no password follows.
+        assert!(clear_password_step(&[0x01, 0x03], "caching_sha2_password", true).is_none());
+        for safe in [
+            "client_ed25519",
+            "caching_sha2_password",
+            "mysql_native_password",
+        ] {
+            assert!(
+                clear_password_step(&switch(safe), "", true).is_none(),
+                "{safe}"
+            );
+        }
+        assert!(clear_password_step(&[], "", true).is_none());
+        assert!(clear_password_step(&[0xfe], "", true).is_none());
     }
 }
