@@ -732,3 +732,107 @@ fn failed_logins_for_impossible_accounts_do_not_wake_a_paused_instance() {
     );
     assert_eq!(phase(&h), "paused");
 }
+
+/// A TCP relay between one client and holdfast that passes holdfast's greeting at once but
+/// holds the client's first bytes (its login) until `release` is sent: a login that
+/// connected before a pause and logs in after it.
+struct HeldLogin {
+    addr: std::net::SocketAddr,
+    greeted: std::sync::mpsc::Receiver<()>,
+    release: std::sync::mpsc::Sender<()>,
+}
+
+impl HeldLogin {
+    fn start(upstream: std::net::SocketAddr) -> HeldLogin {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (greeted_tx, greeted) = std::sync::mpsc::channel();
+        let (release, release_rx) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            let Ok((client, _)) = listener.accept() else {
+                return;
+            };
+            let server = TcpStream::connect(upstream).expect("connect to holdfast");
+            let (mut c_read, mut s_write) =
+                (client.try_clone().unwrap(), server.try_clone().unwrap());
+            let (mut s_read, mut c_write) = (server, client);
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 16 * 1024];
+                let mut first = true;
+                while let Ok(n) = s_read.read(&mut buf) {
+                    if n == 0 || c_write.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                    if std::mem::take(&mut first) {
+                        let _ = greeted_tx.send(());
+                    }
+                }
+                let _ = c_write.shutdown(std::net::Shutdown::Both);
+            });
+            if release_rx.recv().is_err() {
+                return;
+            }
+            let _ = std::io::copy(&mut c_read, &mut s_write);
+            let _ = s_write.shutdown(std::net::Shutdown::Both);
+        });
+        HeldLogin {
+            addr,
+            greeted,
+            release,
+        }
+    }
+}
+
+/// Issue 18, item 16: a login that connected before a stop-tier pause and logs in after it
+/// (waking the instance) works on the new server run: its first statements run on the
+/// connection it logged in with, which is not taken for one that died with the old run.
+#[test]
+fn a_login_racing_a_stop_pause_keeps_its_fresh_backend_connection() {
+    let h = Harness::start_with(
+        Options::default()
+            .serverless(|s| s.idle_pause_secs = 0)
+            .config(|c| c.proxy.handshake_timeout_ms = 60_000),
+    );
+    let held = HeldLogin::start(h.proxy);
+    let (user, password, db) = (
+        h.user().to_string(),
+        h.password().to_string(),
+        h.database().to_string(),
+    );
+    let addr = held.addr;
+    let client = std::thread::spawn(move || {
+        let opts = OptsBuilder::new()
+            .ip_or_hostname(Some(addr.ip().to_string()))
+            .tcp_port(addr.port())
+            .user(Some(user))
+            .pass(Some(password))
+            .db_name(Some(db))
+            .prefer_socket(false);
+        Conn::new(opts)
+    });
+    // holdfast has accepted the connection and greeted it: the login has begun.
+    held.greeted
+        .recv_timeout(WAIT)
+        .expect("holdfast's greeting");
+    let (code, body) = h.admin_post("/pause?tier=stop", None);
+    assert_eq!(code, 200, "{body}");
+    wait_phase(&h, "paused", Some("stop"));
+    held.release.send(()).expect("release the login");
+    let mut c = client
+        .join()
+        .expect("client thread")
+        .expect("the login wakes the instance and succeeds");
+    let before = metric(&h.metrics(), "holdfast_sessions_moved_total").unwrap_or(0.0);
+    for n in 1..=3i64 {
+        let got: Option<i64> = c
+            .query_first(format!("SELECT {n}"))
+            .unwrap_or_else(|e| panic!("statement {n} after the racing login: {e}"));
+        assert_eq!(got, Some(n));
+    }
+    assert_eq!(
+        metric(&h.metrics(), "holdfast_sessions_moved_total").unwrap_or(0.0),
+        before,
+        "the session's fresh backend connection was taken for a dead one"
+    );
+    assert_eq!(count(&h, "resumes"), 1);
+}

@@ -40,6 +40,8 @@ pub struct LoggedIn {
     pub scramble: [u8; 20],
     /// What the client logged in with, to log in again on another node.
     pub identity: Identity,
+    /// The gate's epoch when the backend connection was opened (see [`pass_gate`]).
+    pub epoch: u64,
 }
 
 /// The parts of a client's login that a new backend connection repeats.
@@ -292,7 +294,7 @@ pub async fn login(
             Some(Verifier::Relay { plugin }) => Some(plugin),
             _ => None,
         };
-        let _held = pass_gate(shared, client, seq).await?;
+        let (_held, epoch) = pass_gate(shared, client, seq).await?;
         let node = writable_node(shared, client, seq, login_hold_until(shared), None).await?;
         let with_password = !req.auth_response.is_empty();
         refuse_if_host_dependent(shared, client, seq, (&user, with_password), peer, &node).await?;
@@ -321,6 +323,7 @@ pub async fn login(
             can_reauthenticate: false,
             scramble,
             identity: Identity::of(&req),
+            epoch,
         });
     };
     let response = if req.auth_plugin.is_empty() || req.auth_plugin == NATIVE_PASSWORD.as_bytes() {
@@ -368,7 +371,7 @@ pub async fn login(
         return Err(refuse(client, shared, seq, error).await);
     };
     shared.admission.login_succeeded(peer.ip(), &user);
-    let _held = pass_gate(shared, client, seq).await?;
+    let (_held, epoch) = pass_gate(shared, client, seq).await?;
     let hold_until = login_hold_until(shared);
     let mut unreachable: Option<String> = None;
     let (backend, node) = loop {
@@ -414,6 +417,7 @@ pub async fn login(
         can_reauthenticate: true,
         scramble,
         identity: Identity::of(&req),
+        epoch,
     })
 }
 
@@ -498,7 +502,7 @@ async fn find_verifier(
         // accounts known from before the pause decide.
         return Ok(Lookup::NotWoken);
     }
-    let _held = pass_gate(shared, client, seq).await?;
+    let (_held, _) = pass_gate(shared, client, seq).await?;
     let addr = shared
         .topology
         .borrow()
@@ -772,15 +776,20 @@ fn login_hold_until(shared: &Shared) -> Instant {
 /// The route phase of a login that must reach the server: opens the backend gate (wakes a
 /// paused instance, waiting up to its resume deadline) and holds it open until the guard
 /// drops, so a pause waits for the login.
+///
+/// Also returns the gate's epoch as of then: the run of the server the login's backend
+/// connection is opened on (a pause waits for the guard, so no stop comes in between). The
+/// epoch when the client connected may be older: a stop-tier pause may have run while the
+/// client sent its login.
 async fn pass_gate<'a>(
     shared: &'a Shared,
     client: &mut PacketConn,
     seq: u8,
-) -> Result<Option<InFlight<'a>>, LoginError> {
+) -> Result<(Option<InFlight<'a>>, u64), LoginError> {
     loop {
         let held = shared.gate.hold_open();
         if shared.gate.is_open() {
-            return Ok(held);
+            return Ok((held, shared.gate.epoch()));
         }
         drop(held);
         if let Err(error) = super::route::open_gate(shared, "login").await {

@@ -245,7 +245,6 @@ pub async fn run_routed(
     };
     let id = shared.next_session_id();
     let mut client = PacketConn::new(stream);
-    let epoch = shared.gate.epoch();
     // Boxed: the login's future is large and lives only until the session starts.
     let login = Box::pin(authenticate(&shared, &mut client, peer, id, mode));
     let Some(logged_in) = login.await else {
@@ -262,9 +261,7 @@ pub async fn run_routed(
         passthrough::run(shared, client, logged_in, peer, id).await;
         return;
     }
-    let start = Box::pin(Session::start(
-        shared, client, logged_in, peer, id, epoch, routing,
-    ));
+    let start = Box::pin(Session::start(shared, client, logged_in, peer, id, routing));
     let Some(mut session) = start.await else {
         return;
     };
@@ -301,7 +298,6 @@ impl Session {
         logged_in: LoggedIn,
         peer: SocketAddr,
         id: u32,
-        epoch: u64,
         routing: Routing,
     ) -> Option<Session> {
         let LoggedIn {
@@ -313,6 +309,7 @@ impl Session {
             can_reauthenticate,
             scramble,
             identity,
+            epoch,
         } = logged_in;
         let mut record = SessionRecord {
             schema: identity.database.clone().filter(|d| !d.is_empty()),
