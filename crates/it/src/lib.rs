@@ -7,6 +7,7 @@
 
 pub mod differential;
 pub mod raw;
+pub mod rogue;
 
 use anyhow::{bail, Context, Result};
 use holdfast_config::{

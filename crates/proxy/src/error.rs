@@ -62,6 +62,10 @@ pub enum ErrorKind {
     /// A `KILL` names a connection id holdfast does not have, or one on another node
     /// (1094, the server's "Unknown thread id").
     UnknownThread,
+    /// A server asked for a client file (LOCAL INFILE) for a statement that is not
+    /// `LOAD DATA LOCAL`, or a replica asked during a read: not passed on (1148, the
+    /// server's "The used command is not allowed").
+    FileRequestRefused,
 }
 
 impl ErrorKind {
@@ -87,6 +91,7 @@ impl ErrorKind {
             // connection failure, which drivers and pools treat as "try again later".
             ErrorKind::NoBackend => code::ER_SERVER_SHUTDOWN,
             ErrorKind::UnknownThread => 1094,
+            ErrorKind::FileRequestRefused => 1148,
         }
     }
 
@@ -106,6 +111,7 @@ impl ErrorKind {
             | ErrorKind::CommitOutcomeUnknown
             | ErrorKind::InstanceUnavailable
             | ErrorKind::UnknownThread => "HY000",
+            ErrorKind::FileRequestRefused => "42000",
         }
     }
 
@@ -127,11 +133,12 @@ impl ErrorKind {
             ErrorKind::InstanceUnavailable => "instance_unavailable",
             ErrorKind::NoBackend => "no_backend",
             ErrorKind::UnknownThread => "unknown_thread",
+            ErrorKind::FileRequestRefused => "file_request_refused",
         }
     }
 
     /// Every kind, for tests and documentation.
-    pub const ALL: [ErrorKind; 15] = [
+    pub const ALL: [ErrorKind; 16] = [
         ErrorKind::TooManyConnections,
         ErrorKind::BadHandshake,
         ErrorKind::AccessDenied,
@@ -147,6 +154,7 @@ impl ErrorKind {
         ErrorKind::InstanceUnavailable,
         ErrorKind::NoBackend,
         ErrorKind::UnknownThread,
+        ErrorKind::FileRequestRefused,
     ];
 }
 

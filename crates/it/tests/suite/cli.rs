@@ -1,6 +1,7 @@
 //! The `mariadb` command-line client through holdfast, compared with the server itself.
 
 use holdfast_it::{CliOutput, Harness, Options};
+use mysql::prelude::*;
 
 /// Replaces the host part of `'user'@'host'` so messages from holdfast (which sees the
 /// client as 127.0.0.1) and the server (which may resolve it to localhost) compare.
@@ -207,4 +208,88 @@ fn ed25519_account_logs_in_through_the_relay() {
         via.stderr
     );
     assert_eq!(without_host(&via.stderr), without_host(&direct.stderr));
+}
+
+/// Issue 18, item 16: a primary that asks for a client file for a statement that is not
+/// `LOAD DATA LOCAL` (a real MariaDB never does: it sends the request only while running
+/// `LOAD DATA LOCAL INFILE`, for the file that statement names; this one is compromised,
+/// played by `RogueServerMock` in front of the real primary) gets no file: the client gets
+/// 1148 saying why instead of the request, holdfast answers the server with an empty file
+/// and drops its answer, and the session goes on. A real `LOAD DATA LOCAL` still works.
+/// (`[backend_tls]` off: the mock reads the protocol.)
+#[test]
+fn a_primary_asking_for_a_file_the_statement_did_not_name_gets_nothing() {
+    use holdfast_it::rogue::RogueServerMock;
+    let secret =
+        std::env::temp_dir().join(format!("holdfast-primary-secret-{}", std::process::id()));
+    std::fs::write(&secret, "the client's secret\n").expect("write the client's file");
+    let mock: std::sync::Arc<std::sync::Mutex<Option<RogueServerMock>>> = Default::default();
+    let slot = mock.clone();
+    let asked = secret.display().to_string();
+    let h = Harness::start_with(Options::default().config(move |c| {
+        c.backend_tls.mode = holdfast_config::BackendTlsMode::Disabled;
+        let primary = &mut c.backends[0];
+        let rogue = RogueServerMock::start(primary.address.parse().expect("address"), &asked);
+        primary.address = rogue.addr.to_string();
+        *slot.lock().unwrap() = Some(rogue);
+    }));
+    let mock = mock.lock().unwrap().take().expect("the mock");
+    let out = h.mariadb(
+        h.proxy,
+        &[
+            "--local-infile=1",
+            "--batch",
+            "--skip-column-names",
+            "-e",
+            &format!("SELECT '{}'", RogueServerMock::TRIGGER),
+        ],
+    );
+    let record = mock.record();
+    assert_eq!(record.requests, 1, "{record:?} {out:?}");
+    assert!(
+        record.stolen.is_empty(),
+        "the client's file reached the rogue primary: {:?}",
+        String::from_utf8_lossy(&record.stolen)
+    );
+    assert!(
+        out.stderr.contains("ERROR 1148 (42000)") && out.stderr.contains("LOCAL INFILE"),
+        "{out:?}"
+    );
+    // A session goes on after the refusal.
+    let opts = mysql::OptsBuilder::from_opts(mysql::Opts::from_url(&h.url()).expect("url"))
+        .prefer_socket(false);
+    let mut c = mysql::Conn::new(opts).expect("connect through holdfast");
+    match c.query_drop(format!("SELECT '{}'", RogueServerMock::TRIGGER)) {
+        Err(mysql::Error::MySqlError(e)) => assert_eq!(e.code, 1148, "{e:?}"),
+        other => panic!("expected ERR 1148, got {other:?}"),
+    }
+    let two: Option<i64> = c.query_first("SELECT 2").expect("the session goes on");
+    assert_eq!(two, Some(2));
+    // LOAD DATA LOCAL, which does call for the file it names, still loads it.
+    let data = std::env::temp_dir().join(format!("holdfast-primary-data-{}", std::process::id()));
+    std::fs::write(&data, "1\tone\n2\ttwo\n").expect("write the data file");
+    let sql = format!(
+        "CREATE TABLE rogue_loaded (id INT PRIMARY KEY, v VARCHAR(8)); \
+         LOAD DATA LOCAL INFILE '{}' INTO TABLE rogue_loaded; \
+         SELECT COUNT(*) FROM rogue_loaded",
+        data.display()
+    );
+    let out = h.mariadb(
+        h.proxy,
+        &[
+            "--local-infile=1",
+            "--batch",
+            "--skip-column-names",
+            h.database(),
+            "-e",
+            &sql,
+        ],
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout.trim(), "2", "{out:?}");
+    let record = mock.record();
+    assert_eq!(record.requests, 2, "{record:?}");
+    assert!(record.stolen.is_empty(), "{record:?}");
+    let _ = std::fs::remove_file(secret);
+    let _ = std::fs::remove_file(data);
 }

@@ -615,3 +615,96 @@ fn a_session_change_inside_a_read_only_transaction_on_a_replica_is_not_lost() {
     );
     assert_eq!(count("sbtest.w"), "0");
 }
+
+/// A file the client has and a rogue server must not get.
+fn client_secret_file(name: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("holdfast-{name}-{}", std::process::id()));
+    std::fs::write(&path, "the client's secret\n").expect("write the client's file");
+    path
+}
+
+/// Issue 18, item 16: a replica that answers a read with a LOCAL INFILE request (a real
+/// replica never does: a SELECT reads no client file; this one is compromised, played by
+/// `RogueServerMock` in front of the real replica) gets no file: the client gets an ERR
+/// 1148 saying why instead of the request, its session goes on, and holdfast drops its
+/// connection to that replica. (`[backend_tls]` off: the mock reads the protocol.)
+#[test]
+fn a_replica_asking_for_a_client_file_during_a_read_gets_nothing() {
+    use holdfast_it::rogue::RogueServerMock;
+    let secret = client_secret_file("replica-secret");
+    let mock: Arc<std::sync::Mutex<Option<RogueServerMock>>> = Default::default();
+    let slot = mock.clone();
+    let asked = secret.display().to_string();
+    let h = Harness::start_with(Options::default().replicas(1).config(move |c| {
+        c.proxy.routing = Routing::Split;
+        c.split.primary_read_weight = 0.0;
+        c.backend_tls.mode = holdfast_config::BackendTlsMode::Disabled;
+        let replica = c
+            .backends
+            .iter_mut()
+            .find(|b| b.name != "node1")
+            .expect("a replica");
+        let rogue = RogueServerMock::start(replica.address.parse().expect("address"), &asked);
+        replica.address = rogue.addr.to_string();
+        *slot.lock().unwrap() = Some(rogue);
+    }));
+    wait_for("the replica takes reads", Duration::from_secs(30), || {
+        (h.shared.topology.borrow().read_nodes().count() == 1).then_some(())
+    });
+    let mock = mock.lock().unwrap().take().expect("the mock");
+    let replica = h
+        .lab
+        .status
+        .nodes
+        .iter()
+        .find(|n| n.name != "node1")
+        .expect("a replica")
+        .name
+        .clone();
+    let out = h.mariadb(
+        h.proxy,
+        &[
+            "--local-infile=1",
+            "--batch",
+            "--skip-column-names",
+            "-e",
+            &format!(
+                "SELECT @@server_id > 0; SELECT '{}'",
+                RogueServerMock::TRIGGER
+            ),
+        ],
+    );
+    let record = mock.record();
+    assert_eq!(
+        record.requests, 1,
+        "the mock asked once: {record:?} {out:?}"
+    );
+    assert!(
+        record.stolen.is_empty(),
+        "the client's file reached the rogue replica: {:?}",
+        String::from_utf8_lossy(&record.stolen)
+    );
+    assert!(
+        out.stderr.contains("ERROR 1148 (42000)")
+            && out.stderr.contains("LOCAL INFILE")
+            && out.stderr.contains(&format!("server {replica}")),
+        "{out:?}"
+    );
+    // A session that stays open: its connection to the replica is dropped at once.
+    let mut c = connect_to(&h.url());
+    let _: Option<i64> = c.query_first("SELECT 1").expect("a first read");
+    match c.query_drop(format!("SELECT '{}'", RogueServerMock::TRIGGER)) {
+        Err(mysql::Error::MySqlError(e)) => assert_eq!(e.code, 1148, "{e:?}"),
+        other => panic!("expected ERR 1148, got {other:?}"),
+    }
+    wait_for(
+        "holdfast to drop its connection to the rogue replica",
+        Duration::from_secs(10),
+        || (mock.record().dropped_after_request == 2).then_some(()),
+    );
+    let one: Option<i64> = c.query_first("SELECT 1").expect("the session goes on");
+    assert_eq!(one, Some(1));
+    assert_eq!(mock.record().requests, 2);
+    assert!(mock.record().stolen.is_empty());
+    let _ = std::fs::remove_file(secret);
+}

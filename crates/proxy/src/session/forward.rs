@@ -216,6 +216,13 @@ impl Session {
             self.note_query(flags, sql);
             flags
         });
+        // Only LOAD DATA|XML LOCAL makes a server ask for a client file (it cannot be
+        // prepared nor run inside a stored program); text not classified (longer than one
+        // frame) is given the benefit of the doubt.
+        self.file_request_expected = match query {
+            Some(flags) => flags.intersects(C::LOAD_DATA_LOCAL.union(C::UNCERTAIN)),
+            None => request.get(HEADER_LEN) == Some(&COM_QUERY),
+        };
         // What is cheap to know now; the rest only if the backend is lost.
         let retry = !in_transaction
             && !header.continues()
@@ -1067,6 +1074,17 @@ impl Session {
                     "a replayed statement asked for a client file".into(),
                 ));
             }
+            if is_infile && (!self.file_request_expected || self.info.replica_read.load().is_some())
+            {
+                // Never passed on: a server asking for a file the statement did not name
+                // (a real one asks only for LOAD DATA LOCAL's, and a replica never gets
+                // one) would read whatever the client can read. The request is the first
+                // packet of its response: what is before it in `ready` is not this one's.
+                self.flush(ready - wire_len).await?;
+                self.backend.conn.rbuf.advance(wire_len);
+                self.refuse_file_request(seq).await?;
+                return Ok(self.record.status);
+            }
             if is_infile {
                 self.flush(ready).await?;
                 ready = 0;
@@ -1075,6 +1093,56 @@ impl Session {
         }
         self.flush(ready).await?;
         Ok(m.last_status())
+    }
+
+    /// A LOCAL INFILE request the statement did not call for (see `relay_inner`): the client
+    /// gets 1148 at `seq`, where the request would have been. A replica's connection is
+    /// dropped ([`End::FileRequestRefused`], for the read's caller); the primary's is sent
+    /// an empty file and its answer is read and dropped, or, if that answer is not one
+    /// OK/ERR, the connection is taken for lost.
+    async fn refuse_file_request(&mut self, seq: u8) -> Result<(), End> {
+        let replica = self.info.replica_read.load_full();
+        let on_replica = replica.is_some();
+        // During a replica read `backend` is the replica's but `backend_name` the primary's.
+        let node = replica.map_or_else(|| self.backend_name.clone(), |r| r.node.clone());
+        tracing::warn!(session = self.info.id, %node, on_replica, "the server asked for a client file (LOCAL INFILE) the statement did not call for; refused, not passed on to the client");
+        let error = ClientError::new(
+            ErrorKind::FileRequestRefused,
+            format!(
+                "holdfast: the server {node} asked for a client file (LOCAL INFILE) for a statement that is not LOAD DATA LOCAL; the request was refused and not passed on{}",
+                if on_replica {
+                    ", and holdfast dropped its connection to that replica"
+                } else {
+                    ""
+                }
+            ),
+        );
+        self.send_error(seq, &error).await?;
+        self.response_started = true;
+        if on_replica {
+            return Err(End::FileRequestRefused);
+        }
+        let empty = [0u8, 0, 0, seq.wrapping_add(1)];
+        let answered = match self.backend.conn.write_raw_watching(&empty).await {
+            Ok(()) => match self.read_backend_packet().await {
+                Ok(p) => match p.payload.first() {
+                    Some(&packets::ERR_HEADER) => true,
+                    Some(&packets::OK_HEADER) => {
+                        let tracks = self.backend.capabilities & CLIENT_SESSION_TRACK != 0;
+                        OkPacket::parse(&p.payload, tracks)
+                            .is_ok_and(|ok| ok.status & SERVER_MORE_RESULTS_EXISTS == 0)
+                    }
+                    _ => false,
+                },
+                Err(End::Client(e)) => return Err(End::Client(e)),
+                Err(_) => false,
+            },
+            Err(_) => false,
+        };
+        if !answered {
+            self.mark_backend_dead();
+        }
+        Ok(())
     }
 
     /// LOCAL INFILE: the client's file goes to the backend up to its empty packet; returns

@@ -61,6 +61,10 @@ enum End {
     /// at `reply_seq`.
     #[error("backend connection lost during a LOCAL INFILE transfer: {error}")]
     BackendLostDuringFile { error: ConnError, reply_seq: u8 },
+    /// A replica asked for a client file during a read; the client has its ERR, the
+    /// replica connection is to be dropped.
+    #[error("a replica asked for a client file (LOCAL INFILE) during a read")]
+    FileRequestRefused,
     /// holdfast closed the session on purpose (counted under the reason's label).
     #[error("{message}")]
     Closed {
@@ -156,6 +160,10 @@ struct Session {
     checksum: Option<Box<replay::Checksum>>,
     /// A replay runs: answers are compared, not sent to the client.
     replaying: bool,
+    /// The request being forwarded may make the server ask for a client file: a text
+    /// `LOAD DATA|XML LOCAL` (or text holdfast could not classify). Any other file request
+    /// is refused ([`Session::refuse_file_request`]).
+    file_request_expected: bool,
     /// Commit markers (see `markers.rs`).
     markers: markers::Markers,
     /// The last capture of what the trackers do not report (user variables...).
@@ -363,6 +371,7 @@ impl Session {
             txn_log: None,
             checksum: None,
             replaying: false,
+            file_request_expected: false,
             markers: Default::default(),
             captured: Captured::default(),
             capture_due_since: None,

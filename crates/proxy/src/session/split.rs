@@ -475,6 +475,19 @@ impl Session {
                 }
                 Ok(ReadOutcome::Done)
             }
+            Err(End::FileRequestRefused) => {
+                // The client has its ERR; a replica that asks for files is not used again
+                // by this session's connection.
+                self.lose_reader(index, "it asked for a client file during a read".into());
+                if pinned {
+                    // The read-only transaction went with the connection.
+                    if let Some(split) = self.split.as_mut() {
+                        split.txn_on = None;
+                    }
+                    self.record.status &= !holdfast_wire::caps::SERVER_STATUS_IN_TRANS;
+                }
+                Ok(ReadOutcome::Done)
+            }
             Err(End::BackendLost {
                 started: false,
                 error,
