@@ -836,3 +836,75 @@ fn a_login_racing_a_stop_pause_keeps_its_fresh_backend_connection() {
     );
     assert_eq!(count(&h, "resumes"), 1);
 }
+
+/// The steps of the last size change, as `/status` shows them: (what, detail).
+fn last_scale(h: &Harness) -> Vec<(String, String)> {
+    instance(h)["last_scale"]
+        .as_array()
+        .map(|steps| {
+            steps
+                .iter()
+                .map(|s| {
+                    let field = |k: &str| s[k].as_str().unwrap_or_default().to_string();
+                    (field("what"), field("detail"))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Issue 18, item 16: the memory cap never falls below what the server holds. Scaling down,
+/// the buffer pool shrinks first (the resize done) and the driver's limits (CPU, cgroup
+/// memory cap) come down after; scaling up, the limits rise first and the pool grows after.
+/// Seen in the order the scaling task applied its steps, then in the server's variable and
+/// the real cgroup.
+#[test]
+fn scaling_down_shrinks_the_buffer_pool_before_lowering_the_memory_cap() {
+    let h = Harness::start_with(Options::default().serverless(|s| {
+        s.idle_pause_secs = 0;
+        s.autoscale = false;
+    }));
+    let scale_to = |ccu: f64| {
+        let (code, body) = h.admin_post(&format!("/scale?ccu={ccu}"), None);
+        assert_eq!(code, 200, "{body}");
+        wait_for(&format!("the size to be {ccu} CCU"), WAIT, || {
+            (instance(&h)["ccu"].as_f64() == Some(ccu)).then_some(())
+        });
+        last_scale(&h)
+    };
+    let whats = |steps: &[(String, String)]| steps.iter().map(|s| s.0.clone()).collect::<Vec<_>>();
+    let up = scale_to(2.0);
+    assert_eq!(
+        whats(&up),
+        ["limits", "server"],
+        "growing: the cap first; {up:?}"
+    );
+    let down = scale_to(0.5);
+    assert_eq!(
+        whats(&down),
+        ["server", "limits"],
+        "shrinking: the pool first; {down:?}"
+    );
+    assert!(
+        down[0]
+            .1
+            .contains("innodb_buffer_pool_size=67108864 (resize done"),
+        "{down:?}"
+    );
+    let mut c = connect(&h);
+    let pool: Option<u64> = c.query_first("SELECT @@innodb_buffer_pool_size").unwrap();
+    assert_eq!(pool, Some(64 << 20), "128 MiB per CCU in the lab");
+    let pid = server_pid(&h).expect("pid");
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    if std::path::Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists() {
+        let group = cgroups
+            .lines()
+            .find_map(|l| l.split_once(":memory:").map(|(_, g)| g))
+            .expect("the server's memory cgroup");
+        let limit = std::fs::read_to_string(format!(
+            "/sys/fs/cgroup/memory{group}/memory.limit_in_bytes"
+        ))
+        .unwrap();
+        assert_eq!(limit.trim(), (1u64 << 30).to_string(), "2 GiB per CCU");
+    }
+}

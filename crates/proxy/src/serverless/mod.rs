@@ -66,6 +66,16 @@ pub struct InstanceView {
     pub last_error: Option<String>,
     /// Why the instance is not pausing although it is idle (sessions that cannot move...).
     pub pause_blocked_by: Vec<String>,
+    /// The steps of the last size change, in the order they were applied.
+    pub last_scale: Vec<ScaleStep>,
+}
+
+/// One step of a size change: the server's settings over SQL (`what` = "server") or the
+/// driver's limits (`what` = "limits": CPU, and the cgroup memory cap).
+#[derive(Debug, Clone, Serialize)]
+pub struct ScaleStep {
+    pub what: &'static str,
+    pub detail: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -132,6 +142,7 @@ struct Inner {
     pause_blocked_by: Vec<String>,
     /// A size asked for over the admin API, applied by the scaling task.
     requested_ccu: Option<f64>,
+    last_scale: Vec<ScaleStep>,
     /// The meter's open period as of the last second (the ledger has it as of the last
     /// flush).
     open_usage: Option<holdfast_serverless::ledger::UsageLine>,
@@ -207,6 +218,7 @@ impl Lifecycle {
                 breaker_until: None,
                 pause_blocked_by: Vec::new(),
                 requested_ccu: None,
+                last_scale: Vec::new(),
                 requested_pause: None,
                 open_usage: None,
             }),
@@ -337,6 +349,7 @@ impl Lifecycle {
             last_resume_ms: i.last_resume.map(|d| d.as_secs_f64() * 1e3),
             last_error: i.last_error.clone(),
             pause_blocked_by: i.pause_blocked_by.clone(),
+            last_scale: i.last_scale.clone(),
         }
     }
 

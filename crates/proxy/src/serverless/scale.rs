@@ -1,8 +1,11 @@
 //! In-place scaling: the server's CPU use is sampled every second, the autoscaler decides the
 //! size in capacity units, and the size is applied without a restart: the driver sets the
-//! CPU limit (cgroup), and the InnoDB buffer pool is resized online over SQL.
+//! CPU limit and memory cap (cgroup), and the InnoDB buffer pool is resized online over
+//! SQL, shrunk before the cap comes down and grown after it rises (see [`apply`]).
+//! `/status` shows the last change's steps in order (`last_scale`).
 
-use super::{Lifecycle, Phase};
+use super::{Lifecycle, Phase, ScaleStep};
+use crate::backend::BackendConn;
 use crate::verifiers::monitor_connect;
 use crate::Shared;
 use holdfast_serverless::autoscale::{Autoscaler, ScalePolicyExt};
@@ -64,20 +67,22 @@ pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>) {
     }
 }
 
-/// Applies a size: CPU limit through the driver, buffer pool (and max_connections when
-/// configured) over SQL. Failures are logged
-/// and shown in status; the size is recorded either way (it is what is billed).
+/// Applies a size: CPU limit and memory cap through the driver, buffer pool (and
+/// max_connections when configured) over SQL. Failures are logged and shown in status; the
+/// size is recorded either way (it is what is billed).
+///
+/// The order matters for memory: the cap must never fall below what the server holds, or
+/// the kernel reclaims or (cgroup v2) OOM-kills it. Growing, the cap rises first and the
+/// buffer pool grows after; shrinking, the buffer pool shrinks first (and its resize has
+/// finished) before the cap comes down. A shrink that fails leaves the limits as they were.
 async fn apply(shared: &Shared, lc: &Lifecycle, ccu: f64, why: &'static str) {
     let from = lc.ccu();
     let mut notes = Vec::new();
-    match lc.driver.scale(ccu).await {
-        Ok(applied) => notes.push(applied.note),
-        Err(e) => notes.push(format!("cpu limit not applied: {e}")),
-    }
+    let mut steps = Vec::new();
     let mut settings = Vec::new();
     let mib = lc.config.buffer_pool_mib_per_ccu;
-    if mib > 0 {
-        let bytes = (ccu * mib as f64 * 1024.0 * 1024.0) as u64;
+    let pool = (mib > 0).then_some((ccu * mib as f64 * 1024.0 * 1024.0) as u64);
+    if let Some(bytes) = pool {
         settings.push(("innodb_buffer_pool_size", bytes));
     }
     let per_ccu = lc.config.max_connections_per_ccu;
@@ -87,30 +92,134 @@ async fn apply(shared: &Shared, lc: &Lifecycle, ccu: f64, why: &'static str) {
         let open = shared.sessions.len() as u64 + 10;
         settings.push(("max_connections", ((ccu * per_ccu as f64) as u64).max(open)));
     }
+    let mut conn = None;
     if !settings.is_empty() {
-        match set_globals(shared, &lc.address, &settings).await {
-            Ok(()) => notes.extend(settings.iter().map(|(k, v)| format!("{k}={v}"))),
+        match monitor_connect(&shared.config, &lc.address).await {
+            Ok(c) => conn = Some(c),
             Err(e) => notes.push(format!("server settings not changed: {e}")),
         }
     }
-    lc.lock().ccu = ccu;
+    // Shrinking when the size goes down, or when the server's pool is larger than the new
+    // size's (a restarted server has its configured pool).
+    let current_pool = match (&mut conn, pool) {
+        (Some(c), Some(_)) => current_buffer_pool(c).await,
+        _ => None,
+    };
+    let shrinking = ccu < from || matches!((current_pool, pool), (Some(c), Some(p)) if p < c);
+    if !shrinking {
+        set_limits(lc, ccu, &mut notes, &mut steps).await;
+    }
+    let mut settings_applied = settings.is_empty();
+    if let Some(c) = conn.as_mut() {
+        match set_globals(c, &settings, current_pool).await {
+            Ok(done) => {
+                settings_applied = true;
+                steps.push(ScaleStep {
+                    what: "server",
+                    detail: done.join(", "),
+                });
+                notes.extend(done);
+            }
+            Err(e) => notes.push(format!("server settings not changed: {e}")),
+        }
+    }
+    if shrinking {
+        if settings_applied {
+            set_limits(lc, ccu, &mut notes, &mut steps).await;
+        } else {
+            notes.push("limits kept: the buffer pool did not shrink".to_string());
+        }
+    }
+    {
+        let mut inner = lc.lock();
+        inner.ccu = ccu;
+        inner.last_scale = steps;
+    }
     shared.metrics.instance_ccu.set(ccu);
     tracing::info!(instance = %lc.config.instance, from, to = ccu, why, applied = %notes.join("; "), "instance scaled");
 }
 
-/// Sets global server variables over one monitor connection (all are dynamic: no restart).
-async fn set_globals(
-    shared: &Shared,
-    address: &str,
-    settings: &[(&str, u64)],
-) -> Result<(), String> {
-    let mut conn = monitor_connect(&shared.config, address)
+/// The driver's limits (CPU, memory cap) for `ccu`.
+async fn set_limits(lc: &Lifecycle, ccu: f64, notes: &mut Vec<String>, steps: &mut Vec<ScaleStep>) {
+    let note = match lc.driver.scale(ccu).await {
+        Ok(applied) => applied.note,
+        Err(e) => format!("cpu limit not applied: {e}"),
+    };
+    steps.push(ScaleStep {
+        what: "limits",
+        detail: note.clone(),
+    });
+    notes.push(note);
+}
+
+/// The server's buffer pool size now, if it can be read.
+async fn current_buffer_pool(conn: &mut BackendConn) -> Option<u64> {
+    let r = conn
+        .query("SELECT @@GLOBAL.innodb_buffer_pool_size")
         .await
-        .map_err(|e| e.to_string())?;
+        .ok()?;
+    r.rows.first()?.first()?.as_deref()?.parse().ok()
+}
+
+/// How long a buffer pool resize may take before the scale goes on without it.
+const RESIZE_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Sets global server variables over the monitor connection (all are dynamic: no
+/// restart). A buffer pool resize (unless the size is already `current_pool`) is waited
+/// for: older servers resize in the background (`Innodb_buffer_pool_resize_status` says
+/// "Completed resizing buffer pool" when done); newer ones (MariaDB 10.11.12+, 11.8) resize
+/// inside the SET and leave the status empty. Returns what was set.
+async fn set_globals(
+    conn: &mut BackendConn,
+    settings: &[(&str, u64)],
+    current_pool: Option<u64>,
+) -> Result<Vec<String>, String> {
+    let mut done = Vec::new();
     for (name, value) in settings {
+        let resize = *name == "innodb_buffer_pool_size" && current_pool != Some(*value);
+        if *name == "innodb_buffer_pool_size" && !resize {
+            done.push(format!("{name}={value} (unchanged)"));
+            continue;
+        }
         conn.query(&format!("SET GLOBAL {name} = {value}"))
             .await
             .map_err(|e| format!("{name}: {e}"))?;
+        if resize {
+            let status = wait_for_resize(conn).await?;
+            done.push(format!("{name}={value} (resize done: {status:?})"));
+        } else {
+            done.push(format!("{name}={value}"));
+        }
     }
-    Ok(())
+    Ok(done)
+}
+
+/// Waits until the buffer pool resize the last SET started has finished; returns the
+/// resize status as last read.
+async fn wait_for_resize(conn: &mut BackendConn) -> Result<String, String> {
+    let deadline = Instant::now() + RESIZE_DEADLINE;
+    loop {
+        let r = conn
+            .query("SHOW GLOBAL STATUS LIKE 'Innodb_buffer_pool_resize_status'")
+            .await
+            .map_err(|e| format!("reading the resize status: {e}"))?;
+        let status = r
+            .rows
+            .first()
+            .and_then(|row| row.get(1).cloned().flatten())
+            .unwrap_or_default();
+        if status.is_empty() || status.starts_with("Completed") {
+            return Ok(status);
+        }
+        if status.contains("failed") || status.contains("aborted") {
+            return Err(format!("buffer pool resize: {status}"));
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "buffer pool resize not done after {} s: {status}",
+                RESIZE_DEADLINE.as_secs()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
