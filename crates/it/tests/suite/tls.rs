@@ -520,6 +520,21 @@ fn a_clear_text_password_is_not_relayed_over_a_plain_backend_link() {
     // Other logins go on as before over the plain link.
     let app = h.mariadb(h.proxy, &tls_args);
     assert_eq!(app.code, Some(0), "{app:?}");
+    // A change of user to the account is refused the same way; the session then ends (its
+    // backend connection was left mid-authentication).
+    let opts = mysql::OptsBuilder::from_opts(mysql::Opts::from_url(&h.url()).expect("url"))
+        .prefer_socket(false);
+    let mut c = mysql::Conn::new(opts).expect("connect through holdfast");
+    let change = mysql::ChangeUserOpts::DEFAULT
+        .with_user(Some(user.to_string()))
+        .with_pass(Some(password.to_string()));
+    match c.change_user(change) {
+        Err(mysql::Error::MySqlError(e)) => {
+            assert_eq!(e.code, 1251, "{e:?}");
+            assert!(e.message.contains("[backend_tls]"), "{e:?}");
+        }
+        other => panic!("expected ERR 1251, got {other:?}"),
+    }
     let m = h.metrics();
     assert_eq!(
         holdfast_it::metric(
@@ -558,4 +573,69 @@ fn a_clear_text_password_is_relayed_inside_backend_tls() {
     assert_eq!(out.code, Some(0), "{out:?}");
     assert!(out.stdout.contains("clear_pw@%"), "{out:?}");
     assert!(out.stdout.contains("Ssl_version\tTLSv1."), "{out:?}");
+}
+
+/// A PAM account (MariaDB's `auth_pam` with a service whose module asks questions: the
+/// server switches to the `dialog` client plugin, whose answers are in clear). Made on the
+/// primary only. None when the server does not ship the plugin or the test module.
+fn pam_account(h: &Harness) -> Option<&'static str> {
+    let plugin_dir = h.root_sql("SELECT @@plugin_dir");
+    let dir = std::path::PathBuf::from(plugin_dir.first()?.first()?);
+    let module = dir.join("test_pam_modules/pam_mariadb_mtr.so");
+    if !dir.join("auth_pam.so").exists() || !module.exists() {
+        return None;
+    }
+    // A PAM service of this test's own (the module asks "Enter:" and "PIN:").
+    let service = format!("holdfast_it_{}", std::process::id());
+    let file = format!("/etc/pam.d/{service}");
+    std::fs::write(
+        &file,
+        format!(
+            "auth required {0}\naccount required {0}\n",
+            module.display()
+        ),
+    )
+    .ok()?;
+    h.root_sql(&format!(
+        "SET SESSION sql_log_bin = 0; \
+         INSTALL SONAME 'auth_pam'; \
+         CREATE USER 'pam_user'@'%' IDENTIFIED VIA pam USING '{service}'"
+    ));
+    Some("pam_user")
+}
+
+/// The PAM case of the test above: the `dialog` plugin's answers are in clear too; the
+/// login is refused at the server's switch to it, before the client is asked anything.
+#[test]
+fn a_pam_login_is_not_relayed_over_a_plain_backend_link() {
+    let h = Harness::start_with(Options::default().config(|c| {
+        c.backend_tls.mode = holdfast_config::BackendTlsMode::Disabled;
+    }));
+    let Some(user) = pam_account(&h) else {
+        eprintln!("SKIP: no auth_pam.so / pam_mariadb_mtr.so, or /etc/pam.d is not writable");
+        return;
+    };
+    let ca = path(&ca(&h));
+    let out = h.mariadb_as(
+        h.proxy,
+        user,
+        "anything",
+        &[
+            "--ssl",
+            "--ssl-ca",
+            &ca,
+            "--ssl-verify-server-cert",
+            "--batch",
+            "-e",
+            "SELECT CURRENT_USER()",
+        ],
+    );
+    let _ = std::fs::remove_file(format!("/etc/pam.d/holdfast_it_{}", std::process::id()));
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(
+        out.stderr.contains("ERROR 1251 (08004)")
+            && out.stderr.contains("dialog (PAM)")
+            && out.stderr.contains("[backend_tls]"),
+        "{out:?}"
+    );
 }
