@@ -55,6 +55,9 @@ pub struct Status {
     /// The serverless instance (`[serverless]`), if any.
     #[serde(default)]
     pub serverless: Option<serde_json::Value>,
+    /// What the start-up check (`holdfast check`) found; none until it has run.
+    #[serde(default)]
+    pub preflight: Option<holdfast_proxy::preflight::Report>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -196,6 +199,7 @@ pub fn status(shared: &Shared) -> Status {
             .serverless
             .as_ref()
             .and_then(|l| serde_json::to_value(l.view()).ok()),
+        preflight: shared.preflight.load_full().map(|r| (*r).clone()),
     }
 }
 
@@ -590,6 +594,15 @@ pub fn render_status(s: &Status) -> String {
         if let Some(e) = &n.last_error {
             let _ = writeln!(o, "           last error: {e}");
         }
+        let replication_error = n
+            .replication
+            .as_ref()
+            .and_then(|r| r.get("error"))
+            .and_then(|e| e.as_str())
+            .filter(|e| !e.is_empty());
+        if let (Some(e), false) = (replication_error, n.serves_reads) {
+            let _ = writeln!(o, "           replication: {e}");
+        }
     }
     let c = &s.counters;
     let _ = writeln!(
@@ -612,6 +625,11 @@ pub fn render_status(s: &Status) -> String {
             " (not loaded: check the monitor account)"
         }
     );
+    if let Some(p) = &s.preflight {
+        if p.problem_count() > 0 {
+            let _ = writeln!(o, "START-UP CHECK: {}", p.render().replace('\n', "\n  "));
+        }
+    }
     if !s.sessions.is_empty() {
         let _ = writeln!(
             o,

@@ -52,6 +52,11 @@ pub const APP_PASSWORD: &str = "app_pass";
 pub const DATABASE: &str = "sbtest";
 /// holdfast's monitor account (full privileges, `@'%'` and `@'localhost'`).
 pub const MONITOR_USER: &str = "holdfast_monitor";
+/// The global privileges the README grants the monitor account (besides SELECT on
+/// mysql.* and ALL on holdfast.*): what `holdfast check` asks for with managed HA,
+/// semi-sync, split reads and node removal.
+pub const MONITOR_GLOBAL_PRIVILEGES: &str = "SLAVE MONITOR, CONNECTION ADMIN, PROCESS, \
+     REPLICATION SLAVE ADMIN, REPLICATION MASTER ADMIN, READ_ONLY ADMIN, RELOAD";
 /// Password of [`MONITOR_USER`].
 pub const MONITOR_PASSWORD: &str = "monitor_pass";
 /// Replication account, created on every node without binlogging.
@@ -1541,7 +1546,7 @@ fn fresh_lab(dir: &Path, opts: &LabOptions) -> Result<LabStatus> {
     start_nodes(&launch, &mut nodes, opts.base_port.is_none(), &mut guard)?;
     tracing::debug!(elapsed = ?started.elapsed(), "lab nodes ready");
 
-    let ed25519 = configure(&nodes)?;
+    let ed25519 = configure(&nodes, opts.serverless)?;
     tracing::debug!(elapsed = ?started.elapsed(), "lab configured");
 
     let admin_token_file = dir.join(ADMIN_TOKEN_FILE);
@@ -1729,6 +1734,10 @@ fn node_args(launch: &LaunchInfo, node: &NodeStatus, role: Role) -> Result<Vec<S
         "--max-connections=2000".into(),
         "--innodb-flush-log-at-trx-commit=2".into(),
         "--sync-binlog=0".into(),
+        // With binary logging on, creating a stored function (holdfast's commit marker
+        // reader) takes SUPER unless this is set; the monitor has the README's grants,
+        // which leave SUPER out (`holdfast check` asks for one or the other).
+        "--log-bin-trust-function-creators=1".into(),
     ];
     // The acknowledging side of semi-sync from the start (used when the primary asks
     // for it; holdfast's `durability = "semi-sync"` sets the rest).
@@ -1836,7 +1845,7 @@ fn greeting_ok(socket: &Path) -> bool {
 }
 
 /// Accounts and replication. Returns whether the ed25519 account was created.
-fn configure(nodes: &[NodeStatus]) -> Result<bool> {
+fn configure(nodes: &[NodeStatus], serverless: bool) -> Result<bool> {
     let primary = &nodes[0];
     // Per node, outside the binlog: the plugin and the replication account (the replicas
     // must be able to connect before anything else happens on the primary).
@@ -1892,9 +1901,24 @@ fn configure(nodes: &[NodeStatus]) -> Result<bool> {
         );
         for host in ["%", "localhost"] {
             sql.push_str(&format!(
-                "CREATE USER {user}@'{host}' IDENTIFIED BY {pass}; \
-                 GRANT ALL PRIVILEGES ON *.* TO {user}@'{host}'{grant_option};"
+                "CREATE USER {user}@'{host}' IDENTIFIED BY {pass};"
             ));
+            if app {
+                sql.push_str(&format!(
+                    "GRANT ALL PRIVILEGES ON *.* TO {user}@'{host}'{grant_option};"
+                ));
+            } else {
+                // Exactly the README's grants (and `holdfast check`'s list), so that every
+                // test runs holdfast with them; SUPER only where the serverless scaler
+                // resizes the buffer pool.
+                sql.push_str(&format!(
+                    "GRANT SELECT ON mysql.* TO {user}@'{host}'; \
+                     GRANT {MONITOR_GLOBAL_PRIVILEGES} ON *.* TO {user}@'{host}';"
+                ));
+                if serverless {
+                    sql.push_str(&format!("GRANT SUPER ON *.* TO {user}@'{host}';"));
+                }
+            }
             if app {
                 sql.push_str(&format!(
                     "REVOKE READ_ONLY ADMIN ON *.* FROM {user}@'{host}';"

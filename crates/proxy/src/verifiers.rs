@@ -271,11 +271,27 @@ pub async fn monitor_connect(
     cfg: &Config,
     addr: &str,
 ) -> Result<BackendConn, backend::BackendError> {
-    let secret = PasswordHash::from_password(cfg.auth.monitor_password.expose().as_bytes());
+    connect_as(
+        cfg,
+        addr,
+        &cfg.auth.monitor_user,
+        &cfg.auth.monitor_password,
+    )
+    .await
+}
+
+/// Logs in to `addr` as `user` the way the monitor does (`[backend_tls]`, no schema).
+pub async fn connect_as(
+    cfg: &Config,
+    addr: &str,
+    user: &str,
+    password: &crate::config::Secret,
+) -> Result<BackendConn, backend::BackendError> {
+    let secret = PasswordHash::from_password(password.expose().as_bytes());
     let tls = crate::tls::backend(&cfg.backend_tls)?;
     let params = LoginParams {
-        user: cfg.auth.monitor_user.as_bytes(),
-        secret: if cfg.auth.monitor_password.is_empty() {
+        user: user.as_bytes(),
+        secret: if password.is_empty() {
             None
         } else {
             Some(&secret)

@@ -741,7 +741,11 @@ async fn writable_node(
                     (true, Some(true)) => "read-only",
                     (true, _) => "not writable",
                 };
-                format!("{} {state}", n.name)
+                match &n.login_error {
+                    // A configuration problem, said as it is (it names no address).
+                    Some(why) => format!("{} {state}: {why}", n.name),
+                    None => format!("{} {state}", n.name),
+                }
             })
             .collect();
         (wanted(&topology), states)
