@@ -398,7 +398,18 @@ async fn post_rejoin(
         Err(e) => return bad_request(e),
     };
     match query.node.or(body.node).filter(|n| !n.is_empty()) {
-        Some(node) => ha_answer(shared.ha.rejoin(node).await),
+        Some(node) => match shared.ha.rejoin(node.clone()).await {
+            // The node is down: say what to do, not only what failed.
+            Err(e @ HaError::Unreachable { .. }) => error_answer(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "{e}; start {node}'s server first (a lab's stopped nodes: `holdfast lab up \
+                     --dir DIR`), then rejoin it: rejoin reads its position and points its \
+                     replication at the primary"
+                ),
+            ),
+            other => ha_answer(other),
+        },
         None => bad_request("which node? POST /rejoin?node=NAME".into()),
     }
 }

@@ -265,8 +265,11 @@ enum CtlCommand {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour only for a person at a terminal: not in files, journald or pipes.
+    use std::io::IsTerminal as _;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -415,7 +418,7 @@ async fn serve(cfg: Config, config_path: &Path) -> Result<()> {
     };
     let proxy = holdfast_proxy::Proxy::start_with(cfg, seams)
         .await
-        .context("cannot bind the proxy listener")?;
+        .context("cannot start the proxy")?;
     let admin = tokio::net::TcpListener::bind(&admin_addr)
         .await
         .with_context(|| format!("cannot bind the admin listener {admin_addr}"))?;

@@ -1473,8 +1473,11 @@ pub(crate) fn mariadb_client() -> Result<&'static Path> {
 fn fresh_lab(dir: &Path, opts: &LabOptions) -> Result<LabStatus> {
     let started = Instant::now();
     let mariadbd = resolve_mariadbd(opts.mariadbd.as_deref())?;
-    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let n_nodes = opts.replicas + 1;
+    if let Some(base) = opts.base_port {
+        ports_free(base, n_nodes)?;
+    }
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let longest_socket = dir.join(format!("node{n_nodes}.sock"));
     if longest_socket.as_os_str().len() > MAX_SOCKET_PATH {
         bail!(
@@ -1683,6 +1686,31 @@ fn start_nodes(
         }
         node.pid = Some(pid);
         node.alive = true;
+    }
+    Ok(())
+}
+
+/// Every port of the layout of `base` is free on 127.0.0.1, or an error that names the
+/// port taken and what to do (two labs on the default base port is the usual case).
+fn ports_free(base: u16, n_nodes: usize) -> Result<()> {
+    let mut layout = vec![
+        (PROXY_PORT_OFFSET, "holdfast's proxy listener".to_string()),
+        (ADMIN_PORT_OFFSET, "holdfast's admin listener".to_string()),
+        (SPLIT_PORT_OFFSET, "holdfast's split listener".to_string()),
+    ];
+    layout.extend((0..n_nodes).map(|i| (NODE_PORT_OFFSET + i as u16, format!("node{}", i + 1))));
+    for (offset, what) in layout {
+        let Some(port) = base.checked_add(offset) else {
+            bail!("base port {base} leaves no room for {n_nodes} nodes");
+        };
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+            bail!(
+                "port {port} ({what} with --base-port {base}) is in use, by another lab \
+                 or server; start this lab on other ports with --base-port (e.g. \
+                 --base-port {}), or stop what holds it (`holdfast lab down --dir DIR` for a lab)",
+                u32::from(base) + 100
+            );
+        }
     }
     Ok(())
 }

@@ -320,7 +320,12 @@ impl Proxy {
     /// [`Proxy::start`] with drivers put in place by the caller.
     pub async fn start_with(config: Config, seams: Seams) -> std::io::Result<Proxy> {
         let config = Arc::new(config);
-        let listener = TcpListener::bind(&config.proxy.listen).await?;
+        let listener = TcpListener::bind(&config.proxy.listen).await.map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("binding the proxy listener {}: {e}", config.proxy.listen),
+            )
+        })?;
         let mut extra = Vec::new();
         for l in &config.listeners {
             let bound = TcpListener::bind(&l.listen).await.map_err(|e| {

@@ -287,3 +287,64 @@ fn sessions_end_without_the_server_counting_them_aborted() {
          (Aborted_clients on node1, node2)"
     );
 }
+
+#[test]
+fn refused_logins_are_worded_as_the_server_words_them_host_included() {
+    for resolves_names in [false, true] {
+        let args: &[&str] = if resolves_names {
+            &["--skip-name-resolve=0"]
+        } else {
+            &[]
+        };
+        let h = Harness::start_with(Options::default().server_args(args));
+        for (user, password) in [("nosuch", "x"), ("app", "wrong"), ("nosuch", "")] {
+            let via = h.mariadb_as(h.proxy, user, password, &["-e", "SELECT 1"]);
+            let direct = h.mariadb_as(h.direct(), user, password, &["-e", "SELECT 1"]);
+            assert_eq!(
+                via.stderr, direct.stderr,
+                "{user}/{password:?}, server resolves names: {resolves_names}"
+            );
+            assert!(via.stderr.contains("ERROR 1045"), "{via:?}");
+        }
+    }
+}
+
+#[test]
+fn rejoining_a_node_that_is_down_says_to_start_it_first() {
+    let h = Harness::start_with(Options::default().replicas(1));
+    let node2 = h.node("node2").clone();
+    let pid = node2.pid.expect("a running node has a pid");
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    wait_for("node2 unreachable", Duration::from_secs(30), || {
+        let topo = h.shared.topology.borrow().clone();
+        topo.nodes
+            .iter()
+            .any(|n| n.name == "node2" && !n.reachable)
+            .then_some(())
+    });
+    let (code, body) = h.admin_post("/rejoin?node=node2", None);
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains("cannot reach node2") && body.contains("start node2's server first"),
+        "{body}"
+    );
+}
+
+#[test]
+fn a_lab_on_taken_ports_says_which_and_what_to_do() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let base = taken.local_addr().expect("addr").port();
+    let error = match holdfast_lab::TestLab::start_on(0, base) {
+        Ok(_) => panic!("a lab started on a port in use"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(
+        error.contains(&format!("port {base} (holdfast's proxy listener"))
+            && error.contains("--base-port"),
+        "{error}"
+    );
+}

@@ -271,7 +271,11 @@ pub async fn login(
         // The server's answer under require_secure_transport: access denied.
         closed_unwoken("clear_text");
         tracing::info!(user = %user, client = %peer, "login refused: TLS is required");
-        let error = ClientError::access_denied(&user, peer.ip(), !req.auth_response.is_empty());
+        let error = ClientError::access_denied(
+            &user,
+            &shared.verifiers.client_host(peer.ip()),
+            !req.auth_response.is_empty(),
+        );
         return Err(refuse(client, shared, seq, error).await);
     }
     let lookup = find_verifier(shared, client, seq, &user, peer).await?;
@@ -363,7 +367,11 @@ pub async fn login(
                 &payload,
             )));
         }
-        let error = ClientError::access_denied(&user, peer.ip(), !response.is_empty());
+        let error = ClientError::access_denied(
+            &user,
+            &shared.verifiers.client_host(peer.ip()),
+            !response.is_empty(),
+        );
         return Err(refuse(client, shared, seq, error).await);
     };
     shared.admission.login_succeeded(peer.ip(), &user);
@@ -661,7 +669,11 @@ async fn refuse_if_host_dependent(
         node = %node.name,
         "login refused: the account depends on the client's host, and without proxy_protocol the server would see holdfast's address ({server_sees}) instead; set proxy_protocol = true for this [[backend]]"
     );
-    let error = ClientError::access_denied(user, peer.ip(), with_password);
+    let error = ClientError::access_denied(
+        user,
+        &shared.verifiers.client_host(peer.ip()),
+        with_password,
+    );
     Err(refuse(client, shared, seq, error).await)
 }
 
@@ -1031,7 +1043,11 @@ impl Session {
                 "COM_CHANGE_USER refused: the account depends on the client's host, and without proxy_protocol the server would see holdfast's address ({server_sees}) instead; set proxy_protocol = true for this [[backend]]"
             );
             wrong_password(&self.shared, peer, &user).await;
-            let error = ClientError::access_denied(&user, peer, !cu.auth_response.is_empty());
+            let error = ClientError::access_denied(
+                &user,
+                &self.shared.verifiers.client_host(peer),
+                !cu.auth_response.is_empty(),
+            );
             return self
                 .change_user_refused(cu, seq, error, Probe::NoAccount)
                 .await;
@@ -1048,7 +1064,11 @@ impl Session {
                 }
                 let Ok(secret) = check_native(v, &response, &self.scramble) else {
                     wrong_password(&self.shared, peer, &user).await;
-                    let error = ClientError::access_denied(&user, peer, !response.is_empty());
+                    let error = ClientError::access_denied(
+                        &user,
+                        &self.shared.verifiers.client_host(peer),
+                        !response.is_empty(),
+                    );
                     return self
                         .change_user_refused(cu, seq, error, Probe::SameUser)
                         .await;
@@ -1110,7 +1130,11 @@ impl Session {
                     let with_password = !err
                         .as_ref()
                         .is_some_and(|e| e.message_lossy().contains("using password: NO"));
-                    let error = ClientError::access_denied(&user, peer, with_password);
+                    let error = ClientError::access_denied(
+                        &user,
+                        &self.shared.verifiers.client_host(peer),
+                        with_password,
+                    );
                     return self.send_error(seq, &error).await;
                 }
                 self.shared.metrics.count_error(code);
