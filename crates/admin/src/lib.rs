@@ -55,6 +55,9 @@ pub struct Status {
     /// The serverless instance (`[serverless]`), if any.
     #[serde(default)]
     pub serverless: Option<serde_json::Value>,
+    /// What the start-up check (`holdfast check`) found; none until it has run.
+    #[serde(default)]
+    pub preflight: Option<holdfast_proxy::preflight::Report>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -196,6 +199,7 @@ pub fn status(shared: &Shared) -> Status {
             .serverless
             .as_ref()
             .and_then(|l| serde_json::to_value(l.view()).ok()),
+        preflight: shared.preflight.load_full().map(|r| (*r).clone()),
     }
 }
 
@@ -394,7 +398,18 @@ async fn post_rejoin(
         Err(e) => return bad_request(e),
     };
     match query.node.or(body.node).filter(|n| !n.is_empty()) {
-        Some(node) => ha_answer(shared.ha.rejoin(node).await),
+        Some(node) => match shared.ha.rejoin(node.clone()).await {
+            // The node is down: say what to do, not only what failed.
+            Err(e @ HaError::Unreachable { .. }) => error_answer(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "{e}; start {node}'s server first (a lab's stopped nodes: `holdfast lab up \
+                     --dir DIR`), then rejoin it: rejoin reads its position and points its \
+                     replication at the primary"
+                ),
+            ),
+            other => ha_answer(other),
+        },
         None => bad_request("which node? POST /rejoin?node=NAME".into()),
     }
 }
@@ -590,6 +605,15 @@ pub fn render_status(s: &Status) -> String {
         if let Some(e) = &n.last_error {
             let _ = writeln!(o, "           last error: {e}");
         }
+        let replication_error = n
+            .replication
+            .as_ref()
+            .and_then(|r| r.get("error"))
+            .and_then(|e| e.as_str())
+            .filter(|e| !e.is_empty());
+        if let (Some(e), false) = (replication_error, n.serves_reads) {
+            let _ = writeln!(o, "           replication: {e}");
+        }
     }
     let c = &s.counters;
     let _ = writeln!(
@@ -612,6 +636,11 @@ pub fn render_status(s: &Status) -> String {
             " (not loaded: check the monitor account)"
         }
     );
+    if let Some(p) = &s.preflight {
+        if p.problem_count() > 0 {
+            let _ = writeln!(o, "START-UP CHECK: {}", p.render().replace('\n', "\n  "));
+        }
+    }
     if !s.sessions.is_empty() {
         let _ = writeln!(
             o,

@@ -186,6 +186,24 @@ pub struct Client {
     pub mariadb_caps: u32,
 }
 
+impl Client {
+    /// The connection itself, for a caller that takes the conversation over byte for byte
+    /// (and so says goodbye itself, or relays its client's COM_QUIT).
+    pub fn into_conn(mut self) -> PacketConn {
+        let (placeholder, _) = tokio::io::duplex(1);
+        std::mem::replace(&mut self.conn, PacketConn::new(Box::new(placeholder)))
+    }
+}
+
+impl Drop for Client {
+    /// Says goodbye (COM_QUIT) without waiting, best effort: a server counts a connection
+    /// closed without it as aborted (`Aborted_clients`) and logs an "Aborted connection"
+    /// warning for each one.
+    fn drop(&mut self) {
+        let _ = self.conn.try_write_now(&[1, 0, 0, 0, COM_QUIT]);
+    }
+}
+
 /// Opens a TCP connection to `addr` with `TCP_NODELAY`, boxed for a [`PacketConn`]. No
 /// timeout of its own: [`open`] puts one around it.
 pub async fn tcp_connect(addr: &str) -> std::io::Result<BoxedIo> {

@@ -118,9 +118,9 @@ impl AdminConfig {
         let path = default_token_file(config_path);
         match write_new_token_file(&path) {
             Ok(token) => Ok((token, TokenSource::Generated(path))),
-            Err(ConfigError::TokenFile {
-                source: Some(e), ..
-            }) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            Err(ConfigError::TokenFile { cause: Some(e), .. })
+                if e.kind() == std::io::ErrorKind::AlreadyExists =>
+            {
                 Ok((read_token_file(&path)?, TokenSource::File(path)))
             }
             Err(e) => Err(e),
@@ -197,14 +197,14 @@ pub fn read_token_file(path: &Path) -> Result<AdminToken, ConfigError> {
             std::fs::read_to_string(path).map_err(|e| ConfigError::TokenFile {
                 path: path.to_path_buf(),
                 message: "cannot read it".into(),
-                source: Some(e),
+                cause: Some(e),
             })?,
         );
     let token = text.trim();
     check_token_text(token).map_err(|m| ConfigError::TokenFile {
         path: path.to_path_buf(),
         message: format!("the token in it {m}"),
-        source: None,
+        cause: None,
     })?;
     Ok(AdminToken::new(token))
 }
@@ -215,7 +215,7 @@ pub fn write_new_token_file(path: &Path) -> Result<AdminToken, ConfigError> {
     let err = |message: &str, e: std::io::Error| ConfigError::TokenFile {
         path: path.to_path_buf(),
         message: message.into(),
-        source: Some(e),
+        cause: Some(e),
     };
     let token = AdminToken::generate();
     let mut file = std::fs::OpenOptions::new()

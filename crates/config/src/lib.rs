@@ -30,25 +30,24 @@ use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("invalid config {path}: {source}")]
+    // The causes are in the messages and not chained as `source`s: anyhow would print
+    // them a second time ("Caused by:").
+    #[error("cannot read config {path}: {cause}")]
+    Read { path: String, cause: std::io::Error },
+    #[error("invalid config {path}: {cause}")]
     Parse {
         path: String,
-        source: toml::de::Error,
+        cause: toml::de::Error,
     },
     #[error("cannot write the config as TOML: {0}")]
     Serialize(#[from] toml::ser::Error),
     #[error("invalid config: {0}")]
     Invalid(String),
-    #[error("admin token file {}: {message}{}", path.display(), source.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]
+    #[error("admin token file {}: {message}{}", path.display(), cause.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]
     TokenFile {
         path: PathBuf,
         message: String,
-        source: Option<std::io::Error>,
+        cause: Option<std::io::Error>,
     },
 }
 
@@ -344,9 +343,9 @@ pub struct BackendConfig {
 
 impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|cause| ConfigError::Read {
             path: path.display().to_string(),
-            source,
+            cause,
         })?;
         let mut cfg = Self::parse(&text, &path.display().to_string())?;
         cfg.read_password_files(path.parent())?;
@@ -367,9 +366,9 @@ impl Config {
 
     /// Parses and validates `text`; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
-        let cfg: Config = toml::from_str(text).map_err(|source| ConfigError::Parse {
+        let cfg: Config = toml::from_str(text).map_err(|cause| ConfigError::Parse {
             path: origin.to_string(),
-            source,
+            cause,
         })?;
         cfg.validate()?;
         Ok(cfg)

@@ -63,9 +63,9 @@ impl<'de> Deserialize<'de> for Secret {
 pub fn read_password_file(path: &Path) -> Result<Secret, ConfigError> {
     let text =
         Zeroizing::new(
-            std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            std::fs::read_to_string(path).map_err(|cause| ConfigError::Read {
                 path: path.display().to_string(),
-                source,
+                cause,
             })?,
         );
     let line = text.lines().next().unwrap_or("");

@@ -51,6 +51,27 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Check that holdfast can work with the servers a config names, before (or without)
+    /// serving: the monitor account logs in to every `[[backend]]` and holds each
+    /// privilege the features the config turns on need (split reads, managed HA,
+    /// semi-sync, commit markers, serverless scaling); in managed HA mode the replication
+    /// account logs in too. Every problem comes with the SQL that fixes it (a GRANT to run
+    /// as an administrator); anonymous accounts that shadow holdfast's are warned about.
+    ///
+    /// `serve` runs the same check at start and logs each problem as an error; `ctl
+    /// status` and `/status` (`preflight`) show what it found.
+    ///
+    /// Exits 1 when a problem is found.
+    ///
+    /// Example: holdfast check --config holdfast.toml
+    Check {
+        /// The TOML config to check.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// The report as JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Talk to a running proxy through its admin API: status, metrics, the HA operations
     /// (switchover, failover, rejoin, restart, resize) and the serverless ones (pause,
     /// resume, scale, usage).
@@ -244,8 +265,11 @@ enum CtlCommand {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour only for a person at a terminal: not in files, journald or pipes.
+    use std::io::IsTerminal as _;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -273,6 +297,19 @@ fn main() -> Result<()> {
         } => {
             let client = ctl_client(admin, token_file, config)?;
             runtime()?.block_on(ctl(&client, command))
+        }
+        Command::Check { config, json } => {
+            let cfg = Config::load(&config)?;
+            let report = runtime()?.block_on(holdfast_proxy::preflight::check(&cfg, &cfg.backends));
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!("{}", report.render());
+            }
+            if report.problem_count() > 0 {
+                std::process::exit(1);
+            }
+            Ok(())
         }
         Command::Lab(cmd) => holdfast_lab::run(cmd),
     }
@@ -381,7 +418,7 @@ async fn serve(cfg: Config, config_path: &Path) -> Result<()> {
     };
     let proxy = holdfast_proxy::Proxy::start_with(cfg, seams)
         .await
-        .context("cannot bind the proxy listener")?;
+        .context("cannot start the proxy")?;
     let admin = tokio::net::TcpListener::bind(&admin_addr)
         .await
         .with_context(|| format!("cannot bind the admin listener {admin_addr}"))?;

@@ -52,6 +52,11 @@ pub const APP_PASSWORD: &str = "app_pass";
 pub const DATABASE: &str = "sbtest";
 /// holdfast's monitor account (full privileges, `@'%'` and `@'localhost'`).
 pub const MONITOR_USER: &str = "holdfast_monitor";
+/// The global privileges the README grants the monitor account (besides SELECT on
+/// mysql.* and ALL on holdfast.*): what `holdfast check` asks for with managed HA,
+/// semi-sync, split reads and node removal.
+pub const MONITOR_GLOBAL_PRIVILEGES: &str = "SLAVE MONITOR, CONNECTION ADMIN, PROCESS, \
+     REPLICATION SLAVE ADMIN, REPLICATION MASTER ADMIN, READ_ONLY ADMIN, RELOAD";
 /// Password of [`MONITOR_USER`].
 pub const MONITOR_PASSWORD: &str = "monitor_pass";
 /// Replication account, created on every node without binlogging.
@@ -1468,8 +1473,11 @@ pub(crate) fn mariadb_client() -> Result<&'static Path> {
 fn fresh_lab(dir: &Path, opts: &LabOptions) -> Result<LabStatus> {
     let started = Instant::now();
     let mariadbd = resolve_mariadbd(opts.mariadbd.as_deref())?;
-    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let n_nodes = opts.replicas + 1;
+    if let Some(base) = opts.base_port {
+        ports_free(base, n_nodes)?;
+    }
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let longest_socket = dir.join(format!("node{n_nodes}.sock"));
     if longest_socket.as_os_str().len() > MAX_SOCKET_PATH {
         bail!(
@@ -1541,7 +1549,7 @@ fn fresh_lab(dir: &Path, opts: &LabOptions) -> Result<LabStatus> {
     start_nodes(&launch, &mut nodes, opts.base_port.is_none(), &mut guard)?;
     tracing::debug!(elapsed = ?started.elapsed(), "lab nodes ready");
 
-    let ed25519 = configure(&nodes)?;
+    let ed25519 = configure(&nodes, opts.serverless)?;
     tracing::debug!(elapsed = ?started.elapsed(), "lab configured");
 
     let admin_token_file = dir.join(ADMIN_TOKEN_FILE);
@@ -1682,6 +1690,31 @@ fn start_nodes(
     Ok(())
 }
 
+/// Every port of the layout of `base` is free on 127.0.0.1, or an error that names the
+/// port taken and what to do (two labs on the default base port is the usual case).
+fn ports_free(base: u16, n_nodes: usize) -> Result<()> {
+    let mut layout = vec![
+        (PROXY_PORT_OFFSET, "holdfast's proxy listener".to_string()),
+        (ADMIN_PORT_OFFSET, "holdfast's admin listener".to_string()),
+        (SPLIT_PORT_OFFSET, "holdfast's split listener".to_string()),
+    ];
+    layout.extend((0..n_nodes).map(|i| (NODE_PORT_OFFSET + i as u16, format!("node{}", i + 1))));
+    for (offset, what) in layout {
+        let Some(port) = base.checked_add(offset) else {
+            bail!("base port {base} leaves no room for {n_nodes} nodes");
+        };
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+            bail!(
+                "port {port} ({what} with --base-port {base}) is in use, by another lab \
+                 or server; start this lab on other ports with --base-port (e.g. \
+                 --base-port {}), or stop what holds it (`holdfast lab down --dir DIR` for a lab)",
+                u32::from(base) + 100
+            );
+        }
+    }
+    Ok(())
+}
+
 fn port_conflict(node: &NodeStatus, log_offset: u64) -> bool {
     let Ok(bytes) = fs::read(node.error_log()) else {
         return false;
@@ -1729,6 +1762,10 @@ fn node_args(launch: &LaunchInfo, node: &NodeStatus, role: Role) -> Result<Vec<S
         "--max-connections=2000".into(),
         "--innodb-flush-log-at-trx-commit=2".into(),
         "--sync-binlog=0".into(),
+        // With binary logging on, creating a stored function (holdfast's commit marker
+        // reader) takes SUPER unless this is set; the monitor has the README's grants,
+        // which leave SUPER out (`holdfast check` asks for one or the other).
+        "--log-bin-trust-function-creators=1".into(),
     ];
     // The acknowledging side of semi-sync from the start (used when the primary asks
     // for it; holdfast's `durability = "semi-sync"` sets the rest).
@@ -1836,7 +1873,7 @@ fn greeting_ok(socket: &Path) -> bool {
 }
 
 /// Accounts and replication. Returns whether the ed25519 account was created.
-fn configure(nodes: &[NodeStatus]) -> Result<bool> {
+fn configure(nodes: &[NodeStatus], serverless: bool) -> Result<bool> {
     let primary = &nodes[0];
     // Per node, outside the binlog: the plugin and the replication account (the replicas
     // must be able to connect before anything else happens on the primary).
@@ -1892,9 +1929,24 @@ fn configure(nodes: &[NodeStatus]) -> Result<bool> {
         );
         for host in ["%", "localhost"] {
             sql.push_str(&format!(
-                "CREATE USER {user}@'{host}' IDENTIFIED BY {pass}; \
-                 GRANT ALL PRIVILEGES ON *.* TO {user}@'{host}'{grant_option};"
+                "CREATE USER {user}@'{host}' IDENTIFIED BY {pass};"
             ));
+            if app {
+                sql.push_str(&format!(
+                    "GRANT ALL PRIVILEGES ON *.* TO {user}@'{host}'{grant_option};"
+                ));
+            } else {
+                // Exactly the README's grants (and `holdfast check`'s list), so that every
+                // test runs holdfast with them; SUPER only where the serverless scaler
+                // resizes the buffer pool.
+                sql.push_str(&format!(
+                    "GRANT SELECT ON mysql.* TO {user}@'{host}'; \
+                     GRANT {MONITOR_GLOBAL_PRIVILEGES} ON *.* TO {user}@'{host}';"
+                ));
+                if serverless {
+                    sql.push_str(&format!("GRANT SUPER ON *.* TO {user}@'{host}';"));
+                }
+            }
             if app {
                 sql.push_str(&format!(
                     "REVOKE READ_ONLY ADMIN ON *.* FROM {user}@'{host}';"

@@ -183,7 +183,8 @@ impl ClientError {
     }
 
     /// The server's own wording, so applications matching on it see no difference.
-    pub fn access_denied(user: &str, host: std::net::IpAddr, with_password: bool) -> Self {
+    /// `host` as the server names the client (see `VerifierCache::client_host`).
+    pub fn access_denied(user: &str, host: &str, with_password: bool) -> Self {
         let using = if with_password { "YES" } else { "NO" };
         Self::new(
             ErrorKind::AccessDenied,

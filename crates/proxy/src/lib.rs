@@ -14,6 +14,7 @@ pub mod gate;
 pub mod ha;
 pub mod membership;
 pub mod metrics;
+pub mod preflight;
 pub mod registry;
 pub mod restore;
 pub mod serverless;
@@ -74,6 +75,8 @@ pub struct Shared {
     /// The configuration file holdfast was started from (`POST /reload` and SIGHUP re-read
     /// its `[[backend]]` list).
     pub config_path: std::sync::OnceLock<std::path::PathBuf>,
+    /// What the start-up check found (`holdfast check`): none until it has run.
+    pub preflight: arc_swap::ArcSwapOption<preflight::Report>,
     next_session_id: AtomicU32,
 }
 
@@ -134,6 +137,7 @@ impl Shared {
             switching: watch::channel(false).0,
             switching_now: std::sync::atomic::AtomicBool::new(false),
             commit_markers_ready: Arc::default(),
+            preflight: Default::default(),
             node_driver,
             connector: backend_connector.unwrap_or_else(|| Arc::new(backend::TcpConnector)),
             admission,
@@ -316,7 +320,12 @@ impl Proxy {
     /// [`Proxy::start`] with drivers put in place by the caller.
     pub async fn start_with(config: Config, seams: Seams) -> std::io::Result<Proxy> {
         let config = Arc::new(config);
-        let listener = TcpListener::bind(&config.proxy.listen).await?;
+        let listener = TcpListener::bind(&config.proxy.listen).await.map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("binding the proxy listener {}: {e}", config.proxy.listen),
+            )
+        })?;
         let mut extra = Vec::new();
         for l in &config.listeners {
             let bound = TcpListener::bind(&l.listen).await.map_err(|e| {
@@ -360,6 +369,7 @@ impl Proxy {
             ));
         }
         tokio::spawn(refresh_verifiers(shared.clone()));
+        tokio::spawn(run_preflight(shared.clone()));
         if let Some(lc) = &shared.serverless {
             tokio::spawn(serverless::run_lifecycle(shared.clone(), lc.clone()));
             tokio::spawn(serverless::run_autoscaler(shared.clone(), lc.clone()));
@@ -452,6 +462,43 @@ fn set_keepalive(stream: &tokio::net::TcpStream, idle_secs: u64) {
     if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive) {
         tracing::debug!(error = %e, "cannot set TCP keepalive on a client connection");
     }
+}
+
+/// The check `holdfast check` runs, once at start: every problem is logged as an error
+/// (with the SQL that fixes it) and kept for `/status`. A serverless instance is checked
+/// once it runs.
+async fn run_preflight(shared: Arc<Shared>) {
+    if let Some(lc) = &shared.serverless {
+        let until = Instant::now() + Duration::from_secs(120);
+        while !lc.is_running() && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let nodes: Vec<_> = shared
+        .members
+        .borrow()
+        .iter()
+        .map(|m| m.backend.clone())
+        .collect();
+    let report = preflight::check(&shared.config, &nodes).await;
+    for n in &report.nodes {
+        for p in &n.problems {
+            match &p.fix {
+                Some(fix) => tracing::error!(node = %n.node, fix = %fix, "{}", p.what),
+                None => tracing::error!(node = %n.node, "{}", p.what),
+            }
+        }
+        for w in &n.warnings {
+            tracing::warn!(node = %n.node, "{w}");
+        }
+    }
+    if report.problem_count() == 0 {
+        tracing::info!(
+            nodes = report.nodes.len(),
+            "start-up check: the monitor account can do what this configuration needs"
+        );
+    }
+    shared.preflight.store(Some(Arc::new(report)));
 }
 
 async fn refresh_verifiers(shared: Arc<Shared>) {

@@ -25,6 +25,10 @@ pub struct NodeState {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub autocommit: Option<bool>,
     pub last_error: Option<String>,
+    /// The monitor account cannot log in (a configuration problem, not an outage): what
+    /// clients refused for want of a node are told.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub login_error: Option<String>,
     /// What `SHOW SLAVE STATUS` says, for a node that replicates.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub replication: Option<ReplicaHealth>,
@@ -213,6 +217,7 @@ impl Topology {
                         version: String::new(),
                         autocommit: None,
                         last_error: None,
+                        login_error: None,
                         replication: None,
                         serves_reads: false,
                         load: LoadRef::default(),
@@ -284,6 +289,7 @@ pub async fn run_monitor(
     let mut root_before: Option<String> = None;
     let mut conns: std::collections::HashMap<String, BackendConn> = Default::default();
     let mut loads: std::collections::HashMap<String, LoadRef> = Default::default();
+    let mut logged_problems: std::collections::HashMap<String, String> = Default::default();
     let mut ticker = tokio::time::interval(MONITOR_INTERVAL);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -338,6 +344,7 @@ pub async fn run_monitor(
         topo.primary = primary;
         topo.read_only_primary = read_only_primary;
         log_read_changes(&previous, &topo);
+        log_node_problems(&mut logged_problems, &topo);
         let changed = previous.primary != topo.primary
             || previous.read_only_primary != topo.read_only_primary;
         if changed {
@@ -367,12 +374,12 @@ async fn probe_nodes(
         node.load = loads.entry(node.name.clone()).or_default().clone();
         let mut slot = conns.remove(&node.name);
         let had = slot.is_some();
-        let mut result = probe(cfg, &node.address, &mut slot).await;
+        let mut result = probe(cfg, &node.name, &node.address, &mut slot).await;
         if result.is_err() && had {
             // A monitor connection the server dropped (restart, KILL): one fresh try
             // before the node counts as unreachable.
             slot = None;
-            result = probe(cfg, &node.address, &mut slot).await;
+            result = probe(cfg, &node.name, &node.address, &mut slot).await;
         }
         if let (Ok(_), Some(conn)) = (&result, slot) {
             conns.insert(node.name.clone(), conn);
@@ -395,7 +402,38 @@ async fn probe_nodes(
                         .is_some_and(|r| r.within(cfg.split.max_replica_lag_ms));
                 node.replication = replication;
             }
-            Err(e) => node.last_error = Some(e),
+            Err(ProbeError::Login(e)) => {
+                node.login_error = Some(e.clone());
+                node.last_error = Some(e);
+            }
+            Err(ProbeError::Other(e)) => node.last_error = Some(e),
+        }
+    }
+}
+
+/// Logs each node's monitoring problem once when it starts (or changes) and once when it
+/// ends: a monitor that cannot log in, or cannot read a replica's state, must be seen in
+/// the log, not only in `ctl status`.
+fn log_node_problems(logged: &mut std::collections::HashMap<String, String>, topo: &Topology) {
+    logged.retain(|name, _| topo.nodes.iter().any(|n| &n.name == name));
+    for n in &topo.nodes {
+        let problem = n.last_error.clone().or_else(|| {
+            n.replication
+                .as_ref()
+                .filter(|r| r.error.starts_with(REPLICATION_UNREADABLE))
+                .map(|r| r.error.clone())
+        });
+        match (problem, logged.get(&n.name)) {
+            (Some(p), Some(before)) if &p == before => {}
+            (Some(p), _) => {
+                tracing::error!(node = %n.name, "{p}");
+                logged.insert(n.name.clone(), p);
+            }
+            (None, Some(_)) => {
+                tracing::info!(node = %n.name, "monitor: the node answers again");
+                logged.remove(&n.name);
+            }
+            (None, None) => {}
         }
     }
 }
@@ -557,13 +595,41 @@ struct Probed {
     replication: Option<ReplicaHealth>,
 }
 
-async fn probe(cfg: &Config, addr: &str, slot: &mut Option<BackendConn>) -> Result<Probed, String> {
+/// Why a probe failed: the monitor could not log in (the server refused it: a
+/// configuration problem), or anything else (the node is down, slow, went away).
+enum ProbeError {
+    Login(String),
+    Other(String),
+}
+
+impl From<String> for ProbeError {
+    fn from(e: String) -> Self {
+        ProbeError::Other(e)
+    }
+}
+
+impl From<&str> for ProbeError {
+    fn from(e: &str) -> Self {
+        ProbeError::Other(e.to_string())
+    }
+}
+
+/// How a replica's replication error starts when the monitor may not read it.
+const REPLICATION_UNREADABLE: &str = "the monitor account cannot read the replication state";
+
+async fn probe(
+    cfg: &Config,
+    name: &str,
+    addr: &str,
+    slot: &mut Option<BackendConn>,
+) -> Result<Probed, ProbeError> {
     if slot.is_none() {
-        *slot = Some(
-            monitor_connect(cfg, addr)
-                .await
-                .map_err(|e| e.to_string())?,
-        );
+        *slot = Some(monitor_connect(cfg, addr).await.map_err(|e| match &e {
+            crate::backend::BackendError::Server { .. } => {
+                ProbeError::Login(crate::preflight::login_failure(cfg, name, &e))
+            }
+            _ => ProbeError::Other(e.to_string()),
+        })?);
     }
     let Some(conn) = slot.as_mut() else {
         return Err("no monitor connection".into());
@@ -585,8 +651,30 @@ async fn probe(cfg: &Config, addr: &str, slot: &mut Option<BackendConn>) -> Resu
         let fut = conn.execute(b"SHOW SLAVE STATUS", 1 << 20);
         let r = tokio::time::timeout(cfg.proxy.connect_timeout(), fut)
             .await
-            .map_err(|_| "replication status query timed out".to_string())?
-            .map_err(|e| e.to_string())?;
+            .map_err(|_| "replication status query timed out".to_string())?;
+        let r = match r {
+            Ok(r) => r,
+            // The node answers; only its replication state is hidden (e.g. 1227 without
+            // SLAVE MONITOR): reachable, takes no reads, and says why.
+            Err(crate::backend::BackendError::Server { code, message, .. }) => {
+                return Ok(Probed {
+                    read_only,
+                    version: row.get(1).cloned().flatten().unwrap_or_default(),
+                    autocommit: flag(2),
+                    replication: Some(ReplicaHealth {
+                        io_running: false,
+                        sql_running: false,
+                        lag_ms: None,
+                        source: String::new(),
+                        error: format!(
+                            "{REPLICATION_UNREADABLE} of {name} (SHOW SLAVE STATUS): {code} \
+                             {message}; run `holdfast check`"
+                        ),
+                    }),
+                })
+            }
+            Err(e) => return Err(ProbeError::Other(e.to_string())),
+        };
         SlaveStatus::of_answer(addr, r).map(|s| match s {
             Ok(s) => ReplicaHealth::from(&s),
             Err(e) => ReplicaHealth {

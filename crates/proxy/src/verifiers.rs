@@ -186,6 +186,22 @@ impl VerifierCache {
             .is_some_and(|accounts| accounts.iter().all(|a| judged(&a.host)))
     }
 
+    /// The client's host as the server names it in its messages (`'user'@'host'`): a
+    /// server that resolves names calls a loopback client `localhost`, otherwise it gives
+    /// the address. (A server that resolves names gives other clients' DNS names, which
+    /// holdfast does not look up: it gives the address.)
+    pub fn client_host(&self, ip: IpAddr) -> String {
+        let ip = ip.to_canonical();
+        let resolves = self
+            .server_resolves_names
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if resolves && ip.is_loopback() {
+            "localhost".to_string()
+        } else {
+            ip.to_string()
+        }
+    }
+
     /// What the server's `skip_name_resolve` says (see [`VerifierCache::lookup`]).
     pub fn set_server_resolves_names(&self, resolves: bool) {
         self.server_resolves_names
@@ -271,11 +287,27 @@ pub async fn monitor_connect(
     cfg: &Config,
     addr: &str,
 ) -> Result<BackendConn, backend::BackendError> {
-    let secret = PasswordHash::from_password(cfg.auth.monitor_password.expose().as_bytes());
+    connect_as(
+        cfg,
+        addr,
+        &cfg.auth.monitor_user,
+        &cfg.auth.monitor_password,
+    )
+    .await
+}
+
+/// Logs in to `addr` as `user` the way the monitor does (`[backend_tls]`, no schema).
+pub async fn connect_as(
+    cfg: &Config,
+    addr: &str,
+    user: &str,
+    password: &crate::config::Secret,
+) -> Result<BackendConn, backend::BackendError> {
+    let secret = PasswordHash::from_password(password.expose().as_bytes());
     let tls = crate::tls::backend(&cfg.backend_tls)?;
     let params = LoginParams {
-        user: cfg.auth.monitor_user.as_bytes(),
-        secret: if cfg.auth.monitor_password.is_empty() {
+        user: user.as_bytes(),
+        secret: if password.is_empty() {
             None
         } else {
             Some(&secret)

@@ -11,6 +11,7 @@ mod compression;
 mod desync;
 mod differential;
 mod durability;
+mod first_hour;
 mod floods;
 mod ha;
 mod ha_admin;

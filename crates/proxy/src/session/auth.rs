@@ -273,7 +273,11 @@ pub async fn login(
         // The server's answer under require_secure_transport: access denied.
         closed_unwoken("clear_text");
         tracing::info!(user = %user, client = %peer, "login refused: TLS is required");
-        let error = ClientError::access_denied(&user, peer.ip(), !req.auth_response.is_empty());
+        let error = ClientError::access_denied(
+            &user,
+            &shared.verifiers.client_host(peer.ip()),
+            !req.auth_response.is_empty(),
+        );
         return Err(refuse(client, shared, seq, error).await);
     }
     let lookup = find_verifier(shared, client, seq, &user, peer).await?;
@@ -367,7 +371,11 @@ pub async fn login(
                 &payload,
             )));
         }
-        let error = ClientError::access_denied(&user, peer.ip(), !response.is_empty());
+        let error = ClientError::access_denied(
+            &user,
+            &shared.verifiers.client_host(peer.ip()),
+            !response.is_empty(),
+        );
         return Err(refuse(client, shared, seq, error).await);
     };
     shared.admission.login_succeeded(peer.ip(), &user);
@@ -666,7 +674,11 @@ async fn refuse_if_host_dependent(
         node = %node.name,
         "login refused: the account depends on the client's host, and without proxy_protocol the server would see holdfast's address ({server_sees}) instead; set proxy_protocol = true for this [[backend]]"
     );
-    let error = ClientError::access_denied(user, peer.ip(), with_password);
+    let error = ClientError::access_denied(
+        user,
+        &shared.verifiers.client_host(peer.ip()),
+        with_password,
+    );
     Err(refuse(client, shared, seq, error).await)
 }
 
@@ -746,7 +758,11 @@ async fn writable_node(
                     (true, Some(true)) => "read-only",
                     (true, _) => "not writable",
                 };
-                format!("{} {state}", n.name)
+                match &n.login_error {
+                    // A configuration problem, said as it is (it names no address).
+                    Some(why) => format!("{} {state}: {why}", n.name),
+                    None => format!("{} {state}", n.name),
+                }
             })
             .collect();
         (wanted(&topology), states)
@@ -1106,7 +1122,11 @@ impl Session {
                 "COM_CHANGE_USER refused: the account depends on the client's host, and without proxy_protocol the server would see holdfast's address ({server_sees}) instead; set proxy_protocol = true for this [[backend]]"
             );
             wrong_password(&self.shared, peer, &user).await;
-            let error = ClientError::access_denied(&user, peer, !cu.auth_response.is_empty());
+            let error = ClientError::access_denied(
+                &user,
+                &self.shared.verifiers.client_host(peer),
+                !cu.auth_response.is_empty(),
+            );
             return self
                 .change_user_refused(cu, seq, error, Probe::NoAccount)
                 .await;
@@ -1123,7 +1143,11 @@ impl Session {
                 }
                 let Ok(secret) = check_native(v, &response, &self.scramble) else {
                     wrong_password(&self.shared, peer, &user).await;
-                    let error = ClientError::access_denied(&user, peer, !response.is_empty());
+                    let error = ClientError::access_denied(
+                        &user,
+                        &self.shared.verifiers.client_host(peer),
+                        !response.is_empty(),
+                    );
                     return self
                         .change_user_refused(cu, seq, error, Probe::SameUser)
                         .await;
@@ -1203,7 +1227,11 @@ impl Session {
                     let with_password = !err
                         .as_ref()
                         .is_some_and(|e| e.message_lossy().contains("using password: NO"));
-                    let error = ClientError::access_denied(&user, peer, with_password);
+                    let error = ClientError::access_denied(
+                        &user,
+                        &self.shared.verifiers.client_host(peer),
+                        with_password,
+                    );
                     return self.send_error(seq, &error).await;
                 }
                 self.shared.metrics.count_error(code);

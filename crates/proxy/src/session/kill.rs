@@ -431,9 +431,7 @@ impl Session {
             Err(super::migrate::MoveError::Fatal { message, .. }) => return Err(failed(&message)),
         };
         let killed = conn.query(&format!("KILL QUERY {}", read.thread)).await;
-        let _ = conn
-            .conn
-            .try_write_now(&[1, 0, 0, 0, holdfast_wire::command::COM_QUIT]);
+        drop(conn);
         killed.map_err(|e| failed(&e))?;
         tracing::info!(session = self.info.id, node = %read.node, thread = read.thread, "KILL QUERY of a read on a replica");
         Ok(())

@@ -444,12 +444,8 @@ impl Session {
         why: &'static str,
         started: Instant,
     ) {
-        let mut old = std::mem::replace(&mut self.backend, new);
-        if !self.backend_dead {
-            // Best effort, without waiting: tell the old server we are leaving.
-            let _ = old.conn.try_write_now(&[1, 0, 0, 0, COM_QUIT]);
-        }
-        drop(old);
+        // Dropping the old connection tells its server we are leaving (COM_QUIT).
+        drop(std::mem::replace(&mut self.backend, new));
         let elapsed = started.elapsed();
         tracing::info!(session = self.info.id, from = %self.backend_name, to = %node.name, reason = why, ms = elapsed.as_millis() as u64, "session moved");
         self.backend_name = node.name.clone();

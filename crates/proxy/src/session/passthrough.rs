@@ -21,7 +21,7 @@ pub(super) async fn run(
     id: u32,
 ) {
     let thread = logged_in.backend.greeting.connection_id;
-    let mut backend = logged_in.backend.conn;
+    let mut backend = logged_in.backend.into_conn();
     let info = Arc::new(SessionInfo::new(id, peer));
     info.set_user(&logged_in.user);
     info.set_backend(&logged_in.backend_name, thread);

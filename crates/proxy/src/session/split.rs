@@ -20,9 +20,7 @@ use crate::topology::{NodeLoad, NodeState, Topology};
 use bytes::BytesMut;
 use holdfast_sql::{Classification as C, ReadRoute};
 use holdfast_wire::caps::{CLIENT_DEPRECATE_EOF, SERVER_STATUS_AUTOCOMMIT};
-use holdfast_wire::command::{
-    COM_QUERY, COM_QUIT, COM_STMT_CLOSE, COM_STMT_EXECUTE, CURSOR_TYPE_READ_ONLY,
-};
+use holdfast_wire::command::{COM_QUERY, COM_STMT_CLOSE, COM_STMT_EXECUTE, CURSOR_TYPE_READ_ONLY};
 use holdfast_wire::frame::{parse_header, HEADER_LEN};
 use holdfast_wire::packets;
 use std::collections::HashMap;
@@ -69,9 +67,8 @@ struct Reader {
 
 impl Drop for Reader {
     fn drop(&mut self) {
+        // (Dropping the connection says COM_QUIT to the server.)
         self.load.closed(self.read.thread);
-        // Best effort, without waiting: the server counts a silent close as aborted.
-        let _ = self.conn.conn.try_write_now(&[1, 0, 0, 0, COM_QUIT]);
     }
 }
 
