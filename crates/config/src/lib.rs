@@ -156,8 +156,10 @@ pub struct ProxyConfig {
     /// client got, and run them again on the new primary when the backend is lost
     /// mid-transaction: the client carries on when every answer compares equal.
     pub transaction_replay: bool,
-    /// A transaction whose statements take more than this many bytes is not kept for a
-    /// replay (a loss then rolls it back with ERR 1213, as without replay).
+    /// A transaction whose replay log holds more than this many bytes of memory is not kept
+    /// for a replay (a loss then rolls it back with ERR 1213, as without replay). Counted as
+    /// the heap holds it: the statements, 16 bytes per statement, the log's own blocks and
+    /// their spare capacity, with the allocator's overhead.
     pub replay_max_bytes: usize,
     /// The main listener's routing: `primary` or `split` (see `[split]`).
     pub routing: Routing,
