@@ -177,7 +177,10 @@ async fn measure(
             c.query("BEGIN").await?;
             let mut sent = 0;
             for n in 0..statements {
-                let sql = format!("INSERT INTO sbtest.replay_mem VALUES ({})", i * statements + n);
+                let sql = format!(
+                    "INSERT INTO sbtest.replay_mem VALUES ({})",
+                    i * statements + n
+                );
                 sent += 5 + sql.len();
                 c.query(&sql).await?;
             }
@@ -193,7 +196,12 @@ async fn measure(
     }
     let elapsed = started.elapsed();
     let rss_open_kib = stable_rss(pid).await?;
-    let status = admin::get_json(&admin, "/status")?;
+    // The admin client blocks on a runtime of its own: from a thread outside this one.
+    let status = std::thread::scope(|s| {
+        s.spawn(|| admin::get_json(&admin, "/status"))
+            .join()
+            .map_err(|_| anyhow::anyhow!("reading /status panicked"))
+    })??;
     let sessions = status["sessions"].as_array().cloned().unwrap_or_default();
     let held: Vec<u64> = sessions
         .iter()
@@ -204,7 +212,11 @@ async fn measure(
         .filter_map(|s| s["replay_blocked_by"].as_str().map(str::to_string))
         .collect();
     if replay && held.len() != args.sessions {
-        bail!("/status lists {} sessions, not {}", held.len(), args.sessions);
+        bail!(
+            "/status lists {} sessions, not {}",
+            held.len(),
+            args.sessions
+        );
     }
     let mean = held.iter().sum::<u64>() as f64 / held.len().max(1) as f64;
     let min = held.iter().copied().min().unwrap_or(0);

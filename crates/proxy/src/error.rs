@@ -62,6 +62,9 @@ pub enum ErrorKind {
     /// A `KILL` names a connection id holdfast does not have, or one on another node
     /// (1094, the server's "Unknown thread id").
     UnknownThread,
+    /// A PROXY protocol header from an address not in `trusted_proxies` (1130, MariaDB's
+    /// answer to one from outside `proxy_protocol_networks`).
+    ProxyHeaderNotTrusted,
 }
 
 impl ErrorKind {
@@ -87,6 +90,7 @@ impl ErrorKind {
             // connection failure, which drivers and pools treat as "try again later".
             ErrorKind::NoBackend => code::ER_SERVER_SHUTDOWN,
             ErrorKind::UnknownThread => 1094,
+            ErrorKind::ProxyHeaderNotTrusted => 1130,
         }
     }
 
@@ -105,7 +109,8 @@ impl ErrorKind {
             | ErrorKind::UnknownStatement
             | ErrorKind::CommitOutcomeUnknown
             | ErrorKind::InstanceUnavailable
-            | ErrorKind::UnknownThread => "HY000",
+            | ErrorKind::UnknownThread
+            | ErrorKind::ProxyHeaderNotTrusted => "HY000",
         }
     }
 
@@ -127,11 +132,12 @@ impl ErrorKind {
             ErrorKind::InstanceUnavailable => "instance_unavailable",
             ErrorKind::NoBackend => "no_backend",
             ErrorKind::UnknownThread => "unknown_thread",
+            ErrorKind::ProxyHeaderNotTrusted => "proxy_header_not_trusted",
         }
     }
 
     /// Every kind, for tests and documentation.
-    pub const ALL: [ErrorKind; 15] = [
+    pub const ALL: [ErrorKind; 16] = [
         ErrorKind::TooManyConnections,
         ErrorKind::BadHandshake,
         ErrorKind::AccessDenied,
@@ -147,6 +153,7 @@ impl ErrorKind {
         ErrorKind::InstanceUnavailable,
         ErrorKind::NoBackend,
         ErrorKind::UnknownThread,
+        ErrorKind::ProxyHeaderNotTrusted,
     ];
 }
 
