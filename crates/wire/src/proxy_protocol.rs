@@ -393,6 +393,52 @@ mod tests {
         assert_eq!(parse_header(&[0xab, 0, 0, 1]), Err(HeaderError::Missing));
     }
 
+    /// What the fuzz target checks, on mutations of valid headers (a cheap stand-in for
+    /// `scripts/fuzz.sh` where cargo-fuzz is not installed).
+    #[test]
+    fn mutated_headers_never_panic_and_stay_in_bounds() {
+        let seeds: Vec<Vec<u8>> = vec![
+            v2_header(
+                "10.1.2.3:40000".parse().unwrap(),
+                "127.0.0.1:6033".parse().unwrap(),
+            ),
+            v2_header(
+                "[2001:db8::1]:1".parse().unwrap(),
+                "[::1]:2".parse().unwrap(),
+            ),
+            b"PROXY TCP4 10.1.2.3 127.0.0.1 56324 6033\r\n".to_vec(),
+            b"PROXY TCP6 2001:db8::1 ::1 1 6033\r\n".to_vec(),
+        ];
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for round in 0..20_000 {
+            let mut data = seeds[round % seeds.len()].clone();
+            for _ in 0..(next() % 4 + 1) {
+                let at = (next() as usize) % (data.len() + 1);
+                match next() % 3 {
+                    0 if at < data.len() => data[at] = next() as u8,
+                    1 if at < data.len() => {
+                        data.truncate(at);
+                    }
+                    _ => data.insert(at.min(data.len()), next() as u8),
+                }
+            }
+            let _ = starts_header(&data);
+            if let Ok(Some((_, len))) = parse_header(&data) {
+                assert!(len <= data.len() && len <= V2_MAX_LEN, "{data:?}");
+                assert_eq!(
+                    parse_header(&data[..len]).ok().flatten().map(|(_, l)| l),
+                    Some(len)
+                );
+            }
+        }
+    }
+
     #[test]
     fn mixed_families_go_as_ipv6() {
         let h = v2_header(
