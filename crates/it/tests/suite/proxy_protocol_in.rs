@@ -258,3 +258,33 @@ fn behind_haproxy_each_client_is_itself() {
         Ok(_) => panic!("client A's second connection is over its limit"),
     }
 }
+
+/// A `[[listener]]`'s own `trusted_proxies` replaces `[proxy]`'s: the balancer's header is
+/// taken there and refused on the main listener, which trusts no one.
+#[test]
+fn a_listener_trusts_the_proxies_it_names() {
+    let h = Harness::start_with(Options::default().config(|c| {
+        c.listeners.push(holdfast_config::ListenerConfig {
+            listen: "127.0.0.1:0".into(),
+            mode: Default::default(),
+            routing: Default::default(),
+            trusted_proxies: Some(vec![PROXY.parse().expect("network")]),
+        });
+    }));
+    let listener = h.listeners[0];
+    let mut s = tcp_from(listener, PROXY);
+    s.write_all(&v2_header("10.1.2.3:40000".parse().unwrap(), listener))
+        .unwrap();
+    let mut c = RawConn::greet_on(s).expect("greeting");
+    c.login(h.user(), h.password(), None, BASE_CAPS)
+        .expect("login through the listener's trusted proxy");
+    assert_eq!(
+        c.query_value("SELECT USER()").unwrap(),
+        Some(format!("{}@10.1.2.3", h.user()))
+    );
+    let mut c = relayed(&h, PROXY, &header_for(&h, "10.1.2.3:40000")).expect("greeting");
+    let e = c
+        .login(h.user(), h.password(), None, BASE_CAPS)
+        .expect_err("the main listener trusts no proxy");
+    assert_eq!(refused_with(&e).0, 1130);
+}
