@@ -5,6 +5,7 @@ mod admin;
 mod bench;
 mod demo;
 mod drill;
+mod replay_memory;
 mod report;
 mod resume;
 mod serve;
@@ -42,6 +43,11 @@ enum Command {
     ///
     /// Example: holdfast-bench bench-resume --cycles 20 --out resume.md
     BenchResume(resume::ResumeBenchArgs),
+    /// Memory per session under an open transaction of many tiny statements, with
+    /// transaction replay on and off: holdfast's RSS and each session's replay account.
+    ///
+    /// Example: holdfast-bench bench-replay-memory --sessions 50 --statements 10000
+    BenchReplayMemory(replay_memory::ReplayMemoryArgs),
     /// sysbench through holdfast while the primary is switched over, restarted, resized or
     /// killed mid-run, and a serverless instance pausing under a pool of idle connections;
     /// prints connections kept, errors and the longest stall per scenario.
@@ -60,6 +66,7 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Bench(args) => bench::run_bench(&args, &holdfast),
         Command::BenchResume(args) => resume::run_resume_bench(&args, &holdfast),
+        Command::BenchReplayMemory(args) => replay_memory::run(&args, &holdfast),
         Command::Drill(args) => drill::run(&args, &holdfast),
         Command::Demo(args) => demo::run(&args, &holdfast),
     }

@@ -12,6 +12,7 @@
 
 pub mod admin;
 pub mod ha;
+pub mod net;
 pub mod secret;
 pub mod serverless;
 pub mod split;
@@ -100,6 +101,10 @@ pub struct ListenerConfig {
     /// `primary` (the default) or `split` (reads to the replicas, see `[split]`).
     #[serde(default, skip_serializing_if = "Routing::is_primary")]
     pub routing: Routing,
+    /// Load balancers this listener takes PROXY protocol headers from (`None`: those of
+    /// `[proxy] trusted_proxies`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trusted_proxies: Option<Vec<net::IpNet>>,
 }
 
 /// What holdfast does with a client's connection after login.
@@ -155,11 +160,17 @@ pub struct ProxyConfig {
     /// client got, and run them again on the new primary when the backend is lost
     /// mid-transaction: the client carries on when every answer compares equal.
     pub transaction_replay: bool,
-    /// A transaction whose statements take more than this many bytes is not kept for a
-    /// replay (a loss then rolls it back with ERR 1213, as without replay).
+    /// A transaction whose replay log holds more than this many bytes of memory is not kept
+    /// for a replay (a loss then rolls it back with ERR 1213, as without replay). Counted as
+    /// the heap holds it: the statements, 16 bytes per statement, the log's own blocks and
+    /// their spare capacity, with the allocator's overhead.
     pub replay_max_bytes: usize,
     /// The main listener's routing: `primary` or `split` (see `[split]`).
     pub routing: Routing,
+    /// Load balancers in front of holdfast (networks): a connection from one of them must
+    /// start with a PROXY protocol header (v1 or v2), whose client address then counts as
+    /// the client's for everything. A header from any other address is refused.
+    pub trusted_proxies: Vec<net::IpNet>,
 }
 
 impl Default for ProxyConfig {
@@ -184,6 +195,7 @@ impl Default for ProxyConfig {
             transaction_replay: false,
             replay_max_bytes: 1 << 20,
             routing: Routing::Primary,
+            trusted_proxies: Vec::new(),
         }
     }
 }

@@ -248,6 +248,7 @@ fn full_config() -> Config {
             listen: "127.0.0.1:6035".into(),
             mode: ListenerMode::Passthrough,
             routing: Default::default(),
+            trusted_proxies: Some(vec!["10.0.0.0/8".parse().unwrap()]),
         }],
         serverless: Some(serverless),
         ..Config::default()

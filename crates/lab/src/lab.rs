@@ -2292,6 +2292,7 @@ pub fn holdfast_config(st: &LabStatus, serverless: Option<ServerlessConfig>) -> 
                     listen: listen.clone(),
                     mode: ListenerMode::Session,
                     routing: Routing::Split,
+                    trusted_proxies: None,
                 })
                 .collect();
             cfg.ha = HaConfig {
@@ -2546,6 +2547,7 @@ mod tests {
                 listen: "127.0.0.1:6035".into(),
                 mode: ListenerMode::Session,
                 routing: Routing::Split,
+                trusted_proxies: None,
             }]
         );
         assert!(text.contains("routing = \"split\""), "{text}");

@@ -28,6 +28,22 @@ struct Failures {
     last: Instant,
 }
 
+/// The key an address's limits are kept under: an IPv4 address (also as a v4-mapped IPv6
+/// one) is itself; an IPv6 address is its /64, the smallest network a site is given, so a
+/// client cannot escape the limits by walking through the addresses of its own prefix.
+pub fn address_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let prefix = u128::from(v6) & !((1u128 << 64) - 1);
+                IpAddr::V6(prefix.into())
+            }
+        },
+    }
+}
+
 /// Why a connection was turned away at accept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
@@ -71,6 +87,7 @@ impl Admission {
     /// Counts a new connection from `ip`, or says why it is refused. The ticket uncounts it
     /// when dropped.
     pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<Ticket, Refusal> {
+        let ip = address_key(ip);
         let mut map = self.addresses.lock().unwrap_or_else(|e| e.into_inner());
         let entry = map.entry(ip).or_default();
         if self.max_per_ip > 0 && entry.open >= self.max_per_ip {
@@ -91,6 +108,7 @@ impl Admission {
     /// After a wrong password from `ip` for `user`: how long to wait before answering.
     /// Grows with the failures of the address or of the account, whichever has more.
     pub fn login_failed(&self, ip: IpAddr, user: &str) -> Duration {
+        let ip = address_key(ip);
         let now = Instant::now();
         let bump = |f: &mut Failures| {
             if now.duration_since(f.last) > FAILURES_FORGOTTEN_AFTER {
@@ -129,6 +147,7 @@ impl Admission {
     /// instance (to re-read the accounts): once per address per minute, so that guessing
     /// user names cannot keep an instance running.
     pub fn may_wake_for_unknown_user(&self, ip: IpAddr) -> bool {
+        let ip = address_key(ip);
         let now = Instant::now();
         let mut m = self
             .unknown_user_wakes
@@ -151,7 +170,7 @@ impl Admission {
         self.failed_sources
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&ip);
+            .remove(&address_key(ip));
         self.failed_accounts
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -347,6 +366,33 @@ mod tests {
         assert!(a.may_wake_for_unknown_user(ip));
         assert!(!a.may_wake_for_unknown_user(ip));
         assert!(a.may_wake_for_unknown_user("10.0.0.2".parse().unwrap()));
+    }
+
+    #[test]
+    fn ipv6_clients_share_the_limits_of_their_64_and_mapped_addresses_are_ipv4() {
+        let a = admission(2, 0);
+        let one: IpAddr = "2001:db8:1:2::1".parse().unwrap();
+        let same_64: IpAddr = "2001:db8:1:2:ffff:1:2:3".parse().unwrap();
+        let next_64: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        let _t1 = a.admit(one).unwrap();
+        let _t2 = a.admit(same_64).unwrap();
+        assert_eq!(a.admit(one).err(), Some(Refusal::TooManyFromAddress));
+        assert!(a.admit(next_64).is_ok(), "another /64 has its own limit");
+        let v4: IpAddr = "192.0.2.7".parse().unwrap();
+        let mapped: IpAddr = "::ffff:192.0.2.7".parse().unwrap();
+        assert_eq!(address_key(mapped), v4);
+        let _t3 = a.admit(v4).unwrap();
+        let _t4 = a.admit(mapped).unwrap();
+        assert!(
+            a.admit(v4).is_err(),
+            "a v4-mapped address is the IPv4 address"
+        );
+        // Failures too.
+        for _ in 0..3 {
+            a.login_failed(one, "u1");
+        }
+        assert_eq!(a.login_failed(same_64, "u2"), Duration::from_millis(100));
+        assert_eq!(a.login_failed(next_64, "u3"), Duration::ZERO);
     }
 
     #[test]

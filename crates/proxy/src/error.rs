@@ -66,6 +66,9 @@ pub enum ErrorKind {
     /// `LOAD DATA LOCAL`, or a replica asked during a read: not passed on (1148, the
     /// server's "The used command is not allowed").
     FileRequestRefused,
+    /// A PROXY protocol header from an address not in `trusted_proxies` (1130, MariaDB's
+    /// answer to one from outside `proxy_protocol_networks`).
+    ProxyHeaderNotTrusted,
 }
 
 impl ErrorKind {
@@ -92,6 +95,7 @@ impl ErrorKind {
             ErrorKind::NoBackend => code::ER_SERVER_SHUTDOWN,
             ErrorKind::UnknownThread => 1094,
             ErrorKind::FileRequestRefused => 1148,
+            ErrorKind::ProxyHeaderNotTrusted => 1130,
         }
     }
 
@@ -110,7 +114,8 @@ impl ErrorKind {
             | ErrorKind::UnknownStatement
             | ErrorKind::CommitOutcomeUnknown
             | ErrorKind::InstanceUnavailable
-            | ErrorKind::UnknownThread => "HY000",
+            | ErrorKind::UnknownThread
+            | ErrorKind::ProxyHeaderNotTrusted => "HY000",
             ErrorKind::FileRequestRefused => "42000",
         }
     }
@@ -134,11 +139,12 @@ impl ErrorKind {
             ErrorKind::NoBackend => "no_backend",
             ErrorKind::UnknownThread => "unknown_thread",
             ErrorKind::FileRequestRefused => "file_request_refused",
+            ErrorKind::ProxyHeaderNotTrusted => "proxy_header_not_trusted",
         }
     }
 
     /// Every kind, for tests and documentation.
-    pub const ALL: [ErrorKind; 16] = [
+    pub const ALL: [ErrorKind; 17] = [
         ErrorKind::TooManyConnections,
         ErrorKind::BadHandshake,
         ErrorKind::AccessDenied,
@@ -155,6 +161,7 @@ impl ErrorKind {
         ErrorKind::NoBackend,
         ErrorKind::UnknownThread,
         ErrorKind::FileRequestRefused,
+        ErrorKind::ProxyHeaderNotTrusted,
     ];
 }
 

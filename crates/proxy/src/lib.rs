@@ -24,6 +24,7 @@ pub mod tls;
 pub mod topology;
 pub mod verifiers;
 
+use config::net::IpNet;
 use config::{Config, ListenerMode, Routing};
 use ha::controller::HaController;
 use holdfast_serverless::driver::InstanceDriver;
@@ -306,8 +307,8 @@ pub enum RestartError {
 pub struct Proxy {
     pub shared: Arc<Shared>,
     listener: TcpListener,
-    /// `[[listener]]`s, each with its mode and routing.
-    extra: Vec<(TcpListener, ListenerMode, Routing)>,
+    /// `[[listener]]`s, each with its mode, routing and trusted proxies.
+    extra: Vec<(TcpListener, ListenerMode, Routing, Arc<[IpNet]>)>,
 }
 
 impl Proxy {
@@ -331,7 +332,11 @@ impl Proxy {
             let bound = TcpListener::bind(&l.listen).await.map_err(|e| {
                 std::io::Error::new(e.kind(), format!("binding listener {}: {e}", l.listen))
             })?;
-            extra.push((bound, l.mode, l.routing));
+            let trusted = l
+                .trusted_proxies
+                .as_ref()
+                .unwrap_or(&config.proxy.trusted_proxies);
+            extra.push((bound, l.mode, l.routing, trusted.as_slice().into()));
         }
         let tls_error = |e: holdfast_client::tls::TlsSetupError| {
             std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string())
@@ -396,22 +401,27 @@ impl Proxy {
     pub fn listener_addrs(&self) -> Vec<(SocketAddr, ListenerMode)> {
         self.extra
             .iter()
-            .filter_map(|(l, m, _)| l.local_addr().ok().map(|a| (a, *m)))
+            .filter_map(|(l, m, _, _)| l.local_addr().ok().map(|a| (a, *m)))
             .collect()
     }
 
     /// Accepts clients on every listener until the task is dropped.
     pub async fn run(self) {
         let limit = Arc::new(Semaphore::new(self.shared.config.proxy.max_connections));
-        for (listener, mode, routing) in self.extra {
+        for (listener, mode, routing, trusted) in self.extra {
             tokio::spawn(accept_loop(
                 self.shared.clone(),
                 listener,
-                (mode, routing),
+                (mode, routing, trusted),
                 limit.clone(),
             ));
         }
-        let main = (ListenerMode::Session, self.shared.config.proxy.routing);
+        let proxy = &self.shared.config.proxy;
+        let main = (
+            ListenerMode::Session,
+            proxy.routing,
+            proxy.trusted_proxies.as_slice().into(),
+        );
         accept_loop(self.shared, self.listener, main, limit).await
     }
 }
@@ -419,7 +429,7 @@ impl Proxy {
 async fn accept_loop(
     shared: Arc<Shared>,
     listener: TcpListener,
-    (mode, routing): (ListenerMode, Routing),
+    (mode, routing, trusted): (ListenerMode, Routing, Arc<[IpNet]>),
     limit: Arc<Semaphore>,
 ) {
     loop {
@@ -439,8 +449,9 @@ async fn accept_loop(
         let shared = shared.clone();
         match limit.clone().try_acquire_owned() {
             Ok(permit) => {
+                let trusted = trusted.clone();
                 tokio::spawn(async move {
-                    session::run_routed(shared, stream, peer, mode, routing).await;
+                    session::run_routed(shared, stream, peer, mode, routing, &trusted).await;
                     drop(permit);
                 });
             }

@@ -57,6 +57,10 @@ pub struct SessionInfo {
     /// `capture_if_due`): a switchover waits for it (the session captures when it starts),
     /// a pause does not.
     pub capture_deferred: AtomicBool,
+    /// Bytes the replay log of the open transaction holds (0: none kept).
+    pub replay_held: AtomicU64,
+    /// Why the open transaction is not replayable, if it is not.
+    pub replay_blocked: Mutex<Option<&'static str>>,
 }
 
 impl SessionInfo {
@@ -80,6 +84,8 @@ impl SessionInfo {
             capture_due: AtomicBool::new(false),
             replica_read: arc_swap::ArcSwapOption::empty(),
             capture_deferred: AtomicBool::new(false),
+            replay_held: AtomicU64::new(0),
+            replay_blocked: Mutex::new(None),
         }
     }
 
@@ -113,6 +119,13 @@ impl SessionInfo {
         thread != 0 && self.kill_requested.load(Ordering::Acquire) == thread
     }
 
+    pub fn set_replay(&self, held: u64, blocked: Option<&'static str>) {
+        self.replay_held.store(held, Ordering::Relaxed);
+        if let Ok(mut b) = self.replay_blocked.lock() {
+            *b = blocked;
+        }
+    }
+
     pub fn set_blocker(&self, blocker: Option<Blocker>) {
         self.blocker
             .store(blocker.map_or(0, |b| b as u8), Ordering::Relaxed);
@@ -137,6 +150,12 @@ impl SessionInfo {
             blocked_by: blocker.map(|b| b.as_str().to_string()),
             capture_due: self.capture_due.load(Ordering::Relaxed)
                 || self.capture_deferred.load(Ordering::Relaxed),
+            replay_held_bytes: self.replay_held.load(Ordering::Relaxed),
+            replay_blocked_by: self
+                .replay_blocked
+                .lock()
+                .ok()
+                .and_then(|b| b.map(str::to_string)),
         }
     }
 }
@@ -157,6 +176,13 @@ pub struct SessionView {
     /// `capture_if_due`): a crash of its node now would lose it.
     #[serde(default)]
     pub capture_due: bool,
+    /// Heap bytes the replay log of its open transaction holds (what `replay_max_bytes`
+    /// bounds; 0 when nothing is kept).
+    #[serde(default)]
+    pub replay_held_bytes: u64,
+    /// Why its open transaction would not be replayed, if it would not.
+    #[serde(default)]
+    pub replay_blocked_by: Option<String>,
 }
 
 #[derive(Default)]

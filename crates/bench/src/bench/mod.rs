@@ -888,6 +888,7 @@ fn passthrough_config(st: &LabStatus, port: u16, args: &BenchArgs) -> Result<Pat
                 listen: format!("127.0.0.1:{port}"),
                 mode: ListenerMode::Passthrough,
                 routing: Default::default(),
+                trusted_proxies: None,
             });
             set_transport(c, args.tls);
             c.split.primary_read_weight = args.primary_read_weight;

@@ -22,6 +22,7 @@ mod mariadb_caps;
 mod nodes;
 mod parity;
 mod passwords;
+mod proxy_protocol_in;
 mod python;
 mod read_only;
 mod replay;

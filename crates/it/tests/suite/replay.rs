@@ -262,3 +262,72 @@ fn a_transaction_whose_prepared_statement_was_closed_is_not_replayed() {
     let n: Option<i64> = c.query_first("SELECT COUNT(*) FROM sbtest.rc").unwrap();
     assert_eq!(n, Some(0), "the lost transaction left nothing");
 }
+
+/// Item 11 of issue 18: `replay_max_bytes` bounds the memory the replay log holds, not the
+/// bytes of the statements. Tiny statements cost more than they count (an entry each, the
+/// log's spare room): under a 4 KiB limit, a transaction of INSERTs whose packets add up
+/// to well under 4 KiB stops being replayable where the session's account (in `/status`)
+/// reaches the limit, and its loss gets 1213, counted as `too_large`.
+#[test]
+fn a_transaction_of_many_tiny_statements_stops_being_replayable_at_its_held_bytes() {
+    const LIMIT: usize = 4096;
+    let mut h = Harness::start_with(Options::default().config(|c| {
+        c.proxy.replay_max_bytes = LIMIT;
+    }));
+    let mut c = connect(&h);
+    c.query_drop("CREATE TABLE sbtest.rt (id INT PRIMARY KEY)")
+        .unwrap();
+    // The test's only session.
+    let account = |h: &Harness| {
+        let status = h.status_json();
+        let sessions = status["sessions"].as_array().cloned().unwrap_or_default();
+        assert_eq!(sessions.len(), 1, "{sessions:?}");
+        let mine = &sessions[0];
+        (
+            mine["replay_held_bytes"]
+                .as_u64()
+                .expect("replay_held_bytes"),
+            mine["replay_blocked_by"].as_str().map(str::to_string),
+        )
+    };
+    c.query_drop("BEGIN").unwrap();
+    // Bytes of the statements' packets (header, command byte, text), as the old bound
+    // counted them.
+    let mut sent = 0;
+    let mut held_before = 0;
+    let mut n = 0;
+    loop {
+        n += 1;
+        let sql = format!("INSERT INTO sbtest.rt VALUES ({n})");
+        c.query_drop(&sql).unwrap();
+        let (held, blocked) = account(&h);
+        if let Some(why) = blocked {
+            assert_eq!(why, "larger than replay_max_bytes");
+            // Only the log's own small block is left.
+            assert!(
+                held < 128,
+                "{held}: nothing is kept once it is not replayable"
+            );
+            break;
+        }
+        sent += 5 + sql.len();
+        assert!(held as usize <= LIMIT, "{held} bytes held");
+        assert!(
+            held >= held_before,
+            "the account never shrinks in a transaction"
+        );
+        held_before = held;
+        assert!(n < 1000, "the transaction never stopped being replayable");
+    }
+    // It gave up near the limit, with statements worth well under it.
+    assert!(held_before as usize > LIMIT - 256, "{held_before}");
+    assert!(sent < LIMIT * 3 / 4, "{sent} bytes of statements");
+    crash_and_restart(&mut h);
+    let err = c
+        .query_drop("INSERT INTO sbtest.rt VALUES (0)")
+        .unwrap_err();
+    assert_eq!(mysql_error(&err), Some((1213, "40001")), "{err}");
+    c.query_drop("ROLLBACK").unwrap();
+    assert_eq!(replays(&h, "too_large"), 1.0);
+    assert_eq!(replays(&h, "replayed"), 0.0);
+}

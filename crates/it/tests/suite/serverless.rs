@@ -321,6 +321,7 @@ fn a_passthrough_listener_relays_and_keeps_the_instance_awake() {
                     listen: "127.0.0.1:0".into(),
                     mode: holdfast_proxy::config::ListenerMode::Passthrough,
                     routing: Default::default(),
+                    trusted_proxies: None,
                 })
             }),
     );

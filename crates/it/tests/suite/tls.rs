@@ -133,6 +133,7 @@ fn a_pass_through_listener_speaks_tls_on_both_sides() {
             listen: "127.0.0.1:0".into(),
             mode: holdfast_config::ListenerMode::Passthrough,
             routing: Default::default(),
+            trusted_proxies: None,
         })
     }));
     let ca = path(&ca(&h));

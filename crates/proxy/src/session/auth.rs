@@ -256,7 +256,7 @@ pub async fn login(
             shared.metrics.count_closed_without_wake(reason);
         }
     };
-    let (mut req, mut seq, secure) = match read_login_request(shared, client).await {
+    let (mut req, mut seq, secure) = match read_login_request(shared, client, peer).await {
         Ok(x) => x,
         Err(e) => {
             closed_unwoken(match e {
@@ -435,10 +435,35 @@ pub async fn login(
 async fn read_login_request(
     shared: &Shared,
     client: &mut PacketConn,
+    peer: SocketAddr,
 ) -> Result<(LoginRequest, u8, bool), LoginError> {
     let timeout = shared.config.proxy.handshake_timeout();
     let deadline = tokio::time::Instant::now() + timeout;
     let timed_out = || LoginError::HandshakeTimeout(shared.config.proxy.handshake_timeout_ms);
+    // A PROXY protocol header from an address not in `trusted_proxies` (trusted ones are
+    // read before the greeting): its sender wrote it without waiting for the greeting, so
+    // it is here in place of the client's first packet. Refused as MariaDB refuses one from
+    // outside `proxy_protocol_networks`; the ERR follows the greeting the sender relays.
+    loop {
+        match holdfast_wire::proxy_protocol::starts_header(&client.rbuf) {
+            Some(false) => break,
+            Some(true) => {
+                let error = ClientError::new(
+                    ErrorKind::ProxyHeaderNotTrusted,
+                    format!(
+                        "Proxy header is not accepted from {}: the address is not in holdfast's trusted_proxies",
+                        peer.ip()
+                    ),
+                );
+                return Err(refuse(client, shared, 2, error).await);
+            }
+            None => {
+                tokio::time::timeout_at(deadline, client.fill())
+                    .await
+                    .map_err(|_| timed_out())??;
+            }
+        }
+    }
     let mut secure = false;
     loop {
         let hello = tokio::time::timeout_at(deadline, client.read_packet(AUTH_MAX_PACKET))

@@ -173,7 +173,7 @@ impl Session {
             ClientError::commit_outcome_unknown()
         } else if in_transaction {
             if !replay {
-                self.shared.metrics.replay("not_replayable");
+                self.shared.metrics.replay(self.not_replayable_outcome());
             }
             ClientError::transaction_rolled_back()
         } else {

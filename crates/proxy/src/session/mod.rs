@@ -24,6 +24,8 @@ use crate::restore::Captured;
 use crate::state::{Blocker, SessionRecord};
 use crate::topology::Topology;
 use crate::Shared;
+use bytes::BytesMut;
+use holdfast_config::net::IpNet;
 use holdfast_wire::auth::PasswordHash;
 use holdfast_wire::caps::*;
 use std::net::SocketAddr;
@@ -218,17 +220,29 @@ async fn refuse_at_accept(
 /// passes accepted sockets; a test or an embedder may pass any stream, e.g. one end of
 /// `tokio::io::duplex`). No connection limit applies here: that is the accept loop's.
 pub async fn run(shared: Arc<Shared>, stream: BoxedIo, peer: SocketAddr, mode: ListenerMode) {
-    run_routed(shared, stream, peer, mode, Routing::Primary).await
+    run_routed(shared, stream, peer, mode, Routing::Primary, &[]).await
 }
 
-/// [`run`] with the listener's routing: `split` sends reads to the replicas.
+/// [`run`] with the listener's routing (`split` sends reads to the replicas) and the load
+/// balancers it takes PROXY protocol headers from.
 pub async fn run_routed(
     shared: Arc<Shared>,
     stream: BoxedIo,
     peer: SocketAddr,
     mode: ListenerMode,
     routing: Routing,
+    trusted_proxies: &[IpNet],
 ) {
+    // From a trusted load balancer the connection starts with the client's address, and
+    // from then on that address is the client's.
+    let (stream, peer, early) = if trusted_proxies.iter().any(|n| n.contains(peer.ip())) {
+        match read_proxy_header(&shared, stream, peer).await {
+            Some(relayed) => relayed,
+            None => return,
+        }
+    } else {
+        (stream, peer, BytesMut::new())
+    };
     // Counted against the client address's limits until the session ends.
     let mut ticket = match shared.admission.admit(peer.ip()) {
         Ok(t) => t,
@@ -253,6 +267,9 @@ pub async fn run_routed(
     };
     let id = shared.next_session_id();
     let mut client = PacketConn::new(stream);
+    // What the load balancer sent after its header (a client that did not wait for the
+    // greeting).
+    client.rbuf.extend_from_slice(&early);
     // Boxed: the login's future is large and lives only until the session starts.
     let login = Box::pin(authenticate(&shared, &mut client, peer, id, mode));
     let Some(logged_in) = login.await else {
@@ -275,6 +292,76 @@ pub async fn run_routed(
     };
     let end = session.serve().await;
     session.finish(end);
+}
+
+/// Reads the PROXY protocol header a trusted load balancer sends first, within the
+/// handshake timeout. Returns the stream, the client's address (the connection's own for a
+/// `LOCAL` header, e.g. a health check) and the bytes read past the header. A missing or
+/// malformed header is answered with ERR 1043 in place of the greeting, and the connection
+/// closed (`None`).
+async fn read_proxy_header(
+    shared: &Shared,
+    mut stream: BoxedIo,
+    peer: SocketAddr,
+) -> Option<(BoxedIo, SocketAddr, BytesMut)> {
+    use holdfast_wire::proxy_protocol::{parse_header, Carried, V2_MAX_LEN};
+    use tokio::io::AsyncReadExt;
+    let timeout = shared.config.proxy.handshake_timeout();
+    let mut buf = BytesMut::with_capacity(256);
+    let read = tokio::time::timeout(timeout, async {
+        loop {
+            match parse_header(&buf) {
+                Ok(Some(header)) => return Ok(header),
+                Ok(None) => {}
+                Err(e) => return Err(e.to_string()),
+            }
+            // `parse_header` decides within V2_MAX_LEN bytes; this bounds the buffer.
+            let room = (V2_MAX_LEN + 1).saturating_sub(buf.len()).min(4096);
+            let mut chunk = (&mut stream).take(room as u64);
+            match chunk.read_buf(&mut buf).await {
+                Ok(0) => {
+                    return Err("the connection closed before its PROXY protocol header".into())
+                }
+                Ok(_) => {}
+                Err(e) => return Err(format!("reading its PROXY protocol header: {e}")),
+            }
+        }
+    })
+    .await;
+    let why = match read {
+        Ok(Ok((carried, len))) => {
+            let early = buf.split_off(len);
+            let client = match carried {
+                Carried::Client(addr) => match addr.ip() {
+                    std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                        Some(v4) => SocketAddr::new(v4.into(), addr.port()),
+                        None => addr,
+                    },
+                    _ => addr,
+                },
+                Carried::Local => peer,
+            };
+            tracing::debug!(client = %client, proxy = %peer, "client relayed by a trusted proxy");
+            return Some((stream, client, early));
+        }
+        Ok(Err(why)) => why,
+        Err(_) => format!(
+            "no PROXY protocol header within the handshake timeout ({} ms)",
+            shared.config.proxy.handshake_timeout_ms
+        ),
+    };
+    let error = ClientError::new(
+        ErrorKind::BadHandshake,
+        format!("Bad handshake: a connection from a trusted proxy must start with a PROXY protocol header ({why})"),
+    );
+    shared.metrics.reject(error.kind.label());
+    shared.metrics.count_error(error.kind.code());
+    if let Some(suppressed) = shared.admission.refusal_log().permit() {
+        tracing::warn!(proxy = %peer, suppressed, "connection from a trusted proxy refused: {why}");
+    }
+    let mut conn = PacketConn::new(stream);
+    let _ = conn.write_packet(&error.payload(), 0).await;
+    None
 }
 
 /// The handshake and authentication phase, within the handshake timeout (plus the time a

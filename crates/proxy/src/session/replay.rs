@@ -44,48 +44,172 @@ const PLAN_FLAGS: u16 = SERVER_STATUS_NO_GOOD_INDEX_USED
 /// Retries of a replay whose own backend was lost too.
 const REPLAY_ATTEMPTS: u32 = 3;
 
+/// Why a transaction grown past `replay_max_bytes` is not replayable.
+pub(super) const TOO_LARGE: &str = "larger than replay_max_bytes";
+
 /// The open transaction as far as a replay needs it.
 #[derive(Debug)]
 pub(super) struct TxnLog {
+    /// The kept requests one after the other: one heap block for all of them, not one (with
+    /// its headers) per request.
+    requests: Vec<u8>,
     entries: Vec<Entry>,
-    bytes: usize,
     /// Why the transaction cannot be replayed, once that is known (nothing more is kept).
     blocked: Option<&'static str>,
     /// `LAST_INSERT_ID()` when the transaction began: the value its first statements saw.
     pub(super) start_last_insert_id: u64,
 }
 
-#[derive(Debug)]
+/// One kept request: where it ends in `TxnLog::requests` (it starts where the one before
+/// ends), and the checksum of the answer the client got.
+#[derive(Debug, Clone, Copy)]
 struct Entry {
-    /// The request as the client sent it (statement ids are the client's).
-    request: Bytes,
+    end: usize,
     checksum: u64,
 }
 
+/// Room for this many entries, then this many request bytes, when a log first grows.
+const FIRST_ENTRIES: usize = 16;
+const FIRST_REQUEST_BYTES: usize = 1024;
+
+/// What the heap really takes for a block of `size` bytes: glibc's malloc on a 64-bit host
+/// adds an 8-byte chunk header and rounds the chunk to 16 bytes (32 at least); a block past
+/// its mmap threshold (128 KiB) takes whole pages.
+fn heap_block(size: usize) -> usize {
+    const MMAP_THRESHOLD: usize = 128 * 1024;
+    const PAGE: usize = 4096;
+    match size {
+        0 => 0,
+        n if n + 8 >= MMAP_THRESHOLD => (n + 16).next_multiple_of(PAGE),
+        n => (n + 8).next_multiple_of(16).max(32),
+    }
+}
+
 impl TxnLog {
+    fn new(start_last_insert_id: u64) -> Self {
+        TxnLog {
+            requests: Vec::new(),
+            entries: Vec::new(),
+            blocked: None,
+            start_last_insert_id,
+        }
+    }
+
     pub(super) fn replayable(&self) -> bool {
         self.blocked.is_none()
+    }
+
+    /// Why the transaction is not replayable, if it is not.
+    pub(super) fn blocked(&self) -> Option<&'static str> {
+        self.blocked
+    }
+
+    /// The bytes the log holds on the heap: itself (it is boxed) and its two vectors at their
+    /// capacities, each block as the allocator takes it. This is what `replay_max_bytes`
+    /// bounds.
+    pub(super) fn held(&self) -> usize {
+        Self::held_with(self.entries.capacity(), self.requests.capacity())
+    }
+
+    fn held_with(entries: usize, request_bytes: usize) -> usize {
+        heap_block(std::mem::size_of::<TxnLog>())
+            + heap_block(entries.saturating_mul(std::mem::size_of::<Entry>()))
+            + heap_block(request_bytes)
+    }
+
+    /// The capacities (entries, request bytes) the log takes to keep one more request of
+    /// `len` bytes within `max` held bytes; `None` when it cannot. The vectors double as
+    /// they grow (a push stays cheap), but never past `max`: near it a vector grows only
+    /// to what still fits.
+    fn room_for(&self, len: usize, max: usize) -> Option<(usize, usize)> {
+        let need_entries = self.entries.len() + 1;
+        let need_bytes = self.requests.len().checked_add(len)?;
+        let mut entries = self.entries.capacity().max(need_entries);
+        let mut bytes = self.requests.capacity().max(need_bytes);
+        if Self::held_with(entries, bytes) > max {
+            return None;
+        }
+        if need_entries > self.entries.capacity() {
+            let want = (self.entries.capacity() * 2).max(FIRST_ENTRIES);
+            entries = largest_fitting(need_entries, want, |c| Self::held_with(c, bytes) <= max);
+        }
+        if need_bytes > self.requests.capacity() {
+            let want = (self.requests.capacity() * 2).max(FIRST_REQUEST_BYTES);
+            bytes = largest_fitting(need_bytes, want, |c| Self::held_with(entries, c) <= max);
+        }
+        Some((entries, bytes))
+    }
+
+    /// Keeps `request` with its answer's `checksum`, if the log then still holds at most
+    /// `max` bytes; else the transaction is not replayable any more.
+    fn keep(&mut self, request: &[u8], checksum: u64, max: usize) {
+        let Some((entries, bytes)) = self.room_for(request.len(), max) else {
+            self.give_up(TOO_LARGE);
+            return;
+        };
+        // `reserve_exact`: the capacities chosen above, not the vector's own doubling.
+        self.entries
+            .reserve_exact(entries.saturating_sub(self.entries.len()));
+        self.requests
+            .reserve_exact(bytes.saturating_sub(self.requests.len()));
+        self.requests.extend_from_slice(request);
+        self.entries.push(Entry {
+            end: self.requests.len(),
+            checksum,
+        });
+    }
+
+    fn give_up(&mut self, why: &'static str) {
+        self.blocked = Some(why);
+        self.entries = Vec::new();
+        self.requests = Vec::new();
+    }
+
+    /// The kept requests, in order, with their checksums.
+    fn kept(&self) -> impl Iterator<Item = (&[u8], u64)> {
+        let mut start = 0;
+        self.entries.iter().map(move |e| {
+            let request = self.requests.get(start..e.end).unwrap_or_default();
+            start = e.end;
+            (request, e.checksum)
+        })
     }
 
     /// The client closed prepared statement `id` (its id as the client knows it): a kept
     /// execute of it could not run again (an ERR to the client in the middle of the replay,
     /// or, with the id reused, another statement), so the transaction is not replayable.
     pub(super) fn statement_closed(&mut self, id: u32) {
-        let executes_it = self.entries.iter().any(|e| {
+        let executes_it = self.kept().any(|(request, _)| {
             matches!(
-                e.request.get(HEADER_LEN),
+                request.get(HEADER_LEN),
                 Some(&(COM_STMT_EXECUTE | COM_STMT_BULK_EXECUTE))
-            ) && e
-                .request
+            ) && request
                 .get(HEADER_LEN..)
                 .and_then(holdfast_wire::packets::statement_id)
                 == Some(id)
         });
         if executes_it {
-            self.blocked = Some("a prepared statement it executed was closed");
-            self.entries = Vec::new();
+            self.give_up("a prepared statement it executed was closed");
         }
     }
+}
+
+/// The largest capacity from `least` up to `want` that `fits` (`least` itself when none
+/// larger does; `fits` grows false with the capacity).
+fn largest_fitting(least: usize, want: usize, fits: impl Fn(usize) -> bool) -> usize {
+    if want <= least || fits(want) {
+        return want.max(least);
+    }
+    let (mut lo, mut hi) = (least, want);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
 }
 
 /// What a request contributes to the transaction log, decided before it runs.
@@ -142,15 +266,16 @@ impl Session {
             fresh,
             last_insert_id: self.record.last_insert_id,
         };
-        let held = self
-            .txn_log
-            .as_ref()
-            .filter(|_| !fresh)
-            .map_or(0, |l| l.bytes);
+        // What the log would hold with this request too (checked again when it is kept).
+        let fits = match self.txn_log.as_ref().filter(|_| !fresh) {
+            Some(log) => log.room_for(request.len(), proxy.replay_max_bytes),
+            None => TxnLog::new(0).room_for(request.len(), proxy.replay_max_bytes),
+        }
+        .is_some();
         pending.blocked = if fresh && !self.record.next_transaction.is_empty() {
             Some("one-shot transaction characteristics")
-        } else if held + request.len() > proxy.replay_max_bytes {
-            Some("larger than replay_max_bytes")
+        } else if !fits {
+            Some(TOO_LARGE)
         } else {
             self.replay_blocker(cmd, request, query)
         };
@@ -215,6 +340,13 @@ impl Session {
     /// After a request answered in full: the log follows the transaction (kept, started,
     /// or dropped when none is open any more).
     pub(super) fn replay_after(&mut self, pending: Option<Pending>) {
+        self.keep_request(pending);
+        if self.shared.config.proxy.transaction_replay {
+            self.publish_replay_account();
+        }
+    }
+
+    fn keep_request(&mut self, pending: Option<Pending>) {
         let checksum = self.checksum.take().map(|h| h.finish());
         if !self.record.in_transaction() {
             self.txn_log = None;
@@ -224,27 +356,39 @@ impl Session {
             return;
         };
         if pending.fresh || self.txn_log.is_none() {
-            self.txn_log = Some(Box::new(TxnLog {
-                entries: Vec::new(),
-                bytes: 0,
-                blocked: None,
-                start_last_insert_id: pending.last_insert_id,
-            }));
+            self.txn_log = Some(Box::new(TxnLog::new(pending.last_insert_id)));
         }
         let Some(log) = self.txn_log.as_mut() else {
             return;
         };
         match (pending.blocked, pending.copy, checksum) {
-            (None, Some(request), Some(checksum)) => {
-                log.bytes += request.len();
-                log.entries.push(Entry { request, checksum });
-            }
-            (blocked, _, _) => {
-                let why = blocked.unwrap_or("no checksum");
-                tracing::debug!(session = self.info.id, why, "transaction not replayable");
-                log.blocked = Some(why);
-                log.entries = Vec::new();
-            }
+            (None, Some(request), Some(checksum)) => log.keep(
+                &request,
+                checksum,
+                self.shared.config.proxy.replay_max_bytes,
+            ),
+            (blocked, _, _) => log.give_up(blocked.unwrap_or("no checksum")),
+        }
+        if let Some(why) = log.blocked() {
+            tracing::debug!(session = self.info.id, why, "transaction not replayable");
+        }
+    }
+
+    /// The replay log's account, for `/status`: bytes held, and why the open transaction
+    /// is not replayable.
+    pub(super) fn publish_replay_account(&self) {
+        let log = self.txn_log.as_deref();
+        self.info.set_replay(
+            log.map_or(0, |l| l.held() as u64),
+            log.and_then(|l| l.blocked()),
+        );
+    }
+
+    /// The `transaction_replays` outcome of a lost transaction that is not replayed.
+    pub(super) fn not_replayable_outcome(&self) -> &'static str {
+        match self.txn_log.as_ref().and_then(|l| l.blocked()) {
+            Some(TOO_LARGE) => "too_large",
+            _ => "not_replayable",
         }
     }
 
@@ -263,15 +407,15 @@ impl Session {
         let started = Instant::now();
         let mut attempt = 1;
         'replay: loop {
-            for (at, entry) in log.entries.iter().enumerate() {
-                let mut request = BytesMut::from(&entry.request[..]);
+            for (at, (kept, answered)) in log.kept().enumerate() {
+                let mut request = BytesMut::from(kept);
                 self.checksum = Some(Box::default());
                 self.replaying = true;
                 let result = self.command(&mut request).await;
                 self.replaying = false;
                 let checksum = self.checksum.take().map(|h| h.finish());
                 match result {
-                    Ok(()) if checksum == Some(entry.checksum) => {}
+                    Ok(()) if checksum == Some(answered) => {}
                     Ok(()) => {
                         tracing::info!(
                             session = self.info.id,
@@ -398,6 +542,78 @@ mod tests {
             m,
             s
         ));
+    }
+
+    /// `INSERT INTO t VALUES (n)` as a COM_QUERY packet.
+    fn tiny_insert(n: usize) -> Vec<u8> {
+        let sql = format!("INSERT INTO t VALUES ({n})");
+        let mut p = vec![0; HEADER_LEN];
+        p.push(COM_QUERY);
+        p.extend_from_slice(sql.as_bytes());
+        p
+    }
+
+    #[test]
+    fn the_log_holds_no_more_than_its_limit_counting_what_the_heap_holds() {
+        let max = 4096;
+        let mut log = TxnLog::new(0);
+        let mut sent = 0;
+        let mut kept = 0;
+        while log.replayable() {
+            let request = tiny_insert(kept);
+            log.keep(&request, kept as u64, max);
+            if log.replayable() {
+                kept += 1;
+                sent += request.len();
+                // The account is the blocks at their capacities, never past the limit.
+                assert_eq!(
+                    log.held(),
+                    TxnLog::held_with(log.entries.capacity(), log.requests.capacity())
+                );
+                assert!(log.held() <= max, "{} > {max}", log.held());
+            }
+        }
+        assert_eq!(log.blocked(), Some(TOO_LARGE));
+        assert_eq!(log.held(), heap_block(std::mem::size_of::<TxnLog>()));
+        // Each tiny statement costs its bytes plus an entry: the log gives up well before
+        // the statements alone would reach the limit (the old account let 4096 / 29 = 141
+        // through).
+        assert!(sent < max * 3 / 4, "{sent} bytes of statements kept");
+        assert!(kept > 0);
+        // What was kept reads back in order.
+        let mut fresh = TxnLog::new(0);
+        for n in 0..3 {
+            fresh.keep(&tiny_insert(n), n as u64, max);
+        }
+        let back: Vec<(Vec<u8>, u64)> = fresh.kept().map(|(r, c)| (r.to_vec(), c)).collect();
+        assert_eq!(
+            back,
+            (0..3)
+                .map(|n| (tiny_insert(n), n as u64))
+                .collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn growth_near_the_limit_takes_only_what_fits() {
+        let max = 64 * 1024;
+        let mut log = TxnLog::new(0);
+        let request = vec![7u8; 1000];
+        let mut kept = 0;
+        while log.replayable() {
+            log.keep(&request, 0, max);
+            kept += usize::from(log.replayable());
+            assert!(log.held() <= max);
+        }
+        // Doubling alone would have stopped at 32 KiB of requests; capped growth fills the
+        // limit (less the entries and the blocks' overhead).
+        assert!(kept * 1000 > max * 9 / 10, "{kept} requests kept");
+        // A request larger than the limit is never kept.
+        let mut log = TxnLog::new(0);
+        log.keep(&vec![0u8; max], 0, max);
+        assert_eq!(log.blocked(), Some(TOO_LARGE));
+        assert_eq!(largest_fitting(5, 3, |_| false), 5);
+        assert_eq!(largest_fitting(5, 100, |c| c <= 40), 40);
     }
 
     #[test]

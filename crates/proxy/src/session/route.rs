@@ -123,7 +123,7 @@ impl Session {
             let replayed = replayable && Box::pin(self.replay_transaction()).await?;
             if !replayed {
                 if !replayable {
-                    self.shared.metrics.replay("not_replayable");
+                    self.shared.metrics.replay(self.not_replayable_outcome());
                 }
                 self.txn_log = None;
                 self.execute_refused(request).await;

@@ -37,6 +37,7 @@ pub fn recovered(before: &[(String, f64)], after: &[(String, f64)]) -> Recovered
         rolled_back: delta("replay diverged")
             + delta("replay failed")
             + delta("replay not_replayable")
+            + delta("replay too_large")
             + delta("lost COMMIT rolled_back"),
         unknown: delta("lost COMMIT unknown"),
     }
