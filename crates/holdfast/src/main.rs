@@ -449,6 +449,11 @@ async fn serve(cfg: Config, config_path: &Path) -> Result<()> {
         r = admin_task => bail!("admin listener stopped: {r:?}"),
         r = proxy_task => bail!("proxy listener stopped: {r:?}"),
     }
+    if let Some(lc) = &shared.serverless {
+        if let Err(e) = lc.thaw_on_shutdown().await {
+            tracing::error!(error = %e, "could not thaw the frozen instance on the way out: it stays suspended (kill -CONT its server)");
+        }
+    }
     if let Err(e) = holdfast_proxy::serverless::flush_usage(&shared).await {
         tracing::warn!(error = %e, "could not write the open usage period on the way out");
     }

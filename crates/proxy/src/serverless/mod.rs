@@ -309,6 +309,21 @@ impl Lifecycle {
         self.lock().requested_ccu.is_some()
     }
 
+    /// On a graceful stop of holdfast (SIGTERM, SIGINT): a server holdfast froze is thawed,
+    /// so that clients that reach it directly get answers and its owner can stop it; a
+    /// stopped one stays stopped. The next holdfast finds it running and adopts that.
+    /// (After SIGKILL nothing can thaw it: `kill -CONT` does, as the README says.)
+    pub async fn thaw_on_shutdown(&self) -> Result<bool, holdfast_serverless::driver::DriverError> {
+        match self.driver.status().await? {
+            holdfast_serverless::driver::PowerState::Frozen => {
+                self.driver.thaw().await?;
+                tracing::info!(instance = %self.config.instance, "thawed the frozen instance on the way out");
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
     /// Pauses now (sessions that cannot survive it still block): the lifecycle task runs
     /// the pause; the answer says why it did not happen.
     pub async fn pause_now(&self, tier: PauseTier) -> Result<(), PauseError> {

@@ -1,0 +1,154 @@
+//! Stopping `holdfast serve` (SIGTERM) while its serverless instance is frozen thaws the
+//! server: clients that reach it directly get answers again, and a holdfast started next
+//! finds it running (issue 19). Real processes: `holdfast lab up --serverless`, `holdfast
+//! serve`, `holdfast ctl pause`, the `mariadb` client.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn holdfast() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_holdfast"));
+    cmd.env_remove("HOLDFAST_ADMIN_TOKEN")
+        .env_remove("HOLDFAST_ADMIN")
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null());
+    cmd
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output().expect("running a command")
+}
+
+/// A serverless lab on a base port whose layout is free (a few tries).
+fn serverless_lab(dir: &Path) -> u16 {
+    for _ in 0..10 {
+        let base = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        if base > 65_000 {
+            continue;
+        }
+        let out = run(holdfast()
+            .args(["lab", "up", "--serverless", "--dir"])
+            .arg(dir)
+            .args(["--base-port", &base.to_string()]));
+        if out.status.success() {
+            return base;
+        }
+        let why = String::from_utf8_lossy(&out.stderr);
+        assert!(why.contains("is in use"), "lab up failed: {why}");
+    }
+    panic!("no free port layout for a serverless lab");
+}
+
+struct Lab(PathBuf);
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        // A server left frozen by a failed run would make `lab down` wait: thaw it first.
+        let _ = Command::new("pkill")
+            .args(["-CONT", "-f"])
+            .arg(format!("--datadir={}/node1", self.0.display()))
+            .status();
+        let _ = run(holdfast()
+            .args(["lab", "down", "--purge", "--dir"])
+            .arg(&self.0));
+    }
+}
+
+fn select_one(port: u16) -> Output {
+    run(Command::new("mariadb").args([
+        "--no-defaults",
+        "--protocol=TCP",
+        "-h127.0.0.1",
+        &format!("-P{port}"),
+        "-uapp",
+        "-papp_pass",
+        "--connect-timeout=5",
+        "-e",
+        "SELECT 1",
+    ]))
+}
+
+fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn status_text(config: &Path) -> String {
+    let out = run(holdfast()
+        .args(["ctl", "--config"])
+        .arg(config)
+        .arg("status"));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn serve(config: &Path, log: &Path) -> Child {
+    holdfast()
+        .args(["serve", "--config"])
+        .arg(config)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).expect("log file"))
+        .spawn()
+        .expect("starting holdfast serve")
+}
+
+#[test]
+fn sigterm_while_frozen_thaws_the_server() {
+    let dir = std::env::temp_dir().join(format!("hf-sl-stop-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let base = serverless_lab(&dir);
+    let lab = Lab(dir.clone());
+    let config = dir.join("holdfast.toml");
+    let node_port = base + 10;
+
+    let mut served = serve(&config, &dir.join("serve.log"));
+    wait_until(
+        "the instance running behind holdfast",
+        Duration::from_secs(60),
+        || select_one(base).status.success(),
+    );
+    let paused = run(holdfast()
+        .args(["ctl", "--config"])
+        .arg(&config)
+        .args(["pause", "--tier", "freeze"]));
+    assert!(paused.status.success(), "{paused:?}");
+    assert!(status_text(&config).contains("paused (freeze)"));
+
+    let term = run(Command::new("kill").args(["-TERM", &served.id().to_string()]));
+    assert!(term.status.success());
+    let exited = served.wait().expect("holdfast exits");
+    assert!(exited.success(), "holdfast serve exited with {exited}");
+
+    // The server answers a direct client at once (it hung until its connect timeout while
+    // frozen).
+    let direct = select_one(node_port);
+    assert!(
+        direct.status.success(),
+        "the server stayed suspended after holdfast stopped: {}",
+        String::from_utf8_lossy(&direct.stderr)
+    );
+    let log = std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default();
+    assert!(log.contains("thawed the frozen instance"), "{log}");
+
+    // The next holdfast adopts the running server.
+    let mut again = serve(&config, &dir.join("serve2.log"));
+    wait_until("holdfast serving again", Duration::from_secs(60), || {
+        select_one(base).status.success()
+    });
+    assert!(
+        status_text(&config).contains("running"),
+        "{}",
+        status_text(&config)
+    );
+    let _ = Command::new("kill")
+        .args(["-TERM", &again.id().to_string()])
+        .status();
+    let _ = again.wait();
+    drop(lab);
+}
