@@ -75,9 +75,12 @@ pub(crate) async fn post_resume(State(shared): State<Arc<Shared>>) -> Response {
 #[derive(Debug, Default, Deserialize)]
 pub(crate) struct ScaleQuery {
     ccu: Option<f64>,
+    /// `auto=true`: the autoscaler decides again (an operator's size no longer holds).
+    auto: Option<bool>,
 }
 
-/// `POST /scale?ccu=1.5`: sets the size now (the autoscaler carries on from it).
+/// `POST /scale?ccu=1.5`: sets the size now; it holds (the autoscaler leaves it alone)
+/// until `POST /scale?auto=true`.
 pub(crate) async fn post_scale(
     State(shared): State<Arc<Shared>>,
     Query(q): Query<ScaleQuery>,
@@ -85,8 +88,12 @@ pub(crate) async fn post_scale(
     let Some(lc) = shared.serverless.clone() else {
         return no_instance();
     };
+    if q.auto == Some(true) {
+        lc.scale_automatically();
+        return (StatusCode::OK, Json(lc.view())).into_response();
+    }
     let Some(ccu) = q.ccu.filter(|c| c.is_finite() && *c > 0.0) else {
-        return bad_request("how large? POST /scale?ccu=1.5".into());
+        return bad_request("how large? POST /scale?ccu=1.5 (or ?auto=true)".into());
     };
     if lc.phase() != Phase::Running {
         return error_answer(
@@ -177,6 +184,11 @@ pub fn render_instance(v: &serde_json::Value) -> String {
         f("ccu"),
         f("cpu_used"),
     );
+    if let Some(manual) = v.get("manual_ccu").and_then(|x| x.as_f64()) {
+        o.push_str(&format!(
+            "  size {manual} CCU set by an operator: the autoscaler leaves it until `holdfast ctl scale auto`\n"
+        ));
+    }
     o.push_str(&format!(
         "  pauses {}  resumes {} (last {})  resume failures {}  storage {}\n",
         u("pauses"),

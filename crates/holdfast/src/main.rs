@@ -213,10 +213,15 @@ enum CtlCommand {
     /// Set the serverless instance's size in capacity units (1 CCU = 1 CPU + 2 GiB).
     ///
     /// Applied in place, no restart: CPU quota and memory cap (cgroup), buffer pool and
-    /// (opt-in) max_connections. The autoscaler carries on from this size.
+    /// (opt-in) max_connections. The size holds: the autoscaler leaves it alone until
+    /// `holdfast ctl scale auto`.
     ///
-    /// Example: holdfast ctl scale 2
-    Scale { ccu: f64 },
+    /// Example: holdfast ctl scale 2      then, later: holdfast ctl scale auto
+    Scale {
+        /// Capacity units, or `auto` to let the autoscaler decide again.
+        #[arg(value_name = "CCU|auto")]
+        size: String,
+    },
     /// The usage ledger: one line per billing period, and a total per instance.
     ///
     /// Each line has running and paused seconds, CCU-hours and storage GiB-hours; periods
@@ -570,8 +575,16 @@ async fn ctl(client: &AdminClient, command: CtlCommand) -> Result<()> {
             instance_operation(client, &path).await?
         }
         CtlCommand::Resume => instance_operation(client, "/resume").await?,
-        CtlCommand::Scale { ccu } => {
-            instance_operation(client, &format!("/scale?ccu={ccu}")).await?
+        CtlCommand::Scale { size } => {
+            let path = if size.eq_ignore_ascii_case("auto") {
+                "/scale?auto=true".to_string()
+            } else {
+                let ccu: f64 = size.parse().with_context(|| {
+                    format!("{size:?} is not a size in CCU (e.g. 1.5) nor auto")
+                })?;
+                format!("/scale?ccu={ccu}")
+            };
+            instance_operation(client, &path).await?
         }
         CtlCommand::Usage {
             instance,

@@ -909,3 +909,39 @@ fn scaling_down_shrinks_the_buffer_pool_before_lowering_the_memory_cap() {
         assert_eq!(limit.trim(), (1u64 << 30).to_string(), "2 GiB per CCU");
     }
 }
+
+/// Issue 19: `ctl scale 1.5` was undone by the autoscaler about a minute later without a
+/// word. An operator's size holds until `ctl scale auto` (`POST /scale?auto=true`), and
+/// `/status` says so.
+#[test]
+fn an_operators_size_holds_until_the_autoscaler_is_given_it_back() {
+    let h = Harness::start_with(Options::default().serverless(|s| {
+        s.idle_pause_secs = 0;
+        s.autoscale = true;
+        // An idle server is scaled down after a second.
+        s.scale.down_after_secs = 1;
+        s.scale.min_ccu = 0.5;
+    }));
+    let (code, body) = h.admin_post("/scale?ccu=1.5", None);
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(instance(&h)["ccu"].as_f64(), Some(1.5));
+    assert_eq!(instance(&h)["manual_ccu"].as_f64(), Some(1.5));
+    // Idle for several times what the autoscaler needs to scale down.
+    wait_for("5 s of idleness", WAIT, || {
+        (instance(&h)["idle_secs"].as_f64().unwrap_or(0.0) >= 5.0).then_some(())
+    });
+    assert_eq!(
+        instance(&h)["ccu"].as_f64(),
+        Some(1.5),
+        "the autoscaler undid an operator's size"
+    );
+    let status = holdfast_admin::render_status(&h.status());
+    assert!(status.contains("holdfast ctl scale auto"), "{status}");
+    // Given back, the autoscaler scales the idle server down.
+    let (code, body) = h.admin_post("/scale?auto=true", None);
+    assert_eq!(code, 200, "{body}");
+    assert!(instance(&h)["manual_ccu"].is_null());
+    wait_for("the autoscaler to scale down", WAIT, || {
+        (instance(&h)["ccu"].as_f64().unwrap_or(9.0) < 1.5).then_some(())
+    });
+}

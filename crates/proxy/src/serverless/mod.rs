@@ -11,6 +11,7 @@ mod control;
 mod meter;
 mod scale;
 
+use holdfast_serverless::autoscale::ScalePolicyExt as _;
 use holdfast_serverless::driver::InstanceDriver;
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -68,6 +69,10 @@ pub struct InstanceView {
     pub pause_blocked_by: Vec<String>,
     /// The steps of the last size change, in the order they were applied.
     pub last_scale: Vec<ScaleStep>,
+    /// An operator's size (`ctl scale CCU`) the autoscaler leaves alone until `ctl scale
+    /// auto`; none while the autoscaler decides (or is off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub manual_ccu: Option<f64>,
 }
 
 /// One step of a size change: the server's settings over SQL (`what` = "server") or the
@@ -142,6 +147,8 @@ struct Inner {
     pause_blocked_by: Vec<String>,
     /// A size asked for over the admin API, applied by the scaling task.
     requested_ccu: Option<f64>,
+    /// See [`InstanceView::manual_ccu`].
+    manual_ccu: Option<f64>,
     last_scale: Vec<ScaleStep>,
     /// The meter's open period as of the last second (the ledger has it as of the last
     /// flush).
@@ -218,6 +225,7 @@ impl Lifecycle {
                 breaker_until: None,
                 pause_blocked_by: Vec::new(),
                 requested_ccu: None,
+                manual_ccu: None,
                 last_scale: Vec::new(),
                 requested_pause: None,
                 open_usage: None,
@@ -299,9 +307,23 @@ impl Lifecycle {
         self.lock().last_activity = Instant::now();
     }
 
-    /// Asks the scaling task to apply `ccu` (snapped to the policy's steps and bounds).
+    /// Asks the scaling task to apply `ccu` (snapped to the policy's steps and bounds): an
+    /// operator's size, which holds (the autoscaler does not undo it) until
+    /// [`Lifecycle::scale_automatically`].
     pub fn request_scale(&self, ccu: f64) {
-        self.lock().requested_ccu = Some(ccu);
+        let mut i = self.lock();
+        i.requested_ccu = Some(ccu);
+        i.manual_ccu = Some(self.config.scale.snap(ccu));
+    }
+
+    /// Lets the autoscaler decide the size again (`ctl scale auto`).
+    pub fn scale_automatically(&self) {
+        self.lock().manual_ccu = None;
+    }
+
+    /// An operator's size holds (see [`InstanceView::manual_ccu`]).
+    pub fn manual_ccu(&self) -> Option<f64> {
+        self.lock().manual_ccu
     }
 
     /// Whether a size asked for with [`Lifecycle::request_scale`] is still to be applied.
@@ -365,6 +387,7 @@ impl Lifecycle {
             last_error: i.last_error.clone(),
             pause_blocked_by: i.pause_blocked_by.clone(),
             last_scale: i.last_scale.clone(),
+            manual_ccu: i.manual_ccu,
         }
     }
 

@@ -55,7 +55,8 @@ pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>) {
                 let used = (cpu - prev) / secs;
                 lc.lock().cpu_used = used;
                 shared.metrics.instance_cpu_used.set(used);
-                if lc.config.autoscale {
+                // An operator's size holds until `ctl scale auto`.
+                if lc.config.autoscale && lc.manual_ccu().is_none() {
                     if let Some(ccu) = scaler.sample(used, origin.elapsed()) {
                         apply(&shared, &lc, ccu, "autoscale").await;
                         scaler.set_current(ccu);
