@@ -348,3 +348,32 @@ fn a_lab_on_taken_ports_says_which_and_what_to_do() {
         "{error}"
     );
 }
+
+/// A fresh `mariadb-install-db` server has anonymous accounts (`''@'localhost'`): on a server
+/// that resolves host names they shadow a monitor account that exists only `@'%'` for
+/// logins from this host. The check names that cause when the login fails, and warns about
+/// the anonymous accounts when it does not.
+#[test]
+fn check_points_at_anonymous_accounts_that_shadow_the_monitor() {
+    let h = Harness::start_with(Options::default().server_args(&["--skip-name-resolve=0"]));
+    h.root_sql(
+        "CREATE USER ''@'localhost'; \
+         CREATE USER only_pct@'%' IDENTIFIED BY 'op_pass'; \
+         GRANT SELECT ON mysql.* TO only_pct@'%'",
+    );
+    let shadowed = check(&with_monitor(&h, "only_pct", "op_pass"));
+    let text = shadowed.render();
+    assert!(
+        text.contains("holdfast cannot log in to node1 as only_pct: 1045")
+            && text.contains("DROP USER ''@'localhost'"),
+        "{text}"
+    );
+    // The lab's monitor exists @'localhost' too: it logs in, and is warned.
+    let lab = check(&h.shared.config);
+    assert_eq!(lab.problem_count(), 0, "{}", lab.render());
+    assert!(
+        lab.render().contains("anonymous account ''@'localhost'"),
+        "{}",
+        lab.render()
+    );
+}
