@@ -320,6 +320,60 @@ pub struct ProcessDriverConfig {
 }
 
 impl ProcessDriverConfig {
+    /// What on this machine stops the server from starting, found before it is needed
+    /// (each with what to do): the program, the data directory, the directories of the
+    /// pid file and the log. Empty when all is there.
+    pub fn missing_paths(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        match self.command.first() {
+            None => problems.push("[serverless.driver] command is empty".to_string()),
+            Some(program) => {
+                let path = std::path::Path::new(program);
+                let found = if path.components().count() > 1 {
+                    path.is_file()
+                } else {
+                    std::env::var_os("PATH").is_some_and(|dirs| {
+                        std::env::split_paths(&dirs).any(|d| d.join(path).is_file())
+                    })
+                };
+                if !found {
+                    problems.push(format!(
+                        "[serverless.driver] command: the program {program} does not exist \
+                         (install mariadb-server, or give the server binary's path)"
+                    ));
+                }
+            }
+        }
+        if let Some(dir) = &self.datadir {
+            if !dir.is_dir() {
+                problems.push(format!(
+                    "[serverless.driver] datadir {} does not exist: create it with \
+                     `mariadb-install-db --datadir={}` (or point datadir and the command's \
+                     --datadir at the server's data)",
+                    dir.display(),
+                    dir.display()
+                ));
+            }
+        }
+        for (what, file) in [
+            ("pid_file", Some(&self.pid_file)),
+            ("log", self.log.as_ref()),
+        ] {
+            let parent = file
+                .and_then(|f| f.parent())
+                .filter(|p| !p.as_os_str().is_empty());
+            if let Some(parent) = parent {
+                if !parent.is_dir() {
+                    problems.push(format!(
+                        "[serverless.driver] {what}: the directory {} does not exist",
+                        parent.display()
+                    ));
+                }
+            }
+        }
+        problems
+    }
+
     /// A process driver running `command` with every default.
     pub fn new(command: Vec<String>, pid_file: PathBuf) -> Self {
         ProcessDriverConfig {

@@ -400,6 +400,18 @@ fn admin_token(cfg: &Config, config_path: &Path) -> Result<AdminToken> {
 }
 
 async fn serve(cfg: Config, config_path: &Path) -> Result<()> {
+    // A serverless server that cannot start is said now, not as a 3032 at the first login.
+    if let Some(holdfast_config::serverless::InstanceDriverConfig::Process(p)) =
+        cfg.serverless.as_ref().map(|s| &s.driver)
+    {
+        let missing = p.missing_paths();
+        if !missing.is_empty() {
+            bail!(
+                "the serverless instance cannot start:\n  {}",
+                missing.join("\n  ")
+            );
+        }
+    }
     let admin_addr = cfg.admin.listen.clone();
     let admin_token = admin_token(&cfg, config_path)?;
     let loose = holdfast_config::secret::permission_warnings(config_path, &cfg);

@@ -152,3 +152,43 @@ fn sigterm_while_frozen_thaws_the_server() {
     let _ = again.wait();
     drop(lab);
 }
+
+/// Issue 19: the serverless example config's paths that do not exist on this machine were
+/// reported as a 3032 after a 10 s wait at the first login; `serve` names them at start.
+#[test]
+fn a_serverless_config_whose_paths_do_not_exist_is_refused_at_start() {
+    let dir = std::env::temp_dir().join(format!("hf-sl-paths-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let example = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../holdfast.serverless.example.toml"
+    );
+    let config = dir.join("holdfast.toml");
+    std::fs::copy(example, &config).expect("copy the example");
+    let mut child = holdfast()
+        .args(["serve", "--config"])
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("serve");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("serve kept running with a datadir that does not exist");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().expect("output");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("datadir /var/lib/holdfast/node1 does not exist")
+            && stderr.contains("mariadb-install-db"),
+        "{stderr}"
+    );
+    // Nothing was written beside the config on the way (no admin token file).
+    assert!(!dir.join("holdfast.admin-token").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
