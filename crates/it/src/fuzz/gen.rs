@@ -42,6 +42,18 @@ impl Grammar {
         let mut steps = Vec::with_capacity(n);
         let mut pauses = Vec::with_capacity(n);
         for _ in 0..n {
+            if r.gen_bool(0.04) {
+                // FOUND_ROWS() is defined right after a SELECT (after other statements the
+                // server's own answer varies from run to run): asked in the next request,
+                // perhaps after a pause (holdfast's captures must leave it).
+                steps.push(Step::Query(
+                    "SELECT SQL_CALC_FOUND_ROWS id FROM t ORDER BY id LIMIT 1".into(),
+                ));
+                pauses.push(Duration::from_millis(*[0, 130].choose(r).unwrap_or(&0)));
+                steps.push(Step::Query("SELECT FOUND_ROWS(), ROW_COUNT()".into()));
+                pauses.push(Duration::ZERO);
+                continue;
+            }
             steps.push(self.step(r));
             pauses.push(Duration::from_millis(match r.gen_range(0..20) {
                 0..=11 => 0,
@@ -192,7 +204,6 @@ impl Grammar {
                     format!("SELECT id FROM t WHERE v = {s}"),
                     format!("SELECT id FROM t ORDER BY id LIMIT {n}"),
                     "SELECT SQL_CALC_FOUND_ROWS id FROM t ORDER BY id LIMIT 1".into(),
-                    "SELECT FOUND_ROWS()".into(),
                     "SELECT ROW_COUNT()".into(),
                     "SELECT LAST_INSERT_ID()".into(),
                     "SELECT @a, @b, @s".into(),
