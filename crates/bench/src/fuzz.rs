@@ -93,9 +93,8 @@ pub fn run(args: &FuzzArgs, holdfast: &Path) -> Result<()> {
         )
         .with_context(|| format!("loading metadata_lock_info on {}", node.name))?;
     }
-    let addr = |a: &str| -> Result<SocketAddr> {
-        a.parse().with_context(|| format!("bad address {a:?}"))
-    };
+    let addr =
+        |a: &str| -> Result<SocketAddr> { a.parse().with_context(|| format!("bad address {a:?}")) };
     let primary = lab.primary()?;
     let targets = Targets {
         direct: addr(&primary.address)?,

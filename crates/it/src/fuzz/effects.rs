@@ -80,7 +80,11 @@ impl Checker {
                 .with_context(|| format!("the checker's connection to {addr}"))
         };
         let mut primary = open(t.direct)?;
-        let mut replicas = t.replicas.iter().map(|&a| open(a)).collect::<Result<Vec<_>>>()?;
+        let mut replicas = t
+            .replicas
+            .iter()
+            .map(|&a| open(a))
+            .collect::<Result<Vec<_>>>()?;
         for c in std::iter::once(&mut primary).chain(replicas.iter_mut()) {
             let loaded = value(
                 c,

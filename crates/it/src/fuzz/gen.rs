@@ -269,6 +269,7 @@ impl Grammar {
                     "SET NAMES latin1".into(),
                     "SET NAMES utf8mb4".into(),
                     "SET SESSION sql_select_limit = 2".into(),
+                    "SET SESSION sql_select_limit = 0".into(),
                     "SET sql_select_limit = DEFAULT".into(),
                     "SET autocommit = 0".into(),
                     "SET autocommit = 1".into(),
@@ -385,7 +386,10 @@ impl Grammar {
 }
 
 fn lock_name(r: &mut StdRng) -> &'static str {
-    ["fz_a", "fz_b", "fz_c"].choose(r).copied().unwrap_or("fz_a")
+    ["fz_a", "fz_b", "fz_c"]
+        .choose(r)
+        .copied()
+        .unwrap_or("fz_a")
 }
 
 trait LowerKeywords {

@@ -470,9 +470,11 @@ fn caps_note(caps: u32) -> String {
 /// Statements in a step (a multi-statement counts each part).
 fn statements_in(step: &Step) -> u64 {
     match step {
-        Step::Query(sql) | Step::Masked(sql, _) => {
-            sql.split(';').filter(|p| !p.trim().is_empty()).count().max(1) as u64
-        }
+        Step::Query(sql) | Step::Masked(sql, _) => sql
+            .split(';')
+            .filter(|p| !p.trim().is_empty())
+            .count()
+            .max(1) as u64,
         _ => 1,
     }
 }
@@ -483,8 +485,7 @@ pub fn version_number(version: &str) -> Result<u32> {
         .split(|c: char| !c.is_ascii_digit())
         .filter(|p| !p.is_empty())
         .map(|p| p.parse::<u32>());
-    let (Some(Ok(a)), Some(Ok(b)), Some(Ok(c))) = (parts.next(), parts.next(), parts.next())
-    else {
+    let (Some(Ok(a)), Some(Ok(b)), Some(Ok(c))) = (parts.next(), parts.next(), parts.next()) else {
         bail!("cannot read the version {version:?}");
     };
     Ok(a * 10_000 + b * 100 + c)

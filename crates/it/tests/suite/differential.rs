@@ -315,3 +315,60 @@ fn change_user_answers_as_the_server_does() {
         compare(&h, caps, &steps);
     }
 }
+
+/// Found by the fuzzer: holdfast's own statements on the client's connection obey the
+/// client's `sql_select_limit` unless they carry a LIMIT. The capture after an idle pause
+/// put `FOUND_ROWS()` back with a `SELECT 1 UNION ALL ...` of 5 rows, which returned (and
+/// found) 2; with `sql_select_limit = 0` its reads returned no row at all.
+#[test]
+fn captures_ignore_the_clients_sql_select_limit() {
+    // Sessions capture when there is a node to move them to.
+    let h = Harness::start_with(Options::default().replicas(1));
+    for limit in ["2", "0"] {
+        let steps = vec![
+            // In one request: the capture the SETs make due runs after the SELECT.
+            q(&format!(
+                "SET SESSION sql_select_limit = {limit}; SET @a = 1, @b = 2, @c = 3; \
+                 SELECT SQL_CALC_FOUND_ROWS id FROM sbtest.dt ORDER BY id LIMIT 1"
+            )),
+            q("SELECT FOUND_ROWS(), ROW_COUNT()"),
+            q("SET sql_select_limit = DEFAULT"),
+            q("SELECT @a, @b, @c, FOUND_ROWS()"),
+        ];
+        for caps in [
+            BASE_CAPS,
+            BASE_CAPS | CLIENT_DEPRECATE_EOF | CLIENT_SESSION_TRACK,
+        ] {
+            compare(&h, caps, &steps);
+        }
+    }
+}
+
+/// The capture lists the session's user variables with a `SELECT` on the client's own
+/// connection: under the client's `sql_select_limit` it listed only that many, and a move
+/// lost the others.
+#[test]
+fn user_variables_move_whatever_the_clients_sql_select_limit() {
+    let h = Harness::start_with(Options::default().replicas(1));
+    let mut c = RawConn::connect(
+        h.proxy,
+        h.user(),
+        h.password(),
+        Some(h.database()),
+        BASE_CAPS,
+    )
+    .expect("connecting through holdfast");
+    c.query("SET @a = 1, @b = 2, @c = 3, @d = 4").unwrap();
+    c.query("SET SESSION sql_select_limit = 1").unwrap();
+    c.query("DO 0").unwrap();
+    h.wait_captured();
+    let before = c.query_value("SELECT @@port").unwrap();
+    h.switch_over_to("node2");
+    assert_ne!(c.query_value("SELECT @@port").unwrap(), before, "moved");
+    assert_eq!(
+        c.query_value("SELECT CONCAT_WS(',', @a, @b, @c, @d, @@sql_select_limit)")
+            .unwrap()
+            .as_deref(),
+        Some("1,2,3,4,1")
+    );
+}

@@ -609,7 +609,11 @@ impl Session {
             "session_track_state_change",
             "session_track_transaction_info",
         ];
-        let select = format!("SELECT @@session.{}", names.join(", @@session."));
+        let select = format!(
+            "SELECT @@session.{}{}",
+            names.join(", @@session."),
+            crate::restore::NO_LIMIT
+        );
         let values = crate::restore::execute(&mut self.backend, select.as_bytes())
             .await
             .map_err(|e| lost(e.into()))?;

@@ -542,7 +542,7 @@ impl Session {
     async fn start_replay_from_marker(&mut self) -> Result<bool, End> {
         let start = self.txn_log.as_ref().map_or(0, |l| l.start_last_insert_id);
         if start != self.record.last_insert_id {
-            let sql = format!("SELECT LAST_INSERT_ID({start})");
+            let sql = format!("SELECT LAST_INSERT_ID({start}){}", crate::restore::NO_LIMIT);
             if crate::restore::execute(&mut self.backend, sql.as_bytes())
                 .await
                 .is_err()
@@ -561,7 +561,8 @@ impl Session {
         let old_thread = lost.thread;
         if self.backend_name == lost.node && self.server_ran_throughout(lost).await != Some(false) {
             let gone = format!(
-                "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = {old_thread}"
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = {old_thread}{}",
+                crate::restore::NO_LIMIT
             );
             let deadline = Instant::now() + OLD_CONNECTION_GONE_WITHIN;
             loop {
@@ -581,9 +582,10 @@ impl Session {
             }
         }
         let read = format!(
-            "SELECT {}({})",
+            "SELECT {}({}){}",
             crate::ha::markers::MARKER_OF,
-            self.markers.key
+            self.markers.key,
+            crate::restore::NO_LIMIT
         );
         match self.backend.query(&read).await {
             Ok(r) => Some(first_value(&r).map(|v| {

@@ -575,8 +575,8 @@ impl Session {
                 .filter(|g| !g.is_empty())
                 .cloned(),
             Consistency::Global => {
-                match restore::execute(&mut self.backend, b"SELECT @@global.gtid_binlog_pos").await
-                {
+                let sql = format!("SELECT @@global.gtid_binlog_pos{}", restore::NO_LIMIT);
+                match restore::execute(&mut self.backend, sql.as_bytes()).await {
                     Ok(r) => r
                         .text_rows()
                         .first()
@@ -617,9 +617,10 @@ impl Session {
         }
         let started = Instant::now();
         let sql = format!(
-            "SELECT MASTER_GTID_WAIT({}, {:.3})",
+            "SELECT MASTER_GTID_WAIT({}, {:.3}){}",
             holdfast_sql::quote::string_literal(position.trim()),
-            wait.as_secs_f64()
+            wait.as_secs_f64(),
+            restore::NO_LIMIT
         );
         let answer = restore::execute(&mut reader.conn, sql.as_bytes())
             .await
