@@ -615,3 +615,37 @@ fn a_session_change_inside_a_read_only_transaction_on_a_replica_is_not_lost() {
     );
     assert_eq!(count("sbtest.w"), "0");
 }
+
+/// Found by the fuzzer: diagnostics read through the binary protocol go where the last
+/// statement ran, as a text `SHOW WARNINGS` does. A read that failed on a replica, then a
+/// prepared `SHOW WARNINGS`: the prepare went to the primary and the session forgot where
+/// the last statement ran, so the client got the primary's (older) diagnostics.
+#[test]
+fn prepared_diagnostics_read_where_the_last_statement_ran() {
+    use holdfast_it::differential::{binary, differences, q, run};
+    use holdfast_it::raw::BASE_CAPS;
+    let h = split_harness(|_| {});
+    let mut steps = vec![
+        q("SET NAMES latin1;\nRELEASE SAVEPOINT sp"),
+        q("-- dash ' ;\n SELECT * FROM tt ORDER BY a /*!101118 */"),
+        binary("SHOW WARNINGS"),
+    ];
+    // Reads are balanced over the primary too: several, so that some run on a replica.
+    for i in 0..4 {
+        steps.extend([
+            q("RELEASE SAVEPOINT nope"),
+            q(&format!("SELECT * FROM no_such_table_{i}")),
+            binary("SHOW WARNINGS"),
+            q("RELEASE SAVEPOINT nope"),
+            q(&format!("SELECT * FROM no_such_table_{i}")),
+            binary("SHOW COUNT(*) WARNINGS"),
+            binary("SELECT @@warning_count, @@error_count"),
+        ]);
+    }
+    let login = (h.user(), h.password(), Some(h.database()));
+    let caps = BASE_CAPS | holdfast_wire::caps::CLIENT_DEPRECATE_EOF;
+    let direct = run(h.direct(), login, caps, &steps).expect("directly");
+    let via = run(h.proxy, login, caps, &steps).expect("through holdfast");
+    let diff = differences(&steps, &direct, &via);
+    assert!(diff.is_empty(), "holdfast differs from the server:\n{diff}");
+}

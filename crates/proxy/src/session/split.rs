@@ -21,7 +21,7 @@ use bytes::BytesMut;
 use holdfast_sql::{Classification as C, ReadRoute};
 use holdfast_wire::caps::{CLIENT_DEPRECATE_EOF, SERVER_STATUS_AUTOCOMMIT};
 use holdfast_wire::command::{
-    COM_QUERY, COM_QUIT, COM_STMT_CLOSE, COM_STMT_EXECUTE, CURSOR_TYPE_READ_ONLY,
+    COM_QUERY, COM_QUIT, COM_STMT_CLOSE, COM_STMT_EXECUTE, COM_STMT_PREPARE, CURSOR_TYPE_READ_ONLY,
 };
 use holdfast_wire::frame::{parse_header, HEADER_LEN};
 use holdfast_wire::packets;
@@ -333,7 +333,20 @@ impl Session {
             ReadRoute::LastNode => split.last_on.clone().map(Target::Last),
             ReadRoute::Primary => None,
         };
-        if target.is_none() {
+        // The server keeps the last statement's diagnostics across COM_STMT_CLOSE (no
+        // answer) and across the prepare of a statement that reads them (`SHOW WARNINGS`
+        // prepared after a read on a replica shows that read's warnings): then the next
+        // diagnostics read still goes where the last statement ran.
+        let keeps_diagnostics = match command {
+            Some(COM_STMT_CLOSE) => true,
+            Some(COM_STMT_PREPARE) => {
+                let sql = &request[HEADER_LEN + 1..];
+                let flags = holdfast_sql::classify_for(sql, mode, server);
+                holdfast_sql::read_route(sql, flags, mode, server) == ReadRoute::LastNode
+            }
+            _ => false,
+        };
+        if target.is_none() && !keeps_diagnostics {
             split.last_on = None;
         }
         target
