@@ -372,3 +372,25 @@ fn user_variables_move_whatever_the_clients_sql_select_limit() {
         Some("1,2,3,4,1")
     );
 }
+
+/// Found by the fuzzer: a multi-statement stops at its first error, so an `UNLOCK TABLES`
+/// after a failing statement does not run. holdfast took it as run, thought the session
+/// held no table lock, and wrapped the next write in BEGIN .. COMMIT for its marker: the
+/// BEGIN released the READ lock and the write, which the server refuses under it, went in.
+#[test]
+fn an_unlock_that_a_failed_multi_statement_skipped_keeps_the_locks() {
+    let h = Harness::start();
+    let steps = vec![
+        q("LOCK TABLES sbtest.dt READ; REPLACE INTO sbtest.dt (id, v) VALUES (9, 'r')"),
+        q("UPDATE sbtest.dt SET v = 'y' WHERE id = 1; UNLOCK TABLES"),
+        q("UPDATE sbtest.dt SET v = 'z' WHERE id = 2"),
+        q("SELECT id, v FROM sbtest.dt ORDER BY id"),
+        q("UNLOCK TABLES"),
+        q("XA START 'x1'; SELEC 1; XA END 'x1'; XA ROLLBACK 'x1'"),
+        q("UPDATE sbtest.dt SET v = 'w' WHERE id = 3"),
+        q("XA END 'x1'"),
+        q("XA ROLLBACK 'x1'"),
+        q("SELECT id, v FROM sbtest.dt ORDER BY id"),
+    ];
+    compare(&h, BASE_CAPS, &steps);
+}
