@@ -42,6 +42,9 @@ pub const SETUP: &str = "SET SESSION lock_wait_timeout = 30; \
     CREATE PROCEDURE fuzz.p_var() SET @pv = (SELECT COUNT(*) FROM t); \
     CREATE PROCEDURE fuzz.p_tmp() CREATE TEMPORARY TABLE IF NOT EXISTS tt (a INT PRIMARY KEY)";
 
+/// How often a long run prints where it is.
+const PROGRESS_EVERY: Duration = Duration::from_secs(300);
+
 /// Where the sessions go, and the nodes the checks read.
 #[derive(Debug, Clone)]
 pub struct Targets {
@@ -163,7 +166,21 @@ impl Fuzzer {
         let started = Instant::now();
         let mut report = Report::default();
         let mut k = plan.only.unwrap_or(0);
+        let mut progress = started;
         loop {
+            if progress.elapsed() >= PROGRESS_EVERY {
+                progress = Instant::now();
+                out(&format!(
+                    "progress at {:.0} s: {} sessions, {} requests ({} statements), {} sessions \
+                     differed ({} distinct)",
+                    started.elapsed().as_secs_f64(),
+                    report.sessions,
+                    report.steps,
+                    report.statements,
+                    report.differing_sessions,
+                    report.distinct.len()
+                ));
+            }
             if plan.only.is_some() && report.sessions == 1 {
                 break;
             }
