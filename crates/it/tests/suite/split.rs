@@ -649,3 +649,44 @@ fn prepared_diagnostics_read_where_the_last_statement_ran() {
     let diff = differences(&steps, &direct, &via);
     assert!(diff.is_empty(), "holdfast differs from the server:\n{diff}");
 }
+
+/// Found by the fuzzer: `SET TRANSACTION READ ONLY` sets the next transaction's
+/// characteristics, and the next statement that opens one (an autocommit read) uses them
+/// up. That read ran on a replica, so on the primary they were still pending and the
+/// session's next write failed with 1792 (a read-only transaction). While characteristics
+/// are pending, the session's statements run on the primary.
+#[test]
+fn pending_transaction_characteristics_are_used_up_on_the_primary() {
+    use holdfast_it::differential::{differences, q, run};
+    use holdfast_it::raw::BASE_CAPS;
+    let h = split_harness(|_| {});
+    h.root_sql("CREATE TABLE sbtest.chars_read (a INT) ENGINE=InnoDB");
+    h.root_sql("CREATE TABLE sbtest.chars_written (a INT) ENGINE=InnoDB");
+    for node in ["node2", "node3"] {
+        wait_for(
+            "the tables on the replicas",
+            Duration::from_secs(30),
+            || {
+                holdfast_lab::node_sql(h.node(node), "SELECT COUNT(*) FROM sbtest.chars_written")
+                    .ok()
+                    .map(|_| ())
+            },
+        );
+    }
+    let mut steps = Vec::new();
+    for _ in 0..4 {
+        steps.extend([
+            q("SET TRANSACTION READ ONLY"),
+            q("SELECT COUNT(*) FROM chars_read"),
+            q("INSERT INTO chars_written VALUES (1)"),
+            q("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE"),
+            q("SELECT COUNT(*) FROM chars_read"),
+            q("SELECT @@tx_isolation"),
+        ]);
+    }
+    let login = (h.user(), h.password(), Some(h.database()));
+    let direct = run(h.direct(), login, BASE_CAPS, &steps).expect("directly");
+    let via = run(h.proxy, login, BASE_CAPS, &steps).expect("through holdfast");
+    let diff = differences(&steps, &direct, &via);
+    assert!(diff.is_empty(), "holdfast differs from the server:\n{diff}");
+}

@@ -301,9 +301,12 @@ impl Session {
         } else if self.record.in_transaction()
             || self.record.status & SERVER_STATUS_AUTOCOMMIT == 0
             || self.record.blocker().is_some()
+            || !self.record.next_transaction.is_empty()
         {
             // Inside a transaction, or about to open one (autocommit off), or holding what
-            // lives on the primary connection.
+            // lives on the primary connection; or with next-transaction characteristics
+            // pending (`SET TRANSACTION READ ONLY`): the next statement that opens a
+            // transaction uses them up, and it must do so where the session's writes go.
             ReadRoute::Primary
         } else {
             match (command, query) {
