@@ -394,3 +394,20 @@ fn an_unlock_that_a_failed_multi_statement_skipped_keeps_the_locks() {
     ];
     compare(&h, BASE_CAPS, &steps);
 }
+
+/// Found by the fuzzer: next-transaction characteristics (`SET TRANSACTION READ ONLY`)
+/// belong to the statement that opens the next transaction. holdfast wrapped an autocommit
+/// write in BEGIN .. COMMIT for its marker: the BEGIN used them up, where the server
+/// alone keeps them pending after the write fails (the next statement failed too).
+#[test]
+fn pending_transaction_characteristics_are_not_used_up_by_a_wrap() {
+    let h = Harness::start();
+    let steps = vec![
+        q("SET TRANSACTION READ ONLY"),
+        q("UPDATE sbtest.dt SET v = 'q' WHERE id = 1"),
+        q("SELECT id FROM sbtest.dt WHERE id = 5 FOR UPDATE"),
+        q("INSERT INTO sbtest.dt (v) VALUES ('n')"),
+        q("SELECT @@tx_read_only, id, v FROM sbtest.dt ORDER BY id"),
+    ];
+    compare(&h, BASE_CAPS, &steps);
+}

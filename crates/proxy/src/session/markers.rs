@@ -146,6 +146,10 @@ impl Session {
         let execute = request.get(frame::HEADER_LEN) == Some(&COM_STMT_EXECUTE);
         !in_transaction
             && !self.record.holds_server_state()
+            // Pending next-transaction characteristics (`SET TRANSACTION READ ONLY`) are
+            // the statement's: the wrap's BEGIN would use them up, where the statement
+            // alone leaves them pending if it fails.
+            && self.record.next_transaction.is_empty()
             && self.shared.config.ha.mark_autocommit_writes
             && self.record.status & SERVER_STATUS_AUTOCOMMIT != 0
             && (!execute
