@@ -411,3 +411,26 @@ fn pending_transaction_characteristics_are_not_used_up_by_a_wrap() {
     ];
     compare(&h, BASE_CAPS, &steps);
 }
+
+/// Found by the fuzzer: a transaction statement run through the binary protocol, then the
+/// next statement's OK carried a `schema` session-state record the server never sent.
+#[test]
+fn prepared_transaction_statements_leave_the_session_state_records_alone() {
+    let h = Harness::start();
+    let steps = vec![
+        q("SELECT 1; COMMIT AND CHAIN"),
+        binary("START TRANSACTION READ ONLY"),
+        q("COMMIT"),
+        q("INSERT INTO sbtest.dt (v) VALUES ('s')"),
+        q("START TRANSACTION READ ONLY"),
+        q("USE sbtest"),
+        binary("COMMIT"),
+        q("SET @s = 'a'"),
+    ];
+    for caps in [
+        BASE_CAPS | CLIENT_SESSION_TRACK,
+        BASE_CAPS | CLIENT_SESSION_TRACK | CLIENT_DEPRECATE_EOF,
+    ] {
+        compare(&h, caps, &steps);
+    }
+}

@@ -92,10 +92,14 @@ impl Session {
     }
 
     /// Whether this COMMIT goes out behind a marker (never while the session holds state
-    /// a marker write would disturb or that dies with the backend anyway).
+    /// a marker write would disturb or that dies with the backend anyway, nor for a
+    /// read-only transaction).
     pub(super) fn marks_commit(&self, sql: &[u8], flags: C, in_transaction: bool) -> bool {
         in_transaction
             && self.markers.txn_writes
+            // A read-only transaction wrote nothing (whatever an earlier chained one did),
+            // and its marker write would fail with 1792.
+            && self.record.status & SERVER_STATUS_IN_TRANS_READONLY == 0
             && !self.record.holds_server_state()
             && !self.markers.refused
             && self.shared.commit_markers_ready.load(Ordering::Acquire)
