@@ -23,13 +23,13 @@ fn a_short_fuzz_run_finds_no_difference() {
         .args([
             "fuzz",
             "--seed",
-            "18",
+            "5",
+            "--sessions",
+            "8",
             "--duration",
-            "30",
-            "--shrink-secs",
-            "60",
+            "120",
         ])
-        .args(["--base-port", "3760"])
+        .args(["--shrink-secs", "60", "--base-port", "3760"])
         .arg("--dir")
         .arg(&dir)
         .arg("--holdfast")
@@ -42,7 +42,7 @@ fn a_short_fuzz_run_finds_no_difference() {
     let _ = std::fs::remove_dir_all(&dir);
     let verdict = text
         .lines()
-        .find(|l| l.starts_with("fuzz: seed ") && l.contains(" sessions, "))
+        .find(|l| l.starts_with("fuzz: seed ") && l.contains(" requests ("))
         .unwrap_or("no verdict line");
     assert!(
         out.status.success() && verdict.ends_with(": PASS"),
