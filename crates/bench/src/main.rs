@@ -5,6 +5,7 @@ mod admin;
 mod bench;
 mod demo;
 mod drill;
+mod fuzz;
 mod replay_memory;
 mod report;
 mod resume;
@@ -58,6 +59,13 @@ enum Command {
     ///
     /// Example: holdfast-bench demo --dir /tmp/holdfast-demo
     Demo(demo::DemoArgs),
+    /// The differential fuzzer for routing and rewriting: random sessions (comments,
+    /// executable comments, multi-statements, locks, temporary tables, prepared statements,
+    /// CALL, sequences...) directly and through the main and split listeners; answers,
+    /// binlog events, data, locks held and replica writes must be the same.
+    ///
+    /// Example: holdfast-bench fuzz --seed 1 --duration 3600
+    Fuzz(fuzz::FuzzArgs),
 }
 
 fn main() -> Result<()> {
@@ -69,6 +77,7 @@ fn main() -> Result<()> {
         Command::BenchReplayMemory(args) => replay_memory::run(&args, &holdfast),
         Command::Drill(args) => drill::run(&args, &holdfast),
         Command::Demo(args) => demo::run(&args, &holdfast),
+        Command::Fuzz(args) => fuzz::run(&args, &holdfast),
     }
 }
 

@@ -99,41 +99,51 @@ pub fn run(
         .with_context(|| format!("connecting to {addr}"))?;
     let mut out = Vec::with_capacity(steps.len() + 1);
     // The login's OK packet first.
-    out.push(Outcome::Responses(vec![seen_ok(&c, &c.login_ok.clone())]));
+    out.push(login_outcome(&c));
     for step in steps {
-        let outcome = match step {
-            Step::Query(sql) => {
-                let r = c.query(sql);
-                outcome_of(&c, r, &[], false)
-            }
-            Step::Masked(sql, cols) => {
-                let r = c.query(sql);
-                outcome_of(&c, r, cols, false)
-            }
-            Step::ChangeUser(user, password, database) => {
-                match c.change_user(user, password, database) {
-                    Ok(ok) => Outcome::Responses(vec![seen_ok(&c, &ok)]),
-                    Err(e) => error_outcome(e)?,
-                }
-            }
-            Step::Binary(sql) => match c.prepare(sql) {
-                Err(e) => error_outcome(e)?,
-                Ok(p) => {
-                    let r = c.execute_no_params(p.id, 0);
-                    let executed = outcome_of(&c, r, &[], true);
-                    c.close_statement(p.id)?;
-                    Outcome::Prepared {
-                        columns: p.columns,
-                        params: p.params,
-                        executed: Box::new(executed),
-                    }
-                }
-            },
-        };
-        out.push(outcome);
+        out.push(step_outcome(&mut c, step)?);
         std::thread::sleep(QUIET);
     }
     Ok(out)
+}
+
+/// Runs one step on `c`: its outcome, or an error when the connection failed (anything but
+/// an ERR packet).
+pub fn step_outcome(c: &mut RawConn, step: &Step) -> Result<Outcome> {
+    Ok(match step {
+        Step::Query(sql) => {
+            let r = c.query(sql);
+            outcome_of(c, r, &[], false)?
+        }
+        Step::Masked(sql, cols) => {
+            let r = c.query(sql);
+            outcome_of(c, r, cols, false)?
+        }
+        Step::ChangeUser(user, password, database) => {
+            match c.change_user(user, password, database) {
+                Ok(ok) => Outcome::Responses(vec![seen_ok(c, &ok)]),
+                Err(e) => error_outcome(e)?,
+            }
+        }
+        Step::Binary(sql) => match c.prepare(sql) {
+            Err(e) => error_outcome(e)?,
+            Ok(p) => {
+                let r = c.execute_no_params(p.id, 0);
+                let executed = outcome_of(c, r, &[], true)?;
+                c.close_statement(p.id)?;
+                Outcome::Prepared {
+                    columns: p.columns,
+                    params: p.params,
+                    executed: Box::new(executed),
+                }
+            }
+        },
+    })
+}
+
+/// The login's OK packet as an outcome (outcome 0 of a session).
+pub fn login_outcome(c: &RawConn) -> Outcome {
+    Outcome::Responses(vec![seen_ok(c, &c.login_ok.clone())])
 }
 
 fn error_outcome(e: anyhow::Error) -> Result<Outcome> {
@@ -147,14 +157,17 @@ fn error_outcome(e: anyhow::Error) -> Result<Outcome> {
     }
 }
 
-fn outcome_of(c: &RawConn, r: Result<Vec<Response>>, masked: &[usize], binary: bool) -> Outcome {
+fn outcome_of(
+    c: &RawConn,
+    r: Result<Vec<Response>>,
+    masked: &[usize],
+    binary: bool,
+) -> Result<Outcome> {
     let responses = match r {
         Ok(r) => r,
-        Err(e) => {
-            return error_outcome(e).unwrap_or_else(|e| panic!("the connection failed: {e:#}"))
-        }
+        Err(e) => return error_outcome(e),
     };
-    Outcome::Responses(
+    Ok(Outcome::Responses(
         responses
             .into_iter()
             .map(|r| match r {
@@ -186,7 +199,7 @@ fn outcome_of(c: &RawConn, r: Result<Vec<Response>>, masked: &[usize], binary: b
                 },
             })
             .collect(),
-    )
+    ))
 }
 
 fn hex(b: &[u8]) -> String {

@@ -6,6 +6,7 @@
 //! Every wait here has a deadline; nothing sleeps and hopes.
 
 pub mod differential;
+pub mod fuzz;
 pub mod raw;
 pub mod rogue;
 

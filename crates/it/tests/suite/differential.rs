@@ -315,3 +315,122 @@ fn change_user_answers_as_the_server_does() {
         compare(&h, caps, &steps);
     }
 }
+
+/// Found by the fuzzer: holdfast's own statements on the client's connection obey the
+/// client's `sql_select_limit` unless they carry a LIMIT. The capture after an idle pause
+/// put `FOUND_ROWS()` back with a `SELECT 1 UNION ALL ...` of 5 rows, which returned (and
+/// found) 2; with `sql_select_limit = 0` its reads returned no row at all.
+#[test]
+fn captures_ignore_the_clients_sql_select_limit() {
+    // Sessions capture when there is a node to move them to.
+    let h = Harness::start_with(Options::default().replicas(1));
+    for limit in ["2", "0"] {
+        let steps = vec![
+            // In one request: the capture the SETs make due runs after the SELECT.
+            q(&format!(
+                "SET SESSION sql_select_limit = {limit}; SET @a = 1, @b = 2, @c = 3; \
+                 SELECT SQL_CALC_FOUND_ROWS id FROM sbtest.dt ORDER BY id LIMIT 1"
+            )),
+            q("SELECT FOUND_ROWS(), ROW_COUNT()"),
+            q("SET sql_select_limit = DEFAULT"),
+            q("SELECT @a, @b, @c, FOUND_ROWS()"),
+        ];
+        for caps in [
+            BASE_CAPS,
+            BASE_CAPS | CLIENT_DEPRECATE_EOF | CLIENT_SESSION_TRACK,
+        ] {
+            compare(&h, caps, &steps);
+        }
+    }
+}
+
+/// The capture lists the session's user variables with a `SELECT` on the client's own
+/// connection: under the client's `sql_select_limit` it listed only that many, and a move
+/// lost the others.
+#[test]
+fn user_variables_move_whatever_the_clients_sql_select_limit() {
+    let h = Harness::start_with(Options::default().replicas(1));
+    let mut c = RawConn::connect(
+        h.proxy,
+        h.user(),
+        h.password(),
+        Some(h.database()),
+        BASE_CAPS,
+    )
+    .expect("connecting through holdfast");
+    c.query("SET @a = 1, @b = 2, @c = 3, @d = 4").unwrap();
+    c.query("SET SESSION sql_select_limit = 1").unwrap();
+    c.query("DO 0").unwrap();
+    h.wait_captured();
+    let before = c.query_value("SELECT @@port").unwrap();
+    h.switch_over_to("node2");
+    assert_ne!(c.query_value("SELECT @@port").unwrap(), before, "moved");
+    assert_eq!(
+        c.query_value("SELECT CONCAT_WS(',', @a, @b, @c, @d, @@sql_select_limit)")
+            .unwrap()
+            .as_deref(),
+        Some("1,2,3,4,1")
+    );
+}
+
+/// Found by the fuzzer: a multi-statement stops at its first error, so an `UNLOCK TABLES`
+/// after a failing statement does not run. holdfast took it as run, thought the session
+/// held no table lock, and wrapped the next write in BEGIN .. COMMIT for its marker: the
+/// BEGIN released the READ lock and the write, which the server refuses under it, went in.
+#[test]
+fn an_unlock_that_a_failed_multi_statement_skipped_keeps_the_locks() {
+    let h = Harness::start();
+    let steps = vec![
+        q("LOCK TABLES sbtest.dt READ; REPLACE INTO sbtest.dt (id, v) VALUES (9, 'r')"),
+        q("UPDATE sbtest.dt SET v = 'y' WHERE id = 1; UNLOCK TABLES"),
+        q("UPDATE sbtest.dt SET v = 'z' WHERE id = 2"),
+        q("SELECT id, v FROM sbtest.dt ORDER BY id"),
+        q("UNLOCK TABLES"),
+        q("XA START 'x1'; SELEC 1; XA END 'x1'; XA ROLLBACK 'x1'"),
+        q("UPDATE sbtest.dt SET v = 'w' WHERE id = 3"),
+        q("XA END 'x1'"),
+        q("XA ROLLBACK 'x1'"),
+        q("SELECT id, v FROM sbtest.dt ORDER BY id"),
+    ];
+    compare(&h, BASE_CAPS, &steps);
+}
+
+/// Found by the fuzzer: next-transaction characteristics (`SET TRANSACTION READ ONLY`)
+/// belong to the statement that opens the next transaction. holdfast wrapped an autocommit
+/// write in BEGIN .. COMMIT for its marker: the BEGIN used them up, where the server
+/// alone keeps them pending after the write fails (the next statement failed too).
+#[test]
+fn pending_transaction_characteristics_are_not_used_up_by_a_wrap() {
+    let h = Harness::start();
+    let steps = vec![
+        q("SET TRANSACTION READ ONLY"),
+        q("UPDATE sbtest.dt SET v = 'q' WHERE id = 1"),
+        q("SELECT id FROM sbtest.dt WHERE id = 5 FOR UPDATE"),
+        q("INSERT INTO sbtest.dt (v) VALUES ('n')"),
+        q("SELECT @@tx_read_only, id, v FROM sbtest.dt ORDER BY id"),
+    ];
+    compare(&h, BASE_CAPS, &steps);
+}
+
+/// Found by the fuzzer: a transaction statement run through the binary protocol, then the
+/// next statement's OK carried a `schema` session-state record the server never sent.
+#[test]
+fn prepared_transaction_statements_leave_the_session_state_records_alone() {
+    let h = Harness::start();
+    let steps = vec![
+        q("SELECT 1; COMMIT AND CHAIN"),
+        binary("START TRANSACTION READ ONLY"),
+        q("COMMIT"),
+        q("INSERT INTO sbtest.dt (v) VALUES ('s')"),
+        q("START TRANSACTION READ ONLY"),
+        q("USE sbtest"),
+        binary("COMMIT"),
+        q("SET @s = 'a'"),
+    ];
+    for caps in [
+        BASE_CAPS | CLIENT_SESSION_TRACK,
+        BASE_CAPS | CLIENT_SESSION_TRACK | CLIENT_DEPRECATE_EOF,
+    ] {
+        compare(&h, caps, &steps);
+    }
+}

@@ -708,3 +708,78 @@ fn a_replica_asking_for_a_client_file_during_a_read_gets_nothing() {
     assert!(mock.record().stolen.is_empty());
     let _ = std::fs::remove_file(secret);
 }
+
+/// Found by the fuzzer: diagnostics read through the binary protocol go where the last
+/// statement ran, as a text `SHOW WARNINGS` does. A read that failed on a replica, then a
+/// prepared `SHOW WARNINGS`: the prepare went to the primary and the session forgot where
+/// the last statement ran, so the client got the primary's (older) diagnostics.
+#[test]
+fn prepared_diagnostics_read_where_the_last_statement_ran() {
+    use holdfast_it::differential::{binary, differences, q, run};
+    use holdfast_it::raw::BASE_CAPS;
+    let h = split_harness(|_| {});
+    let mut steps = vec![
+        q("SET NAMES latin1;\nRELEASE SAVEPOINT sp"),
+        q("-- dash ' ;\n SELECT * FROM tt ORDER BY a /*!101118 */"),
+        binary("SHOW WARNINGS"),
+    ];
+    // Reads are balanced over the primary too: several, so that some run on a replica.
+    for i in 0..4 {
+        steps.extend([
+            q("RELEASE SAVEPOINT nope"),
+            q(&format!("SELECT * FROM no_such_table_{i}")),
+            binary("SHOW WARNINGS"),
+            q("RELEASE SAVEPOINT nope"),
+            q(&format!("SELECT * FROM no_such_table_{i}")),
+            binary("SHOW COUNT(*) WARNINGS"),
+            binary("SELECT @@warning_count, @@error_count"),
+        ]);
+    }
+    let login = (h.user(), h.password(), Some(h.database()));
+    let caps = BASE_CAPS | holdfast_wire::caps::CLIENT_DEPRECATE_EOF;
+    let direct = run(h.direct(), login, caps, &steps).expect("directly");
+    let via = run(h.proxy, login, caps, &steps).expect("through holdfast");
+    let diff = differences(&steps, &direct, &via);
+    assert!(diff.is_empty(), "holdfast differs from the server:\n{diff}");
+}
+
+/// Found by the fuzzer: `SET TRANSACTION READ ONLY` sets the next transaction's
+/// characteristics, and the next statement that opens one (an autocommit read) uses them
+/// up. That read ran on a replica, so on the primary they were still pending and the
+/// session's next write failed with 1792 (a read-only transaction). While characteristics
+/// are pending, the session's statements run on the primary.
+#[test]
+fn pending_transaction_characteristics_are_used_up_on_the_primary() {
+    use holdfast_it::differential::{differences, q, run};
+    use holdfast_it::raw::BASE_CAPS;
+    let h = split_harness(|_| {});
+    h.root_sql("CREATE TABLE sbtest.chars_read (a INT) ENGINE=InnoDB");
+    h.root_sql("CREATE TABLE sbtest.chars_written (a INT) ENGINE=InnoDB");
+    for node in ["node2", "node3"] {
+        wait_for(
+            "the tables on the replicas",
+            Duration::from_secs(30),
+            || {
+                holdfast_lab::node_sql(h.node(node), "SELECT COUNT(*) FROM sbtest.chars_written")
+                    .ok()
+                    .map(|_| ())
+            },
+        );
+    }
+    let mut steps = Vec::new();
+    for _ in 0..4 {
+        steps.extend([
+            q("SET TRANSACTION READ ONLY"),
+            q("SELECT COUNT(*) FROM chars_read"),
+            q("INSERT INTO chars_written VALUES (1)"),
+            q("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE"),
+            q("SELECT COUNT(*) FROM chars_read"),
+            q("SELECT @@tx_isolation"),
+        ]);
+    }
+    let login = (h.user(), h.password(), Some(h.database()));
+    let direct = run(h.direct(), login, BASE_CAPS, &steps).expect("directly");
+    let via = run(h.proxy, login, BASE_CAPS, &steps).expect("through holdfast");
+    let diff = differences(&steps, &direct, &via);
+    assert!(diff.is_empty(), "holdfast differs from the server:\n{diff}");
+}

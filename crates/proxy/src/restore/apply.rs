@@ -41,12 +41,13 @@ pub async fn restore_session(
     if p.needs_utf8 {
         // Put back whatever the record does not set of the connection's character set.
         let sql = format!(
-            "SELECT {}",
+            "SELECT {}{}",
             CONNECTION_CHARSET_VARS
                 .iter()
                 .map(|v| format!("HEX(@@session.{v})"))
                 .collect::<Vec<_>>()
-                .join(", ")
+                .join(", "),
+            super::NO_LIMIT
         );
         let current = execute(conn, sql.as_bytes())
             .await

@@ -52,6 +52,7 @@ pub async fn capture_session(conn: &mut BackendConn) -> Result<Captured, Capture
     let list = "SELECT LAST_INSERT_ID(), HEX(@@character_set_client), \
                 HEX(@@collation_connection), HEX(CONVERT(u.VARIABLE_NAME USING utf8mb4)) \
                 FROM (SELECT 1) AS one LEFT JOIN information_schema.USER_VARIABLES AS u ON 1";
+    let list = format!("{list}{}", super::NO_LIMIT);
     let result = match execute(conn, list.as_bytes()).await {
         Ok(r) => r,
         Err(BackendError::Server { code, message, .. }) if code == 1109 || code == 1146 => {
@@ -93,11 +94,11 @@ pub async fn capture_session_named(
     conn: &mut BackendConn,
     names: &[String],
 ) -> Result<Captured, CaptureError> {
-    let result = execute(
-        conn,
-        b"SELECT LAST_INSERT_ID(), HEX(@@character_set_client), HEX(@@collation_connection)",
-    )
-    .await?;
+    let sql = format!(
+        "SELECT LAST_INSERT_ID(), HEX(@@character_set_client), HEX(@@collation_connection){}",
+        super::NO_LIMIT
+    );
+    let result = execute(conn, sql.as_bytes()).await?;
     let row = result.rows.first();
     let cell = |i: usize| {
         row.and_then(|r| r.get(i))
@@ -168,6 +169,7 @@ async fn read_user_variables(
             "{r}, CAST({r} AS BINARY), CHARSET({r}), COLLATION({r})"
         );
     }
+    sql.push_str(super::NO_LIMIT);
     let result = conn
         .execute_prepared(sql.as_bytes(), CAPTURE_MAX_PACKET)
         .await?;
@@ -234,7 +236,11 @@ impl Diagnostics {
 /// only for statements that open tables), but sets `FOUND_ROWS()` to 1 and `ROW_COUNT()`
 /// to -1: [`put_back_diagnostics`] must follow.
 pub async fn read_diagnostics(conn: &mut BackendConn) -> Result<Diagnostics, CaptureError> {
-    let result = execute(conn, b"SELECT FOUND_ROWS(), ROW_COUNT(), @@warning_count").await?;
+    let sql = format!(
+        "SELECT FOUND_ROWS(), ROW_COUNT(), @@warning_count{}",
+        super::NO_LIMIT
+    );
+    let result = execute(conn, sql.as_bytes()).await?;
     let cell = |i: usize| {
         result
             .rows
@@ -289,7 +295,8 @@ fn found_rows_select(n: u64) -> String {
         return "SELECT 1 FROM DUAL WHERE 0".into();
     }
     if n <= UNION_ROWS {
-        return vec!["SELECT 1"; n as usize].join(" UNION ALL ");
+        // Without a LIMIT it would return (and find) the client's sql_select_limit rows.
+        return vec!["SELECT 1"; n as usize].join(" UNION ALL ") + super::NO_LIMIT;
     }
     let digits = n.saturating_sub(1).checked_ilog10().map_or(1, |d| d + 1);
     let table = "(SELECT 0 AS i UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
@@ -315,10 +322,10 @@ mod diagnostics_tests {
     #[test]
     fn found_rows_select_makes_n_rows() {
         assert_eq!(found_rows_select(0), "SELECT 1 FROM DUAL WHERE 0");
-        assert_eq!(found_rows_select(1), "SELECT 1");
+        assert_eq!(found_rows_select(1), "SELECT 1 LIMIT 18446744073709551615");
         assert_eq!(
             found_rows_select(3),
-            "SELECT 1 UNION ALL SELECT 1 UNION ALL SELECT 1"
+            "SELECT 1 UNION ALL SELECT 1 UNION ALL SELECT 1 LIMIT 18446744073709551615"
         );
         let s = found_rows_select(1001);
         assert_eq!(s.matches(" AS d").count(), 4, "{s}");

@@ -76,6 +76,12 @@
 //! [`SessionRecord::schema`]: crate::state::SessionRecord::schema
 //! [`SessionRecord::last_insert_id`]: crate::state::SessionRecord::last_insert_id
 
+/// Appended to holdfast's own `SELECT`s on a session's connection: a statement without a
+/// LIMIT returns at most the client's `sql_select_limit` rows (none at 0), which cut
+/// captures short (user variables listed, `FOUND_ROWS()` recreated) and emptied reads of
+/// one row.
+pub const NO_LIMIT: &str = " LIMIT 18446744073709551615";
+
 mod apply;
 mod capture;
 mod plan;

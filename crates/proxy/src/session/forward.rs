@@ -324,6 +324,13 @@ impl Session {
             Ok(()) => self.replay_after(kept),
             Err(_) => self.checksum = None,
         }
+        // A request that failed may have stopped before what it would have released (a
+        // multi-statement ends at its first error: `...; UNLOCK TABLES` after a failing
+        // statement does not run): what was held before is still held, as far as holdfast
+        // can tell (keeping a blocker too long only costs a wrap or a move).
+        if self.last_error.is_some() {
+            held.keep(&mut self.record);
+        }
         let marked = self.take_marked();
         if result.is_ok() {
             self.markers_after();
@@ -616,7 +623,11 @@ impl Session {
             "session_track_state_change",
             "session_track_transaction_info",
         ];
-        let select = format!("SELECT @@session.{}", names.join(", @@session."));
+        let select = format!(
+            "SELECT @@session.{}{}",
+            names.join(", @@session."),
+            crate::restore::NO_LIMIT
+        );
         let values = crate::restore::execute(&mut self.backend, select.as_bytes())
             .await
             .map_err(|e| lost(e.into()))?;
@@ -1451,6 +1462,14 @@ impl Held {
             named_locks: r.named_locks,
             xa: r.xa,
         }
+    }
+
+    /// After a request that failed: what it would have released may not have been.
+    fn keep(self, r: &mut SessionRecord) {
+        r.temporary_tables |= self.temporary_tables;
+        r.table_locks |= self.table_locks;
+        r.named_locks |= self.named_locks;
+        r.xa |= self.xa;
     }
 
     /// After a request lost before it answered.

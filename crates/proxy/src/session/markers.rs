@@ -92,10 +92,14 @@ impl Session {
     }
 
     /// Whether this COMMIT goes out behind a marker (never while the session holds state
-    /// a marker write would disturb or that dies with the backend anyway).
+    /// a marker write would disturb or that dies with the backend anyway, nor for a
+    /// read-only transaction).
     pub(super) fn marks_commit(&self, sql: &[u8], flags: C, in_transaction: bool) -> bool {
         in_transaction
             && self.markers.txn_writes
+            // A read-only transaction wrote nothing (whatever an earlier chained one did),
+            // and its marker write would fail with 1792.
+            && self.record.status & SERVER_STATUS_IN_TRANS_READONLY == 0
             && !self.record.holds_server_state()
             && !self.markers.refused
             && self.shared.commit_markers_ready.load(Ordering::Acquire)
@@ -146,6 +150,10 @@ impl Session {
         let execute = request.get(frame::HEADER_LEN) == Some(&COM_STMT_EXECUTE);
         !in_transaction
             && !self.record.holds_server_state()
+            // Pending next-transaction characteristics (`SET TRANSACTION READ ONLY`) are
+            // the statement's: the wrap's BEGIN would use them up, where the statement
+            // alone leaves them pending if it fails.
+            && self.record.next_transaction.is_empty()
             && self.shared.config.ha.mark_autocommit_writes
             && self.record.status & SERVER_STATUS_AUTOCOMMIT != 0
             && (!execute
@@ -542,7 +550,7 @@ impl Session {
     async fn start_replay_from_marker(&mut self) -> Result<bool, End> {
         let start = self.txn_log.as_ref().map_or(0, |l| l.start_last_insert_id);
         if start != self.record.last_insert_id {
-            let sql = format!("SELECT LAST_INSERT_ID({start})");
+            let sql = format!("SELECT LAST_INSERT_ID({start}){}", crate::restore::NO_LIMIT);
             if crate::restore::execute(&mut self.backend, sql.as_bytes())
                 .await
                 .is_err()
@@ -561,7 +569,8 @@ impl Session {
         let old_thread = lost.thread;
         if self.backend_name == lost.node && self.server_ran_throughout(lost).await != Some(false) {
             let gone = format!(
-                "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = {old_thread}"
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = {old_thread}{}",
+                crate::restore::NO_LIMIT
             );
             let deadline = Instant::now() + OLD_CONNECTION_GONE_WITHIN;
             loop {
@@ -581,9 +590,10 @@ impl Session {
             }
         }
         let read = format!(
-            "SELECT {}({})",
+            "SELECT {}({}){}",
             crate::ha::markers::MARKER_OF,
-            self.markers.key
+            self.markers.key,
+            crate::restore::NO_LIMIT
         );
         match self.backend.query(&read).await {
             Ok(r) => Some(first_value(&r).map(|v| {

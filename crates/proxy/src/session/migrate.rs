@@ -27,7 +27,8 @@ const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 /// The server's uptime in seconds.
 const UPTIME: &str =
-    "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'UPTIME'";
+    "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'UPTIME' \
+     LIMIT 18446744073709551615";
 
 /// Why a node could not take the session yet (worth another try within the hold window).
 /// Shown to the client when the hold window expires, so it names nodes, never addresses;

@@ -20,7 +20,9 @@ use crate::topology::{NodeLoad, NodeState, Topology};
 use bytes::BytesMut;
 use holdfast_sql::{Classification as C, ReadRoute};
 use holdfast_wire::caps::{CLIENT_DEPRECATE_EOF, SERVER_STATUS_AUTOCOMMIT};
-use holdfast_wire::command::{COM_QUERY, COM_STMT_CLOSE, COM_STMT_EXECUTE, CURSOR_TYPE_READ_ONLY};
+use holdfast_wire::command::{
+    COM_QUERY, COM_STMT_CLOSE, COM_STMT_EXECUTE, COM_STMT_PREPARE, CURSOR_TYPE_READ_ONLY,
+};
 use holdfast_wire::frame::{parse_header, HEADER_LEN};
 use holdfast_wire::packets;
 use std::collections::HashMap;
@@ -298,9 +300,12 @@ impl Session {
         } else if self.record.in_transaction()
             || self.record.status & SERVER_STATUS_AUTOCOMMIT == 0
             || self.record.blocker().is_some()
+            || !self.record.next_transaction.is_empty()
         {
             // Inside a transaction, or about to open one (autocommit off), or holding what
-            // lives on the primary connection.
+            // lives on the primary connection; or with next-transaction characteristics
+            // pending (`SET TRANSACTION READ ONLY`): the next statement that opens a
+            // transaction uses them up, and it must do so where the session's writes go.
             ReadRoute::Primary
         } else {
             match (command, query) {
@@ -330,7 +335,20 @@ impl Session {
             ReadRoute::LastNode => split.last_on.clone().map(Target::Last),
             ReadRoute::Primary => None,
         };
-        if target.is_none() {
+        // The server keeps the last statement's diagnostics across COM_STMT_CLOSE (no
+        // answer) and across the prepare of a statement that reads them (`SHOW WARNINGS`
+        // prepared after a read on a replica shows that read's warnings): then the next
+        // diagnostics read still goes where the last statement ran.
+        let keeps_diagnostics = match command {
+            Some(COM_STMT_CLOSE) => true,
+            Some(COM_STMT_PREPARE) => {
+                let sql = &request[HEADER_LEN + 1..];
+                let flags = holdfast_sql::classify_for(sql, mode, server);
+                holdfast_sql::read_route(sql, flags, mode, server) == ReadRoute::LastNode
+            }
+            _ => false,
+        };
+        if target.is_none() && !keeps_diagnostics {
             split.last_on = None;
         }
         target
@@ -585,8 +603,8 @@ impl Session {
                 .filter(|g| !g.is_empty())
                 .cloned(),
             Consistency::Global => {
-                match restore::execute(&mut self.backend, b"SELECT @@global.gtid_binlog_pos").await
-                {
+                let sql = format!("SELECT @@global.gtid_binlog_pos{}", restore::NO_LIMIT);
+                match restore::execute(&mut self.backend, sql.as_bytes()).await {
                     Ok(r) => r
                         .text_rows()
                         .first()
@@ -627,9 +645,10 @@ impl Session {
         }
         let started = Instant::now();
         let sql = format!(
-            "SELECT MASTER_GTID_WAIT({}, {:.3})",
+            "SELECT MASTER_GTID_WAIT({}, {:.3}){}",
             holdfast_sql::quote::string_literal(position.trim()),
-            wait.as_secs_f64()
+            wait.as_secs_f64(),
+            restore::NO_LIMIT
         );
         let answer = restore::execute(&mut reader.conn, sql.as_bytes())
             .await
