@@ -161,6 +161,12 @@ pub struct ProxyConfig {
     pub replay_max_bytes: usize,
     /// The main listener's routing: `primary` or `split` (see `[split]`).
     pub routing: Routing,
+    /// The local address holdfast's connections to the nodes leave from (sessions,
+    /// monitor, HA), e.g. `127.0.0.9` or a dedicated interface's address; the system
+    /// chooses when unset. Nodes that take the PROXY header must list it in
+    /// `proxy_protocol_networks`. Read at start.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend_source_address: Option<std::net::IpAddr>,
 }
 
 impl Default for ProxyConfig {
@@ -185,6 +191,7 @@ impl Default for ProxyConfig {
             transaction_replay: false,
             replay_max_bytes: 1 << 20,
             routing: Routing::Primary,
+            backend_source_address: None,
         }
     }
 }

@@ -118,6 +118,8 @@ impl Shared {
             None => Arc::new(gate::Ungated),
         };
         let admission = Arc::new(admission::Admission::new(&config.proxy));
+        let connector = backend_connector
+            .unwrap_or_else(|| Arc::new(backend::TcpConnector::from_config(&config.proxy)));
         Shared {
             members: topology::members_of(&config),
             config_path: std::sync::OnceLock::new(),
@@ -135,7 +137,7 @@ impl Shared {
             switching_now: std::sync::atomic::AtomicBool::new(false),
             commit_markers_ready: Arc::default(),
             node_driver,
-            connector: backend_connector.unwrap_or_else(|| Arc::new(backend::TcpConnector)),
+            connector,
             admission,
             client_tls: None,
             next_session_id: AtomicU32::new(0),

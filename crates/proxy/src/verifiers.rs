@@ -291,7 +291,7 @@ pub async fn monitor_connect(
         tls: tls.as_ref(),
     };
     backend::connect(
-        &backend::TcpConnector,
+        &backend::TcpConnector::from_config(&cfg.proxy),
         addr,
         &params,
         cfg.proxy.connect_timeout(),
