@@ -7,6 +7,13 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 
+fn nft_usable() -> bool {
+    Command::new("nft")
+        .args(["list", "tables"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
 #[test]
 fn a_short_chaos_run_passes() {
     let bench = PathBuf::from(env!("CARGO_BIN_EXE_holdfast-bench"));
@@ -36,6 +43,15 @@ fn a_short_chaos_run_passes() {
             "--base-port",
             "3710",
         ])
+        // One of each kind that matters most, a network cut among them when nftables can
+        // be used here (root; scripts/deps.sh installs it).
+        .args(match nft_usable() {
+            true => [
+                "--kinds",
+                "cut-holdfast,kill,cut-replicas,switchover,freeze",
+            ],
+            false => ["--kinds", "kill,switchover,slow,freeze,remove-add"],
+        })
         .arg("--dir")
         .arg(&dir)
         .arg("--holdfast")

@@ -18,6 +18,7 @@ mod keepalive;
 mod kill;
 mod lost_statements;
 mod mariadb_caps;
+mod netcut;
 mod nodes;
 mod parity;
 mod passwords;

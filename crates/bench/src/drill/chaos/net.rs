@@ -107,13 +107,16 @@ impl Firewall {
                 format!("ip daddr != {HOLDFAST_SOURCE}"),
             ),
         };
-        let verdict = match mode {
-            Mode::Drop => "drop",
-            Mode::Reject => "reject with tcp reset",
+        // REJECT: the cut-off side gets a reset for each packet it sends the primary; the
+        // primary's packets vanish (the resets pass), so its side of each connection stays
+        // open, as behind a firewall that rejects one way.
+        let (to, from) = match mode {
+            Mode::Drop => ("drop", "drop"),
+            Mode::Reject => ("reject with tcp reset", "tcp flags & rst == 0 drop"),
         };
         for rule in [
-            format!("oifname \"lo\" {src} tcp dport {port} {verdict}"),
-            format!("oifname \"lo\" {dst} tcp sport {port} {verdict}"),
+            format!("oifname \"lo\" {src} tcp dport {port} {to}"),
+            format!("oifname \"lo\" {dst} tcp sport {port} {from}"),
         ] {
             nft(&["add", "rule", "inet", &self.table, "out", &rule])?;
         }
