@@ -149,6 +149,21 @@ fn drive(
         password: lab.app_password.clone(),
     };
     let total = workload::prepare(&target)?;
+    // Every node has the accounts before the clients start: the split listener's first
+    // reads may go to a replica, and another session's writes are not theirs to wait for.
+    for node in holdfast_lab::status(&lab.dir)?.nodes {
+        wait_for(
+            "the accounts on every node",
+            Duration::from_secs(30),
+            || {
+                let n = holdfast_lab::node_sql_value(
+                    &node,
+                    &format!("SELECT COUNT(*) FROM {}", txn::BANK_TABLE),
+                );
+                (n.ok()?? == workload::ACCOUNTS.to_string()).then_some(())
+            },
+        )?;
+    }
     let counters_before = super::ha::recovery_counters(&admin);
     let epoch = Instant::now();
     let load = workload::Workload::start(&target, c.clients, seed, epoch)?;
