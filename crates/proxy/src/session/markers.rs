@@ -88,6 +88,11 @@ fn plain_commit(sql: &[u8], flags: C) -> bool {
 impl Session {
     /// Before a statement runs: notes whether the transaction changed data.
     pub(super) fn note_writes(&mut self, flags: Option<C>) {
+        // A statement that opens a transaction starts its count afresh (whatever an
+        // earlier one, or a recovered autocommit write, left behind).
+        if flags.is_some_and(|f| f.has(C::BEGIN_TXN)) {
+            self.markers.txn_writes = false;
+        }
         self.markers.txn_writes |= flags.is_some_and(writes_data);
     }
 
@@ -416,6 +421,9 @@ impl Session {
     ) -> Result<(), End> {
         tracing::info!(session = self.info.id, node = %self.backend_name, %error, "backend lost with an autocommit write in flight; reading its commit marker");
         let lost = self.move_after_marked_loss(&error).await?;
+        // Settled below one way or the other: no transaction of the client's is open.
+        self.markers.txn_writes = false;
+        self.record.status &= !SERVER_STATUS_IN_TRANS;
         match self.read_marker(&lost).await {
             Some(Some(m)) if m.seq >= seq && m.affected >= 0 => {
                 tracing::info!(
