@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what holdfast's demo, tests and benchmarks run against: MariaDB server and client,
-# sysbench, HAProxy and openssl from the OS packages, and the Python drivers used by the tests.
+# sysbench, HAProxy, openssl and nftables (the chaos drill's network cuts) from the OS
+# packages, and the Python drivers used by the tests.
 # Idempotent: skips what is already there.
 set -euo pipefail
 
@@ -10,6 +11,7 @@ command -v mariadb >/dev/null 2>&1 || need+=(mariadb-client)
 command -v sysbench >/dev/null 2>&1 || need+=(sysbench)
 command -v haproxy >/dev/null 2>&1 || need+=(haproxy)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
+command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || need+=(nftables)
 command -v python3 >/dev/null 2>&1 || need+=(python3 python3-pip)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing OS packages: ${need[*]}"

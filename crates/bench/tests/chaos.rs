@@ -1,4 +1,5 @@
-//! The chaos drill, short enough for CI: 5 faults, 8 clients, on a fresh lab of real
+//! The chaos drill, short enough for CI: 5 faults (two network cuts among them when
+//! nftables can be used), 8 clients, on a fresh lab of real
 //! mariadbd processes, through the `holdfast` binary built next to `holdfast-bench`
 //! (`cargo build -p holdfast -p holdfast-bench`). It must pass: nothing lost, nothing
 //! applied twice, no anomaly, no unexplained client error.
@@ -6,6 +7,13 @@
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
+
+fn nft_usable() -> bool {
+    Command::new("nft")
+        .args(["list", "tables"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
 
 #[test]
 fn a_short_chaos_run_passes() {
@@ -36,6 +44,15 @@ fn a_short_chaos_run_passes() {
             "--base-port",
             "3710",
         ])
+        // One of each kind that matters most, a network cut among them when nftables can
+        // be used here (root; scripts/deps.sh installs it).
+        .args(match nft_usable() {
+            true => [
+                "--kinds",
+                "cut-holdfast,kill,cut-replicas,switchover,restart",
+            ],
+            false => ["--kinds", "kill,switchover,slow,restart,remove-add"],
+        })
         .arg("--dir")
         .arg(&dir)
         .arg("--holdfast")

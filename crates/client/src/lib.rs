@@ -207,7 +207,50 @@ impl Drop for Client {
 /// Opens a TCP connection to `addr` with `TCP_NODELAY`, boxed for a [`PacketConn`]. No
 /// timeout of its own: [`open`] puts one around it.
 pub async fn tcp_connect(addr: &str) -> std::io::Result<BoxedIo> {
-    let stream = TcpStream::connect(addr).await?;
+    tcp_connect_from(addr, None).await
+}
+
+/// [`tcp_connect`], leaving from `source` (any port) when given: each of `addr`'s
+/// addresses of the same family is tried in turn.
+pub async fn tcp_connect_from(
+    addr: &str,
+    source: Option<std::net::IpAddr>,
+) -> std::io::Result<BoxedIo> {
+    let stream = match source {
+        None => TcpStream::connect(addr).await?,
+        Some(source) => {
+            let mut last = None;
+            let mut connected = None;
+            for target in tokio::net::lookup_host(addr).await? {
+                if target.is_ipv4() != source.is_ipv4() {
+                    continue;
+                }
+                let socket = match target {
+                    std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+                    std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+                };
+                socket.bind(std::net::SocketAddr::new(source, 0))?;
+                match socket.connect(target).await {
+                    Ok(s) => {
+                        connected = Some(s);
+                        break;
+                    }
+                    Err(e) => last = Some(e),
+                }
+            }
+            match connected {
+                Some(s) => s,
+                None => {
+                    return Err(last.unwrap_or_else(|| {
+                        std::io::Error::new(
+                            std::io::ErrorKind::AddrNotAvailable,
+                            format!("{addr} has no address of the family of {source}"),
+                        )
+                    }))
+                }
+            }
+        }
+    };
     let _ = stream.set_nodelay(true);
     Ok(Box::new(stream))
 }

@@ -171,6 +171,12 @@ pub struct ProxyConfig {
     /// start with a PROXY protocol header (v1 or v2), whose client address then counts as
     /// the client's for everything. A header from any other address is refused.
     pub trusted_proxies: Vec<net::IpNet>,
+    /// The local address holdfast's connections to the nodes leave from (sessions,
+    /// monitor, HA), e.g. `127.0.0.9` or a dedicated interface's address; the system
+    /// chooses when unset. Nodes that take the PROXY header must list it in
+    /// `proxy_protocol_networks`. Read at start.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend_source_address: Option<std::net::IpAddr>,
 }
 
 impl Default for ProxyConfig {
@@ -196,6 +202,7 @@ impl Default for ProxyConfig {
             replay_max_bytes: 1 << 20,
             routing: Routing::Primary,
             trusted_proxies: Vec::new(),
+            backend_source_address: None,
         }
     }
 }

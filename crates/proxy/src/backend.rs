@@ -38,12 +38,24 @@ pub trait BackendConnector: Send + Sync {
     fn connect<'a>(&'a self, address: &'a str) -> ConnectFuture<'a>;
 }
 
-/// TCP with `TCP_NODELAY`, as `holdfast_client` connects.
-pub struct TcpConnector;
+/// TCP with `TCP_NODELAY`, as `holdfast_client` connects, from `source` when set
+/// (`[proxy] backend_source_address`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TcpConnector {
+    pub source: Option<std::net::IpAddr>,
+}
+
+impl TcpConnector {
+    pub fn from_config(proxy: &crate::config::ProxyConfig) -> Self {
+        TcpConnector {
+            source: proxy.backend_source_address,
+        }
+    }
+}
 
 impl BackendConnector for TcpConnector {
     fn connect<'a>(&'a self, address: &'a str) -> ConnectFuture<'a> {
-        Box::pin(holdfast_client::tcp_connect(address))
+        Box::pin(holdfast_client::tcp_connect_from(address, self.source))
     }
 }
 

@@ -122,6 +122,8 @@ impl Shared {
             None => Arc::new(gate::Ungated),
         };
         let admission = Arc::new(admission::Admission::new(&config.proxy));
+        let connector = backend_connector
+            .unwrap_or_else(|| Arc::new(backend::TcpConnector::from_config(&config.proxy)));
         Shared {
             members: topology::members_of(&config),
             config_path: std::sync::OnceLock::new(),
@@ -140,7 +142,7 @@ impl Shared {
             commit_markers_ready: Arc::default(),
             preflight: Default::default(),
             node_driver,
-            connector: backend_connector.unwrap_or_else(|| Arc::new(backend::TcpConnector)),
+            connector,
             admission,
             client_tls: None,
             next_session_id: AtomicU32::new(0),

@@ -323,7 +323,7 @@ pub async fn connect_as(
         tls: tls.as_ref(),
     };
     backend::connect(
-        &backend::TcpConnector,
+        &backend::TcpConnector::from_config(&cfg.proxy),
         addr,
         &params,
         cfg.proxy.connect_timeout(),

@@ -114,6 +114,11 @@ pub struct ChaosArgs {
     /// BASE+2, nodes from BASE+10).
     #[arg(long, default_value_t = holdfast_lab::DEFAULT_BASE_PORT + 200)]
     pub base_port: u16,
+    /// Faults to inject in this order, repeated (chaos), instead of random ones: kill,
+    /// switchover, restart, freeze, stall, slow, cut-holdfast, cut-replicas, remove-add
+    /// (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub kinds: Vec<String>,
 }
 
 /// sysbench (from PATH) against `lab` with the drill's table sizes.

@@ -206,3 +206,37 @@ fn change_user_to_an_account_of_another_host_is_refused_as_directly() {
     );
     assert_eq!(unknown(h.proxy), direct, "through holdfast vs directly");
 }
+
+#[test]
+fn connections_to_the_nodes_leave_from_the_backend_source_address() {
+    // The nodes take the PROXY header from holdfast's configured source address.
+    let h = Harness::start_with(
+        Options::default()
+            .server_args(&["--proxy-protocol-networks=127.0.0.1,127.0.0.9"])
+            .config(|c| c.proxy.backend_source_address = Some("127.0.0.9".parse().expect("ip"))),
+    );
+    let monitor = h.shared.config.auth.monitor_user.clone();
+    let mut c = connect_from(&h, "127.0.0.2", h.user(), h.password()).unwrap();
+    // The session's connection carried the client's address in its header...
+    assert_eq!(server_side_user(&mut c), format!("{}@127.0.0.2", h.user()));
+    // ...and holdfast's own (monitor, HA) come from 127.0.0.9.
+    let hosts = wait_for(
+        "the monitor's connections on the primary",
+        Duration::from_secs(20),
+        || {
+            let rows = h.root_sql(&format!(
+                "SELECT HOST FROM information_schema.PROCESSLIST WHERE USER = '{monitor}'"
+            ));
+            (!rows.is_empty()).then_some(rows)
+        },
+    );
+    for row in &hosts {
+        let host = row.first().map(String::as_str).unwrap_or_default();
+        assert!(
+            host.starts_with("127.0.0.9:"),
+            "a monitor connection from {host}, not 127.0.0.9: {hosts:?}"
+        );
+    }
+    let n: i64 = c.query_first("SELECT 1").unwrap().expect("a row");
+    assert_eq!(n, 1);
+}

@@ -227,9 +227,18 @@ fn an_autocommit_insert_lost_in_flight_is_applied_exactly_once() {
         );
         let outcome = if received { "committed" } else { "replayed" };
         assert_eq!(outcomes(&h, outcome), 1.0, "{case}");
-        // Not in a transaction: the next write commits by itself.
+        // A read-only transaction next writes no marker (a marker there is refused with
+        // 1792, and the session's writes went on without markers from then on)...
+        c.query_drop("START TRANSACTION READ ONLY").unwrap();
+        let _: Option<i64> = c.query_first("SELECT COUNT(*) FROM sbtest.ai").unwrap();
+        c.query_drop("COMMIT").unwrap();
+        let seq =
+            || node_sql_value(h.node(&new), "SELECT MAX(seq) FROM holdfast.commit_marker").unwrap();
+        let before = seq();
+        // ...and, not in a transaction, the next write commits by itself, marked.
         c.query_drop("INSERT INTO sbtest.ai (v) VALUES (4)")
             .unwrap();
+        assert_ne!(seq(), before, "{case}: the next autocommit write is marked");
         let n = node_sql_value(h.node(&new), "SELECT COUNT(*) FROM sbtest.ai").unwrap();
         assert_eq!(n.as_deref(), Some("4"));
     }

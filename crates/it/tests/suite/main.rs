@@ -19,6 +19,7 @@ mod keepalive;
 mod kill;
 mod lost_statements;
 mod mariadb_caps;
+mod netcut;
 mod nodes;
 mod parity;
 mod passwords;

@@ -44,7 +44,7 @@ async fn connect(h: &Harness) -> BackendConn {
     };
     let direct = h.direct().to_string();
     let timeout = Duration::from_secs(10);
-    let mut c = backend::connect(&backend::TcpConnector, &direct, &params, timeout)
+    let mut c = backend::connect(&backend::TcpConnector::default(), &direct, &params, timeout)
         .await
         .expect("backend login");
     assert!(c.enable_trackers().await.expect("trackers"));

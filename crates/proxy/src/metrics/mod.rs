@@ -157,6 +157,9 @@ pub struct Metrics {
     pub sessions_closed: Family<ReasonLabel, Counter>,
     pub requests_held: Counter,
     pub requests_retried: Counter,
+    /// Backend connections the network cut while their server kept them: killed by
+    /// holdfast before the session recovered.
+    pub cut_connections_fenced: Counter,
     pub requests_failed_on_backend_loss: Counter,
     /// Split sessions: reads run on a replica.
     pub reads_on_replicas: Counter,
@@ -233,6 +236,7 @@ impl Metrics {
             sessions_closed: register(r, "sessions_closed_by_holdfast", "Sessions holdfast had to close, by reason"),
             requests_held: register(r, "requests_held", "Requests that waited for a backend while it was switching"),
             requests_retried: register(r, "requests_retried", "In-flight requests re-run on a new backend after the old one was lost"),
+            cut_connections_fenced: register(r, "cut_connections_fenced", "Backend connections the network cut while their server kept running them, killed by holdfast before the session recovered"),
             requests_failed_on_backend_loss: register(r, "requests_failed_on_backend_loss", "In-flight requests answered with an error because their backend was lost"),
             reads_on_replicas: register(r, "reads_on_replicas", "Split sessions: reads run on a replica"),
             reads_fallback: register(r, "reads_fallback", "Split sessions: reads that could run on a replica but ran on the primary, by reason"),

@@ -19,6 +19,10 @@ use std::fmt;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+/// How long a session waits for the server to let go of a connection the network cut
+/// that holdfast killed (a long statement may take a while to end).
+const CUT_CONNECTION_GONE_WITHIN: Duration = Duration::from_secs(10);
+
 /// A session busy without pause still captures its state this often while it is due.
 const CAPTURE_AT_LEAST_EVERY: Duration = Duration::from_secs(1);
 
@@ -58,6 +62,19 @@ pub(super) struct LostConn {
     /// When it was opened.
     pub since: Instant,
     pub thread: u32,
+    /// The loss was a network error (a reset, a timeout), not the server closing the
+    /// connection (as it does a killed one): never taken for a KILL.
+    pub by_network: bool,
+}
+
+/// Whether `error` says the network broke the connection (a reset, a timeout, no route)
+/// rather than the server closing it: a killed connection is closed in order (EOF).
+pub(super) fn network_error(error: &ConnError) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(error, ConnError::Io(e) if matches!(
+        e.kind(),
+        ConnectionReset | ConnectionAborted | TimedOut | HostUnreachable | NetworkUnreachable
+    ))
 }
 
 /// What a request lost with its backend was.
@@ -128,7 +145,10 @@ impl Session {
             replay,
         } = lost;
         tracing::info!(session = self.info.id, node = %self.backend_name, %error, "backend lost during a command");
-        let lost_conn = self.lost_conn();
+        let lost_conn = LostConn {
+            by_network: network_error(&error),
+            ..self.lost_conn()
+        };
         self.mark_backend_dead();
         self.transaction_lost = false;
         self.relocate("backend_lost").await?;
@@ -189,6 +209,7 @@ impl Session {
             node: self.backend_name.clone(),
             since: self.backend_since,
             thread: self.backend.greeting.connection_id,
+            by_network: false,
         }
     }
 
@@ -199,10 +220,62 @@ impl Session {
     /// be told.
     pub(super) async fn cut_while_server_ran(&mut self, lost: &LostConn) -> bool {
         let ran = self.server_ran_throughout(lost).await == Some(true);
-        if ran {
-            tracing::info!(session = self.info.id, node = %lost.node, age_ms = lost.since.elapsed().as_millis() as u64, "the lost connection was cut while its server kept running (KILL?); not running the request again");
+        if !ran {
+            return false;
         }
-        ran
+        if self.fence_cut_connection(lost).await {
+            return false;
+        }
+        if lost.by_network {
+            // Gone, but the loss was the network's: the server closed its side when it
+            // found it broken (its reply reset), no KILL.
+            tracing::info!(session = self.info.id, node = %lost.node, thread = lost.thread, "the network cut the backend connection; the server has closed its side too; recovering");
+            return false;
+        }
+        tracing::info!(session = self.info.id, node = %lost.node, age_ms = lost.since.elapsed().as_millis() as u64, "the lost connection was cut while its server kept running (KILL?); not running the request again");
+        true
+    }
+
+    /// Whether the lost connection is still on its server and not being killed: then the
+    /// network cut it, on holdfast's side only (a reset, a timeout), and no KILL. holdfast
+    /// kills it now and waits until it is gone (its statement ends, its transaction rolls
+    /// back), so that the session recovers as from any lost backend without the old
+    /// connection still running: true when that is done. False when it is gone (the
+    /// server ended it: a KILL) or cannot be told.
+    async fn fence_cut_connection(&mut self, lost: &LostConn) -> bool {
+        let thread = lost.thread;
+        let query =
+            format!("SELECT COMMAND FROM information_schema.PROCESSLIST WHERE ID = {thread}");
+        let command = |r: &holdfast_client::TextResult| {
+            r.rows
+                .first()
+                .and_then(|row| row.first())
+                .cloned()
+                .flatten()
+        };
+        match self.backend.query(&query).await.map(|r| command(&r)) {
+            // A killed connection shows `Killed` until the server has let it go.
+            Ok(Some(c)) if c != "Killed" => {}
+            _ => return false,
+        }
+        let kill = format!("KILL CONNECTION {thread}");
+        if let Err(e) = restore::execute(&mut self.backend, kill.as_bytes()).await {
+            tracing::warn!(session = self.info.id, node = %lost.node, thread, error = %e, "the connection the network cut is still on the server and could not be killed");
+            return false;
+        }
+        let deadline = Instant::now() + CUT_CONNECTION_GONE_WITHIN;
+        loop {
+            match self.backend.query(&query).await.map(|r| command(&r)) {
+                Ok(None) => break,
+                Ok(Some(_)) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                _ => return false,
+            }
+        }
+        tracing::info!(session = self.info.id, node = %lost.node, thread, age_ms = lost.since.elapsed().as_millis() as u64, "the network cut the backend connection while its server kept running; the old connection killed, recovering");
+        self.shared.metrics.cut_connections_fenced.inc();
+        true
     }
 
     /// Whether the session is back on the node it lost and that server did not restart

@@ -8,12 +8,16 @@
 //! a transaction reads its own appends (internal); an unknown transaction is all or
 //! nothing (partial); a client reads its own acknowledged appends (read-your-writes); and
 //! the ww / wr / rw graph has no cycle (G0: ww; G1c: ww+wr; G2: with rw). Bank: every
-//! read and the final state sum to the initial total.
+//! read and the final state sum to the initial total; each transfer's two legs are in the
+//! ledger if it was acknowledged (lost otherwise), absent if it failed (G1a), both or
+//! neither if its outcome is unknown (never half: partial); no leg of a transfer nobody
+//! made; and each account's balance is its start plus its legs (a leg applied twice).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::graph::{Edge, Graph};
 use super::history::{Body, Mop, Op, Outcome};
+use super::workload::INITIAL_BALANCE;
 
 /// What the final primary holds at the end.
 #[derive(Debug, Default, Clone)]
@@ -21,6 +25,8 @@ pub struct Final {
     pub lists: BTreeMap<u32, Vec<u64>>,
     /// Every account's balance, in account order.
     pub balances: Vec<i64>,
+    /// The ledger: (transfer, account, delta), one row per leg.
+    pub ledger: Vec<(u64, u32, i64)>,
 }
 
 /// One violation.
@@ -71,7 +77,87 @@ pub fn check(ops: &[Op], fin: &Final, bank_total: i64) -> Findings {
     let mut f = Findings::default();
     check_lists(ops, fin, &mut f);
     check_bank(ops, fin, bank_total, &mut f);
+    check_ledger(ops, fin, &mut f);
     f
+}
+
+/// Each transfer against the ledger, and the balances against the ledger's legs.
+fn check_ledger(ops: &[Op], fin: &Final, f: &mut Findings) {
+    let mut legs: HashMap<u64, Vec<(u32, i64)>> = HashMap::new();
+    for &(t, account, delta) in &fin.ledger {
+        legs.entry(t).or_default().push((account, delta));
+    }
+    let mut made = HashSet::new();
+    for (i, op) in ops.iter().enumerate() {
+        let Body::Transfer {
+            id,
+            from,
+            to,
+            amount,
+        } = op.body
+        else {
+            continue;
+        };
+        made.insert(id);
+        let mut got = legs.get(&id).cloned().unwrap_or_default();
+        got.sort_unstable();
+        let mut want = vec![(from, -amount), (to, amount)];
+        want.sort_unstable();
+        let what = format!(
+            "{}: transfer {id} of {amount} from {from} to {to}",
+            op.label(i)
+        );
+        match op.outcome {
+            Outcome::Ok if got.is_empty() => {
+                f.note("lost", format!("{what}: acknowledged, not in the ledger"))
+            }
+            Outcome::Fail if !got.is_empty() => f.note(
+                "G1a",
+                format!(
+                    "{what}: failed ({}), yet in the ledger: {got:?}",
+                    op.error
+                        .as_ref()
+                        .map_or(String::new(), |e| format!("{} {}", e.code, e.message))
+                ),
+            ),
+            _ if !got.is_empty() && got != want => f.note(
+                "partial",
+                format!("{what}: the ledger holds {got:?}, not both legs {want:?}"),
+            ),
+            _ => {}
+        }
+    }
+    let mut unknown: Vec<&u64> = legs.keys().filter(|t| !made.contains(*t)).collect();
+    unknown.sort_unstable();
+    if let Some(t) = unknown.first() {
+        f.note(
+            "garbage",
+            format!(
+                "the ledger holds {} transfers nobody made, e.g. {t}",
+                unknown.len()
+            ),
+        );
+    }
+    if made.is_empty() && fin.ledger.is_empty() {
+        return;
+    }
+    for (account, balance) in fin.balances.iter().enumerate() {
+        let moved: i64 = fin
+            .ledger
+            .iter()
+            .filter(|(_, a, _)| *a as usize == account)
+            .map(|(_, _, d)| d)
+            .sum();
+        let expected = INITIAL_BALANCE + moved;
+        if *balance != expected {
+            f.note(
+                "bank-balance",
+                format!(
+                    "account {account} holds {balance}, its legs in the ledger make {expected}"
+                ),
+            );
+        }
+    }
 }
 
 /// Who appended each value: (operation, key).

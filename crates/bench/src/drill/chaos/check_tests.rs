@@ -37,6 +37,7 @@ fn fin(lists: &[(u32, &[u64])]) -> Final {
     Final {
         lists: lists.iter().map(|(k, l)| (*k, l.to_vec())).collect(),
         balances: vec![50, 50],
+        ledger: Vec::new(),
     }
 }
 
@@ -200,4 +201,57 @@ fn bank_totals() {
     let mut wrong_final = fin(&[]);
     wrong_final.balances = vec![50, 40];
     assert_eq!(run(&[], &wrong_final), vec!["bank-total"]);
+}
+
+#[test]
+fn each_transfer_against_the_ledger() {
+    use super::workload::INITIAL_BALANCE as B;
+    let transfer = |id: u64, outcome: Outcome| Op {
+        body: Body::Transfer {
+            id,
+            from: 0,
+            to: 1,
+            amount: 5,
+        },
+        ..op(0, id, outcome, Vec::new())
+    };
+    // The ledger holds `legs` (transfer, account, delta); balances follow from them.
+    let with = |legs: &[(u64, u32, i64)]| {
+        let mut f = fin(&[]);
+        f.balances = vec![B, B];
+        for &(_, a, d) in legs {
+            f.balances[a as usize] += d;
+        }
+        f.ledger = legs.to_vec();
+        f
+    };
+    let both = |id| [(id, 0, -5), (id, 1, 5)];
+    let total = 2 * B;
+    let run = |ops: &[Op], f: &Final| kinds(&check(ops, f, total));
+    use Outcome::*;
+    // Acknowledged and present; failed and absent; unknown either way: clean.
+    let ops = [
+        transfer(1, Ok),
+        transfer(2, Fail),
+        transfer(3, Info),
+        transfer(4, Info),
+    ];
+    let legs: Vec<_> = both(1).into_iter().chain(both(3)).collect();
+    assert_eq!(run(&ops, &with(&legs)), Vec::<&str>::new());
+    // Acknowledged, absent.
+    assert_eq!(run(&[transfer(1, Ok)], &with(&[])), vec!["lost"]);
+    // Failed, present.
+    assert_eq!(run(&[transfer(2, Fail)], &with(&both(2))), vec!["G1a"]);
+    // Half of an unknown one.
+    assert_eq!(
+        run(&[transfer(3, Info)], &with(&[(3, 0, -5)])),
+        vec!["bank-total", "partial"]
+    );
+    // A leg nobody made.
+    assert_eq!(run(&[], &with(&both(9))), vec!["garbage"]);
+    // A leg applied twice to the balance (the ledger row once).
+    let mut twice = with(&both(1));
+    twice.balances[0] -= 5;
+    twice.balances[1] += 5;
+    assert_eq!(run(&[transfer(1, Ok)], &twice), vec!["bank-balance"]);
 }

@@ -10,6 +10,7 @@ use holdfast_admin::AdminClient;
 use holdfast_lab::{wait_for, LabStatus};
 use rand::Rng;
 
+use super::net::{self, Firewall};
 use crate::admin;
 
 /// How long the lab may take to be whole again after a fault.
@@ -24,6 +25,11 @@ const FREEZE: Duration = Duration::from_secs(15);
 const FROZEN_AFTER_PROMOTION: Duration = Duration::from_millis(500);
 /// How long a replica's SQL thread stays stopped.
 const SQL_THREAD_STOP: Duration = Duration::from_secs(3);
+/// How long a network cut lasts: from under holdfast's failure detection (~1 s) to well
+/// past it and past the replicas' `slave_net_timeout` (3 s), milliseconds.
+const CUT_MS: std::ops::Range<u64> = 500..8_000;
+/// How long a replica applies with a delay (`MASTER_DELAY`), milliseconds.
+const SLOW_MS: std::ops::Range<u64> = 3_000..7_000;
 
 /// The kinds of fault.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,9 +44,30 @@ pub enum Fault {
     Freeze,
     /// A replica's SQL thread stopped for a while.
     ReplicaStall,
+    /// A replica's SQL thread slowed for a while (`MASTER_DELAY` of 1-3 s, then 0).
+    ReplicaSlow,
+    /// holdfast cut off the primary (the replicas still see it), then healed.
+    CutHoldfast,
+    /// The replicas cut off the primary (holdfast still sees it), then healed.
+    CutReplicas,
+    /// A replica removed from holdfast (`POST /nodes/remove`), then added again (the same
+    /// node, or a fresh replica the lab makes in its place).
+    RemoveAdd,
 }
 
 impl Fault {
+    pub const ALL: [Fault; 9] = [
+        Fault::Kill,
+        Fault::Switchover,
+        Fault::Restart,
+        Fault::Freeze,
+        Fault::ReplicaStall,
+        Fault::ReplicaSlow,
+        Fault::CutHoldfast,
+        Fault::CutReplicas,
+        Fault::RemoveAdd,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             Fault::Kill => "kill -9 primary",
@@ -48,17 +75,53 @@ impl Fault {
             Fault::Restart => "restart primary",
             Fault::Freeze => "SIGSTOP primary",
             Fault::ReplicaStall => "replica SQL thread stop",
+            Fault::ReplicaSlow => "replica SQL thread slow",
+            Fault::CutHoldfast => "cut holdfast|primary",
+            Fault::CutReplicas => "cut primary|replicas",
+            Fault::RemoveAdd => "replica removed, added",
         }
     }
 
-    /// A random fault.
-    pub fn pick(rng: &mut impl Rng) -> Fault {
-        match rng.gen_range(0..100) {
-            0..25 => Fault::Kill,
-            25..45 => Fault::Switchover,
-            45..60 => Fault::Restart,
-            60..80 => Fault::Freeze,
-            _ => Fault::ReplicaStall,
+    /// The short name `--kinds` takes.
+    pub fn key(self) -> &'static str {
+        match self {
+            Fault::Kill => "kill",
+            Fault::Switchover => "switchover",
+            Fault::Restart => "restart",
+            Fault::Freeze => "freeze",
+            Fault::ReplicaStall => "stall",
+            Fault::ReplicaSlow => "slow",
+            Fault::CutHoldfast => "cut-holdfast",
+            Fault::CutReplicas => "cut-replicas",
+            Fault::RemoveAdd => "remove-add",
+        }
+    }
+
+    pub fn from_key(key: &str) -> Option<Fault> {
+        Fault::ALL.into_iter().find(|f| f.key() == key)
+    }
+
+    pub fn is_network(self) -> bool {
+        matches!(self, Fault::CutHoldfast | Fault::CutReplicas)
+    }
+
+    /// A random fault (no network cut when `network` is false).
+    pub fn pick(rng: &mut impl Rng, network: bool) -> Fault {
+        loop {
+            let f = match rng.gen_range(0..100) {
+                0..16 => Fault::Kill,
+                16..28 => Fault::Switchover,
+                28..37 => Fault::Restart,
+                37..50 => Fault::Freeze,
+                50..57 => Fault::ReplicaStall,
+                57..65 => Fault::ReplicaSlow,
+                65..78 => Fault::CutHoldfast,
+                78..91 => Fault::CutReplicas,
+                _ => Fault::RemoveAdd,
+            };
+            if network || !f.is_network() {
+                return f;
+            }
         }
     }
 }
@@ -75,11 +138,20 @@ pub struct Done {
     pub failed: bool,
 }
 
+/// What a fault needs besides the lab: the firewall for cuts, and the run's random
+/// numbers (durations).
+pub struct Env<'a, R> {
+    pub lab: &'a LabStatus,
+    pub firewall: Option<&'a Firewall>,
+    pub rng: &'a mut R,
+}
+
 /// Injects `fault`, brings the lab back and waits until it is settled.
-pub fn inject(lab: &LabStatus, fault: Fault, epoch: Instant) -> Done {
+pub fn inject<R: Rng>(env: &mut Env<R>, fault: Fault, epoch: Instant) -> Done {
+    let lab = env.lab;
     let admin = admin::client(lab);
     let start_ms = epoch.elapsed().as_millis() as u64;
-    let result = settle(lab, &admin).and_then(|primary| run(lab, &admin, fault, &primary));
+    let result = settle(lab, &admin).and_then(|primary| run(env, &admin, fault, &primary));
     let (mut note, mut failed) = match result {
         Ok(note) => (note, false),
         Err(e) => (format!("{e:#}"), true),
@@ -97,7 +169,13 @@ pub fn inject(lab: &LabStatus, fault: Fault, epoch: Instant) -> Done {
     }
 }
 
-fn run(lab: &LabStatus, admin: &AdminClient, fault: Fault, primary: &str) -> Result<String> {
+fn run<R: Rng>(
+    env: &mut Env<R>,
+    admin: &AdminClient,
+    fault: Fault,
+    primary: &str,
+) -> Result<String> {
+    let lab = env.lab;
     let t = Instant::now();
     let st = admin::status(admin)?;
     let replica = st
@@ -151,7 +229,111 @@ fn run(lab: &LabStatus, admin: &AdminClient, fault: Fault, primary: &str) -> Res
                 SQL_THREAD_STOP.as_millis()
             ))
         }
+        Fault::ReplicaSlow => {
+            let node = holdfast_lab::status(&lab.dir)?.node(&replica)?.clone();
+            let delay = env.rng.gen_range(1..=3);
+            let hold = Duration::from_millis(env.rng.gen_range(SLOW_MS));
+            // MariaDB changes MASTER_DELAY with both threads stopped only.
+            let set = |d: u32| {
+                holdfast_lab::node_sql(
+                    &node,
+                    &format!("STOP SLAVE; CHANGE MASTER TO MASTER_DELAY={d}; START SLAVE"),
+                )
+            };
+            set(delay)?;
+            std::thread::sleep(hold);
+            set(0)?;
+            Ok(format!(
+                "{replica} applied {delay} s late for {} ms",
+                hold.as_millis()
+            ))
+        }
+        Fault::CutHoldfast | Fault::CutReplicas => {
+            let fw = env
+                .firewall
+                .context("no nftables: network cuts cannot be made here")?;
+            let side = match fault {
+                Fault::CutHoldfast => net::Side::Holdfast,
+                _ => net::Side::Replicas,
+            };
+            cut(lab, admin, fw, env.rng, side, primary)
+        }
+        Fault::RemoveAdd => {
+            let drain = env.rng.gen_range(0..2_000);
+            let address = holdfast_lab::status(&lab.dir)?
+                .node(&replica)?
+                .address
+                .clone();
+            admin::post(
+                admin,
+                &format!("/nodes/remove?name={replica}&drain_ms={drain}"),
+            )?;
+            let removed = t.elapsed().as_millis();
+            if env.rng.gen_bool(0.5) {
+                // The same node back, replicating all along.
+                std::thread::sleep(Duration::from_millis(env.rng.gen_range(200..2_000)));
+                admin::post(
+                    admin,
+                    &format!("/nodes/add?name={replica}&address={address}&proxy_protocol=true"),
+                )?;
+                Ok(format!(
+                    "{replica} removed (drain {drain} ms) in {removed} ms, added back"
+                ))
+            } else {
+                holdfast_lab::remove_node(&lab.dir, &replica)?;
+                let fresh = holdfast_lab::add_replica(&lab.dir, None)?;
+                admin::post(
+                    admin,
+                    &format!(
+                        "/nodes/add?name={}&address={}&proxy_protocol=true",
+                        fresh.name, fresh.address
+                    ),
+                )?;
+                Ok(format!(
+                    "{replica} removed (drain {drain} ms) in {removed} ms and deleted; a fresh replica {} added",
+                    fresh.name
+                ))
+            }
+        }
     }
+}
+
+/// Cuts `side` off the primary for a random time (dropped or rejected), then heals: what
+/// holdfast did meanwhile, for the note.
+fn cut(
+    lab: &LabStatus,
+    admin: &AdminClient,
+    fw: &Firewall,
+    rng: &mut impl Rng,
+    side: net::Side,
+    primary: &str,
+) -> Result<String> {
+    let port = holdfast_lab::status(&lab.dir)?.node(primary)?.port;
+    let mode = match rng.gen_bool(0.25) {
+        true => net::Mode::Reject,
+        false => net::Mode::Drop,
+    };
+    let hold = Duration::from_millis(rng.gen_range(CUT_MS));
+    let made = fw.cut(side, port, mode);
+    if made.is_ok() {
+        std::thread::sleep(hold);
+    }
+    let healed = fw.heal();
+    made?;
+    healed?;
+    let now = admin::status(admin)
+        .ok()
+        .and_then(|s| s.topology.primary)
+        .unwrap_or_else(|| "none".into());
+    let what = match side {
+        net::Side::Holdfast => "holdfast",
+        net::Side::Replicas => "the replicas",
+    };
+    Ok(format!(
+        "{primary} cut from {what} ({}) for {} ms; primary at the heal: {now}",
+        mode.name(),
+        hold.as_millis()
+    ))
 }
 
 /// SIGSTOP of the primary until holdfast promotes another node (or `FREEZE` passes), then
@@ -258,7 +440,30 @@ fn settled(lab: &LabStatus, admin: &AdminClient) -> Option<String> {
         && lab_nodes
             .iter()
             .all(|l| l.alive && nodes.iter().any(|n| n.name == l.name));
-    (whole && idle && watched && same_nodes).then_some(primary)
+    (whole && idle && watched && same_nodes && replicating(&lab_nodes, &primary)).then_some(primary)
+}
+
+/// Every replica's IO and SQL threads run and the primary's semi-sync is on: the next
+/// fault finds acknowledged writes on the replicas too (one fault at a time; a cut or a
+/// stall can leave a replica reconnecting, or semi-sync fallen back to asynchronous).
+fn replicating(nodes: &[holdfast_lab::NodeStatus], primary: &str) -> bool {
+    nodes.iter().all(|n| {
+        if n.name == primary {
+            let on = holdfast_lab::node_sql_value(
+                n,
+                "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS \
+                 WHERE VARIABLE_NAME = 'RPL_SEMI_SYNC_MASTER_STATUS'",
+            );
+            return matches!(on, Ok(Some(v)) if v == "ON");
+        }
+        let Ok(rows) = holdfast_lab::node_sql_maps(n, "SHOW SLAVE STATUS") else {
+            return false;
+        };
+        rows.first().is_some_and(|r| {
+            r.get("Slave_IO_Running").map(String::as_str) == Some("Yes")
+                && r.get("Slave_SQL_Running").map(String::as_str) == Some("Yes")
+        })
+    })
 }
 
 /// Waits until the lab is whole (see [`settled`]): the primary.
@@ -304,7 +509,10 @@ fn replace(lab: &LabStatus, admin: &AdminClient, node: &str) -> Result<String> {
     let fresh = holdfast_lab::add_replica(&lab.dir, None)?;
     admin::post(
         admin,
-        &format!("/nodes/add?name={}&address={}", fresh.name, fresh.address),
+        &format!(
+            "/nodes/add?name={}&address={}&proxy_protocol=true",
+            fresh.name, fresh.address
+        ),
     )?;
     Ok(fresh.name)
 }

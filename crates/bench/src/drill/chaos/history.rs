@@ -34,8 +34,14 @@ pub enum Mop {
 pub enum Body {
     /// A list-append transaction.
     List(Vec<Mop>),
-    /// A bank transfer between two accounts.
-    Transfer { from: u32, to: u32, amount: i64 },
+    /// A bank transfer between two accounts; `id` (unique across the run) names its two
+    /// legs in the ledger.
+    Transfer {
+        id: u64,
+        from: u32,
+        to: u32,
+        amount: i64,
+    },
     /// A read of every account's balance (in account order); `None` until answered.
     Balances(Option<Vec<i64>>),
     /// A login that failed (recorded for its error; it did nothing).

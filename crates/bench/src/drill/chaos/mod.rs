@@ -11,6 +11,7 @@ mod errors;
 mod faults;
 mod graph;
 mod history;
+mod net;
 mod report;
 mod txn;
 mod workload;
@@ -52,14 +53,49 @@ pub fn run(args: &DrillArgs, holdfast: &Path) -> Result<()> {
     opts.base_port = Some(c.base_port);
     // Replicas notice a frozen primary within seconds (holdfast fails over only once they
     // confirm the loss), as a production setup tuned for failover would.
-    opts.extra_server_args = vec![format!("--slave-net-timeout={SLAVE_NET_TIMEOUT}")];
+    // holdfast's connections leave from their own address (the network cuts tell them
+    // from the replicas' by it), which the nodes take the PROXY header from.
+    opts.extra_server_args = vec![
+        format!("--slave-net-timeout={SLAVE_NET_TIMEOUT}"),
+        format!(
+            "--proxy-protocol-networks=127.0.0.1,{}",
+            net::HOLDFAST_SOURCE
+        ),
+    ];
+    let kinds = c
+        .kinds
+        .iter()
+        .map(|k| {
+            faults::Fault::from_key(k.trim()).with_context(|| {
+                let all: Vec<&str> = faults::Fault::ALL.iter().map(|f| f.key()).collect();
+                format!("no fault kind {k:?} (kinds: {})", all.join(", "))
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let firewall = match net::Firewall::new(c.base_port) {
+        Ok(fw) => Some(fw),
+        Err(e) => {
+            if kinds.iter().any(|k| k.is_network()) {
+                return Err(e.context("network cuts were asked for"));
+            }
+            println!("   nftables unavailable ({e:#}): no network cuts");
+            None
+        }
+    };
     let lab = holdfast_lab::up(&opts)?;
+    // From here on the lab goes down however the run ends (after holdfast, which the
+    // `server` guard stops).
+    let _down = Down {
+        dir: &args.dir,
+        keep: args.keep,
+    };
     let config = serve::config_variant(
         &lab,
         "holdfast-chaos.toml",
-        "failover_cooloff_ms = 0 (one fault after the other)",
+        "failover_cooloff_ms = 0 (one fault after the other); backend_source_address",
         |cfg| {
             cfg.ha.failover_cooloff_ms = 0;
+            cfg.proxy.backend_source_address = Some(net::HOLDFAST_SOURCE);
             Ok(())
         },
     )?;
@@ -69,20 +105,40 @@ pub fn run(args: &DrillArgs, holdfast: &Path) -> Result<()> {
     wait_for("holdfast to see a primary", Duration::from_secs(30), || {
         admin::status(&admin).ok()?.topology.primary
     })?;
-    let outcome = drive(args, &lab, seed);
+    let outcome = drive(args, &lab, seed, &kinds, firewall.as_ref());
+    drop(firewall);
     println!("holdfast log: {}", log.display());
     drop(server);
-    if !args.keep {
-        holdfast_lab::down(&args.dir)?;
-    }
     if !outcome? {
         bail!("chaos: FAIL");
     }
     Ok(())
 }
 
+/// Takes the lab down when dropped (unless `--keep`).
+struct Down<'a> {
+    dir: &'a Path,
+    keep: bool,
+}
+
+impl Drop for Down<'_> {
+    fn drop(&mut self) {
+        if !self.keep {
+            if let Err(e) = holdfast_lab::down(self.dir) {
+                eprintln!("chaos: taking the lab down: {e:#}");
+            }
+        }
+    }
+}
+
 /// The run itself, on a lab with holdfast in front: whether it passed.
-fn drive(args: &DrillArgs, lab: &LabStatus, seed: u64) -> Result<bool> {
+fn drive(
+    args: &DrillArgs,
+    lab: &LabStatus,
+    seed: u64,
+    kinds: &[faults::Fault],
+    firewall: Option<&net::Firewall>,
+) -> Result<bool> {
     let c = &args.chaos;
     let admin = admin::client(lab);
     let target = workload::Target {
@@ -93,6 +149,21 @@ fn drive(args: &DrillArgs, lab: &LabStatus, seed: u64) -> Result<bool> {
         password: lab.app_password.clone(),
     };
     let total = workload::prepare(&target)?;
+    // Every node has the accounts before the clients start: the split listener's first
+    // reads may go to a replica, and another session's writes are not theirs to wait for.
+    for node in holdfast_lab::status(&lab.dir)?.nodes {
+        wait_for(
+            "the accounts on every node",
+            Duration::from_secs(30),
+            || {
+                let n = holdfast_lab::node_sql_value(
+                    &node,
+                    &format!("SELECT COUNT(*) FROM {}", txn::BANK_TABLE),
+                );
+                (n.ok()?? == workload::ACCOUNTS.to_string()).then_some(())
+            },
+        )?;
+    }
     let counters_before = super::ha::recovery_counters(&admin);
     let epoch = Instant::now();
     let load = workload::Workload::start(&target, c.clients, seed, epoch)?;
@@ -108,8 +179,16 @@ fn drive(args: &DrillArgs, lab: &LabStatus, seed: u64) -> Result<bool> {
             );
             break;
         }
-        let fault = faults::Fault::pick(&mut rng);
-        let d = faults::inject(lab, fault, epoch);
+        let fault = match kinds.is_empty() {
+            true => faults::Fault::pick(&mut rng, firewall.is_some()),
+            false => kinds[(i as usize - 1) % kinds.len()],
+        };
+        let mut env = faults::Env {
+            lab,
+            firewall,
+            rng: &mut rng,
+        };
+        let d = faults::inject(&mut env, fault, epoch);
         println!(
             "   fault {i}: {} at {:.1} s: {}{}",
             fault.name(),
@@ -171,6 +250,16 @@ fn final_state(lab: &LabStatus) -> Result<check::Final> {
         let b = row.first().and_then(|b| b.parse().ok());
         fin.balances
             .push(b.with_context(|| format!("unexpected row {row:?}"))?);
+    }
+    for row in holdfast_lab::node_sql(
+        node,
+        &format!("SELECT transfer, account, delta FROM {}", txn::LEDGER_TABLE),
+    )? {
+        let n = |i: usize| row.get(i).and_then(|v| v.parse::<i64>().ok());
+        let (Some(t), Some(a), Some(d)) = (n(0), n(1), n(2)) else {
+            bail!("unexpected ledger row {row:?}");
+        };
+        fin.ledger.push((t as u64, a as u32, d));
     }
     Ok(fin)
 }

@@ -86,6 +86,8 @@ pub fn print(r: &Run) {
         );
     }
     println!();
+    by_fault_kind(r, &ok_ends);
+    println!();
     println!("errors by kind: {}", r.errors.summary());
     println!(
         "holdfast counted: {} transactions rolled back (1213), {} COMMIT outcomes unknown (1180)",
@@ -124,6 +126,47 @@ pub fn print(r: &Run) {
         },
         if pass { "PASS" } else { "FAIL" }
     );
+}
+
+/// One line per kind of fault: how often, the stall (max, median), the time to settle
+/// (median) and the errors of their windows together.
+fn by_fault_kind(r: &Run, ok_ends: &[u64]) {
+    for kind in super::faults::Fault::ALL {
+        let mut stalls = Vec::new();
+        let mut settles = Vec::new();
+        let mut windows = Vec::new();
+        for (i, d) in r.faults.iter().enumerate().filter(|(_, d)| d.fault == kind) {
+            let end = r
+                .faults
+                .get(i + 1)
+                .map_or(d.settled_ms + 1_000, |n| n.start_ms);
+            stalls.push(stall(ok_ends, d.start_ms, d.settled_ms));
+            settles.push(d.settled_ms.saturating_sub(d.start_ms));
+            windows.push((d.start_ms, end));
+        }
+        if stalls.is_empty() {
+            continue;
+        }
+        stalls.sort_unstable();
+        settles.sort_unstable();
+        let errs = errors::classify(
+            r.ops.iter().enumerate().filter(|(_, o)| {
+                windows
+                    .iter()
+                    .any(|&(from, to)| o.end_ms >= from && o.end_ms < to)
+            }),
+            None,
+        );
+        println!(
+            "{:<24} x{:<3} stall max {:>5} ms, median {:>5} ms; settled in {:>5} ms (median); errors: {}",
+            kind.name(),
+            stalls.len(),
+            stalls[stalls.len() - 1],
+            stalls[stalls.len() / 2],
+            settles[settles.len() / 2],
+            errs.summary()
+        );
+    }
 }
 
 fn show(what: &str, list: &[Anomaly]) {

@@ -9,6 +9,9 @@ use super::history::{parse_list, Body, Mop, OpError, Outcome};
 /// The tables (in the database `chaos`).
 pub const LIST_TABLE: &str = "chaos.la";
 pub const BANK_TABLE: &str = "chaos.bank";
+/// One row per leg of each transfer, written in the transfer's transaction:
+/// `(transfer, account, delta)`, keyed by `(transfer, account)`.
+pub const LEDGER_TABLE: &str = "chaos.ledger";
 
 /// Codes with which the server (or holdfast) says the statement, and with it the whole
 /// transaction, did not happen: deadlock victim (also holdfast's rollback), lock wait
@@ -96,16 +99,31 @@ fn list_mop(conn: &mut Conn, prepared: bool, m: &mut Mop) -> mysql::Result<()> {
 
 fn bank_step(conn: &mut Conn, prepared: bool, body: &mut Body) -> mysql::Result<()> {
     match body {
-        Body::Transfer { from, to, amount } => {
+        Body::Transfer {
+            id: transfer,
+            from,
+            to,
+            amount,
+        } => {
             for (id, delta) in [(*from, -*amount), (*to, *amount)] {
-                let sql = format!("UPDATE {BANK_TABLE} SET balance = balance + ? WHERE id = ?");
+                let update = format!("UPDATE {BANK_TABLE} SET balance = balance + ? WHERE id = ?");
+                let leg = format!(
+                    "INSERT INTO {LEDGER_TABLE} (transfer, account, delta) VALUES (?, ?, ?)"
+                );
                 match prepared {
-                    true => conn.exec_drop(sql, (delta, id))?,
-                    false => conn.query_drop(sql.replacen('?', &delta.to_string(), 1).replacen(
-                        '?',
-                        &id.to_string(),
-                        1,
-                    ))?,
+                    true => {
+                        conn.exec_drop(update, (delta, id))?;
+                        conn.exec_drop(leg, (*transfer, id, delta))?;
+                    }
+                    false => {
+                        conn.query_drop(format!(
+                            "UPDATE {BANK_TABLE} SET balance = balance + {delta} WHERE id = {id}"
+                        ))?;
+                        conn.query_drop(format!(
+                            "INSERT INTO {LEDGER_TABLE} (transfer, account, delta) \
+                             VALUES ({transfer}, {id}, {delta})"
+                        ))?;
+                    }
                 }
             }
             Ok(())

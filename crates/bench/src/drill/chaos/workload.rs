@@ -15,7 +15,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::history::{Body, Listener, Mop, Op, OpError, Outcome};
-use super::txn::{self, BANK_TABLE, LIST_TABLE};
+use super::txn::{self, BANK_TABLE, LEDGER_TABLE, LIST_TABLE};
 
 /// Bank accounts and each one's starting balance.
 pub const ACCOUNTS: u32 = 8;
@@ -64,10 +64,14 @@ pub fn prepare(t: &Target) -> Result<i64> {
         .context("logging in through holdfast")?;
     for sql in [
         "CREATE DATABASE IF NOT EXISTS chaos".to_string(),
-        format!("DROP TABLE IF EXISTS {LIST_TABLE}, {BANK_TABLE}"),
+        format!("DROP TABLE IF EXISTS {LIST_TABLE}, {BANK_TABLE}, {LEDGER_TABLE}"),
         format!("CREATE TABLE {LIST_TABLE} (k INT PRIMARY KEY, v TEXT NOT NULL) ENGINE=InnoDB"),
         format!(
             "CREATE TABLE {BANK_TABLE} (id INT PRIMARY KEY, balance BIGINT NOT NULL) ENGINE=InnoDB"
+        ),
+        format!(
+            "CREATE TABLE {LEDGER_TABLE} (transfer BIGINT NOT NULL, account INT NOT NULL, \
+             delta BIGINT NOT NULL, PRIMARY KEY (transfer, account)) ENGINE=InnoDB"
         ),
         format!(
             "INSERT INTO {BANK_TABLE} (id, balance) VALUES {}",
@@ -243,7 +247,18 @@ impl Client {
                 let from = self.rng.gen_range(0..ACCOUNTS);
                 let to = (from + self.rng.gen_range(1..ACCOUNTS)) % ACCOUNTS;
                 let amount = self.rng.gen_range(1..=20);
-                return (Body::Transfer { from, to, amount }, true, false);
+                self.seq += 1;
+                let id = (u64::from(self.id) + 1) * 1_000_000_000 + self.seq;
+                return (
+                    Body::Transfer {
+                        id,
+                        from,
+                        to,
+                        amount,
+                    },
+                    true,
+                    false,
+                );
             }
             let explicit = self.rng.gen_bool(0.5);
             return (Body::Balances(None), explicit, explicit);
