@@ -184,11 +184,17 @@ pub struct Client {
     pub capabilities: u32,
     /// The MariaDB extended capabilities sent in the login request.
     pub mariadb_caps: u32,
+    /// Dropping the client says COM_QUIT first (true from login on). Off for a connection
+    /// that must close without it: a request still running there, which the server stops
+    /// when it sees the connection close (a waiting statement would take a queued
+    /// COM_QUIT for a live client).
+    pub quit_on_drop: bool,
 }
 
 impl Client {
     /// The connection itself, for a caller that takes the conversation over byte for byte
-    /// (and so says goodbye itself, or relays its client's COM_QUIT).
+    /// (and so says goodbye itself, relays its client's COM_QUIT, or must close without
+    /// one: a request still running there).
     pub fn into_conn(mut self) -> PacketConn {
         let (placeholder, _) = tokio::io::duplex(1);
         std::mem::replace(&mut self.conn, PacketConn::new(Box::new(placeholder)))
@@ -200,7 +206,9 @@ impl Drop for Client {
     /// closed without it as aborted (`Aborted_clients`) and logs an "Aborted connection"
     /// warning for each one.
     fn drop(&mut self) {
-        let _ = self.conn.try_write_now(&[1, 0, 0, 0, COM_QUIT]);
+        if self.quit_on_drop {
+            let _ = self.conn.try_write_now(&[1, 0, 0, 0, COM_QUIT]);
+        }
     }
 }
 
@@ -355,6 +363,7 @@ pub async fn login(
         greeting,
         capabilities,
         mariadb_caps: request.mariadb_caps,
+        quit_on_drop: true,
     })
 }
 

@@ -118,6 +118,18 @@ impl Harness {
             TestLab::start_with(opts.replicas, opts.server_args).context("starting the lab")?;
         let st = &lab.status;
         let mut cfg = lab_config(&lab);
+        if opts.serverless.is_some() {
+            // As the README says: resizing the buffer pool takes SUPER.
+            let monitor = &st.monitor_user;
+            holdfast_lab::node_sql(
+                lab.primary(),
+                &format!(
+                    "GRANT SUPER ON *.* TO '{monitor}'@'%'; \
+                     GRANT SUPER ON *.* TO '{monitor}'@'localhost'"
+                ),
+            )
+            .context("granting the monitor SUPER for the serverless scaler")?;
+        }
         if let Some(f) = opts.serverless {
             let mut section = holdfast_lab::serverless_section(&st.dir, lab.primary())
                 .context("the lab's serverless section")?;

@@ -56,7 +56,7 @@ pub const MONITOR_USER: &str = "holdfast_monitor";
 /// mysql.* and ALL on holdfast.*): what `holdfast check` asks for with managed HA,
 /// semi-sync, split reads and node removal.
 pub const MONITOR_GLOBAL_PRIVILEGES: &str = "SLAVE MONITOR, CONNECTION ADMIN, PROCESS, \
-     REPLICATION SLAVE ADMIN, REPLICATION MASTER ADMIN, READ_ONLY ADMIN, RELOAD";
+     REPLICATION SLAVE ADMIN, REPLICATION MASTER ADMIN, READ_ONLY ADMIN, RELOAD, CREATE USER";
 /// Password of [`MONITOR_USER`].
 pub const MONITOR_PASSWORD: &str = "monitor_pass";
 /// Replication account, created on every node without binlogging.

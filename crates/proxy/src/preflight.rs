@@ -291,6 +291,16 @@ async fn check_node(cfg: &Config, node: &BackendConfig, nodes: usize) -> NodeRep
         match held {
             Ok(held) => {
                 let mut needs = monitor_needs(cfg, nodes);
+                if cfg.ha.commit_markers && !public_may_run_the_markers(&mut conn).await {
+                    needs.push(global(
+                        &["CREATE USER"],
+                        "CREATE USER",
+                        "lets every account run its marker routines (GRANT EXECUTE ... TO \
+                         PUBLIC, which MariaDB allows only with CREATE USER or INSERT on \
+                         mysql.*); not needed once those two grants exist: an administrator \
+                         may run them instead once holdfast has created the routines",
+                    ));
+                }
                 if cfg.ha.commit_markers && creating_functions_takes_super(&mut conn).await {
                     needs.push(global(
                         &["SUPER"],
@@ -383,6 +393,19 @@ fn add_missing(report: &mut NodeReport, missing: &[Need], grantee: &str, role: &
             )),
         });
     }
+}
+
+/// EXECUTE on both marker routines is granted to PUBLIC already.
+async fn public_may_run_the_markers(conn: &mut crate::backend::BackendConn) -> bool {
+    conn.query(
+        "SELECT COUNT(*) FROM mysql.procs_priv \
+         WHERE User = 'PUBLIC' AND Db = 'holdfast' AND FIND_IN_SET('Execute', Proc_priv)",
+    )
+    .await
+    .ok()
+    .and_then(|r| r.rows.into_iter().next())
+    .and_then(|row| row.into_iter().next().flatten())
+    .is_some_and(|n| n == "2")
 }
 
 /// holdfast's marker function is not there yet and the server binlogs without

@@ -291,20 +291,24 @@ fn change_user_and_reset_connection_reset_the_session() {
 }
 
 #[test]
-
 fn status_shows_the_user_after_change_user() {
     let h = Harness::start();
+    // Another account that may use the session's database (the change keeps it).
+    h.root_sql(
+        "CREATE USER other@'%' IDENTIFIED BY 'other_pass'; \
+         GRANT SELECT ON sbtest.* TO other@'%'",
+    );
     let mut c = connect(&h);
     c.change_user(
         ChangeUserOpts::default()
-            .with_user(Some(h.lab.status.monitor_user.clone()))
-            .with_pass(Some(h.lab.status.monitor_password.clone())),
+            .with_user(Some("other".into()))
+            .with_pass(Some("other_pass".into())),
     )
     .unwrap();
     c.ping().unwrap();
     let st = h.status();
     assert_eq!(st.sessions.len(), 1);
-    assert_eq!(st.sessions[0].user, h.lab.status.monitor_user);
+    assert_eq!(st.sessions[0].user, "other");
 }
 
 #[test]

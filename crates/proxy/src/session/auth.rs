@@ -1078,6 +1078,7 @@ async fn relay_login(
                 greeting,
                 capabilities: backend_caps,
                 mariadb_caps: login.mariadb_caps,
+                quit_on_drop: true,
             })
         }
         Ok(Exchange::ClearTextRefused(step, seq)) => {

@@ -62,19 +62,6 @@ pub(super) struct LostConn {
     /// When it was opened.
     pub since: Instant,
     pub thread: u32,
-    /// The loss was a network error (a reset, a timeout), not the server closing the
-    /// connection (as it does a killed one): never taken for a KILL.
-    pub by_network: bool,
-}
-
-/// Whether `error` says the network broke the connection (a reset, a timeout, no route)
-/// rather than the server closing it: a killed connection is closed in order (EOF).
-pub(super) fn network_error(error: &ConnError) -> bool {
-    use std::io::ErrorKind::*;
-    matches!(error, ConnError::Io(e) if matches!(
-        e.kind(),
-        ConnectionReset | ConnectionAborted | TimedOut | HostUnreachable | NetworkUnreachable
-    ))
 }
 
 /// What a request lost with its backend was.
@@ -145,10 +132,7 @@ impl Session {
             replay,
         } = lost;
         tracing::info!(session = self.info.id, node = %self.backend_name, %error, "backend lost during a command");
-        let lost_conn = LostConn {
-            by_network: network_error(&error),
-            ..self.lost_conn()
-        };
+        let lost_conn = self.lost_conn();
         self.mark_backend_dead();
         self.transaction_lost = false;
         self.relocate("backend_lost").await?;
@@ -209,7 +193,6 @@ impl Session {
             node: self.backend_name.clone(),
             since: self.backend_since,
             thread: self.backend.greeting.connection_id,
-            by_network: false,
         }
     }
 
@@ -224,12 +207,6 @@ impl Session {
             return false;
         }
         if self.fence_cut_connection(lost).await {
-            return false;
-        }
-        if lost.by_network {
-            // Gone, but the loss was the network's: the server closed its side when it
-            // found it broken (its reply reset), no KILL.
-            tracing::info!(session = self.info.id, node = %lost.node, thread = lost.thread, "the network cut the backend connection; the server has closed its side too; recovering");
             return false;
         }
         tracing::info!(session = self.info.id, node = %lost.node, age_ms = lost.since.elapsed().as_millis() as u64, "the lost connection was cut while its server kept running (KILL?); not running the request again");

@@ -508,8 +508,15 @@ impl Session {
     }
 
     /// Logs how the session ended and deregisters it.
-    fn finish(self, end: End) {
+    fn finish(mut self, end: End) {
         let (id, peer) = (self.info.id, self.info.client);
+        if self.info.busy.load(Ordering::Acquire) && !matches!(end, End::Quit) {
+            // Ended in the middle of a request (its client vanished...): the server must
+            // see the connection close, which stops the statement as it would stop a
+            // vanished direct client's. A COM_QUIT behind it would read as a live client
+            // to a statement that waits (GET_LOCK), so none is sent.
+            self.backend.quit_on_drop = false;
+        }
         match &end {
             End::Quit | End::Client(ConnError::Closed) => {
                 tracing::debug!(session = id, "session ended")
