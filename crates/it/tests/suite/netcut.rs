@@ -101,3 +101,55 @@ fn a_session_survives_a_cut_between_holdfast_and_a_primary_that_kept_running() {
     let fenced = h.shared.metrics.cut_connections_fenced.get();
     println!("cut connections fenced: {fenced}");
 }
+
+#[test]
+fn a_connection_the_network_reset_is_not_taken_for_a_kill_when_the_server_closed_its_side() {
+    if !nft(&["list", "tables"]) {
+        eprintln!("skipped: nftables is not usable here (apt-get install nftables; root)");
+        return;
+    }
+    let h = Harness::start_with(
+        Options::default()
+            .replicas(1)
+            .server_args(&["--proxy-protocol-networks=127.0.0.1,127.0.0.9"])
+            .config(|c| c.proxy.backend_source_address = Some(SOURCE.parse().expect("ip"))),
+    );
+    let opts = OptsBuilder::from_opts(Opts::from_url(&h.url()).expect("url")).prefer_socket(false);
+    let mut c = Conn::new(opts).unwrap();
+    c.query_drop("CREATE TABLE cut_t (id INT PRIMARY KEY)")
+        .unwrap();
+    c.query_drop("INSERT INTO cut_t VALUES (0)").unwrap();
+    let user = h.user().to_string();
+    let threads = || {
+        h.root_sql(&format!(
+            "SELECT ID FROM information_schema.PROCESSLIST WHERE USER = '{user}'"
+        ))
+    };
+    let port = h.node("node1").port;
+    let cut = Cut::reject(port);
+    // While the network is cut, the server closes its side of the session's connection
+    // (as after its own net timeouts); holdfast does not see the close (it is dropped).
+    for row in threads() {
+        h.root_sql(&format!("KILL CONNECTION {}", row[0]));
+    }
+    wait_for(
+        "the server to let the connection go",
+        Duration::from_secs(20),
+        || threads().is_empty().then_some(()),
+    );
+    // Sent into the cut: reset. The request never reached the server.
+    let writer =
+        std::thread::spawn(move || c.query_drop("INSERT INTO cut_t VALUES (1)").map(|()| c));
+    wait_for(
+        "holdfast to see the primary cut off",
+        Duration::from_secs(20),
+        || (h.status_json()["ha"]["failed_probes"].as_u64()? > 0).then_some(()),
+    );
+    drop(cut);
+    let mut c = writer
+        .join()
+        .expect("the writer")
+        .expect("the INSERT the network reset is recovered, not ended as a KILL");
+    let rows: Vec<i32> = c.query("SELECT id FROM cut_t ORDER BY id").unwrap();
+    assert_eq!(rows, vec![0, 1]);
+}

@@ -428,7 +428,7 @@ impl Session {
         last_insert_id: u64,
     ) -> Result<(), End> {
         tracing::info!(session = self.info.id, node = %self.backend_name, %error, "backend lost with an autocommit write in flight; reading its commit marker");
-        let lost = self.move_after_marked_loss().await?;
+        let lost = self.move_after_marked_loss(&error).await?;
         // Settled below one way or the other: no transaction of the client's is open.
         self.markers.txn_writes = false;
         self.record.status &= !SERVER_STATUS_IN_TRANS;
@@ -482,8 +482,8 @@ impl Session {
     /// Moves after a marked request was lost; returns the lost connection. One cut while
     /// its server ran (someone's KILL, or the network) ends the session instead, as the
     /// server ended the connection: what did not commit is not committed again.
-    async fn move_after_marked_loss(&mut self) -> Result<LostConn, End> {
-        let lost = self.lost_conn();
+    async fn move_after_marked_loss(&mut self, error: &ConnError) -> Result<LostConn, End> {
+        let lost = self.lost_conn_after(error).await;
         self.mark_backend_dead();
         self.transaction_lost = false;
         self.relocate("backend_lost").await?;
@@ -505,7 +505,7 @@ impl Session {
         // Restored as the transaction left it: right if it committed; a replay sets its
         // own start below.
         let log = self.txn_log.take();
-        let lost = self.move_after_marked_loss().await?;
+        let lost = self.move_after_marked_loss(&error).await?;
         let outcome = self
             .read_marker(&lost)
             .await

@@ -62,6 +62,20 @@ pub(super) struct LostConn {
     /// When it was opened.
     pub since: Instant,
     pub thread: u32,
+    /// The loss was the network's: a reset or timeout while the node took no new
+    /// connection from holdfast either (a cut). A reset while it does is the server's own
+    /// (what a write after it closed a killed connection gets): that may be a KILL.
+    pub by_network: bool,
+}
+
+/// Whether `error` is one the network gives (a reset, a timeout, no route) rather than an
+/// orderly close.
+pub(super) fn network_error(error: &ConnError) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(error, ConnError::Io(e) if matches!(
+        e.kind(),
+        ConnectionReset | ConnectionAborted | TimedOut | HostUnreachable | NetworkUnreachable
+    ))
 }
 
 /// What a request lost with its backend was.
@@ -132,7 +146,7 @@ impl Session {
             replay,
         } = lost;
         tracing::info!(session = self.info.id, node = %self.backend_name, %error, "backend lost during a command");
-        let lost_conn = self.lost_conn();
+        let lost_conn = self.lost_conn_after(&error).await;
         self.mark_backend_dead();
         self.transaction_lost = false;
         self.relocate("backend_lost").await?;
@@ -193,7 +207,37 @@ impl Session {
             node: self.backend_name.clone(),
             since: self.backend_since,
             thread: self.backend.greeting.connection_id,
+            by_network: false,
         }
+    }
+
+    /// [`Session::lost_conn`] for a connection lost with `error`: a network error counts as
+    /// the network's only while the node takes no new connection from holdfast at once.
+    pub(super) async fn lost_conn_after(&self, error: &ConnError) -> LostConn {
+        let lost = self.lost_conn();
+        let by_network = network_error(error) && !self.node_takes_connections(&lost.node).await;
+        LostConn { by_network, ..lost }
+    }
+
+    /// Whether `node` takes a TCP connection from holdfast (its backend source address)
+    /// within a moment.
+    async fn node_takes_connections(&self, node: &str) -> bool {
+        let address = self
+            .shared
+            .topology
+            .borrow()
+            .nodes
+            .iter()
+            .find(|n| n.name == node)
+            .map(|n| n.address.clone());
+        let Some(address) = address else {
+            return true;
+        };
+        let attempt = self.shared.connector.connect(&address);
+        matches!(
+            tokio::time::timeout(Duration::from_millis(300), attempt).await,
+            Ok(Ok(_))
+        )
     }
 
     /// After a move for a lost request: whether the session is back on the node it lost
@@ -207,6 +251,12 @@ impl Session {
             return false;
         }
         if self.fence_cut_connection(lost).await {
+            return false;
+        }
+        if lost.by_network {
+            // Gone, and the loss was the network's (the node took no connection from
+            // holdfast then): the server closed its side once the cut healed, no KILL.
+            tracing::info!(session = self.info.id, node = %lost.node, thread = lost.thread, "the network cut the backend connection; the server has closed its side too; recovering");
             return false;
         }
         tracing::info!(session = self.info.id, node = %lost.node, age_ms = lost.since.elapsed().as_millis() as u64, "the lost connection was cut while its server kept running (KILL?); not running the request again");
