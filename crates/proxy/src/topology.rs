@@ -25,6 +25,10 @@ pub struct NodeState {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub autocommit: Option<bool>,
     pub last_error: Option<String>,
+    /// The server requires TLS of its clients (`require_secure_transport`): holdfast
+    /// requires it of the clients it logs in there.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub requires_secure_transport: bool,
     /// The monitor account cannot log in (a configuration problem, not an outage): what
     /// clients refused for want of a node are told.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -218,6 +222,7 @@ impl Topology {
                         autocommit: None,
                         last_error: None,
                         login_error: None,
+                        requires_secure_transport: false,
                         replication: None,
                         serves_reads: false,
                         load: LoadRef::default(),
@@ -389,9 +394,11 @@ async fn probe_nodes(
                 read_only,
                 version,
                 autocommit,
+                requires_secure_transport,
                 replication,
             }) => {
                 node.reachable = true;
+                node.requires_secure_transport = requires_secure_transport;
                 node.read_only = Some(read_only);
                 node.version = version;
                 node.autocommit = Some(autocommit);
@@ -590,6 +597,8 @@ fn log_read_changes(before: &Topology, now: &Topology) {
 /// What one monitor round reads from a node.
 struct Probed {
     read_only: bool,
+    /// `@@global.require_secure_transport`: the server refuses clients without TLS.
+    requires_secure_transport: bool,
     version: String,
     autocommit: bool,
     replication: Option<ReplicaHealth>,
@@ -634,7 +643,10 @@ async fn probe(
     let Some(conn) = slot.as_mut() else {
         return Err("no monitor connection".into());
     };
-    let fut = conn.query("SELECT @@global.read_only, VERSION(), @@global.autocommit");
+    let fut = conn.query(
+        "SELECT @@global.read_only, VERSION(), @@global.autocommit, \
+         @@global.require_secure_transport",
+    );
     let r = tokio::time::timeout(cfg.proxy.connect_timeout(), fut)
         .await
         .map_err(|_| "monitor query timed out".to_string())?
@@ -661,6 +673,7 @@ async fn probe(
                     read_only,
                     version: row.get(1).cloned().flatten().unwrap_or_default(),
                     autocommit: flag(2),
+                    requires_secure_transport: flag(3),
                     replication: Some(ReplicaHealth {
                         io_running: false,
                         sql_running: false,
@@ -692,6 +705,7 @@ async fn probe(
         read_only,
         version: row.get(1).cloned().flatten().unwrap_or_default(),
         autocommit: flag(2),
+        requires_secure_transport: flag(3),
         replication,
     })
 }

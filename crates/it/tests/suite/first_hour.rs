@@ -377,3 +377,30 @@ fn check_points_at_anonymous_accounts_that_shadow_the_monitor() {
         lab.render()
     );
 }
+
+/// Found by MariaDB's `main.require_secure_transport` through holdfast: a server that
+/// requires TLS of its clients (`require_secure_transport = ON`) refused a plain client
+/// directly, but took it through holdfast (whose own link to it is TLS). holdfast applies
+/// the server's rule to its clients: refused as the server refuses, TLS clients go on.
+#[test]
+fn a_server_that_requires_tls_gets_no_plain_client_through_holdfast() {
+    let h = Harness::start();
+    h.root_sql("SET GLOBAL require_secure_transport = ON");
+    wait_for(
+        "the monitor to see the rule",
+        Duration::from_secs(30),
+        || {
+            h.shared.topology.borrow().nodes[0]
+                .requires_secure_transport
+                .then_some(())
+        },
+    );
+    let plain = ["--skip-ssl", "-e", "SELECT 1"];
+    let via = h.mariadb(h.proxy, &plain);
+    let direct = h.mariadb(h.direct(), &plain);
+    assert_ne!(direct.code, Some(0), "{direct:?}");
+    assert_eq!(via.stderr, direct.stderr, "refused as the server refuses");
+    let tls = h.mariadb(h.proxy, &["--ssl", "-e", "SELECT 1"]);
+    h.root_sql("SET GLOBAL require_secure_transport = OFF");
+    assert_eq!(tls.code, Some(0), "{tls:?}");
+}

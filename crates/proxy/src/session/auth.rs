@@ -269,7 +269,16 @@ pub async fn login(
     let capabilities = req.capabilities & PROXY_CAPABILITIES;
     req.mariadb_caps &= mariadb_caps;
     let user = String::from_utf8_lossy(&req.user).into_owned();
-    if !secure && shared.client_tls.as_ref().is_some_and(|t| t.require) {
+    // TLS required by holdfast's `[tls] require`, or by the server itself
+    // (`require_secure_transport`): a plain client must not reach it through holdfast's
+    // own TLS link.
+    let server_requires_tls = || {
+        let topo = shared.topology.borrow();
+        topo.primary_node()
+            .or_else(|| topo.nodes.first())
+            .is_some_and(|n| n.requires_secure_transport)
+    };
+    if !secure && (shared.client_tls.as_ref().is_some_and(|t| t.require) || server_requires_tls()) {
         // The server's answer under require_secure_transport: access denied.
         closed_unwoken("clear_text");
         tracing::info!(user = %user, client = %peer, "login refused: TLS is required");
