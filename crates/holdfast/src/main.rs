@@ -705,3 +705,36 @@ fn query_escape(s: &str) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::Parser;
+
+    /// Every `holdfast ...` command in the README's shell blocks is one this binary accepts
+    /// (issue 19: the README cannot drift from the product's command line).
+    #[test]
+    fn the_readmes_commands_parse() {
+        let readme = include_str!("../../../README.md");
+        let mut in_shell = false;
+        let mut checked = 0;
+        for line in readme.lines() {
+            let trimmed = line.trim();
+            if let Some(fence) = trimmed.strip_prefix("```") {
+                in_shell = !in_shell && (fence == "sh" || fence == "bash");
+                continue;
+            }
+            if !in_shell || !trimmed.starts_with("holdfast ") {
+                continue;
+            }
+            let command = trimmed.split(" #").next().unwrap_or("").trim();
+            let command = command.trim_end_matches('&').trim();
+            let args: Vec<&str> = command.split_whitespace().collect();
+            if let Err(e) = Cli::try_parse_from(&args) {
+                panic!("README: `{command}` does not parse:\n{e}");
+            }
+            checked += 1;
+        }
+        assert!(checked >= 8, "only {checked} commands found in the README");
+    }
+}
