@@ -12,6 +12,10 @@ use crate::verifiers::connect_as;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 
+/// The logged-in account as information_schema's GRANTEE columns spell it (`'u'@'h'`).
+const GRANTEE: &str = "CONCAT('''', SUBSTRING_INDEX(CURRENT_USER(), '@', 1), '''@''', \
+     SUBSTRING_INDEX(CURRENT_USER(), '@', -1), '''')";
+
 /// Where a privilege must be held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Scope {
@@ -263,11 +267,9 @@ async fn check_node(cfg: &Config, node: &BackendConfig, nodes: usize) -> NodeRep
         }
     };
     let who = conn
-        .query(
-            "SELECT CURRENT_USER(), CURRENT_ROLE(), VERSION(), \
-             CONCAT('''', SUBSTRING_INDEX(CURRENT_USER(), '@', 1), '''@''', \
-             SUBSTRING_INDEX(CURRENT_USER(), '@', -1), '''')",
-        )
+        .query(&format!(
+            "SELECT CURRENT_USER(), CURRENT_ROLE(), VERSION(), {GRANTEE}"
+        ))
         .await;
     let row = match who {
         Ok(r) => r.rows.into_iter().next().unwrap_or_default(),
@@ -497,12 +499,10 @@ async fn check_replication_account(cfg: &Config, node: &BackendConfig, report: &
     match connect_as(cfg, &node.address, user, &cfg.ha.repl_password).await {
         Ok(mut conn) => {
             let ok = conn
-                .query(
-                    "SELECT COUNT(*) FROM information_schema.USER_PRIVILEGES WHERE GRANTEE = \
-                     CONCAT('''', SUBSTRING_INDEX(CURRENT_USER(), '@', 1), '''@''', \
-                     SUBSTRING_INDEX(CURRENT_USER(), '@', -1), '''') \
-                     AND PRIVILEGE_TYPE IN ('REPLICATION SLAVE', 'SUPER')",
-                )
+                .query(&format!(
+                    "SELECT COUNT(*) FROM information_schema.USER_PRIVILEGES \
+                     WHERE GRANTEE = {GRANTEE} AND PRIVILEGE_TYPE IN ('REPLICATION SLAVE', 'SUPER')"
+                ))
                 .await
                 .ok()
                 .and_then(|r| r.rows.into_iter().next())

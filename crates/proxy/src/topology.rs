@@ -111,6 +111,17 @@ impl From<&SlaveStatus> for ReplicaHealth {
 }
 
 impl ReplicaHealth {
+    /// A replica whose replication is not known to run, and why.
+    fn not_running(error: String) -> Self {
+        ReplicaHealth {
+            io_running: false,
+            sql_running: false,
+            lag_ms: None,
+            source: String::new(),
+            error,
+        }
+    }
+
     /// Replicating, and not further behind than `max_lag_ms`.
     pub fn within(&self, max_lag_ms: u64) -> bool {
         self.io_running && self.sql_running && self.lag_ms.is_some_and(|l| l <= max_lag_ms)
@@ -664,40 +675,21 @@ async fn probe(
         let r = tokio::time::timeout(cfg.proxy.connect_timeout(), fut)
             .await
             .map_err(|_| "replication status query timed out".to_string())?;
-        let r = match r {
-            Ok(r) => r,
+        match r {
+            Ok(r) => SlaveStatus::of_answer(addr, r).map(|s| match s {
+                Ok(s) => ReplicaHealth::from(&s),
+                Err(e) => ReplicaHealth::not_running(e.to_string()),
+            }),
             // The node answers; only its replication state is hidden (e.g. 1227 without
             // SLAVE MONITOR): reachable, takes no reads, and says why.
             Err(crate::backend::BackendError::Server { code, message, .. }) => {
-                return Ok(Probed {
-                    read_only,
-                    version: row.get(1).cloned().flatten().unwrap_or_default(),
-                    autocommit: flag(2),
-                    requires_secure_transport: flag(3),
-                    replication: Some(ReplicaHealth {
-                        io_running: false,
-                        sql_running: false,
-                        lag_ms: None,
-                        source: String::new(),
-                        error: format!(
-                            "{REPLICATION_UNREADABLE} of {name} (SHOW SLAVE STATUS): {code} \
-                             {message}; run `holdfast check`"
-                        ),
-                    }),
-                })
+                Some(ReplicaHealth::not_running(format!(
+                    "{REPLICATION_UNREADABLE} of {name} (SHOW SLAVE STATUS): {code} \
+                     {message}; run `holdfast check`"
+                )))
             }
             Err(e) => return Err(ProbeError::Other(e.to_string())),
-        };
-        SlaveStatus::of_answer(addr, r).map(|s| match s {
-            Ok(s) => ReplicaHealth::from(&s),
-            Err(e) => ReplicaHealth {
-                io_running: false,
-                sql_running: false,
-                lag_ms: None,
-                source: String::new(),
-                error: e.to_string(),
-            },
-        })
+        }
     } else {
         None
     };
