@@ -172,7 +172,7 @@ fn a_commit_lost_before_any_replica_received_it_is_replayed_and_committed_once()
 /// An autocommit INSERT (as text, and prepared) is wrapped with a marker: lost in flight
 /// after a replica received it, the client gets its OK (affected rows and insert id) and
 /// the row is there once; lost before any replica received it, it runs again on the new
-/// primary, once.
+/// primary, once. Either way `LAST_INSERT_ID()` and `ROW_COUNT()` read the write's next.
 #[test]
 fn an_autocommit_insert_lost_in_flight_is_applied_exactly_once() {
     for (received, prepared) in [(true, false), (false, false), (true, true), (false, true)] {
@@ -215,6 +215,11 @@ fn an_autocommit_insert_lost_in_flight_is_applied_exactly_once() {
         result.unwrap_or_else(|e| panic!("{case}: {e}"));
         assert_eq!(c.affected_rows(), 1, "{case}");
         assert_eq!(c.last_insert_id(), 3, "{case}");
+        // What the session reads of the write next is the write's, on the new primary too.
+        let after: Option<(u64, i64)> = c
+            .query_first("SELECT LAST_INSERT_ID(), ROW_COUNT()")
+            .unwrap();
+        assert_eq!(after, Some((3, 1)), "{case}: LAST_INSERT_ID(), ROW_COUNT()");
         let new = h.wait_primary_other_than(&old, WAIT);
         assert_eq!(
             rows(h.node(&new), "ai"),

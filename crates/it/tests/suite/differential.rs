@@ -434,3 +434,68 @@ fn prepared_transaction_statements_leave_the_session_state_records_alone() {
         compare(&h, caps, &steps);
     }
 }
+
+/// Issue 18: the autocommit wrap (BEGIN, marker, the statement, COMMIT) and a transaction's
+/// COMMIT marker leave what the next statement reads of the client's last one as the
+/// server leaves it: the warnings and errors (`SHOW WARNINGS`, `SHOW ERRORS`,
+/// `@@warning_count`, `GET DIAGNOSTICS`) and `ROW_COUNT()`, after writes that succeeded,
+/// warned or failed, as text and prepared, with autocommit on and off.
+#[test]
+fn marked_writes_leave_the_diagnostics_as_the_server_does() {
+    let h = Harness::start();
+    let steps = vec![
+        // Autocommit writes, wrapped.
+        q("INSERT IGNORE INTO sbtest.dt (id, v) VALUES (1, 'dup'), (10, 'new')"),
+        q("SELECT ROW_COUNT(), @@warning_count, @@error_count"),
+        q("SHOW WARNINGS"),
+        q("GET DIAGNOSTICS @n = NUMBER"),
+        q("GET DIAGNOSTICS CONDITION 1 @m = MESSAGE_TEXT, @e = MYSQL_ERRNO"),
+        q("SELECT @n, @m, @e"),
+        q("UPDATE sbtest.dt SET v = 'u' WHERE id <= 3"),
+        q("SELECT ROW_COUNT()"),
+        q("DELETE FROM sbtest.dt WHERE id = 10"),
+        q("SELECT ROW_COUNT() AS deleted, id FROM sbtest.dt WHERE id = 1"),
+        q("INSERT INTO sbtest.dt (id, v) VALUES (2, 'x')"),
+        q("SHOW ERRORS"),
+        q("SELECT ROW_COUNT(), @@error_count"),
+        q("REPLACE INTO sbtest.dt (id, v) VALUES (3, 'r')"),
+        q("select row_count() /* ROW_COUNT() */, 'ROW_COUNT()'"),
+        binary("INSERT IGNORE INTO sbtest.dt (id, v) VALUES (1, 'p')"),
+        q("SHOW COUNT(*) WARNINGS"),
+        q("SHOW WARNINGS"),
+        binary("UPDATE sbtest.dt SET v = 'q' WHERE id < 3"),
+        q("SELECT ROW_COUNT()"),
+        binary("INSERT INTO sbtest.dt (id, v) VALUES (2, 'x')"),
+        q("SHOW ERRORS"),
+        // A transaction's COMMIT, marked: the warnings of the statement before it.
+        q("BEGIN"),
+        q("INSERT IGNORE INTO sbtest.dt (id, v) VALUES (1, 'b'), (11, 'b')"),
+        q("COMMIT"),
+        q("SHOW WARNINGS"),
+        q("SELECT @@warning_count, ROW_COUNT()"),
+        q("BEGIN"),
+        q("INSERT INTO sbtest.dt (id, v) VALUES (12, 'c')"),
+        q("INSERT INTO sbtest.dt (id, v) VALUES (12, 'c')"),
+        q("SELECT 1"),
+        q("COMMIT"),
+        q("SHOW ERRORS"),
+        // autocommit=0: every COMMIT ends a transaction.
+        q("SET autocommit = 0"),
+        q("INSERT IGNORE INTO sbtest.dt (id, v) VALUES (1, 'z'), (13, 'z')"),
+        q("COMMIT"),
+        q("SHOW WARNINGS"),
+        q("SET autocommit = 1"),
+        // The session's completion_type is for its own COMMITs, not the wrap's.
+        q("SET completion_type = 'CHAIN'"),
+        q("INSERT INTO sbtest.dt (id, v) VALUES (20, 'ch')"),
+        q("SELECT @@in_transaction"),
+        q("SET completion_type = 'RELEASE'"),
+        q("INSERT INTO sbtest.dt (id, v) VALUES (21, 'rl')"),
+        q("SELECT @@in_transaction"),
+        q("SET completion_type = DEFAULT"),
+        q("SELECT id, v FROM sbtest.dt ORDER BY id"),
+    ];
+    for caps in [BASE_CAPS, BASE_CAPS | CLIENT_SESSION_TRACK] {
+        compare(&h, caps, &steps);
+    }
+}

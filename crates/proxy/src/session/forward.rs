@@ -198,6 +198,7 @@ impl Session {
         let reply_seq = reply_seq(&request);
         let reply = Reply::of_request(&request);
         let in_transaction = self.record.in_transaction();
+        self.restore_row_count(&mut request);
         // Between requests the timer is the idle probe; during one, the wait after which
         // holdfast watches for the client going away.
         self.idle_timer
@@ -304,6 +305,10 @@ impl Session {
         let kept = self.replay_before(&request, flags, in_transaction);
         self.note_writes(flags);
         let sql = query_text(&request).or(executed.as_ref().map(|(sql, _)| &sql[..]));
+        let data_change = match (flags, sql) {
+            (Some(flags), Some(sql)) => super::markers::clears_conditions(sql, flags),
+            _ => false,
+        };
         let (marked, wrapped) = match (flags, sql) {
             (Some(flags), Some(sql)) => (
                 self.marks_commit(sql, flags, in_transaction),
@@ -333,7 +338,7 @@ impl Session {
         }
         let marked = self.take_marked();
         if result.is_ok() {
-            self.markers_after();
+            self.markers_after(data_change);
         }
         if opaque && self.record.state_change_reported {
             self.record.opaque_change = true;

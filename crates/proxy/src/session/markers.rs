@@ -6,15 +6,33 @@
 //! node that took over: the sequence number there says the transaction committed (the
 //! client gets the COMMIT's OK) or did not (it is replayed and committed again, or the
 //! client learns it was rolled back: 1213, now a fact rather than a guess).
+//!
+//! What the client reads next about its last statement must not change (issue 18): the
+//! warnings and errors of the diagnostics area (`SHOW WARNINGS`, `@@warning_count`, `GET
+//! DIAGNOSTICS`) and `ROW_COUNT()`. MariaDB clears the diagnostics area for a statement
+//! that opens tables (the marker's procedure does) and keeps it through `COMMIT`,
+//! `ROLLBACK` and statements without tables; `COMMIT` sets `ROW_COUNT()` to 0, `ROLLBACK`
+//! after an error leaves it at -1. So:
+//! - an autocommit write is wrapped as `BEGIN`, the marker, the statement (one write),
+//!   then `COMMIT` if the statement succeeded or `ROLLBACK` if it failed (a second
+//!   round trip): the statement's own conditions are the last ones. Its `ROW_COUNT()`,
+//!   which the `COMMIT` set to 0, is written into the next statement that reads it
+//!   ([`Session::restore_row_count`]);
+//! - a transaction's `COMMIT` goes without a marker while the diagnostics area may hold
+//!   an earlier statement's conditions (the marker would clear them): such a `COMMIT`'s
+//!   outcome is unknown if its answer is lost, as without markers.
 
 use super::migrate::LostConn;
 use super::{End, Session};
 use crate::conn::ConnError;
 use crate::error::ClientError;
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use holdfast_sql::{first_keyword, Classification as C, Lexer};
 use holdfast_wire::caps::*;
-use holdfast_wire::command::{COM_QUERY, COM_STMT_EXECUTE, CURSOR_TYPE_READ_ONLY};
+use holdfast_wire::command::{
+    COM_PING, COM_QUERY, COM_STATISTICS, COM_STMT_CLOSE, COM_STMT_EXECUTE, COM_STMT_PREPARE,
+    COM_STMT_RESET, COM_STMT_SEND_LONG_DATA, CURSOR_TYPE_READ_ONLY,
+};
 use holdfast_wire::frame;
 use holdfast_wire::packets::{ok_payload, OkPacket};
 use std::sync::atomic::Ordering;
@@ -38,6 +56,15 @@ pub(super) struct Markers {
     pub(super) txn_writes: bool,
     /// A marker was refused (no table, no privilege): this session sends no more.
     refused: bool,
+    /// The backend's diagnostics area may hold conditions (warnings, an error) of an
+    /// earlier statement, which a marker would clear.
+    conditions_kept: bool,
+    /// `ROW_COUNT()` as the client's last statement left it, where the backend's differs
+    /// (a wrapped write's `COMMIT` set it to 0): for the next statement.
+    row_count: Option<i64>,
+    /// The session prepared a statement that reads `ROW_COUNT()` (or read it where holdfast
+    /// cannot write it in): its autocommit writes are no longer wrapped.
+    reads_row_count: bool,
 }
 
 impl Default for Markers {
@@ -48,18 +75,25 @@ impl Default for Markers {
             in_flight: None,
             txn_writes: false,
             refused: false,
+            conditions_kept: false,
+            row_count: None,
+            reads_row_count: false,
         }
     }
 }
 
 /// What is in flight behind a marker.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) enum InFlight {
     /// The COMMIT of the session's transaction, marker `seq`.
     Commit { seq: u64 },
-    /// An autocommit write wrapped in a transaction with marker `seq`; `last_insert_id`:
-    /// the session's value before it (an insert id equal to it was not generated).
-    Autocommit { seq: u64, last_insert_id: u64 },
+    /// An autocommit write wrapped in a transaction with marker `seq`. `statement`: its
+    /// answer (OK: the wrap's `COMMIT` is in flight; ERR: its `ROLLBACK`); `None`: not in
+    /// yet, and no `COMMIT` was sent.
+    Autocommit {
+        seq: u64,
+        statement: Option<Vec<u8>>,
+    },
 }
 
 /// Whether a statement changes data: not a plain read, nor one that only opens or ends a
@@ -74,6 +108,21 @@ pub(super) fn writes_data(flags: C) -> bool {
         .union(C::AUTOCOMMIT)
         .union(C::SET_TRANSACTION);
     flags.has(C::WRITE) && (flags.has(C::MULTI) || !flags.intersects(NOT_DATA))
+}
+
+/// Whether a text starts with `INSERT`, `UPDATE`, `DELETE` or `REPLACE`.
+fn plain_data_change(sql: &[u8]) -> bool {
+    first_keyword(sql).is_some_and(|k| {
+        [&b"INSERT"[..], b"UPDATE", b"DELETE", b"REPLACE"]
+            .iter()
+            .any(|w| k.eq_ignore_ascii_case(w))
+    })
+}
+
+/// Whether a statement surely opens tables, so that it clears the diagnostics area when it
+/// starts: a single data change, its text certain.
+pub(super) fn clears_conditions(sql: &[u8], flags: C) -> bool {
+    !flags.intersects(C::MULTI.union(C::UNCERTAIN)) && plain_data_change(sql)
 }
 
 /// A plain `COMMIT [WORK]` (not `AND CHAIN`: the chained transaction would have to be
@@ -107,15 +156,88 @@ impl Session {
             && self.record.status & SERVER_STATUS_IN_TRANS_READONLY == 0
             && !self.record.holds_server_state()
             && !self.markers.refused
+            // The marker's procedure would clear what the client may read after COMMIT.
+            && !self.markers.conditions_kept
             && self.shared.commit_markers_ready.load(Ordering::Acquire)
             && plain_commit(sql, flags)
     }
 
-    /// After a request: a finished transaction's writes are forgotten.
-    pub(super) fn markers_after(&mut self) {
+    /// After a request: a finished transaction's writes are forgotten; whether the
+    /// diagnostics area may hold conditions now. Any answer with warnings or an error
+    /// leaves some; a statement that opens tables and answers without any clears them,
+    /// which holdfast knows for sure of a single `INSERT`, `UPDATE`, `DELETE`, `REPLACE`.
+    /// Other statements without conditions leave the area as it was (`SELECT 1`, `SET`,
+    /// `COMMIT` keep earlier warnings while their own answers count none).
+    /// `data_change`: the request was one of those ([`clears_conditions`]).
+    pub(super) fn markers_after(&mut self, data_change: bool) {
         self.markers.in_flight = None;
         if !self.record.in_transaction() {
             self.markers.txn_writes = false;
+        }
+        if self.last_error.is_some() || self.record.last_warnings > 0 {
+            self.markers.conditions_kept = true;
+        } else if data_change {
+            self.markers.conditions_kept = false;
+        }
+    }
+
+    /// Before a request: `ROW_COUNT()` put back where a wrap's `COMMIT` changed it. Each
+    /// `ROW_COUNT()` call in the first statement of a text reads the value the client's
+    /// last statement left: it is written in as that number. Where holdfast cannot write
+    /// it in (a prepared statement, dynamic SQL, a compound statement, `GET DIAGNOSTICS`),
+    /// the session's autocommit writes are not wrapped from then on.
+    pub(super) fn restore_row_count(&mut self, request: &mut BytesMut) {
+        let cmd = request.get(frame::HEADER_LEN).copied();
+        // Commands that run no statement leave `ROW_COUNT()` as it was.
+        let row_count = match cmd {
+            Some(
+                COM_STMT_PREPARE
+                | COM_STMT_CLOSE
+                | COM_STMT_RESET
+                | COM_STMT_SEND_LONG_DATA
+                | COM_PING
+                | COM_STATISTICS,
+            ) => self.markers.row_count,
+            _ => self.markers.row_count.take(),
+        };
+        let Some(header) = frame::parse_header(request) else {
+            return;
+        };
+        let Some(sql) = request.get(frame::HEADER_LEN + 1..) else {
+            return;
+        };
+        if header.continues() || !mentions_row_count(sql) {
+            return;
+        }
+        if cmd == Some(COM_STMT_PREPARE) {
+            self.markers.reads_row_count = true;
+            return;
+        }
+        if cmd != Some(COM_QUERY) {
+            return;
+        }
+        let mode = self.record.sql_mode.unwrap_or_default();
+        let calls = RowCountCalls::find(sql, mode, self.server());
+        if calls.elsewhere {
+            self.markers.reads_row_count = true;
+        }
+        let (Some(n), false) = (row_count, calls.at.is_empty()) else {
+            return;
+        };
+        let mut payload = Vec::with_capacity(sql.len() + 16);
+        payload.push(COM_QUERY);
+        let mut from = 0;
+        for (start, end) in calls.at {
+            payload.extend_from_slice(&sql[from..start]);
+            // A signed literal the lexer reads as one value (`-1` after a failed write).
+            payload.extend_from_slice(format!("({n})").as_bytes());
+            from = end;
+        }
+        payload.extend_from_slice(&sql[from..]);
+        if payload.len() < frame::MAX_PAYLOAD {
+            let seq = header.seq;
+            request.clear();
+            request.extend_from_slice(&frame::packet(&payload, seq));
         }
     }
 
@@ -124,12 +246,12 @@ impl Session {
         self.markers.in_flight.take()
     }
 
-    /// The COM_QUERY payload that upserts the session's marker `seq`, with what the
-    /// statement before it did (`ROW_COUNT()`, -1 after an error; `LAST_INSERT_ID()`),
-    /// through the definer procedure (client accounts cannot touch the table).
+    /// The COM_QUERY payload that upserts the session's marker `seq` through the definer
+    /// procedure (client accounts cannot touch the table). The counts columns are left
+    /// NULL: a wrapped statement's answer is in before its `COMMIT` goes out.
     fn marker_upsert(&self, seq: u64) -> String {
         format!(
-            "\u{3}CALL {}({}, {seq}, ROW_COUNT(), LAST_INSERT_ID())",
+            "\u{3}CALL {}({}, {seq}, NULL, NULL)",
             crate::ha::markers::MARK,
             self.markers.key
         )
@@ -167,23 +289,24 @@ impl Session {
                         .get(frame::HEADER_LEN + 5)
                         .is_some_and(|f| f & CURSOR_TYPE_READ_ONLY == 0))
             && !self.markers.refused
+            && !self.markers.reads_row_count
             && writes_data(flags)
             && !flags.intersects(NOT_WRAPPED)
             && frame::parse_header(request).is_some_and(|h| !h.continues())
             && self.shared.commit_markers_ready.load(Ordering::Acquire)
-            && first_keyword(sql).is_some_and(|k| {
-                [&b"INSERT"[..], b"UPDATE", b"DELETE", b"REPLACE"]
-                    .iter()
-                    .any(|w| k.eq_ignore_ascii_case(w))
-            })
+            && plain_data_change(sql)
             && !Lexer::for_server(sql, self.record.sql_mode.unwrap_or_default(), self.server())
                 .any(|t| t.is_word("RETURNING"))
     }
 
-    /// Runs an autocommit write as `BEGIN`, the statement, the marker, `COMMIT`, in one
-    /// write; the client gets the statement's answer once the COMMIT's is in (or the
-    /// COMMIT's error if it failed).
+    /// Runs an autocommit write as `BEGIN`, the marker and the statement in one write,
+    /// then, once the statement's answer is in, `COMMIT` (it succeeded) or `ROLLBACK` (it
+    /// failed). The client gets the statement's answer once the transaction has ended (or
+    /// the COMMIT's error if that failed). The end names its completion: the session's
+    /// `completion_type` is for its own COMMITs.
     pub(super) async fn autocommit_with_marker(&mut self, request: &[u8]) -> Result<(), End> {
+        const COMMIT: &[u8] = b"\x03COMMIT AND NO CHAIN NO RELEASE";
+        const ROLLBACK: &[u8] = b"\x03ROLLBACK AND NO CHAIN NO RELEASE";
         let cmd = request.get(frame::HEADER_LEN).copied().unwrap_or(COM_QUERY);
         self.shared.metrics.requests.command(cmd);
         self.response_started = false;
@@ -193,6 +316,7 @@ impl Session {
         let upsert = self.marker_upsert(seq);
         let mut out = BytesMut::with_capacity(upsert.len() + request.len() + 32);
         out.extend_from_slice(&frame::packet(b"\x03BEGIN", 0));
+        out.extend_from_slice(&frame::packet(upsert.as_bytes(), 0));
         let at = out.len();
         out.extend_from_slice(request);
         if request.get(frame::HEADER_LEN) == Some(&COM_STMT_EXECUTE) {
@@ -212,70 +336,111 @@ impl Session {
                 holdfast_wire::packets::set_statement_id(payload, backend_id);
             }
         }
-        out.extend_from_slice(&frame::packet(upsert.as_bytes(), 0));
-        out.extend_from_slice(&frame::packet(b"\x03COMMIT", 0));
         self.markers.seq = seq;
         self.markers.in_flight = Some(InFlight::Autocommit {
             seq,
-            last_insert_id: self.record.last_insert_id,
+            statement: None,
         });
         let lost = |error| End::BackendLost {
             started: false,
             error,
         };
         self.backend.conn.write_raw(&out).await.map_err(lost)?;
-        let mut answers = Vec::with_capacity(4);
-        for at in 0..4 {
-            let p = self.read_backend_packet().await?;
-            match p.payload.first() {
-                // The marker was refused: a loss before the COMMIT's answer leaves the
-                // outcome unknown (the statement may commit without its marker).
-                Some(0xff) if at == 2 => {
-                    self.markers.in_flight = None;
-                    self.markers.refused = true;
-                    tracing::warn!(
-                        session = self.info.id,
-                        "commit marker refused; this session's writes go on without one"
-                    );
-                }
-                Some(0 | 0xff) => {}
-                _ => {
-                    return Err(End::Protocol(
-                        "a wrapped autocommit write was answered with neither OK nor ERR".into(),
-                    ))
-                }
-            }
-            answers.push(p.payload);
+        let begin = self.read_ok_or_err("BEGIN").await?;
+        if begin.first() == Some(&0xff) {
+            // The marker and the statement run by themselves, as the statement would
+            // without holdfast: its answer is the client's.
+            self.markers.in_flight = None;
+            let _marker = self.read_ok_or_err("marker").await?;
+            let statement = self.read_ok_or_err("statement").await?;
+            return self.answer_wrapped(statement, None, reply_seq).await;
         }
-        let [begin, statement, _, commit] = [&answers[0], &answers[1], &answers[2], &answers[3]];
+        if self.read_ok_or_err("marker").await?.first() == Some(&0xff) {
+            // The statement commits without its marker: a loss before the COMMIT's answer
+            // leaves the outcome unknown.
+            self.markers.in_flight = None;
+            self.markers.refused = true;
+            tracing::warn!(
+                session = self.info.id,
+                "commit marker refused; this session's writes go on without one"
+            );
+        }
+        let statement = self.read_ok_or_err("statement").await?;
+        let succeeded = statement.first() == Some(&0);
+        if let Some(InFlight::Autocommit { statement: s, .. }) = &mut self.markers.in_flight {
+            *s = Some(statement.to_vec());
+        }
+        let end = if succeeded { COMMIT } else { ROLLBACK };
+        self.backend
+            .conn
+            .write_raw(&frame::packet(end, 0))
+            .await
+            .map_err(lost)?;
+        let end = self.read_ok_or_err("the wrap's end").await?;
+        self.answer_wrapped(statement, Some(end), reply_seq).await
+    }
+
+    /// One answer of a wrapped write: OK or ERR.
+    async fn read_ok_or_err(&mut self, what: &str) -> Result<Bytes, End> {
+        let p = self.read_backend_packet().await?;
+        match p.payload.first() {
+            Some(0 | 0xff) => Ok(p.payload),
+            _ => Err(End::Protocol(format!(
+                "a wrapped autocommit write's {what} was answered with neither OK nor ERR"
+            ))),
+        }
+    }
+
+    /// Answers the client for a wrapped write: the statement's ERR; its OK with the
+    /// status and session state after the transaction's end (`end`: the COMMIT's answer,
+    /// `None` when the statement ran by itself); the COMMIT's ERR if it failed.
+    async fn answer_wrapped(
+        &mut self,
+        statement: Bytes,
+        end: Option<Bytes>,
+        reply_seq: u8,
+    ) -> Result<(), End> {
         // The backend's OKs are read as the backend sends them (holdfast's session-mode
         // connections always have CLIENT_SESSION_TRACK, whatever the client has);
         // `client_ok` writes the client's.
         let tracks = true;
         let malformed = |e| End::Protocol(format!("backend sent a malformed OK: {e}"));
-        let failed = [begin, commit]
-            .into_iter()
-            .find(|a| a.first() == Some(&0xff));
-        let answer = match failed {
-            // The statement did not commit: the client gets why.
-            Some(err) => err.to_vec(),
-            None => {
-                let commit_ok = OkPacket::parse(commit, tracks).map_err(malformed)?;
-                let after = commit_ok.status;
-                let answer = match statement.first() {
-                    Some(0xff) => statement.to_vec(),
-                    _ => {
-                        let ok = OkPacket::parse(statement, tracks).map_err(malformed)?;
-                        self.client_ok(&ok, after, commit_ok.session_state)
-                    }
-                };
-                // The session's status is the one after the COMMIT, and so is its tracked
-                // state: the COMMIT reports the write's GTID (`last_gtid`), which a read on
-                // a replica must wait for.
-                self.record.status = after;
-                if !commit_ok.session_state.is_empty() {
-                    self.record.apply_session_state(commit_ok.session_state);
+        let end = match &end {
+            Some(e) if e.first() == Some(&0) => {
+                Some(Ok(OkPacket::parse(e, tracks).map_err(malformed)?))
+            }
+            Some(e) => Some(Err(e)),
+            None => None,
+        };
+        // The session's status and tracked state are the ones after the transaction's
+        // end: the COMMIT reports the write's GTID (`last_gtid`), which a read on a
+        // replica must wait for.
+        let after = |record: &mut crate::state::SessionRecord, ok: &OkPacket<'_>| {
+            record.status = ok.status;
+            if !ok.session_state.is_empty() {
+                record.apply_session_state(ok.session_state);
+            }
+        };
+        let answer = match (statement.first(), end) {
+            (_, Some(Err(commit_failed))) => commit_failed.to_vec(),
+            (Some(0xff), end) => {
+                if let Some(Ok(end)) = end {
+                    after(&mut self.record, &end);
                 }
+                statement.to_vec()
+            }
+            (_, end) => {
+                let ok = OkPacket::parse(&statement, tracks).map_err(malformed)?;
+                let answer = match &end {
+                    Some(Ok(commit)) => {
+                        let answer = self.client_ok(&ok, commit.status, commit.session_state);
+                        after(&mut self.record, commit);
+                        answer
+                    }
+                    _ => self.client_ok(&ok, ok.status, &[]),
+                };
+                // The COMMIT set `ROW_COUNT()` to 0; the statement left its count.
+                self.markers.row_count = Some(ok.affected_rows as i64);
                 answer
             }
         };
@@ -406,62 +571,94 @@ impl Session {
                 self.recover_lost_commit(error, request, reply_seq, seq)
                     .await
             }
-            InFlight::Autocommit {
-                seq,
-                last_insert_id,
-            } => {
-                self.recover_lost_autocommit(error, request, reply_seq, seq, last_insert_id)
+            InFlight::Autocommit { seq, statement } => {
+                self.recover_lost_autocommit(error, request, reply_seq, seq, statement)
                     .await
             }
         }
     }
 
-    /// A wrapped autocommit write lost in flight: applied (its marker is there with its
-    /// counts) -> OK with them; not applied -> run again, wrapped again; the marker
-    /// unreadable -> the client learns the outcome is unknown, as without markers.
+    /// A wrapped autocommit write lost in flight. Before its answer was in, no COMMIT had
+    /// gone out: nothing committed, it runs again. A failed statement whose ROLLBACK was
+    /// lost: the client gets its error. A statement whose COMMIT was lost: committed (its
+    /// marker is there) -> its OK; not committed -> it runs again, wrapped again; the
+    /// marker unreadable -> the client learns the outcome is unknown, as without markers.
     async fn recover_lost_autocommit(
         &mut self,
         error: ConnError,
         request: BytesMut,
         reply_seq: u8,
         seq: u64,
-        last_insert_id: u64,
+        statement: Option<Vec<u8>>,
     ) -> Result<(), End> {
-        tracing::info!(session = self.info.id, node = %self.backend_name, %error, "backend lost with an autocommit write in flight; reading its commit marker");
+        tracing::info!(session = self.info.id, node = %self.backend_name, %error, "backend lost with an autocommit write in flight");
         let lost = self.move_after_marked_loss(&error).await?;
         // Settled below one way or the other: no transaction of the client's is open.
         self.markers.txn_writes = false;
         self.record.status &= !SERVER_STATUS_IN_TRANS;
-        match self.read_marker(&lost).await {
-            Some(Some(m)) if m.seq >= seq && m.affected >= 0 => {
+        let ok = match &statement {
+            None => None,
+            Some(err) if err.first() == Some(&0xff) => {
+                tracing::info!(
+                    session = self.info.id,
+                    "the lost autocommit write had failed; answering its error"
+                );
+                let code = holdfast_wire::packets::ErrPacket::parse(err).map_or(0, |e| e.code);
+                self.last_error = Some(code);
+                self.shared.metrics.count_error(code);
+                self.record.last_warnings = 1;
+                self.record.last_affected_rows = 0;
+                return self
+                    .client
+                    .write_packet(err, reply_seq)
+                    .await
+                    .map_err(End::Client);
+            }
+            Some(ok) => Some(
+                OkPacket::parse(ok, true)
+                    .map_err(|e| End::Protocol(format!("backend sent a malformed OK: {e}")))?,
+            ),
+        };
+        let committed = match &ok {
+            None => Some(false),
+            Some(_) => self
+                .read_marker(&lost)
+                .await
+                .map(|m| m.is_some_and(|m| m.seq >= seq)),
+        };
+        match (committed, ok) {
+            (Some(true), Some(ok)) => {
                 tracing::info!(
                     session = self.info.id,
                     "the lost autocommit write was applied; answering it"
                 );
                 self.shared.metrics.commit_outcome("committed");
                 self.shared.metrics.requests_retried.inc();
-                let insert_id = if m.insert_id != last_insert_id {
-                    m.insert_id
-                } else {
-                    0
-                };
-                if insert_id != 0 {
-                    self.record.last_insert_id = insert_id;
+                // The new connection has the session's LAST_INSERT_ID() from before it.
+                if ok.last_insert_id != 0 {
+                    let set = format!("SET last_insert_id = {}", ok.last_insert_id);
+                    if let Err(e) = crate::restore::execute(&mut self.backend, set.as_bytes()).await
+                    {
+                        tracing::warn!(session = self.info.id, error = %e, "could not set LAST_INSERT_ID() after a recovered write");
+                    }
+                    self.record.last_insert_id = ok.last_insert_id;
                 }
-                self.record.last_affected_rows = m.affected.unsigned_abs();
+                self.record.last_affected_rows = ok.affected_rows;
+                // Its warnings went with the old connection.
                 self.record.last_warnings = 0;
-                let ok = ok_payload(
-                    m.affected.unsigned_abs(),
-                    insert_id,
+                self.markers.row_count = Some(ok.affected_rows as i64);
+                let answer = ok_payload(
+                    ok.affected_rows,
+                    ok.last_insert_id,
                     self.record.status & !SERVER_STATUS_IN_TRANS,
                     0,
                 );
                 self.client
-                    .write_packet(&ok, reply_seq)
+                    .write_packet(&answer, reply_seq)
                     .await
                     .map_err(End::Client)
             }
-            Some(_) => {
+            (Some(_), _) => {
                 tracing::info!(
                     session = self.info.id,
                     "the lost autocommit write was not applied; running it again"
@@ -470,7 +667,7 @@ impl Session {
                 self.shared.metrics.requests_retried.inc();
                 self.forward_request(request).await
             }
-            None => {
+            (None, _) => {
                 self.shared.metrics.commit_outcome("unknown");
                 self.shared.metrics.requests_failed_on_backend_loss.inc();
                 self.send_error(reply_seq, &ClientError::statement_interrupted())
@@ -604,13 +801,14 @@ impl Session {
             crate::restore::NO_LIMIT
         );
         match self.backend.query(&read).await {
+            // `"seq affected insert_id"`: the counts are those an earlier holdfast wrote.
             Ok(r) => Some(first_value(&r).map(|v| {
-                let mut parts = v.split(' ');
-                let mut next = || parts.next().unwrap_or_default();
                 Marker {
-                    seq: next().parse().unwrap_or(0),
-                    affected: next().parse().unwrap_or(-1),
-                    insert_id: next().parse().unwrap_or(0),
+                    seq: v
+                        .split(' ')
+                        .next()
+                        .and_then(|s| s.parse().ok())
+                        .unwrap_or(0),
                 }
             })),
             Err(e) => {
@@ -621,13 +819,65 @@ impl Session {
     }
 }
 
+/// Whether `sql` names `ROW_COUNT` anywhere (any case): the cheap test before lexing.
+fn mentions_row_count(sql: &[u8]) -> bool {
+    const NAME: &[u8] = b"ROW_COUNT";
+    sql.windows(NAME.len())
+        .any(|w| w.eq_ignore_ascii_case(NAME))
+}
+
+/// The `ROW_COUNT()` calls of a text that read what the client's last statement left.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct RowCountCalls {
+    /// Byte ranges of `ROW_COUNT ( )` in the text's first statement.
+    at: Vec<(usize, usize)>,
+    /// `ROW_COUNT` is read where it cannot be written in: later statements of several
+    /// (after the first has set it), dynamic SQL (`PREPARE`, `EXECUTE IMMEDIATE`), a
+    /// compound statement, `GET DIAGNOSTICS ... = ROW_COUNT`, a text whose executable
+    /// comments may run or not.
+    elsewhere: bool,
+}
+
+impl RowCountCalls {
+    fn find(sql: &[u8], mode: holdfast_sql::SqlMode, server: holdfast_sql::Server) -> Self {
+        let flags = holdfast_sql::classify_for(sql, mode, server);
+        let mut calls = RowCountCalls::default();
+        let opaque = flags.intersects(C::COMPOUND.union(C::UNCERTAIN));
+        let dynamic = flags.intersects(C::PREPARE_SQL.union(C::EXECUTE_SQL));
+        let tokens: Vec<_> = Lexer::for_server(sql, mode, server).collect();
+        let mut first = true;
+        for (i, t) in tokens.iter().enumerate() {
+            if t.is_punct(";") {
+                first = false;
+            } else if t.kind == holdfast_sql::TokenKind::String {
+                calls.elsewhere |= dynamic && mentions_row_count(t.text);
+            } else if t.is_word("ROW_COUNT") {
+                // `db.row_count()` is a stored function, `x.row_count` a column.
+                if i > 0 && tokens.get(i - 1).is_some_and(|p| p.is_punct(".")) {
+                    continue;
+                }
+                // The built-in, written as the server surely reads it: no space before
+                // its parenthesis.
+                let open = tokens
+                    .get(i + 1)
+                    .filter(|o| o.is_punct("(") && o.offset == t.end());
+                let close = tokens.get(i + 2).filter(|c| c.is_punct(")"));
+                match (open, close) {
+                    (Some(_), Some(close)) if first && !opaque => {
+                        calls.at.push((t.offset, close.end()))
+                    }
+                    _ => calls.elsewhere = true,
+                }
+            }
+        }
+        calls
+    }
+}
+
 /// A session's marker row.
 #[derive(Debug, Clone, Copy)]
 struct Marker {
     seq: u64,
-    /// `ROW_COUNT()` of the statement before the marker (-1: it failed).
-    affected: i64,
-    insert_id: u64,
 }
 
 fn first_value(r: &holdfast_client::TextResult) -> Option<String> {
@@ -663,6 +913,48 @@ mod tests {
         ] {
             assert!(!writes_data(classify(sql.as_bytes())), "{sql}");
         }
+    }
+
+    #[test]
+    fn row_count_calls_are_written_in_only_where_they_read_the_last_statement() {
+        fn find(sql: &str) -> (Vec<&str>, bool) {
+            let c = RowCountCalls::find(
+                sql.as_bytes(),
+                holdfast_sql::SqlMode::DEFAULT,
+                holdfast_sql::Server::UNKNOWN,
+            );
+            let at = c.at.iter().map(|&(a, b)| &sql[a..b]).collect();
+            (at, c.elsewhere)
+        }
+        assert_eq!(find("SELECT ROW_COUNT()"), (vec!["ROW_COUNT()"], false));
+        assert_eq!(
+            find("select row_count( ) /* ROW_COUNT() */, 'ROW_COUNT()'"),
+            (vec!["row_count( )"], false)
+        );
+        assert_eq!(
+            find("INSERT INTO t VALUES (ROW_COUNT()), (Row_Count())"),
+            (vec!["ROW_COUNT()", "Row_Count()"], false)
+        );
+        // A stored function and a column are not the built-in.
+        assert_eq!(
+            find("SELECT db.ROW_COUNT(), t.row_count FROM t"),
+            (vec![], false)
+        );
+        for sql in [
+            "SELECT ROW_COUNT ()",
+            "SELECT 1; SELECT ROW_COUNT()",
+            "GET DIAGNOSTICS @r = ROW_COUNT",
+            "PREPARE s FROM 'SELECT ROW_COUNT()'",
+            "EXECUTE IMMEDIATE 'select row_count()'",
+            "BEGIN NOT ATOMIC SELECT ROW_COUNT(); END",
+            "SELECT row_count FROM t",
+        ] {
+            assert!(find(sql).1, "{sql}");
+        }
+        assert_eq!(
+            find("SELECT ROW_COUNT(); SELECT ROW_COUNT()"),
+            (vec!["ROW_COUNT()"], true)
+        );
     }
 
     #[test]
