@@ -26,7 +26,9 @@ enum IdleEvent {
     Topology(bool),
     /// A planned switchover starts (or ends).
     Switching,
-    BackendGone,
+    /// The backend connection closed or sent something (`Some`: it failed with that error,
+    /// a reset for one).
+    BackendGone(Option<std::io::Error>),
     /// The earlier of the cool-down's end and the idle timeout.
     Deadline,
 }
@@ -79,12 +81,19 @@ impl Session {
                                 self.capture_if_due(true).await;
                             }
                         }
-                        IdleEvent::BackendGone if self.killed_on_purpose() => {
+                        IdleEvent::BackendGone(_) if self.killed_on_purpose() => {
                             return Err(self.end_killed_while_idle().await);
                         }
-                        IdleEvent::BackendGone => {
-                            tracing::info!(session = self.info.id, node = %self.backend_name, "backend connection lost while idle");
+                        IdleEvent::BackendGone(error) => {
+                            tracing::info!(session = self.info.id, node = %self.backend_name, error = ?error, "backend connection lost while idle");
+                            // Whose loss it was is told now, while a cut may still be in
+                            // place: the move comes with the next request.
+                            let lost = match error {
+                                Some(e) => self.lost_conn_after(&ConnError::Io(e)).await,
+                                None => self.lost_conn(),
+                            };
                             self.mark_backend_dead();
+                            self.lost_while_idle = Some(lost);
                         }
                         IdleEvent::Deadline if idle_deadline.is_some_and(|d| Instant::now() >= d) => {
                             return Err(End::Closed {
@@ -159,7 +168,7 @@ async fn idle_watch(
     tokio::select! {
         r = topology.changed(), if !backend_dead => IdleEvent::Topology(r.is_ok()),
         Ok(()) = switching.changed(), if !backend_dead => IdleEvent::Switching,
-        _ = backend_gone(conn), if !backend_dead => IdleEvent::BackendGone,
+        error = backend_gone(conn), if !backend_dead => IdleEvent::BackendGone(error),
         _ = sleep_until_opt(deadline), if deadline.is_some() => IdleEvent::Deadline,
         else => std::future::pending().await,
     }
@@ -172,10 +181,14 @@ async fn idle_watch(
 /// its byte, in `rbuf`, where the next packet read would find it), works on any stream,
 /// and needs no read buffer while the session idles (a `read_buf` into the released
 /// `rbuf` would allocate one).
-async fn backend_gone(conn: &mut PacketConn) {
+async fn backend_gone(conn: &mut PacketConn) -> Option<std::io::Error> {
     let mut byte = [0u8; 1];
-    if let Ok(n) = conn.stream.read(&mut byte).await {
-        conn.rbuf.extend_from_slice(&byte[..n]);
+    match conn.stream.read(&mut byte).await {
+        Ok(n) => {
+            conn.rbuf.extend_from_slice(&byte[..n]);
+            None
+        }
+        Err(e) => Some(e),
     }
 }
 

@@ -156,6 +156,8 @@ struct Session {
     /// The backend died inside a transaction: the next statement gets 1213 (rolled back),
     /// unless the transaction is replayed.
     transaction_lost: bool,
+    /// The backend connection lost while the session idled, as told then.
+    lost_while_idle: Option<migrate::LostConn>,
     /// The open transaction's statements, for a replay (see `replay.rs`).
     txn_log: Option<Box<replay::TxnLog>>,
     /// The checksum of the answer being relayed, while it is kept for a replay.
@@ -455,6 +457,7 @@ impl Session {
             backend_epoch: epoch,
             backend_since: Instant::now(),
             transaction_lost: false,
+            lost_while_idle: None,
             txn_log: None,
             checksum: None,
             replaying: false,

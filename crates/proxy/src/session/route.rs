@@ -97,7 +97,10 @@ impl Session {
         // The connection lost while idle (or without a reply): a server that kept running
         // had it cut (someone's KILL, `KILL USER`...), and then the session ends as the
         // server ended it, instead of being logged in again.
-        let lost_from = self.backend_dead.then(|| self.lost_conn());
+        let lost_while_idle = self.lost_while_idle.take();
+        let lost_from = self
+            .backend_dead
+            .then(|| lost_while_idle.unwrap_or_else(|| self.lost_conn()));
         if self.backend_dead {
             self.shared.metrics.requests_held.inc();
             self.relocate("backend_lost").await?;
