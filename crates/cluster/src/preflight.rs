@@ -6,9 +6,9 @@
 //! own 1227 names for the statement holdfast runs). Privileges an account holds only through
 //! a role are not visible here; such an account is told so instead of being refused.
 
-use crate::backend::BackendError;
 use crate::config::{BackendConfig, Config, Durability, HaMode, Routing};
-use crate::verifiers::connect_as;
+use crate::control::connect_as;
+use crate::control::BackendError;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 
@@ -398,7 +398,7 @@ fn add_missing(report: &mut NodeReport, missing: &[Need], grantee: &str, role: &
 }
 
 /// EXECUTE on both marker routines is granted to PUBLIC already.
-async fn public_may_run_the_markers(conn: &mut crate::backend::BackendConn) -> bool {
+async fn public_may_run_the_markers(conn: &mut crate::control::BackendConn) -> bool {
     conn.query(
         "SELECT COUNT(*) FROM mysql.procs_priv \
          WHERE User = 'PUBLIC' AND Db = 'holdfast' AND FIND_IN_SET('Execute', Proc_priv)",
@@ -412,7 +412,7 @@ async fn public_may_run_the_markers(conn: &mut crate::backend::BackendConn) -> b
 
 /// holdfast's marker function is not there yet and the server binlogs without
 /// `log_bin_trust_function_creators`: creating it takes SUPER.
-async fn creating_functions_takes_super(conn: &mut crate::backend::BackendConn) -> bool {
+async fn creating_functions_takes_super(conn: &mut crate::control::BackendConn) -> bool {
     let r = conn
         .query(
             "SELECT @@global.log_bin, @@global.log_bin_trust_function_creators, \
@@ -453,7 +453,7 @@ struct Held {
 }
 
 async fn held_privileges(
-    conn: &mut crate::backend::BackendConn,
+    conn: &mut crate::control::BackendConn,
     grantee: &str,
 ) -> Result<Vec<Held>, BackendError> {
     let quoted = grantee.replace('\\', "\\\\").replace('\'', "\\'");

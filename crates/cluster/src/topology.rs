@@ -1,11 +1,10 @@
 //! Node monitoring: which nodes answer, which is writable. Published through a watch channel
 //! so sessions read the current view without locks.
 
-use crate::backend::BackendConn;
 use crate::config::{BackendConfig, Config};
+use crate::control::monitor_connect;
+use crate::control::BackendConn;
 use crate::ha::probe::SlaveStatus;
-use crate::serverless::Lifecycle;
-use crate::verifiers::monitor_connect;
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::Duration;
@@ -285,6 +284,12 @@ impl Topology {
 
 pub const MONITOR_INTERVAL: Duration = Duration::from_millis(1000);
 
+/// Whether the monitor may probe the nodes now. The proxy's serverless lifecycle says no
+/// while its instance is paused (probing would only hang on a frozen process).
+pub trait ProbeGate: Send + Sync {
+    fn may_probe(&self) -> bool;
+}
+
 /// Polls every node each interval and publishes the result.
 /// Probes every member each interval (and at once whenever `nudge` is notified: the HA
 /// controller does after each operation, so sessions find a new primary without waiting a
@@ -297,7 +302,7 @@ pub async fn run_monitor(
     tx: watch::Sender<Arc<Topology>>,
     mut members: watch::Receiver<Arc<Vec<Member>>>,
     nudge: Arc<Notify>,
-    gate: Option<Arc<Lifecycle>>,
+    gate: Option<Arc<dyn ProbeGate>>,
     switching: watch::Receiver<bool>,
     mut ha: watch::Receiver<crate::ha::controller::HaState>,
 ) {
@@ -318,7 +323,7 @@ pub async fn run_monitor(
                 continue;
             }
         }
-        if gate.as_ref().is_some_and(|l| !l.is_running()) {
+        if gate.as_ref().is_some_and(|g| !g.may_probe()) {
             continue;
         }
         let list = members.borrow_and_update().clone();
@@ -645,7 +650,7 @@ async fn probe(
 ) -> Result<Probed, ProbeError> {
     if slot.is_none() {
         *slot = Some(monitor_connect(cfg, addr).await.map_err(|e| match &e {
-            crate::backend::BackendError::Server { .. } => {
+            crate::control::BackendError::Server { .. } => {
                 ProbeError::Login(crate::preflight::login_failure(cfg, name, &e))
             }
             _ => ProbeError::Other(e.to_string()),
@@ -682,7 +687,7 @@ async fn probe(
             }),
             // The node answers; only its replication state is hidden (e.g. 1227 without
             // SLAVE MONITOR): reachable, takes no reads, and says why.
-            Err(crate::backend::BackendError::Server { code, message, .. }) => {
+            Err(crate::control::BackendError::Server { code, message, .. }) => {
                 Some(ReplicaHealth::not_running(format!(
                     "{REPLICATION_UNREADABLE} of {name} (SHOW SLAVE STATUS): {code} \
                      {message}; run `holdfast check`"
