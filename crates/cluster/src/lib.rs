@@ -1,6 +1,6 @@
 //! holdfast's view of the database cluster, and what changes it.
 //!
-//! **Owns:** the nodes holdfast fronts and what they are ([`topology`]: the monitor that
+//! **Owns:** the nodes holdfast fronts and what they are ([`topology`]; [`monitor`], which
 //! probes them and publishes a [`topology::Topology`] through a watch channel), adding and
 //! removing them at run time ([`membership`]), high availability ([`ha`]: replication
 //! probes, switchover, failover, rejoin, the failure detector, semi-sync durability, the
@@ -15,7 +15,7 @@
 //! sessions what changed by publishing state (the topology watch channel, with a node's
 //! `draining` and `deposed` flags; the `switching` flag of a planned switchover) and asks
 //! them only through traits the proxy implements ([`planned::SessionDrain`],
-//! [`topology::ProbeGate`]).
+//! [`monitor::ProbeGate`]).
 
 /// The TOML configuration lives in the `holdfast-config` leaf crate; re-exported so that
 /// `crate::config::X` paths read as in the proxy crate.
@@ -25,6 +25,7 @@ pub mod control;
 pub mod driver;
 pub mod ha;
 pub mod membership;
+pub mod monitor;
 pub mod planned;
 pub mod preflight;
 pub mod topology;

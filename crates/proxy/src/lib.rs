@@ -27,9 +27,10 @@ use holdfast_cluster::driver::NodeDriver;
 use holdfast_cluster::ha::controller::HaController;
 use holdfast_cluster::ha::{self, HaError, SwitchoverReport};
 use holdfast_cluster::membership::Membership;
+use holdfast_cluster::monitor::{self, ProbeGate};
 use holdfast_cluster::planned::{Planned, RestartError, SessionDrain};
 use holdfast_cluster::preflight;
-use holdfast_cluster::topology::{self, ProbeGate, Topology};
+use holdfast_cluster::topology::Topology;
 use holdfast_serverless::driver::InstanceDriver;
 use metrics::Metrics;
 use registry::SessionRegistry;
@@ -258,7 +259,7 @@ impl Proxy {
             shared.ledger = Some(Arc::new(ledger));
         }
         let shared = Arc::new(shared);
-        tokio::spawn(topology::run_monitor(
+        tokio::spawn(monitor::run_monitor(
             config.clone(),
             tx,
             shared.membership.members.subscribe(),
