@@ -223,6 +223,30 @@ pub async fn check(cfg: &Config, nodes: &[BackendConfig]) -> Report {
     report
 }
 
+/// [`check`], with every problem logged as an error (with the SQL that fixes it) and every
+/// warning as a warning, as `serve` does at start.
+pub async fn check_and_log(cfg: &Config, nodes: &[BackendConfig]) -> Report {
+    let report = check(cfg, nodes).await;
+    for n in &report.nodes {
+        for p in &n.problems {
+            match &p.fix {
+                Some(fix) => tracing::error!(node = %n.node, fix = %fix, "{}", p.what),
+                None => tracing::error!(node = %n.node, "{}", p.what),
+            }
+        }
+        for w in &n.warnings {
+            tracing::warn!(node = %n.node, "{w}");
+        }
+    }
+    if report.problem_count() == 0 {
+        tracing::info!(
+            nodes = report.nodes.len(),
+            "start-up check: the monitor account can do what this configuration needs"
+        );
+    }
+    report
+}
+
 /// Why the monitor cannot log in, in the words the start-up log and clients get.
 pub fn login_failure(cfg: &Config, node: &str, e: &BackendError) -> String {
     let user = &cfg.auth.monitor_user;

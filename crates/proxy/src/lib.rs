@@ -396,24 +396,7 @@ async fn run_preflight(shared: Arc<Shared>) {
         .iter()
         .map(|m| m.backend.clone())
         .collect();
-    let report = preflight::check(&shared.config, &nodes).await;
-    for n in &report.nodes {
-        for p in &n.problems {
-            match &p.fix {
-                Some(fix) => tracing::error!(node = %n.node, fix = %fix, "{}", p.what),
-                None => tracing::error!(node = %n.node, "{}", p.what),
-            }
-        }
-        for w in &n.warnings {
-            tracing::warn!(node = %n.node, "{w}");
-        }
-    }
-    if report.problem_count() == 0 {
-        tracing::info!(
-            nodes = report.nodes.len(),
-            "start-up check: the monitor account can do what this configuration needs"
-        );
-    }
+    let report = preflight::check_and_log(&shared.config, &nodes).await;
     shared.preflight.store(Some(Arc::new(report)));
 }
 
