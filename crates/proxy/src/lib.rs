@@ -25,12 +25,13 @@ use config::net::IpNet;
 use config::{Config, ListenerMode, Routing};
 use holdfast_cluster::driver::NodeDriver;
 use holdfast_cluster::ha::controller::HaController;
-use holdfast_cluster::ha::{self, HaError, SwitchoverReport};
+use holdfast_cluster::ha::{HaError, SwitchoverReport};
 use holdfast_cluster::membership::Membership;
-use holdfast_cluster::monitor::{self, ProbeGate};
+use holdfast_cluster::monitor::ProbeGate;
 use holdfast_cluster::planned::{Planned, RestartError, SessionDrain};
 use holdfast_cluster::preflight;
 use holdfast_cluster::topology::Topology;
+use holdfast_cluster::ClusterTasks;
 use holdfast_serverless::driver::InstanceDriver;
 use metrics::Metrics;
 use registry::SessionRegistry;
@@ -72,7 +73,7 @@ pub struct Shared {
     pub admission: Arc<admission::Admission>,
     /// TLS offered to clients (`[tls]` with a certificate); set by [`Proxy::start_with`].
     pub client_tls: Option<Arc<tls::ClientTls>>,
-    /// `[ha] commit_markers` is on and the marker table exists (see `ha::markers`).
+    /// `[ha] commit_markers` is on and the marker table exists (see `holdfast_cluster::ha::markers`).
     pub commit_markers_ready: Arc<std::sync::atomic::AtomicBool>,
     /// The nodes holdfast fronts (the `[[backend]]`s, then `node add` / `node remove`),
     /// the file their list is reloaded from.
@@ -259,24 +260,16 @@ impl Proxy {
             shared.ledger = Some(Arc::new(ledger));
         }
         let shared = Arc::new(shared);
-        tokio::spawn(monitor::run_monitor(
-            config.clone(),
-            tx,
-            shared.membership.members.subscribe(),
-            shared.ha.topology_nudge(),
-            shared.serverless.clone().map(|lc| lc as Arc<dyn ProbeGate>),
-            shared.switching.subscribe(),
-            shared.ha.subscribe(),
-        ));
-        tokio::spawn(shared.ha.clone().run());
-        tokio::spawn(shared.ha.clone().keep_durability());
-        if config.ha.commit_markers {
-            tokio::spawn(ha::markers::keep_marker_table(
-                config.clone(),
-                shared.topology.clone(),
-                shared.commit_markers_ready.clone(),
-            ));
+        ClusterTasks {
+            config: config.clone(),
+            topology: tx,
+            members: shared.membership.members.subscribe(),
+            ha: shared.ha.clone(),
+            probe_gate: shared.serverless.clone().map(|lc| lc as Arc<dyn ProbeGate>),
+            switching: shared.switching.subscribe(),
+            commit_markers_ready: shared.commit_markers_ready.clone(),
         }
+        .spawn();
         tokio::spawn(refresh_verifiers(shared.clone()));
         tokio::spawn(run_preflight(shared.clone()));
         if let Some(lc) = &shared.serverless {
