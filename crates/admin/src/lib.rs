@@ -18,11 +18,11 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use holdfast_cluster::ha::controller::HaState;
+use holdfast_cluster::ha::HaError;
+use holdfast_cluster::topology::Topology;
 use holdfast_config::AdminToken;
-use holdfast_proxy::ha::controller::HaState;
-use holdfast_proxy::ha::HaError;
 use holdfast_proxy::registry::SessionView;
-use holdfast_proxy::topology::Topology;
 use holdfast_proxy::Shared;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -57,7 +57,7 @@ pub struct Status {
     pub serverless: Option<serde_json::Value>,
     /// What the start-up check (`holdfast check`) found; none until it has run.
     #[serde(default)]
-    pub preflight: Option<holdfast_proxy::preflight::Report>,
+    pub preflight: Option<holdfast_cluster::preflight::Report>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -253,7 +253,7 @@ fn node_metrics(t: &Topology) -> String {
         |name: &str,
          kind: &str,
          help: &str,
-         value: &dyn Fn(&holdfast_proxy::topology::NodeState) -> Option<f64>| {
+         value: &dyn Fn(&holdfast_cluster::topology::NodeState) -> Option<f64>| {
             let _ = writeln!(out, "# HELP holdfast_{name} {help}");
             let _ = writeln!(out, "# TYPE holdfast_{name} {kind}");
             let suffix = if kind == "counter" { "_total" } else { "" };
@@ -431,7 +431,12 @@ async fn post_node_add(
     let (Some(name), Some(address)) = (q.name, q.address) else {
         return bad_request("which node? POST /nodes/add?name=NAME&address=HOST:PORT".into());
     };
-    membership_answer(shared.add_node(&name, &address, q.proxy_protocol).await)
+    membership_answer(
+        shared
+            .membership
+            .add_node(&name, &address, q.proxy_protocol)
+            .await,
+    )
 }
 
 /// `?name=node3[&drain_ms=60000]`.
@@ -455,17 +460,17 @@ async fn post_node_remove(
         .drain_ms
         .map(std::time::Duration::from_millis)
         .unwrap_or_else(|| shared.config.split.drain());
-    membership_answer(shared.remove_node(&name, drain).await)
+    membership_answer(shared.membership.remove_node(&name, drain).await)
 }
 
 /// `POST /reload`: the configuration file's `[[backend]]` list applied (nodes added and
 /// removed); other settings need a restart.
 async fn post_reload(State(shared): State<Arc<Shared>>) -> Response {
-    membership_answer(shared.reload_backends().await)
+    membership_answer(shared.membership.reload_backends().await)
 }
 
 fn membership_answer<T: Serialize>(
-    result: Result<T, holdfast_proxy::membership::MembershipError>,
+    result: Result<T, holdfast_cluster::membership::MembershipError>,
 ) -> Response {
     match result {
         Ok(report) => (StatusCode::OK, Json(report)).into_response(),
@@ -500,7 +505,7 @@ async fn post_restart(
             "which node? POST /restart?node=NAME[&binary=PATH][&set=K=V,...]".into(),
         );
     };
-    let spec = holdfast_proxy::driver::RestartSpec {
+    let spec = holdfast_cluster::driver::RestartSpec {
         binary: q.binary.filter(|b| !b.is_empty()),
         set: q
             .set
@@ -513,7 +518,7 @@ async fn post_restart(
     };
     match shared.restart_node(&node, &spec).await {
         Ok(steps) => (StatusCode::OK, Json(RestartReport { node, steps })).into_response(),
-        Err(error @ holdfast_proxy::RestartError::NotAllowed(_)) => {
+        Err(error @ holdfast_cluster::planned::RestartError::NotAllowed(_)) => {
             error_answer(StatusCode::FORBIDDEN, error)
         }
         Err(error) => error_answer(StatusCode::INTERNAL_SERVER_ERROR, error),
@@ -868,7 +873,7 @@ mod tests {
 
     #[test]
     fn ha_line() {
-        use holdfast_proxy::ha::controller::{HaCounters, LastOp, OpKind};
+        use holdfast_cluster::ha::controller::{HaCounters, LastOp, OpKind};
         let h = HaState {
             mode: holdfast_config::HaMode::Managed,
             in_progress: None,
@@ -892,7 +897,7 @@ mod tests {
             needs_rejoin: vec![],
             failing_over_from: None,
             failover_withheld: None,
-            semi_sync: Some(holdfast_proxy::ha::durability::SemiSyncState {
+            semi_sync: Some(holdfast_cluster::ha::durability::SemiSyncState {
                 active: false,
                 primary: Some("node2".into()),
                 clients: 0,

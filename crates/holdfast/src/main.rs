@@ -305,7 +305,8 @@ fn main() -> Result<()> {
         }
         Command::Check { config, json } => {
             let cfg = Config::load(&config)?;
-            let report = runtime()?.block_on(holdfast_proxy::preflight::check(&cfg, &cfg.backends));
+            let report =
+                runtime()?.block_on(holdfast_cluster::preflight::check(&cfg, &cfg.backends));
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
@@ -421,7 +422,7 @@ async fn serve(cfg: Config, config_path: &Path) -> Result<()> {
     if cfg.auth.strict_permissions && !loose.is_empty() {
         bail!("[auth] strict_permissions: {}", loose.join("; "));
     }
-    let node_driver: Option<std::sync::Arc<dyn holdfast_proxy::driver::NodeDriver>> =
+    let node_driver: Option<std::sync::Arc<dyn holdfast_cluster::driver::NodeDriver>> =
         match cfg.driver.kind {
             DriverKind::None => None,
             DriverKind::Lab => match cfg.driver.lab_dir.clone() {
@@ -446,9 +447,9 @@ async fn serve(cfg: Config, config_path: &Path) -> Result<()> {
         .collect();
     tracing::info!(proxy = %proxy.local_addr()?, admin = %admin_addr, listeners = ?listeners, "holdfast serving");
     let shared = proxy.shared.clone();
-    let _ = shared.config_path.set(config_path.to_path_buf());
+    let _ = shared.membership.config_path.set(config_path.to_path_buf());
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
-    let reloading = shared.clone();
+    let reloading = shared.membership.clone();
     tokio::spawn(async move {
         while hangup.recv().await.is_some() {
             tracing::info!("SIGHUP: reloading the [[backend]] list");

@@ -509,7 +509,7 @@ impl RawAnswer {
 }
 
 /// A lab without holdfast in front, for tests that drive holdfast's building blocks
-/// (`holdfast_proxy::ha`...) directly: node1 and `replicas` replicas of it.
+/// (`holdfast_cluster::ha`...) directly: node1 and `replicas` replicas of it.
 pub fn lab(replicas: usize) -> TestLab {
     TestLab::start(replicas).unwrap_or_else(|e| panic!("starting the lab: {e:#}"))
 }

@@ -4,9 +4,9 @@
 //! the [`BackendConnector`] seam through which sessions open their streams.
 
 use crate::conn::{BoxedIo, PacketConn};
-use crate::topology::NodeState;
 use holdfast_client::tls::{host_of, start_tls, TlsClient};
 use holdfast_client::{Login, TlsTarget};
+use holdfast_cluster::topology::NodeState;
 use holdfast_wire::auth::PasswordHash;
 use holdfast_wire::caps::*;
 use holdfast_wire::handshake::{Greeting, LoginRequest};
@@ -142,16 +142,8 @@ pub fn with_tls(capabilities: u32, tls: Option<&TlsClient>) -> u32 {
     }
 }
 
-/// Capabilities for a backend connection serving a client that negotiated `client_caps`.
-pub fn backend_capabilities(client_caps: u32, server_caps: u32) -> u32 {
-    ((client_caps & PROXY_CAPABILITIES) | BACKEND_REQUIRED) & (server_caps | CLIENT_SESSION_TRACK)
-}
-
-/// Capabilities for a pass-through backend connection: the client's own, plus only what
-/// holdfast's login exchange needs.
-pub fn exact_capabilities(client_caps: u32, server_caps: u32) -> u32 {
-    ((client_caps & PROXY_CAPABILITIES) | (BACKEND_REQUIRED & !CLIENT_SESSION_TRACK)) & server_caps
-}
+/// The capability policy of backend links lives next to the flags it combines.
+pub use holdfast_wire::caps::{backend_capabilities, exact_capabilities};
 
 /// Opens a connection through `connector` and logs in with a known secret
 /// (mysql_native_password), all within `timeout`.

@@ -1,5 +1,7 @@
-//! The holdfast proxy: client sessions, backend connections, node monitoring, authentication
-//! from the servers' own verifiers, and the metrics and registry the admin API reads.
+//! The holdfast proxy: client sessions, backend connections, authentication from the
+//! servers' own verifiers, serverless pausing, and the metrics and registry the admin API
+//! reads. The nodes themselves (topology monitor, membership, HA, the start-up check) are
+//! `holdfast-cluster`'s; this crate starts its tasks and reacts to what it publishes.
 
 pub mod admission;
 pub mod backend;
@@ -8,25 +10,28 @@ pub mod client_trackers;
 /// `crate::config::X` paths stay as they were.
 pub use holdfast_config as config;
 pub mod conn;
-pub mod driver;
 pub mod error;
 pub mod gate;
-pub mod ha;
-pub mod membership;
 pub mod metrics;
-pub mod preflight;
 pub mod registry;
 pub mod restore;
 pub mod serverless;
 pub mod session;
 pub mod state;
 pub mod tls;
-pub mod topology;
 pub mod verifiers;
 
 use config::net::IpNet;
 use config::{Config, ListenerMode, Routing};
-use ha::controller::HaController;
+use holdfast_cluster::driver::NodeDriver;
+use holdfast_cluster::ha::controller::HaController;
+use holdfast_cluster::ha::{HaError, SwitchoverReport};
+use holdfast_cluster::membership::Membership;
+use holdfast_cluster::monitor::ProbeGate;
+use holdfast_cluster::planned::{Planned, RestartError, SessionDrain};
+use holdfast_cluster::preflight;
+use holdfast_cluster::topology::Topology;
+use holdfast_cluster::ClusterTasks;
 use holdfast_serverless::driver::InstanceDriver;
 use metrics::Metrics;
 use registry::SessionRegistry;
@@ -36,7 +41,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
-use topology::Topology;
 use verifiers::VerifierCache;
 
 /// State shared by every session, read without locks on the query path.
@@ -52,7 +56,7 @@ pub struct Shared {
     /// True while a planned switchover runs: sessions at a safe point hold their requests.
     pub switching: watch::Sender<bool>,
     /// How nodes are restarted (upgrade, resize); none means restart/resize are refused.
-    pub node_driver: Option<Arc<dyn driver::NodeDriver>>,
+    pub node_driver: Option<Arc<dyn NodeDriver>>,
     /// Mirror of `switching` that sessions read per request without a lock.
     pub switching_now: std::sync::atomic::AtomicBool,
     /// The serverless instance's lifecycle, with `[serverless]`.
@@ -69,13 +73,11 @@ pub struct Shared {
     pub admission: Arc<admission::Admission>,
     /// TLS offered to clients (`[tls]` with a certificate); set by [`Proxy::start_with`].
     pub client_tls: Option<Arc<tls::ClientTls>>,
-    /// `[ha] commit_markers` is on and the marker table exists (see `ha::markers`).
+    /// `[ha] commit_markers` is on and the marker table exists (see `holdfast_cluster::ha::markers`).
     pub commit_markers_ready: Arc<std::sync::atomic::AtomicBool>,
-    /// The nodes holdfast fronts (the `[[backend]]`s, then `node add` / `node remove`).
-    pub members: topology::Members,
-    /// The configuration file holdfast was started from (`POST /reload` and SIGHUP re-read
-    /// its `[[backend]]` list).
-    pub config_path: std::sync::OnceLock<std::path::PathBuf>,
+    /// The nodes holdfast fronts (the `[[backend]]`s, then `node add` / `node remove`),
+    /// the file their list is reloaded from.
+    pub membership: Arc<Membership>,
     /// What the start-up check found (`holdfast check`): none until it has run.
     pub preflight: arc_swap::ArcSwapOption<preflight::Report>,
     next_session_id: AtomicU32,
@@ -88,7 +90,7 @@ pub struct Seams {
     /// (e.g. `holdfast_serverless::driver::ScriptedDriver`); unused without `[serverless]`.
     pub instance_driver: Option<Box<dyn InstanceDriver>>,
     /// Restarts nodes (upgrade, resize); without one, restart and resize are refused.
-    pub node_driver: Option<Arc<dyn driver::NodeDriver>>,
+    pub node_driver: Option<Arc<dyn NodeDriver>>,
     /// Opens the streams of sessions' backend connections instead of TCP (e.g. to
     /// in-process scripted servers); control connections stay on TCP.
     pub backend_connector: Option<Arc<dyn backend::BackendConnector>>,
@@ -124,13 +126,17 @@ impl Shared {
         let admission = Arc::new(admission::Admission::new(&config.proxy));
         let connector = backend_connector
             .unwrap_or_else(|| Arc::new(backend::TcpConnector::from_config(&config.proxy)));
+        let ha = HaController::new(config.clone(), topology.clone());
         Shared {
-            members: topology::members_of(&config),
-            config_path: std::sync::OnceLock::new(),
+            membership: Arc::new(Membership::new(
+                config.clone(),
+                topology.clone(),
+                ha.clone(),
+            )),
             serverless,
             gate,
             ledger: None,
-            ha: HaController::new(config.clone(), topology.clone()),
+            ha,
             config,
             metrics: Metrics::new(),
             verifiers: VerifierCache::default(),
@@ -149,124 +155,33 @@ impl Shared {
         }
     }
 
-    /// A planned restart of `node` (upgrade or resize) that clients do not notice: if it is
-    /// the primary, sessions are first switched over to another node (parked at safe
-    /// points); the node restarts through the driver, rejoins as a replica, and, if it was
-    /// the primary, becomes primary again by another switchover. Returns the steps taken.
+    /// What a planned operation works with: the cluster runs it, sessions are asked
+    /// through the registry whether they are at a safe point.
+    fn planned(&self) -> Planned<'_> {
+        Planned {
+            config: &self.config,
+            ha: &self.ha,
+            topology: &self.topology,
+            switching: &self.switching,
+            switching_now: &self.switching_now,
+            sessions: &self.sessions,
+            node_driver: self.node_driver.as_ref(),
+        }
+    }
+
+    /// A planned restart of `node` (upgrade or resize) that clients do not notice (see
+    /// [`Planned::restart_node`]). Returns the steps taken.
     pub async fn restart_node(
         &self,
         node: &str,
-        spec: &driver::RestartSpec,
+        spec: &holdfast_cluster::driver::RestartSpec,
     ) -> Result<Vec<String>, RestartError> {
-        let spec =
-            &driver::allowed_spec(&self.config.driver, spec).map_err(RestartError::NotAllowed)?;
-        let driver = self.node_driver.clone().ok_or(RestartError::NoDriver)?;
-        let mut steps = Vec::new();
-        let was_primary = self
-            .topology
-            .borrow()
-            .primary_node()
-            .is_some_and(|n| n.name == node);
-        if was_primary {
-            steps.push(self.switchover_step(None, "away from", node).await?);
-        }
-        let t = Instant::now();
-        driver
-            .restart(node, spec)
-            .await
-            .map_err(|source| RestartError::Driver {
-                node: node.to_string(),
-                source,
-            })?;
-        steps.push(format!("restarted {node} ({} ms)", t.elapsed().as_millis()));
-        let t = Instant::now();
-        self.ha
-            .rejoin(node.to_string())
-            .await
-            .map_err(|source| RestartError::Rejoin {
-                node: node.to_string(),
-                source,
-            })?;
-        steps.push(format!(
-            "{node} replicates again ({} ms)",
-            t.elapsed().as_millis()
-        ));
-        if was_primary {
-            let back = Some(node.to_string());
-            steps.push(self.switchover_step(back, "back to", node).await?);
-        }
-        Ok(steps)
+        self.planned().restart_node(node, spec).await
     }
 
-    /// One switchover of a planned restart, described for its step list.
-    async fn switchover_step(
-        &self,
-        target: Option<String>,
-        step: &'static str,
-        node: &str,
-    ) -> Result<String, RestartError> {
-        let t = Instant::now();
-        let r = self
-            .switchover(target)
-            .await
-            .map_err(|source| RestartError::Switchover {
-                step,
-                node: node.to_string(),
-                source,
-            })?;
-        Ok(format!(
-            "switched over {} -> {} ({} ms)",
-            r.old_primary,
-            r.new_primary,
-            t.elapsed().as_millis()
-        ))
-    }
-
-    /// A planned switchover clients do not notice: sessions first finish their transactions
-    /// and hold their next request (up to `proxy.switchover_drain_ms`), the HA manager
-    /// switches, and the sessions resume on the new primary with their state.
-    pub async fn switchover(
-        &self,
-        target: Option<String>,
-    ) -> Result<ha::SwitchoverReport, ha::HaError> {
-        self.switching_now.store(true, Ordering::SeqCst);
-        self.switching.send_replace(true);
-        let drain = Duration::from_millis(self.config.proxy.switchover_drain_ms);
-        let start = Instant::now();
-        while !self.sessions.quiescent() && start.elapsed() < drain {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        if !self.sessions.quiescent() {
-            tracing::warn!(
-                drain_ms = drain.as_millis() as u64,
-                "switchover: some sessions did not reach a safe point in time; going ahead"
-            );
-        } else {
-            tracing::info!(
-                ms = start.elapsed().as_millis() as u64,
-                "switchover: sessions parked"
-            );
-        }
-        let result = self.ha.switchover(target).await;
-        if let Ok(report) = &result {
-            // Let sessions resume only once the topology shows the new primary.
-            let mut topo = self.topology.clone();
-            let wait = async {
-                loop {
-                    let seen = topo
-                        .borrow_and_update()
-                        .primary_node()
-                        .is_some_and(|n| n.name == report.new_primary);
-                    if seen || topo.changed().await.is_err() {
-                        return;
-                    }
-                }
-            };
-            let _ = tokio::time::timeout(Duration::from_secs(5), wait).await;
-        }
-        self.switching_now.store(false, Ordering::SeqCst);
-        self.switching.send_replace(false);
-        result
+    /// A planned switchover clients do not notice (see [`Planned::switchover`]).
+    pub async fn switchover(&self, target: Option<String>) -> Result<SwitchoverReport, HaError> {
+        self.planned().switchover(target).await
     }
 
     /// holdfast's connection ids (the greeting's, what `mysql_thread_id()` returns) start
@@ -278,30 +193,18 @@ impl Shared {
     }
 }
 
-/// Why a planned restart of a node stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum RestartError {
-    #[error(
-        "no control driver is configured ([driver] kind = \"lab\"); holdfast cannot restart nodes"
-    )]
-    NoDriver,
-    /// A binary or a server option the config does not allow (`[driver] binaries`,
-    /// `allowed_options`); nothing was done.
-    #[error("{0}")]
-    NotAllowed(String),
-    #[error("switchover {step} {node}: {source}")]
-    Switchover {
-        step: &'static str,
-        node: String,
-        source: ha::HaError,
-    },
-    #[error("restarting {node}: {source}")]
-    Driver {
-        node: String,
-        source: holdfast_serverless::driver::DriverError,
-    },
-    #[error("rejoining {node}: {source}")]
-    Rejoin { node: String, source: ha::HaError },
+/// A planned switchover waits for sessions through the registry.
+impl SessionDrain for SessionRegistry {
+    fn quiescent(&self) -> bool {
+        SessionRegistry::quiescent(self)
+    }
+}
+
+/// The monitor leaves a paused serverless instance alone.
+impl ProbeGate for serverless::Lifecycle {
+    fn may_probe(&self) -> bool {
+        self.is_running()
+    }
 }
 
 /// Everything `holdfast serve` runs: the monitor, the verifier refresher, the HA controller
@@ -357,24 +260,16 @@ impl Proxy {
             shared.ledger = Some(Arc::new(ledger));
         }
         let shared = Arc::new(shared);
-        tokio::spawn(topology::run_monitor(
-            config.clone(),
-            tx,
-            shared.members.subscribe(),
-            shared.ha.topology_nudge(),
-            shared.serverless.clone(),
-            shared.switching.subscribe(),
-            shared.ha.subscribe(),
-        ));
-        tokio::spawn(shared.ha.clone().run());
-        tokio::spawn(shared.ha.clone().keep_durability());
-        if config.ha.commit_markers {
-            tokio::spawn(ha::markers::keep_marker_table(
-                config.clone(),
-                shared.topology.clone(),
-                shared.commit_markers_ready.clone(),
-            ));
+        ClusterTasks {
+            config: config.clone(),
+            topology: tx,
+            members: shared.membership.members.subscribe(),
+            ha: shared.ha.clone(),
+            probe_gate: shared.serverless.clone().map(|lc| lc as Arc<dyn ProbeGate>),
+            switching: shared.switching.subscribe(),
+            commit_markers_ready: shared.commit_markers_ready.clone(),
         }
+        .spawn();
         tokio::spawn(refresh_verifiers(shared.clone()));
         tokio::spawn(run_preflight(shared.clone()));
         if let Some(lc) = &shared.serverless {
@@ -488,29 +383,13 @@ async fn run_preflight(shared: Arc<Shared>) {
         }
     }
     let nodes: Vec<_> = shared
+        .membership
         .members
         .borrow()
         .iter()
         .map(|m| m.backend.clone())
         .collect();
-    let report = preflight::check(&shared.config, &nodes).await;
-    for n in &report.nodes {
-        for p in &n.problems {
-            match &p.fix {
-                Some(fix) => tracing::error!(node = %n.node, fix = %fix, "{}", p.what),
-                None => tracing::error!(node = %n.node, "{}", p.what),
-            }
-        }
-        for w in &n.warnings {
-            tracing::warn!(node = %n.node, "{w}");
-        }
-    }
-    if report.problem_count() == 0 {
-        tracing::info!(
-            nodes = report.nodes.len(),
-            "start-up check: the monitor account can do what this configuration needs"
-        );
-    }
+    let report = preflight::check_and_log(&shared.config, &nodes).await;
     shared.preflight.store(Some(Arc::new(report)));
 }
 

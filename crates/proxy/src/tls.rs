@@ -1,12 +1,12 @@
 //! TLS: holdfast's certificate towards clients (reloaded when its files change) and the
 //! TLS settings of connections to the nodes.
 
-use crate::config::{BackendTlsConfig, BackendTlsMode, TlsConfig, TlsVersion};
+use crate::config::{TlsConfig, TlsVersion};
 use arc_swap::ArcSwap;
 use holdfast_client::conn::BoxedIo;
-use holdfast_client::tls::{self as client_tls, Prefixed, TlsClient, TlsSetupError, Verify};
+use holdfast_client::tls::{self as client_tls, Prefixed, TlsSetupError};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 /// The TLS side of holdfast's client listeners.
@@ -115,30 +115,7 @@ fn load(cert: &Path, key: &Path, min_version: TlsVersion) -> Result<Loaded, TlsS
     })
 }
 
-/// The TLS settings for connections to the nodes, `None` with `[backend_tls]` disabled.
-/// Built once per distinct configuration: control connections, which only see the
-/// `Config`, and sessions share it.
-pub fn backend(cfg: &BackendTlsConfig) -> Result<Option<TlsClient>, TlsSetupError> {
-    static BUILT: Mutex<Option<(BackendTlsConfig, TlsClient)>> = Mutex::new(None);
-    let verify = match cfg.mode {
-        BackendTlsMode::Disabled => return Ok(None),
-        BackendTlsMode::VerifyCa => Verify::Ca,
-        BackendTlsMode::VerifyFull => Verify::Full,
-    };
-    let mut built = BUILT
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Some((c, tls)) = built.as_ref() {
-        if c == cfg {
-            return Ok(Some(tls.clone()));
-        }
-    }
-    let ca = cfg.ca.as_deref().ok_or_else(|| TlsSetupError::Invalid {
-        path: "[backend_tls] ca".into(),
-        detail: "not set".into(),
-    })?;
-    let identity = cfg.cert.as_deref().zip(cfg.key.as_deref());
-    let tls = TlsClient::new(ca, verify, identity)?;
-    *built = Some((cfg.clone(), tls.clone()));
-    Ok(Some(tls))
-}
+/// The TLS settings for connections to the nodes. Built in the cluster crate, whose
+/// control connections need them too; re-exported so that sessions' `crate::tls::backend`
+/// paths stay as they were.
+pub use holdfast_cluster::control::backend_tls as backend;

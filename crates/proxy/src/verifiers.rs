@@ -4,11 +4,11 @@
 //! `SHA1(SHA1(password))`; with it holdfast checks a client's answer and recovers the
 //! `SHA1(password)` needed to log in to any node.
 
-use crate::backend::{self, BackendConn, LoginParams};
+use crate::backend;
 use crate::config::Config;
 use arc_swap::ArcSwap;
-use holdfast_wire::auth::{parse_native_verifier, PasswordHash};
-use holdfast_wire::caps::{CLIENT_DEPRECATE_EOF, CLIENT_MULTI_RESULTS};
+use holdfast_cluster::control::monitor_connect;
+use holdfast_wire::auth::parse_native_verifier;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -279,56 +279,6 @@ impl VerifierCache {
         self.replace(accounts);
         Ok(true)
     }
-}
-
-/// Logs in with the monitor account (over TCP: control connections do not go through
-/// [`crate::Shared::connector`]).
-pub async fn monitor_connect(
-    cfg: &Config,
-    addr: &str,
-) -> Result<BackendConn, backend::BackendError> {
-    connect_as(
-        cfg,
-        addr,
-        &cfg.auth.monitor_user,
-        &cfg.auth.monitor_password,
-    )
-    .await
-}
-
-/// Logs in to `addr` as `user` the way the monitor does (`[backend_tls]`, no schema).
-pub async fn connect_as(
-    cfg: &Config,
-    addr: &str,
-    user: &str,
-    password: &crate::config::Secret,
-) -> Result<BackendConn, backend::BackendError> {
-    let secret = PasswordHash::from_password(password.expose().as_bytes());
-    let tls = crate::tls::backend(&cfg.backend_tls)?;
-    let params = LoginParams {
-        user: user.as_bytes(),
-        secret: if password.is_empty() {
-            None
-        } else {
-            Some(&secret)
-        },
-        database: None,
-        charset: 45,
-        // Plain semantics: no NO_SCHEMA/IGNORE_SPACE quirks a client might have asked for.
-        client_capabilities: CLIENT_MULTI_RESULTS | CLIENT_DEPRECATE_EOF,
-        mariadb_caps: 0,
-        attributes: &[],
-        exact_capabilities: false,
-        proxy_header: None,
-        tls: tls.as_ref(),
-    };
-    backend::connect(
-        &backend::TcpConnector::from_config(&cfg.proxy),
-        addr,
-        &params,
-        cfg.proxy.connect_timeout(),
-    )
-    .await
 }
 
 /// The accounts, and whether the server resolves client host names.

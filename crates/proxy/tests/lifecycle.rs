@@ -5,13 +5,13 @@
 //! Every wait has a deadline; what the lifecycle did is read from the driver's recorded calls
 //! and from `Lifecycle::view`.
 
+use holdfast_cluster::topology::Topology;
 use holdfast_proxy::config::{
     AuthConfig, BackendConfig, Config, PauseTier, ProxyConfig, ServerlessConfig,
 };
 use holdfast_proxy::registry::SessionInfo;
 use holdfast_proxy::serverless::{self, Lifecycle, PauseError, Phase, WakeError};
 use holdfast_proxy::state::Blocker;
-use holdfast_proxy::topology::Topology;
 use holdfast_proxy::{Seams, Shared};
 use holdfast_serverless::driver::scripted::{Op, ScriptedDriver};
 use holdfast_serverless::driver::{DriverConfig, ExecDriverConfig, PowerState};

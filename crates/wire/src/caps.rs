@@ -82,6 +82,18 @@ pub const BACKEND_REQUIRED: u32 = CLIENT_PROTOCOL_41
     | CLIENT_LONG_PASSWORD
     | CLIENT_SESSION_TRACK;
 
+/// Capabilities for a backend connection serving a client that negotiated `client_caps`
+/// (a session's link, and the monitor's with plain client semantics).
+pub fn backend_capabilities(client_caps: u32, server_caps: u32) -> u32 {
+    ((client_caps & PROXY_CAPABILITIES) | BACKEND_REQUIRED) & (server_caps | CLIENT_SESSION_TRACK)
+}
+
+/// Capabilities for a pass-through backend connection: the client's own, plus only what
+/// holdfast's login exchange needs.
+pub fn exact_capabilities(client_caps: u32, server_caps: u32) -> u32 {
+    ((client_caps & PROXY_CAPABILITIES) | (BACKEND_REQUIRED & !CLIENT_SESSION_TRACK)) & server_caps
+}
+
 pub const SERVER_STATUS_IN_TRANS: u16 = 1;
 pub const SERVER_STATUS_AUTOCOMMIT: u16 = 2;
 pub const SERVER_MORE_RESULTS_EXISTS: u16 = 8;

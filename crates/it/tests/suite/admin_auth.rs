@@ -60,7 +60,11 @@ fn requests_without_the_token_are_refused_and_change_nothing() {
         let a = h.admin_raw("POST", path, &[], None);
         assert_eq!(a.code, 401, "POST {path}: {a:?}");
     }
-    assert_eq!(h.shared.members.borrow().len(), 2, "a refused removal ran");
+    assert_eq!(
+        h.shared.membership.members.borrow().len(),
+        2,
+        "a refused removal ran"
+    );
     let a = h.admin_raw("GET", "/health", &[], None);
     assert_eq!(a.code, 200, "{a:?}");
     assert_eq!(a.body, r#"{"status":"ok"}"#);

@@ -4,9 +4,9 @@
 //! reachable and says why, a monitor that cannot log in is named in the clients' error,
 //! and sessions end the way a client's do (the server counts none of them aborted).
 
+use holdfast_cluster::preflight::{self, Report};
 use holdfast_config::{Config, Routing};
 use holdfast_it::{runtime, wait_for, Harness, Options};
-use holdfast_proxy::preflight::{self, Report};
 use std::time::Duration;
 
 fn check(cfg: &Config) -> Report {

@@ -4,10 +4,10 @@
 //!
 //! Every wait polls with a deadline; timings are printed, never asserted.
 
+use holdfast_cluster::ha::{self, HaConfig, HaError, LossVerdict};
 use holdfast_it::{lab, lab_config, runtime, wait_for};
 use holdfast_lab::{node_sql, node_sql_maps, NodeStatus, TestLab, DATABASE};
 use holdfast_proxy::config::Config;
-use holdfast_proxy::ha::{self, HaConfig, HaError, LossVerdict};
 use std::time::{Duration, Instant};
 
 const WAIT: Duration = Duration::from_secs(30);

@@ -3,8 +3,8 @@
 //!
 //! Every wait polls with a deadline; timings are printed, never asserted.
 
+use holdfast_cluster::ha::HaMode;
 use holdfast_it::{wait_for, Harness, Options};
-use holdfast_proxy::ha::HaMode;
 use serde_json::Value;
 use std::time::{Duration, Instant};
 

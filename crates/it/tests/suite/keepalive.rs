@@ -210,7 +210,7 @@ fn a_session_that_never_reaches_a_safe_point_is_closed_after_the_cooldown() {
     let h = Harness::start_with(Options::default().replicas(1).config(|c| {
         c.proxy.cooldown_ms = 1_000;
         // Another tool promotes: holdfast only follows read_only.
-        c.ha.mode = holdfast_proxy::ha::HaMode::External;
+        c.ha.mode = holdfast_cluster::ha::HaMode::External;
     }));
     let mut idle = connect(&h);
     let mut busy = connect(&h);

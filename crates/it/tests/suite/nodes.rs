@@ -106,7 +106,11 @@ fn an_added_replica_takes_reads_and_bad_requests_change_nothing() {
         assert_eq!(code, 400, "{path}: {body}");
         assert!(error_of(&body).contains(want), "{path}: {body}");
     }
-    assert_eq!(h.shared.members.borrow().len(), 3, "nothing changed");
+    assert_eq!(
+        h.shared.membership.members.borrow().len(),
+        3,
+        "nothing changed"
+    );
     let (code, body) = h.admin_post(
         &format!("/nodes/add?name=node4&address={}", node4.address),
         None,
@@ -295,7 +299,7 @@ fn a_reload_applies_the_backend_list_of_the_config_file() {
         proxy_protocol: true,
     });
     write(&cfg);
-    h.shared.config_path.set(path.clone()).unwrap();
+    h.shared.membership.config_path.set(path.clone()).unwrap();
     let (code, body) = h.admin_post("/reload", None);
     assert_eq!(code, 200, "{body}");
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -322,6 +326,7 @@ fn a_reload_applies_the_backend_list_of_the_config_file() {
     );
     wait_for("node3 gone", Duration::from_secs(30), || {
         (!h.shared
+            .membership
             .members
             .borrow()
             .iter()

@@ -6,8 +6,8 @@
 
 use super::{Lifecycle, Phase, ScaleStep};
 use crate::backend::BackendConn;
-use crate::verifiers::monitor_connect;
 use crate::Shared;
+use holdfast_cluster::control::monitor_connect;
 use holdfast_serverless::autoscale::{Autoscaler, ScalePolicyExt};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

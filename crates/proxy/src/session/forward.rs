@@ -146,7 +146,7 @@ enum Watched {
 /// change afterwards.
 async fn watch_request(
     client: &mut PacketConn,
-    topology: &tokio::sync::watch::Receiver<std::sync::Arc<crate::topology::Topology>>,
+    topology: &tokio::sync::watch::Receiver<std::sync::Arc<holdfast_cluster::topology::Topology>>,
     node: &str,
     mut watch: std::pin::Pin<&mut tokio::time::Sleep>,
 ) -> Interrupt {

@@ -252,7 +252,7 @@ impl Session {
     fn marker_upsert(&self, seq: u64) -> String {
         format!(
             "\u{3}CALL {}({}, {seq}, NULL, NULL)",
-            crate::ha::markers::MARK,
+            holdfast_cluster::ha::markers::MARK,
             self.markers.key
         )
     }
@@ -796,7 +796,7 @@ impl Session {
         }
         let read = format!(
             "SELECT {}({}){}",
-            crate::ha::markers::MARKER_OF,
+            holdfast_cluster::ha::markers::MARKER_OF,
             self.markers.key,
             crate::restore::NO_LIMIT
         );

@@ -11,7 +11,7 @@ use crate::backend::{self, BackendConn, BackendError, LoginParams};
 use crate::conn::ConnError;
 use crate::error::{ClientError, ErrorKind};
 use crate::restore::{self, RestoreError, VariableTypes};
-use crate::topology::NodeState;
+use holdfast_cluster::topology::NodeState;
 use holdfast_wire::caps::{CLIENT_DEPRECATE_EOF, SERVER_STATUS_IN_TRANS};
 use holdfast_wire::command::*;
 use holdfast_wire::response::{Event, Expect, Kind, ResponseMachine};

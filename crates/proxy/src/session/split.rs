@@ -16,8 +16,8 @@ use super::{End, Session};
 use crate::backend::BackendConn;
 use crate::config::Consistency;
 use crate::restore::{self, VariableTypes};
-use crate::topology::{NodeLoad, NodeState, Topology};
 use bytes::BytesMut;
+use holdfast_cluster::topology::{NodeLoad, NodeState, Topology};
 use holdfast_sql::{Classification as C, ReadRoute};
 use holdfast_wire::caps::{CLIENT_DEPRECATE_EOF, SERVER_STATUS_AUTOCOMMIT};
 use holdfast_wire::command::{

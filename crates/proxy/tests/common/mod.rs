@@ -22,11 +22,11 @@
 #![allow(dead_code)]
 
 use holdfast_client::{greet, login, Client, Login, DEFAULT_CAPABILITIES, UTF8MB4_GENERAL_CI};
+use holdfast_cluster::topology::Topology;
 use holdfast_proxy::backend::{BackendConnector, ConnectFuture};
 use holdfast_proxy::config::{AuthConfig, BackendConfig, Config, ListenerMode, ProxyConfig};
 use holdfast_proxy::conn::{BoxedIo, ConnError, PacketConn};
 use holdfast_proxy::session;
-use holdfast_proxy::topology::Topology;
 use holdfast_proxy::verifiers::Account;
 use holdfast_proxy::{Seams, Shared};
 use holdfast_wire::auth::{printable_scramble, verify_native, PasswordHash, NATIVE_PASSWORD};

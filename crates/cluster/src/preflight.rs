@@ -6,9 +6,9 @@
 //! own 1227 names for the statement holdfast runs). Privileges an account holds only through
 //! a role are not visible here; such an account is told so instead of being refused.
 
-use crate::backend::BackendError;
 use crate::config::{BackendConfig, Config, Durability, HaMode, Routing};
-use crate::verifiers::connect_as;
+use crate::control::connect_as;
+use crate::control::BackendError;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 
@@ -223,6 +223,30 @@ pub async fn check(cfg: &Config, nodes: &[BackendConfig]) -> Report {
     report
 }
 
+/// [`check`], with every problem logged as an error (with the SQL that fixes it) and every
+/// warning as a warning, as `serve` does at start.
+pub async fn check_and_log(cfg: &Config, nodes: &[BackendConfig]) -> Report {
+    let report = check(cfg, nodes).await;
+    for n in &report.nodes {
+        for p in &n.problems {
+            match &p.fix {
+                Some(fix) => tracing::error!(node = %n.node, fix = %fix, "{}", p.what),
+                None => tracing::error!(node = %n.node, "{}", p.what),
+            }
+        }
+        for w in &n.warnings {
+            tracing::warn!(node = %n.node, "{w}");
+        }
+    }
+    if report.problem_count() == 0 {
+        tracing::info!(
+            nodes = report.nodes.len(),
+            "start-up check: the monitor account can do what this configuration needs"
+        );
+    }
+    report
+}
+
 /// Why the monitor cannot log in, in the words the start-up log and clients get.
 pub fn login_failure(cfg: &Config, node: &str, e: &BackendError) -> String {
     let user = &cfg.auth.monitor_user;
@@ -398,7 +422,7 @@ fn add_missing(report: &mut NodeReport, missing: &[Need], grantee: &str, role: &
 }
 
 /// EXECUTE on both marker routines is granted to PUBLIC already.
-async fn public_may_run_the_markers(conn: &mut crate::backend::BackendConn) -> bool {
+async fn public_may_run_the_markers(conn: &mut crate::control::BackendConn) -> bool {
     conn.query(
         "SELECT COUNT(*) FROM mysql.procs_priv \
          WHERE User = 'PUBLIC' AND Db = 'holdfast' AND FIND_IN_SET('Execute', Proc_priv)",
@@ -412,7 +436,7 @@ async fn public_may_run_the_markers(conn: &mut crate::backend::BackendConn) -> b
 
 /// holdfast's marker function is not there yet and the server binlogs without
 /// `log_bin_trust_function_creators`: creating it takes SUPER.
-async fn creating_functions_takes_super(conn: &mut crate::backend::BackendConn) -> bool {
+async fn creating_functions_takes_super(conn: &mut crate::control::BackendConn) -> bool {
     let r = conn
         .query(
             "SELECT @@global.log_bin, @@global.log_bin_trust_function_creators, \
@@ -453,7 +477,7 @@ struct Held {
 }
 
 async fn held_privileges(
-    conn: &mut crate::backend::BackendConn,
+    conn: &mut crate::control::BackendConn,
     grantee: &str,
 ) -> Result<Vec<Held>, BackendError> {
     let quoted = grantee.replace('\\', "\\\\").replace('\'', "\\'");

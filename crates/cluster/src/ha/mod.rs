@@ -48,7 +48,7 @@ pub use ops::{
 };
 pub use probe::{probe_all, probe_node, NodeReplication, SlaveStatus};
 
-use crate::backend::BackendError;
+use crate::control::BackendError;
 use std::time::Duration;
 
 pub use holdfast_config::ha::{HaConfig, HaMode};

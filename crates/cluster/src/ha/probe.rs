@@ -2,9 +2,9 @@
 
 use super::gtid::GtidPos;
 use super::HaError;
-use crate::backend::{BackendConn, BackendError};
 use crate::config::{BackendConfig, Config};
-use crate::verifiers::monitor_connect;
+use crate::control::monitor_connect;
+use crate::control::{BackendConn, BackendError};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::time::Duration;

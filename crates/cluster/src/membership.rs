@@ -11,13 +11,16 @@
 //!   added later under its name is a new one). The primary and the last node cannot be
 //!   removed.
 
-use crate::config::BackendConfig;
+use crate::config::{BackendConfig, Config};
+use crate::control::monitor_connect;
+use crate::ha::controller::HaController;
 use crate::ha::split_address;
-use crate::topology::{Member, NodeState};
-use crate::verifiers::monitor_connect;
-use crate::Shared;
+use crate::topology::{Member, Members, NodeState, Topology};
 use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+use tokio::sync::watch;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MembershipError {
@@ -111,7 +114,36 @@ fn valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
-impl Shared {
+/// The nodes holdfast fronts, and the operations that change them. Sessions are not
+/// touched: they see a node drain and go through the published [`Topology`], and the
+/// connections still open on a removed node are stopped on the server by thread id.
+pub struct Membership {
+    config: Arc<Config>,
+    /// The nodes holdfast fronts (the `[[backend]]`s, then `node add` / `node remove`).
+    pub members: Members,
+    topology: watch::Receiver<Arc<Topology>>,
+    ha: Arc<HaController>,
+    /// The configuration file holdfast was started from (`POST /reload` and SIGHUP re-read
+    /// its `[[backend]]` list).
+    pub config_path: OnceLock<PathBuf>,
+}
+
+impl Membership {
+    /// The `[[backend]]`s of `config`, watched by the monitor through `topology`.
+    pub fn new(
+        config: Arc<Config>,
+        topology: watch::Receiver<Arc<Topology>>,
+        ha: Arc<HaController>,
+    ) -> Self {
+        Membership {
+            members: crate::topology::members_of(&config),
+            config,
+            topology,
+            ha,
+            config_path: OnceLock::new(),
+        }
+    }
+
     /// Adds a replica of the primary at `address` under `name`.
     pub async fn add_node(
         &self,
@@ -317,7 +349,7 @@ impl Shared {
     /// nodes new to it are added (with the same checks as `node add`), nodes gone from it
     /// are removed with the configured drain (in the background). A node whose address
     /// changed is refused: remove it, then add it. Other settings are not reloaded.
-    pub async fn reload_backends(self: &std::sync::Arc<Self>) -> Result<Reloaded, MembershipError> {
+    pub async fn reload_backends(self: &Arc<Self>) -> Result<Reloaded, MembershipError> {
         let path = self
             .config_path
             .get()
@@ -414,7 +446,7 @@ impl Shared {
         for t in threads {
             match conn.query(&format!("{kill} {t}")).await {
                 Ok(_) => done += 1,
-                Err(crate::backend::BackendError::Server { code: 1094, .. }) => done += 1,
+                Err(crate::control::BackendError::Server { code: 1094, .. }) => done += 1,
                 Err(e) => failed.push(format!("{kill} {t}: {e}")),
             }
         }
