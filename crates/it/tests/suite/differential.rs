@@ -456,6 +456,8 @@ fn marked_writes_leave_the_diagnostics_as_the_server_does() {
         q("DELETE FROM sbtest.dt WHERE id = 10"),
         q("SELECT ROW_COUNT() AS deleted, id FROM sbtest.dt WHERE id = 1"),
         q("INSERT INTO sbtest.dt (id, v) VALUES (2, 'x')"),
+        q("SELECT ROW_COUNT()"),
+        q("INSERT INTO sbtest.dt (id, v) VALUES (2, 'x')"),
         q("SHOW ERRORS"),
         q("SELECT ROW_COUNT(), @@error_count"),
         q("REPLACE INTO sbtest.dt (id, v) VALUES (3, 'r')"),

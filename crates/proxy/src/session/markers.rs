@@ -11,13 +11,13 @@
 //! warnings and errors of the diagnostics area (`SHOW WARNINGS`, `@@warning_count`, `GET
 //! DIAGNOSTICS`) and `ROW_COUNT()`. MariaDB clears the diagnostics area for a statement
 //! that opens tables (the marker's procedure does) and keeps it through `COMMIT`,
-//! `ROLLBACK` and statements without tables; `COMMIT` sets `ROW_COUNT()` to 0, `ROLLBACK`
-//! after an error leaves it at -1. So:
+//! `ROLLBACK` and statements without tables; both set `ROW_COUNT()` to 0 (a failed
+//! statement leaves -1). So:
 //! - an autocommit write is wrapped as `BEGIN`, the marker, the statement (one write),
 //!   then `COMMIT` if the statement succeeded or `ROLLBACK` if it failed (a second
-//!   round trip): the statement's own conditions are the last ones. Its `ROW_COUNT()`,
-//!   which the `COMMIT` set to 0, is written into the next statement that reads it
-//!   ([`Session::restore_row_count`]);
+//!   round trip): the statement's own conditions are the last ones. Its `ROW_COUNT()`
+//!   (the `COMMIT` or `ROLLBACK` set it to 0) is written into the next statement that
+//!   reads it ([`Session::restore_row_count`]);
 //! - a transaction's `COMMIT` goes without a marker while the diagnostics area may hold
 //!   an earlier statement's conditions (the marker would clear them): such a `COMMIT`'s
 //!   outcome is unknown if its answer is lost, as without markers.
@@ -427,6 +427,8 @@ impl Session {
                 if let Some(Ok(end)) = end {
                     after(&mut self.record, &end);
                 }
+                // The ROLLBACK set `ROW_COUNT()` to 0; a failed statement leaves -1.
+                self.markers.row_count = Some(-1);
                 statement.to_vec()
             }
             (_, end) => {
@@ -608,6 +610,7 @@ impl Session {
                 self.shared.metrics.count_error(code);
                 self.record.last_warnings = 1;
                 self.record.last_affected_rows = 0;
+                self.markers.row_count = Some(-1);
                 return self
                     .client
                     .write_packet(err, reply_seq)
