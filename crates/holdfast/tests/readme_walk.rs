@@ -722,10 +722,12 @@ fn readme_walk_a_serverless_instance_in_two_minutes() {
         out.took.as_millis()
     ));
 
-    // `scale 1.5`: in place; holds until `scale auto`.
+    // `scale 1.5`: in place; holds until `scale auto` or holdfast restarts.
     let scale = w.expect("holdfast ctl -c /tmp/hf-sl/holdfast.toml scale 1.5");
     assert!(
-        scale.comment.contains("holds until `scale auto`"),
+        scale
+            .comment
+            .contains("holds until `scale auto` or holdfast restarts"),
         "{}",
         scale.comment
     );
@@ -794,6 +796,14 @@ fn readme_walk_a_serverless_instance_in_two_minutes() {
         last_resume(&status).map(|(n, _)| n),
         Some(0),
         "found running, not started again: {status}"
+    );
+    // The operator's 1.5 CCU held until holdfast restarted (the README says so): a new
+    // holdfast starts from start_ccu, by default min_ccu (the lab sets no start_ccu).
+    assert!(
+        toml.contains("min_ccu = 0.5")
+            && !toml.contains("start_ccu")
+            && status.contains(", 0.5 CCU,"),
+        "{status}"
     );
     w.run(&pause.text).ok();
     let server = pid_in(&dir.join("node1.pid")).expect("node1.pid");
