@@ -1,29 +1,41 @@
 //! The README walk (issue 19, "First hour"): the README's commands run the way a newcomer
 //! runs them, in the README's order, with the `holdfast` binary cargo built and the
-//! `mariadb` CLI, each followed by what the README says the user will see.
+//! `mariadb` CLI, each followed by what the README says the user will see (its comments and
+//! prose are asserted, not only the exit codes).
 //!
 //! The commands are read from README.md itself: its fenced `sh` and `sql` blocks, and the
-//! few complete commands its prose gives in backquotes. Each walk takes its section's
-//! commands one by one ([`Walk::expect`] names the command it expects next), so a command
-//! added, removed, reordered or reworded in a walked section fails the walk until the walk
-//! follows it; `readme_walk_runs_or_names_every_command` fails on a shell command in any
-//! other section unless [`NOT_RUN`] names it with the reason.
+//! few complete commands its prose gives in backquotes (`kill -CONT ...`, `DROP USER ...`,
+//! `install -m 600 ...`, the TLS `mariadb` line). Each walk takes its section's commands
+//! one by one ([`Walk::expect`] names the command it expects next), so a command added,
+//! removed, reordered or reworded in a walked section fails the walk until the walk follows
+//! it; `readme_walk_runs_or_names_every_command` fails on a shell command in any other
+//! section unless [`NOT_RUN`] names it with the reason. Each line runs through `sh -c` in
+//! the walk's working directory, with nothing of holdfast's in the environment.
 //!
-//! Substitutions: only what must differ on a machine shared by parallel tests and other
-//! engineers, each applied where the walk says so (and echoed in its transcript, printed
-//! when a step fails):
+//! Substitutions, only what must differ on a machine shared by parallel tests and other
+//! engineers (each is echoed in the walk's transcript, printed when a step fails):
 //! - `holdfast` is the binary cargo built for this test: its directory comes first on
 //!   PATH, in place of `~/.cargo/bin` after the README's `cargo install`.
-//! - The README's directories (`/tmp/hf-sl`) become a directory of this run's own.
+//! - The README's directories (`/tmp/hf-lab`, `/tmp/hf-sl`) become directories of this
+//!   run's own; the prose's placeholder `DIR` becomes the lab's directory.
 //! - The README's ports (3310 and the lab's layout from it; 6033 and 6034 of
 //!   `holdfast.example.toml`) become free ones the test picks: `holdfast lab up` gets
 //!   `--base-port` (as the README says a second lab must), the example config's `listen`
-//!   addresses are changed with its other edits.
-//! - `mariadb ... -u app -p` prompts for the password on a terminal; the walk has none, so
-//!   the password is given with `-p` and the statement a person would type comes on stdin.
-//! - `holdfast serve` runs until stopped: it runs in the background (the serverless block
-//!   says `&`), and the next command waits (with a deadline) until it answers, as a person
-//!   typing the next line would.
+//!   addresses are edited with the password and the backend the README says to set.
+//! - `holdfast.example.toml` is the checkout's (the README runs in the checkout, the walk
+//!   in a directory of its own).
+//! - `mariadb ... -u app -p` asks for the password on a terminal; the walk has none, so
+//!   the password is given with `-p` and the statement a person would type comes on stdin
+//!   (so does the TLS line's).
+//! - `holdfast serve` runs until stopped: it runs in the background (the README's other
+//!   blocks say `&`), and the next command waits (with a deadline) until it answers, as a
+//!   person typing the next line would. Likewise the keep-alive block's sleeping session:
+//!   the switchover is typed once node1 runs its `DO SLEEP(2)`.
+//! - `holdfast lab status --json` gets `--dir`.
+//!
+//! "Your own server" of "Pointing holdfast at an existing server" is a fresh
+//! `mariadb-install-db` server the walk starts (its defaults: anonymous accounts, names
+//! resolved), with an application account `app` of its own.
 //!
 //! Not run, with the reason: the quick start's `bash scripts/demo.sh` (minutes of sysbench
 //! drills, far too long for CI) and `bash scripts/test.sh` (it is CI: it would run this
@@ -270,11 +282,10 @@ fn shell(cwd: &Path, line: &str) -> Command {
     cmd
 }
 
-/// A replacement in the README's commands, and why it is needed.
+/// A replacement in the README's commands (why it is needed goes to the transcript).
 struct Sub {
     from: String,
     to: String,
-    why: &'static str,
 }
 
 /// One section's commands, taken in order and run.
@@ -309,7 +320,7 @@ impl Walk {
         let (from, to) = (from.into(), to.into());
         self.note(format!("substitution: `{from}` -> `{to}` ({why})"));
         self.subs.retain(|s| s.from != from);
-        self.subs.push(Sub { from, to, why });
+        self.subs.push(Sub { from, to });
     }
 
     fn note(&mut self, line: String) {
@@ -348,10 +359,7 @@ impl Walk {
     fn adapt(&self, line: &str) -> String {
         let mut line = line.to_string();
         for s in &self.subs {
-            if line.contains(&s.from) {
-                line = line.replace(&s.from, &s.to);
-                let _ = s.why;
-            }
+            line = line.replace(&s.from, &s.to);
         }
         line
     }
@@ -528,6 +536,16 @@ fn scratch(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("a scratch directory");
     dir
+}
+
+/// Deletes a walk's directory when dropped (declared before what runs in it, so dropped
+/// after).
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 fn pid_in(file: &Path) -> Option<u32> {
@@ -1144,6 +1162,7 @@ fn edit_once(text: &str, from: &str, to: &str) -> String {
 fn readme_walk_pointing_holdfast_at_an_existing_server() {
     let section = section("Pointing holdfast at an existing server");
     let dir = scratch("hf-own");
+    let _scratch = Scratch(dir.clone());
     let server = OwnServer::start(&dir);
     // The newcomer's application account (theirs, not the README's).
     let app_password = "app-secret";
@@ -1317,9 +1336,6 @@ fn readme_walk_pointing_holdfast_at_an_existing_server() {
     // Stopped as the README says to stop it: SIGTERM.
     let exited = w.signal_job(job, "TERM");
     assert!(exited.success(), "holdfast serve exited with {exited}");
-    drop(w);
-    drop(server);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The section's prose says each of `claims` (what the walk holds the product to).
