@@ -429,9 +429,16 @@ impl Client {
 
     /// Turns on the session trackers holdfast relies on; false when the server has none.
     pub async fn enable_trackers(&mut self) -> Result<bool, ClientError> {
+        Ok(self.enable_trackers_status().await?.is_some())
+    }
+
+    /// [`Client::enable_trackers`], giving the status flags of the server's answer (the
+    /// session's autocommit and transaction state), or `None` when the server has no
+    /// trackers.
+    pub async fn enable_trackers_status(&mut self) -> Result<Option<u16>, ClientError> {
         match self.query(ENABLE_TRACKERS).await {
-            Ok(_) => Ok(true),
-            Err(ClientError::Server { .. }) => Ok(false),
+            Ok(answer) => Ok(Some(answer.status)),
+            Err(ClientError::Server { .. }) => Ok(None),
             Err(e) => Err(e),
         }
     }

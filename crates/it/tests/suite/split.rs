@@ -112,6 +112,26 @@ fn node_of(id: u32, primary: u32, replicas: &HashSet<u32>) -> Node {
     }
 }
 
+/// A session's first statement is a read like any other: the session's record began
+/// without the autocommit flag (known only from the first answer), so a connection that
+/// runs one read and leaves (`mariadb -e 'SELECT ...'`, as in the README; short-lived
+/// connections of PHP or CGI) always read the primary. Found by the README walk.
+#[test]
+fn a_sessions_first_statement_is_read_on_a_replica() {
+    let h = split_harness(|_| {});
+    let (primary, replicas) = server_ids(&h);
+    for _ in 0..4 {
+        let out = h.mariadb(h.proxy, &["-N", "-e", "SELECT @@server_id"]);
+        assert_eq!(out.code, Some(0), "{out:?}");
+        let id: u32 = out.stdout.trim().parse().expect("a server id");
+        assert_eq!(
+            node_of(id, primary, &replicas),
+            Node::Replica,
+            "a first statement read on the primary ({id})"
+        );
+    }
+}
+
 #[test]
 fn each_kind_of_statement_reaches_the_node_it_must() {
     let h = split_harness(|_| {});

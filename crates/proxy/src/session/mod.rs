@@ -412,9 +412,14 @@ impl Session {
             schema: identity.database.clone().filter(|d| !d.is_empty()),
             ..SessionRecord::default()
         };
-        match backend.enable_trackers().await {
-            Ok(true) => {}
-            Ok(false) => record.untracked = true,
+        // The session's status flags from the start (autocommit above all: a split session's
+        // first statement is routed by it), not only from its first answer.
+        match backend.enable_trackers_status().await {
+            Ok(Some(status)) => record.status = status,
+            Ok(None) => {
+                record.untracked = true;
+                record.status = backend.greeting.status;
+            }
             Err(e) => {
                 tracing::warn!(session = id, error = %e, "backend lost right after login");
                 return None;
