@@ -383,6 +383,12 @@ impl Session {
             self.defer_capture();
             return;
         }
+        // An XA transaction past XA END takes no statement (1399, which the client would
+        // then read in SHOW WARNINGS); the session cannot move while it lasts anyway.
+        if self.record.xa {
+            self.defer_capture();
+            return;
+        }
         // Boxed, like the other rare paths, so that its state does not add to the size of
         // every session's future.
         match Box::pin(capture_keeping_diagnostics(&mut self.backend, moving)).await {
