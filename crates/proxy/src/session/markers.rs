@@ -311,7 +311,7 @@ impl Session {
         self.shared.metrics.requests.command(cmd);
         self.response_started = false;
         self.last_error = None;
-        let reply_seq = super::forward::reply_seq(request);
+        let reply_seq = super::reply::reply_seq(request);
         let seq = self.markers.seq + 1;
         let upsert = self.marker_upsert(seq);
         let mut out = BytesMut::with_capacity(upsert.len() + request.len() + 32);
@@ -328,7 +328,7 @@ impl Session {
             };
             stmt.long_data = false;
             let backend_id = stmt.backend_id;
-            if let Some(patched) = super::forward::bind_types(stmt, request) {
+            if let Some(patched) = super::statements::bind_types(stmt, request) {
                 out.truncate(at);
                 out.extend_from_slice(&patched);
             }
@@ -470,7 +470,7 @@ impl Session {
     fn client_ok(&mut self, ok: &OkPacket<'_>, status_after: u16, commit_state: &[u8]) -> Vec<u8> {
         const PLAN: u16 =
             SERVER_STATUS_NO_GOOD_INDEX_USED | SERVER_STATUS_NO_INDEX_USED | SERVER_QUERY_WAS_SLOW;
-        super::forward::observe_ok(&mut self.record, ok);
+        self.record.observe_ok(ok);
         let tracks = self.capabilities & CLIENT_SESSION_TRACK != 0;
         let mut kept = Vec::new();
         if tracks {
@@ -554,7 +554,7 @@ impl Session {
                 ))
             }
         }
-        self.relay(super::forward::Reply::ResultSets).await
+        self.relay(super::reply::Reply::ResultSets).await
     }
 
     /// The backend was lost with a marked COMMIT (`seq`) in flight: move, read the marker

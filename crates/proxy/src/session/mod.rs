@@ -15,7 +15,7 @@
 //! Pass-through listeners stop after phase 2 and relay bytes ([`passthrough`]).
 
 use crate::admission::Refusal;
-use crate::backend::{BackendConn, BackendError};
+use crate::backend::BackendConn;
 use crate::config::{ListenerMode, Routing};
 use crate::conn::{BoxedIo, ConnError, PacketConn};
 use crate::error::{ClientError, ErrorKind};
@@ -41,10 +41,13 @@ mod kill;
 mod markers;
 mod migrate;
 mod passthrough;
+mod relay;
 mod replay;
+mod reply;
 mod route;
 mod split;
 mod statements;
+mod trackers;
 
 pub use auth::{server_version, Identity, LoggedIn, LoginError};
 use statements::Statements;
@@ -563,19 +566,5 @@ impl Session {
         message: String,
     ) -> Result<(), End> {
         self.send_error(seq, &ClientError::new(kind, message)).await
-    }
-
-    /// Re-enables the trackers after the server reset the session's variables.
-    async fn restore_trackers(&mut self) -> Result<(), End> {
-        // The server reset the session: its transaction tracker is off again.
-        self.tracks_transactions = false;
-        match self.backend.enable_trackers().await {
-            Ok(ok) => {
-                self.record.untracked = !ok;
-                Ok(())
-            }
-            Err(BackendError::Conn(e)) => Err(End::Backend(e)),
-            Err(e) => Err(End::Protocol(e.to_string())),
-        }
     }
 }

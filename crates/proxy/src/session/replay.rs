@@ -328,7 +328,7 @@ impl Session {
                 .map(|id| self.statements.resolve(id))
                 .and_then(|id| self.statements.get(id).map(|s| (id, s)));
             if let Some((id, stmt)) = stmt {
-                let mut copy = super::forward::with_types(stmt, request)
+                let mut copy = super::statements::with_types(stmt, request)
                     .unwrap_or_else(|| BytesMut::from(request));
                 holdfast_wire::packets::set_statement_id(&mut copy[HEADER_LEN..], id);
                 return copy.freeze();

@@ -10,8 +10,8 @@
 //! qualifies, it cannot be reached, it does not catch up within `causal_wait_ms`, it is
 //! lost before answering) leaves the read to the primary: the client never sees why.
 
-use super::forward::Reply;
 use super::migrate::{prepare, MoveError};
+use super::reply::Reply;
 use super::{End, Session};
 use crate::backend::BackendConn;
 use crate::config::Consistency;
@@ -532,7 +532,7 @@ impl Session {
         }
         self.record.status &= !holdfast_wire::caps::SERVER_STATUS_IN_TRANS;
         self.shared.metrics.requests_failed_on_backend_loss.inc();
-        let seq = super::forward::reply_seq(request);
+        let seq = super::reply::reply_seq(request);
         self.send_error(seq, &crate::error::ClientError::transaction_rolled_back())
             .await?;
         Ok(ReadOutcome::Done)
@@ -690,7 +690,7 @@ impl Session {
         };
         // The types this execute sends are remembered, and the primary, which does not see
         // it, gets them with its next execute.
-        let _ = super::forward::bind_types(stmt, request);
+        let _ = super::statements::bind_types(stmt, request);
         stmt.types_pending = stmt.params > 0 && stmt.types.is_some();
         let sql = stmt.sql.clone();
         let Some(split) = self.split.as_mut() else {
@@ -709,7 +709,7 @@ impl Session {
         };
         if !typed {
             if let Some(stmt) = self.statements.get(id) {
-                if let Some(patched) = super::forward::with_types(stmt, request) {
+                if let Some(patched) = super::statements::with_types(stmt, request) {
                     *request = patched;
                 }
             }
