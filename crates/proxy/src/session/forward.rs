@@ -71,7 +71,7 @@ impl Session {
         // Only LOAD DATA|XML LOCAL makes a server ask for a client file (it cannot be
         // prepared nor run inside a stored program); text not classified (longer than one
         // frame) is given the benefit of the doubt.
-        self.file_request_expected = match query {
+        self.exchange.file_expected = match query {
             Some(flags) => flags.intersects(C::LOAD_DATA_LOCAL.union(C::UNCERTAIN)),
             None => request.get(HEADER_LEN) == Some(&COM_QUERY),
         };
@@ -178,13 +178,13 @@ impl Session {
         };
         match result {
             Ok(()) => self.replay_after(kept),
-            Err(_) => self.checksum = None,
+            Err(_) => self.exchange.checksum = None,
         }
         // A request that failed may have stopped before what it would have released (a
         // multi-statement ends at its first error: `...; UNLOCK TABLES` after a failing
         // statement does not run): what was held before is still held, as far as holdfast
         // can tell (keeping a blocker too long only costs a wrap or a move).
-        if self.last_error.is_some() {
+        if self.exchange.error.is_some() {
             held.keep(&mut self.record);
         }
         let marked = self.take_marked();
@@ -196,18 +196,18 @@ impl Session {
             self.record.capture_due = true;
         }
         if let Some(mark) = kill {
-            self.settle_kill(mark, self.last_error);
+            self.settle_kill(mark, self.exchange.error);
         }
         if query.is_some_and(|f| f.intersects(C::PREPARE_SQL.union(C::DEALLOCATE_SQL))) {
             if let Some(sql) = query_text(&request) {
-                let ok = result.is_ok() && self.last_error.is_none();
+                let ok = result.is_ok() && self.exchange.error.is_none();
                 self.note_sql_prepared(sql, ok);
             }
         }
         // SET PASSWORD and ALTER USER are implicit commits to the classifier: nothing more
         // is read for any other statement.
         if result.is_ok()
-            && self.last_error.is_none()
+            && self.exchange.error.is_none()
             && query.is_some_and(|f| f.has(C::IMPLICIT_COMMIT))
         {
             if let Some(sql) = query_text(&request) {
@@ -219,7 +219,7 @@ impl Session {
         // was answered but before it got here goes on: it ends when it sees its connection
         // go (while idle, or with its next command).
         if self.killed_on_purpose()
-            && (result.is_err() || self.last_error == Some(ER_CONNECTION_KILLED))
+            && (result.is_err() || self.exchange.error == Some(ER_CONNECTION_KILLED))
         {
             return Err(self.killed(result));
         }

@@ -174,7 +174,7 @@ impl Session {
         if !self.record.in_transaction() {
             self.markers.txn_writes = false;
         }
-        if self.last_error.is_some() || self.record.last_warnings > 0 {
+        if self.exchange.error.is_some() || self.record.last_warnings > 0 {
             self.markers.conditions_kept = true;
         } else if data_change {
             self.markers.conditions_kept = false;
@@ -309,8 +309,7 @@ impl Session {
         const ROLLBACK: &[u8] = b"\x03ROLLBACK AND NO CHAIN NO RELEASE";
         let cmd = request.get(frame::HEADER_LEN).copied().unwrap_or(COM_QUERY);
         self.shared.metrics.requests.command(cmd);
-        self.response_started = false;
-        self.last_error = None;
+        self.exchange.begin();
         let reply_seq = super::reply::reply_seq(request);
         let seq = self.markers.seq + 1;
         let upsert = self.marker_upsert(seq);
@@ -446,7 +445,7 @@ impl Session {
         };
         if answer.first() == Some(&0xff) {
             let code = holdfast_wire::packets::ErrPacket::parse(&answer).map_or(0, |e| e.code);
-            self.last_error = Some(code);
+            self.exchange.error = Some(code);
             self.shared.metrics.count_error(code);
             self.record.last_warnings = 1;
             self.record.last_affected_rows = 0;
@@ -455,7 +454,7 @@ impl Session {
             .metrics
             .requests
             .bytes_to_client(answer.len() as u64 + 4);
-        self.response_started = true;
+        self.exchange.started = true;
         self.client
             .write_packet(&answer, reply_seq)
             .await
@@ -502,8 +501,7 @@ impl Session {
     pub(super) async fn commit_with_marker(&mut self, request: &[u8]) -> Result<(), End> {
         let cmd = request.get(frame::HEADER_LEN).copied().unwrap_or(COM_QUERY);
         self.shared.metrics.requests.command(cmd);
-        self.response_started = false;
-        self.last_error = None;
+        self.exchange.begin();
         let seq = self.markers.seq + 1;
         let upsert = self.marker_upsert(seq);
         let mut out = BytesMut::with_capacity(upsert.len() + request.len() + 8);
@@ -604,7 +602,7 @@ impl Session {
                     "the lost autocommit write had failed; answering its error"
                 );
                 let code = holdfast_wire::packets::ErrPacket::parse(err).map_or(0, |e| e.code);
-                self.last_error = Some(code);
+                self.exchange.error = Some(code);
                 self.shared.metrics.count_error(code);
                 self.record.last_warnings = 1;
                 self.record.last_affected_rows = 0;

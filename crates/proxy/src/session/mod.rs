@@ -141,11 +141,6 @@ struct Session {
     scratch: Vec<u8>,
     /// The client's silence that makes the session idle (see `idle.rs`).
     idle_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
-    /// Client bytes of the current response already sent (a lost backend after this point
-    /// cannot be hidden).
-    response_started: bool,
-    /// The code of the ERR that ended the current command's response, if one did.
-    last_error: Option<u16>,
     identity: Identity,
     can_reauthenticate: bool,
     backend_name: String,
@@ -161,16 +156,10 @@ struct Session {
     transaction_lost: bool,
     /// The backend connection lost while the session idled, as told then.
     lost_while_idle: Option<migrate::LostConn>,
+    /// The command being exchanged with the backend and its answer (see `relay.rs`).
+    exchange: relay::Exchange,
     /// The open transaction's statements, for a replay (see `replay.rs`).
     txn_log: Option<Box<replay::TxnLog>>,
-    /// The checksum of the answer being relayed, while it is kept for a replay.
-    checksum: Option<Box<replay::Checksum>>,
-    /// A replay runs: answers are compared, not sent to the client.
-    replaying: bool,
-    /// The request being forwarded may make the server ask for a client file: a text
-    /// `LOAD DATA|XML LOCAL` (or text holdfast could not classify). Any other file request
-    /// is refused ([`Session::refuse_file_request`]).
-    file_request_expected: bool,
     /// Commit markers (see `markers.rs`).
     markers: markers::Markers,
     /// The last capture of what the trackers do not report (user variables...).
@@ -451,8 +440,6 @@ impl Session {
             sql_kills: kill::SqlKills::default(),
             scratch: Vec::new(),
             idle_timer: Box::pin(tokio::time::sleep(idle::IDLE_PROBE)),
-            response_started: false,
-            last_error: None,
             identity,
             can_reauthenticate,
             backend_name,
@@ -461,10 +448,8 @@ impl Session {
             backend_since: Instant::now(),
             transaction_lost: false,
             lost_while_idle: None,
+            exchange: relay::Exchange::default(),
             txn_log: None,
-            checksum: None,
-            replaying: false,
-            file_request_expected: false,
             markers: Default::default(),
             captured: Captured::default(),
             capture_due_since: None,

@@ -20,6 +20,34 @@ use holdfast_wire::response::{Event, Kind, ResponseMachine};
 use std::hash::Hasher;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// One command's exchange with the backend: what holdfast knows of the answer while it is
+/// relayed, and how it is relayed. Set up by whatever sends the command ([`Exchange::begin`]),
+/// read by the relay and, once the answer is in, by the request's observers.
+#[derive(Default)]
+pub(super) struct Exchange {
+    /// Client bytes of the current response already sent (a lost backend after this point
+    /// cannot be hidden).
+    pub started: bool,
+    /// The code of the ERR that ended the current command's response, if one did.
+    pub error: Option<u16>,
+    /// The checksum of the answer being relayed, while it is kept for a replay.
+    pub checksum: Option<Box<super::replay::Checksum>>,
+    /// A replay runs: answers are compared, not sent to the client.
+    pub replaying: bool,
+    /// The request being forwarded may make the server ask for a client file: a text
+    /// `LOAD DATA|XML LOCAL` (or text holdfast could not classify). Any other file request
+    /// is refused ([`Session::refuse_file_request`]).
+    pub file_expected: bool,
+}
+
+impl Exchange {
+    /// A command is about to go out: nothing of its answer is known yet.
+    pub(super) fn begin(&mut self) {
+        self.started = false;
+        self.error = None;
+    }
+}
+
 /// How long a request runs before holdfast watches its client's connection: a quick
 /// response never pays for the watch.
 pub(super) const WATCH_CLIENT_AFTER: std::time::Duration = std::time::Duration::from_millis(500);
@@ -94,8 +122,7 @@ impl Session {
                 .await;
         };
         self.shared.metrics.requests.command(cmd);
-        self.response_started = false;
-        self.last_error = None;
+        self.exchange.begin();
         let mut reply = Reply::of(cmd);
         // Bulk execution is for clients that negotiated it.
         if cmd == COM_STMT_BULK_EXECUTE
@@ -170,7 +197,7 @@ impl Session {
     /// written before (a TLS stream may hold encrypted bytes until flushed; a socket's
     /// flush is a no-op).
     async fn flush(&mut self, n: usize) -> Result<(), End> {
-        if self.replaying {
+        if self.exchange.replaying {
             // A replayed answer was compared, not sent: the client has it already.
             self.backend.conn.rbuf.advance(n);
             return Ok(());
@@ -178,7 +205,7 @@ impl Session {
         let client = |e: std::io::Error| End::Client(e.into());
         if n > 0 {
             let chunk = self.backend.conn.rbuf.split_to(n);
-            self.response_started = true;
+            self.exchange.started = true;
             self.shared.metrics.requests.bytes_to_client(n as u64);
             self.client.stream.write_all(&chunk).await.map_err(client)?;
         }
@@ -209,7 +236,7 @@ impl Session {
             Err(error) => Err(match file_answer {
                 Some(reply_seq) => End::BackendLostDuringFile { error, reply_seq },
                 None => End::BackendLost {
-                    started: self.response_started,
+                    started: self.exchange.started,
                     error,
                 },
             }),
@@ -291,7 +318,7 @@ impl Session {
             let file_answer = file_sent.filter(|_| m.awaiting_infile());
             if passing > 0 {
                 let n = (self.backend.conn.rbuf.len() - ready).min(passing);
-                if let Some(h) = self.checksum.as_deref_mut() {
+                if let Some(h) = self.exchange.checksum.as_deref_mut() {
                     h.write(&self.backend.conn.rbuf[ready..ready + n]);
                 }
                 ready += n;
@@ -325,7 +352,7 @@ impl Session {
                     match m.classify(h.len, rest.get(HEADER_LEN).copied()) {
                         Kind::Opaque => {
                             let have = rest.len().min(h.packet_len());
-                            if let Some(sum) = self.checksum.as_deref_mut() {
+                            if let Some(sum) = self.exchange.checksum.as_deref_mut() {
                                 sum.write(&rest[..have]);
                             }
                             ready += have;
@@ -350,7 +377,7 @@ impl Session {
             let event = m
                 .on_packet(payload)
                 .map_err(|e| End::Protocol(format!("backend sent a malformed response: {e}")))?;
-            if let Some(sum) = self.checksum.as_deref_mut() {
+            if let Some(sum) = self.exchange.checksum.as_deref_mut() {
                 super::replay::checksum_event(sum, &event, payload);
             }
             // A packet the client must see changed is framed into `scratch` (reused).
@@ -411,7 +438,7 @@ impl Session {
                     self.record.last_affected_rows = 0;
                 }
                 Event::Err(e) => {
-                    self.last_error = Some(e.code);
+                    self.exchange.error = Some(e.code);
                     self.record.last_warnings = 1;
                     self.record.last_affected_rows = 0;
                     // The server going away answers (or pre-empts) the command with one of
@@ -423,7 +450,7 @@ impl Session {
                     let killed = e.code == ER_CONNECTION_KILLED
                         && (self.killed_on_purpose() || self.killed_by_someone_now());
                     if ready == 0
-                        && !self.response_started
+                        && !self.exchange.started
                         && matches!(
                             e.code,
                             ER_SERVER_SHUTDOWN | ER_CONNECTION_KILLED | ER_CLIENT_IDLE_TIMEOUT
@@ -476,7 +503,7 @@ impl Session {
                 Event::LocalInfile => is_infile = true,
                 Event::None => {}
             }
-            if replaced && self.replaying {
+            if replaced && self.exchange.replaying {
                 self.backend.conn.rbuf.advance(ready + wire_len);
                 ready = 0;
             } else if replaced {
@@ -484,7 +511,7 @@ impl Session {
                 let before = self.backend.conn.rbuf.split_to(ready);
                 ready = 0;
                 self.backend.conn.rbuf.advance(wire_len);
-                self.response_started = true;
+                self.exchange.started = true;
                 let n = before.len() + self.scratch.len();
                 self.shared.metrics.requests.bytes_to_client(n as u64);
                 let mut out = before.chain(&self.scratch[..]);
@@ -496,14 +523,15 @@ impl Session {
             } else {
                 ready += wire_len;
             }
-            if is_infile && self.replaying {
+            if is_infile && self.exchange.replaying {
                 // Never kept for a replay (LOAD DATA LOCAL is not replayable): the client's
                 // file is not there to send again.
                 return Err(End::Protocol(
                     "a replayed statement asked for a client file".into(),
                 ));
             }
-            if is_infile && (!self.file_request_expected || self.info.replica_read.load().is_some())
+            if is_infile
+                && (!self.exchange.file_expected || self.info.replica_read.load().is_some())
             {
                 // Never passed on: a server asking for a file the statement did not name
                 // (a real one asks only for LOAD DATA LOCAL's, and a replica never gets
@@ -547,7 +575,7 @@ impl Session {
             ),
         );
         self.send_error(seq, &error).await?;
-        self.response_started = true;
+        self.exchange.started = true;
         if on_replica {
             return Err(End::FileRequestRefused);
         }

@@ -281,7 +281,7 @@ impl Session {
         };
         if pending.blocked.is_none() {
             pending.copy = Some(self.kept_copy(cmd, request));
-            self.checksum = Some(Box::default());
+            self.exchange.checksum = Some(Box::default());
         }
         Some(pending)
     }
@@ -347,7 +347,7 @@ impl Session {
     }
 
     fn keep_request(&mut self, pending: Option<Pending>) {
-        let checksum = self.checksum.take().map(|h| h.finish());
+        let checksum = self.exchange.checksum.take().map(|h| h.finish());
         if !self.record.in_transaction() {
             self.txn_log = None;
             return;
@@ -409,11 +409,11 @@ impl Session {
         'replay: loop {
             for (at, (kept, answered)) in log.kept().enumerate() {
                 let mut request = BytesMut::from(kept);
-                self.checksum = Some(Box::default());
-                self.replaying = true;
+                self.exchange.checksum = Some(Box::default());
+                self.exchange.replaying = true;
                 let result = self.command(&mut request).await;
-                self.replaying = false;
-                let checksum = self.checksum.take().map(|h| h.finish());
+                self.exchange.replaying = false;
+                let checksum = self.exchange.checksum.take().map(|h| h.finish());
                 match result {
                     Ok(()) if checksum == Some(answered) => {}
                     Ok(()) => {

@@ -288,7 +288,7 @@ impl Session {
         };
         let route = if header.continues()
             || !self.can_reauthenticate
-            || self.replaying
+            || self.exchange.replaying
             || self.record.schema.as_deref().is_some_and(is_system_schema)
         {
             // In `information_schema` (or another schema of the server's own), unqualified
@@ -465,8 +465,7 @@ impl Session {
         reader.load.reads.fetch_add(1, Ordering::Relaxed);
         let active = Active(reader.load.clone());
         std::mem::swap(&mut self.backend, &mut reader.conn);
-        self.response_started = false;
-        self.last_error = None;
+        self.exchange.begin();
         self.shared.metrics.requests.command(request[HEADER_LEN]);
         let mut result = self.forward(&request).await;
         if result.is_ok() {
