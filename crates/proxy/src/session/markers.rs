@@ -145,12 +145,24 @@ impl Session {
         self.markers.txn_writes |= flags.is_some_and(writes_data);
     }
 
+    /// Whether the transaction has written once a statement classified as `flags` ran
+    /// (what [`Session::note_writes`] will note), for the plan made before it runs.
+    pub(super) fn txn_writes_after(&self, flags: C) -> bool {
+        (self.markers.txn_writes && !flags.has(C::BEGIN_TXN)) || writes_data(flags)
+    }
+
     /// Whether this COMMIT goes out behind a marker (never while the session holds state
     /// a marker write would disturb or that dies with the backend anyway, nor for a
-    /// read-only transaction).
-    pub(super) fn marks_commit(&self, sql: &[u8], flags: C, in_transaction: bool) -> bool {
+    /// read-only transaction). `txn_writes`: its transaction wrote.
+    pub(super) fn marks_commit(
+        &self,
+        sql: &[u8],
+        flags: C,
+        in_transaction: bool,
+        txn_writes: bool,
+    ) -> bool {
         in_transaction
-            && self.markers.txn_writes
+            && txn_writes
             // A read-only transaction wrote nothing (whatever an earlier chained one did),
             // and its marker write would fail with 1792.
             && self.record.status & SERVER_STATUS_IN_TRANS_READONLY == 0

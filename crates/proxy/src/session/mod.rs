@@ -7,8 +7,9 @@
 //! 3. then, for each request, read while idle events are watched ([`idle`]):
 //!    * **route** ([`route`]): the backend gate (a paused serverless instance), topology
 //!      changes and planned parking decide whether the session must move first;
-//!    * **forward and observe** ([`forward`]): the request goes to the backend and the
-//!      response streams back, the packets that carry state updating the session record;
+//!    * **forward** ([`forward`]): the request as a value ([`request`]: classified once,
+//!      its plan decided once), routed, sent and its response relayed ([`relay`]), the
+//!      packets that carry state updating the session record, then observed;
 //!    * **move** ([`migrate`]): to another node with the session's state, when routing says
 //!      so or the backend was lost (the request is then re-run or answered with an error).
 //!
@@ -44,6 +45,7 @@ mod passthrough;
 mod relay;
 mod replay;
 mod reply;
+mod request;
 mod route;
 mod split;
 mod statements;

@@ -471,7 +471,7 @@ impl Session {
                     let sql = prepare_sql.take().unwrap_or_default();
                     let server = self.server();
                     let verdict =
-                        super::forward::LossVerdict::of_sql(&sql, self.record.sql_mode, server);
+                        super::request::LossVerdict::of_sql(&sql, self.record.sql_mode, server);
                     let replayable =
                         super::replay::replayable_sql(&sql, self.record.sql_mode, server);
                     let mode = self.record.sql_mode.unwrap_or_default();

@@ -224,12 +224,11 @@ pub(super) struct Pending {
 }
 
 impl Session {
-    /// Before a request runs: whether it joins the transaction log, and as what. `None`
-    /// when replay is off, or the request neither is in a transaction nor may start one,
-    /// or it changes nothing a replay needs (a ping, a prepare...). Starts the checksum of
-    /// its answer when it is kept.
-    pub(super) fn replay_before(
-        &mut self,
+    /// Whether a request joins the transaction log, and as what (for the request's plan).
+    /// `None` when replay is off, or the request neither is in a transaction nor may start
+    /// one, or it changes nothing a replay needs (a ping, a prepare...).
+    pub(super) fn replay_plan(
+        &self,
         request: &[u8],
         query: Option<C>,
         in_transaction: bool,
@@ -279,11 +278,20 @@ impl Session {
         } else {
             self.replay_blocker(cmd, request, query)
         };
-        if pending.blocked.is_none() {
-            pending.copy = Some(self.kept_copy(cmd, request));
-            self.exchange.checksum = Some(Box::default());
-        }
         Some(pending)
+    }
+
+    /// Just before a request the log keeps goes out: its copy is taken and the checksum of
+    /// its answer started.
+    pub(super) fn replay_start(&mut self, pending: Option<&mut Pending>, request: &[u8]) {
+        let Some(pending) = pending.filter(|p| p.blocked.is_none()) else {
+            return;
+        };
+        let Some(&cmd) = request.get(HEADER_LEN) else {
+            return;
+        };
+        pending.copy = Some(self.kept_copy(cmd, request));
+        self.exchange.checksum = Some(Box::default());
     }
 
     /// Why a request makes its transaction not replayable, if it does.
