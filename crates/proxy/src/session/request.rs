@@ -534,8 +534,11 @@ fn is_statement_command(cmd: u8) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::LossVerdict;
-    use holdfast_sql::{Server, SqlMode};
+    use super::{Held, LossPlan, LossVerdict, Request};
+    use crate::session::reply::Reply;
+    use crate::state::SessionRecord;
+    use bytes::BytesMut;
+    use holdfast_sql::{classify_for, Server, SqlMode};
 
     const MARIADB: Server = Server::mariadb(101119);
 
@@ -684,5 +687,51 @@ mod tests {
         ] {
             assert!(!may_commit_in(sql, None), "{sql} does not commit");
         }
+    }
+
+    /// A text request as `classify` makes it, inside a transaction or not.
+    fn text_request(sql: &str, in_transaction: bool) -> Request {
+        let mut payload = vec![holdfast_wire::command::COM_QUERY];
+        payload.extend_from_slice(sql.as_bytes());
+        let bytes = BytesMut::from(&holdfast_wire::frame::packet(&payload, 0)[..]);
+        Request {
+            bytes,
+            reply_seq: 1,
+            reply: Some(Reply::ResultSets),
+            continues: false,
+            in_transaction,
+            mode: None,
+            server: MARIADB,
+            query: Some(classify_for(sql.as_bytes(), SqlMode::DEFAULT, MARIADB)),
+            executed: None,
+            client_statement: None,
+            mentions_trackers: false,
+            held: Held::of(&SessionRecord::default()),
+        }
+    }
+
+    #[test]
+    fn the_loss_plan_decides_what_a_lost_request_becomes() {
+        let plan = |retry_safe, replayable| LossPlan {
+            retry_safe,
+            commits: false,
+            replayable,
+        };
+        // Outside a transaction: a read runs again, a write does not.
+        let (retry, lost) = plan(true, false).verdict(&text_request("SELECT 1", false));
+        assert!(retry && !lost.replay && !lost.commit);
+        let (retry, _) =
+            plan(false, false).verdict(&text_request("INSERT INTO t VALUES (1)", false));
+        assert!(!retry);
+        // Inside a replayable transaction: a write runs again after the replay; a COMMIT
+        // may have committed, so its outcome is unknown and nothing runs again.
+        let (retry, lost) =
+            plan(false, true).verdict(&text_request("INSERT INTO t VALUES (1)", true));
+        assert!(retry && lost.replay && lost.in_transaction && !lost.commit);
+        let (retry, lost) = plan(false, true).verdict(&text_request("COMMIT", true));
+        assert!(!retry && !lost.replay && lost.commit);
+        // Not replayable: the transaction is lost with the backend.
+        let (retry, lost) = plan(false, false).verdict(&text_request("UPDATE t SET a = 1", true));
+        assert!(!retry && !lost.replay && !lost.commit);
     }
 }
