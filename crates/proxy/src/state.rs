@@ -74,6 +74,19 @@ impl SessionRecord {
         self.status & SERVER_STATUS_IN_TRANS != 0
     }
 
+    /// Records what an OK packet says.
+    pub fn observe_ok(&mut self, ok: &holdfast_wire::packets::OkPacket<'_>) {
+        self.status = ok.status;
+        self.last_warnings = ok.warnings;
+        self.last_affected_rows = ok.affected_rows;
+        if ok.last_insert_id != 0 {
+            self.last_insert_id = ok.last_insert_id;
+        }
+        if !ok.session_state.is_empty() {
+            self.apply_session_state(ok.session_state);
+        }
+    }
+
     /// Applies an OK packet's session state records.
     pub fn apply_session_state(&mut self, block: &[u8]) {
         for item in items(block) {

@@ -252,8 +252,7 @@ impl Session {
         reply_seq: u8,
     ) -> Result<(), End> {
         self.shared.metrics.requests.command(COM_QUERY);
-        self.response_started = false;
-        self.last_error = None;
+        self.exchange.begin();
         let id = match kill.value {
             Some(id) => {
                 self.execute_not_forwarded(request);
@@ -277,7 +276,7 @@ impl Session {
             .and_then(|id| self.shared.sessions.get(id))
             .filter(|v| v.is_on(&own_node));
         let Some(victim) = victim else {
-            self.last_error = Some(ErrorKind::UnknownThread.code());
+            self.exchange.error = Some(ErrorKind::UnknownThread.code());
             return self.send_error(reply_seq, &unknown()).await;
         };
         if kill.query {
@@ -287,7 +286,7 @@ impl Session {
         }
         let thread = victim.backend_thread.load(Ordering::Acquire);
         if thread == 0 {
-            self.last_error = Some(ErrorKind::UnknownThread.code());
+            self.exchange.error = Some(ErrorKind::UnknownThread.code());
             return self.send_error(reply_seq, &unknown()).await;
         }
         let mark = (!kill.query).then(|| self.mark(victim));
@@ -354,7 +353,7 @@ impl Session {
         match answer.first() {
             Some(&ERR_HEADER) => {
                 let code = ErrPacket::parse(answer).map_or(0, |e| e.code);
-                self.last_error = Some(code);
+                self.exchange.error = Some(code);
                 self.shared.metrics.count_error(code);
                 if code == ER_CONNECTION_KILLED && mark.is_none() {
                     self.mark_killed();
@@ -370,7 +369,7 @@ impl Session {
             }
         }
         if let Some(mark) = mark {
-            self.settle_kill(mark, self.last_error);
+            self.settle_kill(mark, self.exchange.error);
         }
         self.client
             .write_packet(answer, reply_seq)
@@ -394,7 +393,7 @@ impl Session {
                     .map_err(End::Client)
             }
             Err(e) => {
-                self.last_error = Some(e.kind.code());
+                self.exchange.error = Some(e.kind.code());
                 self.send_error(reply_seq, &e).await
             }
         }

@@ -145,12 +145,24 @@ impl Session {
         self.markers.txn_writes |= flags.is_some_and(writes_data);
     }
 
+    /// Whether the transaction has written once a statement classified as `flags` ran
+    /// (what [`Session::note_writes`] will note), for the plan made before it runs.
+    pub(super) fn txn_writes_after(&self, flags: C) -> bool {
+        (self.markers.txn_writes && !flags.has(C::BEGIN_TXN)) || writes_data(flags)
+    }
+
     /// Whether this COMMIT goes out behind a marker (never while the session holds state
     /// a marker write would disturb or that dies with the backend anyway, nor for a
-    /// read-only transaction).
-    pub(super) fn marks_commit(&self, sql: &[u8], flags: C, in_transaction: bool) -> bool {
+    /// read-only transaction). `txn_writes`: its transaction wrote.
+    pub(super) fn marks_commit(
+        &self,
+        sql: &[u8],
+        flags: C,
+        in_transaction: bool,
+        txn_writes: bool,
+    ) -> bool {
         in_transaction
-            && self.markers.txn_writes
+            && txn_writes
             // A read-only transaction wrote nothing (whatever an earlier chained one did),
             // and its marker write would fail with 1792.
             && self.record.status & SERVER_STATUS_IN_TRANS_READONLY == 0
@@ -174,7 +186,7 @@ impl Session {
         if !self.record.in_transaction() {
             self.markers.txn_writes = false;
         }
-        if self.last_error.is_some() || self.record.last_warnings > 0 {
+        if self.exchange.error.is_some() || self.record.last_warnings > 0 {
             self.markers.conditions_kept = true;
         } else if data_change {
             self.markers.conditions_kept = false;
@@ -309,9 +321,8 @@ impl Session {
         const ROLLBACK: &[u8] = b"\x03ROLLBACK AND NO CHAIN NO RELEASE";
         let cmd = request.get(frame::HEADER_LEN).copied().unwrap_or(COM_QUERY);
         self.shared.metrics.requests.command(cmd);
-        self.response_started = false;
-        self.last_error = None;
-        let reply_seq = super::forward::reply_seq(request);
+        self.exchange.begin();
+        let reply_seq = super::reply::reply_seq(request);
         let seq = self.markers.seq + 1;
         let upsert = self.marker_upsert(seq);
         let mut out = BytesMut::with_capacity(upsert.len() + request.len() + 32);
@@ -328,7 +339,7 @@ impl Session {
             };
             stmt.long_data = false;
             let backend_id = stmt.backend_id;
-            if let Some(patched) = super::forward::bind_types(stmt, request) {
+            if let Some(patched) = super::statements::bind_types(stmt, request) {
                 out.truncate(at);
                 out.extend_from_slice(&patched);
             }
@@ -448,7 +459,7 @@ impl Session {
         };
         if answer.first() == Some(&0xff) {
             let code = holdfast_wire::packets::ErrPacket::parse(&answer).map_or(0, |e| e.code);
-            self.last_error = Some(code);
+            self.exchange.error = Some(code);
             self.shared.metrics.count_error(code);
             self.record.last_warnings = 1;
             self.record.last_affected_rows = 0;
@@ -457,7 +468,7 @@ impl Session {
             .metrics
             .requests
             .bytes_to_client(answer.len() as u64 + 4);
-        self.response_started = true;
+        self.exchange.started = true;
         self.client
             .write_packet(&answer, reply_seq)
             .await
@@ -472,7 +483,7 @@ impl Session {
     fn client_ok(&mut self, ok: &OkPacket<'_>, status_after: u16, commit_state: &[u8]) -> Vec<u8> {
         const PLAN: u16 =
             SERVER_STATUS_NO_GOOD_INDEX_USED | SERVER_STATUS_NO_INDEX_USED | SERVER_QUERY_WAS_SLOW;
-        super::forward::observe_ok(&mut self.record, ok);
+        self.record.observe_ok(ok);
         let tracks = self.capabilities & CLIENT_SESSION_TRACK != 0;
         let mut kept = Vec::new();
         if tracks {
@@ -504,8 +515,7 @@ impl Session {
     pub(super) async fn commit_with_marker(&mut self, request: &[u8]) -> Result<(), End> {
         let cmd = request.get(frame::HEADER_LEN).copied().unwrap_or(COM_QUERY);
         self.shared.metrics.requests.command(cmd);
-        self.response_started = false;
-        self.last_error = None;
+        self.exchange.begin();
         let seq = self.markers.seq + 1;
         let upsert = self.marker_upsert(seq);
         let mut out = BytesMut::with_capacity(upsert.len() + request.len() + 8);
@@ -556,7 +566,7 @@ impl Session {
                 ))
             }
         }
-        self.relay(super::forward::Reply::ResultSets).await
+        self.relay(super::reply::Reply::ResultSets).await
     }
 
     /// The backend was lost with a marked COMMIT (`seq`) in flight: move, read the marker
@@ -606,7 +616,7 @@ impl Session {
                     "the lost autocommit write had failed; answering its error"
                 );
                 let code = holdfast_wire::packets::ErrPacket::parse(err).map_or(0, |e| e.code);
-                self.last_error = Some(code);
+                self.exchange.error = Some(code);
                 self.shared.metrics.count_error(code);
                 self.record.last_warnings = 1;
                 self.record.last_affected_rows = 0;

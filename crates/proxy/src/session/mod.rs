@@ -7,15 +7,16 @@
 //! 3. then, for each request, read while idle events are watched ([`idle`]):
 //!    * **route** ([`route`]): the backend gate (a paused serverless instance), topology
 //!      changes and planned parking decide whether the session must move first;
-//!    * **forward and observe** ([`forward`]): the request goes to the backend and the
-//!      response streams back, the packets that carry state updating the session record;
+//!    * **forward** ([`forward`]): the request as a value ([`request`]: classified once,
+//!      its plan decided once), routed, sent and its response relayed ([`relay`]), the
+//!      packets that carry state updating the session record, then observed;
 //!    * **move** ([`migrate`]): to another node with the session's state, when routing says
 //!      so or the backend was lost (the request is then re-run or answered with an error).
 //!
 //! Pass-through listeners stop after phase 2 and relay bytes ([`passthrough`]).
 
 use crate::admission::Refusal;
-use crate::backend::{BackendConn, BackendError};
+use crate::backend::BackendConn;
 use crate::config::{ListenerMode, Routing};
 use crate::conn::{BoxedIo, ConnError, PacketConn};
 use crate::error::{ClientError, ErrorKind};
@@ -41,10 +42,14 @@ mod kill;
 mod markers;
 mod migrate;
 mod passthrough;
+mod relay;
 mod replay;
+mod reply;
+mod request;
 mod route;
 mod split;
 mod statements;
+mod trackers;
 
 pub use auth::{server_version, Identity, LoggedIn, LoginError};
 use statements::Statements;
@@ -138,11 +143,6 @@ struct Session {
     scratch: Vec<u8>,
     /// The client's silence that makes the session idle (see `idle.rs`).
     idle_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
-    /// Client bytes of the current response already sent (a lost backend after this point
-    /// cannot be hidden).
-    response_started: bool,
-    /// The code of the ERR that ended the current command's response, if one did.
-    last_error: Option<u16>,
     identity: Identity,
     can_reauthenticate: bool,
     backend_name: String,
@@ -158,16 +158,10 @@ struct Session {
     transaction_lost: bool,
     /// The backend connection lost while the session idled, as told then.
     lost_while_idle: Option<migrate::LostConn>,
+    /// The command being exchanged with the backend and its answer (see `relay.rs`).
+    exchange: relay::Exchange,
     /// The open transaction's statements, for a replay (see `replay.rs`).
     txn_log: Option<Box<replay::TxnLog>>,
-    /// The checksum of the answer being relayed, while it is kept for a replay.
-    checksum: Option<Box<replay::Checksum>>,
-    /// A replay runs: answers are compared, not sent to the client.
-    replaying: bool,
-    /// The request being forwarded may make the server ask for a client file: a text
-    /// `LOAD DATA|XML LOCAL` (or text holdfast could not classify). Any other file request
-    /// is refused ([`Session::refuse_file_request`]).
-    file_request_expected: bool,
     /// Commit markers (see `markers.rs`).
     markers: markers::Markers,
     /// The last capture of what the trackers do not report (user variables...).
@@ -453,8 +447,6 @@ impl Session {
             sql_kills: kill::SqlKills::default(),
             scratch: Vec::new(),
             idle_timer: Box::pin(tokio::time::sleep(idle::IDLE_PROBE)),
-            response_started: false,
-            last_error: None,
             identity,
             can_reauthenticate,
             backend_name,
@@ -463,10 +455,8 @@ impl Session {
             backend_since: Instant::now(),
             transaction_lost: false,
             lost_while_idle: None,
+            exchange: relay::Exchange::default(),
             txn_log: None,
-            checksum: None,
-            replaying: false,
-            file_request_expected: false,
             markers: Default::default(),
             captured: Captured::default(),
             capture_due_since: None,
@@ -568,19 +558,5 @@ impl Session {
         message: String,
     ) -> Result<(), End> {
         self.send_error(seq, &ClientError::new(kind, message)).await
-    }
-
-    /// Re-enables the trackers after the server reset the session's variables.
-    async fn restore_trackers(&mut self) -> Result<(), End> {
-        // The server reset the session: its transaction tracker is off again.
-        self.tracks_transactions = false;
-        match self.backend.enable_trackers().await {
-            Ok(ok) => {
-                self.record.untracked = !ok;
-                Ok(())
-            }
-            Err(BackendError::Conn(e)) => Err(End::Backend(e)),
-            Err(e) => Err(End::Protocol(e.to_string())),
-        }
     }
 }

@@ -224,12 +224,11 @@ pub(super) struct Pending {
 }
 
 impl Session {
-    /// Before a request runs: whether it joins the transaction log, and as what. `None`
-    /// when replay is off, or the request neither is in a transaction nor may start one,
-    /// or it changes nothing a replay needs (a ping, a prepare...). Starts the checksum of
-    /// its answer when it is kept.
-    pub(super) fn replay_before(
-        &mut self,
+    /// Whether a request joins the transaction log, and as what (for the request's plan).
+    /// `None` when replay is off, or the request neither is in a transaction nor may start
+    /// one, or it changes nothing a replay needs (a ping, a prepare...).
+    pub(super) fn replay_plan(
+        &self,
         request: &[u8],
         query: Option<C>,
         in_transaction: bool,
@@ -279,11 +278,20 @@ impl Session {
         } else {
             self.replay_blocker(cmd, request, query)
         };
-        if pending.blocked.is_none() {
-            pending.copy = Some(self.kept_copy(cmd, request));
-            self.checksum = Some(Box::default());
-        }
         Some(pending)
+    }
+
+    /// Just before a request the log keeps goes out: its copy is taken and the checksum of
+    /// its answer started.
+    pub(super) fn replay_start(&mut self, pending: Option<&mut Pending>, request: &[u8]) {
+        let Some(pending) = pending.filter(|p| p.blocked.is_none()) else {
+            return;
+        };
+        let Some(&cmd) = request.get(HEADER_LEN) else {
+            return;
+        };
+        pending.copy = Some(self.kept_copy(cmd, request));
+        self.exchange.checksum = Some(Box::default());
     }
 
     /// Why a request makes its transaction not replayable, if it does.
@@ -328,7 +336,7 @@ impl Session {
                 .map(|id| self.statements.resolve(id))
                 .and_then(|id| self.statements.get(id).map(|s| (id, s)));
             if let Some((id, stmt)) = stmt {
-                let mut copy = super::forward::with_types(stmt, request)
+                let mut copy = super::statements::with_types(stmt, request)
                     .unwrap_or_else(|| BytesMut::from(request));
                 holdfast_wire::packets::set_statement_id(&mut copy[HEADER_LEN..], id);
                 return copy.freeze();
@@ -347,7 +355,7 @@ impl Session {
     }
 
     fn keep_request(&mut self, pending: Option<Pending>) {
-        let checksum = self.checksum.take().map(|h| h.finish());
+        let checksum = self.exchange.checksum.take().map(|h| h.finish());
         if !self.record.in_transaction() {
             self.txn_log = None;
             return;
@@ -409,11 +417,11 @@ impl Session {
         'replay: loop {
             for (at, (kept, answered)) in log.kept().enumerate() {
                 let mut request = BytesMut::from(kept);
-                self.checksum = Some(Box::default());
-                self.replaying = true;
+                self.exchange.checksum = Some(Box::default());
+                self.exchange.replaying = true;
                 let result = self.command(&mut request).await;
-                self.replaying = false;
-                let checksum = self.checksum.take().map(|h| h.finish());
+                self.exchange.replaying = false;
+                let checksum = self.exchange.checksum.take().map(|h| h.finish());
                 match result {
                     Ok(()) if checksum == Some(answered) => {}
                     Ok(()) => {

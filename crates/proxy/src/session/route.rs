@@ -4,7 +4,7 @@
 //! is no longer the primary), and a planned switchover (the request is parked until it is
 //! done). A session that must move does so here, before its request runs.
 
-use super::forward::{reply_seq, Reply};
+use super::reply::{reply_seq, Reply};
 use super::{CloseReason, End, Session};
 use crate::error::{ClientError, ErrorKind};
 use crate::state::Blocker;

@@ -10,8 +10,8 @@
 //! qualifies, it cannot be reached, it does not catch up within `causal_wait_ms`, it is
 //! lost before answering) leaves the read to the primary: the client never sees why.
 
-use super::forward::Reply;
 use super::migrate::{prepare, MoveError};
+use super::reply::Reply;
 use super::{End, Session};
 use crate::backend::BackendConn;
 use crate::config::Consistency;
@@ -288,7 +288,7 @@ impl Session {
         };
         let route = if header.continues()
             || !self.can_reauthenticate
-            || self.replaying
+            || self.exchange.replaying
             || self.record.schema.as_deref().is_some_and(is_system_schema)
         {
             // In `information_schema` (or another schema of the server's own), unqualified
@@ -465,8 +465,7 @@ impl Session {
         reader.load.reads.fetch_add(1, Ordering::Relaxed);
         let active = Active(reader.load.clone());
         std::mem::swap(&mut self.backend, &mut reader.conn);
-        self.response_started = false;
-        self.last_error = None;
+        self.exchange.begin();
         self.shared.metrics.requests.command(request[HEADER_LEN]);
         let mut result = self.forward(&request).await;
         if result.is_ok() {
@@ -532,7 +531,7 @@ impl Session {
         }
         self.record.status &= !holdfast_wire::caps::SERVER_STATUS_IN_TRANS;
         self.shared.metrics.requests_failed_on_backend_loss.inc();
-        let seq = super::forward::reply_seq(request);
+        let seq = super::reply::reply_seq(request);
         self.send_error(seq, &crate::error::ClientError::transaction_rolled_back())
             .await?;
         Ok(ReadOutcome::Done)
@@ -690,7 +689,7 @@ impl Session {
         };
         // The types this execute sends are remembered, and the primary, which does not see
         // it, gets them with its next execute.
-        let _ = super::forward::bind_types(stmt, request);
+        let _ = super::statements::bind_types(stmt, request);
         stmt.types_pending = stmt.params > 0 && stmt.types.is_some();
         let sql = stmt.sql.clone();
         let Some(split) = self.split.as_mut() else {
@@ -709,7 +708,7 @@ impl Session {
         };
         if !typed {
             if let Some(stmt) = self.statements.get(id) {
-                if let Some(patched) = super::forward::with_types(stmt, request) {
+                if let Some(patched) = super::statements::with_types(stmt, request) {
                     *request = patched;
                 }
             }

@@ -2,7 +2,8 @@
 //! out in sequence and never reused within a session (as the server does), so a stale id
 //! cannot reach another statement; lookups hash the id with the identity function.
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
+use holdfast_wire::frame::{self, parse_header, HEADER_LEN};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -126,6 +127,61 @@ impl Statements {
     pub fn pending_long_data(&self) -> bool {
         self.by_id.values().any(|s| s.long_data)
     }
+}
+
+/// Remembers the parameter types a COM_STMT_EXECUTE sends, and puts them back into an execute
+/// that relies on the server remembering them when the statement was re-prepared on a new
+/// backend that never saw them. Returns the rewritten request when one is needed.
+pub(super) fn bind_types(stmt: &mut Statement, request: &[u8]) -> Option<BytesMut> {
+    let header = parse_header(request)?;
+    if header.continues() || stmt.params == 0 {
+        return None;
+    }
+    let payload = request.get(HEADER_LEN..HEADER_LEN + header.len)?;
+    let n = usize::from(stmt.params);
+    let flag_pos = 10 + n.div_ceil(8);
+    match *payload.get(flag_pos)? {
+        1 => {
+            let types = payload.get(flag_pos + 1..flag_pos + 1 + 2 * n)?;
+            match &mut stmt.types {
+                Some(known) if known.as_slice() == types => {}
+                Some(known) => {
+                    known.clear();
+                    known.extend_from_slice(types);
+                }
+                None => stmt.types = Some(types.to_vec()),
+            }
+            stmt.types_pending = false;
+            None
+        }
+        _ if stmt.types_pending => {
+            let patched = with_types(stmt, request)?;
+            stmt.types_pending = false;
+            Some(patched)
+        }
+        _ => None,
+    }
+}
+
+/// A COM_STMT_EXECUTE that relies on the server remembering its parameter types, with the
+/// statement's last known types written in (`None`: it carries its own, or none are known).
+pub(super) fn with_types(stmt: &Statement, request: &[u8]) -> Option<BytesMut> {
+    let header = parse_header(request)?;
+    if header.continues() || stmt.params == 0 {
+        return None;
+    }
+    let payload = request.get(HEADER_LEN..HEADER_LEN + header.len)?;
+    let flag_pos = 10 + usize::from(stmt.params).div_ceil(8);
+    if *payload.get(flag_pos)? == 1 {
+        return None;
+    }
+    let types = stmt.types.as_ref()?;
+    let mut patched = Vec::with_capacity(payload.len() + types.len());
+    patched.extend_from_slice(&payload[..flag_pos]);
+    patched.push(1);
+    patched.extend_from_slice(types);
+    patched.extend_from_slice(&payload[flag_pos + 1..]);
+    Some(BytesMut::from(&frame::packet(&patched, header.seq)[..]))
 }
 
 #[cfg(test)]
