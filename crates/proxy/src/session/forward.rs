@@ -237,8 +237,8 @@ impl Session {
         let mentions_trackers = query.is_some()
             && !self.record.untracked
             && query_text(&request).is_some_and(mentions_trackers);
-        if self.split.is_some() && self.changes_pinned_session(&request, query) {
-            return self.leave_pinned_transaction(reply_seq).await;
+        if let Some(plan) = self.pinned_plan(&request, query) {
+            return Box::pin(self.run_pinned(plan, request, reply_seq)).await;
         }
         if self.split.is_some() && kill_free(query, &request) {
             if !mentions_trackers {

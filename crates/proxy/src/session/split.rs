@@ -19,7 +19,10 @@ use crate::restore::{self, VariableTypes};
 use crate::topology::{NodeLoad, NodeState, Topology};
 use bytes::BytesMut;
 use holdfast_sql::{Classification as C, ReadRoute};
-use holdfast_wire::caps::{CLIENT_DEPRECATE_EOF, SERVER_STATUS_AUTOCOMMIT};
+use holdfast_wire::caps::{
+    CLIENT_DEPRECATE_EOF, SERVER_STATUS_AUTOCOMMIT, SERVER_STATUS_IN_TRANS,
+    SERVER_STATUS_IN_TRANS_READONLY,
+};
 use holdfast_wire::command::{
     COM_QUERY, COM_STMT_CLOSE, COM_STMT_EXECUTE, COM_STMT_PREPARE, CURSOR_TYPE_READ_ONLY,
 };
@@ -36,6 +39,11 @@ pub(super) struct Split {
     readers: Vec<Reader>,
     /// The node the session's last statement ran on, when it was a replica.
     last_on: Option<String>,
+    /// That statement's request, as the client sent it: it only read, so it can run
+    /// again on the primary for a statement that reads what it left but cannot run there.
+    last_read: Option<BytesMut>,
+    /// The read to run again on the primary before the request about to go there.
+    rerun: Option<BytesMut>,
     /// A `START TRANSACTION READ ONLY` transaction open on this replica: the session's
     /// statements go there until it ends.
     txn_on: Option<String>,
@@ -43,6 +51,11 @@ pub(super) struct Split {
     /// have changed the session there only): this session's read-only transactions run on
     /// the primary from then on.
     read_only_on_primary: bool,
+    /// A read-only transaction of the primary's own is open beside the one pinned to a
+    /// replica: the pinned transaction's statements that are not plain reads run in it.
+    shadow: bool,
+    /// Such a statement is running on the primary: it is not routed again.
+    probing: bool,
     /// The topology reads are routed by, refreshed when the monitor publishes a new one.
     topology: Arc<Topology>,
     watch: watch::Receiver<Arc<Topology>>,
@@ -80,8 +93,12 @@ impl Split {
         Box::new(Split {
             readers: Vec::new(),
             last_on: None,
+            last_read: None,
+            rerun: None,
             txn_on: None,
             read_only_on_primary: false,
+            shadow: false,
+            probing: false,
             topology,
             watch,
             turn: 0,
@@ -91,8 +108,16 @@ impl Split {
     /// Closes every replica connection (the session's user or state was reset).
     pub(super) fn close_all(&mut self) {
         self.readers.clear();
-        self.last_on = None;
+        self.forget_last();
         self.txn_on = None;
+        self.shadow = false;
+    }
+
+    /// The last statement ran on the primary (or its replica is gone).
+    fn forget_last(&mut self) {
+        self.last_on = None;
+        self.last_read = None;
+        self.rerun = None;
     }
 
     fn refresh(&mut self) {
@@ -110,7 +135,7 @@ impl Split {
             });
             if let Some(node) = &self.last_on {
                 if !self.readers.iter().any(|r| &r.read.node == node) {
-                    self.last_on = None;
+                    self.forget_last();
                 }
             }
         }
@@ -161,7 +186,7 @@ impl Split {
     fn drop_reader(&mut self, node: &str) {
         self.readers.retain(|r| r.read.node != node);
         if self.last_on.as_deref() == Some(node) {
-            self.last_on = None;
+            self.forget_last();
         }
     }
 }
@@ -209,27 +234,326 @@ fn parse_gtid(gtid: &str) -> Option<(u32, u64)> {
     parts.next().is_none().then_some((domain, seq))
 }
 
+/// What becomes of a statement of a read-only transaction pinned to a replica that is not
+/// left to the replica as it is (see [`Session::pinned_plan`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Pinned {
+    /// The transaction is given up (1213): the statement may end it or changes the session
+    /// in a way the replica's connection cannot follow.
+    Leave,
+    /// A setting (session or user variables, the current database): run on the replica,
+    /// which answers, then on the primary, so that both connections have it.
+    Mirror,
+    /// Not a plain read: runs on the primary, inside a read-only transaction of its own,
+    /// and the client gets the server's answer (1792 for a write). With its flags.
+    Primary(C),
+}
+
+/// The text of a COM_QUERY (its first frame).
+fn query_sql(request: &[u8]) -> Option<&[u8]> {
+    let header = parse_header(request)?;
+    if request.get(HEADER_LEN) != Some(&COM_QUERY) {
+        return None;
+    }
+    let end = HEADER_LEN + header.len.min(request.len() - HEADER_LEN);
+    request.get(HEADER_LEN + 1..end)
+}
+
+/// Whether `sql` has a query inside (`SET @b = (SELECT ...)`): its value comes from the
+/// snapshot of the node that runs it.
+fn has_subquery(sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
+    holdfast_sql::Lexer::with_mode(sql, mode)
+        .any(|t| t.is_word("SELECT") || t.is_word("TABLE") || t.is_word("VALUES"))
+}
+
+/// Statements a read-only transaction pinned to a replica is given up for (1213): they
+/// commit it, or change the session in ways that cannot be carried to the replica's
+/// connection inside the transaction, or run code holdfast does not see.
+const LEAVES_PINNED: C = C::UNCERTAIN
+    .union(C::COMPOUND)
+    .union(C::LOAD_DATA_LOCAL)
+    .union(C::IMPLICIT_COMMIT)
+    .union(C::AUTOCOMMIT)
+    .union(C::LOCK_TABLES);
+
+/// Settings a statement may make: in a pinned transaction they are made on both
+/// connections ([`Pinned::Mirror`]).
+const SETTINGS: C = C::SET_SESSION_VAR.union(C::SET_USER_VAR).union(C::USE_DB);
+
 impl Session {
-    /// Whether `request` is a statement with effects on the session (`USE`, `SET`, user
-    /// variables, temporary tables, locks, code holdfast does not see into) inside a
-    /// read-only transaction pinned to a replica: run there, it would change that
-    /// connection only, and later statements on the primary would not see it.
-    pub(super) fn changes_pinned_session(&self, request: &[u8], query: Option<C>) -> bool {
-        if self.split.as_ref().is_none_or(|s| s.txn_on.is_none()) {
-            return false;
+    /// What becomes of `request` inside a read-only transaction pinned to a replica:
+    /// `None` when it runs on the replica (plain reads, the transaction's own statements:
+    /// COMMIT, ROLLBACK, savepoints), or when no transaction is pinned.
+    ///
+    /// The rule: a change of the session never happens on the replica's connection only,
+    /// and the client gets the server's answer. A setting runs on both connections; what
+    /// else is not a plain read runs on the primary in a read-only transaction of its own
+    /// (writes get the server's 1792 there, `RELEASE_LOCK`, `CALL`, `EXECUTE`... the
+    /// server's answers, named locks and SQL prepared statements live on the primary as
+    /// always); only what would commit the transaction, or leave state the replica's
+    /// connection cannot have (temporary tables, table locks, code holdfast cannot see
+    /// into), gives the transaction up with 1213, as issue 18 item 4 designed.
+    pub(super) fn pinned_plan(&self, request: &[u8], query: Option<C>) -> Option<Pinned> {
+        let split = self.split.as_ref()?;
+        let node = split.txn_on.as_deref()?;
+        if split.probing {
+            return None;
         }
-        const EFFECTS: C = C::CHANGES_SESSION
-            .union(C::MULTI)
-            .union(C::IMPLICIT_COMMIT)
-            .union(C::LOAD_DATA_LOCAL);
-        match request.get(HEADER_LEN) {
-            Some(&COM_QUERY) => query.is_none_or(|f| f.intersects(EFFECTS)),
-            Some(&COM_STMT_EXECUTE) => packets::statement_id(&request[HEADER_LEN..])
-                .map(|id| self.statements.resolve(id))
+        let mode = self.record.sql_mode.unwrap_or_default();
+        let server = self.server();
+        let (flags, sql, params, route) = match request.get(HEADER_LEN).copied() {
+            Some(COM_QUERY) => {
+                // A text too long to classify: as before, the transaction is given up.
+                let Some(flags) = query else {
+                    return Some(Pinned::Leave);
+                };
+                let sql = query_sql(request)?;
+                let route = holdfast_sql::read_route(sql, flags, mode, server);
+                (flags, sql, 0, route)
+            }
+            Some(COM_STMT_EXECUTE) => {
+                let id = packets::statement_id(&request[HEADER_LEN..])
+                    .map(|id| self.statements.resolve(id));
+                // Unknown to holdfast: it answers 1243 itself, as the server does.
+                let Some(s) = id.and_then(|id| self.statements.get(id)) else {
+                    return Some(Pinned::Primary(C::EMPTY));
+                };
+                let cursor = request
+                    .get(HEADER_LEN + 5)
+                    .is_some_and(|f| f & CURSOR_TYPE_READ_ONLY != 0);
+                let route = match cursor || s.long_data {
+                    true => ReadRoute::Primary,
+                    false => s.read_route,
+                };
+                (s.flags, &s.sql[..], s.params, route)
+            }
+            // The current database changes: the replica's connection cannot follow here.
+            Some(holdfast_wire::command::COM_INIT_DB) => return Some(Pinned::Leave),
+            _ => return None,
+        };
+        if flags.intersects(LEAVES_PINNED) {
+            return Some(Pinned::Leave);
+        }
+        let transaction = C::BEGIN_TXN.union(C::END_TXN).union(C::SAVEPOINT);
+        if flags.has(C::MULTI) {
+            return Some(match flags.intersects(transaction.union(SETTINGS)) {
+                true => Pinned::Leave,
+                false => Pinned::Primary(flags),
+            });
+        }
+        if flags.has(C::BEGIN_TXN)
+            && !flags.has(C::END_TXN)
+            && !holdfast_sql::read_only_transaction(sql, flags, mode, server)
+        {
+            // BEGIN commits the read-only transaction and opens one that may write.
+            return Some(Pinned::Leave);
+        }
+        if flags.intersects(transaction) {
+            return None;
+        }
+        if flags.has(C::SET_TRANSACTION) && !flags.intersects(SETTINGS) {
+            // Refused inside a transaction (1568): the replica answers as the primary would.
+            return None;
+        }
+        if flags.intersects(SETTINGS) {
+            let plain = flags
+                .difference(SETTINGS.union(C::READ_ONLY).union(C::WRITE))
+                .is_empty();
+            return Some(match plain && params == 0 && !has_subquery(sql, mode) {
+                true => Pinned::Mirror,
+                false => Pinned::Leave,
+            });
+        }
+        match route {
+            ReadRoute::Replica | ReadRoute::ReplicaWithUserVariables => None,
+            // What the last statement left is read where it ran.
+            ReadRoute::LastNode if split.last_on.as_deref() == Some(node) => None,
+            _ => Some(Pinned::Primary(flags)),
+        }
+    }
+
+    /// Runs a statement of a pinned read-only transaction as [`Session::pinned_plan`] says.
+    pub(super) async fn run_pinned(
+        &mut self,
+        plan: Pinned,
+        request: BytesMut,
+        reply_seq: u8,
+    ) -> Result<(), End> {
+        match plan {
+            Pinned::Leave => self.leave_pinned_transaction(reply_seq).await,
+            Pinned::Mirror => self.mirror_pinned(request).await,
+            Pinned::Primary(flags) => self.pinned_on_primary(request, flags).await,
+        }
+    }
+
+    /// A setting inside the pinned transaction: the replica runs it and answers (its
+    /// warnings, its status), then the primary runs it too, its answer dropped. Should the
+    /// primary refuse what the replica took, the two connections differ: the transaction
+    /// is given up (the client's next statement gets 1213).
+    async fn mirror_pinned(&mut self, request: BytesMut) -> Result<(), End> {
+        let Some(node) = self.split.as_ref().and_then(|s| s.txn_on.clone()) else {
+            return Box::pin(self.forward_request(request)).await;
+        };
+        if request.get(HEADER_LEN) == Some(&COM_STMT_EXECUTE) {
+            // Noted as a text statement is before it runs (user variables to capture).
+            let id =
+                packets::statement_id(&request[HEADER_LEN..]).map(|id| self.statements.resolve(id));
+            if let Some((flags, sql)) = id
                 .and_then(|id| self.statements.get(id))
-                .is_none_or(|s| s.flags.intersects(EFFECTS)),
-            _ => false,
+                .map(|s| (s.flags, s.sql.clone()))
+            {
+                self.note_query(flags, &sql);
+            }
         }
+        let again = request.clone();
+        match self.read_on_replica(Target::Pinned(node), request).await? {
+            ReadOutcome::Done => {}
+            ReadOutcome::Primary(request) => {
+                return Box::pin(self.forward_request(request)).await;
+            }
+        }
+        let pinned = self.split.as_ref().is_some_and(|s| s.txn_on.is_some());
+        if !pinned || self.last_error.is_some() {
+            return Ok(());
+        }
+        let replica_answered = self.record.last_warnings;
+        let result = self.run_discarded(again).await;
+        let refused = self.last_error.take();
+        self.record.last_warnings = replica_answered;
+        match result {
+            Ok(()) if refused.is_none() => Ok(()),
+            Ok(()) => {
+                tracing::info!(session = self.info.id, code = refused, "a setting the replica took in a read-only transaction was refused by the primary; the transaction is given up");
+                self.give_up_pinned().await;
+                Ok(())
+            }
+            Err(End::BackendLost { error, .. }) => {
+                tracing::info!(session = self.info.id, %error, "primary lost while it took a setting of a read-only transaction on a replica");
+                self.mark_backend_dead();
+                self.give_up_pinned().await;
+                Ok(())
+            }
+            Err(end) => Err(end),
+        }
+    }
+
+    /// A statement of the pinned transaction that is not a plain read runs on the primary,
+    /// inside a read-only transaction of the primary's own (opened once, ended with the
+    /// pinned one): the client gets what the server answers there. Writes fail there as
+    /// they would (1792); what succeeds changes nothing the replica must see, or else the
+    /// pinned transaction is given up after it (its next statement gets 1213).
+    async fn pinned_on_primary(&mut self, request: BytesMut, flags: C) -> Result<(), End> {
+        let reply_seq = super::forward::reply_seq(&request);
+        if self.split.as_ref().is_some_and(|s| !s.shadow) {
+            match restore::execute(&mut self.backend, b"START TRANSACTION READ ONLY").await {
+                Ok(_) => {
+                    if let Some(split) = self.split.as_mut() {
+                        split.shadow = true;
+                    }
+                }
+                Err(e) => {
+                    tracing::info!(session = self.info.id, error = %e, "opening a read-only transaction on the primary beside a replica's failed");
+                    if matches!(e, crate::backend::BackendError::Conn(_)) {
+                        self.mark_backend_dead();
+                    }
+                    return self.leave_pinned_transaction(reply_seq).await;
+                }
+            }
+        }
+        let version = self.record.state_version;
+        let opaque = self.record.opaque_change;
+        if let Some(split) = self.split.as_mut() {
+            split.probing = true;
+        }
+        let result = Box::pin(self.forward_request(request)).await;
+        if let Some(split) = self.split.as_mut() {
+            split.probing = false;
+            split.forget_last();
+        }
+        let status = self.record.status;
+        let left = status & SERVER_STATUS_IN_TRANS == 0
+            || status & SERVER_STATUS_IN_TRANS_READONLY == 0
+            || self.backend_dead;
+        let changed = self.record.state_version != version
+            || (!opaque && self.record.opaque_change)
+            || (self.last_error.is_none()
+                && flags.intersects(
+                    SETTINGS
+                        .union(C::CREATE_TEMP_TABLE)
+                        .union(C::DROP_TEMP_TABLE)
+                        .union(C::HANDLER),
+                ));
+        if left {
+            // The primary's transaction ended (or its connection did): so does the pinned
+            // one, as it would have on the server.
+            self.end_pinned(b"COMMIT").await;
+        } else if changed {
+            tracing::info!(session = self.info.id, "a statement of a read-only transaction on a replica changed the session on the primary; the transaction is given up");
+            self.give_up_pinned().await;
+        }
+        result
+    }
+
+    /// Runs `request` on the primary without passing its answer on (what it leaves there
+    /// is the point: settings, diagnostics), as a replay runs a statement.
+    async fn run_discarded(&mut self, mut request: BytesMut) -> Result<(), End> {
+        let checksum = self.checksum.take();
+        let replaying = std::mem::replace(&mut self.replaying, true);
+        let result = self.command(&mut request).await;
+        self.replaying = replaying;
+        self.checksum = checksum;
+        result
+    }
+
+    /// Ends the pinned transaction on its replica with `end` (it only read), and the
+    /// primary's beside it.
+    async fn end_pinned(&mut self, end: &[u8]) {
+        let Some(split) = self.split.as_mut() else {
+            return;
+        };
+        if let Some(node) = split.txn_on.take() {
+            if let Some(i) = split.reader(&node) {
+                if let Err(e) = restore::execute(&mut split.readers[i].conn, end).await {
+                    let why = format!("ending its read-only transaction: {e}");
+                    self.lose_reader(i, why);
+                }
+            }
+        }
+        self.end_shadow().await;
+    }
+
+    /// Rolls back the read-only transaction opened on the primary beside a pinned one.
+    async fn end_shadow(&mut self) {
+        let Some(split) = self.split.as_mut() else {
+            return;
+        };
+        if !std::mem::take(&mut split.shadow) || self.backend_dead {
+            return;
+        }
+        if let Err(e) = restore::execute(&mut self.backend, b"ROLLBACK").await {
+            tracing::info!(session = self.info.id, error = %e, "rolling back the primary's read-only transaction failed");
+            if matches!(e, crate::backend::BackendError::Conn(_)) {
+                self.mark_backend_dead();
+            }
+        }
+    }
+
+    /// The pinned transaction cannot go on (the replica's connection would not see what
+    /// the session did): rolled back, and the client's next statement gets 1213, as after
+    /// a lost transaction; the session's read-only transactions run on the primary from
+    /// now on.
+    async fn give_up_pinned(&mut self) {
+        self.end_pinned(b"ROLLBACK").await;
+        if let Some(split) = self.split.as_mut() {
+            split.read_only_on_primary = true;
+            split.forget_last();
+        }
+        self.record.status &= !holdfast_wire::caps::SERVER_STATUS_IN_TRANS;
+        self.txn_log = None;
+        self.transaction_lost = true;
+        self.shared
+            .metrics
+            .read_fallback("session_change_in_replica_transaction");
     }
 
     /// Gives up the read-only transaction pinned to a replica (it read only: rolling it
@@ -237,20 +561,10 @@ impl Session {
     /// client gets 1213 and restarts it, and the session's read-only transactions run on
     /// the primary from now on, where such statements keep every connection in step.
     pub(super) async fn leave_pinned_transaction(&mut self, reply_seq: u8) -> Result<(), End> {
+        self.end_pinned(b"ROLLBACK").await;
         if let Some(split) = self.split.as_mut() {
-            if let Some(node) = split.txn_on.take() {
-                if let Some(i) = split.reader(&node) {
-                    if let Err(e) = restore::execute(&mut split.readers[i].conn, b"ROLLBACK").await
-                    {
-                        let why = format!("rolling back its read-only transaction: {e}");
-                        self.lose_reader(i, why);
-                    }
-                }
-            }
-            if let Some(split) = self.split.as_mut() {
-                split.read_only_on_primary = true;
-                split.last_on = None;
-            }
+            split.read_only_on_primary = true;
+            split.forget_last();
         }
         self.record.status &= !holdfast_wire::caps::SERVER_STATUS_IN_TRANS;
         self.txn_log = None;
@@ -275,7 +589,7 @@ impl Session {
         let split = self.split.as_mut()?;
         let header = parse_header(request)?;
         let command = request.get(HEADER_LEN).copied();
-        if let Some(node) = &split.txn_on {
+        if let Some(node) = split.txn_on.as_ref().filter(|_| !split.probing) {
             return matches!(command, Some(COM_QUERY | COM_STMT_EXECUTE))
                 .then(|| Target::Pinned(node.clone()));
         }
@@ -287,6 +601,7 @@ impl Session {
             _ => false,
         };
         let route = if header.continues()
+            || split.probing
             || !self.can_reauthenticate
             || self.replaying
             || self.record.schema.as_deref().is_some_and(is_system_schema)
@@ -348,8 +663,27 @@ impl Session {
             }
             _ => false,
         };
-        if target.is_none() && !keeps_diagnostics {
-            split.last_on = None;
+        if target.is_none() && split.last_on.is_some() {
+            // A statement that reads what the last statement left, going to the primary
+            // (it cannot run where that statement ran): the read runs again there first,
+            // its answer dropped (it only read, so running it twice changes nothing).
+            let reads_last = match command {
+                Some(COM_QUERY | COM_STMT_PREPARE) => {
+                    holdfast_sql::reads_last_statement(&request[HEADER_LEN + 1..], mode, server)
+                }
+                Some(COM_STMT_EXECUTE) => packets::statement_id(&request[HEADER_LEN..])
+                    .map(|id| self.statements.resolve(id))
+                    .and_then(|id| self.statements.get(id))
+                    .is_some_and(|s| holdfast_sql::reads_last_statement(&s.sql, mode, server)),
+                _ => false,
+            };
+            if reads_last && !keeps_diagnostics {
+                split.rerun = split.last_read.take();
+            }
+            if !keeps_diagnostics {
+                split.last_on = None;
+                split.last_read = None;
+            }
         }
         target
     }
@@ -357,6 +691,12 @@ impl Session {
     /// Statement ids closed by the client are closed on the replicas too; a reset or a
     /// change of user closes the replica connections.
     pub(super) async fn split_follow(&mut self, request: &[u8]) {
+        if let Some(read) = self.split.as_mut().and_then(|s| s.rerun.take()) {
+            if let Err(e) = self.run_discarded(read).await {
+                // The request itself finds out what became of the connection.
+                tracing::debug!(session = self.info.id, error = ?e, "running a replica's read again on the primary failed");
+            }
+        }
         let Some(split) = self.split.as_mut() else {
             return;
         };
@@ -406,7 +746,10 @@ impl Session {
             },
             Target::Pinned(node) => match split.reader(&node) {
                 Some(i) => i,
-                None => return self.read_only_transaction_lost(&request).await,
+                None => {
+                    self.end_shadow().await;
+                    return self.read_only_transaction_lost(&request).await;
+                }
             },
             Target::Balanced => {
                 let weight = self.shared.config.split.primary_read_weight;
@@ -444,11 +787,18 @@ impl Session {
             }
         }
         // An execute names the statement by the replica connection's id.
+        let pinned = self.split.as_ref().is_some_and(|s| s.txn_on.is_some());
         let client_statement = match request.get(HEADER_LEN) {
             Some(&COM_STMT_EXECUTE) => match self.reader_execute(index, &mut request).await {
                 Ok(id) => Some(id),
                 Err(why) => {
                     self.lose_reader(index, why);
+                    if pinned {
+                        // The read-only transaction went with the connection: the execute
+                        // must not run on the primary outside it.
+                        self.end_shadow().await;
+                        return self.read_only_transaction_lost(&request).await;
+                    }
                     return Ok(ReadOutcome::Primary(request));
                 }
             },
@@ -479,14 +829,27 @@ impl Session {
                 std::mem::swap(&mut self.backend, &mut reader.conn);
             }
         }
-        let pinned = self.split.as_ref().is_some_and(|s| s.txn_on.is_some());
         match result {
             Ok(()) => {
                 self.shared.metrics.reads_on_replicas.inc();
                 let open = self.record.in_transaction();
+                if let Some(id) = client_statement {
+                    packets::set_statement_id(&mut request[HEADER_LEN..], id);
+                }
+                // The transaction pinned here ended (or a new one began after it): so does
+                // the primary's beside it.
+                let ended = pinned
+                    && (!open
+                        || query_sql(&request).is_some_and(|sql| {
+                            holdfast_sql::classify(sql).intersects(C::BEGIN_TXN.union(C::END_TXN))
+                        }));
+                if ended {
+                    self.end_shadow().await;
+                }
                 if let Some(split) = self.split.as_mut() {
                     split.txn_on = open.then(|| node.clone());
                     split.last_on = Some(node);
+                    split.last_read = Some(request);
                 }
                 Ok(ReadOutcome::Done)
             }
@@ -499,6 +862,7 @@ impl Session {
                     if let Some(split) = self.split.as_mut() {
                         split.txn_on = None;
                     }
+                    self.end_shadow().await;
                     self.record.status &= !holdfast_wire::caps::SERVER_STATUS_IN_TRANS;
                 }
                 Ok(ReadOutcome::Done)
@@ -508,6 +872,7 @@ impl Session {
                 error,
             }) if pinned => {
                 self.lose_reader(index, error.to_string());
+                self.end_shadow().await;
                 self.read_only_transaction_lost(&request).await
             }
             Err(End::BackendLost {
