@@ -566,9 +566,8 @@ fn server_local_reads_run_on_the_primary() {
 /// Issue 18, item 4: a statement that changes the session inside a read-only transaction
 /// running on a replica must not change that connection only: the DATABASE() the client
 /// then saw was not the one its next INSERT went to. A setting (`USE`, here) now runs on
-/// both connections; a statement whose effect the replica's connection cannot follow
-/// (`LOCK TABLES`: it commits the transaction and takes locks on the primary) gives the
-/// transaction up with 1213 (it only read), does not run, and the session's read-only
+/// both connections; a statement whose effects holdfast cannot see (a compound statement)
+/// gives the transaction up with 1213 (it only read), does not run, and the session's read-only
 /// transactions run on the primary from then on. The lab's defaults (markers, replay)
 /// stay on.
 #[test]
@@ -622,7 +621,7 @@ fn a_session_change_inside_a_read_only_transaction_on_a_replica_is_not_lost() {
     let id: u32 = c.query_first("SELECT @@server_id").unwrap().unwrap();
     assert_eq!(node_of(id, primary, &replicas), Node::Replica);
     let err = c
-        .query_drop("LOCK TABLES w READ")
+        .query_drop("BEGIN NOT ATOMIC SELECT 1; END")
         .expect_err("rolled back, not run");
     assert!(err.to_string().contains("1213"), "{err}");
 
@@ -923,10 +922,91 @@ fn session_statements_in_a_read_only_transaction_on_a_replica_get_the_servers_an
             q("SET @a = 5"),
             q("SELECT @a, @@tx_isolation, @@character_set_client, @@sql_select_limit"),
             q("SELECT id FROM t WHERE id = @a"),
+            q("SELECT id FROM t WHERE id = 2; SET SESSION sql_select_limit = 1; USE sbtest"),
+            q("SET autocommit = 0"),
+            q("SELECT @@autocommit, @@sql_select_limit, DATABASE()"),
+            q("SELECT id FROM t ORDER BY id"),
             q("COMMIT"),
+            q("SET autocommit = 1"),
             q("SELECT RELEASE_LOCK('hs_a')"),
             q("SET sql_select_limit = DEFAULT, NAMES utf8mb4"),
             q("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ"),
+            // Statements the server commits the transaction for before it runs them.
+            q("START TRANSACTION READ ONLY"),
+            q("SELECT COUNT(*) FROM t"),
+            q("LOCK TABLES t READ"),
+            q("SELECT @@in_transaction"),
+            q("UNLOCK TABLES"),
+            q("START TRANSACTION READ ONLY"),
+            q("SELECT COUNT(*) FROM t"),
+            q("BEGIN"),
+            q("SELECT @@in_transaction, COUNT(*) FROM t"),
+            q("COMMIT"),
+        ]);
+    }
+    let login = (h.user(), h.password(), Some(h.database()));
+    let direct = run(h.direct(), login, BASE_CAPS, &steps).expect("directly");
+    let via = run(h.proxy, login, BASE_CAPS, &steps).expect("through holdfast");
+    let diff = differences(&steps, &direct, &via);
+    assert!(diff.is_empty(), "holdfast differs from the server:\n{diff}");
+}
+
+/// A statement of a read-only transaction on a replica that runs on the primary and
+/// changes the session there (a procedure that sets a user variable) leaves the replica's
+/// connection behind: the client gets the statement's answer, then 1213 for its next
+/// statement (the transaction was rolled back), and its read-only transactions run on the
+/// primary from then on.
+#[test]
+fn a_procedure_that_changes_the_session_in_a_read_only_transaction_gives_it_up() {
+    let h = split_harness(|_| {});
+    let (primary, replicas) = server_ids(&h);
+    h.root_sql("CREATE PROCEDURE sbtest.p_var() SET @from_p = 3");
+    table_t_everywhere(&h);
+    let mut c = connect_to(&h.url());
+    c.query_drop("START TRANSACTION READ ONLY").unwrap();
+    let id: u32 = c.query_first("SELECT @@server_id").unwrap().unwrap();
+    assert_eq!(node_of(id, primary, &replicas), Node::Replica);
+    c.query_drop("CALL p_var()").unwrap();
+    let err = c
+        .query_drop("SELECT id FROM t")
+        .expect_err("the transaction was given up");
+    assert!(err.to_string().contains("1213"), "{err}");
+    let (value, id): (u32, u32) = c
+        .query_first("SELECT @from_p, @@server_id")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (value, node_of(id, primary, &replicas)),
+        (3, Node::Primary),
+        "the procedure's variable is the session's"
+    );
+    c.query_drop("START TRANSACTION READ ONLY").unwrap();
+    let id: u32 = c.query_first("SELECT @@server_id").unwrap().unwrap();
+    assert_eq!(node_of(id, primary, &replicas), Node::Primary);
+    c.query_drop("COMMIT").unwrap();
+}
+
+/// Found by the fuzzer: a statement that opens no table (`USE`, `SET`) keeps the
+/// diagnostics area as the statement before it left it. After a read on a replica, such a
+/// statement ran on the primary and kept the primary's older warnings: `SHOW COUNT(*)
+/// WARNINGS` then counted those. When the read's warnings and the primary's differ, the
+/// read runs again on the primary before it.
+#[test]
+fn statements_that_open_no_table_keep_a_replica_reads_diagnostics() {
+    use holdfast_it::differential::{differences, q, run};
+    use holdfast_it::raw::BASE_CAPS;
+    let h = split_harness(|_| {});
+    table_t_everywhere(&h);
+    let mut steps = Vec::new();
+    for _ in 0..4 {
+        steps.extend([
+            q("INSERT INTO no_such_table VALUES (1)"),
+            q("SELECT COUNT(*) FROM t"),
+            q("USE sbtest"),
+            q("SHOW COUNT(*) WARNINGS"),
+            q("SELECT CAST(CONCAT('x', id) AS SIGNED) FROM t ORDER BY id LIMIT 2"),
+            q("SET @z = 1"),
+            q("SHOW WARNINGS"),
         ]);
     }
     let login = (h.user(), h.password(), Some(h.database()));

@@ -44,6 +44,10 @@ pub(super) struct Split {
     last_read: Option<BytesMut>,
     /// The read to run again on the primary before the request about to go there.
     rerun: Option<BytesMut>,
+    /// Warnings (or an error) in the diagnostics area: of the last read on a replica, and
+    /// of the primary's connection when the session went from it to the replicas.
+    read_warned: bool,
+    primary_warned: bool,
     /// A `START TRANSACTION READ ONLY` transaction open on this replica: the session's
     /// statements go there until it ends.
     txn_on: Option<String>,
@@ -56,6 +60,9 @@ pub(super) struct Split {
     shadow: bool,
     /// Such a statement is running on the primary: it is not routed again.
     probing: bool,
+    /// The pinned transaction was given up after a statement that changed the session on
+    /// the primary: the client's next statement learns so (1213).
+    given_up: bool,
     /// The topology reads are routed by, refreshed when the monitor publishes a new one.
     topology: Arc<Topology>,
     watch: watch::Receiver<Arc<Topology>>,
@@ -95,10 +102,13 @@ impl Split {
             last_on: None,
             last_read: None,
             rerun: None,
+            read_warned: false,
+            primary_warned: false,
             txn_on: None,
             read_only_on_primary: false,
             shadow: false,
             probing: false,
+            given_up: false,
             topology,
             watch,
             turn: 0,
@@ -111,6 +121,7 @@ impl Split {
         self.forget_last();
         self.txn_on = None;
         self.shadow = false;
+        self.given_up = false;
     }
 
     /// The last statement ran on the primary (or its replica is gone).
@@ -247,6 +258,74 @@ pub(super) enum Pinned {
     /// Not a plain read: runs on the primary, inside a read-only transaction of its own,
     /// and the client gets the server's answer (1792 for a write). With its flags.
     Primary(C),
+    /// The transaction was given up after the last statement: this one gets 1213.
+    GivenUp,
+    /// The client's ROLLBACK of a transaction given up: it runs on the primary as it is.
+    Rolled,
+    /// A statement that commits the transaction before it runs (DDL, `LOCK TABLES`,
+    /// `BEGIN`...): the pinned transaction is committed (it only read), then the statement
+    /// runs on the primary as any other.
+    Commit,
+}
+
+/// The 1213 of a read-only transaction on a replica given up after a statement that changed
+/// the session on the primary.
+fn given_up_error() -> crate::error::ClientError {
+    crate::error::ClientError::new(
+        crate::error::ErrorKind::TransactionRolledBack,
+        "Deadlock found when trying to get lock; try restarting transaction (holdfast: this \
+         read-only transaction ran on a replica and the last statement changed the session on \
+         the primary only; it was rolled back, and this session's read-only transactions run \
+         on the primary from now on)",
+    )
+}
+
+/// Whether one statement only makes settings ([`SETTINGS`]) from values of its own: no
+/// function, no query (whose value would come from the snapshot of the node that runs it).
+fn plain_setting(flags: C, sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
+    flags.intersects(SETTINGS)
+        && flags
+            .difference(
+                SETTINGS
+                    .union(C::AUTOCOMMIT)
+                    .union(C::READ_ONLY)
+                    .union(C::WRITE),
+            )
+            .is_empty()
+        && !has_subquery(sql, mode)
+}
+
+/// Whether `sql` is `SET [SESSION] autocommit = 0|OFF` and nothing else (turning it on
+/// inside a transaction commits it).
+fn turns_autocommit_off(sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
+    let tokens: Vec<_> = holdfast_sql::Lexer::with_mode(sql, mode)
+        .filter(|t| !t.is_punct(";"))
+        .collect();
+    let rest = match tokens.as_slice() {
+        [set, rest @ ..] if set.is_word("SET") => rest,
+        _ => return false,
+    };
+    let rest = match rest {
+        [scope, rest @ ..] if scope.is_word("SESSION") || scope.is_word("LOCAL") => rest,
+        _ => rest,
+    };
+    let name = |t: &holdfast_sql::Token<'_>| {
+        let text = t.text.strip_prefix(b"@@").unwrap_or(t.text);
+        let text = text
+            .strip_prefix(b"session.")
+            .or_else(|| text.strip_prefix(b"SESSION."))
+            .or_else(|| text.strip_prefix(b"local."))
+            .unwrap_or(text);
+        text.eq_ignore_ascii_case(b"autocommit")
+    };
+    match rest {
+        [var, eq, value] => {
+            name(var)
+                && (eq.is_punct("=") || eq.is_punct(":="))
+                && (value.text == b"0" || value.is_word("OFF"))
+        }
+        _ => false,
+    }
 }
 
 /// The text of a COM_QUERY (its first frame).
@@ -259,6 +338,22 @@ fn query_sql(request: &[u8]) -> Option<&[u8]> {
     request.get(HEADER_LEN + 1..end)
 }
 
+/// Whether a statement opens no table, so that it leaves the diagnostics area (warnings,
+/// errors) as the statement before it left it: `USE`, plain `SET`s, transaction control.
+fn keeps_diagnostics_area(flags: C, sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
+    let quiet = SETTINGS
+        .union(C::AUTOCOMMIT)
+        .union(C::SET_TRANSACTION)
+        .union(C::BEGIN_TXN)
+        .union(C::END_TXN)
+        .union(C::SAVEPOINT);
+    flags.intersects(quiet)
+        && flags
+            .difference(quiet.union(C::READ_ONLY).union(C::WRITE))
+            .is_empty()
+        && !has_subquery(sql, mode)
+}
+
 /// Whether `sql` has a query inside (`SET @b = (SELECT ...)`): its value comes from the
 /// snapshot of the node that runs it.
 fn has_subquery(sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
@@ -266,15 +361,10 @@ fn has_subquery(sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
         .any(|t| t.is_word("SELECT") || t.is_word("TABLE") || t.is_word("VALUES"))
 }
 
-/// Statements a read-only transaction pinned to a replica is given up for (1213): they
-/// commit it, or change the session in ways that cannot be carried to the replica's
-/// connection inside the transaction, or run code holdfast does not see.
-const LEAVES_PINNED: C = C::UNCERTAIN
-    .union(C::COMPOUND)
-    .union(C::LOAD_DATA_LOCAL)
-    .union(C::IMPLICIT_COMMIT)
-    .union(C::AUTOCOMMIT)
-    .union(C::LOCK_TABLES);
+/// Statements a read-only transaction pinned to a replica is given up for (1213): code
+/// holdfast does not see into (what it does to the session and the transaction is not
+/// known), a client's file.
+const LEAVES_PINNED: C = C::UNCERTAIN.union(C::COMPOUND).union(C::LOAD_DATA_LOCAL);
 
 /// Settings a statement may make: in a pinned transaction they are made on both
 /// connections ([`Pinned::Mirror`]).
@@ -295,6 +385,21 @@ impl Session {
     /// into), gives the transaction up with 1213, as issue 18 item 4 designed.
     pub(super) fn pinned_plan(&self, request: &[u8], query: Option<C>) -> Option<Pinned> {
         let split = self.split.as_ref()?;
+        if split.given_up {
+            return match request.get(HEADER_LEN).copied() {
+                // A ROLLBACK finds nothing to roll back, as after the server's own 1213.
+                Some(COM_QUERY)
+                    if query.is_some_and(|f| f.has(C::END_TXN))
+                        && query_sql(request)
+                            .and_then(holdfast_sql::first_keyword)
+                            .is_some_and(|k| k.eq_ignore_ascii_case(b"ROLLBACK")) =>
+                {
+                    Some(Pinned::Rolled)
+                }
+                Some(COM_QUERY | COM_STMT_EXECUTE) => Some(Pinned::GivenUp),
+                _ => None,
+            };
+        }
         let node = split.txn_on.as_deref()?;
         if split.probing {
             return None;
@@ -336,17 +441,48 @@ impl Session {
         }
         let transaction = C::BEGIN_TXN.union(C::END_TXN).union(C::SAVEPOINT);
         if flags.has(C::MULTI) {
-            return Some(match flags.intersects(transaction.union(SETTINGS)) {
-                true => Pinned::Leave,
-                false => Pinned::Primary(flags),
+            if flags.intersects(transaction.union(C::IMPLICIT_COMMIT).union(C::AUTOCOMMIT)) {
+                return Some(Pinned::Leave);
+            }
+            if !flags.intersects(SETTINGS) {
+                return Some(Pinned::Primary(flags));
+            }
+            // Plain reads and settings only: run on both connections, as one setting.
+            let last_here = split.last_on.as_deref() == Some(node);
+            let both = holdfast_sql::Statements::for_server(sql, mode, server).all(|r| {
+                let stmt = &sql[r];
+                let f = holdfast_sql::classify_for(stmt, mode, server);
+                plain_setting(f, stmt, mode)
+                    || match holdfast_sql::read_route(stmt, f, mode, server) {
+                        ReadRoute::Replica | ReadRoute::ReplicaWithUserVariables => true,
+                        ReadRoute::LastNode => last_here,
+                        ReadRoute::Primary => false,
+                    }
+            });
+            return Some(match both {
+                true => Pinned::Mirror,
+                false => Pinned::Leave,
             });
         }
-        if flags.has(C::BEGIN_TXN)
-            && !flags.has(C::END_TXN)
-            && !holdfast_sql::read_only_transaction(sql, flags, mode, server)
+        if flags.has(C::AUTOCOMMIT) {
+            // Turning autocommit off, or on while it is on, commits nothing: a setting like
+            // the others. Turning it on commits the transaction first.
+            let on = self.record.status & SERVER_STATUS_AUTOCOMMIT != 0;
+            return Some(match turns_autocommit_off(sql, mode) || on {
+                true if plain_setting(flags, sql, mode) => Pinned::Mirror,
+                true => Pinned::Leave,
+                false => Pinned::Commit,
+            });
+        }
+        if flags.has(C::IMPLICIT_COMMIT)
+            || flags.has(C::BEGIN_TXN)
+                && !flags.has(C::END_TXN)
+                && !holdfast_sql::read_only_transaction(sql, flags, mode, server)
         {
-            // BEGIN commits the read-only transaction and opens one that may write.
-            return Some(Pinned::Leave);
+            // The server commits the read-only transaction before it runs the statement
+            // (BEGIN then opens one that may write). (A statement it cannot parse commits
+            // nothing there; here the transaction is committed all the same.)
+            return Some(Pinned::Commit);
         }
         if flags.intersects(transaction) {
             return None;
@@ -356,10 +492,7 @@ impl Session {
             return None;
         }
         if flags.intersects(SETTINGS) {
-            let plain = flags
-                .difference(SETTINGS.union(C::READ_ONLY).union(C::WRITE))
-                .is_empty();
-            return Some(match plain && params == 0 && !has_subquery(sql, mode) {
+            return Some(match params == 0 && plain_setting(flags, sql, mode) {
                 true => Pinned::Mirror,
                 false => Pinned::Leave,
             });
@@ -383,6 +516,24 @@ impl Session {
             Pinned::Leave => self.leave_pinned_transaction(reply_seq).await,
             Pinned::Mirror => self.mirror_pinned(request).await,
             Pinned::Primary(flags) => self.pinned_on_primary(request, flags).await,
+            Pinned::Commit => {
+                self.end_pinned(b"COMMIT").await;
+                if let Some(split) = self.split.as_mut() {
+                    split.forget_last();
+                }
+                self.record.status &= !(SERVER_STATUS_IN_TRANS | SERVER_STATUS_IN_TRANS_READONLY);
+                self.txn_log = None;
+                Box::pin(self.forward_request(request)).await
+            }
+            Pinned::GivenUp | Pinned::Rolled => {
+                if let Some(split) = self.split.as_mut() {
+                    split.given_up = false;
+                }
+                if matches!(plan, Pinned::Rolled) {
+                    return Box::pin(self.forward_request(request)).await;
+                }
+                self.send_error(reply_seq, &given_up_error()).await
+            }
         }
     }
 
@@ -412,18 +563,21 @@ impl Session {
                 return Box::pin(self.forward_request(request)).await;
             }
         }
+        // A multi-statement stops at its first error: the settings before it were made.
+        let multi = query_sql(&again).is_some_and(|sql| holdfast_sql::classify(sql).has(C::MULTI));
         let pinned = self.split.as_ref().is_some_and(|s| s.txn_on.is_some());
-        if !pinned || self.last_error.is_some() {
+        let replica_error = self.last_error;
+        if !pinned || (replica_error.is_some() && !multi) {
             return Ok(());
         }
         let replica_answered = self.record.last_warnings;
         let result = self.run_discarded(again).await;
-        let refused = self.last_error.take();
+        let primary_error = std::mem::replace(&mut self.last_error, replica_error);
         self.record.last_warnings = replica_answered;
         match result {
-            Ok(()) if refused.is_none() => Ok(()),
+            Ok(()) if primary_error == replica_error => Ok(()),
             Ok(()) => {
-                tracing::info!(session = self.info.id, code = refused, "a setting the replica took in a read-only transaction was refused by the primary; the transaction is given up");
+                tracing::info!(session = self.info.id, replica = replica_error, primary = primary_error, "a setting of a read-only transaction on a replica ended otherwise on the primary; the transaction is given up");
                 self.give_up_pinned().await;
                 Ok(())
             }
@@ -546,11 +700,11 @@ impl Session {
         self.end_pinned(b"ROLLBACK").await;
         if let Some(split) = self.split.as_mut() {
             split.read_only_on_primary = true;
+            split.given_up = true;
             split.forget_last();
         }
         self.record.status &= !holdfast_wire::caps::SERVER_STATUS_IN_TRANS;
         self.txn_log = None;
-        self.transaction_lost = true;
         self.shared
             .metrics
             .read_fallback("session_change_in_replica_transaction");
@@ -580,6 +734,17 @@ impl Session {
              the primary from now on)",
         );
         self.send_error(reply_seq, &error).await
+    }
+
+    /// Whether a request kept to run again on the primary can still run there (an execute
+    /// whose statement the client closed since cannot).
+    fn can_run_again(&self, request: &[u8]) -> bool {
+        match request.get(HEADER_LEN) {
+            Some(&COM_STMT_EXECUTE) => packets::statement_id(&request[HEADER_LEN..])
+                .map(|id| self.statements.resolve(id))
+                .is_some_and(|id| self.statements.get(id).is_some()),
+            _ => true,
+        }
     }
 
     /// Where a request may run, for a split session: `None` keeps it on the primary.
@@ -677,7 +842,17 @@ impl Session {
                     .is_some_and(|s| holdfast_sql::reads_last_statement(&s.sql, mode, server)),
                 _ => false,
             };
-            if reads_last && !keeps_diagnostics {
+            // A statement that opens no table keeps the diagnostics area as the last
+            // statement left it (MariaDB clears it for statements that open tables): when
+            // the replica's and the primary's differ, the read runs again there too.
+            let keeps_area = (split.read_warned || split.primary_warned)
+                && match (command, query) {
+                    (Some(COM_QUERY), Some(flags)) => {
+                        keeps_diagnostics_area(flags, &request[HEADER_LEN + 1..], mode)
+                    }
+                    _ => false,
+                };
+            if (reads_last || keeps_area) && !keeps_diagnostics {
                 split.rerun = split.last_read.take();
             }
             if !keeps_diagnostics {
@@ -691,7 +866,8 @@ impl Session {
     /// Statement ids closed by the client are closed on the replicas too; a reset or a
     /// change of user closes the replica connections.
     pub(super) async fn split_follow(&mut self, request: &[u8]) {
-        if let Some(read) = self.split.as_mut().and_then(|s| s.rerun.take()) {
+        let rerun = self.split.as_mut().and_then(|s| s.rerun.take());
+        if let Some(read) = rerun.filter(|r| self.can_run_again(r)) {
             if let Err(e) = self.run_discarded(read).await {
                 // The request itself finds out what became of the connection.
                 tracing::debug!(session = self.info.id, error = ?e, "running a replica's read again on the primary failed");
@@ -814,6 +990,11 @@ impl Session {
         reader.load.active.fetch_add(1, Ordering::Relaxed);
         reader.load.reads.fetch_add(1, Ordering::Relaxed);
         let active = Active(reader.load.clone());
+        if split.last_on.is_none() {
+            // What the primary's connection holds from here on (its last statement's).
+            split.primary_warned = self.record.last_warnings > 0;
+        }
+        let reader = &mut split.readers[index];
         std::mem::swap(&mut self.backend, &mut reader.conn);
         self.response_started = false;
         self.last_error = None;
@@ -846,10 +1027,12 @@ impl Session {
                 if ended {
                     self.end_shadow().await;
                 }
+                let warned = self.record.last_warnings > 0;
                 if let Some(split) = self.split.as_mut() {
                     split.txn_on = open.then(|| node.clone());
                     split.last_on = Some(node);
                     split.last_read = Some(request);
+                    split.read_warned = warned;
                 }
                 Ok(ReadOutcome::Done)
             }
@@ -1091,7 +1274,28 @@ impl Session {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_gtid;
+    use super::{parse_gtid, turns_autocommit_off};
+
+    #[test]
+    fn autocommit_turned_off_is_told_from_the_rest() {
+        let off = |sql: &str| turns_autocommit_off(sql.as_bytes(), Default::default());
+        for sql in [
+            "SET autocommit = 0",
+            "set @@session.autocommit=OFF",
+            "SET SESSION autocommit = 0;",
+            "SET @@autocommit := 0",
+        ] {
+            assert!(off(sql), "{sql}");
+        }
+        for sql in [
+            "SET autocommit = 1",
+            "SET autocommit = 0, sql_mode = ''",
+            "SET GLOBAL autocommit = 0",
+            "SET autocommit = @x",
+        ] {
+            assert!(!off(sql), "{sql}");
+        }
+    }
 
     #[test]
     fn gtids_are_read_as_domain_and_sequence() {
