@@ -215,18 +215,20 @@ pub fn reads_last_statement(sql: &[u8], mode: SqlMode, server: Server) -> bool {
                     return true;
                 }
             }
-            TokenKind::Word if t.is_word("WARNINGS") || t.is_word("ERRORS") => {
-                // `SHOW [COUNT(*)] WARNINGS|ERRORS`.
-                if prev.is_some_and(|p| p.is_word("SHOW") || p.is_punct(")")) {
-                    return true;
-                }
+            // `SHOW [COUNT(*)] WARNINGS|ERRORS`.
+            TokenKind::Word
+                if (t.is_word("WARNINGS") || t.is_word("ERRORS"))
+                    && prev.is_some_and(|p| p.is_word("SHOW") || p.is_punct(")")) =>
+            {
+                return true;
             }
-            TokenKind::Word if t.is_word("DIAGNOSTICS") => {
-                if prev.is_some_and(|p| {
-                    p.is_word("GET") || p.is_word("CURRENT") || p.is_word("STACKED")
-                }) {
-                    return true;
-                }
+            TokenKind::Word
+                if t.is_word("DIAGNOSTICS")
+                    && prev.is_some_and(|p| {
+                        p.is_word("GET") || p.is_word("CURRENT") || p.is_word("STACKED")
+                    }) =>
+            {
+                return true;
             }
             _ => {}
         }

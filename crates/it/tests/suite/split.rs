@@ -910,6 +910,7 @@ fn session_statements_in_a_read_only_transaction_on_a_replica_get_the_servers_an
         steps.extend([
             q("START TRANSACTION READ ONLY"),
             q("SELECT COUNT(*) FROM t"),
+            q("UNLOCK TABLES"),
             q("SELECT RELEASE_LOCK('a')"),
             q("SELECT GET_LOCK('hs_a', 0)"),
             q("SELECT IS_FREE_LOCK('hs_a'), IS_USED_LOCK('hs_b'); SELECT 1"),
@@ -1001,6 +1002,12 @@ fn statements_that_open_no_table_keep_a_replica_reads_diagnostics() {
     for _ in 0..4 {
         steps.extend([
             q("INSERT INTO no_such_table VALUES (1)"),
+            q("SELECT COUNT(*) FROM t"),
+            q("USE sbtest"),
+            q("SHOW COUNT(*) WARNINGS"),
+            // The primary keeps its error through a statement that opens no table.
+            q("SELECT 1; DROP TEMPORARY TABLE no_such_table"),
+            q("USE sbtest"),
             q("SELECT COUNT(*) FROM t"),
             q("USE sbtest"),
             q("SHOW COUNT(*) WARNINGS"),

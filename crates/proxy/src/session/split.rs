@@ -48,6 +48,9 @@ pub(super) struct Split {
     /// of the primary's connection when the session went from it to the replicas.
     read_warned: bool,
     primary_warned: bool,
+    /// The last statement sent to the primary opens no table: it kept the diagnostics
+    /// area as it was.
+    primary_kept: bool,
     /// A `START TRANSACTION READ ONLY` transaction open on this replica: the session's
     /// statements go there until it ends.
     txn_on: Option<String>,
@@ -104,6 +107,7 @@ impl Split {
             rerun: None,
             read_warned: false,
             primary_warned: false,
+            primary_kept: false,
             txn_on: None,
             read_only_on_primary: false,
             shadow: false,
@@ -376,13 +380,24 @@ impl Session {
     /// COMMIT, ROLLBACK, savepoints), or when no transaction is pinned.
     ///
     /// The rule: a change of the session never happens on the replica's connection only,
-    /// and the client gets the server's answer. A setting runs on both connections; what
-    /// else is not a plain read runs on the primary in a read-only transaction of its own
-    /// (writes get the server's 1792 there, `RELEASE_LOCK`, `CALL`, `EXECUTE`... the
-    /// server's answers, named locks and SQL prepared statements live on the primary as
-    /// always); only what would commit the transaction, or leave state the replica's
-    /// connection cannot have (temporary tables, table locks, code holdfast cannot see
-    /// into), gives the transaction up with 1213, as issue 18 item 4 designed.
+    /// and the client gets the server's answer.
+    /// - A setting (`SET` of session or user variables from plain values, `USE`,
+    ///   `autocommit` off; a multi-statement of such settings and plain reads) runs on the
+    ///   replica, which answers, and then on the primary ([`Pinned::Mirror`]).
+    /// - A statement the server commits the transaction for before it runs it (DDL, `LOCK
+    ///   TABLES`, `BEGIN`, `autocommit` on) commits the pinned one (it only read) and runs
+    ///   on the primary ([`Pinned::Commit`]).
+    /// - What else is not a plain read runs on the primary, inside a read-only transaction
+    ///   of the primary's own opened beside the pinned one ([`Pinned::Primary`]): writes
+    ///   get the server's 1792 there, `RELEASE_LOCK`, `CALL`, `EXECUTE`... the server's
+    ///   answers; named locks and SQL prepared statements live on the primary as always.
+    ///   Should it change the session there after all (a procedure that sets a variable,
+    ///   a temporary table), the replica's connection cannot follow: the pinned
+    ///   transaction is given up, and the next statement gets 1213 ([`Pinned::GivenUp`]).
+    /// - Code holdfast cannot see into (compound statements, texts it cannot read for
+    ///   sure), a multi-statement that mixes settings with other statements or ends the
+    ///   transaction, a client's file: 1213 at once, as issue 18 item 4 designed
+    ///   ([`Pinned::Leave`]).
     pub(super) fn pinned_plan(&self, request: &[u8], query: Option<C>) -> Option<Pinned> {
         let split = self.split.as_ref()?;
         if split.given_up {
@@ -473,6 +488,10 @@ impl Session {
                 true => Pinned::Leave,
                 false => Pinned::Commit,
             });
+        }
+        if flags.has(C::UNLOCK_TABLES) && !flags.has(C::LOCK_TABLES) && !self.record.table_locks {
+            // Without table locks, UNLOCK TABLES commits nothing.
+            return Some(Pinned::Primary(flags));
         }
         if flags.has(C::IMPLICIT_COMMIT)
             || flags.has(C::BEGIN_TXN)
@@ -754,6 +773,12 @@ impl Session {
         let split = self.split.as_mut()?;
         let header = parse_header(request)?;
         let command = request.get(HEADER_LEN).copied();
+        if split.last_on.is_none() {
+            // The last statement ran on the primary: what its diagnostics area holds now
+            // (a statement that opens no table kept the one before it).
+            split.primary_warned =
+                self.record.last_warnings > 0 || (split.primary_kept && split.primary_warned);
+        }
         if let Some(node) = split.txn_on.as_ref().filter(|_| !split.probing) {
             return matches!(command, Some(COM_QUERY | COM_STMT_EXECUTE))
                 .then(|| Target::Pinned(node.clone()));
@@ -828,6 +853,15 @@ impl Session {
             }
             _ => false,
         };
+        let kept = match (command, query) {
+            (Some(COM_QUERY), Some(flags)) => {
+                keeps_diagnostics_area(flags, &request[HEADER_LEN + 1..], mode)
+            }
+            _ => false,
+        };
+        if target.is_none() {
+            split.primary_kept = kept;
+        }
         if target.is_none() && split.last_on.is_some() {
             // A statement that reads what the last statement left, going to the primary
             // (it cannot run where that statement ran): the read runs again there first,
@@ -845,13 +879,7 @@ impl Session {
             // A statement that opens no table keeps the diagnostics area as the last
             // statement left it (MariaDB clears it for statements that open tables): when
             // the replica's and the primary's differ, the read runs again there too.
-            let keeps_area = (split.read_warned || split.primary_warned)
-                && match (command, query) {
-                    (Some(COM_QUERY), Some(flags)) => {
-                        keeps_diagnostics_area(flags, &request[HEADER_LEN + 1..], mode)
-                    }
-                    _ => false,
-                };
+            let keeps_area = (split.read_warned || split.primary_warned) && kept;
             if (reads_last || keeps_area) && !keeps_diagnostics {
                 split.rerun = split.last_read.take();
             }
@@ -868,6 +896,10 @@ impl Session {
     pub(super) async fn split_follow(&mut self, request: &[u8]) {
         let rerun = self.split.as_mut().and_then(|s| s.rerun.take());
         if let Some(read) = rerun.filter(|r| self.can_run_again(r)) {
+            if let Some(split) = self.split.as_mut() {
+                // The primary's diagnostics area is the read's from here on.
+                split.primary_warned = split.read_warned;
+            }
             if let Err(e) = self.run_discarded(read).await {
                 // The request itself finds out what became of the connection.
                 tracing::debug!(session = self.info.id, error = ?e, "running a replica's read again on the primary failed");
@@ -990,10 +1022,6 @@ impl Session {
         reader.load.active.fetch_add(1, Ordering::Relaxed);
         reader.load.reads.fetch_add(1, Ordering::Relaxed);
         let active = Active(reader.load.clone());
-        if split.last_on.is_none() {
-            // What the primary's connection holds from here on (its last statement's).
-            split.primary_warned = self.record.last_warnings > 0;
-        }
         let reader = &mut split.readers[index];
         std::mem::swap(&mut self.backend, &mut reader.conn);
         self.response_started = false;
