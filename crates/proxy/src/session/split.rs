@@ -474,8 +474,18 @@ impl Session {
                         ReadRoute::Primary => false,
                     }
             });
-            return Some(match both {
-                true => Pinned::Mirror,
+            if both {
+                return Some(Pinned::Mirror);
+            }
+            // Settings among statements the replica cannot run: the whole runs on the
+            // primary, then its settings alone on the replica.
+            let apart = holdfast_sql::Statements::for_server(sql, mode, server).all(|r| {
+                let stmt = &sql[r];
+                let f = holdfast_sql::classify_for(stmt, mode, server);
+                !f.intersects(SETTINGS) || plain_setting(f, stmt, mode)
+            });
+            return Some(match apart {
+                true => Pinned::Primary(flags),
                 false => Pinned::Leave,
             });
         }
@@ -617,6 +627,22 @@ impl Session {
     /// pinned transaction is given up after it (its next statement gets 1213).
     async fn pinned_on_primary(&mut self, request: BytesMut, flags: C) -> Result<(), End> {
         let reply_seq = super::forward::reply_seq(&request);
+        // A multi-statement's settings (the plan let only plain ones through), made on the
+        // replica's connection too once the whole ran.
+        let settings: Vec<Vec<u8>> = match query_sql(&request) {
+            Some(sql) if flags.has(C::MULTI) && flags.intersects(SETTINGS) => {
+                let mode = self.record.sql_mode.unwrap_or_default();
+                let server = self.server();
+                holdfast_sql::Statements::for_server(sql, mode, server)
+                    .filter(|r| {
+                        let stmt = &sql[r.clone()];
+                        plain_setting(holdfast_sql::classify_for(stmt, mode, server), stmt, mode)
+                    })
+                    .map(|r| sql[r].to_vec())
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
         if self.split.as_ref().is_some_and(|s| !s.shadow) {
             match restore::execute(&mut self.backend, b"START TRANSACTION READ ONLY").await {
                 Ok(_) => {
@@ -647,12 +673,14 @@ impl Session {
         let left = status & SERVER_STATUS_IN_TRANS == 0
             || status & SERVER_STATUS_IN_TRANS_READONLY == 0
             || self.backend_dead;
-        let changed = self.record.state_version != version
+        let synced = settings.is_empty()
+            || (!left && self.last_error.is_none() && self.settings_on_replica(&settings).await);
+        let changed = (self.record.state_version != version && settings.is_empty())
+            || !synced
             || (!opaque && self.record.opaque_change)
             || (self.last_error.is_none()
                 && flags.intersects(
-                    SETTINGS
-                        .union(C::CREATE_TEMP_TABLE)
+                    C::CREATE_TEMP_TABLE
                         .union(C::DROP_TEMP_TABLE)
                         .union(C::HANDLER),
                 ));
@@ -665,6 +693,24 @@ impl Session {
             self.give_up_pinned().await;
         }
         result
+    }
+
+    /// Makes `settings` (plain `SET`s and `USE`s the primary ran) on the connection of the
+    /// pinned transaction's replica; `false` if it refused one or was lost.
+    async fn settings_on_replica(&mut self, settings: &[Vec<u8>]) -> bool {
+        let Some(split) = self.split.as_mut() else {
+            return false;
+        };
+        let Some(i) = split.txn_on.clone().and_then(|node| split.reader(&node)) else {
+            return false;
+        };
+        for sql in settings {
+            if let Err(e) = restore::execute(&mut split.readers[i].conn, sql).await {
+                tracing::info!(session = self.info.id, error = %e, "a setting the primary made in a read-only transaction was refused by the replica");
+                return false;
+            }
+        }
+        true
     }
 
     /// Runs `request` on the primary without passing its answer on (what it leaves there
