@@ -990,14 +990,14 @@ fn a_procedure_that_changes_the_session_in_a_read_only_transaction_gives_it_up()
     c.query_drop("COMMIT").unwrap();
 }
 
-/// Found by the fuzzer: a statement that opens no table (`USE`, `SET`) keeps the
+/// Found by the fuzzer: a statement that opens no table (`USE`, `SET`, `SELECT @@x`) keeps the
 /// diagnostics area as the statement before it left it. After a read on a replica, such a
 /// statement ran on the primary and kept the primary's older warnings: `SHOW COUNT(*)
 /// WARNINGS` then counted those. When the read's warnings and the primary's differ, the
 /// read runs again on the primary before it.
 #[test]
 fn statements_that_open_no_table_keep_a_replica_reads_diagnostics() {
-    use holdfast_it::differential::{differences, q, run};
+    use holdfast_it::differential::{binary, differences, q, run};
     use holdfast_it::raw::BASE_CAPS;
     let h = split_harness(|_| {});
     table_t_everywhere(&h);
@@ -1016,6 +1016,11 @@ fn statements_that_open_no_table_keep_a_replica_reads_diagnostics() {
             q("SHOW COUNT(*) WARNINGS"),
             q("SELECT CAST(CONCAT('x', id) AS SIGNED) FROM t ORDER BY id LIMIT 2"),
             q("SET @z = 1"),
+            q("SHOW WARNINGS"),
+            // A SELECT without tables that runs on the primary keeps it too.
+            binary("INSERT INTO no_such_table VALUES (2)"),
+            q("SELECT COUNT(*) FROM t"),
+            q("SELECT @@in_transaction"),
             q("SHOW WARNINGS"),
         ]);
     }

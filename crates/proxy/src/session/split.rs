@@ -342,8 +342,10 @@ fn query_sql(request: &[u8]) -> Option<&[u8]> {
     request.get(HEADER_LEN + 1..end)
 }
 
-/// Whether a statement opens no table, so that it leaves the diagnostics area (warnings,
-/// errors) as the statement before it left it: `USE`, plain `SET`s, transaction control.
+/// Whether a statement may open no table, so that it leaves the diagnostics area
+/// (warnings, errors) as the statement before it left it: `USE`, plain `SET`s, transaction
+/// control, a `SELECT` or `DO` without tables (`SELECT @@in_transaction`). Saying so of a
+/// statement that does open one only costs a read run again.
 fn keeps_diagnostics_area(flags: C, sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
     let quiet = SETTINGS
         .union(C::AUTOCOMMIT)
@@ -351,11 +353,26 @@ fn keeps_diagnostics_area(flags: C, sql: &[u8], mode: holdfast_sql::SqlMode) -> 
         .union(C::BEGIN_TXN)
         .union(C::END_TXN)
         .union(C::SAVEPOINT);
-    flags.intersects(quiet)
+    let settings = flags.intersects(quiet)
         && flags
             .difference(quiet.union(C::READ_ONLY).union(C::WRITE))
             .is_empty()
-        && !has_subquery(sql, mode)
+        && !has_subquery(sql, mode);
+    let tableless = || {
+        let mut words = holdfast_sql::Lexer::with_mode(sql, mode)
+            .filter(|t| t.kind == holdfast_sql::TokenKind::Word);
+        words
+            .next()
+            .is_some_and(|w| w.is_word("SELECT") || w.is_word("DO"))
+            && !words.any(|w| {
+                [
+                    "FROM", "INTO", "TABLE", "CALL", "NEXTVAL", "LASTVAL", "SETVAL", "VALUE",
+                ]
+                .iter()
+                .any(|k| w.is_word(k))
+            })
+    };
+    !flags.has(C::MULTI) && (settings || tableless())
 }
 
 /// Whether `sql` has a query inside (`SET @b = (SELECT ...)`): its value comes from the
