@@ -796,7 +796,7 @@ impl Session {
     /// back changes nothing) before a statement that would change the session there; the
     /// client gets 1213 and restarts it, and the session's read-only transactions run on
     /// the primary from now on, where such statements keep every connection in step.
-    pub(super) async fn leave_pinned_transaction(&mut self, reply_seq: u8) -> Result<(), End> {
+    async fn leave_pinned_transaction(&mut self, reply_seq: u8) -> Result<(), End> {
         self.end_pinned(b"ROLLBACK").await;
         if let Some(split) = self.split.as_mut() {
             split.read_only_on_primary = true;
@@ -916,12 +916,14 @@ impl Session {
             }
             _ => false,
         };
-        let kept = match (command, query) {
-            (Some(COM_QUERY), Some(flags)) => {
-                keeps_diagnostics_area(flags, &request[HEADER_LEN + 1..], mode)
-            }
-            _ => false,
-        };
+        // Looked at only while warnings are about (it matters for nothing else).
+        let kept = (split.primary_warned || split.read_warned)
+            && match (command, query) {
+                (Some(COM_QUERY), Some(flags)) => {
+                    keeps_diagnostics_area(flags, &request[HEADER_LEN + 1..], mode)
+                }
+                _ => false,
+            };
         if target.is_none() {
             split.primary_kept = kept;
         }
