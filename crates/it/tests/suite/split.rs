@@ -1022,6 +1022,13 @@ fn statements_that_open_no_table_keep_a_replica_reads_diagnostics() {
             q("SELECT COUNT(*) FROM t"),
             q("SELECT @@in_transaction"),
             q("SHOW WARNINGS"),
+            // A read without tables keeps the area as the primary's last statement left it.
+            q("CALL no_such_procedure()"),
+            q("SELECT DATABASE()"),
+            q("SHOW WARNINGS"),
+            q("SELECT CAST(CONCAT('x', id) AS SIGNED) FROM t ORDER BY id LIMIT 1"),
+            q("SELECT DATABASE()"),
+            q("SHOW COUNT(*) WARNINGS"),
         ]);
     }
     let login = (h.user(), h.password(), Some(h.database()));

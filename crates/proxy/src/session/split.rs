@@ -51,6 +51,8 @@ pub(super) struct Split {
     /// The last statement sent to the primary opens no table: it kept the diagnostics
     /// area as it was.
     primary_kept: bool,
+    /// The read about to run opens no table (it keeps the diagnostics area).
+    tableless: bool,
     /// A `START TRANSACTION READ ONLY` transaction open on this replica: the session's
     /// statements go there until it ends.
     txn_on: Option<String>,
@@ -88,6 +90,9 @@ struct Reader {
     statements: HashMap<u32, (u32, bool)>,
     /// The highest position this connection has waited for, per GTID domain.
     waited: Vec<(u32, u64)>,
+    /// Its diagnostics area holds warnings (or an error): a read without tables, which
+    /// keeps it, does not run here unless the session's last statement ran here.
+    warned: bool,
 }
 
 impl Drop for Reader {
@@ -108,6 +113,7 @@ impl Split {
             read_warned: false,
             primary_warned: false,
             primary_kept: false,
+            tableless: false,
             txn_on: None,
             read_only_on_primary: false,
             shadow: false,
@@ -193,7 +199,7 @@ impl Split {
         Some(Active(load))
     }
 
-    fn reader(&mut self, node: &str) -> Option<usize> {
+    fn reader(&self, node: &str) -> Option<usize> {
         self.readers.iter().position(|r| r.read.node == node)
     }
 
@@ -358,21 +364,24 @@ fn keeps_diagnostics_area(flags: C, sql: &[u8], mode: holdfast_sql::SqlMode) -> 
             .difference(quiet.union(C::READ_ONLY).union(C::WRITE))
             .is_empty()
         && !has_subquery(sql, mode);
-    let tableless = || {
-        let mut words = holdfast_sql::Lexer::with_mode(sql, mode)
-            .filter(|t| t.kind == holdfast_sql::TokenKind::Word);
-        words
-            .next()
-            .is_some_and(|w| w.is_word("SELECT") || w.is_word("DO"))
-            && !words.any(|w| {
-                [
-                    "FROM", "INTO", "TABLE", "CALL", "NEXTVAL", "LASTVAL", "SETVAL", "VALUE",
-                ]
-                .iter()
-                .any(|k| w.is_word(k))
-            })
-    };
-    !flags.has(C::MULTI) && (settings || tableless())
+    !flags.has(C::MULTI) && (settings || opens_no_table(sql, mode))
+}
+
+/// Whether `sql` is a `SELECT` or `DO` without tables (`SELECT DATABASE()`, `SELECT
+/// @@x`): MariaDB leaves the diagnostics area as the statement before it left it.
+fn opens_no_table(sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
+    let mut words = holdfast_sql::Lexer::with_mode(sql, mode)
+        .filter(|t| t.kind == holdfast_sql::TokenKind::Word);
+    words
+        .next()
+        .is_some_and(|w| w.is_word("SELECT") || w.is_word("DO"))
+        && !words.any(|w| {
+            [
+                "FROM", "INTO", "TABLE", "CALL", "NEXTVAL", "LASTVAL", "SETVAL", "VALUE",
+            ]
+            .iter()
+            .any(|k| w.is_word(k))
+        })
 }
 
 /// Whether `sql` has a query inside (`SET @b = (SELECT ...)`): its value comes from the
@@ -836,6 +845,7 @@ impl Session {
         let split = self.split.as_mut()?;
         let header = parse_header(request)?;
         let command = request.get(HEADER_LEN).copied();
+        split.tableless = false;
         if split.last_on.is_none() {
             // The last statement ran on the primary: what its diagnostics area holds now
             // (a statement that opens no table kept the one before it).
@@ -902,6 +912,27 @@ impl Session {
             ReadRoute::ReplicaWithUserVariables => None,
             ReadRoute::LastNode => split.last_on.clone().map(Target::Last),
             ReadRoute::Primary => None,
+        };
+        // A read without tables keeps the diagnostics area as the last statement left it
+        // (`SHOW WARNINGS` after it shows that statement's): when that area holds
+        // warnings, it runs where that statement ran; otherwise on a node whose area is
+        // empty too (see `read_on_replica`).
+        split.tableless = matches!(target, Some(Target::Balanced))
+            && match command {
+                Some(COM_QUERY) => opens_no_table(&request[HEADER_LEN + 1..], mode),
+                Some(COM_STMT_EXECUTE) => packets::statement_id(&request[HEADER_LEN..])
+                    .map(|id| self.statements.resolve(id))
+                    .and_then(|id| self.statements.get(id))
+                    .is_some_and(|s| opens_no_table(&s.sql, mode)),
+                _ => false,
+            };
+        let target = match (target, split.tableless) {
+            (Some(Target::Balanced), true) => match &split.last_on {
+                Some(node) if split.read_warned => Some(Target::Last(node.clone())),
+                None if split.primary_warned => None,
+                _ => Some(Target::Balanced),
+            },
+            (target, _) => target,
         };
         // The server keeps the last statement's diagnostics across COM_STMT_CLOSE (no
         // answer) and across the prepare of a statement that reads them (`SHOW WARNINGS`
@@ -1012,7 +1043,7 @@ impl Session {
         };
         split.refresh();
         let balanced = matches!(target, Target::Balanced);
-        let index = match target {
+        let mut index = match target {
             Target::Last(node) => match split.reader(&node) {
                 Some(i) => i,
                 None => return Ok(ReadOutcome::Primary(request)),
@@ -1046,6 +1077,22 @@ impl Session {
                 }
             }
         };
+        if let Some(split) = self.split.as_ref().filter(|_| balanced) {
+            if split.tableless && split.readers.get(index).is_some_and(|r| r.warned) {
+                // Its diagnostics area holds warnings the read must not keep: the last
+                // replica's (empty, or the read would have gone there) or the primary's.
+                let clean_last = split
+                    .last_on
+                    .as_deref()
+                    .and_then(|n| split.reader(n))
+                    .filter(|&i| !split.readers[i].warned);
+                match clean_last {
+                    Some(i) => index = i,
+                    None if !split.primary_warned => return Ok(ReadOutcome::Primary(request)),
+                    None => {}
+                }
+            }
+        }
         if balanced {
             match self.prepare_reader(index).await {
                 Ok(true) => {}
@@ -1122,10 +1169,16 @@ impl Session {
                 }
                 let warned = self.record.last_warnings > 0;
                 if let Some(split) = self.split.as_mut() {
+                    // A read without tables kept the area it found.
+                    let kept =
+                        split.tableless && split.readers.get(index).is_some_and(|r| r.warned);
+                    if let Some(reader) = split.readers.get_mut(index) {
+                        reader.warned = warned || kept;
+                    }
                     split.txn_on = open.then(|| node.clone());
                     split.last_on = Some(node);
                     split.last_read = Some(request);
-                    split.read_warned = warned;
+                    split.read_warned = warned || kept;
                 }
                 Ok(ReadOutcome::Done)
             }
@@ -1225,6 +1278,7 @@ impl Session {
             types,
             statements: HashMap::new(),
             waited: Vec::new(),
+            warned: false,
         });
         Some(split.readers.len() - 1)
     }
