@@ -744,7 +744,11 @@ impl Session {
     async fn run_discarded(&mut self, mut request: BytesMut) -> Result<(), End> {
         let checksum = self.checksum.take();
         let replaying = std::mem::replace(&mut self.replaying, true);
+        // The status the client saw stays the session's (in a transaction pinned to a
+        // replica, the primary's answer says no transaction is open).
+        let status = self.record.status;
         let result = self.command(&mut request).await;
+        self.record.status = status;
         self.replaying = replaying;
         self.checksum = checksum;
         result
@@ -879,6 +883,9 @@ impl Session {
             || self.record.status & SERVER_STATUS_AUTOCOMMIT == 0
             || self.record.blocker().is_some()
             || !self.record.next_transaction.is_empty()
+            // Code holdfast does not see into changed the session (a procedure made a
+            // temporary table, say): until a capture tells what, it is the primary's.
+            || self.record.opaque_change
         {
             // Inside a transaction, or about to open one (autocommit off), or holding what
             // lives on the primary connection; or with next-transaction characteristics
