@@ -282,11 +282,22 @@ pub fn classify_with(sql: &[u8], mode: SqlMode) -> Classification {
 /// (a comment it may run or skip makes the text [`UNCERTAIN`](Classification::UNCERTAIN));
 /// otherwise as [`classify`].
 pub fn classify_for(sql: &[u8], mode: SqlMode, server: Server) -> Classification {
+    classify_impl(sql, mode, server, false)
+}
+
+/// [`classify_for`], with `FOUND_ROWS()` and `ROW_COUNT()` taken for pure built-ins: they
+/// read what the connection's previous statement left, which the split's routing handles
+/// apart (see [`read_route`](crate::read_route)).
+pub(crate) fn classify_history_pure(sql: &[u8], mode: SqlMode, server: Server) -> Classification {
+    classify_impl(sql, mode, server, true)
+}
+
+fn classify_impl(sql: &[u8], mode: SqlMode, server: Server, history_pure: bool) -> Classification {
     let mut cursor = StmtCursor::new(sql, mode, server);
     let mut result = Classification::EMPTY;
     let mut statements = 0u32;
     loop {
-        let flags = Stmt::classify(&mut cursor);
+        let flags = Stmt::classify(&mut cursor, history_pure);
         if cursor.count() > 0 {
             statements += 1;
             result |= flags;
@@ -380,6 +391,8 @@ struct Stmt<'a> {
     depth: u32,
     /// In the common table expressions of a `WITH`, before the query that uses them.
     ctes: bool,
+    /// `FOUND_ROWS()` and `ROW_COUNT()` count as pure (see [`classify_history_pure`]).
+    history_pure: bool,
     mode: Mode,
     prev: Option<Token<'a>>,
     prev2: Option<Token<'a>>,
@@ -388,7 +401,7 @@ struct Stmt<'a> {
 impl<'a> Stmt<'a> {
     /// Consumes the current statement of `cursor` and returns its flags, with exactly one
     /// of `READ_ONLY` and `WRITE`.
-    fn classify(cursor: &mut StmtCursor<'a>) -> Classification {
+    fn classify(cursor: &mut StmtCursor<'a>, history_pure: bool) -> Classification {
         let mut stmt = Stmt {
             flags: Classification::EMPTY,
             query: false,
@@ -397,6 +410,7 @@ impl<'a> Stmt<'a> {
             calls: false,
             depth: 0,
             ctes: false,
+            history_pure,
             mode: Mode::Head,
             prev: None,
             prev2: None,
@@ -836,6 +850,9 @@ impl<'a> Stmt<'a> {
         let known = is_syntax_before_paren(word)
             // Without IGNORE_SPACE, `COUNT (x)` calls a stored function `count`.
             || name.end() == paren.offset && is_pure_function(word)
+            || self.history_pure
+                && name.end() == paren.offset
+                && matches!(word, b"FOUND_ROWS" | b"ROW_COUNT")
             // `f(x) OVER (...)`, `MATCH (a) AGAINST ('x')`.
             || matches!(word, b"OVER" | b"AGAINST") && after(")")
             // `x = ANY (SELECT ...)`.

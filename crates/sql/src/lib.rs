@@ -49,7 +49,7 @@ pub use classify::{classify, classify_for, classify_with, first_keyword, Classif
 pub use kill::{parse_kill, parse_kill_head, parse_sql_prepared, Kill, KillHead, SqlPrepared};
 pub use lexer::{Lexer, SqlMode, Token, TokenKind};
 pub use password::{own_password_change, PasswordChange};
-pub use route::{read_only_transaction, read_route, ReadRoute};
+pub use route::{read_only_transaction, read_route, reads_last_statement, ReadRoute};
 pub use server::Server;
 pub use split::Statements;
 

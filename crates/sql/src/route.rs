@@ -40,6 +40,24 @@ const PRIMARY_HINT: &[u8] = b"holdfast: primary";
 /// (`information_schema` beyond the data dictionary, `performance_schema`, `sys`, `mysql`),
 /// and no hint. `SET STATEMENT ... FOR stmt` is judged by `stmt`.
 pub fn read_route(sql: &[u8], flags: C, mode: SqlMode, server: Server) -> ReadRoute {
+    // `FOUND_ROWS()` and `ROW_COUNT()` read what the previous statement left: a read that
+    // calls no other function runs where that statement ran.
+    let history = reads_last_statement(sql, mode, server);
+    let flags = if history && flags.has(C::FUNCTION_CALL) {
+        crate::classify::classify_history_pure(sql, mode, server)
+    } else {
+        flags
+    };
+    let route = read_route_of(sql, flags, mode, server);
+    match route {
+        ReadRoute::Replica if history => ReadRoute::LastNode,
+        // The replica that ran the last statement may not have the user variables' values.
+        ReadRoute::ReplicaWithUserVariables if history => ReadRoute::Primary,
+        route => route,
+    }
+}
+
+fn read_route_of(sql: &[u8], flags: C, mode: SqlMode, server: Server) -> ReadRoute {
     if !flags.has(C::READ_ONLY)
         || flags.intersects(
             C::FUNCTION_CALL
@@ -63,8 +81,10 @@ pub fn read_route(sql: &[u8], flags: C, mode: SqlMode, server: Server) -> ReadRo
     for t in lexer {
         match t.kind {
             TokenKind::UserVar => user_variables = true,
-            TokenKind::SysVar if connection_history(t.text) => {
-                return diagnostics(t.text);
+            // The diagnostics counts are read where the last statement ran (by the caller,
+            // from `reads_last_statement`); the rest of the history is the primary's.
+            TokenKind::SysVar if connection_history(t.text) && !diagnostics(t.text) => {
+                return ReadRoute::Primary;
             }
             TokenKind::SysVar if describes_the_node(t.text) => return ReadRoute::Primary,
             TokenKind::Word if t.is_word("SQL_CALC_FOUND_ROWS") => return ReadRoute::Primary,
@@ -168,13 +188,54 @@ fn connection_history(text: &[u8]) -> bool {
     )
 }
 
-/// Counts of what the last statement left go where it ran; the rest of the history is the
-/// primary's.
-fn diagnostics(text: &[u8]) -> ReadRoute {
-    match upper(sysvar_name(text)).as_bytes() {
-        b"WARNING_COUNT" | b"ERROR_COUNT" => ReadRoute::LastNode,
-        _ => ReadRoute::Primary,
+/// Counts of what the last statement left (they go where it ran).
+fn diagnostics(text: &[u8]) -> bool {
+    matches!(
+        upper(sysvar_name(text)).as_bytes(),
+        b"WARNING_COUNT" | b"ERROR_COUNT"
+    )
+}
+
+/// Whether `sql` reads what the connection's previous statement left: `FOUND_ROWS()`,
+/// `ROW_COUNT()`, `@@warning_count`, `@@error_count`, `SHOW WARNINGS|ERRORS|COUNT(*) ...`,
+/// `GET DIAGNOSTICS`. Such a statement must run on the connection that ran the previous
+/// one. Looked for anywhere in the text (in a multi-statement, a later statement reads
+/// an earlier one's: saying so is only a cost).
+pub fn reads_last_statement(sql: &[u8], mode: SqlMode, server: Server) -> bool {
+    let mut prev: Option<Token<'_>> = None;
+    let mut prev2: Option<Token<'_>> = None;
+    for t in Lexer::for_server(sql, mode, server) {
+        match t.kind {
+            TokenKind::SysVar if diagnostics(t.text) => return true,
+            TokenKind::Punct if t.is_punct("(") => {
+                let call = prev.filter(|p| {
+                    p.kind == TokenKind::Word && !prev2.is_some_and(|q| q.is_punct("."))
+                });
+                if call.is_some_and(|p| p.is_word("FOUND_ROWS") || p.is_word("ROW_COUNT")) {
+                    return true;
+                }
+            }
+            // `SHOW [COUNT(*)] WARNINGS|ERRORS`.
+            TokenKind::Word
+                if (t.is_word("WARNINGS") || t.is_word("ERRORS"))
+                    && prev.is_some_and(|p| p.is_word("SHOW") || p.is_punct(")")) =>
+            {
+                return true;
+            }
+            TokenKind::Word
+                if t.is_word("DIAGNOSTICS")
+                    && prev.is_some_and(|p| {
+                        p.is_word("GET") || p.is_word("CURRENT") || p.is_word("STACKED")
+                    }) =>
+            {
+                return true;
+            }
+            _ => {}
+        }
+        prev2 = prev;
+        prev = Some(t);
     }
+    false
 }
 
 /// System variables whose value describes the node that answers rather than the session:
@@ -368,8 +429,6 @@ mod tests {
             "SELECT a INTO @a FROM t",
             "SELECT GET_LOCK('a', 1)",
             "SELECT LAST_INSERT_ID()",
-            "SELECT FOUND_ROWS()",
-            "SELECT ROW_COUNT()",
             "SELECT SQL_CALC_FOUND_ROWS * FROM t LIMIT 1",
             "SELECT @@last_insert_id",
             "SELECT @@session.last_gtid",
@@ -461,8 +520,46 @@ mod tests {
             "SHOW COUNT(*) WARNINGS",
             "SELECT @@warning_count",
             "SELECT @@session.error_count",
+            "SELECT FOUND_ROWS()",
+            "SELECT FOUND_ROWS(), ROW_COUNT()",
+            "select row_count() + 1 AS n",
         ] {
             assert_eq!(route(sql), ReadRoute::LastNode, "{sql}");
+        }
+        // Reads of the last statement that cannot run on a replica.
+        for sql in [
+            "SELECT FOUND_ROWS(), GET_LOCK('a', 0)",
+            "SELECT ROW_COUNT(), my_function()",
+            "SELECT @@warning_count, @@last_insert_id",
+            "SELECT ROW_COUNT(), @x",
+            "SELECT ROW_COUNT() INTO @x",
+            "SET @x = FOUND_ROWS()",
+            "GET DIAGNOSTICS @n = NUMBER",
+            "SELECT ROW_COUNT(); SELECT 1",
+            "SELECT @@warning_count FROM performance_schema.threads",
+        ] {
+            assert_eq!(route(sql), ReadRoute::Primary, "{sql}");
+        }
+        let reads = |sql: &str| {
+            reads_last_statement(sql.as_bytes(), SqlMode::DEFAULT, Server::mariadb(101119))
+        };
+        for sql in [
+            "SET @x = FOUND_ROWS()",
+            "GET DIAGNOSTICS @n = NUMBER",
+            "get current diagnostics condition 1 @m = MESSAGE_TEXT",
+            "INSERT INTO t VALUES (ROW_COUNT())",
+            "SHOW COUNT(*) ERRORS",
+            "SELECT @@session.warning_count",
+        ] {
+            assert!(reads(sql), "{sql}");
+        }
+        for sql in [
+            "SELECT found_rows FROM t",
+            "SELECT db.row_count(1)",
+            "SELECT 'FOUND_ROWS()'",
+            "SHOW TABLES",
+        ] {
+            assert!(!reads(sql), "{sql}");
         }
     }
 

@@ -70,14 +70,15 @@ impl Session {
         self.on_backend_lost(req, plan.loss, result, marked).await
     }
 
-    /// The route phase of a request: a statement that would change the session inside a
-    /// read-only transaction on a replica gives that transaction up; a split session's
+    /// The route phase of a request: a statement of a read-only transaction on a replica
+    /// that is not a plain read runs as the pinned transaction allows; a split session's
     /// read runs on a replica when one serves it (`Answered`), else it comes back for the
     /// primary; the replica connections follow what the request changes.
     async fn route_request(&mut self, req: &mut Request, plan: &mut Plan) -> Result<Routed, End> {
         match std::mem::replace(&mut plan.route, Route::Primary) {
-            Route::LeavePinnedTransaction => {
-                self.leave_pinned_transaction(req.reply_seq).await?;
+            Route::Pinned(pinned) => {
+                let bytes = std::mem::take(&mut req.bytes);
+                Box::pin(self.run_pinned(pinned, bytes, req.reply_seq)).await?;
                 return Ok(Routed::Answered);
             }
             Route::Replica(target) => {

@@ -119,9 +119,10 @@ pub(super) enum Route {
     Primary,
     /// On a replica, if one serves it (a split session's read); else on the primary.
     Replica(Target),
-    /// Not at all: it would change the session inside a read-only transaction on a
-    /// replica, which is given up (see [`Session::leave_pinned_transaction`]).
-    LeavePinnedTransaction,
+    /// A statement of a read-only transaction pinned to a replica that is not a plain
+    /// read there: run as [`Session::pinned_plan`] says (on both connections, on the
+    /// primary, or the transaction given up).
+    Pinned(super::split::Pinned),
 }
 
 /// What the trackers need before a statement runs.
@@ -258,9 +259,9 @@ impl Session {
             replayable: self.can_replay(),
         };
         let split = self.split.is_some();
-        if split && self.changes_pinned_session(&req.bytes, req.query) {
+        if let Some(pinned) = self.pinned_plan(&req.bytes, req.query) {
             return Plan {
-                route: Route::LeavePinnedTransaction,
+                route: Route::Pinned(pinned),
                 follow_split: false,
                 trackers: TrackerStep::None,
                 answer: None,

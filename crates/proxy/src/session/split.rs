@@ -19,7 +19,10 @@ use crate::restore::{self, VariableTypes};
 use bytes::BytesMut;
 use holdfast_cluster::topology::{NodeLoad, NodeState, Topology};
 use holdfast_sql::{Classification as C, ReadRoute};
-use holdfast_wire::caps::{CLIENT_DEPRECATE_EOF, SERVER_STATUS_AUTOCOMMIT};
+use holdfast_wire::caps::{
+    CLIENT_DEPRECATE_EOF, SERVER_STATUS_AUTOCOMMIT, SERVER_STATUS_IN_TRANS,
+    SERVER_STATUS_IN_TRANS_READONLY,
+};
 use holdfast_wire::command::{
     COM_QUERY, COM_STMT_CLOSE, COM_STMT_EXECUTE, COM_STMT_PREPARE, CURSOR_TYPE_READ_ONLY,
 };
@@ -36,6 +39,20 @@ pub(super) struct Split {
     readers: Vec<Reader>,
     /// The node the session's last statement ran on, when it was a replica.
     last_on: Option<String>,
+    /// That statement's request, as the client sent it: it only read, so it can run
+    /// again on the primary for a statement that reads what it left but cannot run there.
+    last_read: Option<BytesMut>,
+    /// The read to run again on the primary before the request about to go there.
+    rerun: Option<BytesMut>,
+    /// Warnings (or an error) in the diagnostics area: of the last read on a replica, and
+    /// of the primary's connection when the session went from it to the replicas.
+    read_warned: bool,
+    primary_warned: bool,
+    /// The last statement sent to the primary opens no table: it kept the diagnostics
+    /// area as it was.
+    primary_kept: bool,
+    /// The read about to run opens no table (it keeps the diagnostics area).
+    tableless: bool,
     /// A `START TRANSACTION READ ONLY` transaction open on this replica: the session's
     /// statements go there until it ends.
     txn_on: Option<String>,
@@ -43,6 +60,14 @@ pub(super) struct Split {
     /// have changed the session there only): this session's read-only transactions run on
     /// the primary from then on.
     read_only_on_primary: bool,
+    /// A read-only transaction of the primary's own is open beside the one pinned to a
+    /// replica: the pinned transaction's statements that are not plain reads run in it.
+    shadow: bool,
+    /// Such a statement is running on the primary: it is not routed again.
+    probing: bool,
+    /// The pinned transaction was given up after a statement that changed the session on
+    /// the primary: the client's next statement learns so (1213).
+    given_up: bool,
     /// The topology reads are routed by, refreshed when the monitor publishes a new one.
     topology: Arc<Topology>,
     watch: watch::Receiver<Arc<Topology>>,
@@ -65,6 +90,9 @@ struct Reader {
     statements: HashMap<u32, (u32, bool)>,
     /// The highest position this connection has waited for, per GTID domain.
     waited: Vec<(u32, u64)>,
+    /// Its diagnostics area holds warnings (or an error): a read without tables, which
+    /// keeps it, does not run here unless the session's last statement ran here.
+    warned: bool,
 }
 
 impl Drop for Reader {
@@ -80,8 +108,17 @@ impl Split {
         Box::new(Split {
             readers: Vec::new(),
             last_on: None,
+            last_read: None,
+            rerun: None,
+            read_warned: false,
+            primary_warned: false,
+            primary_kept: false,
+            tableless: false,
             txn_on: None,
             read_only_on_primary: false,
+            shadow: false,
+            probing: false,
+            given_up: false,
             topology,
             watch,
             turn: 0,
@@ -91,8 +128,17 @@ impl Split {
     /// Closes every replica connection (the session's user or state was reset).
     pub(super) fn close_all(&mut self) {
         self.readers.clear();
-        self.last_on = None;
+        self.forget_last();
         self.txn_on = None;
+        self.shadow = false;
+        self.given_up = false;
+    }
+
+    /// The last statement ran on the primary (or its replica is gone).
+    fn forget_last(&mut self) {
+        self.last_on = None;
+        self.last_read = None;
+        self.rerun = None;
     }
 
     fn refresh(&mut self) {
@@ -110,7 +156,7 @@ impl Split {
             });
             if let Some(node) = &self.last_on {
                 if !self.readers.iter().any(|r| &r.read.node == node) {
-                    self.last_on = None;
+                    self.forget_last();
                 }
             }
         }
@@ -153,7 +199,7 @@ impl Split {
         Some(Active(load))
     }
 
-    fn reader(&mut self, node: &str) -> Option<usize> {
+    fn reader(&self, node: &str) -> Option<usize> {
         self.readers.iter().position(|r| r.read.node == node)
     }
 
@@ -161,7 +207,7 @@ impl Split {
     fn drop_reader(&mut self, node: &str) {
         self.readers.retain(|r| r.read.node != node);
         if self.last_on.as_deref() == Some(node) {
-            self.last_on = None;
+            self.forget_last();
         }
     }
 }
@@ -209,48 +255,567 @@ fn parse_gtid(gtid: &str) -> Option<(u32, u64)> {
     parts.next().is_none().then_some((domain, seq))
 }
 
+/// What becomes of a statement of a read-only transaction pinned to a replica that is not
+/// left to the replica as it is (see [`Session::pinned_plan`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Pinned {
+    /// The transaction is given up (1213): the statement may end it or changes the session
+    /// in a way the replica's connection cannot follow.
+    Leave,
+    /// A setting (session or user variables, the current database): run on the replica,
+    /// which answers, then on the primary, so that both connections have it.
+    Mirror,
+    /// Not a plain read: runs on the primary, inside a read-only transaction of its own,
+    /// and the client gets the server's answer (1792 for a write). With its flags.
+    Primary(C),
+    /// The transaction was given up after the last statement: this one gets 1213.
+    GivenUp,
+    /// The client's ROLLBACK of a transaction given up: it runs on the primary as it is.
+    Rolled,
+    /// A statement that commits the transaction before it runs (DDL, `LOCK TABLES`,
+    /// `BEGIN`...): the pinned transaction is committed (it only read), then the statement
+    /// runs on the primary as any other.
+    Commit,
+}
+
+/// The 1213 of a read-only transaction on a replica given up after a statement that changed
+/// the session on the primary.
+fn given_up_error() -> crate::error::ClientError {
+    crate::error::ClientError::new(
+        crate::error::ErrorKind::TransactionRolledBack,
+        "Deadlock found when trying to get lock; try restarting transaction (holdfast: this \
+         read-only transaction ran on a replica and the last statement changed the session on \
+         the primary only; it was rolled back, and this session's read-only transactions run \
+         on the primary from now on)",
+    )
+}
+
+/// Whether one statement only makes settings ([`SETTINGS`]) from values of its own: no
+/// function, no query (whose value would come from the snapshot of the node that runs it).
+fn plain_setting(flags: C, sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
+    flags.intersects(SETTINGS)
+        && flags
+            .difference(
+                SETTINGS
+                    .union(C::AUTOCOMMIT)
+                    .union(C::READ_ONLY)
+                    .union(C::WRITE),
+            )
+            .is_empty()
+        && !has_subquery(sql, mode)
+}
+
+/// Whether `sql` is `SET [SESSION] autocommit = 0|OFF` and nothing else (turning it on
+/// inside a transaction commits it).
+fn turns_autocommit_off(sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
+    let tokens: Vec<_> = holdfast_sql::Lexer::with_mode(sql, mode)
+        .filter(|t| !t.is_punct(";"))
+        .collect();
+    let rest = match tokens.as_slice() {
+        [set, rest @ ..] if set.is_word("SET") => rest,
+        _ => return false,
+    };
+    let rest = match rest {
+        [scope, rest @ ..] if scope.is_word("SESSION") || scope.is_word("LOCAL") => rest,
+        _ => rest,
+    };
+    let name = |t: &holdfast_sql::Token<'_>| {
+        let text = t.text.strip_prefix(b"@@").unwrap_or(t.text);
+        let text = text
+            .strip_prefix(b"session.")
+            .or_else(|| text.strip_prefix(b"SESSION."))
+            .or_else(|| text.strip_prefix(b"local."))
+            .unwrap_or(text);
+        text.eq_ignore_ascii_case(b"autocommit")
+    };
+    match rest {
+        [var, eq, value] => {
+            name(var)
+                && (eq.is_punct("=") || eq.is_punct(":="))
+                && (value.text == b"0" || value.is_word("OFF"))
+        }
+        _ => false,
+    }
+}
+
+/// The text of a COM_QUERY (its first frame).
+fn query_sql(request: &[u8]) -> Option<&[u8]> {
+    let header = parse_header(request)?;
+    if request.get(HEADER_LEN) != Some(&COM_QUERY) {
+        return None;
+    }
+    let end = HEADER_LEN + header.len.min(request.len() - HEADER_LEN);
+    request.get(HEADER_LEN + 1..end)
+}
+
+/// Whether a statement may open no table, so that it leaves the diagnostics area
+/// (warnings, errors) as the statement before it left it: `USE`, plain `SET`s, transaction
+/// control, a `SELECT` or `DO` without tables (`SELECT @@in_transaction`). Saying so of a
+/// statement that does open one only costs a read run again.
+fn keeps_diagnostics_area(flags: C, sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
+    let quiet = SETTINGS
+        .union(C::AUTOCOMMIT)
+        .union(C::SET_TRANSACTION)
+        .union(C::BEGIN_TXN)
+        .union(C::END_TXN)
+        .union(C::SAVEPOINT);
+    let settings = flags.intersects(quiet)
+        && flags
+            .difference(quiet.union(C::READ_ONLY).union(C::WRITE))
+            .is_empty()
+        && !has_subquery(sql, mode);
+    !flags.has(C::MULTI) && (settings || opens_no_table(sql, mode))
+}
+
+/// Whether `sql` is a `SELECT` or `DO` without tables (`SELECT DATABASE()`, `SELECT
+/// @@x`): MariaDB leaves the diagnostics area as the statement before it left it.
+fn opens_no_table(sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
+    let mut words = holdfast_sql::Lexer::with_mode(sql, mode)
+        .filter(|t| t.kind == holdfast_sql::TokenKind::Word);
+    words
+        .next()
+        .is_some_and(|w| w.is_word("SELECT") || w.is_word("DO"))
+        && !words.any(|w| {
+            [
+                "FROM", "INTO", "TABLE", "CALL", "NEXTVAL", "LASTVAL", "SETVAL", "VALUE",
+            ]
+            .iter()
+            .any(|k| w.is_word(k))
+        })
+}
+
+/// Whether `sql` has a query inside (`SET @b = (SELECT ...)`): its value comes from the
+/// snapshot of the node that runs it.
+fn has_subquery(sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
+    holdfast_sql::Lexer::with_mode(sql, mode)
+        .any(|t| t.is_word("SELECT") || t.is_word("TABLE") || t.is_word("VALUES"))
+}
+
+/// Statements a read-only transaction pinned to a replica is given up for (1213): code
+/// holdfast does not see into (what it does to the session and the transaction is not
+/// known), a client's file.
+const LEAVES_PINNED: C = C::UNCERTAIN.union(C::COMPOUND).union(C::LOAD_DATA_LOCAL);
+
+/// Settings a statement may make: in a pinned transaction they are made on both
+/// connections ([`Pinned::Mirror`]).
+const SETTINGS: C = C::SET_SESSION_VAR.union(C::SET_USER_VAR).union(C::USE_DB);
+
 impl Session {
-    /// Whether `request` is a statement with effects on the session (`USE`, `SET`, user
-    /// variables, temporary tables, locks, code holdfast does not see into) inside a
-    /// read-only transaction pinned to a replica: run there, it would change that
-    /// connection only, and later statements on the primary would not see it.
-    pub(super) fn changes_pinned_session(&self, request: &[u8], query: Option<C>) -> bool {
-        if self.split.as_ref().is_none_or(|s| s.txn_on.is_none()) {
-            return false;
+    /// What becomes of `request` inside a read-only transaction pinned to a replica:
+    /// `None` when it runs on the replica (plain reads, the transaction's own statements:
+    /// COMMIT, ROLLBACK, savepoints), or when no transaction is pinned.
+    ///
+    /// The rule: a change of the session never happens on the replica's connection only,
+    /// and the client gets the server's answer.
+    /// - A setting (`SET` of session or user variables from plain values, `USE`,
+    ///   `autocommit` off; a multi-statement of such settings and plain reads) runs on the
+    ///   replica, which answers, and then on the primary ([`Pinned::Mirror`]).
+    /// - A statement the server commits the transaction for before it runs it (DDL, `LOCK
+    ///   TABLES`, `BEGIN`, `autocommit` on) commits the pinned one (it only read) and runs
+    ///   on the primary ([`Pinned::Commit`]).
+    /// - What else is not a plain read runs on the primary, inside a read-only transaction
+    ///   of the primary's own opened beside the pinned one ([`Pinned::Primary`]): writes
+    ///   get the server's 1792 there, `RELEASE_LOCK`, `CALL`, `EXECUTE`... the server's
+    ///   answers; named locks and SQL prepared statements live on the primary as always.
+    ///   Should it change the session there after all (a procedure that sets a variable,
+    ///   a temporary table), the replica's connection cannot follow: the pinned
+    ///   transaction is given up, and the next statement gets 1213 ([`Pinned::GivenUp`]).
+    /// - Code holdfast cannot see into (compound statements, texts it cannot read for
+    ///   sure), a multi-statement that mixes settings with other statements or ends the
+    ///   transaction, a client's file: 1213 at once, as issue 18 item 4 designed
+    ///   ([`Pinned::Leave`]).
+    pub(super) fn pinned_plan(&self, request: &[u8], query: Option<C>) -> Option<Pinned> {
+        let split = self.split.as_ref()?;
+        if split.given_up {
+            return match request.get(HEADER_LEN).copied() {
+                // A ROLLBACK finds nothing to roll back, as after the server's own 1213.
+                Some(COM_QUERY)
+                    if query.is_some_and(|f| f.has(C::END_TXN))
+                        && query_sql(request)
+                            .and_then(holdfast_sql::first_keyword)
+                            .is_some_and(|k| k.eq_ignore_ascii_case(b"ROLLBACK")) =>
+                {
+                    Some(Pinned::Rolled)
+                }
+                Some(COM_QUERY | COM_STMT_EXECUTE) => Some(Pinned::GivenUp),
+                _ => None,
+            };
         }
-        const EFFECTS: C = C::CHANGES_SESSION
-            .union(C::MULTI)
-            .union(C::IMPLICIT_COMMIT)
-            .union(C::LOAD_DATA_LOCAL);
-        match request.get(HEADER_LEN) {
-            Some(&COM_QUERY) => query.is_none_or(|f| f.intersects(EFFECTS)),
-            Some(&COM_STMT_EXECUTE) => packets::statement_id(&request[HEADER_LEN..])
-                .map(|id| self.statements.resolve(id))
+        let node = split.txn_on.as_deref()?;
+        if split.probing {
+            return None;
+        }
+        let mode = self.record.sql_mode.unwrap_or_default();
+        let server = self.server();
+        let (flags, sql, params, route) = match request.get(HEADER_LEN).copied() {
+            Some(COM_QUERY) => {
+                // A text too long to classify: as before, the transaction is given up.
+                let Some(flags) = query else {
+                    return Some(Pinned::Leave);
+                };
+                let sql = query_sql(request)?;
+                let route = holdfast_sql::read_route(sql, flags, mode, server);
+                (flags, sql, 0, route)
+            }
+            Some(COM_STMT_EXECUTE) => {
+                let id = packets::statement_id(&request[HEADER_LEN..])
+                    .map(|id| self.statements.resolve(id));
+                // Unknown to holdfast: it answers 1243 itself, as the server does.
+                let Some(s) = id.and_then(|id| self.statements.get(id)) else {
+                    return Some(Pinned::Primary(C::EMPTY));
+                };
+                let cursor = request
+                    .get(HEADER_LEN + 5)
+                    .is_some_and(|f| f & CURSOR_TYPE_READ_ONLY != 0);
+                let route = match cursor || s.long_data {
+                    true => ReadRoute::Primary,
+                    false => s.read_route,
+                };
+                (s.flags, &s.sql[..], s.params, route)
+            }
+            // The current database changes: the replica's connection cannot follow here.
+            Some(holdfast_wire::command::COM_INIT_DB) => return Some(Pinned::Leave),
+            _ => return None,
+        };
+        if flags.intersects(LEAVES_PINNED) {
+            return Some(Pinned::Leave);
+        }
+        let transaction = C::BEGIN_TXN.union(C::END_TXN).union(C::SAVEPOINT);
+        if flags.has(C::MULTI) {
+            if flags.intersects(transaction.union(C::IMPLICIT_COMMIT).union(C::AUTOCOMMIT)) {
+                return Some(Pinned::Leave);
+            }
+            if !flags.intersects(SETTINGS) {
+                return Some(Pinned::Primary(flags));
+            }
+            // Plain reads and settings only: run on both connections, as one setting.
+            let last_here = split.last_on.as_deref() == Some(node);
+            let both = holdfast_sql::Statements::for_server(sql, mode, server).all(|r| {
+                let stmt = &sql[r];
+                let f = holdfast_sql::classify_for(stmt, mode, server);
+                plain_setting(f, stmt, mode)
+                    || match holdfast_sql::read_route(stmt, f, mode, server) {
+                        ReadRoute::Replica | ReadRoute::ReplicaWithUserVariables => true,
+                        ReadRoute::LastNode => last_here,
+                        ReadRoute::Primary => false,
+                    }
+            });
+            if both {
+                return Some(Pinned::Mirror);
+            }
+            // Settings among statements the replica cannot run: the whole runs on the
+            // primary, then its settings alone on the replica.
+            let apart = holdfast_sql::Statements::for_server(sql, mode, server).all(|r| {
+                let stmt = &sql[r];
+                let f = holdfast_sql::classify_for(stmt, mode, server);
+                !f.intersects(SETTINGS) || plain_setting(f, stmt, mode)
+            });
+            return Some(match apart {
+                true => Pinned::Primary(flags),
+                false => Pinned::Leave,
+            });
+        }
+        if flags.has(C::AUTOCOMMIT) {
+            // Turning autocommit off, or on while it is on, commits nothing: a setting like
+            // the others. Turning it on commits the transaction first.
+            let on = self.record.status & SERVER_STATUS_AUTOCOMMIT != 0;
+            return Some(match turns_autocommit_off(sql, mode) || on {
+                true if plain_setting(flags, sql, mode) => Pinned::Mirror,
+                true => Pinned::Leave,
+                false => Pinned::Commit,
+            });
+        }
+        if flags.has(C::UNLOCK_TABLES) && !flags.has(C::LOCK_TABLES) && !self.record.table_locks {
+            // Without table locks, UNLOCK TABLES commits nothing.
+            return Some(Pinned::Primary(flags));
+        }
+        if flags.has(C::IMPLICIT_COMMIT)
+            || flags.has(C::BEGIN_TXN)
+                && !flags.has(C::END_TXN)
+                && !holdfast_sql::read_only_transaction(sql, flags, mode, server)
+        {
+            // The server commits the read-only transaction before it runs the statement
+            // (BEGIN then opens one that may write). (A statement it cannot parse commits
+            // nothing there; here the transaction is committed all the same.)
+            return Some(Pinned::Commit);
+        }
+        if flags.intersects(transaction) {
+            return None;
+        }
+        if flags.has(C::SET_TRANSACTION) && !flags.intersects(SETTINGS) {
+            // Refused inside a transaction (1568): the replica answers as the primary would.
+            return None;
+        }
+        if flags.intersects(SETTINGS) {
+            return Some(match params == 0 && plain_setting(flags, sql, mode) {
+                true => Pinned::Mirror,
+                false => Pinned::Leave,
+            });
+        }
+        match route {
+            ReadRoute::Replica | ReadRoute::ReplicaWithUserVariables => None,
+            // What the last statement left is read where it ran.
+            ReadRoute::LastNode if split.last_on.as_deref() == Some(node) => None,
+            _ => Some(Pinned::Primary(flags)),
+        }
+    }
+
+    /// Runs a statement of a pinned read-only transaction as [`Session::pinned_plan`] says.
+    pub(super) async fn run_pinned(
+        &mut self,
+        plan: Pinned,
+        request: BytesMut,
+        reply_seq: u8,
+    ) -> Result<(), End> {
+        match plan {
+            Pinned::Leave => self.leave_pinned_transaction(reply_seq).await,
+            Pinned::Mirror => self.mirror_pinned(request).await,
+            Pinned::Primary(flags) => self.pinned_on_primary(request, flags).await,
+            Pinned::Commit => {
+                self.end_pinned(b"COMMIT").await;
+                if let Some(split) = self.split.as_mut() {
+                    split.forget_last();
+                }
+                self.record.status &= !(SERVER_STATUS_IN_TRANS | SERVER_STATUS_IN_TRANS_READONLY);
+                self.txn_log = None;
+                Box::pin(self.forward_request(request)).await
+            }
+            Pinned::GivenUp | Pinned::Rolled => {
+                if let Some(split) = self.split.as_mut() {
+                    split.given_up = false;
+                }
+                if matches!(plan, Pinned::Rolled) {
+                    return Box::pin(self.forward_request(request)).await;
+                }
+                self.send_error(reply_seq, &given_up_error()).await
+            }
+        }
+    }
+
+    /// A setting inside the pinned transaction: the replica runs it and answers (its
+    /// warnings, its status), then the primary runs it too, its answer dropped. Should the
+    /// primary refuse what the replica took, the two connections differ: the transaction
+    /// is given up (the client's next statement gets 1213).
+    async fn mirror_pinned(&mut self, request: BytesMut) -> Result<(), End> {
+        let Some(node) = self.split.as_ref().and_then(|s| s.txn_on.clone()) else {
+            return Box::pin(self.forward_request(request)).await;
+        };
+        if request.get(HEADER_LEN) == Some(&COM_STMT_EXECUTE) {
+            // Noted as a text statement is before it runs (user variables to capture).
+            let id =
+                packets::statement_id(&request[HEADER_LEN..]).map(|id| self.statements.resolve(id));
+            if let Some((flags, sql)) = id
                 .and_then(|id| self.statements.get(id))
-                .is_none_or(|s| s.flags.intersects(EFFECTS)),
-            _ => false,
+                .map(|s| (s.flags, s.sql.clone()))
+            {
+                self.note_query(flags, &sql);
+            }
         }
+        let again = request.clone();
+        match self.read_on_replica(Target::Pinned(node), request).await? {
+            ReadOutcome::Done => {}
+            ReadOutcome::Primary(request) => {
+                return Box::pin(self.forward_request(request)).await;
+            }
+        }
+        // A multi-statement stops at its first error: the settings before it were made.
+        let multi = query_sql(&again).is_some_and(|sql| holdfast_sql::classify(sql).has(C::MULTI));
+        let pinned = self.split.as_ref().is_some_and(|s| s.txn_on.is_some());
+        let replica_error = self.exchange.error;
+        if !pinned || (replica_error.is_some() && !multi) {
+            return Ok(());
+        }
+        let replica_answered = self.record.last_warnings;
+        let result = self.run_discarded(again).await;
+        let primary_error = std::mem::replace(&mut self.exchange.error, replica_error);
+        self.record.last_warnings = replica_answered;
+        match result {
+            Ok(()) if primary_error == replica_error => Ok(()),
+            Ok(()) => {
+                tracing::info!(session = self.info.id, replica = replica_error, primary = primary_error, "a setting of a read-only transaction on a replica ended otherwise on the primary; the transaction is given up");
+                self.give_up_pinned().await;
+                Ok(())
+            }
+            Err(End::BackendLost { error, .. }) => {
+                tracing::info!(session = self.info.id, %error, "primary lost while it took a setting of a read-only transaction on a replica");
+                self.mark_backend_dead();
+                self.give_up_pinned().await;
+                Ok(())
+            }
+            Err(end) => Err(end),
+        }
+    }
+
+    /// A statement of the pinned transaction that is not a plain read runs on the primary,
+    /// inside a read-only transaction of the primary's own (opened once, ended with the
+    /// pinned one): the client gets what the server answers there. Writes fail there as
+    /// they would (1792); what succeeds changes nothing the replica must see, or else the
+    /// pinned transaction is given up after it (its next statement gets 1213).
+    async fn pinned_on_primary(&mut self, request: BytesMut, flags: C) -> Result<(), End> {
+        let reply_seq = super::reply::reply_seq(&request);
+        // A multi-statement's settings (the plan let only plain ones through), made on the
+        // replica's connection too once the whole ran.
+        let settings: Vec<Vec<u8>> = match query_sql(&request) {
+            Some(sql) if flags.has(C::MULTI) && flags.intersects(SETTINGS) => {
+                let mode = self.record.sql_mode.unwrap_or_default();
+                let server = self.server();
+                holdfast_sql::Statements::for_server(sql, mode, server)
+                    .filter(|r| {
+                        let stmt = &sql[r.clone()];
+                        plain_setting(holdfast_sql::classify_for(stmt, mode, server), stmt, mode)
+                    })
+                    .map(|r| sql[r].to_vec())
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
+        if self.split.as_ref().is_some_and(|s| !s.shadow) {
+            match restore::execute(&mut self.backend, b"START TRANSACTION READ ONLY").await {
+                Ok(_) => {
+                    if let Some(split) = self.split.as_mut() {
+                        split.shadow = true;
+                    }
+                }
+                Err(e) => {
+                    tracing::info!(session = self.info.id, error = %e, "opening a read-only transaction on the primary beside a replica's failed");
+                    if matches!(e, crate::backend::BackendError::Conn(_)) {
+                        self.mark_backend_dead();
+                    }
+                    return self.leave_pinned_transaction(reply_seq).await;
+                }
+            }
+        }
+        let version = self.record.state_version;
+        let opaque = self.record.opaque_change;
+        if let Some(split) = self.split.as_mut() {
+            split.probing = true;
+        }
+        let result = Box::pin(self.forward_request(request)).await;
+        if let Some(split) = self.split.as_mut() {
+            split.probing = false;
+            split.forget_last();
+        }
+        let status = self.record.status;
+        let left = status & SERVER_STATUS_IN_TRANS == 0
+            || status & SERVER_STATUS_IN_TRANS_READONLY == 0
+            || self.backend_dead;
+        let synced = settings.is_empty()
+            || (!left
+                && self.exchange.error.is_none()
+                && self.settings_on_replica(&settings).await);
+        let changed = (self.record.state_version != version && settings.is_empty())
+            || !synced
+            || (!opaque && self.record.opaque_change)
+            || (self.exchange.error.is_none()
+                && flags.intersects(
+                    C::CREATE_TEMP_TABLE
+                        .union(C::DROP_TEMP_TABLE)
+                        .union(C::HANDLER),
+                ));
+        if left {
+            // The primary's transaction ended (or its connection did): so does the pinned
+            // one, as it would have on the server.
+            self.end_pinned(b"COMMIT").await;
+        } else if changed {
+            tracing::info!(session = self.info.id, "a statement of a read-only transaction on a replica changed the session on the primary; the transaction is given up");
+            self.give_up_pinned().await;
+        }
+        result
+    }
+
+    /// Makes `settings` (plain `SET`s and `USE`s the primary ran) on the connection of the
+    /// pinned transaction's replica; `false` if it refused one or was lost.
+    async fn settings_on_replica(&mut self, settings: &[Vec<u8>]) -> bool {
+        let Some(split) = self.split.as_mut() else {
+            return false;
+        };
+        let Some(i) = split.txn_on.clone().and_then(|node| split.reader(&node)) else {
+            return false;
+        };
+        for sql in settings {
+            if let Err(e) = restore::execute(&mut split.readers[i].conn, sql).await {
+                tracing::info!(session = self.info.id, error = %e, "a setting the primary made in a read-only transaction was refused by the replica");
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Runs `request` on the primary without passing its answer on (what it leaves there
+    /// is the point: settings, diagnostics), as a replay runs a statement.
+    async fn run_discarded(&mut self, mut request: BytesMut) -> Result<(), End> {
+        let checksum = self.exchange.checksum.take();
+        let replaying = std::mem::replace(&mut self.exchange.replaying, true);
+        // The status the client saw stays the session's (in a transaction pinned to a
+        // replica, the primary's answer says no transaction is open).
+        let status = self.record.status;
+        let result = self.command(&mut request).await;
+        self.record.status = status;
+        self.exchange.replaying = replaying;
+        self.exchange.checksum = checksum;
+        result
+    }
+
+    /// Ends the pinned transaction on its replica with `end` (it only read), and the
+    /// primary's beside it.
+    async fn end_pinned(&mut self, end: &[u8]) {
+        let Some(split) = self.split.as_mut() else {
+            return;
+        };
+        if let Some(node) = split.txn_on.take() {
+            if let Some(i) = split.reader(&node) {
+                if let Err(e) = restore::execute(&mut split.readers[i].conn, end).await {
+                    let why = format!("ending its read-only transaction: {e}");
+                    self.lose_reader(i, why);
+                }
+            }
+        }
+        self.end_shadow().await;
+    }
+
+    /// Rolls back the read-only transaction opened on the primary beside a pinned one.
+    async fn end_shadow(&mut self) {
+        let Some(split) = self.split.as_mut() else {
+            return;
+        };
+        if !std::mem::take(&mut split.shadow) || self.backend_dead {
+            return;
+        }
+        if let Err(e) = restore::execute(&mut self.backend, b"ROLLBACK").await {
+            tracing::info!(session = self.info.id, error = %e, "rolling back the primary's read-only transaction failed");
+            if matches!(e, crate::backend::BackendError::Conn(_)) {
+                self.mark_backend_dead();
+            }
+        }
+    }
+
+    /// The pinned transaction cannot go on (the replica's connection would not see what
+    /// the session did): rolled back, and the client's next statement gets 1213, as after
+    /// a lost transaction; the session's read-only transactions run on the primary from
+    /// now on.
+    async fn give_up_pinned(&mut self) {
+        self.end_pinned(b"ROLLBACK").await;
+        if let Some(split) = self.split.as_mut() {
+            split.read_only_on_primary = true;
+            split.given_up = true;
+            split.forget_last();
+        }
+        self.record.status &= !holdfast_wire::caps::SERVER_STATUS_IN_TRANS;
+        self.txn_log = None;
+        self.shared
+            .metrics
+            .read_fallback("session_change_in_replica_transaction");
     }
 
     /// Gives up the read-only transaction pinned to a replica (it read only: rolling it
     /// back changes nothing) before a statement that would change the session there; the
     /// client gets 1213 and restarts it, and the session's read-only transactions run on
     /// the primary from now on, where such statements keep every connection in step.
-    pub(super) async fn leave_pinned_transaction(&mut self, reply_seq: u8) -> Result<(), End> {
+    async fn leave_pinned_transaction(&mut self, reply_seq: u8) -> Result<(), End> {
+        self.end_pinned(b"ROLLBACK").await;
         if let Some(split) = self.split.as_mut() {
-            if let Some(node) = split.txn_on.take() {
-                if let Some(i) = split.reader(&node) {
-                    if let Err(e) = restore::execute(&mut split.readers[i].conn, b"ROLLBACK").await
-                    {
-                        let why = format!("rolling back its read-only transaction: {e}");
-                        self.lose_reader(i, why);
-                    }
-                }
-            }
-            if let Some(split) = self.split.as_mut() {
-                split.read_only_on_primary = true;
-                split.last_on = None;
-            }
+            split.read_only_on_primary = true;
+            split.forget_last();
         }
         self.record.status &= !holdfast_wire::caps::SERVER_STATUS_IN_TRANS;
         self.txn_log = None;
@@ -268,6 +833,17 @@ impl Session {
         self.send_error(reply_seq, &error).await
     }
 
+    /// Whether a request kept to run again on the primary can still run there (an execute
+    /// whose statement the client closed since cannot).
+    fn can_run_again(&self, request: &[u8]) -> bool {
+        match request.get(HEADER_LEN) {
+            Some(&COM_STMT_EXECUTE) => packets::statement_id(&request[HEADER_LEN..])
+                .map(|id| self.statements.resolve(id))
+                .is_some_and(|id| self.statements.get(id).is_some()),
+            _ => true,
+        }
+    }
+
     /// Where a request may run, for a split session: `None` keeps it on the primary.
     pub(super) fn read_target(&mut self, request: &[u8], query: Option<C>) -> Option<Target> {
         self.split.as_ref()?;
@@ -275,7 +851,14 @@ impl Session {
         let split = self.split.as_mut()?;
         let header = parse_header(request)?;
         let command = request.get(HEADER_LEN).copied();
-        if let Some(node) = &split.txn_on {
+        split.tableless = false;
+        if split.last_on.is_none() {
+            // The last statement ran on the primary: what its diagnostics area holds now
+            // (a statement that opens no table kept the one before it).
+            split.primary_warned =
+                self.record.last_warnings > 0 || (split.primary_kept && split.primary_warned);
+        }
+        if let Some(node) = split.txn_on.as_ref().filter(|_| !split.probing) {
             return matches!(command, Some(COM_QUERY | COM_STMT_EXECUTE))
                 .then(|| Target::Pinned(node.clone()));
         }
@@ -287,6 +870,7 @@ impl Session {
             _ => false,
         };
         let route = if header.continues()
+            || split.probing
             || !self.can_reauthenticate
             || self.exchange.replaying
             || self.record.schema.as_deref().is_some_and(is_system_schema)
@@ -301,6 +885,9 @@ impl Session {
             || self.record.status & SERVER_STATUS_AUTOCOMMIT == 0
             || self.record.blocker().is_some()
             || !self.record.next_transaction.is_empty()
+            // Code holdfast does not see into changed the session (a procedure made a
+            // temporary table, say): until a capture tells what, it is the primary's.
+            || self.record.opaque_change
         {
             // Inside a transaction, or about to open one (autocommit off), or holding what
             // lives on the primary connection; or with next-transaction characteristics
@@ -335,6 +922,27 @@ impl Session {
             ReadRoute::LastNode => split.last_on.clone().map(Target::Last),
             ReadRoute::Primary => None,
         };
+        // A read without tables keeps the diagnostics area as the last statement left it
+        // (`SHOW WARNINGS` after it shows that statement's): when that area holds
+        // warnings, it runs where that statement ran; otherwise on a node whose area is
+        // empty too (see `read_on_replica`).
+        split.tableless = matches!(target, Some(Target::Balanced))
+            && match command {
+                Some(COM_QUERY) => opens_no_table(&request[HEADER_LEN + 1..], mode),
+                Some(COM_STMT_EXECUTE) => packets::statement_id(&request[HEADER_LEN..])
+                    .map(|id| self.statements.resolve(id))
+                    .and_then(|id| self.statements.get(id))
+                    .is_some_and(|s| opens_no_table(&s.sql, mode)),
+                _ => false,
+            };
+        let target = match (target, split.tableless) {
+            (Some(Target::Balanced), true) => match &split.last_on {
+                Some(node) if split.read_warned => Some(Target::Last(node.clone())),
+                None if split.primary_warned => None,
+                _ => Some(Target::Balanced),
+            },
+            (target, _) => target,
+        };
         // The server keeps the last statement's diagnostics across COM_STMT_CLOSE (no
         // answer) and across the prepare of a statement that reads them (`SHOW WARNINGS`
         // prepared after a read on a replica shows that read's warnings): then the next
@@ -348,8 +956,42 @@ impl Session {
             }
             _ => false,
         };
-        if target.is_none() && !keeps_diagnostics {
-            split.last_on = None;
+        // Looked at only while warnings are about (it matters for nothing else).
+        let kept = (split.primary_warned || split.read_warned)
+            && match (command, query) {
+                (Some(COM_QUERY), Some(flags)) => {
+                    keeps_diagnostics_area(flags, &request[HEADER_LEN + 1..], mode)
+                }
+                _ => false,
+            };
+        if target.is_none() {
+            split.primary_kept = kept;
+        }
+        if target.is_none() && split.last_on.is_some() {
+            // A statement that reads what the last statement left, going to the primary
+            // (it cannot run where that statement ran): the read runs again there first,
+            // its answer dropped (it only read, so running it twice changes nothing).
+            let reads_last = match command {
+                Some(COM_QUERY | COM_STMT_PREPARE) => {
+                    holdfast_sql::reads_last_statement(&request[HEADER_LEN + 1..], mode, server)
+                }
+                Some(COM_STMT_EXECUTE) => packets::statement_id(&request[HEADER_LEN..])
+                    .map(|id| self.statements.resolve(id))
+                    .and_then(|id| self.statements.get(id))
+                    .is_some_and(|s| holdfast_sql::reads_last_statement(&s.sql, mode, server)),
+                _ => false,
+            };
+            // A statement that opens no table keeps the diagnostics area as the last
+            // statement left it (MariaDB clears it for statements that open tables): when
+            // the replica's and the primary's differ, the read runs again there too.
+            let keeps_area = (split.read_warned || split.primary_warned) && kept;
+            if (reads_last || keeps_area) && !keeps_diagnostics {
+                split.rerun = split.last_read.take();
+            }
+            if !keeps_diagnostics {
+                split.last_on = None;
+                split.last_read = None;
+            }
         }
         target
     }
@@ -357,6 +999,17 @@ impl Session {
     /// Statement ids closed by the client are closed on the replicas too; a reset or a
     /// change of user closes the replica connections.
     pub(super) async fn split_follow(&mut self, request: &[u8]) {
+        let rerun = self.split.as_mut().and_then(|s| s.rerun.take());
+        if let Some(read) = rerun.filter(|r| self.can_run_again(r)) {
+            if let Some(split) = self.split.as_mut() {
+                // The primary's diagnostics area is the read's from here on.
+                split.primary_warned = split.read_warned;
+            }
+            if let Err(e) = self.run_discarded(read).await {
+                // The request itself finds out what became of the connection.
+                tracing::debug!(session = self.info.id, error = ?e, "running a replica's read again on the primary failed");
+            }
+        }
         let Some(split) = self.split.as_mut() else {
             return;
         };
@@ -399,14 +1052,17 @@ impl Session {
         };
         split.refresh();
         let balanced = matches!(target, Target::Balanced);
-        let index = match target {
+        let mut index = match target {
             Target::Last(node) => match split.reader(&node) {
                 Some(i) => i,
                 None => return Ok(ReadOutcome::Primary(request)),
             },
             Target::Pinned(node) => match split.reader(&node) {
                 Some(i) => i,
-                None => return self.read_only_transaction_lost(&request).await,
+                None => {
+                    self.end_shadow().await;
+                    return self.read_only_transaction_lost(&request).await;
+                }
             },
             Target::Balanced => {
                 let weight = self.shared.config.split.primary_read_weight;
@@ -430,6 +1086,22 @@ impl Session {
                 }
             }
         };
+        if let Some(split) = self.split.as_ref().filter(|_| balanced) {
+            if split.tableless && split.readers.get(index).is_some_and(|r| r.warned) {
+                // Its diagnostics area holds warnings the read must not keep: the last
+                // replica's (empty, or the read would have gone there) or the primary's.
+                let clean_last = split
+                    .last_on
+                    .as_deref()
+                    .and_then(|n| split.reader(n))
+                    .filter(|&i| !split.readers[i].warned);
+                match clean_last {
+                    Some(i) => index = i,
+                    None if !split.primary_warned => return Ok(ReadOutcome::Primary(request)),
+                    None => {}
+                }
+            }
+        }
         if balanced {
             match self.prepare_reader(index).await {
                 Ok(true) => {}
@@ -444,11 +1116,18 @@ impl Session {
             }
         }
         // An execute names the statement by the replica connection's id.
+        let pinned = self.split.as_ref().is_some_and(|s| s.txn_on.is_some());
         let client_statement = match request.get(HEADER_LEN) {
             Some(&COM_STMT_EXECUTE) => match self.reader_execute(index, &mut request).await {
                 Ok(id) => Some(id),
                 Err(why) => {
                     self.lose_reader(index, why);
+                    if pinned {
+                        // The read-only transaction went with the connection: the execute
+                        // must not run on the primary outside it.
+                        self.end_shadow().await;
+                        return self.read_only_transaction_lost(&request).await;
+                    }
                     return Ok(ReadOutcome::Primary(request));
                 }
             },
@@ -464,6 +1143,7 @@ impl Session {
         reader.load.active.fetch_add(1, Ordering::Relaxed);
         reader.load.reads.fetch_add(1, Ordering::Relaxed);
         let active = Active(reader.load.clone());
+        let reader = &mut split.readers[index];
         std::mem::swap(&mut self.backend, &mut reader.conn);
         self.exchange.begin();
         self.shared.metrics.requests.command(request[HEADER_LEN]);
@@ -478,14 +1158,35 @@ impl Session {
                 std::mem::swap(&mut self.backend, &mut reader.conn);
             }
         }
-        let pinned = self.split.as_ref().is_some_and(|s| s.txn_on.is_some());
         match result {
             Ok(()) => {
                 self.shared.metrics.reads_on_replicas.inc();
                 let open = self.record.in_transaction();
+                if let Some(id) = client_statement {
+                    packets::set_statement_id(&mut request[HEADER_LEN..], id);
+                }
+                // The transaction pinned here ended (or a new one began after it): so does
+                // the primary's beside it.
+                let ended = pinned
+                    && (!open
+                        || query_sql(&request).is_some_and(|sql| {
+                            holdfast_sql::classify(sql).intersects(C::BEGIN_TXN.union(C::END_TXN))
+                        }));
+                if ended {
+                    self.end_shadow().await;
+                }
+                let warned = self.record.last_warnings > 0;
                 if let Some(split) = self.split.as_mut() {
+                    // A read without tables kept the area it found.
+                    let kept =
+                        split.tableless && split.readers.get(index).is_some_and(|r| r.warned);
+                    if let Some(reader) = split.readers.get_mut(index) {
+                        reader.warned = warned || kept;
+                    }
                     split.txn_on = open.then(|| node.clone());
                     split.last_on = Some(node);
+                    split.last_read = Some(request);
+                    split.read_warned = warned || kept;
                 }
                 Ok(ReadOutcome::Done)
             }
@@ -498,6 +1199,7 @@ impl Session {
                     if let Some(split) = self.split.as_mut() {
                         split.txn_on = None;
                     }
+                    self.end_shadow().await;
                     self.record.status &= !holdfast_wire::caps::SERVER_STATUS_IN_TRANS;
                 }
                 Ok(ReadOutcome::Done)
@@ -507,6 +1209,7 @@ impl Session {
                 error,
             }) if pinned => {
                 self.lose_reader(index, error.to_string());
+                self.end_shadow().await;
                 self.read_only_transaction_lost(&request).await
             }
             Err(End::BackendLost {
@@ -583,6 +1286,7 @@ impl Session {
             types,
             statements: HashMap::new(),
             waited: Vec::new(),
+            warned: false,
         });
         Some(split.readers.len() - 1)
     }
@@ -725,7 +1429,28 @@ impl Session {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_gtid;
+    use super::{parse_gtid, turns_autocommit_off};
+
+    #[test]
+    fn autocommit_turned_off_is_told_from_the_rest() {
+        let off = |sql: &str| turns_autocommit_off(sql.as_bytes(), Default::default());
+        for sql in [
+            "SET autocommit = 0",
+            "set @@session.autocommit=OFF",
+            "SET SESSION autocommit = 0;",
+            "SET @@autocommit := 0",
+        ] {
+            assert!(off(sql), "{sql}");
+        }
+        for sql in [
+            "SET autocommit = 1",
+            "SET autocommit = 0, sql_mode = ''",
+            "SET GLOBAL autocommit = 0",
+            "SET autocommit = @x",
+        ] {
+            assert!(!off(sql), "{sql}");
+        }
+    }
 
     #[test]
     fn gtids_are_read_as_domain_and_sequence() {
