@@ -4,55 +4,12 @@
 //! processes: `holdfast lab up`, `holdfast serve` with a wrong monitor password, the
 //! `mariadb` client.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn holdfast() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_holdfast"));
-    cmd.env_remove("HOLDFAST_ADMIN_TOKEN")
-        .env_remove("HOLDFAST_ADMIN")
-        .env("RUST_BACKTRACE", "0")
-        .stdin(Stdio::null());
-    cmd
-}
+mod common;
 
-fn run(cmd: &mut Command) -> Output {
-    cmd.output().expect("running a command")
-}
-
-/// A one-node lab on a base port whose layout is free (a few tries).
-fn one_node_lab(dir: &Path) -> u16 {
-    for _ in 0..10 {
-        let base = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        if base > 65_000 {
-            continue;
-        }
-        let out = run(holdfast()
-            .args(["lab", "up", "--replicas", "0", "--dir"])
-            .arg(dir)
-            .args(["--base-port", &base.to_string()]));
-        if out.status.success() {
-            return base;
-        }
-        let why = String::from_utf8_lossy(&out.stderr);
-        assert!(why.contains("is in use"), "lab up failed: {why}");
-    }
-    panic!("no free port layout for a lab");
-}
-
-struct Lab(PathBuf);
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        let _ = run(holdfast()
-            .args(["lab", "down", "--purge", "--dir"])
-            .arg(&self.0));
-    }
-}
+use common::{holdfast, run, Lab};
 
 struct Served(Child);
 
@@ -80,7 +37,7 @@ fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) 
 fn a_wrong_monitor_password_is_named_in_the_start_up_log_and_to_clients() {
     let dir = std::env::temp_dir().join(format!("hf-monitor-login-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let base = one_node_lab(&dir);
+    let base = common::lab_up(&dir, &["--replicas", "0"]);
     let _lab = Lab(dir.clone());
 
     // The lab's config, with the monitor's password file swapped for a wrong one.

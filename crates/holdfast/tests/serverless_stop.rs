@@ -3,59 +3,17 @@
 //! finds it running (issue 19). Real processes: `holdfast lab up --serverless`, `holdfast
 //! serve`, `holdfast ctl pause`, the `mariadb` client.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn holdfast() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_holdfast"));
-    cmd.env_remove("HOLDFAST_ADMIN_TOKEN")
-        .env_remove("HOLDFAST_ADMIN")
-        .env("RUST_BACKTRACE", "0")
-        .stdin(Stdio::null());
-    cmd
-}
+mod common;
 
-fn run(cmd: &mut Command) -> Output {
-    cmd.output().expect("running a command")
-}
+use common::{holdfast, run, Lab};
 
-/// A serverless lab on a base port whose layout is free (a few tries).
+/// A serverless lab on a base port whose layout is free.
 fn serverless_lab(dir: &Path) -> u16 {
-    for _ in 0..10 {
-        let base = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        if base > 65_000 {
-            continue;
-        }
-        let out = run(holdfast()
-            .args(["lab", "up", "--serverless", "--dir"])
-            .arg(dir)
-            .args(["--base-port", &base.to_string()]));
-        if out.status.success() {
-            return base;
-        }
-        let why = String::from_utf8_lossy(&out.stderr);
-        assert!(why.contains("is in use"), "lab up failed: {why}");
-    }
-    panic!("no free port layout for a serverless lab");
-}
-
-struct Lab(PathBuf);
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        // A server left frozen by a failed run would make `lab down` wait: thaw it first.
-        let _ = Command::new("pkill")
-            .args(["-CONT", "-f"])
-            .arg(format!("--datadir={}/node1", self.0.display()))
-            .status();
-        let _ = run(holdfast()
-            .args(["lab", "down", "--purge", "--dir"])
-            .arg(&self.0));
-    }
+    common::lab_up(dir, &["--serverless"])
 }
 
 fn select_one(port: u16) -> Output {
