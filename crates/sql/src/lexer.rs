@@ -275,8 +275,10 @@ impl<'a> Lexer<'a> {
     fn skip_comment(&mut self) -> bool {
         let src = self.src;
         let body = self.pos + 2;
-        if self.in_exec_comment && self.server.may_be_mysql() {
-            // MySQL's reading of comments inside executable ones changed across versions.
+        if self.in_exec_comment {
+            // A comment inside an executable one: MySQL's reading changed across versions,
+            // and MariaDB refuses some with 1064 (before running the statements of a
+            // multi-statement ahead of it) and accepts others.
             self.uncertain = true;
         }
         // `/*!` and `/*M!` (MariaDB reads an uppercase M only).
@@ -303,7 +305,18 @@ impl<'a> Lexer<'a> {
         match self.server.runs(mariadb_only, digits, value) {
             Run::Code => {}
             Run::Uncertain => self.uncertain = true,
-            Run::Skip => return self.skip_to_comment_end(skip_versioned_comment(src, after)),
+            Run::Skip => {
+                let end = skip_versioned_comment(src, after);
+                // A comment nested in a skipped one: as above, MariaDB may refuse the text.
+                let body_end = end.unwrap_or(src.len());
+                if src
+                    .get(after..body_end)
+                    .is_some_and(|b| b.windows(2).any(|w| w == b"/*"))
+                {
+                    self.uncertain = true;
+                }
+                return self.skip_to_comment_end(end);
+            }
             Run::Comment => return self.skip_to_comment_end(find_comment_end(src, body)),
         }
         // Inside one, another executable comment the server runs is entered again: the

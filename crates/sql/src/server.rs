@@ -122,11 +122,6 @@ impl Server {
         }
     }
 
-    /// Whether one of the servers may be MySQL.
-    pub(crate) const fn may_be_mysql(&self) -> bool {
-        self.mysql
-    }
-
     /// What the servers do with an executable comment: `/*M!` when `mariadb_only`, with
     /// `digits` the run of digits after the `!` (as many as there are) whose value is
     /// `value` (only read for 5 or more digits).

@@ -378,6 +378,17 @@ impl Session {
         }
         let statement = self.read_ok_or_err("statement").await?;
         let succeeded = statement.first() == Some(&0);
+        // One statement was sent, as far as holdfast could read it: more results mean the
+        // server read several (a COMMIT now would be answered out of turn). The session
+        // ends rather than answer the wrong request.
+        if succeeded
+            && OkPacket::parse(&statement, true)
+                .is_ok_and(|ok| ok.status & SERVER_MORE_RESULTS_EXISTS != 0)
+        {
+            return Err(End::Protocol(
+                "a wrapped autocommit write was run as several statements by the server".into(),
+            ));
+        }
         if let Some(InFlight::Autocommit { statement: s, .. }) = &mut self.markers.in_flight {
             *s = Some(statement.to_vec());
         }
