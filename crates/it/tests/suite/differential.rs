@@ -410,6 +410,15 @@ fn pending_transaction_characteristics_are_not_used_up_by_a_wrap() {
         q("SELECT @@tx_read_only, id, v FROM sbtest.dt ORDER BY id"),
     ];
     compare(&h, BASE_CAPS, &steps);
+    // Prepared, as a session's first (found by the fuzzer: the tracker was turned on for
+    // text ones only, and the wrap's BEGIN used the characteristics up).
+    let steps = vec![
+        binary("SET TRANSACTION READ ONLY"),
+        q("INSERT INTO sbtest.dt (v) VALUES ('p')"),
+        q("UPDATE sbtest.dt SET v = 'r' WHERE id = 2"),
+        q("SELECT @@tx_read_only, id, v FROM sbtest.dt ORDER BY id"),
+    ];
+    compare(&h, BASE_CAPS, &steps);
 }
 
 /// Found by the fuzzer: a transaction statement run through the binary protocol, then the

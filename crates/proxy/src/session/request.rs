@@ -282,7 +282,10 @@ impl Session {
             false => Route::Primary,
         };
         let trackers = match req.query {
-            Some(flags) if flags.has(C::SET_TRANSACTION) => TrackerStep::TrackTransactions,
+            // Prepared too: its characteristics are pending like a text one's.
+            _ if req.flags().is_some_and(|f| f.has(C::SET_TRANSACTION)) => {
+                TrackerStep::TrackTransactions
+            }
             // A statement that reads the trackers' settings (`@@session_track_...`, `SHOW
             // VARIABLES LIKE 'session_track%'`) reads the client's, not holdfast's; a SET
             // of one of them is read back after it runs. Not for several statements in one
