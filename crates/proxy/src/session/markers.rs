@@ -212,6 +212,13 @@ impl Session {
             ) => self.markers.row_count,
             _ => self.markers.row_count.take(),
         };
+        // Nothing to put back, and no wrap to stop: no need to read the text.
+        let ha = &self.shared.config.ha;
+        if row_count.is_none()
+            && (self.markers.reads_row_count || !ha.commit_markers || !ha.mark_autocommit_writes)
+        {
+            return;
+        }
         let Some(header) = frame::parse_header(request) else {
             return;
         };
@@ -469,11 +476,7 @@ impl Session {
             }
         };
         if answer.first() == Some(&0xff) {
-            let code = holdfast_wire::packets::ErrPacket::parse(&answer).map_or(0, |e| e.code);
-            self.exchange.error = Some(code);
-            self.shared.metrics.count_error(code);
-            self.record.last_warnings = 1;
-            self.record.last_affected_rows = 0;
+            self.note_error_answer(&answer);
         }
         self.shared
             .metrics
@@ -484,6 +487,16 @@ impl Session {
             .write_packet(&answer, reply_seq)
             .await
             .map_err(End::Client)
+    }
+
+    /// An ERR holdfast gives the client for a wrapped write: counted, and the record
+    /// follows it as after a relayed one.
+    fn note_error_answer(&mut self, err: &[u8]) {
+        let code = holdfast_wire::packets::ErrPacket::parse(err).map_or(0, |e| e.code);
+        self.exchange.error = Some(code);
+        self.shared.metrics.count_error(code);
+        self.record.last_warnings = 1;
+        self.record.last_affected_rows = 0;
     }
 
     /// The client's OK for a statement whose transaction holdfast committed: the
@@ -626,11 +639,7 @@ impl Session {
                     session = self.info.id,
                     "the lost autocommit write had failed; answering its error"
                 );
-                let code = holdfast_wire::packets::ErrPacket::parse(err).map_or(0, |e| e.code);
-                self.exchange.error = Some(code);
-                self.shared.metrics.count_error(code);
-                self.record.last_warnings = 1;
-                self.record.last_affected_rows = 0;
+                self.note_error_answer(err);
                 self.markers.row_count = Some(-1);
                 return self
                     .client
