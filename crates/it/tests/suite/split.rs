@@ -588,8 +588,9 @@ fn server_local_reads_run_on_the_primary() {
 /// then saw was not the one its next INSERT went to. A setting (`USE`, here) now runs on
 /// both connections; a statement whose effects holdfast cannot see (a compound statement)
 /// gives the transaction up with 1213 (it only read), does not run, and the session's read-only
-/// transactions run on the primary from then on. The lab's defaults (markers, replay)
-/// stay on.
+/// transactions run on the primary from then on. (Such a statement first tries to move the
+/// transaction to the primary; here it cannot: its read of `@@server_id` answers otherwise
+/// there.) The lab's defaults (markers, replay) stay on.
 #[test]
 fn a_session_change_inside_a_read_only_transaction_on_a_replica_is_not_lost() {
     let h = split_harness(|_| {});
@@ -985,7 +986,8 @@ fn session_statements_in_a_read_only_transaction_on_a_replica_get_the_servers_an
 /// changes the session there (a procedure that sets a user variable) leaves the replica's
 /// connection behind: the client gets the statement's answer, then 1213 for its next
 /// statement (the transaction was rolled back), and its read-only transactions run on the
-/// primary from then on.
+/// primary from then on. (The transaction cannot move to the primary: its read of
+/// `@@server_id` answers otherwise there.)
 #[test]
 fn a_procedure_that_changes_the_session_in_a_read_only_transaction_gives_it_up() {
     let h = split_harness(|_| {});
@@ -1083,4 +1085,63 @@ fn a_read_right_after_a_procedure_changed_the_session_runs_on_the_primary() {
         assert!(rows.is_empty());
         c.query_drop("DROP TEMPORARY TABLE tmp_p").unwrap();
     }
+}
+
+/// Found by the fuzzer (seed 2026, sessions 53, 116, 227, 515, 535, 624; seed 8 session 304):
+/// inside a read-only transaction on a replica, a statement the replica's connection cannot
+/// follow (a user variable set from a query, a multi-statement that ends the transaction or
+/// commits it for DDL, `UNLOCK TABLES` among others, a compound statement) got 1213 where the
+/// server answers; a write prepared there was prepared (the server refuses the prepare with
+/// 1792). Now the transaction moves to the primary first: its reads run again there in a
+/// read-only transaction, and when every answer is the one the client got, the statement
+/// runs there as on the server. The lab's defaults (markers, replay) stay on.
+#[test]
+fn a_read_only_transaction_on_a_replica_moves_to_the_primary_for_what_the_replica_cannot_follow() {
+    use holdfast_it::differential::{binary, differences, q, run};
+    use holdfast_it::raw::BASE_CAPS;
+    let h = split_harness(|_| {});
+    table_t_everywhere(&h);
+    let mut steps = Vec::new();
+    for _ in 0..3 {
+        steps.extend([
+            q("START TRANSACTION READ ONLY"),
+            q("SELECT COUNT(*) FROM t"),
+            binary("INSERT INTO t VALUES (100, 1)"),
+            q("SELECT v FROM t WHERE id = 2"),
+            q("SET @x = (SELECT MAX(v) FROM t)"),
+            q("SELECT @x, @@in_transaction, @@tx_read_only"),
+            q("INSERT INTO t VALUES (101, 1)"),
+            q("COMMIT"),
+            q("START TRANSACTION READ ONLY"),
+            q("SELECT SUM(v) FROM t"),
+            q("SELECT 1; UNLOCK TABLES; SELECT @@in_transaction"),
+            q("SELECT id FROM t ORDER BY id; COMMIT; SELECT @@in_transaction"),
+            q("START TRANSACTION READ ONLY"),
+            q("SELECT v FROM t WHERE id = 3"),
+            q("SELECT 2; DROP TABLE IF EXISTS t_nope; SELECT @@in_transaction"),
+            q("START TRANSACTION READ ONLY"),
+            q("SELECT v FROM t WHERE id = 4"),
+            q("BEGIN NOT ATOMIC SELECT COUNT(*) FROM t; END"),
+            q("SELECT @@in_transaction"),
+            q("ROLLBACK"),
+        ]);
+    }
+    let login = (h.user(), h.password(), Some(h.database()));
+    let direct = run(h.direct(), login, BASE_CAPS, &steps).expect("directly");
+    let via = run(h.proxy, login, BASE_CAPS, &steps).expect("through holdfast");
+    let diff = differences(&steps, &direct, &via);
+    assert!(diff.is_empty(), "holdfast differs from the server:\n{diff}");
+    let rows = h.root_sql("SELECT COUNT(*), SUM(v) FROM sbtest.t");
+    assert_eq!(rows[0], ["5", "15"], "no write went in");
+    // Each of the four moved, in each round (the session's read-only transactions still
+    // go to a replica after one moved).
+    let m = h.metrics();
+    assert_eq!(
+        holdfast_it::metric(
+            &m,
+            "holdfast_reads_fallback_total{reason=\"replica_transaction_moved\"}"
+        ),
+        Some(12.0),
+        "{m}"
+    );
 }

@@ -86,6 +86,13 @@ fn heap_block(size: usize) -> usize {
 }
 
 impl TxnLog {
+    /// The log of a transaction that is not replayable, for `why`.
+    pub(super) fn not_replayable(why: &'static str) -> Self {
+        let mut log = Self::new(0);
+        log.give_up(why);
+        log
+    }
+
     fn new(start_last_insert_id: u64) -> Self {
         TxnLog {
             requests: Vec::new(),
@@ -330,7 +337,7 @@ impl Session {
 
     /// The request as it is kept: an execute names its statement by the client's id and
     /// carries the parameter types in effect (a later execute may send others).
-    fn kept_copy(&self, cmd: u8, request: &[u8]) -> Bytes {
+    pub(super) fn kept_copy(&self, cmd: u8, request: &[u8]) -> Bytes {
         if cmd == COM_STMT_EXECUTE {
             let stmt = holdfast_wire::packets::statement_id(&request[HEADER_LEN..])
                 .map(|id| self.statements.resolve(id))

@@ -65,6 +65,9 @@ pub(super) struct Split {
     shadow: bool,
     /// Such a statement is running on the primary: it is not routed again.
     probing: bool,
+    /// The pinned transaction's reads on its replica, to run again on the primary should
+    /// the transaction move there.
+    pinned_reads: PinnedReads,
     /// The pinned transaction was given up after a statement that changed the session on
     /// the primary: the client's next statement learns so (1213).
     given_up: bool,
@@ -73,6 +76,33 @@ pub(super) struct Split {
     watch: watch::Receiver<Arc<Topology>>,
     /// Spreads reads over equally loaded replicas.
     turn: usize,
+}
+
+/// The reads a read-only transaction pinned to a replica ran there, each with the
+/// checksum of the answer the client got (see [`Session::move_pinned_to_primary`]).
+#[derive(Default)]
+struct PinnedReads {
+    reads: Vec<(bytes::Bytes, u64)>,
+    bytes: usize,
+    /// One was not kept (the whole grew past `replay_max_bytes`): the transaction cannot
+    /// move.
+    incomplete: bool,
+}
+
+impl PinnedReads {
+    fn keep(&mut self, request: bytes::Bytes, checksum: Option<u64>, max_bytes: usize) {
+        match checksum {
+            Some(sum) if !self.incomplete && self.bytes + request.len() <= max_bytes => {
+                self.bytes += request.len();
+                self.reads.push((request, sum));
+            }
+            _ => {
+                self.incomplete = true;
+                self.reads = Vec::new();
+                self.bytes = 0;
+            }
+        }
+    }
 }
 
 /// One connection of the session to a replica.
@@ -118,6 +148,7 @@ impl Split {
             read_only_on_primary: false,
             shadow: false,
             probing: false,
+            pinned_reads: PinnedReads::default(),
             given_up: false,
             topology,
             watch,
@@ -259,8 +290,9 @@ fn parse_gtid(gtid: &str) -> Option<(u32, u64)> {
 /// left to the replica as it is (see [`Session::pinned_plan`]).
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Pinned {
-    /// The transaction is given up (1213): the statement may end it or changes the session
-    /// in a way the replica's connection cannot follow.
+    /// The statement may end the transaction or changes the session in a way the
+    /// replica's connection cannot follow: the transaction moves to the primary, or is
+    /// given up (1213) when it cannot.
     Leave,
     /// A setting (session or user variables, the current database): run on the replica,
     /// which answers, then on the primary, so that both connections have it.
@@ -418,12 +450,14 @@ impl Session {
     ///   get the server's 1792 there, `RELEASE_LOCK`, `CALL`, `EXECUTE`... the server's
     ///   answers; named locks and SQL prepared statements live on the primary as always.
     ///   Should it change the session there after all (a procedure that sets a variable,
-    ///   a temporary table), the replica's connection cannot follow: the pinned
-    ///   transaction is given up, and the next statement gets 1213 ([`Pinned::GivenUp`]).
+    ///   a temporary table), the replica's connection cannot follow: the transaction
+    ///   moves to the primary, or when it cannot, it is given up, and the next statement
+    ///   gets 1213 ([`Pinned::GivenUp`]).
     /// - Code holdfast cannot see into (compound statements, texts it cannot read for
     ///   sure), a multi-statement that mixes settings with other statements or ends the
-    ///   transaction, a client's file: 1213 at once, as issue 18 item 4 designed
-    ///   ([`Pinned::Leave`]).
+    ///   transaction, a setting from a query, a client's file: the transaction moves to
+    ///   the primary when its reads answer the same there, and the statement runs there;
+    ///   else 1213 at once, as issue 18 item 4 designed ([`Pinned::Leave`]).
     pub(super) fn pinned_plan(&self, request: &[u8], query: Option<C>) -> Option<Pinned> {
         let split = self.split.as_ref()?;
         if split.given_up {
@@ -475,6 +509,16 @@ impl Session {
             }
             // The current database changes: the replica's connection cannot follow here.
             Some(holdfast_wire::command::COM_INIT_DB) => return Some(Pinned::Leave),
+            // The server refuses to prepare a write inside a read-only transaction (1792):
+            // what is not a plain read is prepared in the primary's, beside the pinned one.
+            Some(COM_STMT_PREPARE) => {
+                let sql = request.get(HEADER_LEN + 1..)?;
+                let flags = holdfast_sql::classify_for(sql, mode, server);
+                return match holdfast_sql::read_route(sql, flags, mode, server) {
+                    ReadRoute::Replica | ReadRoute::ReplicaWithUserVariables => None,
+                    _ => Some(Pinned::Primary(C::EMPTY)),
+                };
+            }
             _ => return None,
         };
         if flags.intersects(LEAVES_PINNED) {
@@ -568,7 +612,10 @@ impl Session {
         reply_seq: u8,
     ) -> Result<(), End> {
         match plan {
-            Pinned::Leave => self.leave_pinned_transaction(reply_seq).await,
+            Pinned::Leave => match self.move_pinned_to_primary().await? {
+                true => Box::pin(self.forward_request(request)).await,
+                false => self.leave_pinned_transaction(reply_seq).await,
+            },
             Pinned::Mirror => self.mirror_pinned(request).await,
             Pinned::Primary(flags) => self.pinned_on_primary(request, flags).await,
             Pinned::Commit => {
@@ -716,11 +763,114 @@ impl Session {
             // The primary's transaction ended (or its connection did): so does the pinned
             // one, as it would have on the server.
             self.end_pinned(b"COMMIT").await;
-        } else if changed {
+        } else if changed && result.is_ok() && !self.move_pinned_to_primary().await? {
             tracing::info!(session = self.info.id, "a statement of a read-only transaction on a replica changed the session on the primary; the transaction is given up");
             self.give_up_pinned().await;
         }
         result
+    }
+
+    /// Moves the read-only transaction pinned to a replica to the primary, before a
+    /// statement the replica's connection cannot follow: inside a read-only transaction
+    /// there (the one opened beside the pinned one, or a new one), the pinned transaction's
+    /// reads run again, their answers dropped. When each answer is the one the client got,
+    /// the transaction could have run on the primary from its start: the replica's is
+    /// rolled back (it only read), and the session's transaction is the primary's from now
+    /// on (`true`). Otherwise (an answer differs: the replica was behind, the read was of
+    /// the clock; a read cannot run again; the primary is lost) nothing moves (`false`),
+    /// and the caller gives the transaction up (1213) as before.
+    async fn move_pinned_to_primary(&mut self) -> Result<bool, End> {
+        let Some(split) = self.split.as_mut() else {
+            return Ok(false);
+        };
+        if split.txn_on.is_none() || split.pinned_reads.incomplete || self.backend_dead {
+            return Ok(false);
+        }
+        let reads = std::mem::take(&mut split.pinned_reads.reads);
+        split.pinned_reads = PinnedReads::default();
+        if !split.shadow {
+            match restore::execute(&mut self.backend, b"START TRANSACTION READ ONLY").await {
+                Ok(_) => {
+                    if let Some(split) = self.split.as_mut() {
+                        split.shadow = true;
+                    }
+                }
+                Err(e) => {
+                    tracing::info!(session = self.info.id, error = %e, "opening a read-only transaction on the primary to move one from a replica failed");
+                    if matches!(e, crate::backend::BackendError::Conn(_)) {
+                        self.mark_backend_dead();
+                    }
+                    return Ok(false);
+                }
+            }
+        }
+        let status = self.record.status;
+        let warnings = self.record.last_warnings;
+        let count = reads.len();
+        for (at, (kept, answered)) in reads.into_iter().enumerate() {
+            if !self.can_run_again(&kept) {
+                tracing::info!(session = self.info.id, "a read of a read-only transaction on a replica cannot run again on the primary (its statement was closed)");
+                return Ok(false);
+            }
+            let mut request = BytesMut::from(&kept[..]);
+            self.exchange.checksum = Some(Box::default());
+            let replaying = std::mem::replace(&mut self.exchange.replaying, true);
+            let result = self.command(&mut request).await;
+            self.exchange.replaying = replaying;
+            let checksum = self
+                .exchange
+                .checksum
+                .take()
+                .map(|h| std::hash::Hasher::finish(&*h));
+            self.record.status = status;
+            self.record.last_warnings = warnings;
+            match result {
+                Ok(()) if checksum == Some(answered) => {}
+                Ok(()) => {
+                    tracing::info!(
+                        session = self.info.id,
+                        read = at + 1,
+                        of = count,
+                        "a read-only transaction on a replica cannot move to the primary: a read answers otherwise there"
+                    );
+                    return Ok(false);
+                }
+                Err(End::BackendLost { error, .. }) => {
+                    tracing::info!(session = self.info.id, %error, "primary lost while a read-only transaction moved to it from a replica");
+                    self.mark_backend_dead();
+                    return Ok(false);
+                }
+                Err(end) => return Err(end),
+            }
+        }
+        // The replica's transaction only read: rolled back; the primary's is the session's.
+        let Some(split) = self.split.as_mut() else {
+            return Ok(false);
+        };
+        split.shadow = false;
+        split.forget_last();
+        if let Some(node) = split.txn_on.take() {
+            if let Some(i) = split.reader(&node) {
+                if let Err(e) = restore::execute(&mut split.readers[i].conn, b"ROLLBACK").await {
+                    let why = format!("ending its read-only transaction: {e}");
+                    self.lose_reader(i, why);
+                }
+            }
+        }
+        // Its reads before the move are not in the transaction log: a failover now
+        // answers 1213 rather than replay part of it.
+        self.txn_log = Some(Box::new(super::replay::TxnLog::not_replayable(
+            "a read-only transaction moved from a replica",
+        )));
+        tracing::debug!(
+            session = self.info.id,
+            reads = count,
+            "read-only transaction moved from a replica to the primary"
+        );
+        self.shared
+            .metrics
+            .read_fallback("replica_transaction_moved");
+        Ok(true)
     }
 
     /// Makes `settings` (plain `SET`s and `USE`s the primary ran) on the connection of the
@@ -1147,10 +1297,18 @@ impl Session {
         std::mem::swap(&mut self.backend, &mut reader.conn);
         self.exchange.begin();
         self.shared.metrics.requests.command(request[HEADER_LEN]);
+        // A read of the pinned transaction is kept with its answer's checksum, should the
+        // transaction move to the primary.
+        let outer_checksum = std::mem::replace(
+            &mut self.exchange.checksum,
+            pinned.then(Box::<super::replay::Checksum>::default),
+        );
         let mut result = self.forward(&request).await;
         if result.is_ok() {
             result = self.relay(Reply::of(request[HEADER_LEN])).await;
         }
+        let checksum = std::mem::replace(&mut self.exchange.checksum, outer_checksum)
+            .map(|h| std::hash::Hasher::finish(&*h));
         drop(active);
         self.info.replica_read.store(None);
         if let Some(split) = self.split.as_mut() {
@@ -1174,6 +1332,17 @@ impl Session {
                         }));
                 if ended {
                     self.end_shadow().await;
+                } else if pinned && open {
+                    let kept = self.kept_copy(request[HEADER_LEN], &request);
+                    let max = self.shared.config.proxy.replay_max_bytes;
+                    if let Some(split) = self.split.as_mut() {
+                        split.pinned_reads.keep(kept, checksum, max);
+                    }
+                } else if open {
+                    // This read began the transaction pinned here.
+                    if let Some(split) = self.split.as_mut() {
+                        split.pinned_reads = PinnedReads::default();
+                    }
                 }
                 let warned = self.record.last_warnings > 0;
                 if let Some(split) = self.split.as_mut() {
