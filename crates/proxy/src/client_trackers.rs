@@ -145,6 +145,11 @@ impl ClientTrackers {
         )
     }
 
+    /// Whether the client tracks the current schema.
+    pub fn schema(&self) -> bool {
+        self.schema
+    }
+
     /// Whether the client tracks state changes (which also decides the "state changed"
     /// status flag of EOF packets, which carry no records to filter).
     pub fn state_change(&self) -> bool {

@@ -95,6 +95,9 @@ pub struct ResponseMachine {
     /// COM_STMT_FETCH). Anywhere else the flag only reports a cursor open on the server
     /// (a stored program's `OPEN c` sets it in text-protocol answers) and the rows follow.
     cursor: bool,
+    /// Results ended by an OK or EOF so far (a multi-statement's statements that ran, when
+    /// none is a CALL).
+    results: u32,
 }
 
 impl ResponseMachine {
@@ -114,6 +117,7 @@ impl ResponseMachine {
             continuation: false,
             last_status: 0,
             cursor: false,
+            results: 0,
         }
     }
 
@@ -122,6 +126,11 @@ impl ResponseMachine {
     pub fn with_cursor(mut self, cursor: bool) -> Self {
         self.cursor = cursor && self.expect == Expect::ResultSets;
         self
+    }
+
+    /// Results ended by an OK or EOF so far.
+    pub fn results(&self) -> u32 {
+        self.results
     }
 
     pub fn is_done(&self) -> bool {
@@ -214,6 +223,7 @@ impl ResponseMachine {
 
     fn end_of_result(&mut self, status: u16) {
         self.last_status = status;
+        self.results += 1;
         self.state = if status & SERVER_MORE_RESULTS_EXISTS != 0
             && matches!(self.expect, Expect::ResultSets)
         {

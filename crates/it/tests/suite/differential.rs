@@ -542,3 +542,43 @@ fn a_comment_nested_in_an_executable_one_is_not_read_as_one_statement() {
     ];
     compare(&h, BASE_CAPS, &steps);
 }
+
+/// Found by the fuzzer (seed 2027, session 41): MariaDB runs an `EXECUTE` of a statement
+/// prepared under another current schema in that schema and back; the client's schema
+/// tracker sets "state changed" in the result's EOF (holdfast cleared it), and the record
+/// itself goes out only with an OK that reports something else (holdfast's own trackers
+/// made the next OK carry it to the client).
+#[test]
+fn an_execute_after_use_reports_the_state_change_as_the_server_does() {
+    let h = Harness::start();
+    h.root_sql("CREATE DATABASE IF NOT EXISTS other_db");
+    h.root_sql(&format!("GRANT ALL ON other_db.* TO '{}'@'%'", h.user()));
+    let steps =
+        vec![
+        q("SET TRANSACTION READ ONLY; PREPARE ps FROM 'SELECT v FROM sbtest.dt WHERE id = ?'; \
+           /**/ INSERT INTO sbtest.dt (id, v) VALUES (3, 'x')"),
+        q("USE other_db"),
+        q("EXECUTE ps USING @a"),
+        q("SET SESSION sql_select_limit = 0"),
+        q("SET SESSION sql_select_limit = DEFAULT"),
+        q("EXECUTE ps USING @a"),
+        q("SET time_zone = '+01:00'"),
+        q("EXECUTE ps USING @a"),
+        q("USE other_db"),
+        q("PREPARE ps2 FROM 'SELECT 1'"),
+        q("USE sbtest"),
+        q("EXECUTE ps2"),
+        q("EXECUTE ps"),
+        q("SELECT 2"),
+        q("SET time_zone = DEFAULT"),
+        q("DEALLOCATE PREPARE ps"),
+        q("SET sql_select_limit = 1"),
+    ];
+    for caps in [
+        BASE_CAPS,
+        BASE_CAPS | CLIENT_SESSION_TRACK,
+        BASE_CAPS | CLIENT_SESSION_TRACK | CLIENT_DEPRECATE_EOF,
+    ] {
+        compare(&h, caps, &steps);
+    }
+}

@@ -1057,6 +1057,16 @@ fn statements_that_open_no_table_keep_a_replica_reads_diagnostics() {
             q("SELECT CAST(CONCAT('x', id) AS SIGNED) FROM t ORDER BY id LIMIT 1"),
             q("SELECT DATABASE()"),
             q("SHOW COUNT(*) WARNINGS"),
+            // A prepared statement that opens no table keeps it as well (fuzzer, seed
+            // 2027 session 180).
+            q("INSERT INTO no_such_table VALUES (3)"),
+            q("SELECT COUNT(*) FROM t"),
+            binary("SET sql_mode = DEFAULT"),
+            q("SELECT @@warning_count, @@error_count"),
+            q("INSERT INTO no_such_table VALUES (4)"),
+            q("SELECT CAST(CONCAT('x', id) AS SIGNED) FROM t ORDER BY id LIMIT 1"),
+            binary("SELECT @@in_transaction"),
+            q("SHOW COUNT(*) WARNINGS"),
         ]);
     }
     let login = (h.user(), h.password(), Some(h.database()));

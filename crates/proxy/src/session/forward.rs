@@ -122,6 +122,23 @@ impl Session {
             self.note_query(*flags, sql);
         }
         self.record.state_change_reported = false;
+        // A schema change of the request's own reports the schema whatever else does.
+        if req.query.is_some_and(|f| f.has(C::USE_DB))
+            || req.bytes.get(holdfast_wire::frame::HEADER_LEN)
+                == Some(&holdfast_wire::command::COM_INIT_DB)
+        {
+            self.exchange.schema_echo = None;
+        }
+        self.exchange.schema_switch = req.query.is_some_and(|f| f.has(C::EXECUTE_SQL))
+            && match req
+                .sql()
+                .and_then(|sql| holdfast_sql::parse_sql_prepared(sql, req.mode.unwrap_or_default()))
+            {
+                Some(holdfast_sql::SqlPrepared::Execute { name }) => self
+                    .statements
+                    .sql_runs_elsewhere(&name, self.record.schema.as_deref()),
+                _ => false,
+            };
         self.replay_start(plan.replay.as_mut(), &req.bytes);
         self.note_writes(req.flags());
     }
@@ -142,6 +159,7 @@ impl Session {
     /// prepared `KILL`s, the session's own password. Returns what was in flight behind a
     /// marker, for a recovery.
     fn observe(&mut self, req: &Request, plan: &mut Plan, ok: bool) -> Option<InFlight> {
+        self.exchange.schema_switch = false;
         match ok {
             true => self.replay_after(plan.replay.take()),
             false => self.exchange.checksum = None,
@@ -171,6 +189,7 @@ impl Session {
         {
             if let Some(sql) = req.sql() {
                 self.note_sql_prepared(sql, answered_ok);
+                self.note_sql_prepared_schemas(sql, req.mode.unwrap_or_default(), answered_ok);
             }
         }
         // SET PASSWORD and ALTER USER are implicit commits to the classifier: nothing more
@@ -231,6 +250,30 @@ impl Session {
                 Box::pin(self.recover_lost_request(error, retry, reply_seq, lost)).await
             }
             other => other,
+        }
+    }
+
+    /// The schema each `PREPARE` of a text (one statement or several) was made under. A
+    /// failed text ran its statements up to the one that failed (each answered before the
+    /// ERR); with a CALL among them, which answers more than once, none is known to have.
+    fn note_sql_prepared_schemas(&mut self, sql: &[u8], mode: SqlMode, ok: bool) {
+        let server = self.server();
+        let ran = match ok || holdfast_sql::classify_for(sql, mode, server).has(C::CALL) {
+            true if ok => usize::MAX,
+            true => 0,
+            false => self.exchange.results as usize,
+        };
+        for (at, range) in holdfast_sql::Statements::for_server(sql, mode, server).enumerate() {
+            match holdfast_sql::parse_sql_prepared(&sql[range], mode) {
+                Some(holdfast_sql::SqlPrepared::Prepare { name, .. }) => {
+                    let schema = (at < ran).then(|| self.record.schema.clone());
+                    self.statements.note_sql_prepared(name, schema);
+                }
+                Some(holdfast_sql::SqlPrepared::Deallocate { name }) => {
+                    self.statements.note_sql_prepared(name, None);
+                }
+                _ => {}
+            }
         }
     }
 

@@ -38,6 +38,24 @@ pub(super) struct Exchange {
     /// `LOAD DATA|XML LOCAL` (or text holdfast could not classify). Any other file request
     /// is refused ([`Session::refuse_file_request`]).
     pub file_expected: bool,
+    /// The request executes a statement prepared with `PREPARE` under another current
+    /// schema: the server switches to that one and back while it runs, and its schema
+    /// tracker reports a change (see [`SchemaEcho`]).
+    pub schema_switch: bool,
+    /// What the last such switch left for the next OK to echo.
+    pub schema_echo: Option<SchemaEcho>,
+    /// Results the last answer ended with an OK or EOF: after an ERR, the statements of a
+    /// multi-statement that ran before it (when none is a CALL).
+    pub results: u32,
+}
+
+/// A schema change the server reported only as the "state changed" flag of a result's EOF
+/// (an EOF carries no records). MariaDB keeps the record and sends it with the next OK that
+/// reports anything else; holdfast's own trackers make every OK report something, so the
+/// record would reach a client whose trackers report nothing else there: it is left out
+/// when it is all the client would get (the schema, as it was at that EOF).
+pub(super) struct SchemaEcho {
+    pub schema: Vec<u8>,
 }
 
 impl Exchange {
@@ -331,6 +349,7 @@ impl Session {
                 }
             }
             if m.is_done() && pending.is_none() {
+                self.exchange.results = m.results();
                 break;
             }
             let rest = &self.backend.conn.rbuf[ready..];
@@ -388,6 +407,7 @@ impl Session {
                     // First: the OK of a client's SET session_track_... already counts.
                     self.record.observe_ok(&ok);
                     let client_tracks = self.capabilities & CLIENT_SESSION_TRACK != 0;
+                    let echo = self.exchange.schema_echo.take();
                     if !client_tracks && ok.status & SERVER_SESSION_STATE_CHANGED != 0 {
                         // Without SESSION_TRACK the client gets the same OK minus the
                         // session state (the rest is byte-identical).
@@ -401,6 +421,11 @@ impl Session {
                         let trackers = &self.record.client_trackers;
                         let mut kept = Vec::new();
                         trackers.filter(ok.session_state, &mut kept);
+                        if echo.is_some_and(|e| {
+                            holdfast_wire::session_track::only_schema(&kept, &e.schema)
+                        }) {
+                            kept.clear();
+                        }
                         let flag_only = ok.session_state.is_empty() && !trackers.state_change();
                         if kept.len() != ok.session_state.len() || flag_only {
                             let ok = OkPacket {
@@ -415,9 +440,23 @@ impl Session {
                     }
                 }
                 Event::Eof(eof) => {
-                    if eof.status & SERVER_SESSION_STATE_CHANGED != 0
-                        && !self.record.client_trackers.state_change()
-                    {
+                    let trackers = &self.record.client_trackers;
+                    let flagged = eof.status & SERVER_SESSION_STATE_CHANGED != 0;
+                    // (The server sets it for clients without CLIENT_SESSION_TRACK too.)
+                    let schema_switched = self.exchange.schema_switch && trackers.schema();
+                    if flagged && schema_switched {
+                        // The client's own schema tracker sets the flag here too.
+                        self.exchange.schema_echo = Some(SchemaEcho {
+                            schema: self
+                                .record
+                                .schema
+                                .as_deref()
+                                .unwrap_or_default()
+                                .as_bytes()
+                                .to_vec(),
+                        });
+                    }
+                    if flagged && !trackers.state_change() && !schema_switched {
                         // The flag in an EOF, from a change inside a stored program before
                         // its result: holdfast's state-change tracker set it. Cleared unless
                         // the client tracks state changes itself. (A schema or variable

@@ -1097,12 +1097,15 @@ impl Session {
         // answer) and across the prepare of a statement that reads them (`SHOW WARNINGS`
         // prepared after a read on a replica shows that read's warnings): then the next
         // diagnostics read still goes where the last statement ran.
+        // (So does the prepare of a statement that opens no table.)
         let keeps_diagnostics = match command {
             Some(COM_STMT_CLOSE) => true,
             Some(COM_STMT_PREPARE) => {
                 let sql = &request[HEADER_LEN + 1..];
                 let flags = holdfast_sql::classify_for(sql, mode, server);
                 holdfast_sql::read_route(sql, flags, mode, server) == ReadRoute::LastNode
+                    || ((split.primary_warned || split.read_warned)
+                        && keeps_diagnostics_area(flags, sql, mode))
             }
             _ => false,
         };
@@ -1112,6 +1115,10 @@ impl Session {
                 (Some(COM_QUERY), Some(flags)) => {
                     keeps_diagnostics_area(flags, &request[HEADER_LEN + 1..], mode)
                 }
+                (Some(COM_STMT_EXECUTE), _) => packets::statement_id(&request[HEADER_LEN..])
+                    .map(|id| self.statements.resolve(id))
+                    .and_then(|id| self.statements.get(id))
+                    .is_some_and(|s| keeps_diagnostics_area(s.flags, &s.sql, mode)),
                 _ => false,
             };
         if target.is_none() {

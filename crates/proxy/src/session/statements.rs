@@ -60,7 +60,14 @@ pub(super) struct Statements {
     /// The client's id of the statement prepared last, if that prepare succeeded (what
     /// MariaDB's statement id -1 names).
     pub last: Option<u32>,
+    /// The current schema when each statement prepared with `PREPARE name` (lower-case
+    /// names) was: an `EXECUTE` of it runs in that schema (see `relay::SchemaEcho`).
+    sql_schemas: HashMap<Vec<u8>, Option<String>>,
 }
+
+/// SQL-level prepared statements whose schema is kept; past this many, an `EXECUTE` of
+/// another is taken to run in the current schema.
+const SQL_SCHEMAS_MAX: usize = 1024;
 
 impl Default for Statements {
     fn default() -> Self {
@@ -68,6 +75,7 @@ impl Default for Statements {
             by_id: HashMap::default(),
             next_id: 1,
             last: None,
+            sql_schemas: HashMap::new(),
         }
     }
 }
@@ -110,6 +118,27 @@ impl Statements {
     pub fn clear(&mut self) {
         self.by_id.clear();
         self.last = None;
+        self.sql_schemas.clear();
+    }
+
+    /// A `PREPARE name` (`Some(schema)`: it succeeded under that current schema) or a
+    /// `DEALLOCATE PREPARE name` (`None`; a failed `PREPARE` drops the old one too).
+    pub fn note_sql_prepared(&mut self, name: Vec<u8>, schema: Option<Option<String>>) {
+        match schema {
+            Some(schema) if self.sql_schemas.len() < SQL_SCHEMAS_MAX => {
+                self.sql_schemas.insert(name, schema);
+            }
+            _ => {
+                self.sql_schemas.remove(&name);
+            }
+        }
+    }
+
+    /// Whether an `EXECUTE name` runs its statement under another schema than `current`.
+    pub fn sql_runs_elsewhere(&self, name: &[u8], current: Option<&str>) -> bool {
+        self.sql_schemas
+            .get(name)
+            .is_some_and(|prepared| prepared.as_deref() != current)
     }
 
     pub fn len(&self) -> usize {
