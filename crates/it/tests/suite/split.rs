@@ -1155,3 +1155,49 @@ fn a_read_only_transaction_on_a_replica_moves_to_the_primary_for_what_the_replic
         "{m}"
     );
 }
+
+/// Found by the fuzzer (seed 2028, session 292): `SET autocommit = 1` commits a read-only
+/// transaction, and MariaDB keeps the session read-only after it (a write prepared or run
+/// then gets 1792, until the next transaction ends). With the transaction on a replica,
+/// holdfast committed it there and ran the `SET` on the primary, where no transaction was
+/// open: the writes went in. A statement that commits the transaction now runs where the
+/// server can say what it leaves: the transaction is opened on the primary first.
+#[test]
+fn what_a_statement_that_commits_a_read_only_transaction_leaves_is_the_servers() {
+    use holdfast_it::differential::{differences, q, run};
+    use holdfast_it::raw::BASE_CAPS;
+    let h = split_harness(|_| {});
+    table_t_everywhere(&h);
+    let mut steps = Vec::new();
+    for _ in 0..3 {
+        steps.extend([
+            q("SET autocommit = 0"),
+            q("START TRANSACTION READ ONLY"),
+            q("SELECT COUNT(*) FROM t"),
+            q("SET autocommit = 1"),
+            q("PREPARE ps FROM 'INSERT INTO t (id, v) VALUES (?, 1)'"),
+            q("INSERT INTO t (id, v) VALUES (102, 1)"),
+            q("SELECT @@in_transaction, @@autocommit"),
+            q("DEALLOCATE PREPARE ps"),
+            q("START TRANSACTION READ ONLY"),
+            q("SELECT SUM(v) FROM t"),
+            q("BEGIN"),
+            q("INSERT INTO t (id, v) VALUES (103, 1)"),
+            q("SELECT COUNT(*) FROM t"),
+            q("ROLLBACK"),
+            q("START TRANSACTION READ ONLY"),
+            q("SELECT v FROM t WHERE id = 2"),
+            q("LOCK TABLES t READ"),
+            q("SELECT @@in_transaction, COUNT(*) FROM t"),
+            q("UNLOCK TABLES"),
+            q("SELECT COUNT(*) FROM t"),
+        ]);
+    }
+    let login = (h.user(), h.password(), Some(h.database()));
+    let direct = run(h.direct(), login, BASE_CAPS, &steps).expect("directly");
+    let via = run(h.proxy, login, BASE_CAPS, &steps).expect("through holdfast");
+    let diff = differences(&steps, &direct, &via);
+    assert!(diff.is_empty(), "holdfast differs from the server:\n{diff}");
+    let rows = h.root_sql("SELECT COUNT(*), SUM(v) FROM sbtest.t");
+    assert_eq!(rows[0], ["5", "15"], "no write went in");
+}

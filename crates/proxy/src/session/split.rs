@@ -619,12 +619,7 @@ impl Session {
             Pinned::Mirror => self.mirror_pinned(request).await,
             Pinned::Primary(flags) => self.pinned_on_primary(request, flags).await,
             Pinned::Commit => {
-                self.end_pinned(b"COMMIT").await;
-                if let Some(split) = self.split.as_mut() {
-                    split.forget_last();
-                }
-                self.record.status &= !(SERVER_STATUS_IN_TRANS | SERVER_STATUS_IN_TRANS_READONLY);
-                self.txn_log = None;
+                self.commit_pinned_on_primary().await;
                 Box::pin(self.forward_request(request)).await
             }
             Pinned::GivenUp | Pinned::Rolled => {
@@ -716,21 +711,11 @@ impl Session {
             }
             _ => Vec::new(),
         };
-        if self.split.as_ref().is_some_and(|s| !s.shadow) {
-            match restore::execute(&mut self.backend, b"START TRANSACTION READ ONLY").await {
-                Ok(_) => {
-                    if let Some(split) = self.split.as_mut() {
-                        split.shadow = true;
-                    }
-                }
-                Err(e) => {
-                    tracing::info!(session = self.info.id, error = %e, "opening a read-only transaction on the primary beside a replica's failed");
-                    if matches!(e, crate::backend::BackendError::Conn(_)) {
-                        self.mark_backend_dead();
-                    }
-                    return self.leave_pinned_transaction(reply_seq).await;
-                }
-            }
+        if !self
+            .open_shadow("a statement that is not a plain read")
+            .await
+        {
+            return self.leave_pinned_transaction(reply_seq).await;
         }
         let version = self.record.state_version;
         let opaque = self.record.opaque_change;
@@ -788,21 +773,8 @@ impl Session {
         }
         let reads = std::mem::take(&mut split.pinned_reads.reads);
         split.pinned_reads = PinnedReads::default();
-        if !split.shadow {
-            match restore::execute(&mut self.backend, b"START TRANSACTION READ ONLY").await {
-                Ok(_) => {
-                    if let Some(split) = self.split.as_mut() {
-                        split.shadow = true;
-                    }
-                }
-                Err(e) => {
-                    tracing::info!(session = self.info.id, error = %e, "opening a read-only transaction on the primary to move one from a replica failed");
-                    if matches!(e, crate::backend::BackendError::Conn(_)) {
-                        self.mark_backend_dead();
-                    }
-                    return Ok(false);
-                }
-            }
+        if !self.open_shadow("moving the transaction there").await {
+            return Ok(false);
         }
         let status = self.record.status;
         let warnings = self.record.last_warnings;
@@ -871,6 +843,60 @@ impl Session {
             .metrics
             .read_fallback("replica_transaction_moved");
         Ok(true)
+    }
+
+    /// Opens the read-only transaction on the primary beside the pinned one, unless it is
+    /// open; `false` if the primary refused it or was lost (`why` says for what).
+    async fn open_shadow(&mut self, why: &str) -> bool {
+        if self.split.as_ref().is_some_and(|s| s.shadow) {
+            return true;
+        }
+        match restore::execute(&mut self.backend, b"START TRANSACTION READ ONLY").await {
+            Ok(_) => {
+                if let Some(split) = self.split.as_mut() {
+                    split.shadow = true;
+                }
+                true
+            }
+            Err(e) => {
+                tracing::info!(session = self.info.id, error = %e, why, "opening a read-only transaction on the primary beside a replica's failed");
+                if matches!(e, crate::backend::BackendError::Conn(_)) {
+                    self.mark_backend_dead();
+                }
+                false
+            }
+        }
+    }
+
+    /// Before a statement the server commits the pinned transaction for: the transaction
+    /// is opened on the primary (it only read: nothing to run again) and the replica's
+    /// committed, so that the statement commits it where the server says what that leaves
+    /// (MariaDB keeps a session read-only after `SET autocommit = 1` ends a read-only
+    /// transaction, say). Without the primary's, the replica's is committed all the same.
+    async fn commit_pinned_on_primary(&mut self) {
+        let opened = self.open_shadow("a statement that commits it").await;
+        let Some(split) = self.split.as_mut() else {
+            return;
+        };
+        if !opened {
+            split.forget_last();
+            self.end_pinned(b"COMMIT").await;
+            self.record.status &= !(SERVER_STATUS_IN_TRANS | SERVER_STATUS_IN_TRANS_READONLY);
+            self.txn_log = None;
+            return;
+        }
+        split.shadow = false;
+        split.forget_last();
+        split.pinned_reads = PinnedReads::default();
+        if let Some(node) = split.txn_on.take() {
+            if let Some(i) = split.reader(&node) {
+                if let Err(e) = restore::execute(&mut split.readers[i].conn, b"COMMIT").await {
+                    let why = format!("ending its read-only transaction: {e}");
+                    self.lose_reader(i, why);
+                }
+            }
+        }
+        self.txn_log = None;
     }
 
     /// Makes `settings` (plain `SET`s and `USE`s the primary ran) on the connection of the
