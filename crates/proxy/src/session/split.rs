@@ -82,19 +82,33 @@ pub(super) struct Split {
 /// checksum of the answer the client got (see [`Session::move_pinned_to_primary`]).
 #[derive(Default)]
 struct PinnedReads {
-    reads: Vec<(bytes::Bytes, u64)>,
+    reads: Vec<PinnedRead>,
     bytes: usize,
     /// One was not kept (the whole grew past `replay_max_bytes`): the transaction cannot
     /// move.
     incomplete: bool,
 }
 
+struct PinnedRead {
+    /// The request, an execute naming the client's id with the parameter types in effect.
+    request: bytes::Bytes,
+    checksum: u64,
+    /// An execute's statement text: prepared again for the move if the client closed it.
+    sql: Option<bytes::Bytes>,
+}
+
 impl PinnedReads {
-    fn keep(&mut self, request: bytes::Bytes, checksum: Option<u64>, max_bytes: usize) {
-        match checksum {
-            Some(sum) if !self.incomplete && self.bytes + request.len() <= max_bytes => {
-                self.bytes += request.len();
-                self.reads.push((request, sum));
+    fn keep(&mut self, read: Option<PinnedRead>, max_bytes: usize) {
+        match read {
+            Some(read)
+                if !self.incomplete
+                    && self.bytes
+                        + read.request.len()
+                        + read.sql.as_ref().map_or(0, |s| s.len())
+                        <= max_bytes =>
+            {
+                self.bytes += read.request.len() + read.sql.as_ref().map_or(0, |s| s.len());
+                self.reads.push(read);
             }
             _ => {
                 self.incomplete = true;
@@ -654,11 +668,19 @@ impl Session {
             }
         }
         let again = request.clone();
+        let kept = self
+            .split
+            .as_ref()
+            .map_or(0, |s| s.pinned_reads.reads.len());
         match self.read_on_replica(Target::Pinned(node), request).await? {
             ReadOutcome::Done => {}
             ReadOutcome::Primary(request) => {
                 return Box::pin(self.forward_request(request)).await;
             }
+        }
+        // A setting runs on the primary too: it is not one of the reads to run again.
+        if let Some(split) = self.split.as_mut() {
+            split.pinned_reads.reads.truncate(kept);
         }
         // A multi-statement stops at its first error: the settings before it were made.
         let multi = query_sql(&again).is_some_and(|sql| holdfast_sql::classify(sql).has(C::MULTI));
@@ -779,15 +801,51 @@ impl Session {
         let status = self.record.status;
         let warnings = self.record.last_warnings;
         let count = reads.len();
-        for (at, (kept, answered)) in reads.into_iter().enumerate() {
-            if !self.can_run_again(&kept) {
-                tracing::info!(session = self.info.id, "a read of a read-only transaction on a replica cannot run again on the primary (its statement was closed)");
-                return Ok(false);
+        let deprecate_eof = self.capabilities & CLIENT_DEPRECATE_EOF != 0;
+        for (at, read) in reads.into_iter().enumerate() {
+            let answered = read.checksum;
+            let mut request = BytesMut::from(&read.request[..]);
+            // An execute of a statement the client closed since: prepared again on the
+            // primary for this run, and closed after it.
+            let mut again = None;
+            if !self.can_run_again(&request) {
+                let Some(sql) = read.sql.as_deref() else {
+                    return Ok(false);
+                };
+                match prepare(&mut self.backend, sql, deprecate_eof).await {
+                    Ok(id) => {
+                        packets::set_statement_id(&mut request[HEADER_LEN..], id);
+                        again = Some(id);
+                    }
+                    Err(e) => {
+                        tracing::info!(session = self.info.id, error = %e, "a closed statement of a read-only transaction on a replica could not be prepared on the primary");
+                        return Ok(false);
+                    }
+                }
             }
-            let mut request = BytesMut::from(&kept[..]);
             self.exchange.checksum = Some(Box::default());
             let replaying = std::mem::replace(&mut self.exchange.replaying, true);
-            let result = self.command(&mut request).await;
+            let result = match again {
+                None => self.command(&mut request).await,
+                Some(id) => {
+                    self.exchange.begin();
+                    let mut result = self.forward(&request).await;
+                    if result.is_ok() {
+                        result = self.relay(Reply::of(COM_STMT_EXECUTE)).await;
+                    }
+                    let mut close = vec![COM_STMT_CLOSE];
+                    close.extend_from_slice(&id.to_le_bytes());
+                    if result.is_ok() {
+                        if let Err(error) = self.backend.conn.write_packet(&close, 0).await {
+                            result = Err(End::BackendLost {
+                                started: false,
+                                error,
+                            });
+                        }
+                    }
+                    result
+                }
+            };
             self.exchange.replaying = replaying;
             let checksum = self
                 .exchange
@@ -1366,10 +1424,18 @@ impl Session {
                 if ended {
                     self.end_shadow().await;
                 } else if pinned && open {
-                    let kept = self.kept_copy(request[HEADER_LEN], &request);
+                    let sql = client_statement
+                        .map(|id| self.statements.resolve(id))
+                        .and_then(|id| self.statements.get(id))
+                        .map(|s| s.sql.clone());
+                    let read = checksum.map(|checksum| PinnedRead {
+                        request: self.kept_copy(request[HEADER_LEN], &request),
+                        checksum,
+                        sql,
+                    });
                     let max = self.shared.config.proxy.replay_max_bytes;
                     if let Some(split) = self.split.as_mut() {
-                        split.pinned_reads.keep(kept, checksum, max);
+                        split.pinned_reads.keep(read, max);
                     }
                 } else if open {
                     // This read began the transaction pinned here.
