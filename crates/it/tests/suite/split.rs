@@ -1160,6 +1160,15 @@ fn a_read_only_transaction_on_a_replica_moves_to_the_primary_for_what_the_replic
             q("INSERT INTO t (id, v) VALUES (4, 6) /*!999999 /* nested? */"),
             q("SELECT @@in_transaction"),
             q("ROLLBACK"),
+            // Settings made on the primary before a write there failed are made on the
+            // replica too (seed 2029 session 695).
+            q("START TRANSACTION READ ONLY"),
+            q("SELECT CONCAT('x', v) FROM t WHERE id = 1"),
+            q("SET NAMES latin1; UPDATE t SET v = 1 WHERE id = 5; SET NAMES utf8mb4"),
+            q("EXECUTE IMMEDIATE 'INSERT INTO t VALUES (?, 1)' USING 107"),
+            q("SELECT @@character_set_client, COUNT(*) FROM t"),
+            q("ROLLBACK"),
+            q("SET NAMES utf8mb4"),
         ]);
     }
     let login = (h.user(), h.password(), Some(h.database()));

@@ -719,16 +719,18 @@ impl Session {
         let reply_seq = super::reply::reply_seq(&request);
         // A multi-statement's settings (the plan let only plain ones through), made on the
         // replica's connection too once the whole ran.
-        let settings: Vec<Vec<u8>> = match query_sql(&request) {
+        // (With the place of each among the statements.)
+        let settings: Vec<(usize, Vec<u8>)> = match query_sql(&request) {
             Some(sql) if flags.has(C::MULTI) && flags.intersects(SETTINGS) => {
                 let mode = self.record.sql_mode.unwrap_or_default();
                 let server = self.server();
                 holdfast_sql::Statements::for_server(sql, mode, server)
-                    .filter(|r| {
+                    .enumerate()
+                    .filter(|(_, r)| {
                         let stmt = &sql[r.clone()];
                         plain_setting(holdfast_sql::classify_for(stmt, mode, server), stmt, mode)
                     })
-                    .map(|r| sql[r].to_vec())
+                    .map(|(at, r)| (at, sql[r].to_vec()))
                     .collect()
             }
             _ => Vec::new(),
@@ -753,10 +755,21 @@ impl Session {
         let left = status & SERVER_STATUS_IN_TRANS == 0
             || status & SERVER_STATUS_IN_TRANS_READONLY == 0
             || self.backend_dead;
-        let synced = settings.is_empty()
-            || (!left
-                && self.exchange.error.is_none()
-                && self.settings_on_replica(&settings).await);
+        // A multi-statement stops at its first error: the settings before it were made
+        // (each statement before the ERR answered once; a CALL may answer more than once).
+        let ran = match self.exchange.error {
+            None => usize::MAX,
+            Some(_) if flags.has(C::CALL) => 0,
+            Some(_) => self.exchange.results as usize,
+        };
+        let made: Vec<Vec<u8>> = settings
+            .iter()
+            .filter(|(at, _)| *at < ran)
+            .map(|(_, sql)| sql.clone())
+            .collect();
+        let unknown = self.exchange.error.is_some() && flags.has(C::CALL) && !settings.is_empty();
+        let synced = made.is_empty() && !unknown
+            || (!left && !unknown && self.settings_on_replica(&made).await);
         let changed = (self.record.state_version != version && settings.is_empty())
             || !synced
             || (!opaque && self.record.opaque_change)
