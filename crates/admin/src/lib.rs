@@ -1,6 +1,8 @@
 //! The HTTP admin API: `GET /health` (`{"status":"ok"}`, open), `GET /status` (JSON),
 //! `GET /metrics` (Prometheus text), the HA operations `POST /switchover`, `POST /failover`,
-//! `POST /rejoin` (JSON reports), planned restarts (`POST /restart`, `POST /resize`), the
+//! `POST /rejoin` (JSON reports), planned restarts (`POST /restart`, `POST /resize`), nodes
+//! (`POST /nodes/add`, `/nodes/remove`), the configuration file read again (`POST /reload`:
+//! 200 with what applied and what waits for a restart, 400 with the file's error), the
 //! serverless operations ([`serverless`]), and ([`client`]) the small HTTP client of
 //! `holdfast ctl`, `holdfast-bench` and the tests.
 //!

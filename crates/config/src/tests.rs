@@ -256,6 +256,9 @@ fn full_config() -> Config {
             trusted_proxies: Some(vec!["10.0.0.0/8".parse().unwrap()]),
         }],
         serverless: Some(serverless),
+        log: crate::LogConfig {
+            level: "warn,holdfast_proxy=debug".into(),
+        },
         ..Config::default()
     }
 }
