@@ -729,7 +729,9 @@ pub fn render_reload(r: &holdfast_proxy::reload::ReloadReport) -> String {
             "unchanged"
         }
     );
-    if r.applied.is_empty() && r.needs_restart.is_empty() {
+    let b = &r.backends;
+    let nodes_changed = !(b.added.is_empty() && b.removing.is_empty() && b.refused.is_empty());
+    if r.applied.is_empty() && r.needs_restart.is_empty() && !nodes_changed {
         o.push_str("no setting changed\n");
     }
     if !r.applied.is_empty() {
@@ -750,7 +752,6 @@ pub fn render_reload(r: &holdfast_proxy::reload::ReloadReport) -> String {
             let _ = writeln!(o, "  {change}");
         }
     }
-    let b = &r.backends;
     for (what, list) in [("added", &b.added), ("being removed", &b.removing)] {
         if !list.is_empty() {
             let _ = writeln!(o, "backends {what}: {}", list.join(", "));
@@ -996,6 +997,38 @@ mod tests {
         let text = render_report(&v);
         assert!(text.contains("node3 is the primary"), "{text}");
         assert!(text.contains("holdfast ctl rejoin node1"), "{text}");
+    }
+
+    #[test]
+    fn reload_reports_render_for_people() {
+        let report: holdfast_proxy::reload::ReloadReport = serde_json::from_value(serde_json::json!({
+            "config": {"path": "/etc/h.toml", "hash": "0123456789abcdef0123", "loaded_at": "2026-12-05T10:11:12Z", "loaded_unix_ms": 1},
+            "file_changed": true,
+            "applied": [{"key": "proxy.max_connections", "from": "10000", "to": "5"},
+                        {"key": "auth.monitor_password"}],
+            "needs_restart": [{"key": "proxy.listen", "from": "\"a:1\"", "to": "\"a:2\""}],
+            "restart_note": "these apply when holdfast restarts",
+            "added": [], "removing": ["node3"], "refused": ["node2: its address changed"]
+        }))
+        .unwrap();
+        let text = render_reload(&report);
+        assert_eq!(
+            text,
+            "reloaded /etc/h.toml (sha256 0123456789ab, changed)\n\
+             applied now:\n  proxy.max_connections: 10000 -> 5\n  auth.monitor_password: changed\n\
+             not applied, need a restart (these apply when holdfast restarts):\n  proxy.listen: \"a:1\" -> \"a:2\"\n\
+             backends being removed: node3\n\
+             backend refused: node2: its address changed\n"
+        );
+        let unchanged = holdfast_proxy::reload::ReloadReport {
+            file_changed: false,
+            applied: vec![],
+            needs_restart: vec![],
+            restart_note: None,
+            backends: Default::default(),
+            ..report
+        };
+        assert!(render_reload(&unchanged).ends_with("unchanged)\nno setting changed\n"));
     }
 
     #[test]
