@@ -1,6 +1,8 @@
 //! The HTTP admin API: `GET /health` (`{"status":"ok"}`, open), `GET /status` (JSON),
 //! `GET /metrics` (Prometheus text), the HA operations `POST /switchover`, `POST /failover`,
-//! `POST /rejoin` (JSON reports), planned restarts (`POST /restart`, `POST /resize`), the
+//! `POST /rejoin` (JSON reports), planned restarts (`POST /restart`, `POST /resize`), nodes
+//! (`POST /nodes/add`, `/nodes/remove`), the configuration file read again (`POST /reload`:
+//! 200 with what applied and what waits for a restart, 400 with the file's error), the
 //! serverless operations ([`serverless`]), and ([`client`]) the small HTTP client of
 //! `holdfast ctl`, `holdfast-bench` and the tests.
 //!
@@ -58,6 +60,42 @@ pub struct Status {
     /// What the start-up check (`holdfast check`) found; none until it has run.
     #[serde(default)]
     pub preflight: Option<holdfast_cluster::preflight::Report>,
+    /// The configuration file in force (`POST /reload` reads it again).
+    #[serde(default)]
+    pub config: ConfigView,
+}
+
+/// The configuration file in force: which, its SHA-256 (what `sha256sum` prints), when it
+/// was loaded, what of it waits for a restart; and the log filter in force.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct ConfigView {
+    /// None when holdfast was started without a file (an embedder, a test).
+    pub path: Option<String>,
+    pub hash: Option<String>,
+    /// RFC 3339, UTC.
+    pub loaded_at: Option<String>,
+    pub loaded_unix_ms: Option<u64>,
+    /// Keys of the file whose new values wait for a restart (the running ones are in
+    /// force).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub needs_restart: Vec<holdfast_config::reload::Change>,
+    /// The log filter in force (`[log] level`, or `RUST_LOG` at start).
+    pub log_level: Option<String>,
+}
+
+fn config_view(shared: &Shared) -> ConfigView {
+    let source = shared.reloader.source();
+    ConfigView {
+        path: source.as_ref().map(|s| s.path.display().to_string()),
+        hash: source.as_ref().map(|s| s.hash.clone()),
+        loaded_at: source.as_ref().map(|s| s.loaded_at.clone()),
+        loaded_unix_ms: source.as_ref().map(|s| s.loaded_unix_ms),
+        needs_restart: source
+            .as_ref()
+            .map(|s| s.needs_restart.clone())
+            .unwrap_or_default(),
+        log_level: shared.log_level.get().map(|l| l.current()),
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -162,15 +200,16 @@ pub fn status(shared: &Shared) -> Status {
     let m = &shared.metrics;
     let topo = shared.topology.borrow().clone();
     let sessions = shared.sessions.snapshot();
+    let config = shared.config();
     Status {
         version: env!("CARGO_PKG_VERSION").to_string(),
         uptime_secs: shared.started.elapsed().as_secs(),
-        listen: shared.config.proxy.listen.clone(),
+        listen: config.proxy.listen.clone(),
         topology: topology_view(&topo),
         verifiers_loaded: shared.verifiers.is_loaded(),
         verifier_accounts: shared.verifiers.account_count(),
         commit_markers: match (
-            shared.config.ha.commit_markers,
+            config.ha.commit_markers,
             shared
                 .commit_markers_ready
                 .load(std::sync::atomic::Ordering::Acquire),
@@ -200,6 +239,7 @@ pub fn status(shared: &Shared) -> Status {
             .as_ref()
             .and_then(|l| serde_json::to_value(l.view()).ok()),
         preflight: shared.preflight.load_full().map(|r| (*r).clone()),
+        config: config_view(shared),
     }
 }
 
@@ -459,14 +499,19 @@ async fn post_node_remove(
     let drain = q
         .drain_ms
         .map(std::time::Duration::from_millis)
-        .unwrap_or_else(|| shared.config.split.drain());
+        .unwrap_or_else(|| shared.config().split.drain());
     membership_answer(shared.membership.remove_node(&name, drain).await)
 }
 
-/// `POST /reload`: the configuration file's `[[backend]]` list applied (nodes added and
-/// removed); other settings need a restart.
+/// `POST /reload`: the configuration file read again and put in force (see
+/// `holdfast_proxy::reload`): 200 with what was applied, what waits for a restart and what
+/// happened to the `[[backend]]` list; 400 with the error (file, line, key) when the file
+/// is refused, in which case nothing changed.
 async fn post_reload(State(shared): State<Arc<Shared>>) -> Response {
-    membership_answer(shared.membership.reload_backends().await)
+    match shared.reload().await {
+        Ok(report) => (StatusCode::OK, Json(report)).into_response(),
+        Err(e) => error_answer(StatusCode::BAD_REQUEST, e),
+    }
 }
 
 fn membership_answer<T: Serialize>(
@@ -528,7 +573,7 @@ async fn post_restart(
 /// The API with its checks: `token` is the bearer token; `Host` may name the host of
 /// `[admin] listen`, `[admin] allowed_hosts`, `localhost` or an IP literal.
 pub fn router(shared: Arc<Shared>, token: AdminToken) -> Router {
-    let guard = Arc::new(guard::Guard::new(token, &shared.config.admin));
+    let guard = Arc::new(guard::Guard::new(token, &shared.config().admin));
     Router::new()
         .route("/health", get(get_health))
         .route("/status", get(get_status))
@@ -641,6 +686,7 @@ pub fn render_status(s: &Status) -> String {
             " (not loaded: check the monitor account)"
         }
     );
+    o.push_str(&render_config(&s.config, unix_ms_now()));
     if let Some(p) = &s.preflight {
         if p.problem_count() > 0 {
             let _ = writeln!(o, "START-UP CHECK: {}", p.render().replace('\n', "\n  "));
@@ -663,6 +709,88 @@ pub fn render_status(s: &Status) -> String {
                 x.id, x.client, x.user, x.backend, x.commands, x.can_reauthenticate, movable
             );
         }
+    }
+    o
+}
+
+/// What `holdfast ctl reload` prints of a reload's report.
+pub fn render_reload(r: &holdfast_proxy::reload::ReloadReport) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let c = &r.config;
+    let _ = writeln!(
+        o,
+        "reloaded {} (sha256 {}, {})",
+        c.path.display(),
+        c.hash.get(..12).unwrap_or(&c.hash),
+        if r.file_changed {
+            "changed"
+        } else {
+            "unchanged"
+        }
+    );
+    let b = &r.backends;
+    let nodes_changed = !(b.added.is_empty() && b.removing.is_empty() && b.refused.is_empty());
+    if r.applied.is_empty() && r.needs_restart.is_empty() && !nodes_changed {
+        o.push_str("no setting changed\n");
+    }
+    if !r.applied.is_empty() {
+        o.push_str("applied now:\n");
+        for change in &r.applied {
+            let _ = writeln!(o, "  {change}");
+        }
+    }
+    if !r.needs_restart.is_empty() {
+        let _ = writeln!(
+            o,
+            "not applied, need a restart ({}):",
+            r.restart_note
+                .as_deref()
+                .unwrap_or("the running values stay")
+        );
+        for change in &r.needs_restart {
+            let _ = writeln!(o, "  {change}");
+        }
+    }
+    for (what, list) in [("added", &b.added), ("being removed", &b.removing)] {
+        if !list.is_empty() {
+            let _ = writeln!(o, "backends {what}: {}", list.join(", "));
+        }
+    }
+    for refused in &b.refused {
+        let _ = writeln!(o, "backend refused: {refused}");
+    }
+    for w in &r.warnings {
+        let _ = writeln!(o, "warning: {w}");
+    }
+    o
+}
+
+/// The config lines of `holdfast ctl status`.
+pub fn render_config(c: &ConfigView, now_unix_ms: u64) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    match (&c.path, &c.hash) {
+        (Some(path), Some(hash)) => {
+            let ago = c
+                .loaded_unix_ms
+                .map(|t| format!(" ({}s ago)", now_unix_ms.saturating_sub(t) / 1000))
+                .unwrap_or_default();
+            let _ = write!(
+                o,
+                "config: {path}  sha256 {}  loaded {}{ago}",
+                hash.get(..12).unwrap_or(hash),
+                c.loaded_at.as_deref().unwrap_or("?"),
+            );
+        }
+        _ => o.push_str("config: (not from a file)"),
+    }
+    if let Some(level) = &c.log_level {
+        let _ = write!(o, "  log level: {level}");
+    }
+    o.push('\n');
+    for change in &c.needs_restart {
+        let _ = writeln!(o, "    waits for a restart: {change}");
     }
     o
 }
@@ -869,6 +997,38 @@ mod tests {
         let text = render_report(&v);
         assert!(text.contains("node3 is the primary"), "{text}");
         assert!(text.contains("holdfast ctl rejoin node1"), "{text}");
+    }
+
+    #[test]
+    fn reload_reports_render_for_people() {
+        let report: holdfast_proxy::reload::ReloadReport = serde_json::from_value(serde_json::json!({
+            "config": {"path": "/etc/h.toml", "hash": "0123456789abcdef0123", "loaded_at": "2026-12-05T10:11:12Z", "loaded_unix_ms": 1},
+            "file_changed": true,
+            "applied": [{"key": "proxy.max_connections", "from": "10000", "to": "5"},
+                        {"key": "auth.monitor_password"}],
+            "needs_restart": [{"key": "proxy.listen", "from": "\"a:1\"", "to": "\"a:2\""}],
+            "restart_note": "these apply when holdfast restarts",
+            "added": [], "removing": ["node3"], "refused": ["node2: its address changed"]
+        }))
+        .unwrap();
+        let text = render_reload(&report);
+        assert_eq!(
+            text,
+            "reloaded /etc/h.toml (sha256 0123456789ab, changed)\n\
+             applied now:\n  proxy.max_connections: 10000 -> 5\n  auth.monitor_password: changed\n\
+             not applied, need a restart (these apply when holdfast restarts):\n  proxy.listen: \"a:1\" -> \"a:2\"\n\
+             backends being removed: node3\n\
+             backend refused: node2: its address changed\n"
+        );
+        let unchanged = holdfast_proxy::reload::ReloadReport {
+            file_changed: false,
+            applied: vec![],
+            needs_restart: vec![],
+            restart_note: None,
+            backends: Default::default(),
+            ..report
+        };
+        assert!(render_reload(&unchanged).ends_with("unchanged)\nno setting changed\n"));
     }
 
     #[test]

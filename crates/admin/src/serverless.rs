@@ -45,7 +45,7 @@ pub(crate) async fn post_pause(
         return no_instance();
     };
     let tier = match q.tier.as_deref() {
-        None | Some("") => lc.config.pause_tier,
+        None | Some("") => lc.config().pause_tier,
         Some("freeze") => PauseTier::Freeze,
         Some("stop") => PauseTier::Stop,
         Some(other) => {

@@ -71,16 +71,16 @@ pub async fn connect_as(
         .map_err(|_| BackendError::Timeout(timeout))?
 }
 
+/// The `[backend_tls]` settings built last, shared by every connection that has the same.
+static BUILT: Mutex<Option<(BackendTlsConfig, TlsClient)>> = Mutex::new(None);
+
 /// The TLS settings for connections to the nodes, `None` with `[backend_tls]` disabled.
 /// Built once per distinct configuration: control connections, which only see the
 /// `Config`, and sessions share it.
 pub fn backend_tls(cfg: &BackendTlsConfig) -> Result<Option<TlsClient>, TlsSetupError> {
-    static BUILT: Mutex<Option<(BackendTlsConfig, TlsClient)>> = Mutex::new(None);
-    let verify = match cfg.mode {
-        BackendTlsMode::Disabled => return Ok(None),
-        BackendTlsMode::VerifyCa => Verify::Ca,
-        BackendTlsMode::VerifyFull => Verify::Full,
-    };
+    if cfg.mode == BackendTlsMode::Disabled {
+        return Ok(None);
+    }
     let mut built = BUILT
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -89,12 +89,34 @@ pub fn backend_tls(cfg: &BackendTlsConfig) -> Result<Option<TlsClient>, TlsSetup
             return Ok(Some(tls.clone()));
         }
     }
+    let tls = load_backend_tls(cfg)?;
+    if let Some(tls) = &tls {
+        *built = Some((cfg.clone(), tls.clone()));
+    }
+    Ok(tls)
+}
+
+/// `[backend_tls]` built from its files as they are now, not put in force (a reload reads
+/// a renewed CA or client certificate under the same names with it, then
+/// [`install_backend_tls`]).
+pub fn load_backend_tls(cfg: &BackendTlsConfig) -> Result<Option<TlsClient>, TlsSetupError> {
+    let verify = match cfg.mode {
+        BackendTlsMode::Disabled => return Ok(None),
+        BackendTlsMode::VerifyCa => Verify::Ca,
+        BackendTlsMode::VerifyFull => Verify::Full,
+    };
     let ca = cfg.ca.as_deref().ok_or_else(|| TlsSetupError::Invalid {
         path: "[backend_tls] ca".into(),
         detail: "not set".into(),
     })?;
     let identity = cfg.cert.as_deref().zip(cfg.key.as_deref());
-    let tls = TlsClient::new(ca, verify, identity)?;
-    *built = Some((cfg.clone(), tls.clone()));
-    Ok(Some(tls))
+    Ok(Some(TlsClient::new(ca, verify, identity)?))
+}
+
+/// Puts what [`load_backend_tls`] built in force for the connections opened from now on.
+pub fn install_backend_tls(cfg: &BackendTlsConfig, tls: Option<TlsClient>) {
+    let mut built = BUILT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    *built = tls.map(|tls| (cfg.clone(), tls));
 }

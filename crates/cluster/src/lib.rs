@@ -25,6 +25,7 @@ pub use holdfast_config as config;
 pub mod control;
 pub mod driver;
 pub mod ha;
+pub mod live;
 pub mod membership;
 pub mod monitor;
 pub mod planned;
@@ -32,6 +33,7 @@ pub mod preflight;
 pub mod topology;
 
 use ha::controller::HaController;
+pub use live::LiveConfig;
 use monitor::ProbeGate;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -41,7 +43,8 @@ use topology::{Member, Topology};
 /// The cluster's background tasks and what they work with; [`ClusterTasks::spawn`] starts
 /// them on the current tokio runtime.
 pub struct ClusterTasks {
-    pub config: Arc<config::Config>,
+    /// The configuration in force (replaced by a reload).
+    pub config: LiveConfig,
     /// Where the monitor publishes the topology (sessions hold its receivers).
     pub topology: watch::Sender<Arc<Topology>>,
     /// The members the monitor probes ([`membership::Membership::members`]).
@@ -81,7 +84,7 @@ impl ClusterTasks {
         ));
         tokio::spawn(ha.clone().run());
         tokio::spawn(ha.keep_durability());
-        if config.ha.commit_markers {
+        if config.load().ha.commit_markers {
             tokio::spawn(ha::markers::keep_marker_table(
                 config,
                 marker_topology,

@@ -11,14 +11,13 @@
 //!   added later under its name is a new one). The primary and the last node cannot be
 //!   removed.
 
-use crate::config::{BackendConfig, Config};
+use crate::config::BackendConfig;
 use crate::control::monitor_connect;
 use crate::ha::controller::HaController;
 use crate::ha::split_address;
 use crate::topology::{Member, Members, NodeState, Topology};
 use serde::Serialize;
-use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
@@ -55,10 +54,6 @@ pub enum MembershipError {
     NoPrimary,
     #[error("{0:?} is being removed already")]
     Draining(String),
-    #[error("holdfast was not started from a configuration file: nothing to reload")]
-    NoConfigFile,
-    #[error("{0}")]
-    Config(String),
 }
 
 impl MembershipError {
@@ -71,8 +66,8 @@ impl MembershipError {
     }
 }
 
-/// What a reload of the `[[backend]]` list did.
-#[derive(Debug, Serialize, Default)]
+/// What a reload did to the `[[backend]]` list.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, Default, PartialEq, Eq)]
 pub struct Reloaded {
     pub added: Vec<String>,
     /// Being removed (each drains for `[split] drain_ms` in the background).
@@ -118,29 +113,25 @@ fn valid_name(name: &str) -> bool {
 /// touched: they see a node drain and go through the published [`Topology`], and the
 /// connections still open on a removed node are stopped on the server by thread id.
 pub struct Membership {
-    config: Arc<Config>,
+    config: crate::LiveConfig,
     /// The nodes holdfast fronts (the `[[backend]]`s, then `node add` / `node remove`).
     pub members: Members,
     topology: watch::Receiver<Arc<Topology>>,
     ha: Arc<HaController>,
-    /// The configuration file holdfast was started from (`POST /reload` and SIGHUP re-read
-    /// its `[[backend]]` list).
-    pub config_path: OnceLock<PathBuf>,
 }
 
 impl Membership {
     /// The `[[backend]]`s of `config`, watched by the monitor through `topology`.
     pub fn new(
-        config: Arc<Config>,
+        config: crate::LiveConfig,
         topology: watch::Receiver<Arc<Topology>>,
         ha: Arc<HaController>,
     ) -> Self {
         Membership {
-            members: crate::topology::members_of(&config),
+            members: crate::topology::members_of(&config.load()),
             config,
             topology,
             ha,
-            config_path: OnceLock::new(),
         }
     }
 
@@ -190,7 +181,7 @@ impl Membership {
         // The monitor probes it at once (a member change nudges it).
         let mut topology = self.topology.clone();
         let seen = tokio::time::timeout(
-            self.config.proxy.connect_timeout() + Duration::from_secs(2),
+            self.config.load().proxy.connect_timeout() + Duration::from_secs(2),
             topology.wait_for(|t| {
                 t.observed
                     && t.nodes
@@ -217,8 +208,9 @@ impl Membership {
             address: address.into(),
             reason,
         };
-        let timeout = self.config.proxy.connect_timeout();
-        let mut conn = tokio::time::timeout(timeout, monitor_connect(&self.config, address))
+        let cfg = self.config.load_full();
+        let timeout = cfg.proxy.connect_timeout();
+        let mut conn = tokio::time::timeout(timeout, monitor_connect(&cfg, address))
             .await
             .map_err(|_| not_a_server(format!("no answer within {} ms", timeout.as_millis())))?
             .map_err(|e| not_a_server(e.to_string()))?;
@@ -345,25 +337,25 @@ impl Membership {
         })
     }
 
-    /// Applies the `[[backend]]` list of the configuration file holdfast was started from:
-    /// nodes new to it are added (with the same checks as `node add`), nodes gone from it
-    /// are removed with the configured drain (in the background). A node whose address
-    /// changed is refused: remove it, then add it. Other settings are not reloaded.
-    pub async fn reload_backends(self: &Arc<Self>) -> Result<Reloaded, MembershipError> {
-        let path = self
-            .config_path
-            .get()
-            .ok_or(MembershipError::NoConfigFile)?;
-        let cfg = crate::config::Config::load(path)
-            .map_err(|e| MembershipError::Config(e.to_string()))?;
+    /// Applies a reloaded configuration's `[[backend]]` list: nodes new to it are added
+    /// (with the same checks as `node add`), nodes gone from it are removed with the
+    /// configured drain (in the background). A node whose address or `proxy_protocol`
+    /// changed is refused: remove it, then add it.
+    pub async fn apply_backends(self: &Arc<Self>, backends: &[BackendConfig]) -> Reloaded {
         let members = self.members.borrow().clone();
         let mut report = Reloaded::default();
-        for b in &cfg.backends {
+        for b in backends {
             match members.iter().find(|m| m.backend.name == b.name) {
                 Some(m) if m.backend.address != b.address => report.refused.push(format!(
                     "{}: its address changed ({} -> {}); remove it, then add it",
                     b.name, m.backend.address, b.address
                 )),
+                Some(m) if m.backend.proxy_protocol != b.proxy_protocol => {
+                    report.refused.push(format!(
+                        "{}: its proxy_protocol changed ({} -> {}); remove it, then add it",
+                        b.name, m.backend.proxy_protocol, b.proxy_protocol
+                    ))
+                }
                 Some(_) => {}
                 None => match self
                     .add_node(&b.name, &b.address, Some(b.proxy_protocol))
@@ -375,7 +367,7 @@ impl Membership {
             }
         }
         for m in members.iter().filter(|m| !m.draining) {
-            if cfg.backends.iter().any(|b| b.name == m.backend.name) {
+            if backends.iter().any(|b| b.name == m.backend.name) {
                 continue;
             }
             let shared = self.clone();
@@ -389,15 +381,17 @@ impl Membership {
                 continue;
             }
             report.removing.push(name.clone());
-            let drain = self.config.split.drain();
+            let drain = self.config.load().split.drain();
             tokio::spawn(async move {
                 if let Err(e) = shared.remove_node(&name, drain).await {
                     tracing::warn!(node = %name, error = %e, "reload: the node was not removed");
                 }
             });
         }
-        tracing::info!(added = ?report.added, removing = ?report.removing, refused = ?report.refused, "reloaded the [[backend]] list (other settings need a restart)");
-        Ok(report)
+        if report != Reloaded::default() {
+            tracing::info!(added = ?report.added, removing = ?report.removing, refused = ?report.refused, "reload: the [[backend]] list applied");
+        }
+        report
     }
 
     fn is_primary(&self, name: &str) -> bool {
@@ -431,7 +425,8 @@ impl Membership {
         if threads.is_empty() {
             return (0, Vec::new());
         }
-        let mut conn = match monitor_connect(&self.config, address).await {
+        let cfg = self.config.load_full();
+        let mut conn = match monitor_connect(&cfg, address).await {
             Ok(c) => c,
             Err(e) => {
                 return (

@@ -26,7 +26,7 @@ pub trait ProbeGate: Send + Sync {
 /// still where sessions go once it resumes), and probing would only hang on a frozen
 /// process.
 pub async fn run_monitor(
-    cfg: Arc<Config>,
+    live: crate::LiveConfig,
     tx: watch::Sender<Arc<Topology>>,
     mut members: watch::Receiver<Arc<Vec<Member>>>,
     nudge: Arc<Notify>,
@@ -63,6 +63,7 @@ pub async fn run_monitor(
             // A failover that deposes a node is published at once, also while this round
             // waits on a frozen node (seconds): sessions must drop their connections to it
             // before it wakes up and answers.
+            let cfg = live.load_full();
             let round = probe_nodes(&cfg, &mut topo, &mut conns, &mut loads);
             tokio::pin!(round);
             loop {

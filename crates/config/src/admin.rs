@@ -69,28 +69,35 @@ impl AdminConfig {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        let invalid = |key: &str, m: String| Err(crate::invalid_key(key, m));
         if self.token.is_some() && self.token_file.is_some() {
-            return invalid("[admin] sets both token and token_file: keep one".into());
+            return invalid(
+                "admin",
+                "[admin] sets both token and token_file: keep one".into(),
+            );
         }
         if let Some(t) = &self.token {
             if let Err(e) = check_token_text(t.expose()) {
-                return invalid(format!("[admin] token {e}"));
+                return invalid("admin.token", format!("[admin] token {e}"));
             }
         }
         if !self.listens_on_loopback() && !self.token_configured() {
-            return invalid(format!(
-                "[admin] listen = {:?} is not a loopback address: set [admin] token_file (or \
+            return invalid(
+                "admin.listen",
+                format!(
+                    "[admin] listen = {:?} is not a loopback address: set [admin] token_file (or \
                  token) explicitly before exposing the admin API; holdfast generates a token \
                  by itself only for a loopback listener",
-                self.listen
-            ));
+                    self.listen
+                ),
+            );
         }
         for h in &self.allowed_hosts {
             if h.is_empty() || h.contains([':', '/', ' ']) {
-                return invalid(format!(
-                    "[admin] allowed_hosts: {h:?} is not a host name (no port, no scheme)"
-                ));
+                return invalid(
+                    "admin.allowed_hosts",
+                    format!("[admin] allowed_hosts: {h:?} is not a host name (no port, no scheme)"),
+                );
             }
         }
         Ok(())

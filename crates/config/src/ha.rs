@@ -1,6 +1,6 @@
 //! The `[ha]` section: how holdfast treats replication.
 
-use crate::{ConfigError, Secret};
+use crate::{invalid_key, ConfigError, Secret};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -151,19 +151,16 @@ impl HaConfig {
     /// Checks the values the manager cannot work with.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.mode == HaMode::Managed && self.repl_user.is_empty() {
-            return Err(ConfigError::Invalid(
-                "ha.repl_user must be set in managed mode".into(),
-            ));
+            return Err(invalid_key("ha.repl_user", "must be set in managed mode"));
         }
-        if self.probe_interval_ms == 0 || self.probe_timeout_ms == 0 {
-            return Err(ConfigError::Invalid(
-                "ha.probe_interval_ms and ha.probe_timeout_ms must be positive".into(),
-            ));
+        if self.probe_interval_ms == 0 {
+            return Err(invalid_key("ha.probe_interval_ms", "must be positive"));
+        }
+        if self.probe_timeout_ms == 0 {
+            return Err(invalid_key("ha.probe_timeout_ms", "must be positive"));
         }
         if self.failure_threshold == 0 {
-            return Err(ConfigError::Invalid(
-                "ha.failure_threshold must be at least 1".into(),
-            ));
+            return Err(invalid_key("ha.failure_threshold", "must be at least 1"));
         }
         // CHANGE MASTER TO takes only plain '...' literals, and a backslash or control byte
         // reads differently with and without NO_BACKSLASH_ESCAPES: refuse now what a
@@ -174,9 +171,10 @@ impl HaConfig {
                 ("ha.repl_password", self.repl_password.expose()),
             ] {
                 if value.chars().any(|c| c == '\\' || c.is_control()) {
-                    return Err(ConfigError::Invalid(format!(
-                        "{what} must not contain a backslash or control character (CHANGE MASTER TO cannot carry it under every sql_mode)"
-                    )));
+                    return Err(invalid_key(
+                        what,
+                        "must not contain a backslash or control character (CHANGE MASTER TO cannot carry it under every sql_mode)",
+                    ));
                 }
             }
         }

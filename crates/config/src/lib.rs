@@ -9,10 +9,16 @@
 //! * [`ha`]: the `[ha]` section.
 //! * [`serverless`]: the `[serverless]` section, its scaling policy and instance drivers.
 //! * [`tls`]: `[tls]` (to clients) and `[backend_tls]` (to the nodes).
+//! * [`log`]: `[log]` (the log level).
+//! * [`locate`]: the line and key of an error in the file.
+//! * [`reload`]: what a reload changes, applies now or leaves for a restart.
 
 pub mod admin;
 pub mod ha;
+pub mod locate;
+pub mod log;
 pub mod net;
+pub mod reload;
 pub mod secret;
 pub mod serverless;
 pub mod split;
@@ -20,6 +26,8 @@ pub mod tls;
 
 pub use admin::{AdminConfig, AdminToken, TokenSource};
 pub use ha::{Durability, HaConfig, HaMode};
+pub use locate::Location;
+pub use log::LogConfig;
 pub use secret::Secret;
 pub use serverless::{PauseTier, ServerlessConfig};
 pub use split::{Consistency, Routing, SplitConfig};
@@ -35,15 +43,22 @@ pub enum ConfigError {
     // them a second time ("Caused by:").
     #[error("cannot read config {path}: {cause}")]
     Read { path: String, cause: std::io::Error },
-    #[error("invalid config {path}: {cause}")]
+    /// The file is refused: it is not TOML, a key is unknown or of the wrong type, or a
+    /// value is one validation refuses; `at` says where (line, column, key) as far as known.
+    #[error("invalid config {path}{at}: {message}")]
     Parse {
         path: String,
-        cause: toml::de::Error,
+        at: Location,
+        message: String,
     },
     #[error("cannot write the config as TOML: {0}")]
     Serialize(#[from] toml::ser::Error),
     #[error("invalid config: {0}")]
     Invalid(String),
+    /// A value validation refuses, with its key (`proxy.max_connections`,
+    /// `backend[1].name`); [`Config::parse`] and [`Config::load`] add its line.
+    #[error("invalid config: {key}: {message}")]
+    InvalidKey { key: String, message: String },
     #[error("admin token file {}: {message}{}", path.display(), cause.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]
     TokenFile {
         path: PathBuf,
@@ -85,10 +100,36 @@ pub struct Config {
     /// How split listeners (`routing = "split"`) choose nodes for reads (`[split]`).
     #[serde(default)]
     pub split: SplitConfig,
+    /// What holdfast logs (`[log]`).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub log: LogConfig,
 }
 
 fn is_default<T: Default + PartialEq>(value: &T) -> bool {
     *value == T::default()
+}
+
+/// A value validation refuses, by its key.
+pub(crate) fn invalid_key(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::InvalidKey {
+        key: key.into(),
+        message: message.into(),
+    }
+}
+
+/// A validation error of the file `origin` (whose text is `text`) as a located
+/// [`ConfigError::Parse`]; other errors (a password file that cannot be read) as they are.
+fn locate(e: ConfigError, text: &str, origin: &str) -> ConfigError {
+    let (at, message) = match e {
+        ConfigError::InvalidKey { key, message } => (locate::of_key(text, &key), message),
+        ConfigError::Invalid(message) => (Location::default(), message),
+        other => return other,
+    };
+    ConfigError::Parse {
+        path: origin.to_string(),
+        at,
+        message,
+    }
 }
 
 /// An extra client listener.
@@ -306,18 +347,19 @@ impl DriverConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         for b in &self.binaries {
             if !b.is_absolute() {
-                return Err(ConfigError::Invalid(format!(
-                    "[driver] binaries: {} is not an absolute path",
-                    b.display()
-                )));
+                return Err(invalid_key(
+                    "driver.binaries",
+                    format!("{} is not an absolute path", b.display()),
+                ));
             }
         }
         for o in &self.allowed_options {
             let n = option_name(o);
             if n.is_empty() || !n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-                return Err(ConfigError::Invalid(format!(
-                    "[driver] allowed_options: {o:?} is not a server option name"
-                )));
+                return Err(invalid_key(
+                    "driver.allowed_options",
+                    format!("{o:?} is not a server option name"),
+                ));
             }
         }
         Ok(())
@@ -361,14 +403,24 @@ pub struct BackendConfig {
 }
 
 impl Config {
+    /// Reads, parses and validates the file at `path`, with the passwords its
+    /// `*_password_file` keys name.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        Ok(Self::load_text(path)?.0)
+    }
+
+    /// [`Config::load`], and the file's text as it was read (what a reload compares and
+    /// `/status` hashes).
+    pub fn load_text(path: &Path) -> Result<(Config, String), ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|cause| ConfigError::Read {
             path: path.display().to_string(),
             cause,
         })?;
-        let mut cfg = Self::parse(&text, &path.display().to_string())?;
-        cfg.read_password_files(path.parent())?;
-        Ok(cfg)
+        let origin = path.display().to_string();
+        let mut cfg = Self::deserialize(&text, &origin)?;
+        cfg.read_password_files(path.parent())
+            .map_err(|e| locate(e, &text, &origin))?;
+        Ok((cfg, text))
     }
 
     /// Fills the passwords named by `*_password_file` (relative to `base`, the config's
@@ -383,14 +435,27 @@ impl Config {
         self.validate()
     }
 
-    /// Parses and validates `text`; `origin` names it in errors.
+    /// Parses and validates `text`; `origin` names it in errors, which say where in it
+    /// (line, column, key) the problem is.
     pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
-        let cfg: Config = toml::from_str(text).map_err(|cause| ConfigError::Parse {
-            path: origin.to_string(),
-            cause,
-        })?;
-        cfg.validate()?;
+        let cfg = Self::deserialize(text, origin)?;
+        cfg.validate().map_err(|e| locate(e, text, origin))?;
         Ok(cfg)
+    }
+
+    /// The TOML of `text` as a config, not validated yet.
+    fn deserialize(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|cause| {
+            let message = cause.message().trim().replace('\n', "; ");
+            ConfigError::Parse {
+                path: origin.to_string(),
+                at: cause
+                    .span()
+                    .map(|span| locate::of_span(text, span, &message))
+                    .unwrap_or_default(),
+                message,
+            }
+        })
     }
 
     /// The config as TOML that [`Config::parse`] reads back to an equal value.
@@ -405,29 +470,29 @@ impl Config {
             ));
         }
         let mut names = std::collections::HashSet::new();
-        for b in &self.backends {
+        for (i, b) in self.backends.iter().enumerate() {
             if !names.insert(&b.name) {
-                return Err(ConfigError::Invalid(format!(
-                    "backend name {:?} used twice",
-                    b.name
-                )));
+                return Err(invalid_key(
+                    format!("backend[{i}].name"),
+                    format!("backend name {:?} used twice", b.name),
+                ));
             }
         }
         if self.proxy.max_packet_size < 1024 {
-            return Err(ConfigError::Invalid(
-                "proxy.max_packet_size must be at least 1024".into(),
+            return Err(invalid_key(
+                "proxy.max_packet_size",
+                "must be at least 1024",
             ));
         }
         if self.proxy.max_connections == 0 {
-            return Err(ConfigError::Invalid(
-                "proxy.max_connections must be at least 1".into(),
-            ));
+            return Err(invalid_key("proxy.max_connections", "must be at least 1"));
         }
         self.admin.validate()?;
         self.driver.validate()?;
         self.tls.validate()?;
         self.backend_tls.validate()?;
         self.split.validate()?;
+        self.log.validate()?;
         let split = self.proxy.routing == Routing::Split
             || self.listeners.iter().any(|l| l.routing == Routing::Split);
         if split && self.serverless.is_some() {
@@ -435,18 +500,20 @@ impl Config {
                 "routing = \"split\" needs replicas; a [serverless] instance has none".into(),
             ));
         }
-        if self
+        if let Some(i) = self
             .listeners
             .iter()
-            .any(|l| l.routing == Routing::Split && l.mode == ListenerMode::Passthrough)
+            .position(|l| l.routing == Routing::Split && l.mode == ListenerMode::Passthrough)
         {
-            return Err(ConfigError::Invalid(
-                "a pass-through listener cannot split reads: it does not parse statements".into(),
+            return Err(invalid_key(
+                format!("listener[{i}].routing"),
+                "a pass-through listener cannot split reads: it does not parse statements",
             ));
         }
         if self.driver.kind == DriverKind::Lab && self.driver.lab_dir.is_none() {
-            return Err(ConfigError::Invalid(
-                "[driver] kind = \"lab\" needs lab_dir".into(),
+            return Err(invalid_key(
+                "driver.kind",
+                "[driver] kind = \"lab\" needs lab_dir",
             ));
         }
         if let Some(sl) = &self.serverless {
@@ -457,8 +524,9 @@ impl Config {
                 )));
             }
             if self.ha.mode != HaMode::External {
-                return Err(ConfigError::Invalid(
-                    "[serverless] cannot be combined with [ha] mode = \"managed\": a paused instance would look failed".into(),
+                return Err(invalid_key(
+                    "ha.mode",
+                    "[serverless] cannot be combined with [ha] mode = \"managed\": a paused instance would look failed",
                 ));
             }
             sl.validate()?;

@@ -145,20 +145,31 @@ impl ServerlessConfig {
         self.scale.validate()?;
         if let Some(c) = self.start_ccu {
             if !(self.scale.min_ccu..=self.scale.max_ccu).contains(&c) {
-                return Err(ConfigError::Invalid(format!(
-                    "serverless.start_ccu {c} is outside [{}, {}]",
-                    self.scale.min_ccu, self.scale.max_ccu
-                )));
+                return Err(crate::invalid_key(
+                    "serverless.start_ccu",
+                    format!(
+                        "{c} is outside [{}, {}]",
+                        self.scale.min_ccu, self.scale.max_ccu
+                    ),
+                ));
             }
         }
-        if self.period_secs == 0 || self.flush_secs == 0 {
-            return Err(ConfigError::Invalid(
-                "serverless.period_secs and flush_secs must be at least 1".into(),
+        if self.period_secs == 0 {
+            return Err(crate::invalid_key(
+                "serverless.period_secs",
+                "must be at least 1",
+            ));
+        }
+        if self.flush_secs == 0 {
+            return Err(crate::invalid_key(
+                "serverless.flush_secs",
+                "must be at least 1",
             ));
         }
         if self.resume_deadline_ms == 0 {
-            return Err(ConfigError::Invalid(
-                "serverless.resume_deadline_ms must be at least 1".into(),
+            return Err(crate::invalid_key(
+                "serverless.resume_deadline_ms",
+                "must be at least 1",
             ));
         }
         Ok(())
@@ -212,7 +223,7 @@ impl ScalePolicy {
     /// but its decisions are only meaningful for a valid one, so configs are checked here.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.check()
-            .map_err(|e| ConfigError::Invalid(format!("serverless.scale: {e}")))
+            .map_err(|e| crate::invalid_key("serverless.scale", e))
     }
 
     fn check(&self) -> Result<(), String> {

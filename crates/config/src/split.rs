@@ -1,6 +1,6 @@
 //! Read/write splitting: the `routing` of a listener and the `[split]` section.
 
-use crate::ConfigError;
+use crate::{invalid_key, ConfigError};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -79,14 +79,15 @@ impl SplitConfig {
 
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if !(self.primary_read_weight.is_finite() && self.primary_read_weight >= 0.0) {
-            return Err(ConfigError::Invalid(format!(
-                "[split] primary_read_weight must be 0 or more, not {}",
-                self.primary_read_weight
-            )));
+            return Err(invalid_key(
+                "split.primary_read_weight",
+                format!("must be 0 or more, not {}", self.primary_read_weight),
+            ));
         }
         if self.causal_wait_ms == 0 && self.consistency != Consistency::None {
-            return Err(ConfigError::Invalid(
-                "[split] causal_wait_ms must be above 0 unless consistency = \"none\"".into(),
+            return Err(invalid_key(
+                "split.causal_wait_ms",
+                "must be above 0 unless consistency = \"none\"",
             ));
         }
         Ok(())

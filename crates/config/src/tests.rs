@@ -46,7 +46,10 @@ fn serverless_needs_one_backend_and_external_ha() {
     assert!(err.contains("managed"), "{err}");
     let bad = SERVERLESS_EXAMPLE.replace("min_ccu = 0.5", "min_ccu = 8.0");
     let err = Config::parse(&bad, "t").unwrap_err();
-    assert!(matches!(err, ConfigError::Invalid(_)), "{err}");
+    assert!(
+        matches!(&err, ConfigError::Parse { at, .. } if at.key.as_deref() == Some("serverless.scale")),
+        "{err}"
+    );
 }
 
 #[test]
@@ -55,8 +58,10 @@ fn ha_section_is_validated() {
     let cfg = Config::parse(&format!("{base}[ha]\nmode = \"managed\"\n"), "t").unwrap();
     assert_eq!(cfg.ha.mode, HaMode::Managed);
     let err = Config::parse(&format!("{base}[ha]\nfailure_threshold = 0\n"), "t").unwrap_err();
-    assert!(matches!(err, ConfigError::Invalid(_)), "{err}");
-    assert!(err.to_string().contains("failure_threshold"), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "invalid config t, line 5, key ha.failure_threshold: must be at least 1"
+    );
     assert!(Config::parse(&format!("{base}[ha]\nmode = \"auto\"\n"), "t").is_err());
     assert!(Config::parse(&format!("{base}[ha]\nbogus = 1\n"), "t").is_err());
 }
@@ -180,8 +185,8 @@ fn scale_policy_validate_rejects_inconsistent_policies() {
     ];
     for (needle, policy) in bad {
         match policy.validate() {
-            Err(ConfigError::Invalid(message)) => assert!(
-                message.contains(needle) && message.starts_with("serverless.scale: "),
+            Err(ConfigError::InvalidKey { key, message }) => assert!(
+                message.contains(needle) && key == "serverless.scale",
                 "{policy:?}: {message:?} should mention {needle:?}"
             ),
             other => panic!("{policy:?} should be rejected ({needle}): {other:?}"),
@@ -251,6 +256,9 @@ fn full_config() -> Config {
             trusted_proxies: Some(vec!["10.0.0.0/8".parse().unwrap()]),
         }],
         serverless: Some(serverless),
+        log: crate::LogConfig {
+            level: "warn,holdfast_proxy=debug".into(),
+        },
         ..Config::default()
     }
 }
@@ -563,4 +571,37 @@ fn tls_sections_are_checked() {
     let ok = parse("[tls]\ncert = \"c\"\nkey = \"k\"\nmin_version = \"1.3\"\n[backend_tls]\nmode = \"verify-ca\"\nca = \"ca.pem\"").unwrap();
     assert_eq!(ok.tls.min_version, crate::TlsVersion::V1_3);
     assert_eq!(ok.backend_tls.mode, crate::BackendTlsMode::VerifyCa);
+}
+
+/// Issue 20: a refused file names the file, the line and the key (at start and at a reload).
+#[test]
+fn errors_name_the_file_line_and_key() {
+    let base = "[[backend]]\nname = \"a\"\naddress = \"127.0.0.1:1\"\n";
+    let cases = [
+        (
+            format!("{base}[proxy]\nmax_connections = \"many\"\n"),
+            "invalid config f.toml, line 5, column 19, key proxy.max_connections: invalid type: string \"many\", expected usize",
+        ),
+        (
+            format!("[proxy]\nhold_window = 5\n{base}"),
+            "invalid config f.toml, line 2, column 1, key proxy.hold_window: unknown field `hold_window`",
+        ),
+        (
+            format!("{base}[proxy\n"),
+            "invalid config f.toml, line 4, column 7",
+        ),
+        (
+            format!("{base}\n[split]\ncausal_wait_ms = 0\n"),
+            "invalid config f.toml, line 6, key split.causal_wait_ms: must be above 0",
+        ),
+        (
+            format!("{base}[log]\nlevel = \"loud\"\n"),
+            "invalid config f.toml, line 5, key log.level: \"loud\" is neither a level",
+        ),
+    ];
+    for (text, want) in cases {
+        let err = Config::parse(&text, "f.toml").unwrap_err().to_string();
+        assert!(err.starts_with(want), "{err}\nwanted: {want}");
+        assert!(!err.contains('\n'), "one line: {err}");
+    }
 }

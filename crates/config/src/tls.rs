@@ -1,6 +1,6 @@
 //! `[tls]` (TLS to clients) and `[backend_tls]` (TLS to the database nodes).
 
-use crate::ConfigError;
+use crate::{invalid_key, ConfigError};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -58,14 +58,16 @@ impl TlsConfig {
         match (&self.cert, &self.key) {
             (Some(_), Some(_)) | (None, None) => {}
             _ => {
-                return Err(ConfigError::Invalid(
-                    "[tls] needs both cert and key (PEM files), or neither".into(),
+                return Err(invalid_key(
+                    "tls",
+                    "[tls] needs both cert and key (PEM files), or neither",
                 ))
             }
         }
         if self.require_tls && !self.enabled() {
-            return Err(ConfigError::Invalid(
-                "[tls] require_tls = true needs cert and key".into(),
+            return Err(invalid_key(
+                "tls.require_tls",
+                "require_tls = true needs cert and key",
             ));
         }
         Ok(())
@@ -107,13 +109,15 @@ impl BackendTlsConfig {
 
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if self.enabled() && self.ca.is_none() {
-            return Err(ConfigError::Invalid(
-                "[backend_tls] verify-ca and verify-full need `ca` (a PEM file)".into(),
+            return Err(invalid_key(
+                "backend_tls.mode",
+                "verify-ca and verify-full need `ca` (a PEM file)",
             ));
         }
         if self.cert.is_some() != self.key.is_some() {
-            return Err(ConfigError::Invalid(
-                "[backend_tls] needs both cert and key, or neither".into(),
+            return Err(invalid_key(
+                "backend_tls",
+                "[backend_tls] needs both cert and key, or neither",
             ));
         }
         Ok(())

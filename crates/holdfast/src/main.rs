@@ -5,7 +5,9 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use holdfast_admin::AdminClient;
 use holdfast_config::{AdminToken, Config, DriverKind, TokenSource};
+use holdfast_proxy::logging::LogLevel;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// holdfast keeps MySQL/MariaDB client connections alive while the database behind them
 /// changes, and can make an instance serverless (paused when idle with idle connections
@@ -36,7 +38,13 @@ enum LogFormat {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the proxy. Log level via RUST_LOG (default: info).
+    /// Run the proxy. Log level: [log] level (default: info); RUST_LOG, when set, takes
+    /// its place at start.
+    ///
+    /// SIGHUP (or `holdfast ctl reload`) reads the config again: what can change while
+    /// holdfast runs applies at once, what needs a restart (listener addresses, the admin
+    /// API, worker threads, drivers, the HA mode) is listed and keeps its running value; a
+    /// file with an error is refused (file, line, key) and nothing changes.
     ///
     /// The admin API needs a bearer token: [admin] token or token_file, or else one
     /// generated on the first start into CONFIG-DIR/<config name>.admin-token (mode 0600;
@@ -195,6 +203,21 @@ enum CtlCommand {
     /// Add or remove a node at run time (read scale-out).
     #[command(subcommand)]
     Node(NodeCommand),
+    /// Read holdfast's config file again and put it in force (as SIGHUP does).
+    ///
+    /// Limits, hold and cool-down windows, HA and serverless knobs, the split section, the
+    /// log level, certificates and listeners' settings apply at once (the next request,
+    /// login or connection); the [[backend]] list adds and removes nodes. What needs a
+    /// restart (a listener's address, the admin API, worker threads, drivers, the HA mode)
+    /// is listed and keeps its running value. A file with an error is refused with the
+    /// error (file, line, key) and nothing changes (exit status 1).
+    ///
+    /// Example: holdfast ctl --config /etc/holdfast/holdfast.toml reload
+    Reload {
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Pause the serverless instance now (needs `[serverless]`).
     ///
     /// Idle sessions stay open and wake it when they next speak; sessions that could not
@@ -267,32 +290,41 @@ enum CtlCommand {
     },
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+/// `RUST_LOG` when set (and valid), else `info`; `serve` then puts `[log] level` in force
+/// unless `RUST_LOG` is set.
+fn init_logging(format: LogFormat) -> Option<Arc<LogLevel>> {
     // Colour only for a person at a terminal: not in files, journald or pipes.
     use std::io::IsTerminal as _;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+    let json = matches!(format, LogFormat::Json);
+    let ansi = std::io::stderr().is_terminal();
+    let from_env = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|d| !d.trim().is_empty());
+    if let Some(directives) = from_env {
+        match LogLevel::install(&directives, json, ansi, std::io::stderr) {
+            Ok(log) => return Some(log),
+            Err(e) => eprintln!("RUST_LOG {e}; logging at info"),
+        }
     }
+    LogLevel::install("info", json, ansi, std::io::stderr).ok()
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    let log = init_logging(cli.log_format);
     match cli.command {
         Command::Serve { config } => {
-            let cfg = Config::load(&config)?;
+            let (cfg, text) = Config::load_text(&config)?;
+            if let Some(log) = &log {
+                if std::env::var_os("RUST_LOG").is_none() {
+                    log.set(&cfg.log.level)?;
+                }
+            }
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(cfg.proxy.effective_worker_threads())
                 .enable_all()
                 .build()?
-                .block_on(serve(cfg, &config))
+                .block_on(serve(cfg, &config, &text, log))
         }
         Command::Ctl {
             admin,
@@ -400,7 +432,12 @@ fn admin_token(cfg: &Config, config_path: &Path) -> Result<AdminToken> {
     Ok(token)
 }
 
-async fn serve(cfg: Config, config_path: &Path) -> Result<()> {
+async fn serve(
+    cfg: Config,
+    config_path: &Path,
+    text: &str,
+    log: Option<Arc<LogLevel>>,
+) -> Result<()> {
     // A serverless server that cannot start is said now, not as a 3032 at the first login.
     if let Some(holdfast_config::serverless::InstanceDriverConfig::Process(p)) =
         cfg.serverless.as_ref().map(|s| &s.driver)
@@ -447,14 +484,18 @@ async fn serve(cfg: Config, config_path: &Path) -> Result<()> {
         .collect();
     tracing::info!(proxy = %proxy.local_addr()?, admin = %admin_addr, listeners = ?listeners, "holdfast serving");
     let shared = proxy.shared.clone();
-    let _ = shared.membership.config_path.set(config_path.to_path_buf());
+    shared.set_config_file(config_path, text);
+    if let Some(log) = log {
+        let _ = shared.log_level.set(log);
+    }
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
-    let reloading = shared.membership.clone();
+    let reloading = shared.clone();
     tokio::spawn(async move {
         while hangup.recv().await.is_some() {
-            tracing::info!("SIGHUP: reloading the [[backend]] list");
-            if let Err(e) = reloading.reload_backends().await {
-                tracing::warn!(error = %e, "reload failed; nothing changed");
+            tracing::info!("SIGHUP: reloading the configuration");
+            // The reload logs what it applied; a refusal is said here.
+            if let Err(e) = reloading.reload().await {
+                tracing::error!("reload refused: {e}");
             }
         }
     });
@@ -588,6 +629,19 @@ async fn ctl(client: &AdminClient, command: CtlCommand) -> Result<()> {
             instance_operation(client, &path).await?
         }
         CtlCommand::Resume => instance_operation(client, "/resume").await?,
+        CtlCommand::Reload { json } => {
+            let (code, body) = post(client, "/reload").await?;
+            if !(200..300).contains(&code) {
+                return Err(refused(client, "reload refused", code, body));
+            }
+            if json {
+                println!("{body}");
+            } else {
+                let report: holdfast_proxy::reload::ReloadReport =
+                    serde_json::from_str(&body).context("unexpected /reload body")?;
+                print!("{}", holdfast_admin::render_reload(&report));
+            }
+        }
         CtlCommand::Scale { size } => {
             let path = if size.eq_ignore_ascii_case("auto") {
                 "/scale?auto=true".to_string()

@@ -269,3 +269,202 @@ fn ctl_node_commands_reach_the_api_and_show_its_refusals() {
     drop(served);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Issue 20, part 2, as an operator sees it: `holdfast ctl reload` prints what applied and
+/// what waits for a restart, a broken file is refused (exit 1, file, line and key) and
+/// nothing changes, SIGHUP takes the same path (its refusal and success in the log), `ctl
+/// status` shows the file in force with the hash `sha256sum` prints, and the log level
+/// follows `[log] level`.
+#[test]
+fn ctl_reload_and_sighup_put_the_file_in_force_or_say_why_not() {
+    let dir = scratch_dir("reload");
+    let ports = holdfast_lab::procs::free_ports(3).unwrap();
+    let admin: SocketAddr = format!("127.0.0.1:{}", ports[1]).parse().unwrap();
+    let config = write_config(&dir, ports[0], &admin.to_string(), "");
+    let good = std::fs::read_to_string(&config).unwrap();
+    let log_file = dir.join("serve.log");
+    let mut served = {
+        let file = std::fs::File::create(&log_file).unwrap();
+        let child = holdfast()
+            .env_remove("RUST_LOG")
+            .args(["serve", "--config"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .unwrap();
+        Served {
+            child,
+            log: log_file.clone(),
+        }
+    };
+    served.wait_listening(admin);
+    let cfg = config.display().to_string();
+    let ctl = |args: &[&str]| {
+        let mut cmd = holdfast();
+        cmd.args(["ctl", "--config", &cfg]).args(args);
+        run(cmd)
+    };
+    let sha256 = || {
+        let out = Command::new("sha256sum").arg(&config).output().unwrap();
+        text(&out.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let status_hash = || {
+        let out = ctl(&["status", "--json"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["config"]["hash"].as_str().unwrap_or_default().to_string()
+    };
+    let wait_log = |needle: &str, times: usize| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let log = std::fs::read_to_string(&log_file).unwrap_or_default();
+            if log.matches(needle).count() >= times {
+                return log;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {needle:?} x{times} in:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let start_hash = sha256();
+    assert_eq!(status_hash(), start_hash);
+    let out = ctl(&["status"]);
+    let status = text(&out.stdout);
+    assert!(
+        status.contains(&format!("config: {cfg}  sha256 {}", &start_hash[..12]))
+            && status.contains("log level: info"),
+        "{status}"
+    );
+
+    // Unchanged: said so.
+    let out = ctl(&["reload"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(
+        said.starts_with(&format!(
+            "reloaded {cfg} (sha256 {}, unchanged)",
+            &start_hash[..12]
+        )) && said.contains("no setting changed"),
+        "{said}"
+    );
+
+    // A limit and the log level apply; the listener's address waits for a restart.
+    let moved = format!("127.0.0.1:{}", ports[2]);
+    std::fs::write(
+        &config,
+        good.replace(&format!("127.0.0.1:{}", ports[0]), &moved)
+            .replace(
+                "[admin]",
+                "max_connections = 5\n\n[log]\nlevel = \"warn\"\n\n[admin]",
+            ),
+    )
+    .unwrap();
+    let out = ctl(&["reload"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    for line in [
+        "(sha256 ",
+        ", changed)",
+        "applied now:\n",
+        "  log.level: \"info\" -> \"warn\"\n",
+        "  proxy.max_connections: 10000 -> 5\n",
+        "not applied, need a restart (",
+        &format!(
+            "  proxy.listen: \"127.0.0.1:{}\" -> \"{moved}\"\n",
+            ports[0]
+        ),
+    ] {
+        assert!(said.contains(line), "{line:?} not in:\n{said}");
+    }
+    let changed_hash = sha256();
+    assert_eq!(status_hash(), changed_hash);
+    let status = text(&ctl(&["status"]).stdout);
+    assert!(
+        status.contains("log level: warn")
+            && status.contains(&format!(
+                "waits for a restart: proxy.listen: \"127.0.0.1:{}\"",
+                ports[0]
+            )),
+        "{status}"
+    );
+    // The reload's own info line was not logged under warn.
+    assert_eq!(
+        served.log().matches("configuration reloaded").count(),
+        1,
+        "{}",
+        served.log()
+    );
+
+    // A broken file: refused with its line and key, exit 1, nothing changed.
+    let broken = good.replace("[[backend]]", "[[backend]]\nweight = 3");
+    std::fs::write(&config, &broken).unwrap();
+    let line = broken.lines().position(|l| l == "weight = 3").unwrap() + 1;
+    let want = format!(
+        "invalid config {cfg}, line {line}, column 1, key backend[0].weight: unknown field `weight`"
+    );
+    // Asked through the admin address and token: holdfast refuses it.
+    let token_file = dir.join("holdfast.admin-token").display().to_string();
+    let a = admin.to_string();
+    let out = run({
+        let mut cmd = holdfast();
+        cmd.args(["ctl", "--admin", &a, "--token-file", &token_file, "reload"]);
+        cmd
+    });
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!("reload refused (HTTP 400): {want}"))
+            && err.contains("; nothing changed"),
+        "{err}"
+    );
+    // With --config, ctl reads the file itself first and says the same.
+    let out = ctl(&["reload"]);
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    let err = text(&out.stderr);
+    assert!(err.contains(&want), "{err}");
+    let status_hash = || {
+        let out = run({
+            let mut cmd = holdfast();
+            cmd.args(["ctl", "--admin", &a, "--token-file", &token_file])
+                .args(["status", "--json"]);
+            cmd
+        });
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["config"]["hash"].as_str().unwrap_or_default().to_string()
+    };
+    assert_eq!(status_hash(), changed_hash);
+
+    // SIGHUP with the broken file: refused in the log; fixed: in force.
+    let hup = || {
+        let ok = Command::new("kill")
+            .args(["-HUP", &served.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -HUP");
+    };
+    hup();
+    let log = wait_log("reload refused: invalid config", 1);
+    assert!(log.contains("key backend[0].weight"), "{log}");
+    assert_eq!(status_hash(), changed_hash);
+    std::fs::write(&config, &good).unwrap();
+    hup();
+    // Back to info (the file has no [log]): the reload's line is logged again.
+    wait_log("configuration reloaded", 2);
+    assert_eq!(status_hash(), start_hash);
+    let status = text(&ctl(&["status"]).stdout);
+    assert!(
+        status.contains("log level: info") && !status.contains("waits for a restart"),
+        "{status}"
+    );
+    drop(served);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

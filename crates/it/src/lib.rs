@@ -182,7 +182,7 @@ impl Harness {
             || {
                 let topo = shared.topology.borrow().clone();
                 // With commit markers on, tests start once COMMITs carry them.
-                let markers = !shared.config.ha.commit_markers
+                let markers = !shared.config().ha.commit_markers
                     || shared
                         .commit_markers_ready
                         .load(std::sync::atomic::Ordering::Acquire);
@@ -198,6 +198,68 @@ impl Harness {
         if let Some(rt) = self.runtime.take() {
             rt.shutdown_timeout(Duration::from_secs(5));
         }
+    }
+
+    /// Writes `cfg` as holdfast's configuration file in the lab's directory, as an operator
+    /// keeps one (TOML, mode 0600, the passwords in files beside it, mode 0600 too), and
+    /// returns its path. The first call makes it the file holdfast runs from (as `holdfast
+    /// serve --config` does): `/status` shows it and `POST /reload` reads it again.
+    pub fn write_config(&self, cfg: &Config) -> std::path::PathBuf {
+        let dir = &self.lab.status.dir;
+        let mut cfg = cfg.clone();
+        let secret_file = |name: &str, secret: &holdfast_config::Secret| {
+            let path = dir.join(name);
+            holdfast_config::secret::write_password_file(&path, secret.expose())
+                .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+            path
+        };
+        if !cfg.auth.monitor_password.is_empty() {
+            cfg.auth.monitor_password_file = Some(secret_file(
+                "it-monitor.password",
+                &cfg.auth.monitor_password,
+            ));
+        }
+        if !cfg.ha.repl_password.is_empty() {
+            cfg.ha.repl_password_file =
+                Some(secret_file("it-repl.password", &cfg.ha.repl_password));
+        }
+        let text = cfg.to_toml().expect("the config as TOML");
+        let path = self.config_path();
+        self.write_config_text(&text);
+        if self.shared.reloader.source().is_none() {
+            self.shared.set_config_file(&path, &text);
+        }
+        path
+    }
+
+    /// Writes `text` as holdfast's configuration file (see [`Harness::write_config`]), as
+    /// it is: a test of what a reload does with a broken file.
+    pub fn write_config_text(&self, text: &str) {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let path = self.config_path();
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+        f.write_all(text.as_bytes())
+            .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    }
+
+    /// Where [`Harness::write_config`] writes holdfast's configuration file.
+    pub fn config_path(&self) -> std::path::PathBuf {
+        self.lab.status.dir.join("holdfast-it.toml")
+    }
+
+    /// `POST /reload`: its status code and JSON answer.
+    pub fn reload(&self) -> (u16, serde_json::Value) {
+        let (code, body) = self.admin_post("/reload", None);
+        let v = serde_json::from_str(&body)
+            .unwrap_or_else(|e| panic!("POST /reload answered {code}, not JSON ({e}): {body}"));
+        (code, v)
     }
 
     /// The lab node named `name`.
@@ -574,6 +636,7 @@ pub fn lab_config(lab: &TestLab) -> Config {
         tls,
         backend_tls,
         split: Default::default(),
+        log: Default::default(),
     }
 }
 

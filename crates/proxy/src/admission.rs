@@ -6,7 +6,7 @@
 use holdfast_config::ProxyConfig;
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -54,10 +54,11 @@ pub enum Refusal {
 }
 
 pub struct Admission {
-    max_per_ip: usize,
-    max_pending_per_ip: usize,
-    failure_delay: Duration,
-    max_failure_delay: Duration,
+    /// The limits and delays of `[proxy]`, set again by a reload ([`Admission::apply`]).
+    max_per_ip: AtomicUsize,
+    max_pending_per_ip: AtomicUsize,
+    failure_delay_ms: AtomicU64,
+    max_failure_delay_ms: AtomicU64,
     addresses: Mutex<HashMap<IpAddr, PerAddress>>,
     failed_sources: Mutex<HashMap<IpAddr, Failures>>,
     failed_accounts: Mutex<HashMap<String, Failures>>,
@@ -72,10 +73,10 @@ const UNKNOWN_USER_WAKE_EVERY: Duration = Duration::from_secs(60);
 impl Admission {
     pub fn new(cfg: &ProxyConfig) -> Self {
         Admission {
-            max_per_ip: cfg.max_connections_per_ip,
-            max_pending_per_ip: cfg.max_pending_logins_per_ip,
-            failure_delay: Duration::from_millis(cfg.login_failure_delay_ms),
-            max_failure_delay: Duration::from_millis(cfg.max_login_failure_delay_ms),
+            max_per_ip: AtomicUsize::new(cfg.max_connections_per_ip),
+            max_pending_per_ip: AtomicUsize::new(cfg.max_pending_logins_per_ip),
+            failure_delay_ms: AtomicU64::new(cfg.login_failure_delay_ms),
+            max_failure_delay_ms: AtomicU64::new(cfg.max_login_failure_delay_ms),
             addresses: Mutex::new(HashMap::new()),
             failed_sources: Mutex::new(HashMap::new()),
             failed_accounts: Mutex::new(HashMap::new()),
@@ -84,16 +85,31 @@ impl Admission {
         }
     }
 
+    /// The limits and delays of a reloaded `[proxy]`, for the next connection and the next
+    /// failed login (connections over a lowered limit stay).
+    pub fn apply(&self, cfg: &ProxyConfig) {
+        self.max_per_ip
+            .store(cfg.max_connections_per_ip, Ordering::Relaxed);
+        self.max_pending_per_ip
+            .store(cfg.max_pending_logins_per_ip, Ordering::Relaxed);
+        self.failure_delay_ms
+            .store(cfg.login_failure_delay_ms, Ordering::Relaxed);
+        self.max_failure_delay_ms
+            .store(cfg.max_login_failure_delay_ms, Ordering::Relaxed);
+    }
+
     /// Counts a new connection from `ip`, or says why it is refused. The ticket uncounts it
     /// when dropped.
     pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<Ticket, Refusal> {
         let ip = address_key(ip);
+        let max_per_ip = self.max_per_ip.load(Ordering::Relaxed);
+        let max_pending_per_ip = self.max_pending_per_ip.load(Ordering::Relaxed);
         let mut map = self.addresses.lock().unwrap_or_else(|e| e.into_inner());
         let entry = map.entry(ip).or_default();
-        if self.max_per_ip > 0 && entry.open >= self.max_per_ip {
+        if max_per_ip > 0 && entry.open >= max_per_ip {
             return Err(Refusal::TooManyFromAddress);
         }
-        if self.max_pending_per_ip > 0 && entry.logging_in >= self.max_pending_per_ip {
+        if max_pending_per_ip > 0 && entry.logging_in >= max_pending_per_ip {
             return Err(Refusal::TooManyLoginsFromAddress);
         }
         entry.open += 1;
@@ -183,9 +199,11 @@ impl Admission {
             return Duration::ZERO;
         }
         let doublings = (failures - FREE_FAILURES - 1).min(16);
-        self.failure_delay
+        Duration::from_millis(self.failure_delay_ms.load(Ordering::Relaxed))
             .saturating_mul(1 << doublings)
-            .min(self.max_failure_delay)
+            .min(Duration::from_millis(
+                self.max_failure_delay_ms.load(Ordering::Relaxed),
+            ))
     }
 
     /// Whether a refusal may be logged now; otherwise it is counted and reported with the

@@ -12,8 +12,10 @@ pub use holdfast_config as config;
 pub mod conn;
 pub mod error;
 pub mod gate;
+pub mod logging;
 pub mod metrics;
 pub mod registry;
+pub mod reload;
 pub mod restore;
 pub mod serverless;
 pub mod session;
@@ -31,21 +33,30 @@ use holdfast_cluster::monitor::ProbeGate;
 use holdfast_cluster::planned::{Planned, RestartError, SessionDrain};
 use holdfast_cluster::preflight;
 use holdfast_cluster::topology::Topology;
-use holdfast_cluster::ClusterTasks;
+use holdfast_cluster::{ClusterTasks, LiveConfig};
 use holdfast_serverless::driver::InstanceDriver;
 use metrics::Metrics;
 use registry::SessionRegistry;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 use verifiers::VerifierCache;
 
 /// State shared by every session, read without locks on the query path.
 pub struct Shared {
-    pub config: Arc<Config>,
+    /// The configuration in force ([`Shared::config`]); a reload replaces it whole
+    /// ([`reload`]).
+    live: LiveConfig,
+    /// Where the configuration came from, and the reload path.
+    pub reloader: reload::Reloader,
+    /// The log filter `[log] level` sets, when the embedder installed one
+    /// ([`logging::LogLevel::install`]; `holdfast serve` does).
+    pub log_level: std::sync::OnceLock<Arc<logging::LogLevel>>,
+    /// Client connections open now, against `[proxy] max_connections`.
+    connections: Arc<ConnectionSlots>,
     pub metrics: Metrics,
     pub verifiers: VerifierCache,
     pub topology: watch::Receiver<Arc<Topology>>,
@@ -113,6 +124,7 @@ impl Shared {
             node_driver,
             backend_connector,
         } = seams;
+        let live = holdfast_cluster::live::live(config.clone());
         let serverless = config.serverless.as_ref().and_then(|sl| {
             let address = config.backends.first()?.address.clone();
             let driver = instance_driver
@@ -126,18 +138,17 @@ impl Shared {
         let admission = Arc::new(admission::Admission::new(&config.proxy));
         let connector = backend_connector
             .unwrap_or_else(|| Arc::new(backend::TcpConnector::from_config(&config.proxy)));
-        let ha = HaController::new(config.clone(), topology.clone());
+        let ha = HaController::new(live.clone(), topology.clone());
         Shared {
-            membership: Arc::new(Membership::new(
-                config.clone(),
-                topology.clone(),
-                ha.clone(),
-            )),
+            membership: Arc::new(Membership::new(live.clone(), topology.clone(), ha.clone())),
             serverless,
             gate,
             ledger: None,
             ha,
-            config,
+            live,
+            reloader: reload::Reloader::default(),
+            log_level: std::sync::OnceLock::new(),
+            connections: Arc::default(),
             metrics: Metrics::new(),
             verifiers: VerifierCache::default(),
             topology,
@@ -155,11 +166,27 @@ impl Shared {
         }
     }
 
+    /// The configuration in force: a lock-free read for a value or two. Not to be held
+    /// across an await ([`Shared::config_snapshot`] is); a reload applies to the next read.
+    pub fn config(&self) -> arc_swap::Guard<Arc<Config>> {
+        self.live.load()
+    }
+
+    /// The configuration in force, to keep for a while (across awaits, a whole operation).
+    pub fn config_snapshot(&self) -> Arc<Config> {
+        self.live.load_full()
+    }
+
+    /// The configuration the cluster's tasks read too (a reload stores into it).
+    pub fn live_config(&self) -> &LiveConfig {
+        &self.live
+    }
+
     /// What a planned operation works with: the cluster runs it, sessions are asked
     /// through the registry whether they are at a safe point.
-    fn planned(&self) -> Planned<'_> {
+    fn planned<'a>(&'a self, config: &'a Config) -> Planned<'a> {
         Planned {
-            config: &self.config,
+            config,
             ha: &self.ha,
             topology: &self.topology,
             switching: &self.switching,
@@ -176,12 +203,14 @@ impl Shared {
         node: &str,
         spec: &holdfast_cluster::driver::RestartSpec,
     ) -> Result<Vec<String>, RestartError> {
-        self.planned().restart_node(node, spec).await
+        let config = self.config_snapshot();
+        self.planned(&config).restart_node(node, spec).await
     }
 
     /// A planned switchover clients do not notice (see [`Planned::switchover`]).
     pub async fn switchover(&self, target: Option<String>) -> Result<SwitchoverReport, HaError> {
-        self.planned().switchover(target).await
+        let config = self.config_snapshot();
+        self.planned(&config).switchover(target).await
     }
 
     /// holdfast's connection ids (the greeting's, what `mysql_thread_id()` returns) start
@@ -212,8 +241,8 @@ impl ProbeGate for serverless::Lifecycle {
 pub struct Proxy {
     pub shared: Arc<Shared>,
     listener: TcpListener,
-    /// `[[listener]]`s, each with its mode, routing and trusted proxies.
-    extra: Vec<(TcpListener, ListenerMode, Routing, Arc<[IpNet]>)>,
+    /// `[[listener]]`s, each with its address as configured.
+    extra: Vec<(TcpListener, String)>,
 }
 
 impl Proxy {
@@ -237,11 +266,7 @@ impl Proxy {
             let bound = TcpListener::bind(&l.listen).await.map_err(|e| {
                 std::io::Error::new(e.kind(), format!("binding listener {}: {e}", l.listen))
             })?;
-            let trusted = l
-                .trusted_proxies
-                .as_ref()
-                .unwrap_or(&config.proxy.trusted_proxies);
-            extra.push((bound, l.mode, l.routing, trusted.as_slice().into()));
+            extra.push((bound, l.listen.clone()));
         }
         let tls_error = |e: holdfast_client::tls::TlsSetupError| {
             std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string())
@@ -250,9 +275,6 @@ impl Proxy {
         tls::backend(&config.backend_tls).map_err(tls_error)?;
         let (tx, rx) = watch::channel(Arc::new(Topology::from_config(&config)));
         let mut shared = Shared::with_seams(config.clone(), rx, seams);
-        if let (Some(t), Some(every)) = (&client_tls, config.tls.reload_check()) {
-            tokio::spawn(t.clone().watch(every));
-        }
         shared.client_tls = client_tls;
         if let Some(sl) = &config.serverless {
             let ledger = holdfast_serverless::ledger::Ledger::open(&sl.ledger)
@@ -260,8 +282,13 @@ impl Proxy {
             shared.ledger = Some(Arc::new(ledger));
         }
         let shared = Arc::new(shared);
+        if let Some(t) = &shared.client_tls {
+            // Every `[tls] reload_check_secs` as it is now (a reload may change it).
+            let live = shared.live.clone();
+            tokio::spawn(t.clone().watch(move || live.load().tls.reload_check()));
+        }
         ClusterTasks {
-            config: config.clone(),
+            config: shared.live.clone(),
             topology: tx,
             members: shared.membership.members.subscribe(),
             ha: shared.ha.clone(),
@@ -296,39 +323,79 @@ impl Proxy {
 
     /// The addresses of the `[[listener]]`s, in config order.
     pub fn listener_addrs(&self) -> Vec<(SocketAddr, ListenerMode)> {
+        let config = self.shared.config();
         self.extra
             .iter()
-            .filter_map(|(l, m, _, _)| l.local_addr().ok().map(|a| (a, *m)))
+            .filter_map(|(l, listen)| {
+                let (mode, _, _) = listener_settings(&config, Some(listen));
+                l.local_addr().ok().map(|a| (a, mode))
+            })
             .collect()
     }
 
     /// Accepts clients on every listener until the task is dropped.
     pub async fn run(self) {
-        let limit = Arc::new(Semaphore::new(self.shared.config.proxy.max_connections));
-        for (listener, mode, routing, trusted) in self.extra {
-            tokio::spawn(accept_loop(
-                self.shared.clone(),
-                listener,
-                (mode, routing, trusted),
-                limit.clone(),
-            ));
+        for (listener, listen) in self.extra {
+            tokio::spawn(accept_loop(self.shared.clone(), listener, Some(listen)));
         }
-        let proxy = &self.shared.config.proxy;
-        let main = (
-            ListenerMode::Session,
-            proxy.routing,
-            proxy.trusted_proxies.as_slice().into(),
-        );
-        accept_loop(self.shared, self.listener, main, limit).await
+        accept_loop(self.shared, self.listener, None).await
     }
 }
 
-async fn accept_loop(
-    shared: Arc<Shared>,
-    listener: TcpListener,
-    (mode, routing, trusted): (ListenerMode, Routing, Arc<[IpNet]>),
-    limit: Arc<Semaphore>,
-) {
+/// Client connections open now, against `[proxy] max_connections` as it is when each one
+/// arrives (a reload may lower or raise it; connections over a lowered limit stay).
+#[derive(Default)]
+struct ConnectionSlots {
+    open: AtomicUsize,
+}
+
+/// One open client connection; its slot is freed when dropped.
+struct Slot(Arc<ConnectionSlots>);
+
+impl ConnectionSlots {
+    fn take(self: &Arc<Self>, limit: usize) -> Option<Slot> {
+        self.open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Slot(self.clone()))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// How a listener treats its connections: its mode, routing and trusted proxies as the
+/// configuration in force says (`listen`: a `[[listener]]` by its configured address;
+/// none: the main listener). A reload applies them to the next connection.
+fn listener_settings(
+    config: &Config,
+    listen: Option<&str>,
+) -> (ListenerMode, Routing, Arc<[IpNet]>) {
+    let main = &config.proxy;
+    match listen.and_then(|a| config.listeners.iter().find(|l| l.listen == a)) {
+        Some(l) => (
+            l.mode,
+            l.routing,
+            l.trusted_proxies
+                .as_ref()
+                .unwrap_or(&main.trusted_proxies)
+                .as_slice()
+                .into(),
+        ),
+        None => (
+            ListenerMode::Session,
+            main.routing,
+            main.trusted_proxies.as_slice().into(),
+        ),
+    }
+}
+
+async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, listen: Option<String>) {
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(x) => x,
@@ -340,19 +407,26 @@ async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
-        set_keepalive(&stream, shared.config.proxy.client_keepalive_secs);
+        let (settings, limit) = {
+            let config = shared.config();
+            set_keepalive(&stream, config.proxy.client_keepalive_secs);
+            (
+                listener_settings(&config, listen.as_deref()),
+                config.proxy.max_connections,
+            )
+        };
         let stream: conn::BoxedIo = Box::new(stream);
         shared.metrics.connections_accepted.inc();
         let shared = shared.clone();
-        match limit.clone().try_acquire_owned() {
-            Ok(permit) => {
-                let trusted = trusted.clone();
+        match shared.connections.take(limit) {
+            Some(slot) => {
+                let (mode, routing, trusted) = settings;
                 tokio::spawn(async move {
                     session::run_routed(shared, stream, peer, mode, routing, &trusted).await;
-                    drop(permit);
+                    drop(slot);
                 });
             }
-            Err(_) => {
+            None => {
                 tokio::spawn(session::refuse_too_many(shared, stream, peer));
             }
         }
@@ -389,14 +463,15 @@ async fn run_preflight(shared: Arc<Shared>) {
         .iter()
         .map(|m| m.backend.clone())
         .collect();
-    let report = preflight::check_and_log(&shared.config, &nodes).await;
+    let report = preflight::check_and_log(&shared.config_snapshot(), &nodes).await;
     shared.preflight.store(Some(Arc::new(report)));
 }
 
 async fn refresh_verifiers(shared: Arc<Shared>) {
-    let every = Duration::from_secs(shared.config.auth.verifier_refresh_secs.max(1));
     let mut warned = false;
     loop {
+        // As a reload leaves it.
+        let every = Duration::from_secs(shared.config().auth.verifier_refresh_secs.max(1));
         // A paused instance is not woken for this: logins of unknown accounts wake it.
         let paused = !shared.gate.is_open();
         let addr = shared
@@ -408,7 +483,7 @@ async fn refresh_verifiers(shared: Arc<Shared>) {
         if let Some(addr) = addr {
             match shared
                 .verifiers
-                .refresh(&shared.config, &addr, Duration::ZERO)
+                .refresh(&shared.config_snapshot(), &addr, Duration::ZERO)
                 .await
             {
                 Ok(_) => warned = false,

@@ -1,5 +1,5 @@
-//! TLS: holdfast's certificate towards clients (reloaded when its files change) and the
-//! TLS settings of connections to the nodes.
+//! TLS: holdfast's certificate towards clients (reloaded when its files change, or when a
+//! configuration reload names others) and the TLS settings of connections to the nodes.
 
 use crate::config::{TlsConfig, TlsVersion};
 use arc_swap::ArcSwap;
@@ -11,14 +11,15 @@ use std::time::{Duration, SystemTime};
 
 /// The TLS side of holdfast's client listeners.
 pub struct ClientTls {
-    cert: PathBuf,
-    key: PathBuf,
-    min_version: TlsVersion,
-    pub require: bool,
     current: ArcSwap<Loaded>,
 }
 
-struct Loaded {
+/// The certificate and settings in force.
+pub struct Loaded {
+    cert: PathBuf,
+    key: PathBuf,
+    min_version: TlsVersion,
+    require: bool,
     acceptor: tokio_rustls::TlsAcceptor,
     /// What the files looked like when they were read.
     stamp: (FileStamp, FileStamp),
@@ -41,14 +42,48 @@ impl ClientTls {
         let (Some(cert), Some(key)) = (&cfg.cert, &cfg.key) else {
             return Ok(None);
         };
-        let loaded = load(cert, key, cfg.min_version)?;
+        let loaded = load(cert, key, cfg.min_version, cfg.require_tls)?;
         Ok(Some(Arc::new(ClientTls {
-            cert: cert.clone(),
-            key: key.clone(),
-            min_version: cfg.min_version,
-            require: cfg.require_tls,
             current: ArcSwap::from_pointee(loaded),
         })))
+    }
+
+    /// Whether logins that did not start TLS are refused (`[tls] require_tls`).
+    pub fn require(&self) -> bool {
+        self.current.load().require
+    }
+
+    /// A reloaded `[tls]`, ready to [`apply`](Self::apply): the certificate and key are read
+    /// now when they (their names, their files, or `min_version`) differ from those in
+    /// force, so that a pair that does not load refuses the reload before anything changed.
+    pub fn prepare(&self, cfg: &TlsConfig) -> Result<Arc<Loaded>, TlsSetupError> {
+        let (Some(cert), Some(key)) = (&cfg.cert, &cfg.key) else {
+            return Err(TlsSetupError::Invalid {
+                path: "[tls]".into(),
+                detail: "no certificate: turning TLS off needs a restart".into(),
+            });
+        };
+        let now = self.current.load();
+        let unchanged = *cert == now.cert
+            && *key == now.key
+            && cfg.min_version == now.min_version
+            && (stamp(cert), stamp(key)) == now.stamp;
+        if unchanged {
+            return Ok(Arc::new(Loaded {
+                cert: now.cert.clone(),
+                key: now.key.clone(),
+                min_version: now.min_version,
+                require: cfg.require_tls,
+                acceptor: now.acceptor.clone(),
+                stamp: now.stamp,
+            }));
+        }
+        Ok(Arc::new(load(cert, key, cfg.min_version, cfg.require_tls)?))
+    }
+
+    /// Puts a [`prepare`](Self::prepare)d `[tls]` in force for new connections.
+    pub fn apply(&self, prepared: Arc<Loaded>) {
+        self.current.store(prepared);
     }
 
     /// Runs the server side of the TLS handshake over a client's stream; `buffered` are
@@ -66,24 +101,37 @@ impl ClientTls {
     /// Loads the certificate and key again if either file changed since they were read.
     /// A pair that does not load leaves the current one in place (and is an error).
     pub fn reload_if_changed(&self) -> Result<bool, TlsSetupError> {
-        let now = (stamp(&self.cert), stamp(&self.key));
-        if now == self.current.load().stamp {
+        let current = self.current.load_full();
+        let now = (stamp(&current.cert), stamp(&current.key));
+        if now == current.stamp {
             return Ok(false);
         }
-        self.current
-            .store(Arc::new(load(&self.cert, &self.key, self.min_version)?));
+        self.current.store(Arc::new(load(
+            &current.cert,
+            &current.key,
+            current.min_version,
+            current.require,
+        )?));
         Ok(true)
     }
 
-    /// Checks the files every `every` for as long as the process runs.
-    pub async fn watch(self: Arc<Self>, every: Duration) {
+    /// Checks the files every `every()` (`[tls] reload_check_secs` as it is now; none: not
+    /// checked) for as long as the process runs.
+    pub async fn watch(self: Arc<Self>, every: impl Fn() -> Option<Duration>) {
+        /// How often a watch that is off looks whether a reload turned it on.
+        const OFF: Duration = Duration::from_secs(10);
         let mut failing = false;
         loop {
-            tokio::time::sleep(every).await;
+            let Some(wait) = every() else {
+                tokio::time::sleep(OFF).await;
+                continue;
+            };
+            tokio::time::sleep(wait).await;
             match self.reload_if_changed() {
                 Ok(true) => {
                     failing = false;
-                    tracing::info!(cert = %self.cert.display(), "TLS certificate reloaded");
+                    let cert = self.current.load().cert.display().to_string();
+                    tracing::info!(%cert, "TLS certificate reloaded");
                 }
                 Ok(false) => {}
                 Err(e) if !failing => {
@@ -96,11 +144,16 @@ impl ClientTls {
     }
 }
 
-fn load(cert: &Path, key: &Path, min_version: TlsVersion) -> Result<Loaded, TlsSetupError> {
+fn load(
+    cert: &Path,
+    key: &Path,
+    min_version: TlsVersion,
+    require: bool,
+) -> Result<Loaded, TlsSetupError> {
     // Stamped before reading: a file replaced while it is read is read again next time.
     let stamp = (stamp(cert), stamp(key));
     let chain = client_tls::load_certificates(cert)?;
-    let key = client_tls::load_private_key(key)?;
+    let private_key = client_tls::load_private_key(key)?;
     let versions: &[&rustls::SupportedProtocolVersion] = match min_version {
         TlsVersion::V1_2 => &[&rustls::version::TLS13, &rustls::version::TLS12],
         TlsVersion::V1_3 => &[&rustls::version::TLS13],
@@ -108,8 +161,12 @@ fn load(cert: &Path, key: &Path, min_version: TlsVersion) -> Result<Loaded, TlsS
     let config = rustls::ServerConfig::builder_with_provider(client_tls::provider())
         .with_protocol_versions(versions)?
         .with_no_client_auth()
-        .with_single_cert(chain, key)?;
+        .with_single_cert(chain, private_key)?;
     Ok(Loaded {
+        cert: cert.to_path_buf(),
+        key: key.to_path_buf(),
+        min_version,
+        require,
         acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
         stamp,
     })

@@ -209,7 +209,8 @@ impl Report {
 
 /// Runs HA operations one at a time and, in managed mode, the failure detector.
 pub struct HaController {
-    cfg: Arc<Config>,
+    /// The configuration in force: each operation and each probe round reads it anew.
+    cfg: crate::LiveConfig,
     topology: watch::Receiver<Arc<Topology>>,
     nudge: Arc<Notify>,
     ops: Arc<Mutex<Ops>>,
@@ -224,12 +225,13 @@ fn unix_ms() -> u64 {
 
 impl HaController {
     /// A controller for `cfg.ha`; nothing runs until [`HaController::run`] is spawned.
-    pub fn new(cfg: Arc<Config>, topology: watch::Receiver<Arc<Topology>>) -> Arc<Self> {
-        let (state, _) = watch::channel(HaState::new(cfg.ha.mode));
+    pub fn new(cfg: crate::LiveConfig, topology: watch::Receiver<Arc<Topology>>) -> Arc<Self> {
+        let start = cfg.load();
+        let (state, _) = watch::channel(HaState::new(start.ha.mode));
+        let guard = FailoverGuard::from_config(&start.ha);
+        drop(start);
         Arc::new(HaController {
-            ops: Arc::new(Mutex::new(Ops {
-                guard: FailoverGuard::from_config(&cfg.ha),
-            })),
+            ops: Arc::new(Mutex::new(Ops { guard })),
             cfg,
             topology,
             nudge: Arc::new(Notify::new()),
@@ -242,8 +244,9 @@ impl HaController {
         self.state.borrow().clone()
     }
 
+    /// The configuration in force now.
     pub(super) fn config(&self) -> Arc<Config> {
-        self.cfg.clone()
+        self.cfg.load_full()
     }
 
     /// The nodes operations consider now (the topology's members, those being removed
@@ -326,7 +329,7 @@ impl HaController {
     }
 
     fn check_managed(&self) -> Result<(), HaError> {
-        match self.cfg.ha.mode {
+        match self.cfg.load().ha.mode {
             HaMode::Managed => Ok(()),
             HaMode::External => Err(HaError::NotManaged),
         }
@@ -394,8 +397,10 @@ impl HaController {
     }
 
     async fn execute(&self, ops: &mut Ops, req: Request) -> Result<Report, HaError> {
-        let cfg = &*self.cfg;
+        let cfg = self.config();
+        let cfg = &*cfg;
         let ha = &cfg.ha;
+        ops.guard.set_config(ha);
         match req {
             Request::Switchover(target) => switchover(cfg, &self.backends(), target.as_deref(), ha)
                 .await
@@ -456,7 +461,7 @@ impl HaController {
         // A failover from a primary that had fallen back to asynchronous replication may
         // have lost writes it acknowledged: said in the log and in /status.
         let unprotected = matches!(result, Ok(Report::Failover(_)))
-            && self.cfg.ha.durability == crate::config::Durability::SemiSync
+            && self.cfg.load().ha.durability == crate::config::Durability::SemiSync
             && self
                 .state
                 .borrow()
@@ -531,12 +536,13 @@ impl HaController {
     /// The failure detector (managed mode only; returns at once in external mode). Runs
     /// until the task is dropped.
     pub async fn run(self: Arc<Self>) {
-        if self.cfg.ha.mode != HaMode::Managed {
+        // The mode is kept as it started by a reload (it needs a restart).
+        let start = self.config();
+        if start.ha.mode != HaMode::Managed {
             tracing::info!("ha: external mode; following the writable node only");
             return;
         }
-        let cfg = &*self.cfg;
-        let ha = &cfg.ha;
+        let ha = &start.ha;
         tracing::info!(
             probe_interval_ms = ha.probe_interval_ms,
             failure_threshold = ha.failure_threshold,
@@ -552,6 +558,11 @@ impl HaController {
         let mut next_probe = tokio::time::Instant::now();
         loop {
             tokio::time::sleep_until(next_probe).await;
+            // A reload's settings from the next probe on.
+            let cfg = self.config();
+            let cfg = &*cfg;
+            let ha = &cfg.ha;
+            detector.set_config(ha);
             next_probe += ha.probe_interval();
 
             // Which primary to watch: the monitor's, or the one we watched before while
@@ -629,7 +640,8 @@ impl HaController {
             }
 
             // Rate limit (cheap; re-checked under the permit).
-            if let Ok(ops) = self.ops.try_lock() {
+            if let Ok(mut ops) = self.ops.try_lock() {
+                ops.guard.set_config(ha);
                 if let Err(e) = ops.guard.check(now) {
                     note(&mut held_back, &node.name, &e.to_string());
                     continue;
@@ -718,7 +730,8 @@ impl HaController {
         };
         for node in returning {
             tracing::warn!(node = %node.name, "ha: a node failed over away from is back and writable; fencing it");
-            match super::ops::fence_deposed(&self.cfg, &node, &self.cfg.ha).await {
+            let cfg = self.config();
+            match super::ops::fence_deposed(&cfg, &node, &cfg.ha).await {
                 Ok(killed) => {
                     tracing::warn!(node = %node.name, killed, "ha: fenced (read-only, client connections killed); it needs a rejoin or a rebuild");
                     self.nudge.notify_one();

@@ -43,6 +43,13 @@ impl LossDetector {
             .with_refused_threshold(ha.refused_probes_to_fail)
     }
 
+    /// The thresholds of `ha` (a reload), keeping what was observed so far.
+    pub fn set_config(&mut self, ha: &HaConfig) {
+        self.threshold = ha.failure_threshold.max(1);
+        self.window = ha.failover_after();
+        self.refused_threshold = ha.refused_probes_to_fail;
+    }
+
     /// Records one probe whose connection was refused (the host answered, no server
     /// listens): true once the node counts as lost.
     pub fn observe_refused(&mut self, now: Instant) -> bool {
@@ -107,6 +114,11 @@ impl FailoverGuard {
 
     pub fn from_config(ha: &HaConfig) -> Self {
         Self::new(ha.failover_cooloff())
+    }
+
+    /// The cool-off of `ha` (a reload); the last failover's time is kept.
+    pub fn set_config(&mut self, ha: &HaConfig) {
+        self.cooloff = ha.failover_cooloff();
     }
 
     /// Ok when a failover may start now.

@@ -39,7 +39,9 @@ impl HaController {
     /// Keeps semi-synchronous replication on and `/status` current (managed mode with
     /// `durability = "semi-sync"`; returns at once otherwise).
     pub async fn keep_durability(self: Arc<Self>) {
-        let cfg = self.config();
+        // Mode and durability are kept as they started by a reload (they need a restart);
+        // the timeout and the probe timeout apply from the next check.
+        let mut cfg = self.config();
         if cfg.ha.mode != HaMode::Managed || cfg.ha.durability != Durability::SemiSync {
             return;
         }
@@ -52,6 +54,7 @@ impl HaController {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
+            cfg = self.config();
             if self.state().in_progress.is_some() {
                 // Operations repoint replicas and fence nodes; look again afterwards.
                 sessions.clear();

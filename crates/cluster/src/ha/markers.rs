@@ -77,7 +77,7 @@ const PURGE_EVERY: Duration = Duration::from_secs(3600);
 /// Creates the marker table on the primary, then sets `ready` (sessions write markers from
 /// then on) and purges old rows hourly.
 pub async fn keep_marker_table(
-    cfg: Arc<Config>,
+    live: crate::LiveConfig,
     topology: watch::Receiver<Arc<Topology>>,
     ready: Arc<AtomicBool>,
 ) {
@@ -89,7 +89,7 @@ pub async fn keep_marker_table(
             let _ = tokio::time::timeout(RETRY_EVERY, topology.changed()).await;
             continue;
         }
-        match run_on_primary(&cfg, &topology, &CREATE).await {
+        match run_on_primary(&live.load_full(), &topology, &CREATE).await {
             Ok(()) => break,
             Err(e) => {
                 failures += 1;
@@ -102,17 +102,20 @@ pub async fn keep_marker_table(
             }
         }
     }
-    if let Err(e) = run_on_primary(&cfg, &topology, &GRANT).await {
+    if let Err(e) = run_on_primary(&live.load_full(), &topology, &GRANT).await {
         tracing::warn!(error = %e, "commit markers: granting EXECUTE on {MARK} and {MARKER_OF} TO PUBLIC failed (the monitor account has no GRANT OPTION?); accounts without EXECUTE on them commit without a marker");
     }
-    if run_on_primary(&cfg, &topology, &[REVOKE]).await.is_ok() {
+    if run_on_primary(&live.load_full(), &topology, &[REVOKE])
+        .await
+        .is_ok()
+    {
         tracing::info!("commit markers: PUBLIC's rights on {TABLE} taken back (the routines are the way in now)");
     }
     ready.store(true, Ordering::Release);
     tracing::info!("commit markers: {TABLE} ready");
     loop {
         tokio::time::sleep(PURGE_EVERY).await;
-        if let Err(e) = run_on_primary(&cfg, &topology, &[PURGE]).await {
+        if let Err(e) = run_on_primary(&live.load_full(), &topology, &[PURGE]).await {
             tracing::debug!(error = %e, "commit markers: purge failed");
         }
     }

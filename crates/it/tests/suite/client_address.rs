@@ -215,7 +215,7 @@ fn connections_to_the_nodes_leave_from_the_backend_source_address() {
             .server_args(&["--proxy-protocol-networks=127.0.0.1,127.0.0.9"])
             .config(|c| c.proxy.backend_source_address = Some("127.0.0.9".parse().expect("ip"))),
     );
-    let monitor = h.shared.config.auth.monitor_user.clone();
+    let monitor = h.shared.config().auth.monitor_user.clone();
     let mut c = connect_from(&h, "127.0.0.2", h.user(), h.password()).unwrap();
     // The session's connection carried the client's address in its header...
     assert_eq!(server_side_user(&mut c), format!("{}@127.0.0.2", h.user()));

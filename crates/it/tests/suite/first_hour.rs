@@ -16,7 +16,7 @@ fn check(cfg: &Config) -> Report {
 }
 
 fn with_monitor(h: &Harness, user: &str, password: &str) -> Config {
-    let mut cfg = (*h.shared.config).clone();
+    let mut cfg = (**h.shared.config()).clone();
     cfg.auth.monitor_user = user.into();
     cfg.auth.monitor_password = password.into();
     cfg
@@ -51,7 +51,7 @@ fn readme_grants() -> Vec<String> {
 fn check_names_each_missing_privilege_with_the_grant_that_fixes_it() {
     let h = Harness::start_with(Options::default().replicas(1));
     // The lab's monitor has exactly the README's grants: nothing to report.
-    let lab = check(&h.shared.config);
+    let lab = check(&h.shared.config());
     assert_eq!(lab.problem_count(), 0, "{}", lab.render());
 
     // The grants the README gave before: SELECT on mysql.* and REPLICATION CLIENT.
@@ -145,7 +145,7 @@ fn a_replica_the_monitor_may_not_read_is_reachable_and_says_why() {
     });
     // On node2 only (not binlogged), and the monitor's connections there ended: a
     // server applies a changed global privilege to new connections.
-    let monitor = h.shared.config.auth.monitor_user.clone();
+    let monitor = h.shared.config().auth.monitor_user.clone();
     let node2 = h.node("node2");
     holdfast_lab::node_sql(
         node2,
@@ -187,7 +187,7 @@ fn a_replica_the_monitor_may_not_read_is_reachable_and_says_why() {
 #[test]
 fn clients_are_told_when_the_monitor_cannot_log_in() {
     let h = Harness::start();
-    let monitor = h.shared.config.auth.monitor_user.clone();
+    let monitor = h.shared.config().auth.monitor_user.clone();
     // The monitor's password changes under holdfast; its connections are ended, so it must
     // log in again.
     h.root_sql(&format!(
@@ -369,7 +369,7 @@ fn check_points_at_anonymous_accounts_that_shadow_the_monitor() {
         "{text}"
     );
     // The lab's monitor exists @'localhost' too: it logs in, and is warned.
-    let lab = check(&h.shared.config);
+    let lab = check(&h.shared.config());
     assert_eq!(lab.problem_count(), 0, "{}", lab.render());
     assert!(
         lab.render().contains("anonymous account ''@'localhost'"),

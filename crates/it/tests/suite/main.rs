@@ -26,6 +26,7 @@ mod passwords;
 mod proxy_protocol_in;
 mod python;
 mod read_only;
+mod reload;
 mod replay;
 mod restore;
 mod rust_client;

@@ -288,18 +288,17 @@ fn a_reload_applies_the_backend_list_of_the_config_file() {
     let (code, body) = h.admin_post("/reload", None);
     assert_eq!(code, 400, "no config file: {body}");
     let node4 = h.lab.add_replica(Some("node4")).expect("lab add-replica");
-    let path = h.lab.status.dir.join("reload-test.toml");
-    let mut cfg = holdfast_it::lab_config(&h.lab);
-    let write =
-        |cfg: &holdfast_config::Config| std::fs::write(&path, cfg.to_toml().unwrap()).unwrap();
-    cfg.backends.retain(|b| b.name != "node4");
+    // The configuration running, with node4.
+    let mut cfg = (*h.shared.config_snapshot()).clone();
     cfg.backends.push(holdfast_config::BackendConfig {
         name: "node4".into(),
         address: node4.address.clone(),
         proxy_protocol: true,
     });
+    let write = |cfg: &holdfast_config::Config| {
+        h.write_config(cfg);
+    };
     write(&cfg);
-    h.shared.membership.config_path.set(path.clone()).unwrap();
     let (code, body) = h.admin_post("/reload", None);
     assert_eq!(code, 200, "{body}");
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();

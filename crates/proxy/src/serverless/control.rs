@@ -70,7 +70,7 @@ pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>) {
                 if activity.changed(&shared) {
                     lc.touch();
                 }
-                let idle_limit = lc.config.idle_pause_secs;
+                let idle_limit = lc.config().idle_pause_secs;
                 let idle = lc.lock().last_activity.elapsed();
                 if idle_limit > 0 && idle >= Duration::from_secs(idle_limit) {
                     let tier = first_tier(&lc);
@@ -132,7 +132,7 @@ async fn adopt_initial_state(shared: &Shared, lc: &Lifecycle) -> Option<PauseTie
     };
     let tier = match state {
         PowerState::Running => {
-            tracing::info!(instance = %lc.config.instance, driver = lc.driver.kind(), "serverless instance is running");
+            tracing::info!(instance = %lc.config().instance, driver = lc.driver.kind(), "serverless instance is running");
             lc.wake_requested.store(false, Ordering::SeqCst);
             lc.running.store(true, Ordering::SeqCst);
             lc.set_phase(Phase::Running, None);
@@ -143,27 +143,27 @@ async fn adopt_initial_state(shared: &Shared, lc: &Lifecycle) -> Option<PauseTie
         PowerState::Stopped => PauseTier::Stop,
         PowerState::Unknown(why) => {
             // Treat it as stopped: a start adopts a server that is in fact running.
-            tracing::warn!(instance = %lc.config.instance, %why, "cannot tell whether the instance runs; treating it as paused");
+            tracing::warn!(instance = %lc.config().instance, %why, "cannot tell whether the instance runs; treating it as paused");
             PauseTier::Stop
         }
     };
     lc.running.store(false, Ordering::SeqCst);
     lc.set_phase(Phase::Paused, Some(tier));
     set_metrics_phase(shared, Phase::Paused);
-    tracing::info!(instance = %lc.config.instance, tier = tier.name(), "serverless instance is paused; the first client wakes it");
+    tracing::info!(instance = %lc.config().instance, tier = tier.name(), "serverless instance is paused; the first client wakes it");
     Some(tier)
 }
 
 fn first_tier(lc: &Lifecycle) -> PauseTier {
-    match lc.config.pause_tier {
+    match lc.config().pause_tier {
         PauseTier::Freeze if lc.driver.supports_freeze() => PauseTier::Freeze,
         _ => PauseTier::Stop,
     }
 }
 
 fn escalation_deadline(lc: &Lifecycle, tier: PauseTier) -> Option<Instant> {
-    (tier == PauseTier::Freeze && lc.config.stop_after_secs > 0)
-        .then(|| Instant::now() + Duration::from_secs(lc.config.stop_after_secs))
+    (tier == PauseTier::Freeze && lc.config().stop_after_secs > 0)
+        .then(|| Instant::now() + Duration::from_secs(lc.config().stop_after_secs))
 }
 
 /// Sessions and connections that keep the instance from pausing to `tier`.
@@ -177,7 +177,7 @@ async fn pause(shared: &Shared, lc: &Lifecycle, tier: PauseTier) -> bool {
     if !blocked.is_empty() {
         let mut inner = lc.lock();
         if inner.pause_blocked_by != blocked {
-            tracing::info!(instance = %lc.config.instance, blocked_by = ?blocked, "idle, but not pausing");
+            tracing::info!(instance = %lc.config().instance, blocked_by = ?blocked, "idle, but not pausing");
             inner.pause_blocked_by = blocked;
         }
         return false;
@@ -193,7 +193,7 @@ async fn pause(shared: &Shared, lc: &Lifecycle, tier: PauseTier) -> bool {
     if let Some(addr) = primary {
         if let Err(e) = shared
             .verifiers
-            .refresh_waiting(&shared.config, &addr, Duration::ZERO)
+            .refresh_waiting(&shared.config_snapshot(), &addr, Duration::ZERO)
             .await
         {
             tracing::debug!(error = %e, "reading the accounts before a pause failed");
@@ -221,7 +221,7 @@ async fn pause(shared: &Shared, lc: &Lifecycle, tier: PauseTier) -> bool {
     let abort = abort
         .or_else(|| (!blockers(shared, tier).is_empty()).then_some("a session became unmovable"));
     if let Some(why) = abort {
-        tracing::info!(instance = %lc.config.instance, why, "pause abandoned");
+        tracing::info!(instance = %lc.config().instance, why, "pause abandoned");
         reopen(shared, lc);
         return false;
     }
@@ -241,11 +241,11 @@ async fn pause(shared: &Shared, lc: &Lifecycle, tier: PauseTier) -> bool {
             shared
                 .metrics
                 .instance_transition("running", tier_state(tier));
-            tracing::info!(instance = %lc.config.instance, tier = tier.name(), ms = t.elapsed().as_millis() as u64, sessions_kept = shared.sessions.len(), "instance paused");
+            tracing::info!(instance = %lc.config().instance, tier = tier.name(), ms = t.elapsed().as_millis() as u64, sessions_kept = shared.sessions.len(), "instance paused");
             true
         }
         Err(e) => {
-            tracing::warn!(instance = %lc.config.instance, tier = tier.name(), error = %e, "pause failed; the instance keeps running");
+            tracing::warn!(instance = %lc.config().instance, tier = tier.name(), error = %e, "pause failed; the instance keeps running");
             lc.lock().last_error = Some(format!("pause ({}) failed: {e}", tier.name()));
             reopen(shared, lc);
             false
@@ -270,7 +270,7 @@ fn why_not_paused(lc: &Lifecycle) -> PauseError {
 /// restarted at once (an operator's stop stays a stop); the next client or statement wakes
 /// it, and sessions keep their client connections and move to the new server.
 fn crashed(shared: &Shared, lc: &Lifecycle) {
-    tracing::warn!(instance = %lc.config.instance, "the instance's server is not running (crashed or stopped outside holdfast); the next client starts it again");
+    tracing::warn!(instance = %lc.config().instance, "the instance's server is not running (crashed or stopped outside holdfast); the next client starts it again");
     lc.running.store(false, Ordering::SeqCst);
     lc.epoch.fetch_add(1, Ordering::SeqCst);
     lc.lock().last_error = Some("the server stopped outside holdfast (crash or kill)".into());
@@ -299,7 +299,7 @@ fn reopen(shared: &Shared, lc: &Lifecycle) {
 async fn escalate(shared: &Shared, lc: &Lifecycle) -> Option<Instant> {
     let blocked = blockers(shared, PauseTier::Stop);
     if !blocked.is_empty() {
-        tracing::info!(instance = %lc.config.instance, blocked_by = ?blocked, "staying frozen: stopping would lose these sessions");
+        tracing::info!(instance = %lc.config().instance, blocked_by = ?blocked, "staying frozen: stopping would lose these sessions");
         lc.lock().pause_blocked_by = blocked;
         return Some(Instant::now() + ESCALATE_RETRY);
     }
@@ -312,11 +312,11 @@ async fn escalate(shared: &Shared, lc: &Lifecycle) -> Option<Instant> {
             lc.epoch.fetch_add(1, Ordering::SeqCst);
             lc.set_phase(Phase::Paused, Some(PauseTier::Stop));
             shared.metrics.instance_transition("frozen", "stopped");
-            tracing::info!(instance = %lc.config.instance, "frozen instance stopped to free its memory");
+            tracing::info!(instance = %lc.config().instance, "frozen instance stopped to free its memory");
             None
         }
         Err(e) => {
-            tracing::warn!(instance = %lc.config.instance, error = %e, "stopping the frozen instance failed; it stays frozen");
+            tracing::warn!(instance = %lc.config().instance, error = %e, "stopping the frozen instance failed; it stays frozen");
             lc.lock().last_error = Some(format!("stop after freeze failed: {e}"));
             lc.set_phase(Phase::Paused, Some(PauseTier::Freeze));
             Some(Instant::now() + ESCALATE_RETRY)
@@ -327,15 +327,15 @@ async fn escalate(shared: &Shared, lc: &Lifecycle) -> Option<Instant> {
 /// After `breaker_after_failures` failed attempts in a row, wakes fail at once for
 /// `breaker_open_secs` (see [`Lifecycle::wake`]).
 fn open_breaker_if_due(lc: &Lifecycle) {
-    let after = lc.config.breaker_after_failures;
+    let after = lc.config().breaker_after_failures;
     let mut inner = lc.lock();
     if after == 0 || inner.failed_in_a_row < after {
         return;
     }
-    let open = Duration::from_secs(lc.config.breaker_open_secs);
+    let open = Duration::from_secs(lc.config().breaker_open_secs);
     inner.breaker_until = Some(Instant::now() + open);
     tracing::warn!(
-        instance = %lc.config.instance,
+        instance = %lc.config().instance,
         failures = inner.failed_in_a_row,
         open_secs = open.as_secs(),
         "resume keeps failing: clients get an error at once until the breaker closes (an admin resume tries at once)"
@@ -350,7 +350,7 @@ async fn resume(shared: &Shared, lc: &Lifecycle) {
     let started = Instant::now();
     lc.set_phase(Phase::Resuming, Some(tier));
     set_metrics_phase(shared, Phase::Resuming);
-    let mut backoff = Duration::from_millis(lc.config.retry_backoff_ms.max(1));
+    let mut backoff = Duration::from_millis(lc.config().retry_backoff_ms.max(1));
     loop {
         let result = match tier {
             PauseTier::Freeze => lc.driver.thaw().await,
@@ -361,7 +361,7 @@ async fn resume(shared: &Shared, lc: &Lifecycle) {
             Err(e) => {
                 lc.resume_failures.fetch_add(1, Ordering::Relaxed);
                 shared.metrics.instance_resume_failures.inc();
-                tracing::warn!(instance = %lc.config.instance, tier = tier.name(), error = %e, retry_in_ms = backoff.as_millis() as u64, "resume failed");
+                tracing::warn!(instance = %lc.config().instance, tier = tier.name(), error = %e, retry_in_ms = backoff.as_millis() as u64, "resume failed");
                 {
                     let mut inner = lc.lock();
                     inner.last_error = Some(format!("resume ({}) failed: {e}", tier.name()));
@@ -407,7 +407,7 @@ async fn resume(shared: &Shared, lc: &Lifecycle) {
         .metrics
         .instance_transition(tier_state(tier), "running");
     shared.ha.topology_nudge().notify_one();
-    tracing::info!(instance = %lc.config.instance, tier = tier.name(), ms = took.as_secs_f64() * 1e3, "instance resumed");
+    tracing::info!(instance = %lc.config().instance, tier = tier.name(), ms = took.as_secs_f64() * 1e3, "instance resumed");
 }
 
 fn set_metrics_phase(shared: &Shared, phase: Phase) {

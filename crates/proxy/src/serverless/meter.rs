@@ -34,7 +34,7 @@ async fn blocking<T: Send + 'static>(
 
 /// Samples the instance every second until the process ends.
 pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>, ledger: Arc<Ledger>) {
-    let instance = lc.config.instance.clone();
+    let instance = lc.config().instance.clone();
     let now = unix_now();
     if let Err(e) = blocking(&ledger, move |l| l.settle_stale(now)).await {
         tracing::warn!(error = %e, "usage ledger: settling old periods failed");
@@ -47,8 +47,8 @@ pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>, ledger: Arc<Ledger>) {
             None
         }
     };
-    let mut meter = Meter::new(&instance, lc.config.period_secs, open);
-    meter.set_flush_every(lc.config.flush_secs);
+    let mut meter = Meter::new(&instance, lc.config().period_secs, open);
+    meter.set_flush_every(lc.config().flush_secs);
     let mut storage: Option<u64> = None;
     let mut storage_at: Option<tokio::time::Instant> = None;
     let mut unwritten: Vec<UsageLine> = Vec::new();

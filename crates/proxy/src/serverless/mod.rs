@@ -163,7 +163,8 @@ struct Inner {
 
 /// The instance's lifecycle as sessions and the admin API see it.
 pub struct Lifecycle {
-    pub config: ServerlessConfig,
+    /// `[serverless]` in force: a reload changes its knobs ([`Lifecycle::set_config`]).
+    config: arc_swap::ArcSwap<ServerlessConfig>,
     /// The instance's server address (the single backend).
     pub address: String,
     pub driver: Box<dyn InstanceDriver>,
@@ -230,8 +231,20 @@ impl Lifecycle {
                 requested_pause: None,
                 open_usage: None,
             }),
-            config,
+            config: arc_swap::ArcSwap::from_pointee(config),
         })
+    }
+
+    /// `[serverless]` in force (a reload may change it; read it where it is used).
+    pub fn config(&self) -> Arc<ServerlessConfig> {
+        self.config.load_full()
+    }
+
+    /// A reloaded `[serverless]` (its driver, ledger, meter and start size are kept as
+    /// they run by the reload: they need a restart). The lifecycle and the autoscaler
+    /// read it at their next step.
+    pub fn set_config(&self, config: ServerlessConfig) {
+        self.config.store(Arc::new(config));
     }
 
     /// Whether statements may go to the server now. One atomic load: read per request.
@@ -265,10 +278,10 @@ impl Lifecycle {
         let _waiting = InFlight(&self.waiters);
         let mut rx = self.phase_tx.subscribe();
         if !self.wake_requested.swap(true, Ordering::SeqCst) {
-            tracing::info!(instance = %self.config.instance, reason, "wake requested");
+            tracing::info!(instance = %self.config().instance, reason, "wake requested");
         }
         self.wake_notify.notify_one();
-        let deadline = self.config.resume_deadline();
+        let deadline = self.config().resume_deadline();
         let ok = tokio::time::timeout(deadline, rx.wait_for(|_| self.is_running()))
             .await
             .is_ok_and(|r| r.is_ok());
@@ -276,8 +289,8 @@ impl Lifecycle {
             Ok(())
         } else {
             Err(WakeError::Timeout {
-                instance: self.config.instance.clone(),
-                deadline_ms: self.config.resume_deadline_ms,
+                instance: self.config().instance.clone(),
+                deadline_ms: self.config().resume_deadline_ms,
                 last_error: self.lock().last_error.clone(),
             })
         }
@@ -289,7 +302,7 @@ impl Lifecycle {
         let until = inner.breaker_until?;
         let left = until.checked_duration_since(Instant::now())?;
         Some(WakeError::CircuitOpen {
-            instance: self.config.instance.clone(),
+            instance: self.config().instance.clone(),
             failures: inner.failed_in_a_row,
             retry_in_ms: left.as_millis() as u64,
         })
@@ -313,7 +326,7 @@ impl Lifecycle {
     pub fn request_scale(&self, ccu: f64) {
         let mut i = self.lock();
         i.requested_ccu = Some(ccu);
-        i.manual_ccu = Some(self.config.scale.snap(ccu));
+        i.manual_ccu = Some(self.config().scale.snap(ccu));
     }
 
     /// Lets the autoscaler decide the size again (`ctl scale auto`).
@@ -339,7 +352,7 @@ impl Lifecycle {
         match self.driver.status().await? {
             holdfast_serverless::driver::PowerState::Frozen => {
                 self.driver.thaw().await?;
-                tracing::info!(instance = %self.config.instance, "thawed the frozen instance on the way out");
+                tracing::info!(instance = %self.config().instance, "thawed the frozen instance on the way out");
                 Ok(true)
             }
             _ => Ok(false),
@@ -370,13 +383,13 @@ impl Lifecycle {
     pub fn view(&self) -> InstanceView {
         let i = self.lock();
         InstanceView {
-            instance: self.config.instance.clone(),
+            instance: self.config().instance.clone(),
             driver: self.driver.kind(),
             phase: self.phase(),
             tier: i.tier,
             phase_secs: i.phase_since.elapsed().as_secs_f64(),
             idle_secs: i.last_activity.elapsed().as_secs_f64(),
-            idle_pause_secs: self.config.idle_pause_secs,
+            idle_pause_secs: self.config().idle_pause_secs,
             ccu: i.ccu,
             cpu_used: i.cpu_used,
             storage_bytes: i.storage_bytes,
@@ -406,7 +419,7 @@ impl Lifecycle {
             self.phase_tx.send_replace(phase)
         };
         if from != phase {
-            tracing::info!(instance = %self.config.instance, from = from.name(), to = phase.name(), tier = tier.map(PauseTier::name), "instance lifecycle");
+            tracing::info!(instance = %self.config().instance, from = from.name(), to = phase.name(), tier = tier.map(PauseTier::name), "instance lifecycle");
         }
     }
 }
@@ -429,7 +442,7 @@ impl crate::gate::BackendGate for Lifecycle {
     }
 
     fn login_grace(&self) -> Duration {
-        self.config.resume_deadline()
+        self.config().resume_deadline()
     }
 
     fn wakes_on_login(&self) -> bool {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 /// Samples and scales until the process ends.
 pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>) {
-    let mut scaler = Autoscaler::new(lc.config.scale.clone(), lc.ccu());
+    let mut scaler = Autoscaler::new(lc.config().scale.clone(), lc.ccu());
     let origin = Instant::now();
     let mut last: Option<(f64, Instant)> = None;
     // The size is applied again after every resume: a restarted server has its configured
@@ -24,13 +24,19 @@ pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         tick.tick().await;
+        // A reloaded `[serverless.scale]` from the next sample on, at the size in force.
+        let policy = lc.config().scale.clone();
+        if *scaler.policy() != policy {
+            let current = policy.snap(scaler.current());
+            scaler = Autoscaler::new(policy, current);
+        }
         if lc.phase() != Phase::Running {
             last = None;
             continue;
         }
         let requested = lc.lock().requested_ccu;
         if let Some(asked) = requested {
-            let ccu = lc.config.scale.snap(asked);
+            let ccu = lc.config().scale.snap(asked);
             apply(&shared, &lc, ccu, "requested").await;
             scaler.set_current(ccu);
             applied_epoch = Some(lc.epoch());
@@ -56,7 +62,7 @@ pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>) {
                 lc.lock().cpu_used = used;
                 shared.metrics.instance_cpu_used.set(used);
                 // An operator's size holds until `ctl scale auto`.
-                if lc.config.autoscale && lc.manual_ccu().is_none() {
+                if lc.config().autoscale && lc.manual_ccu().is_none() {
                     if let Some(ccu) = scaler.sample(used, origin.elapsed()) {
                         apply(&shared, &lc, ccu, "autoscale").await;
                         scaler.set_current(ccu);
@@ -81,12 +87,12 @@ async fn apply(shared: &Shared, lc: &Lifecycle, ccu: f64, why: &'static str) {
     let mut notes = Vec::new();
     let mut steps = Vec::new();
     let mut settings = Vec::new();
-    let mib = lc.config.buffer_pool_mib_per_ccu;
+    let mib = lc.config().buffer_pool_mib_per_ccu;
     let pool = (mib > 0).then_some((ccu * mib as f64 * 1024.0 * 1024.0) as u64);
     if let Some(bytes) = pool {
         settings.push(("innodb_buffer_pool_size", bytes));
     }
-    let per_ccu = lc.config.max_connections_per_ccu;
+    let per_ccu = lc.config().max_connections_per_ccu;
     if per_ccu > 0 {
         // Never below what is open now: lowering it does not close connections, but new
         // ones would be refused while the count is above it.
@@ -95,7 +101,7 @@ async fn apply(shared: &Shared, lc: &Lifecycle, ccu: f64, why: &'static str) {
     }
     let mut conn = None;
     if !settings.is_empty() {
-        match monitor_connect(&shared.config, &lc.address).await {
+        match monitor_connect(&shared.config_snapshot(), &lc.address).await {
             Ok(c) => conn = Some(c),
             Err(e) => notes.push(format!("server settings not changed: {e}")),
         }
@@ -137,7 +143,7 @@ async fn apply(shared: &Shared, lc: &Lifecycle, ccu: f64, why: &'static str) {
         inner.last_scale = steps;
     }
     shared.metrics.instance_ccu.set(ccu);
-    tracing::info!(instance = %lc.config.instance, from, to = ccu, why, applied = %notes.join("; "), "instance scaled");
+    tracing::info!(instance = %lc.config().instance, from, to = ccu, why, applied = %notes.join("; "), "instance scaled");
 }
 
 /// The driver's limits (CPU, memory cap) for `ccu`.

@@ -160,8 +160,8 @@ fn greeting_status(shared: &Shared) -> u16 {
 }
 
 pub fn server_version(shared: &Shared) -> Vec<u8> {
-    if !shared.config.proxy.server_version.is_empty() {
-        return shared.config.proxy.server_version.as_bytes().to_vec();
+    if !shared.config().proxy.server_version.is_empty() {
+        return shared.config().proxy.server_version.as_bytes().to_vec();
     }
     let topo = shared.topology.borrow();
     let v = topo
@@ -278,7 +278,8 @@ pub async fn login(
             .or_else(|| topo.nodes.first())
             .is_some_and(|n| n.requires_secure_transport)
     };
-    if !secure && (shared.client_tls.as_ref().is_some_and(|t| t.require) || server_requires_tls()) {
+    if !secure && (shared.client_tls.as_ref().is_some_and(|t| t.require()) || server_requires_tls())
+    {
         // The server's answer under require_secure_transport: access denied.
         closed_unwoken("clear_text");
         tracing::info!(user = %user, client = %peer, "login refused: TLS is required");
@@ -395,7 +396,7 @@ pub async fn login(
         let node = writable_node(shared, client, seq, hold_until, unreachable.as_deref()).await?;
         refuse_if_host_dependent(shared, client, seq, (&user, true), peer, &node).await?;
         let header = backend::proxy_header(&node, peer);
-        let tls = crate::tls::backend(&shared.config.backend_tls)
+        let tls = crate::tls::backend(&shared.config().backend_tls)
             .map_err(|e| LoginError::BackendRefused(e.into()))?;
         let params = LoginParams {
             user: &req.user,
@@ -410,7 +411,7 @@ pub async fn login(
             tls: tls.as_ref(),
         };
         shared.metrics.backend_connects.inc();
-        let timeout = shared.config.proxy.connect_timeout();
+        let timeout = shared.config().proxy.connect_timeout();
         let connector = &*shared.connector;
         match backend::connect(connector, &node.address, &params, timeout).await {
             Ok(b) => break (b, node),
@@ -446,9 +447,9 @@ async fn read_login_request(
     client: &mut PacketConn,
     peer: SocketAddr,
 ) -> Result<(LoginRequest, u8, bool), LoginError> {
-    let timeout = shared.config.proxy.handshake_timeout();
+    let timeout = shared.config().proxy.handshake_timeout();
     let deadline = tokio::time::Instant::now() + timeout;
-    let timed_out = || LoginError::HandshakeTimeout(shared.config.proxy.handshake_timeout_ms);
+    let timed_out = || LoginError::HandshakeTimeout(shared.config().proxy.handshake_timeout_ms);
     // A PROXY protocol header from an address not in `trusted_proxies` (trusted ones are
     // read before the greeting): its sender wrote it without waiting for the greeting, so
     // it is here in place of the client's first packet. Refused as MariaDB refuses one from
@@ -553,10 +554,10 @@ async fn find_verifier(
     let Some(addr) = addr else {
         return Ok(Lookup::Unchecked);
     };
-    let min = std::time::Duration::from_millis(shared.config.auth.verifier_miss_refresh_ms);
+    let min = std::time::Duration::from_millis(shared.config().auth.verifier_miss_refresh_ms);
     if let Err(e) = shared
         .verifiers
-        .refresh_waiting(&shared.config, &addr, min)
+        .refresh_waiting(&shared.config_snapshot(), &addr, min)
         .await
     {
         tracing::debug!(error = %e, "cannot re-read the accounts for a login");
@@ -604,10 +605,10 @@ async fn recheck_after_refresh(
         .primary_node()
         .map(|n| n.address.clone())
         .ok_or(())?;
-    let min = std::time::Duration::from_millis(shared.config.auth.verifier_miss_refresh_ms);
+    let min = std::time::Duration::from_millis(shared.config().auth.verifier_miss_refresh_ms);
     if let Err(e) = shared
         .verifiers
-        .refresh_waiting(&shared.config, &addr, min)
+        .refresh_waiting(&shared.config_snapshot(), &addr, min)
         .await
     {
         tracing::debug!(error = %e, "cannot re-read the accounts after a wrong password");
@@ -632,9 +633,9 @@ async fn failed_login_at_server(
         return None;
     }
     let node = shared.topology.borrow().primary_node()?.clone();
-    let tls = crate::tls::backend(&shared.config.backend_tls).ok()?;
+    let tls = crate::tls::backend(&shared.config().backend_tls).ok()?;
     let header = backend::proxy_header(&node, peer);
-    let timeout = shared.config.proxy.connect_timeout();
+    let timeout = shared.config().proxy.connect_timeout();
     let attempt = async {
         let connector = &*shared.connector;
         let (mut conn, greeting) =
@@ -819,8 +820,8 @@ async fn writable_node(
 /// How long a login may wait for a writable node: the hold window, but within the login's
 /// own deadline, so that the client gets an answer (not a closed connection).
 fn login_hold_until(shared: &Shared) -> Instant {
-    let within_login = shared.config.proxy.handshake_timeout() * 3 / 4;
-    Instant::now() + shared.config.proxy.hold_window().min(within_login)
+    let within_login = shared.config().proxy.handshake_timeout() * 3 / 4;
+    Instant::now() + shared.config().proxy.hold_window().min(within_login)
 }
 
 /// The route phase of a login that must reach the server: opens the backend gate (wakes a
@@ -1012,7 +1013,7 @@ async fn relay_login(
         return Err(refuse(client, shared, seq, error).await);
     }
     shared.metrics.backend_connects.inc();
-    let timeout = shared.config.proxy.connect_timeout();
+    let timeout = shared.config().proxy.connect_timeout();
     let (mut conn, greeting) =
         match backend::open(&*shared.connector, &node.address, proxy_header, timeout).await {
             Ok(x) => x,
@@ -1023,7 +1024,7 @@ async fn relay_login(
     } else {
         backend::backend_capabilities(capabilities, greeting.capabilities)
     };
-    let tls = match crate::tls::backend(&shared.config.backend_tls) {
+    let tls = match crate::tls::backend(&shared.config().backend_tls) {
         Ok(tls) => tls,
         Err(e) => return Err(backend_failed(client, shared, seq, &node.name, e.into()).await),
     };
@@ -1223,7 +1224,7 @@ impl Session {
         // over a plain backend link whatever the client's link.
         let links = Links {
             client_tls: true,
-            backend_tls: self.shared.config.backend_tls.enabled(),
+            backend_tls: self.shared.config().backend_tls.enabled(),
         };
         match relay_exchange(
             &mut self.client,
@@ -1317,12 +1318,13 @@ impl Session {
             .primary_node()
             .map(|n| n.address.clone());
         if let (Some(addr), true) = (addr, self.shared.gate.is_open()) {
-            let min =
-                std::time::Duration::from_millis(self.shared.config.auth.verifier_miss_refresh_ms);
+            let min = std::time::Duration::from_millis(
+                self.shared.config().auth.verifier_miss_refresh_ms,
+            );
             if let Err(e) = self
                 .shared
                 .verifiers
-                .refresh_waiting(&self.shared.config, &addr, min)
+                .refresh_waiting(&self.shared.config_snapshot(), &addr, min)
                 .await
             {
                 tracing::debug!(error = %e, "cannot re-read the accounts for a COM_CHANGE_USER");

@@ -37,20 +37,20 @@ impl Session {
     /// The client's next request (the whole logical packet, headers included), dealing
     /// with idle-time events while waiting for it.
     pub(super) async fn next_request(&mut self) -> Result<BytesMut, End> {
-        let max = self.shared.config.proxy.max_packet_size;
+        let max = self.shared.config().proxy.max_packet_size;
         let mut quiet = false;
         // One timer for the session's life, moved forward per request rather than a new
         // one registered and cancelled each time.
         self.idle_timer
             .as_mut()
             .reset(tokio::time::Instant::now() + IDLE_PROBE);
-        let idle_timeout = self.shared.config.proxy.client_idle_timeout_secs;
+        let idle_timeout = self.shared.config().proxy.client_idle_timeout_secs;
         let idle_deadline =
             (idle_timeout > 0).then(|| Instant::now() + Duration::from_secs(idle_timeout));
         loop {
             let cooldown_end = self
                 .move_pending_since
-                .map(|t| t + self.shared.config.proxy.cooldown());
+                .map(|t| t + self.shared.config().proxy.cooldown());
             let read = tokio::select! {
                 biased;
                 r = self.client.buffer_packet(max) => r,
@@ -144,7 +144,7 @@ impl Session {
             reason: CloseReason::Cooldown(blocker),
             message: format!(
                 "closed: its node is no longer the primary and the session did not reach a safe point within the cool-down of {} ms ({blocker})",
-                self.shared.config.proxy.cooldown_ms
+                self.shared.config().proxy.cooldown_ms
             ),
         }
     }

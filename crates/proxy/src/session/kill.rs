@@ -337,7 +337,7 @@ impl Session {
         };
         let conn = &mut self.backend.conn;
         conn.write_packet(payload, 0).await.map_err(lost)?;
-        let max = self.shared.config.proxy.max_packet_size;
+        let max = self.shared.config().proxy.max_packet_size;
         let answer = conn.read_packet(max).await.map_err(lost)?;
         Ok(answer.payload.to_vec())
     }

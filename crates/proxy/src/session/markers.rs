@@ -213,7 +213,7 @@ impl Session {
             _ => self.markers.row_count.take(),
         };
         // Nothing to put back, and no wrap to stop: no need to read the text.
-        let ha = &self.shared.config.ha;
+        let ha = &self.shared.config().ha;
         if row_count.is_none()
             && (self.markers.reads_row_count || !ha.commit_markers || !ha.mark_autocommit_writes)
         {
@@ -300,7 +300,7 @@ impl Session {
             // the statement's: the wrap's BEGIN would use them up, where the statement
             // alone leaves them pending if it fails.
             && self.record.next_transaction.is_empty()
-            && self.shared.config.ha.mark_autocommit_writes
+            && self.shared.config().ha.mark_autocommit_writes
             && self.record.status & SERVER_STATUS_AUTOCOMMIT != 0
             && (!execute
                 || !self.record.pending_long_data

@@ -440,7 +440,7 @@ impl Session {
 
     async fn relocate_now(&mut self, why: &'static str) -> Result<(), End> {
         let started = Instant::now();
-        let hold = self.shared.config.proxy.hold_window();
+        let hold = self.shared.config().proxy.hold_window();
         let deadline = started + hold;
         if !self.can_reauthenticate {
             return Err(self.closed(
@@ -655,7 +655,7 @@ impl Session {
             tracing::debug!(node = %node.name, error = %e, "node not ready for the session yet");
             MoveError::Retry(NotReady::Unreachable(node.name.clone()))
         };
-        let cfg = &self.shared.config;
+        let cfg = self.shared.config_snapshot();
         let header = backend::proxy_header(node, self.info.client);
         let tls = crate::tls::backend(&cfg.backend_tls).map_err(|e| unreachable(&e))?;
         let params = LoginParams {

@@ -183,7 +183,7 @@ struct Session {
 
 /// Answers a connection over the limit with ERR 1040 and closes it.
 pub async fn refuse_too_many(shared: Arc<Shared>, stream: BoxedIo, peer: SocketAddr) {
-    let limit = shared.config.proxy.max_connections;
+    let limit = shared.config().proxy.max_connections;
     refuse_at_accept(
         &shared,
         stream,
@@ -246,11 +246,11 @@ pub async fn run_routed(
             let (why, limit) = match refusal {
                 Refusal::TooManyFromAddress => (
                     "max_connections_per_ip",
-                    shared.config.proxy.max_connections_per_ip,
+                    shared.config().proxy.max_connections_per_ip,
                 ),
                 Refusal::TooManyLoginsFromAddress => (
                     "max_pending_logins_per_ip",
-                    shared.config.proxy.max_pending_logins_per_ip,
+                    shared.config().proxy.max_pending_logins_per_ip,
                 ),
             };
             let error = ClientError::new(
@@ -302,7 +302,7 @@ async fn read_proxy_header(
 ) -> Option<(BoxedIo, SocketAddr, BytesMut)> {
     use holdfast_wire::proxy_protocol::{parse_header, Carried, V2_MAX_LEN};
     use tokio::io::AsyncReadExt;
-    let timeout = shared.config.proxy.handshake_timeout();
+    let timeout = shared.config().proxy.handshake_timeout();
     let mut buf = BytesMut::with_capacity(256);
     let read = tokio::time::timeout(timeout, async {
         loop {
@@ -343,7 +343,7 @@ async fn read_proxy_header(
         Ok(Err(why)) => why,
         Err(_) => format!(
             "no PROXY protocol header within the handshake timeout ({} ms)",
-            shared.config.proxy.handshake_timeout_ms
+            shared.config().proxy.handshake_timeout_ms
         ),
     };
     let error = ClientError::new(
@@ -369,7 +369,7 @@ async fn authenticate(
     id: u32,
     mode: ListenerMode,
 ) -> Option<LoggedIn> {
-    let deadline = shared.config.proxy.handshake_timeout() + shared.gate.login_grace();
+    let deadline = shared.config().proxy.handshake_timeout() + shared.gate.login_grace();
     let result = tokio::time::timeout(deadline, auth::login(shared, client, peer, id, mode)).await;
     let error = match result {
         Ok(Ok(l)) => return Some(l),

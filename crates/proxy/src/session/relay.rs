@@ -285,7 +285,7 @@ impl Session {
     /// was failed over away from (its answer is not taken). A backend error is
     /// [`End::BackendLost`] before the client got anything.
     pub(super) async fn read_backend_packet(&mut self) -> Result<crate::conn::Packet, End> {
-        let max = self.shared.config.proxy.max_packet_size;
+        let max = self.shared.config().proxy.max_packet_size;
         let read = tokio::select! {
             biased;
             r = self.backend.conn.read_packet(max) => r.map_err(Watched::Read),
@@ -675,7 +675,7 @@ impl Session {
     /// The client's next LOCAL INFILE packet (whole, headers included), whether it is the
     /// empty one that ends the file, and the sequence id of what follows it.
     async fn next_file_packet(&mut self) -> Result<(BytesMut, bool, u8), End> {
-        let max = self.shared.config.proxy.max_packet_size;
+        let max = self.shared.config().proxy.max_packet_size;
         let wire_len = self.client.buffer_packet(max).await.map_err(End::Client)?;
         let chunk = self.client.rbuf.split_to(wire_len);
         self.shared
@@ -821,7 +821,7 @@ impl Session {
         let conn = &mut self.backend.conn;
         let answered = match conn.write_packet(&reset, 0).await {
             Ok(()) => {
-                conn.read_packet(self.shared.config.proxy.max_packet_size)
+                conn.read_packet(self.shared.config().proxy.max_packet_size)
                     .await
             }
             Err(e) => Err(e),

@@ -240,7 +240,7 @@ impl Session {
         query: Option<C>,
         in_transaction: bool,
     ) -> Option<Pending> {
-        let proxy = &self.shared.config.proxy;
+        let proxy = &self.shared.config().proxy;
         if !proxy.transaction_replay {
             return None;
         }
@@ -263,7 +263,9 @@ impl Session {
             return None;
         }
         let fresh = begins || !in_transaction;
-        if !fresh && self.txn_log.as_ref().is_some_and(|l| !l.replayable()) {
+        if !fresh && self.txn_log.as_ref().is_none_or(|l| !l.replayable()) {
+            // Not logged from its start (a reload turned `transaction_replay` on since):
+            // a log of its later statements only would replay part of it. The next one is.
             return None;
         }
         let mut pending = Pending {
@@ -355,10 +357,16 @@ impl Session {
     /// After a request answered in full: the log follows the transaction (kept, started,
     /// or dropped when none is open any more).
     pub(super) fn replay_after(&mut self, pending: Option<Pending>) {
-        self.keep_request(pending);
-        if self.shared.config.proxy.transaction_replay {
-            self.publish_replay_account();
+        if !self.shared.config().proxy.transaction_replay {
+            // Turned off by a reload in the middle of a transaction: its log would miss
+            // what follows, so it goes (a loss rolls the transaction back, as without).
+            if self.txn_log.take().is_some() {
+                self.publish_replay_account();
+            }
+            return;
         }
+        self.keep_request(pending);
+        self.publish_replay_account();
     }
 
     fn keep_request(&mut self, pending: Option<Pending>) {
@@ -380,7 +388,7 @@ impl Session {
             (None, Some(request), Some(checksum)) => log.keep(
                 &request,
                 checksum,
-                self.shared.config.proxy.replay_max_bytes,
+                self.shared.config().proxy.replay_max_bytes,
             ),
             (blocked, _, _) => log.give_up(blocked.unwrap_or("no checksum")),
         }

@@ -202,7 +202,7 @@ impl Session {
         self.capture_if_due(true).await;
         self.info.parked.store(true, Ordering::Release);
         self.info.busy.store(false, Ordering::Release);
-        let hold = self.shared.config.proxy.hold_window();
+        let hold = self.shared.config().proxy.hold_window();
         let timed_out = tokio::time::timeout(hold, self.switching.wait_for(|s| !*s))
             .await
             .is_err();

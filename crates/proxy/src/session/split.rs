@@ -1319,7 +1319,7 @@ impl Session {
                 }
             },
             Target::Balanced => {
-                let weight = self.shared.config.split.primary_read_weight;
+                let weight = self.shared.config().split.primary_read_weight;
                 let node = match split.choose(weight) {
                     Some(Some(node)) => node,
                     Some(None) => return Ok(ReadOutcome::Primary(request)),
@@ -1446,7 +1446,7 @@ impl Session {
                         checksum,
                         sql,
                     });
-                    let max = self.shared.config.proxy.replay_max_bytes;
+                    let max = self.shared.config().proxy.replay_max_bytes;
                     if let Some(split) = self.split.as_mut() {
                         split.pinned_reads.keep(read, max);
                     }
@@ -1577,7 +1577,7 @@ impl Session {
     /// primary).
     async fn prepare_reader(&mut self, index: usize) -> Result<bool, String> {
         let version = self.record.state_version;
-        let mode = self.shared.config.split.consistency;
+        let mode = self.shared.config().split.consistency;
         let wait_for = match mode {
             Consistency::None => None,
             Consistency::Session => self
@@ -1599,7 +1599,7 @@ impl Session {
                 }
             }
         };
-        let wait = self.shared.config.split.causal_wait();
+        let wait = self.shared.config().split.causal_wait();
         let Some(split) = self.split.as_mut() else {
             return Ok(false);
         };
