@@ -1233,3 +1233,38 @@ fn what_a_statement_that_commits_a_read_only_transaction_leaves_is_the_servers()
     let rows = h.root_sql("SELECT COUNT(*), SUM(v) FROM sbtest.t");
     assert_eq!(rows[0], ["5", "15"], "no write went in");
 }
+
+/// Found by the fuzzer (seed 2029, session 656): a read that fails on a replica (1064: the
+/// executable comment runs, and its `--` comments out the rest, `*/` included), then `XA
+/// START`, which opens no table and keeps the diagnostics area: `SHOW WARNINGS` shows the
+/// 1064 on the server, nothing through holdfast (the primary's area was empty).
+#[test]
+fn xa_statements_keep_a_replica_reads_diagnostics() {
+    use holdfast_it::differential::{differences, q, run};
+    use holdfast_it::raw::BASE_CAPS;
+    let h = split_harness(|_| {});
+    table_t_everywhere(&h);
+    let steps = [
+        q("INSERT INTO t (id, v) SELECT MAX(id) + 1, 1 FROM t"),
+        q("SELECT 2 /*!101118 -- */ , GET_LOCK('fz_b', 0)"),
+        q("xa START 'x' /*!999999 */"),
+        q("SHOW WARNINGS; SELECT 1; DELETE FROM t WHERE id = 9 /*M!999999 */"),
+        q("SELECT @@in_transaction"),
+        q("SELECT RELEASE_ALL_LOCKS()"),
+        q("SELECT 3 /*!101118 -- */ , 4"),
+        q("XA END 'x'"),
+        q("SHOW COUNT(*) WARNINGS"),
+        q("XA ROLLBACK 'x'"),
+    ];
+    let login = (h.user(), h.password(), Some(h.database()));
+    for caps in [
+        BASE_CAPS,
+        BASE_CAPS | holdfast_wire::caps::CLIENT_SESSION_TRACK,
+    ] {
+        let direct = run(h.direct(), login, caps, &steps).expect("directly");
+        let via = run(h.proxy, login, caps, &steps).expect("through holdfast");
+        h.root_sql("DELETE FROM sbtest.t WHERE id > 5");
+        let diff = differences(&steps, &direct, &via);
+        assert!(diff.is_empty(), "holdfast differs from the server:\n{diff}");
+    }
+}

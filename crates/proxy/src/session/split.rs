@@ -404,7 +404,8 @@ fn keeps_diagnostics_area(flags: C, sql: &[u8], mode: holdfast_sql::SqlMode) -> 
         .union(C::SET_TRANSACTION)
         .union(C::BEGIN_TXN)
         .union(C::END_TXN)
-        .union(C::SAVEPOINT);
+        .union(C::SAVEPOINT)
+        .union(C::XA);
     let settings = flags.intersects(quiet)
         && flags
             .difference(quiet.union(C::READ_ONLY).union(C::WRITE))
