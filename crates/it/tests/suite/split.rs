@@ -905,6 +905,10 @@ fn writes_in_a_read_only_transaction_on_a_replica_get_the_servers_answer() {
             q("SELECT COUNT(*) FROM t"),
             q("INSERT INTO t VALUES (100, 1)"),
             q("SHOW WARNINGS"),
+            // A read without tables keeps the primary's error (seed 2029 session 1385).
+            q("INSERT INTO t VALUES (101, 1)"),
+            q("SELECT DATABASE()"),
+            q("SHOW ERRORS"),
             q("INSERT INTO tt VALUES (10)"),
             q("UPDATE t SET v = 9 WHERE id = 1"),
             binary("DELETE FROM t WHERE id = 2"),

@@ -612,6 +612,15 @@ impl Session {
             });
         }
         match route {
+            // A read without tables keeps the diagnostics area as the last statement left
+            // it: after one on the primary that left warnings or an error, it runs there.
+            ReadRoute::Replica | ReadRoute::ReplicaWithUserVariables
+                if split.last_on.is_none()
+                    && self.record.last_warnings > 0
+                    && opens_no_table(sql, mode) =>
+            {
+                Some(Pinned::Primary(flags))
+            }
             ReadRoute::Replica | ReadRoute::ReplicaWithUserVariables => None,
             // What the last statement left is read where it ran.
             ReadRoute::LastNode if split.last_on.as_deref() == Some(node) => None,
