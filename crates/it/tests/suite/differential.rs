@@ -582,3 +582,27 @@ fn an_execute_after_use_reports_the_state_change_as_the_server_does() {
         compare(&h, caps, &steps);
     }
 }
+
+/// Found by the fuzzer (seed 2029, session 1671): holdfast turns its transaction tracker on
+/// (a `SET`) before a session's first `SET TRANSACTION`; a `ROW_COUNT()` earlier in the same
+/// text read that `SET`'s 0, not the -1 the statement before left. So for the `SET` that
+/// puts holdfast's trackers back after a statement that reads them.
+#[test]
+fn row_count_is_not_changed_by_holdfasts_own_tracker_settings() {
+    let h = Harness::start();
+    let steps = vec![
+        q("SELECT * FROM sbtest.dt LIMIT 1"),
+        q("SELECT ROW_COUNT(); SET TRANSACTION READ ONLY"),
+        q("SELECT ROW_COUNT()"),
+        q("INSERT INTO sbtest.dt (v) VALUES ('r')"),
+        q("SELECT @@session_track_schema"),
+        q("SELECT ROW_COUNT()"),
+    ];
+    compare(&h, BASE_CAPS, &steps);
+    let steps = vec![
+        q("DESCRIBE sbtest.dt"),
+        q("/*+ MAX_EXECUTION_TIME(1000) */ SELECT ROW_COUNT(); # hash \" ;\n SET TRANSACTION READ ONLY"),
+        q("COMMIT"),
+    ];
+    compare(&h, BASE_CAPS | CLIENT_DEPRECATE_EOF, &steps);
+}

@@ -193,6 +193,33 @@ impl Session {
         }
     }
 
+    /// Before a text that turns holdfast's transaction tracker on (a `SET`, before the
+    /// session's first `SET TRANSACTION`) and reads `ROW_COUNT()`: what the client's last
+    /// statement left is put back as after a wrap.
+    pub(super) fn keep_row_count_across_trackers(&mut self, request: &[u8]) {
+        if self.tracks_transactions || self.record.untracked || self.markers.row_count.is_some() {
+            return;
+        }
+        let Some(header) = frame::parse_header(request) else {
+            return;
+        };
+        if request.get(frame::HEADER_LEN) != Some(&COM_QUERY) || header.continues() {
+            return;
+        }
+        let Some(sql) = request.get(frame::HEADER_LEN + 1..) else {
+            return;
+        };
+        if !mentions_row_count(sql) {
+            return;
+        }
+        let mode = self.record.sql_mode.unwrap_or_default();
+        if holdfast_sql::classify_for(sql, mode, self.server())
+            .has(holdfast_sql::Classification::SET_TRANSACTION)
+        {
+            self.markers.row_count = self.exchange.row_count_left;
+        }
+    }
+
     /// Before a request: `ROW_COUNT()` put back where a wrap's `COMMIT` changed it. Each
     /// `ROW_COUNT()` call in the first statement of a text reads the value the client's
     /// last statement left: it is written in as that number. Where holdfast cannot write

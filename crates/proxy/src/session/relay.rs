@@ -47,6 +47,9 @@ pub(super) struct Exchange {
     /// Results the last answer ended with an OK or EOF: after an ERR, the statements of a
     /// multi-statement that ran before it (when none is a CALL).
     pub results: u32,
+    /// What `ROW_COUNT()` reads after the last answer relayed: an OK's affected rows, -1
+    /// after a result set or an ERR.
+    pub row_count_left: Option<i64>,
 }
 
 /// A schema change the server reported only as the "state changed" flag of a result's EOF
@@ -406,6 +409,11 @@ impl Session {
                 Event::Ok(ok) => {
                     // First: the OK of a client's SET session_track_... already counts.
                     self.record.observe_ok(&ok);
+                    self.exchange.row_count_left = Some(match ok.header {
+                        // The OK that ends a result set (CLIENT_DEPRECATE_EOF).
+                        packets::EOF_HEADER => -1,
+                        _ => ok.affected_rows as i64,
+                    });
                     let client_tracks = self.capabilities & CLIENT_SESSION_TRACK != 0;
                     let echo = self.exchange.schema_echo.take();
                     if !client_tracks && ok.status & SERVER_SESSION_STATE_CHANGED != 0 {
@@ -473,11 +481,13 @@ impl Session {
                         });
                     }
                     self.record.status = eof.status;
+                    self.exchange.row_count_left = Some(-1);
                     self.record.last_warnings = eof.warnings;
                     self.record.last_affected_rows = 0;
                 }
                 Event::Err(e) => {
                     self.exchange.error = Some(e.code);
+                    self.exchange.row_count_left = Some(-1);
                     self.record.last_warnings = 1;
                     self.record.last_affected_rows = 0;
                     // The server going away answers (or pre-empts) the command with one of

@@ -205,6 +205,7 @@ impl Session {
         let reply_seq = reply_seq(&bytes);
         let reply = Reply::of_request(&bytes);
         let in_transaction = self.record.in_transaction();
+        self.keep_row_count_across_trackers(&bytes);
         self.restore_row_count(&mut bytes);
         let mode = self.record.sql_mode;
         let held = Held::of(&self.record);
