@@ -406,6 +406,16 @@ impl Session {
             schema: identity.database.clone().filter(|d| !d.is_empty()),
             ..SessionRecord::default()
         };
+        // Registered before anything else is awaited: the client has its OK, and another
+        // connection's `KILL` of its id must find it at once.
+        let info = Arc::new(SessionInfo::new(id, peer));
+        info.set_user(&user);
+        info.set_backend(&backend_name, backend.greeting.connection_id);
+        info.can_reauthenticate
+            .store(can_reauthenticate, Ordering::Relaxed);
+        info.set_blocker(record.blocker());
+        shared.sessions.insert(info.clone());
+        shared.metrics.sessions_active.inc();
         // The session's status flags from the start (autocommit above all: a split session's
         // first statement is routed by it), not only from its first answer.
         match backend.enable_trackers_status().await {
@@ -416,17 +426,12 @@ impl Session {
             }
             Err(e) => {
                 tracing::warn!(session = id, error = %e, "backend lost right after login");
+                shared.sessions.remove(id);
+                shared.metrics.sessions_active.dec();
                 return None;
             }
         }
-        let info = Arc::new(SessionInfo::new(id, peer));
-        info.set_user(&user);
-        info.set_backend(&backend_name, backend.greeting.connection_id);
-        info.can_reauthenticate
-            .store(can_reauthenticate, Ordering::Relaxed);
         info.set_blocker(record.blocker());
-        shared.sessions.insert(info.clone());
-        shared.metrics.sessions_active.inc();
         if !can_reauthenticate {
             shared.metrics.sessions_passthrough_auth.inc();
         }
