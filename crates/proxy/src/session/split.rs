@@ -99,15 +99,12 @@ struct PinnedRead {
 
 impl PinnedReads {
     fn keep(&mut self, read: Option<PinnedRead>, max_bytes: usize) {
+        let size = read.as_ref().map_or(0, |r| {
+            r.request.len() + r.sql.as_ref().map_or(0, |s| s.len())
+        });
         match read {
-            Some(read)
-                if !self.incomplete
-                    && self.bytes
-                        + read.request.len()
-                        + read.sql.as_ref().map_or(0, |s| s.len())
-                        <= max_bytes =>
-            {
-                self.bytes += read.request.len() + read.sql.as_ref().map_or(0, |s| s.len());
+            Some(read) if !self.incomplete && self.bytes + size <= max_bytes => {
+                self.bytes += size;
                 self.reads.push(read);
             }
             _ => {
@@ -382,6 +379,12 @@ fn turns_autocommit_off(sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
         }
         _ => false,
     }
+}
+
+/// The COM_STMT_CLOSE payload for a connection's statement `id`.
+fn close_statement(id: u32) -> [u8; 5] {
+    let [a, b, c, d] = id.to_le_bytes();
+    [COM_STMT_CLOSE, a, b, c, d]
 }
 
 /// The text of a COM_QUERY (its first frame).
@@ -856,9 +859,8 @@ impl Session {
                     if result.is_ok() {
                         result = self.relay(Reply::of(COM_STMT_EXECUTE)).await;
                     }
-                    let mut close = vec![COM_STMT_CLOSE];
-                    close.extend_from_slice(&id.to_le_bytes());
                     if result.is_ok() {
+                        let close = close_statement(id);
                         if let Err(error) = self.backend.conn.write_packet(&close, 0).await {
                             result = Err(End::BackendLost {
                                 started: false,
@@ -897,19 +899,7 @@ impl Session {
             }
         }
         // The replica's transaction only read: rolled back; the primary's is the session's.
-        let Some(split) = self.split.as_mut() else {
-            return Ok(false);
-        };
-        split.shadow = false;
-        split.forget_last();
-        if let Some(node) = split.txn_on.take() {
-            if let Some(i) = split.reader(&node) {
-                if let Err(e) = restore::execute(&mut split.readers[i].conn, b"ROLLBACK").await {
-                    let why = format!("ending its read-only transaction: {e}");
-                    self.lose_reader(i, why);
-                }
-            }
-        }
+        self.hand_pinned_to_primary(b"ROLLBACK").await;
         // Its reads before the move are not in the transaction log: a failover now
         // answers 1213 rather than replay part of it.
         self.txn_log = Some(Box::new(super::replay::TxnLog::not_replayable(
@@ -955,29 +945,27 @@ impl Session {
     /// (MariaDB keeps a session read-only after `SET autocommit = 1` ends a read-only
     /// transaction, say). Without the primary's, the replica's is committed all the same.
     async fn commit_pinned_on_primary(&mut self) {
-        let opened = self.open_shadow("a statement that commits it").await;
-        let Some(split) = self.split.as_mut() else {
-            return;
-        };
-        if !opened {
-            split.forget_last();
+        if self.open_shadow("a statement that commits it").await {
+            self.hand_pinned_to_primary(b"COMMIT").await;
+        } else {
+            if let Some(split) = self.split.as_mut() {
+                split.forget_last();
+            }
             self.end_pinned(b"COMMIT").await;
             self.record.status &= !(SERVER_STATUS_IN_TRANS | SERVER_STATUS_IN_TRANS_READONLY);
-            self.txn_log = None;
-            return;
-        }
-        split.shadow = false;
-        split.forget_last();
-        split.pinned_reads = PinnedReads::default();
-        if let Some(node) = split.txn_on.take() {
-            if let Some(i) = split.reader(&node) {
-                if let Err(e) = restore::execute(&mut split.readers[i].conn, b"COMMIT").await {
-                    let why = format!("ending its read-only transaction: {e}");
-                    self.lose_reader(i, why);
-                }
-            }
         }
         self.txn_log = None;
+    }
+
+    /// The primary's read-only transaction beside the pinned one becomes the session's:
+    /// the replica's is ended with `end` (it only read).
+    async fn hand_pinned_to_primary(&mut self, end: &[u8]) {
+        if let Some(split) = self.split.as_mut() {
+            split.shadow = false;
+            split.forget_last();
+            split.pinned_reads = PinnedReads::default();
+        }
+        self.end_on_replica(end).await;
     }
 
     /// Makes `settings` (plain `SET`s and `USE`s the primary ran) on the connection of the
@@ -1016,6 +1004,12 @@ impl Session {
     /// Ends the pinned transaction on its replica with `end` (it only read), and the
     /// primary's beside it.
     async fn end_pinned(&mut self, end: &[u8]) {
+        self.end_on_replica(end).await;
+        self.end_shadow().await;
+    }
+
+    /// Ends the pinned transaction on its replica with `end`.
+    async fn end_on_replica(&mut self, end: &[u8]) {
         let Some(split) = self.split.as_mut() else {
             return;
         };
@@ -1027,7 +1021,6 @@ impl Session {
                 }
             }
         }
-        self.end_shadow().await;
     }
 
     /// Rolls back the read-only transaction opened on the primary beside a pinned one.
@@ -1286,8 +1279,7 @@ impl Session {
                 let mut lost = Vec::new();
                 for r in &mut split.readers {
                     if let Some((reader_id, _)) = r.statements.remove(&id) {
-                        let mut close = vec![COM_STMT_CLOSE];
-                        close.extend_from_slice(&reader_id.to_le_bytes());
+                        let close = close_statement(reader_id);
                         if r.conn.conn.write_packet(&close, 0).await.is_err() {
                             lost.push(r.read.node.clone());
                         }
