@@ -511,6 +511,62 @@ fn marked_writes_leave_the_diagnostics_as_the_server_does() {
     }
 }
 
+/// Found by the fuzzer (seed 2029 session 2106): a prepared statement that reads
+/// `ROW_COUNT()` right after a wrapped autocommit write read the wrap's `COMMIT` 0. It runs
+/// as its text with the write's count written in, prepared for that execute; with
+/// parameters (their types sent again), after a write that warned or failed, and as the
+/// server answers a statement with tables (which holdfast does not rewrite).
+#[test]
+fn a_prepared_read_of_row_count_after_a_wrapped_write_reads_the_writes_count() {
+    let h = Harness::start();
+    let steps = vec![
+        q("UPDATE sbtest.dt SET v = 'u' WHERE id <= 3"),
+        binary("SELECT ROW_COUNT()"),
+        q("DELETE FROM sbtest.dt WHERE id = 5"),
+        binary("SELECT ROW_COUNT() AS n, ROW_COUNT() + 1, @@warning_count"),
+        q("INSERT IGNORE INTO sbtest.dt (id, v) VALUES (1, 'dup'), (10, 'new')"),
+        binary("SELECT ROW_COUNT(), @@warning_count"),
+        q("SHOW WARNINGS"),
+        q("INSERT INTO sbtest.dt (id, v) VALUES (2, 'x')"),
+        binary("SELECT ROW_COUNT(), @@error_count"),
+        q("SELECT id, v FROM sbtest.dt ORDER BY id"),
+    ];
+    for caps in [
+        BASE_CAPS,
+        BASE_CAPS | CLIENT_DEPRECATE_EOF,
+        BASE_CAPS | CLIENT_SESSION_TRACK | CLIENT_DEPRECATE_EOF,
+    ] {
+        compare(&h, caps, &steps);
+    }
+    // A driver's prepared statement with parameters, prepared and executed after the
+    // write (once it is prepared, the session's writes are no longer wrapped).
+    use mysql::prelude::*;
+    let counts = |url: &str| -> Vec<Option<(i64, i64)>> {
+        setup(&h);
+        let mut c = mysql::Conn::new(mysql::Opts::from_url(url).expect("url")).expect("connect");
+        let mut seen = Vec::new();
+        for (sql, param) in [
+            ("UPDATE sbtest.dt SET v = 'p' WHERE id <= 4", 10),
+            ("DELETE FROM sbtest.dt WHERE id <= 2", 20),
+        ] {
+            c.query_drop(sql).expect(sql);
+            let read = c.exec_first("SELECT ROW_COUNT() + ?, ?", (param, param));
+            seen.push(read.expect("execute"));
+        }
+        seen
+    };
+    let direct = format!(
+        "mysql://{}:{}@{}/{}?prefer_socket=false",
+        h.user(),
+        h.password(),
+        h.direct(),
+        h.database()
+    );
+    let expected = counts(&direct);
+    assert_eq!(expected, vec![Some((14, 10)), Some((22, 20))], "directly");
+    assert_eq!(counts(&h.url()), expected, "through holdfast");
+}
+
 /// Found by the fuzzer: a capture made while the session idled in an XA transaction past
 /// `XA END` failed with 1399, which the client then read in `SHOW WARNINGS`.
 #[test]

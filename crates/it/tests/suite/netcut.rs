@@ -2,7 +2,7 @@
 //! loopback, scoped to this test's node port and holdfast's own source address,
 //! `[proxy] backend_source_address`): the server still holds its side of a cut connection.
 
-use holdfast_it::{wait_for, Harness, Options};
+use holdfast_it::{metric, wait_for, Harness, Options};
 use mysql::prelude::*;
 use mysql::{Conn, Opts, OptsBuilder};
 use std::process::Command;
@@ -140,10 +140,25 @@ fn a_connection_the_network_reset_is_not_taken_for_a_kill_when_the_server_closed
     // Sent into the cut: reset. The request never reached the server.
     let writer =
         std::thread::spawn(move || c.query_drop("INSERT INTO cut_t VALUES (1)").map(|()| c));
+    // Healed only once the session has lost its connection (a reset on the INSERT, or the
+    // server's own reset while idle) and told whose loss it was: healed before that, the
+    // server's close reaches holdfast as a close while the server ran, which is a KILL's.
     wait_for(
-        "holdfast to see the primary cut off",
+        "holdfast to see the primary cut off and the session lose its connection",
         Duration::from_secs(20),
-        || (h.status_json()["ha"]["failed_probes"].as_u64()? > 0).then_some(()),
+        || {
+            let text = h.metrics();
+            let lost: f64 = ["idle", "request"]
+                .iter()
+                .filter_map(|when| {
+                    metric(
+                        &text,
+                        &format!("holdfast_backend_connections_lost_total{{reason=\"{when}\"}}"),
+                    )
+                })
+                .sum();
+            (h.status_json()["ha"]["failed_probes"].as_u64()? > 0 && lost > 0.0).then_some(())
+        },
     );
     drop(cut);
     let mut c = writer

@@ -161,6 +161,9 @@ pub struct Metrics {
     /// holdfast before the session recovered.
     pub cut_connections_fenced: Counter,
     pub requests_failed_on_backend_loss: Counter,
+    /// Backend connections lost under a session, by when (`idle`, `request`), counted once
+    /// holdfast has told whose loss it was (the network's or the server's).
+    pub backend_connections_lost: Family<ReasonLabel, Counter>,
     /// Split sessions: reads run on a replica.
     pub reads_on_replicas: Counter,
     /// Split sessions: reads that could have run on a replica and ran on the primary, by
@@ -238,6 +241,7 @@ impl Metrics {
             requests_retried: register(r, "requests_retried", "In-flight requests re-run on a new backend after the old one was lost"),
             cut_connections_fenced: register(r, "cut_connections_fenced", "Backend connections the network cut while their server kept running them, killed by holdfast before the session recovered"),
             requests_failed_on_backend_loss: register(r, "requests_failed_on_backend_loss", "In-flight requests answered with an error because their backend was lost"),
+            backend_connections_lost: register(r, "backend_connections_lost", "Backend connections lost under a session, by when: idle (between requests), request (during one)"),
             reads_on_replicas: register(r, "reads_on_replicas", "Split sessions: reads run on a replica"),
             reads_fallback: register(r, "reads_fallback", "Split sessions: reads that could run on a replica but ran on the primary, by reason"),
             causal_waits: register(r, "causal_wait_seconds", "Split sessions: waits for a replica to reach the position a read must see (MASTER_GTID_WAIT), fallbacks included"),
@@ -288,6 +292,12 @@ impl Metrics {
 
     pub fn session_closed(&self, reason: &'static str) {
         self.sessions_closed
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    pub fn backend_lost(&self, reason: &'static str) {
+        self.backend_connections_lost
             .get_or_create(&ReasonLabel { reason })
             .inc();
     }

@@ -89,8 +89,11 @@ impl Session {
                             // Whose loss it was is told now, while a cut may still be in
                             // place: the move comes with the next request.
                             let lost = match error {
-                                Some(e) => self.lost_conn_after(&ConnError::Io(e)).await,
-                                None => self.lost_conn(),
+                                Some(e) => self.lost_conn_after(&ConnError::Io(e), "idle").await,
+                                None => {
+                                    self.shared.metrics.backend_lost("idle");
+                                    self.lost_conn()
+                                }
                             };
                             self.mark_backend_dead();
                             self.lost_while_idle = Some(lost);

@@ -276,6 +276,7 @@ impl Session {
             .and_then(|id| self.shared.sessions.get(id))
             .filter(|v| v.is_on(&own_node));
         let Some(victim) = victim else {
+            tracing::debug!(session = self.info.id, id, node = %own_node, "KILL by value: no session of that id on this node");
             self.exchange.error = Some(ErrorKind::UnknownThread.code());
             return self.send_error(reply_seq, &unknown()).await;
         };
@@ -286,6 +287,11 @@ impl Session {
         }
         let thread = victim.backend_thread.load(Ordering::Acquire);
         if thread == 0 {
+            tracing::debug!(
+                session = self.info.id,
+                id,
+                "KILL by value: the session has no backend connection"
+            );
             self.exchange.error = Some(ErrorKind::UnknownThread.code());
             return self.send_error(reply_seq, &unknown()).await;
         }
@@ -296,6 +302,12 @@ impl Session {
             sql.push(b' ');
         }
         sql.extend_from_slice(thread.to_string().as_bytes());
+        tracing::debug!(
+            session = self.info.id,
+            id,
+            thread,
+            "KILL by value: runs as a KILL of the session's backend thread"
+        );
         let answer = match self.kill_exchange(&sql).await {
             Ok(a) => a,
             Err(e) => {
@@ -353,6 +365,7 @@ impl Session {
         match answer.first() {
             Some(&ERR_HEADER) => {
                 let code = ErrPacket::parse(answer).map_or(0, |e| e.code);
+                tracing::debug!(session = self.info.id, code, "KILL answered with an error");
                 self.exchange.error = Some(code);
                 self.shared.metrics.count_error(code);
                 if code == ER_CONNECTION_KILLED && mark.is_none() {

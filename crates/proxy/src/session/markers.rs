@@ -65,6 +65,10 @@ pub(super) struct Markers {
     /// The session prepared a statement that reads `ROW_COUNT()` (or read it where holdfast
     /// cannot write it in): its autocommit writes are no longer wrapped.
     reads_row_count: bool,
+    /// For this request, a COM_STMT_EXECUTE of a statement that reads `ROW_COUNT()` where
+    /// the backend's differs: the statement's text with the value written in, run in its
+    /// place by a statement prepared for it ([`Session::execute_stand_in`]).
+    execute_as: Option<Vec<u8>>,
 }
 
 impl Default for Markers {
@@ -78,6 +82,7 @@ impl Default for Markers {
             conditions_kept: false,
             row_count: None,
             reads_row_count: false,
+            execute_as: None,
         }
     }
 }
@@ -222,10 +227,13 @@ impl Session {
 
     /// Before a request: `ROW_COUNT()` put back where a wrap's `COMMIT` changed it. Each
     /// `ROW_COUNT()` call in the first statement of a text reads the value the client's
-    /// last statement left: it is written in as that number. Where holdfast cannot write
-    /// it in (a prepared statement, dynamic SQL, a compound statement, `GET DIAGNOSTICS`),
-    /// the session's autocommit writes are not wrapped from then on.
+    /// last statement left: it is written in as that number; a prepared statement without
+    /// tables that reads it runs as its text with the number written in (see
+    /// [`Session::execute_stand_in`]). Once the session prepares a statement that reads it,
+    /// or reads it where holdfast cannot write it in (dynamic SQL, a compound statement,
+    /// `GET DIAGNOSTICS`), its autocommit writes are not wrapped from then on.
     pub(super) fn restore_row_count(&mut self, request: &mut BytesMut) {
+        self.markers.execute_as = None;
         let cmd = request.get(frame::HEADER_LEN).copied();
         // Commands that run no statement leave `ROW_COUNT()` as it was.
         let row_count = match cmd {
@@ -249,6 +257,10 @@ impl Session {
         let Some(header) = frame::parse_header(request) else {
             return;
         };
+        if let (Some(COM_STMT_EXECUTE), Some(n), false) = (cmd, row_count, header.continues()) {
+            self.markers.execute_as = self.execute_with_row_count(request, n);
+            return;
+        }
         let Some(sql) = request.get(frame::HEADER_LEN + 1..) else {
             return;
         };
@@ -270,21 +282,83 @@ impl Session {
         let (Some(n), false) = (row_count, calls.at.is_empty()) else {
             return;
         };
-        let mut payload = Vec::with_capacity(sql.len() + 16);
-        payload.push(COM_QUERY);
-        let mut from = 0;
-        for (start, end) in calls.at {
-            payload.extend_from_slice(&sql[from..start]);
-            // A signed literal the lexer reads as one value (`-1` after a failed write).
-            payload.extend_from_slice(format!("({n})").as_bytes());
-            from = end;
-        }
-        payload.extend_from_slice(&sql[from..]);
+        let mut payload = vec![COM_QUERY];
+        // A signed literal the lexer reads as one value (`-1` after a failed write).
+        payload.extend_from_slice(&written_in(sql, &calls.at, &format!("({n})")));
         if payload.len() < frame::MAX_PAYLOAD {
             let seq = header.seq;
             request.clear();
             request.extend_from_slice(&frame::packet(&payload, seq));
         }
+    }
+
+    /// The text a COM_STMT_EXECUTE runs as so that its `ROW_COUNT()` calls read `n`: its
+    /// statement's with each call written in as `n` (of the function's type),
+    /// for a statement that opens no table (prepared again now, its text means what it
+    /// meant then whatever the current schema) and holds no long data (that lives with
+    /// the statement the server has). Not for a cursor, which later fetches name.
+    fn execute_with_row_count(&self, request: &[u8], n: i64) -> Option<Vec<u8>> {
+        let payload = request.get(frame::HEADER_LEN..)?;
+        if payload
+            .get(5)
+            .is_some_and(|f| f & CURSOR_TYPE_READ_ONLY != 0)
+        {
+            return None;
+        }
+        let id = holdfast_wire::packets::statement_id(payload)?;
+        let stmt = self.statements.get(self.statements.resolve(id))?;
+        let mode = self.record.sql_mode.unwrap_or_default();
+        if stmt.long_data
+            || !mentions_row_count(&stmt.sql)
+            || !super::split::opens_no_table(&stmt.sql, mode)
+        {
+            return None;
+        }
+        let calls = RowCountCalls::find(&stmt.sql, mode, self.server());
+        if calls.at.is_empty() || calls.elsewhere {
+            return None;
+        }
+        // The function's own type (BIGINT: eight bytes in a binary row), which a literal
+        // or a CAST of a small number does not have.
+        let value = format!("(ROW_COUNT() * 0 + ({n}))");
+        Some(written_in(&stmt.sql, &calls.at, &value))
+    }
+
+    /// The stand-in statement for this request's COM_STMT_EXECUTE, prepared now (see
+    /// [`Session::restore_row_count`]): its backend id, written into `request` (with the
+    /// parameter types the statement last had, which the stand-in has never been sent).
+    /// `None`: the execute runs as it is (the backend refused the text).
+    pub(super) async fn execute_stand_in(
+        &mut self,
+        client_id: u32,
+        request: &mut BytesMut,
+    ) -> Result<Option<u32>, End> {
+        let Some(sql) = self.markers.execute_as.take() else {
+            return Ok(None);
+        };
+        let deprecate_eof = self.capabilities & CLIENT_DEPRECATE_EOF != 0;
+        let id = match super::migrate::prepare(&mut self.backend, &sql, deprecate_eof).await {
+            Ok(id) => id,
+            Err(super::migrate::PrepareError::Conn(error)) => {
+                return Err(End::BackendLost {
+                    started: false,
+                    error,
+                })
+            }
+            Err(e) => {
+                tracing::debug!(session = self.info.id, error = %e, "a statement reading ROW_COUNT() runs as it is");
+                return Ok(None);
+            }
+        };
+        holdfast_wire::packets::set_statement_id(&mut request[frame::HEADER_LEN..], id);
+        if let Some(patched) = self
+            .statements
+            .get(client_id)
+            .and_then(|stmt| super::statements::with_types(stmt, request))
+        {
+            *request = patched;
+        }
+        Ok(Some(id))
     }
 
     /// What was in flight behind a marker when the backend was lost, if anything.
@@ -740,7 +814,7 @@ impl Session {
     /// its server ran (someone's KILL, or the network) ends the session instead, as the
     /// server ended the connection: what did not commit is not committed again.
     async fn move_after_marked_loss(&mut self, error: &ConnError) -> Result<LostConn, End> {
-        let lost = self.lost_conn_after(error).await;
+        let lost = self.lost_conn_after(error, "request").await;
         self.mark_backend_dead();
         self.transaction_lost = false;
         self.relocate("backend_lost").await?;
@@ -877,6 +951,19 @@ impl Session {
             }
         }
     }
+}
+
+/// `sql` with each of the byte ranges `at` (in order) replaced by `value`.
+fn written_in(sql: &[u8], at: &[(usize, usize)], value: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(sql.len() + at.len() * value.len());
+    let mut from = 0;
+    for &(start, end) in at {
+        out.extend_from_slice(sql.get(from..start).unwrap_or_default());
+        out.extend_from_slice(value.as_bytes());
+        from = end;
+    }
+    out.extend_from_slice(sql.get(from..).unwrap_or_default());
+    out
 }
 
 /// Whether `sql` names `ROW_COUNT` anywhere (any case): the cheap test before lexing.

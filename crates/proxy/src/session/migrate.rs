@@ -146,7 +146,7 @@ impl Session {
             replay,
         } = lost;
         tracing::info!(session = self.info.id, node = %self.backend_name, %error, "backend lost during a command");
-        let lost_conn = self.lost_conn_after(&error).await;
+        let lost_conn = self.lost_conn_after(&error, "request").await;
         self.mark_backend_dead();
         self.transaction_lost = false;
         self.relocate("backend_lost").await?;
@@ -213,9 +213,11 @@ impl Session {
 
     /// [`Session::lost_conn`] for a connection lost with `error`: a network error counts as
     /// the network's only while the node takes no new connection from holdfast at once.
-    pub(super) async fn lost_conn_after(&self, error: &ConnError) -> LostConn {
+    /// Counted as lost `when` (`idle`, `request`) once that is told.
+    pub(super) async fn lost_conn_after(&self, error: &ConnError, when: &'static str) -> LostConn {
         let lost = self.lost_conn();
         let by_network = network_error(error) && !self.node_takes_connections(&lost.node).await;
+        self.shared.metrics.backend_lost(when);
         LostConn { by_network, ..lost }
     }
 

@@ -771,8 +771,14 @@ impl Session {
                 let wants_cursor = request
                     .get(HEADER_LEN + 5)
                     .is_some_and(|f| f & CURSOR_TYPE_READ_ONLY != 0);
+                let stand_in = self.execute_stand_in(client_id, request).await?;
                 self.forward(request).await?;
                 let status = self.relay_inner(reply, None, wants_cursor).await?;
+                if let Some(id) = stand_in {
+                    // No reply; a failure shows with the next request.
+                    let close = super::split::close_statement(id);
+                    let _ = self.backend.conn.write_packet(&close, 0).await;
+                }
                 if let Some(stmt) = self.statements.get_mut(client_id) {
                     stmt.cursor_open = wants_cursor && status & SERVER_STATUS_CURSOR_EXISTS != 0;
                 }

@@ -382,7 +382,7 @@ fn turns_autocommit_off(sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
 }
 
 /// The COM_STMT_CLOSE payload for a connection's statement `id`.
-fn close_statement(id: u32) -> [u8; 5] {
+pub(super) fn close_statement(id: u32) -> [u8; 5] {
     let [a, b, c, d] = id.to_le_bytes();
     [COM_STMT_CLOSE, a, b, c, d]
 }
@@ -419,7 +419,7 @@ fn keeps_diagnostics_area(flags: C, sql: &[u8], mode: holdfast_sql::SqlMode) -> 
 
 /// Whether `sql` is a `SELECT` or `DO` without tables (`SELECT DATABASE()`, `SELECT
 /// @@x`): MariaDB leaves the diagnostics area as the statement before it left it.
-fn opens_no_table(sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
+pub(super) fn opens_no_table(sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
     let mut words = holdfast_sql::Lexer::with_mode(sql, mode)
         .filter(|t| t.kind == holdfast_sql::TokenKind::Word);
     words
