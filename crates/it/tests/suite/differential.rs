@@ -661,4 +661,21 @@ fn row_count_is_not_changed_by_holdfasts_own_tracker_settings() {
         q("COMMIT"),
     ];
     compare(&h, BASE_CAPS | CLIENT_DEPRECATE_EOF, &steps);
+    // A statement that reads the client's tracker settings runs with them given by
+    // holdfast's `SET`s around it, which cannot put back a count above 0: a `ROW_COUNT()`
+    // in that text, or in the next one after a write that read them, reads the write's.
+    let steps = vec![
+        q("BEGIN"),
+        q("UPDATE sbtest.dt SET v = 'w' WHERE id <= 3"),
+        q("SELECT @@session_track_schema, ROW_COUNT()"),
+        q("UPDATE sbtest.dt SET v = @@session_track_state_change WHERE id <= 2"),
+        q("SELECT ROW_COUNT()"),
+        q("COMMIT"),
+        q("UPDATE sbtest.dt SET v = @@session_track_schema WHERE id <= 4"),
+        q("SELECT ROW_COUNT()"),
+        q("SELECT id, v FROM sbtest.dt ORDER BY id"),
+    ];
+    for caps in [BASE_CAPS, BASE_CAPS | CLIENT_SESSION_TRACK] {
+        compare(&h, caps, &steps);
+    }
 }

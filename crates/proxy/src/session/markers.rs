@@ -198,11 +198,13 @@ impl Session {
         }
     }
 
-    /// Before a text that turns holdfast's transaction tracker on (a `SET`, before the
-    /// session's first `SET TRANSACTION`) and reads `ROW_COUNT()`: what the client's last
-    /// statement left is put back as after a wrap.
+    /// Before a text that reads `ROW_COUNT()` and that holdfast runs its own `SET`s of
+    /// trackers before (which set it to 0): one that turns holdfast's transaction tracker
+    /// on (the session's first `SET TRANSACTION`), or one that reads the client's tracker
+    /// settings (given for the statement, see [`super::request::TrackerStep`]). What the
+    /// client's last statement left is put back as after a wrap.
     pub(super) fn keep_row_count_across_trackers(&mut self, request: &[u8]) {
-        if self.tracks_transactions || self.record.untracked || self.markers.row_count.is_some() {
+        if self.record.untracked || self.markers.row_count.is_some() {
             return;
         }
         let Some(header) = frame::parse_header(request) else {
@@ -218,10 +220,21 @@ impl Session {
             return;
         }
         let mode = self.record.sql_mode.unwrap_or_default();
-        if holdfast_sql::classify_for(sql, mode, self.server())
-            .has(holdfast_sql::Classification::SET_TRANSACTION)
-        {
+        let flags = holdfast_sql::classify_for(sql, mode, self.server());
+        let first_set_transaction = !self.tracks_transactions && flags.has(C::SET_TRANSACTION);
+        let shows_client_trackers = super::trackers::mentions_trackers(sql)
+            && !flags.intersects(C::SET_SESSION_VAR.union(C::MULTI));
+        if first_set_transaction || shows_client_trackers {
             self.markers.row_count = self.exchange.row_count_left;
+        }
+    }
+
+    /// After holdfast's own statements put the diagnostics back (see
+    /// [`crate::restore::put_back_diagnostics`]): a `ROW_COUNT()` above 0 cannot be, and
+    /// is written into the next statement that reads it instead.
+    pub(super) fn row_count_not_put_back(&mut self, left: i64) {
+        if left > 0 {
+            self.markers.row_count = Some(left);
         }
     }
 

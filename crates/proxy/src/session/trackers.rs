@@ -127,7 +127,9 @@ impl Session {
         }
         crate::restore::put_back_diagnostics(&mut self.backend, before)
             .await
-            .map_err(lost)
+            .map_err(lost)?;
+        self.row_count_not_put_back(before.row_count);
+        Ok(())
     }
 }
 
