@@ -56,6 +56,8 @@ pub struct ClusterTasks {
     pub switching: watch::Receiver<bool>,
     /// Set once the commit-marker table exists (with `[ha] commit_markers`).
     pub commit_markers_ready: Arc<AtomicBool>,
+    /// Where the monitor publishes its own connections after each round.
+    pub monitor_links: watch::Sender<Arc<monitor::MonitorLinks>>,
 }
 
 impl ClusterTasks {
@@ -71,6 +73,7 @@ impl ClusterTasks {
             probe_gate,
             switching,
             commit_markers_ready,
+            monitor_links,
         } = self;
         let marker_topology = topology.subscribe();
         tokio::spawn(monitor::run_monitor(
@@ -81,6 +84,7 @@ impl ClusterTasks {
             probe_gate,
             switching,
             ha.subscribe(),
+            monitor_links,
         ));
         tokio::spawn(ha.clone().run());
         tokio::spawn(ha.keep_durability());

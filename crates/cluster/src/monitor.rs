@@ -7,11 +7,41 @@ use crate::config::Config;
 use crate::control::{monitor_connect, BackendConn};
 use crate::ha::probe::SlaveStatus;
 use crate::topology::{LoadRef, Member, NodeState, ReplicaHealth, Topology};
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify};
 
 pub const MONITOR_INTERVAL: Duration = Duration::from_millis(1000);
+
+/// The monitor's own connection to each node, as of its last probe round. A restart ends
+/// every connection to a server: a node whose monitor connection was open before a moment
+/// and still answered a probe after another did not restart between them (which a
+/// server's uptime, in whole seconds, cannot tell of a restart within a second).
+#[derive(Debug, Clone)]
+pub struct MonitorLinks {
+    /// When the last round began (its probes were all sent after this).
+    pub round_started: Option<Instant>,
+    pub links: HashMap<String, MonitorLink>,
+}
+
+impl Default for MonitorLinks {
+    fn default() -> Self {
+        MonitorLinks {
+            round_started: None,
+            links: HashMap::new(),
+        }
+    }
+}
+
+/// One node's monitor connection (see [`MonitorLinks`]).
+#[derive(Debug, Clone, Copy)]
+pub struct MonitorLink {
+    /// Open since at least this moment.
+    pub open_since: Instant,
+    /// Answered a probe sent at or after this moment.
+    pub answered_after: Instant,
+}
 
 /// Whether the monitor may probe the nodes now. The proxy's serverless lifecycle says no
 /// while its instance is paused (probing would only hang on a frozen process).
@@ -33,10 +63,12 @@ pub async fn run_monitor(
     gate: Option<Arc<dyn ProbeGate>>,
     switching: watch::Receiver<bool>,
     mut ha: watch::Receiver<crate::ha::controller::HaState>,
+    links_tx: watch::Sender<Arc<MonitorLinks>>,
 ) {
     // The node that was the only read-only root in the last round (see `choose_primary`).
     let mut root_before: Option<String> = None;
-    let mut conns: std::collections::HashMap<String, BackendConn> = Default::default();
+    let mut conns: HashMap<String, BackendConn> = Default::default();
+    let mut links = MonitorLinks::default();
     let mut loads: std::collections::HashMap<String, LoadRef> = Default::default();
     let mut logged_problems: std::collections::HashMap<String, String> = Default::default();
     let mut ticker = tokio::time::interval(MONITOR_INTERVAL);
@@ -56,6 +88,7 @@ pub async fn run_monitor(
         }
         let list = members.borrow_and_update().clone();
         conns.retain(|name, _| list.iter().any(|m| &m.backend.name == name));
+        links.round_started = Some(Instant::now());
         loads.retain(|name, _| list.iter().any(|m| &m.backend.name == name));
         let mut topo = Topology::of_members(&list);
         topo.observed = true;
@@ -64,7 +97,7 @@ pub async fn run_monitor(
             // waits on a frozen node (seconds): sessions must drop their connections to it
             // before it wakes up and answers.
             let cfg = live.load_full();
-            let round = probe_nodes(&cfg, &mut topo, &mut conns, &mut loads);
+            let round = probe_nodes(&cfg, &mut topo, &mut conns, &mut loads, &mut links.links);
             tokio::pin!(round);
             loop {
                 tokio::select! {
@@ -73,6 +106,9 @@ pub async fn run_monitor(
                 }
             }
         }
+        // Nobody wakes for this: sessions read it only when a lost connection's cause
+        // is in doubt.
+        links_tx.send_replace(Arc::new(links.clone()));
         let deposed = deposed_nodes(&ha);
         for node in topo.nodes.iter_mut() {
             node.deposed = deposed.contains(&node.name);
@@ -117,22 +153,40 @@ pub async fn run_monitor(
 async fn probe_nodes(
     cfg: &Config,
     topo: &mut Topology,
-    conns: &mut std::collections::HashMap<String, BackendConn>,
-    loads: &mut std::collections::HashMap<String, LoadRef>,
+    conns: &mut HashMap<String, BackendConn>,
+    loads: &mut HashMap<String, LoadRef>,
+    links: &mut HashMap<String, MonitorLink>,
 ) {
+    links.retain(|name, _| conns.contains_key(name));
     for node in topo.nodes.iter_mut() {
         node.load = loads.entry(node.name.clone()).or_default().clone();
+        let sent = Instant::now();
         let mut slot = conns.remove(&node.name);
-        let had = slot.is_some();
+        let mut reused = slot.is_some();
         let mut result = probe(cfg, &node.name, &node.address, &mut slot).await;
-        if result.is_err() && had {
+        if result.is_err() && reused {
             // A monitor connection the server dropped (restart, KILL): one fresh try
             // before the node counts as unreachable.
             slot = None;
+            reused = false;
             result = probe(cfg, &node.name, &node.address, &mut slot).await;
         }
+        let before = links.remove(&node.name);
         if let (Ok(_), Some(conn)) = (&result, slot) {
             conns.insert(node.name.clone(), conn);
+            let open_since = match before {
+                Some(link) if reused => link.open_since,
+                // Opened during this probe: by its end at the latest.
+                _ => Instant::now(),
+            };
+            let answered_after = sent;
+            links.insert(
+                node.name.clone(),
+                MonitorLink {
+                    open_since,
+                    answered_after,
+                },
+            );
         }
         match result {
             Ok(Probed {

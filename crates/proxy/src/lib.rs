@@ -91,6 +91,9 @@ pub struct Shared {
     pub membership: Arc<Membership>,
     /// What the start-up check found (`holdfast check`): none until it has run.
     pub preflight: arc_swap::ArcSwapOption<preflight::Report>,
+    /// The monitor's own connections to the nodes, as of its last round (see
+    /// `holdfast_cluster::monitor::MonitorLinks`); [`Proxy::start_with`] connects it.
+    pub monitor_links: watch::Receiver<Arc<holdfast_cluster::monitor::MonitorLinks>>,
     next_session_id: AtomicU32,
 }
 
@@ -162,6 +165,7 @@ impl Shared {
             connector,
             admission,
             client_tls: None,
+            monitor_links: watch::channel(Default::default()).1,
             next_session_id: AtomicU32::new(0),
         }
     }
@@ -276,6 +280,8 @@ impl Proxy {
         let (tx, rx) = watch::channel(Arc::new(Topology::from_config(&config)));
         let mut shared = Shared::with_seams(config.clone(), rx, seams);
         shared.client_tls = client_tls;
+        let (links_tx, links_rx) = watch::channel(Default::default());
+        shared.monitor_links = links_rx;
         if let Some(sl) = &config.serverless {
             let ledger = holdfast_serverless::ledger::Ledger::open(&sl.ledger)
                 .map_err(|e| std::io::Error::other(e.to_string()))?;
@@ -295,6 +301,7 @@ impl Proxy {
             probe_gate: shared.serverless.clone().map(|lc| lc as Arc<dyn ProbeGate>),
             switching: shared.switching.subscribe(),
             commit_markers_ready: shared.commit_markers_ready.clone(),
+            monitor_links: links_tx,
         }
         .spawn();
         tokio::spawn(refresh_verifiers(shared.clone()));

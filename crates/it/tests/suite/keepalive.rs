@@ -89,6 +89,38 @@ fn session_survives_a_restart_of_its_node() {
     assert!(moved >= 1.0, "sessions_moved {moved}");
 }
 
+/// A node restarted again and again: the session's connection to the restarted server is
+/// younger than a second when it goes with the next restart, and the new connection's
+/// thread id can be above the lost one's. A server's uptime (whole seconds) cannot tell
+/// such a restart from a KILL; the monitor's own connection, opened again after the
+/// restart, does: the session recovers, it is not ended as killed (a CI run of
+/// `reload::transaction_replay_changed_by_a_reload_applies_from_the_next_transaction`
+/// saw it ended).
+#[test]
+fn a_young_connection_lost_with_a_quick_restart_is_not_taken_for_a_kill() {
+    let mut h = Harness::start();
+    let mut c = connect(&h);
+    c.query_drop("CREATE TABLE sbtest.qr (id INT PRIMARY KEY)")
+        .unwrap();
+    for round in 0..3 {
+        h.lab.kill_node("node1").unwrap();
+        h.lab.start_node("node1").unwrap();
+        // Connections to the fresh server push its thread ids past the session's last.
+        for _ in 0..8 * (round + 1) {
+            h.root_sql("DO 1");
+        }
+        c.query_drop(format!("INSERT INTO sbtest.qr VALUES ({round})"))
+            .unwrap_or_else(|e| panic!("round {round}: the session goes on: {e}"));
+    }
+    let ids: Vec<i32> = c.query("SELECT id FROM sbtest.qr ORDER BY id").unwrap();
+    assert_eq!(ids, [0, 1, 2]);
+    let killed = metric(
+        &h.metrics(),
+        "holdfast_sessions_closed_by_holdfast_total{reason=\"killed\"}",
+    );
+    assert_eq!(killed, None, "no session was taken for killed");
+}
+
 #[test]
 fn without_replay_a_transaction_lost_with_its_node_reports_a_deadlock_and_the_session_goes_on() {
     let mut h =

@@ -327,14 +327,56 @@ impl Session {
                     .cloned()
                     .flatten();
                 let uptime = uptime.and_then(|v| v.parse::<u64>().ok())?;
-                // Whole seconds, rounded down: restarted for sure only when shorter than
-                // the connection's age (now: it began before the server stopped, if it
-                // did) by a second or more.
-                Some(uptime + 1 > lost.since.elapsed().as_secs())
+                let age = lost.since.elapsed().as_secs();
+                // Whole seconds, rounded down: restarted for sure when shorter than the
+                // connection's age (now: it began before the server stopped, if it did)
+                // by a second or more; up for sure when longer by a second or more.
+                if uptime + 1 <= age {
+                    return Some(false);
+                }
+                if uptime > age + 1 {
+                    return Some(true);
+                }
+                // A server up about as long as the connection (a restart right after it
+                // was made, or a fresh server): the monitor's own connection tells.
+                self.monitor_saw_it_run(lost).await
             }
             Err(e) => {
                 tracing::debug!(session = self.info.id, error = %e, "uptime of the new backend unknown");
                 None
+            }
+        }
+    }
+
+    /// Whether the monitor's own connection to the lost connection's node was open before
+    /// that connection and still answered a probe sent after its loss was seen: then the
+    /// server did not restart in between. Waits for such a probe (the monitor is nudged)
+    /// up to a few monitor intervals; `None` when there is none (the monitor could not
+    /// probe the node, or is held while the instance is paused).
+    async fn monitor_saw_it_run(&self, lost: &LostConn) -> Option<bool> {
+        let seen = Instant::now();
+        let mut links = self.shared.monitor_links.clone();
+        self.shared.ha.topology_nudge().notify_one();
+        let deadline =
+            tokio::time::Instant::now() + 3 * holdfast_cluster::monitor::MONITOR_INTERVAL;
+        loop {
+            {
+                let now = links.borrow_and_update();
+                match now.links.get(&lost.node) {
+                    Some(link) if link.answered_after >= seen => {
+                        return Some(link.open_since <= lost.since)
+                    }
+                    // A round sent after the loss did not get through to the node.
+                    None if now.round_started.is_some_and(|t| t >= seen) => return None,
+                    _ => {}
+                }
+            }
+            match tokio::time::timeout_at(deadline, links.changed()).await {
+                Ok(Ok(())) => {}
+                _ => {
+                    tracing::debug!(session = self.info.id, node = %lost.node, "no monitor round told whether the node restarted");
+                    return None;
+                }
             }
         }
     }
