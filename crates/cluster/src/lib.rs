@@ -76,15 +76,18 @@ impl ClusterTasks {
             monitor_links,
         } = self;
         let marker_topology = topology.subscribe();
+        let outputs = monitor::MonitorOutputs {
+            topology,
+            links: monitor_links,
+        };
         tokio::spawn(monitor::run_monitor(
             config.clone(),
-            topology,
+            outputs,
             members,
             ha.topology_nudge(),
             probe_gate,
             switching,
             ha.subscribe(),
-            monitor_links,
         ));
         tokio::spawn(ha.clone().run());
         tokio::spawn(ha.keep_durability());

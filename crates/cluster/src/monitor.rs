@@ -18,20 +18,11 @@ pub const MONITOR_INTERVAL: Duration = Duration::from_millis(1000);
 /// every connection to a server: a node whose monitor connection was open before a moment
 /// and still answered a probe after another did not restart between them (which a
 /// server's uptime, in whole seconds, cannot tell of a restart within a second).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct MonitorLinks {
     /// When the last round began (its probes were all sent after this).
     pub round_started: Option<Instant>,
     pub links: HashMap<String, MonitorLink>,
-}
-
-impl Default for MonitorLinks {
-    fn default() -> Self {
-        MonitorLinks {
-            round_started: None,
-            links: HashMap::new(),
-        }
-    }
 }
 
 /// One node's monitor connection (see [`MonitorLinks`]).
@@ -49,6 +40,13 @@ pub trait ProbeGate: Send + Sync {
     fn may_probe(&self) -> bool;
 }
 
+/// Where the monitor publishes: the topology (sessions wait on it) and its own
+/// connections (read on demand).
+pub struct MonitorOutputs {
+    pub topology: watch::Sender<Arc<Topology>>,
+    pub links: watch::Sender<Arc<MonitorLinks>>,
+}
+
 /// Probes every member each interval (and at once whenever `nudge` is notified: the HA
 /// controller does after each operation, so sessions find a new primary without waiting a
 /// tick, and so does a change of members), and publishes the result. A paused serverless
@@ -57,14 +55,17 @@ pub trait ProbeGate: Send + Sync {
 /// process.
 pub async fn run_monitor(
     live: crate::LiveConfig,
-    tx: watch::Sender<Arc<Topology>>,
+    outputs: MonitorOutputs,
     mut members: watch::Receiver<Arc<Vec<Member>>>,
     nudge: Arc<Notify>,
     gate: Option<Arc<dyn ProbeGate>>,
     switching: watch::Receiver<bool>,
     mut ha: watch::Receiver<crate::ha::controller::HaState>,
-    links_tx: watch::Sender<Arc<MonitorLinks>>,
 ) {
+    let MonitorOutputs {
+        topology: tx,
+        links: links_tx,
+    } = outputs;
     // The node that was the only read-only root in the last round (see `choose_primary`).
     let mut root_before: Option<String> = None;
     let mut conns: HashMap<String, BackendConn> = Default::default();
