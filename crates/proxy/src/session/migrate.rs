@@ -331,7 +331,7 @@ impl Session {
                 // Whole seconds, rounded down: restarted for sure when shorter than the
                 // connection's age (now: it began before the server stopped, if it did)
                 // by a second or more; up for sure when longer by a second or more.
-                if uptime + 1 <= age {
+                if uptime < age {
                     return Some(false);
                 }
                 if uptime > age + 1 {
