@@ -893,6 +893,68 @@ fn reads_of_the_last_statements_counts_see_that_statement() {
     assert!(diff.is_empty(), "holdfast differs from the server:\n{diff}");
 }
 
+/// Found by the fuzzer (seed 2029 sessions 248, 1082, 1366, 1557, 1558): `FOUND_ROWS()`
+/// is what the session's last statement that answered with rows left; one that failed
+/// (an unknown column, an unknown prepared statement), or answered without rows (`USE`,
+/// `COMMIT`, a write), leaves it. With reads spread over the nodes it lives on the node of
+/// that answer, not on the one of the last statement: it is read there, with the last
+/// statement's `ROW_COUNT()` written in.
+#[test]
+fn found_rows_is_read_where_the_last_answer_with_rows_ran() {
+    use holdfast_it::differential::{binary, differences, q, run};
+    use holdfast_it::raw::BASE_CAPS;
+    let h = split_harness(|_| {});
+    table_t_everywhere(&h);
+    h.root_sql(
+        "CREATE DATABASE no_id; CREATE TABLE no_id.t (k INT PRIMARY KEY, v INT); \
+         INSERT INTO no_id.t VALUES (1, 1), (2, 2)",
+    );
+    h.root_sql(&format!("GRANT ALL ON no_id.* TO '{}'@'%'", h.user()));
+    for node in ["node2", "node3"] {
+        wait_for("the table on the replicas", Duration::from_secs(30), || {
+            holdfast_lab::node_sql(h.node(node), "SELECT COUNT(*) FROM no_id.t")
+                .ok()
+                .filter(|rows| rows[0][0] == "2")
+                .map(|_| ())
+        });
+    }
+    let mut steps = Vec::new();
+    for _ in 0..3 {
+        steps.extend([
+            // A read on a replica, then a read that fails on the primary.
+            binary("USE no_id"),
+            q("DESCRIBE t"),
+            q("SELECT SQL_CALC_FOUND_ROWS id FROM t ORDER BY id LIMIT 1"),
+            q("SELECT FOUND_ROWS(), ROW_COUNT()"),
+            q("USE sbtest"),
+            // A read without rows, a read that fails, statements without a result set.
+            q("/*+ MAX_EXECUTION_TIME(1000) */ SELECT v FROM t WHERE id = 9"),
+            q("SELECT nosuchcol FROM t"),
+            q("COMMIT"),
+            q("EXECUTE nosuch USING 2"),
+            q("SELECT SQL_CALC_FOUND_ROWS id FROM no_id.t ORDER BY id LIMIT 1"),
+            q("SELECT FOUND_ROWS(), ROW_COUNT()"),
+            // A read with rows on a replica, then a write on the primary.
+            q("(SELECT id FROM t WHERE id < 3) UNION (SELECT k FROM no_id.t) ORDER BY 1"),
+            q("DELETE FROM t WHERE id = 11"),
+            q("SELECT FOUND_ROWS(), ROW_COUNT()"),
+            q("SELECT id FROM t ORDER BY id LIMIT 4"),
+            q("UPDATE t SET v = v WHERE id = 12"),
+            binary("SELECT FOUND_ROWS()"),
+        ]);
+    }
+    let login = (h.user(), h.password(), Some(h.database()));
+    for caps in [
+        BASE_CAPS,
+        BASE_CAPS | holdfast_wire::caps::CLIENT_SESSION_TRACK,
+    ] {
+        let direct = run(h.direct(), login, caps, &steps).expect("directly");
+        let via = run(h.proxy, login, caps, &steps).expect("through holdfast");
+        let diff = differences(&steps, &direct, &via);
+        assert!(diff.is_empty(), "holdfast differs from the server:\n{diff}");
+    }
+}
+
 /// Found by the fuzzer: a write inside `START TRANSACTION READ ONLY` that ran on a replica
 /// got the replica's 1290 (`--read-only`), or 1146 for a table the replica checks first,
 /// where the server answers 1792. What is not a plain read runs on the primary, in a

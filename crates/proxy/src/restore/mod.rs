@@ -180,5 +180,6 @@ impl From<ConnError> for CaptureError {
 
 /// Runs one statement (COM_QUERY) and buffers its answer. For holdfast's own statements.
 pub async fn execute(conn: &mut BackendConn, sql: &[u8]) -> Result<Executed, BackendError> {
+    tracing::trace!(thread = conn.greeting.connection_id, sql = %String::from_utf8_lossy(sql), "holdfast's own statement");
     conn.execute(sql, CAPTURE_MAX_PACKET).await
 }

@@ -229,6 +229,21 @@ impl Session {
         }
     }
 
+    /// Before a split session's read of `FOUND_ROWS()` that runs where the session's last
+    /// answer with rows ran, not where its last statement ran: that node's `ROW_COUNT()`
+    /// is not the session's, which is written in (as after a wrap).
+    pub(super) fn keep_row_count_for_found_rows(&mut self, request: &[u8]) {
+        if self.markers.row_count.is_some() || !self.found_rows_read_elsewhere(request) {
+            return;
+        }
+        self.markers.row_count = self.exchange.row_count_left;
+    }
+
+    /// `ROW_COUNT()` as the client's last statement left it, where the backend's differs.
+    pub(super) fn pending_row_count(&self) -> Option<i64> {
+        self.markers.row_count
+    }
+
     /// After holdfast's own statements put the diagnostics back (see
     /// [`crate::restore::put_back_diagnostics`]): a `ROW_COUNT()` above 0 cannot be, and
     /// is written into the next statement that reads it instead.

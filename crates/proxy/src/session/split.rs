@@ -71,6 +71,11 @@ pub(super) struct Split {
     /// The pinned transaction was given up after a statement that changed the session on
     /// the primary: the client's next statement learns so (1213).
     given_up: bool,
+    /// Where the session's `FOUND_ROWS()` lives (`None`: the primary): the node of its
+    /// last statement that answered with rows. Statements without a result set, and
+    /// failed ones, leave it as it was (`USE`, `COMMIT`, `SET`, an unknown column...),
+    /// wherever they run.
+    found_rows_at: Option<String>,
     /// The topology reads are routed by, refreshed when the monitor publishes a new one.
     topology: Arc<Topology>,
     watch: watch::Receiver<Arc<Topology>>,
@@ -161,6 +166,7 @@ impl Split {
             probing: false,
             pinned_reads: PinnedReads::default(),
             given_up: false,
+            found_rows_at: None,
             topology,
             watch,
             turn: 0,
@@ -183,6 +189,14 @@ impl Split {
         self.rerun = None;
     }
 
+    /// `FOUND_ROWS()` of a replica whose connection is gone is lost: the primary's is
+    /// the nearest.
+    fn forget_found_rows_on(&mut self, node: &str) {
+        if self.found_rows_at.as_deref() == Some(node) {
+            self.found_rows_at = None;
+        }
+    }
+
     fn refresh(&mut self) {
         if self.watch.has_changed().unwrap_or(false) {
             self.topology = self.watch.borrow_and_update().clone();
@@ -199,6 +213,11 @@ impl Split {
             if let Some(node) = &self.last_on {
                 if !self.readers.iter().any(|r| &r.read.node == node) {
                     self.forget_last();
+                }
+            }
+            if let Some(node) = self.found_rows_at.clone() {
+                if !self.readers.iter().any(|r| r.read.node == node) {
+                    self.forget_found_rows_on(&node);
                 }
             }
         }
@@ -248,6 +267,7 @@ impl Split {
     /// Closes the session's connection to `node`.
     fn drop_reader(&mut self, node: &str) {
         self.readers.retain(|r| r.read.node != node);
+        self.forget_found_rows_on(node);
         if self.last_on.as_deref() == Some(node) {
             self.forget_last();
         }
@@ -264,6 +284,7 @@ impl Drop for Active {
 }
 
 /// Where a request of a split session goes.
+#[derive(Debug)]
 pub(super) enum Target {
     /// A replica chosen by load (with the wait its consistency needs).
     Balanced,
@@ -432,6 +453,40 @@ pub(super) fn opens_no_table(sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
             .iter()
             .any(|k| w.is_word(k))
         })
+}
+
+/// Whether a request reads `FOUND_ROWS()` of what the session's last statement left, and
+/// not its warnings or errors (`SHOW WARNINGS`, `@@warning_count`...).
+fn reads_only_found_rows(
+    request: &[u8],
+    statements: &super::statements::Statements,
+    mode: holdfast_sql::SqlMode,
+) -> bool {
+    let sql = match request.get(HEADER_LEN) {
+        Some(&COM_QUERY) => request.get(HEADER_LEN + 1..),
+        Some(&COM_STMT_EXECUTE) => packets::statement_id(&request[HEADER_LEN..])
+            .and_then(|id| statements.get(statements.resolve(id)))
+            .map(|s| &s.sql[..]),
+        _ => None,
+    };
+    let Some(sql) = sql else {
+        return false;
+    };
+    let mut found_rows = false;
+    for t in holdfast_sql::Lexer::with_mode(sql, mode) {
+        if t.is_word("FOUND_ROWS") {
+            found_rows = true;
+        } else if t.is_word("WARNINGS")
+            || t.is_word("ERRORS")
+            || t.is_word("DIAGNOSTICS")
+            || (t.kind == holdfast_sql::TokenKind::SysVar
+                && (t.text.to_ascii_lowercase().ends_with(b"warning_count")
+                    || t.text.to_ascii_lowercase().ends_with(b"error_count")))
+        {
+            return false;
+        }
+    }
+    found_rows
 }
 
 /// Whether `sql` has a query inside (`SET @b = (SELECT ...)`): its value comes from the
@@ -988,6 +1043,37 @@ impl Session {
 
     /// Runs `request` on the primary without passing its answer on (what it leaves there
     /// is the point: settings, diagnostics), as a replay runs a statement.
+    /// After a read on a replica that failed, when the statement before it ran on the
+    /// primary: a statement that fails leaves `FOUND_ROWS()` as the one before it left
+    /// it, which is the primary's. The read runs again there, its answer dropped (it only
+    /// read); when it fails there the same way, the primary's diagnostics area holds the
+    /// same error, and the session's last statement counts as the primary's (what the
+    /// next statement reads of it is read there). True when so.
+    async fn failed_read_follows_the_primary(&mut self, request: &BytesMut) -> bool {
+        let Some(code) = self.exchange.error else {
+            return false;
+        };
+        let before_on_primary = self.split.as_ref().is_some_and(|s| s.last_on.is_none());
+        if !before_on_primary || self.backend_dead || !self.can_run_again(request) {
+            return false;
+        }
+        let again = self.run_discarded(request.clone()).await;
+        let same = again.is_ok() && self.exchange.error == Some(code);
+        self.exchange.error = Some(code);
+        if let Err(e) = again {
+            // The next request finds out what became of the connection.
+            tracing::debug!(session = self.info.id, error = ?e, "running a failed replica read again on the primary failed");
+        }
+        if same {
+            if let Some(split) = self.split.as_mut() {
+                split.forget_last();
+                split.primary_warned = true;
+                split.primary_kept = false;
+            }
+        }
+        same
+    }
+
     async fn run_discarded(&mut self, mut request: BytesMut) -> Result<(), End> {
         let checksum = self.exchange.checksum.take();
         let replaying = std::mem::replace(&mut self.exchange.replaying, true);
@@ -1119,6 +1205,8 @@ impl Session {
             }
             _ => false,
         };
+        let found_rows_elsewhere = split.found_rows_at != split.last_on
+            && reads_only_found_rows(request, &self.statements, mode);
         let route = if header.continues()
             || split.probing
             || !self.can_reauthenticate
@@ -1169,6 +1257,12 @@ impl Session {
             ReadRoute::Replica => Some(Target::Balanced),
             ReadRoute::ReplicaWithUserVariables if variables_known => Some(Target::Balanced),
             ReadRoute::ReplicaWithUserVariables => None,
+            // `FOUND_ROWS()` is read where it lives, when that is not where the last
+            // statement ran (its `ROW_COUNT()` is written in, see
+            // `Session::keep_row_count_for_found_rows`), unless the text reads warnings.
+            ReadRoute::LastNode if found_rows_elsewhere => {
+                split.found_rows_at.clone().map(Target::Last)
+            }
             ReadRoute::LastNode => split.last_on.clone().map(Target::Last),
             ReadRoute::Primary => None,
         };
@@ -1242,7 +1336,9 @@ impl Session {
             // statement left it (MariaDB clears it for statements that open tables): when
             // the replica's and the primary's differ, the read runs again there too.
             let keeps_area = (split.read_warned || split.primary_warned) && kept;
-            if (reads_last || keeps_area) && !keeps_diagnostics {
+            // (Not when the statement goes to the primary for the `FOUND_ROWS()` there: the
+            // read run again would change it.)
+            if (reads_last || keeps_area) && !keeps_diagnostics && !found_rows_elsewhere {
                 split.rerun = split.last_read.take();
             }
             if !keeps_diagnostics {
@@ -1250,7 +1346,32 @@ impl Session {
                 split.last_read = None;
             }
         }
+        tracing::trace!(session = self.info.id, ?target, last_on = ?split.last_on, found_rows_at = ?split.found_rows_at, "split route");
         target
+    }
+
+    /// Before a request is classified: where `FOUND_ROWS()` lives after the last answer
+    /// (see [`Split::found_rows_at`]).
+    pub(super) fn note_found_rows(&mut self) {
+        // A wrapped write's own count, not its `COMMIT`'s (see `Markers::row_count`).
+        let left = self.pending_row_count().or(self.exchange.row_count_left);
+        let rows = self.exchange.error.is_none() && left == Some(-1);
+        if let Some(split) = self.split.as_mut().filter(|_| rows) {
+            split.found_rows_at = split.last_on.clone();
+        }
+    }
+
+    /// A read of `FOUND_ROWS()` that goes where it lives rather than where the last
+    /// statement ran (see [`Session::read_target`]): the `ROW_COUNT()` calls in its text
+    /// read the last statement's, written in.
+    pub(super) fn found_rows_read_elsewhere(&self, request: &[u8]) -> bool {
+        let Some(split) = self.split.as_ref() else {
+            return false;
+        };
+        let mode = self.record.sql_mode.unwrap_or_default();
+        split.found_rows_at != split.last_on
+            && split.txn_on.is_none()
+            && reads_only_found_rows(request, &self.statements, mode)
     }
 
     /// Statement ids closed by the client are closed on the replicas too; a reset or a
@@ -1457,6 +1578,9 @@ impl Session {
                     if let Some(split) = self.split.as_mut() {
                         split.pinned_reads = PinnedReads::default();
                     }
+                }
+                if !pinned && !open && self.failed_read_follows_the_primary(&request).await {
+                    return Ok(ReadOutcome::Done);
                 }
                 let warned = self.record.last_warnings > 0;
                 if let Some(split) = self.split.as_mut() {
