@@ -941,6 +941,13 @@ fn found_rows_is_read_where_the_last_answer_with_rows_ran() {
             q("SELECT id FROM t ORDER BY id LIMIT 4"),
             q("UPDATE t SET v = v WHERE id = 12"),
             binary("SELECT FOUND_ROWS()"),
+            // Inside a transaction (its reads run on the primary).
+            q("SELECT id FROM t ORDER BY id LIMIT 3"),
+            q("BEGIN"),
+            q("SELECT * FROM nosuch"),
+            q("SELECT FOUND_ROWS(), ROW_COUNT()"),
+            q("SHOW WARNINGS"),
+            q("ROLLBACK"),
         ]);
     }
     let login = (h.user(), h.password(), Some(h.database()));

@@ -290,7 +290,7 @@ const UNION_ROWS: u64 = 1000;
 /// `UNION ALL` (no table). Larger: the numbers below the next power of ten from a cross
 /// join of digit tables, filtered to those below `n` (no recursion: a recursive CTE stops
 /// at the session's `max_recursive_iterations`, 1001 by default).
-fn found_rows_select(n: u64) -> String {
+pub fn found_rows_select(n: u64) -> String {
     if n == 0 {
         return "SELECT 1 FROM DUAL WHERE 0".into();
     }

@@ -94,8 +94,8 @@ mod values;
 pub use crate::backend::{Executed, OkInfo};
 pub use apply::restore_session;
 pub use capture::{
-    capture_session, capture_session_named, capture_user_variables, put_back_diagnostics,
-    read_diagnostics, Captured, Diagnostics,
+    capture_session, capture_session_named, capture_user_variables, found_rows_select,
+    put_back_diagnostics, read_diagnostics, Captured, Diagnostics,
 };
 pub use holdfast_sql::quote::{identifier as quote_identifier, string_literal};
 pub use plan::{plan, Assignment, RestorePlan};

@@ -146,6 +146,10 @@ impl Session {
     /// The send phase: the request goes to the primary as the plan says, and its answer
     /// is relayed.
     async fn send(&mut self, req: &mut Request, plan: &mut Plan) -> Result<(), End> {
+        if self.split.is_some() {
+            // (The primary takes any value: never refused here.)
+            self.put_back_found_rows(&req.bytes, None).await?;
+        }
         match std::mem::replace(&mut plan.send, Send::Command) {
             Send::MarkedCommit => self.commit_with_marker(&req.bytes).await,
             Send::WrappedAutocommit => self.autocommit_with_marker(&req.bytes).await,

@@ -239,11 +239,6 @@ impl Session {
         self.markers.row_count = self.exchange.row_count_left;
     }
 
-    /// `ROW_COUNT()` as the client's last statement left it, where the backend's differs.
-    pub(super) fn pending_row_count(&self) -> Option<i64> {
-        self.markers.row_count
-    }
-
     /// After holdfast's own statements put the diagnostics back (see
     /// [`crate::restore::put_back_diagnostics`]): a `ROW_COUNT()` above 0 cannot be, and
     /// is written into the next statement that reads it instead.

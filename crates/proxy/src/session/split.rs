@@ -73,9 +73,12 @@ pub(super) struct Split {
     given_up: bool,
     /// Where the session's `FOUND_ROWS()` lives (`None`: the primary): the node of its
     /// last statement that answered with rows. Statements without a result set, and
-    /// failed ones, leave it as it was (`USE`, `COMMIT`, `SET`, an unknown column...),
+    /// failed ones, leave it as it was (`USE`, `COMMIT`, a write, an unknown column...),
     /// wherever they run.
     found_rows_at: Option<String>,
+    /// Its value there, when that is a replica: the rows of that answer (reads that run
+    /// on replicas have no `SQL_CALC_FOUND_ROWS`).
+    found_rows: u64,
     /// The topology reads are routed by, refreshed when the monitor publishes a new one.
     topology: Arc<Topology>,
     watch: watch::Receiver<Arc<Topology>>,
@@ -167,6 +170,7 @@ impl Split {
             pinned_reads: PinnedReads::default(),
             given_up: false,
             found_rows_at: None,
+            found_rows: 0,
             topology,
             watch,
             turn: 0,
@@ -455,9 +459,9 @@ pub(super) fn opens_no_table(sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
         })
 }
 
-/// Whether a request reads `FOUND_ROWS()` of what the session's last statement left, and
-/// not its warnings or errors (`SHOW WARNINGS`, `@@warning_count`...).
-fn reads_only_found_rows(
+/// Whether a request reads `FOUND_ROWS()` (a text, or an execute of a statement that
+/// does).
+fn reads_found_rows(
     request: &[u8],
     statements: &super::statements::Statements,
     mode: holdfast_sql::SqlMode,
@@ -472,21 +476,10 @@ fn reads_only_found_rows(
     let Some(sql) = sql else {
         return false;
     };
-    let mut found_rows = false;
-    for t in holdfast_sql::Lexer::with_mode(sql, mode) {
-        if t.is_word("FOUND_ROWS") {
-            found_rows = true;
-        } else if t.is_word("WARNINGS")
-            || t.is_word("ERRORS")
-            || t.is_word("DIAGNOSTICS")
-            || (t.kind == holdfast_sql::TokenKind::SysVar
-                && (t.text.to_ascii_lowercase().ends_with(b"warning_count")
-                    || t.text.to_ascii_lowercase().ends_with(b"error_count")))
-        {
-            return false;
-        }
-    }
-    found_rows
+    const NAME: &[u8] = b"FOUND_ROWS";
+    sql.windows(NAME.len())
+        .any(|w| w.eq_ignore_ascii_case(NAME))
+        && holdfast_sql::Lexer::with_mode(sql, mode).any(|t| t.is_word("FOUND_ROWS"))
 }
 
 /// Whether `sql` has a query inside (`SET @b = (SELECT ...)`): its value comes from the
@@ -1205,8 +1198,6 @@ impl Session {
             }
             _ => false,
         };
-        let found_rows_elsewhere = split.found_rows_at != split.last_on
-            && reads_only_found_rows(request, &self.statements, mode);
         let route = if header.continues()
             || split.probing
             || !self.can_reauthenticate
@@ -1257,12 +1248,6 @@ impl Session {
             ReadRoute::Replica => Some(Target::Balanced),
             ReadRoute::ReplicaWithUserVariables if variables_known => Some(Target::Balanced),
             ReadRoute::ReplicaWithUserVariables => None,
-            // `FOUND_ROWS()` is read where it lives, when that is not where the last
-            // statement ran (its `ROW_COUNT()` is written in, see
-            // `Session::keep_row_count_for_found_rows`), unless the text reads warnings.
-            ReadRoute::LastNode if found_rows_elsewhere => {
-                split.found_rows_at.clone().map(Target::Last)
-            }
             ReadRoute::LastNode => split.last_on.clone().map(Target::Last),
             ReadRoute::Primary => None,
         };
@@ -1336,9 +1321,7 @@ impl Session {
             // statement left it (MariaDB clears it for statements that open tables): when
             // the replica's and the primary's differ, the read runs again there too.
             let keeps_area = (split.read_warned || split.primary_warned) && kept;
-            // (Not when the statement goes to the primary for the `FOUND_ROWS()` there: the
-            // read run again would change it.)
-            if (reads_last || keeps_area) && !keeps_diagnostics && !found_rows_elsewhere {
+            if (reads_last || keeps_area) && !keeps_diagnostics {
                 split.rerun = split.last_read.take();
             }
             if !keeps_diagnostics {
@@ -1353,25 +1336,77 @@ impl Session {
     /// Before a request is classified: where `FOUND_ROWS()` lives after the last answer
     /// (see [`Split::found_rows_at`]).
     pub(super) fn note_found_rows(&mut self) {
-        // A wrapped write's own count, not its `COMMIT`'s (see `Markers::row_count`).
-        let left = self.pending_row_count().or(self.exchange.row_count_left);
-        let rows = self.exchange.error.is_none() && left == Some(-1);
-        if let Some(split) = self.split.as_mut().filter(|_| rows) {
+        let Some(rows) = self.exchange.answer_rows else {
+            return;
+        };
+        if let Some(split) = self.split.as_mut() {
             split.found_rows_at = split.last_on.clone();
+            split.found_rows = rows;
         }
     }
 
-    /// A read of `FOUND_ROWS()` that goes where it lives rather than where the last
-    /// statement ran (see [`Session::read_target`]): the `ROW_COUNT()` calls in its text
-    /// read the last statement's, written in.
+    /// A read of `FOUND_ROWS()` where the session's last statement did not run on the
+    /// node its `FOUND_ROWS()` lives on (see [`Split::found_rows_at`]): the value is put
+    /// back where the read runs ([`Session::put_back_found_rows`]), and the `ROW_COUNT()`
+    /// calls in its text read the last statement's, written in.
     pub(super) fn found_rows_read_elsewhere(&self, request: &[u8]) -> bool {
         let Some(split) = self.split.as_ref() else {
             return false;
         };
         let mode = self.record.sql_mode.unwrap_or_default();
-        split.found_rows_at != split.last_on
-            && split.txn_on.is_none()
-            && reads_only_found_rows(request, &self.statements, mode)
+        split.found_rows_at != split.last_on && reads_found_rows(request, &self.statements, mode)
+    }
+
+    /// Before a read of `FOUND_ROWS()` on the primary (`None`) or on replica `on`: when the
+    /// session's lives on another replica, its value there is made this node's too, by a
+    /// `SELECT` of as many rows (without tables up to a thousand: the diagnostics area
+    /// stays). A value that lives on the primary cannot be carried to a replica: `false`,
+    /// the read goes to the primary.
+    pub(super) async fn put_back_found_rows(
+        &mut self,
+        request: &[u8],
+        on: Option<usize>,
+    ) -> Result<bool, End> {
+        let Some(split) = self.split.as_ref() else {
+            return Ok(true);
+        };
+        let node = on
+            .and_then(|i| split.readers.get(i))
+            .map(|r| r.read.node.clone());
+        if split.found_rows_at == node
+            || split.txn_on.is_some()
+            || !reads_found_rows(
+                request,
+                &self.statements,
+                self.record.sql_mode.unwrap_or_default(),
+            )
+        {
+            return Ok(true);
+        }
+        if split.found_rows_at.is_none() {
+            return Ok(false);
+        }
+        let sql = restore::found_rows_select(split.found_rows);
+        let conn = match on {
+            None => &mut self.backend,
+            Some(i) => match self.split.as_mut().and_then(|s| s.readers.get_mut(i)) {
+                Some(r) => &mut r.conn,
+                None => return Ok(false),
+            },
+        };
+        match restore::execute(conn, sql.as_bytes()).await {
+            Ok(_) => Ok(true),
+            Err(crate::backend::BackendError::Conn(error)) if on.is_none() => {
+                Err(End::BackendLost {
+                    started: false,
+                    error,
+                })
+            }
+            Err(e) => {
+                tracing::debug!(session = self.info.id, error = %e, "FOUND_ROWS() not carried");
+                Ok(on.is_none())
+            }
+        }
     }
 
     /// Statement ids closed by the client are closed on the replicas too; a reset or a
@@ -1491,6 +1526,9 @@ impl Session {
                     return Ok(ReadOutcome::Primary(request));
                 }
             }
+        }
+        if !self.put_back_found_rows(&request, Some(index)).await? {
+            return Ok(ReadOutcome::Primary(request));
         }
         // An execute names the statement by the replica connection's id.
         let pinned = self.split.as_ref().is_some_and(|s| s.txn_on.is_some());
