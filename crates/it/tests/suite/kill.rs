@@ -397,6 +397,16 @@ fn killed_by_expression(
             answer.map(|_| 0)
         }
     };
+    // What holdfast knew of the victim when the answer came (for a failure's message).
+    let known = h.shared.sessions.get(greeting_id).map(|v| {
+        (
+            v.backend.lock().map(|b| b.clone()).unwrap_or_default(),
+            v.backend_thread.load(std::sync::atomic::Ordering::Acquire),
+            v.moves.load(std::sync::atomic::Ordering::Relaxed),
+        )
+    });
+    let threads = h.root_sql("SELECT ID, USER, COMMAND FROM information_schema.PROCESSLIST");
+    eprintln!("{how:?} via {addr}: answer {answer:?}; victim {greeting_id} (node, thread, moves) {known:?}; server threads {threads:?}");
     let first = next(&mut victim, "SELECT 1");
     let second = next(&mut victim, "SELECT 1");
     (answer, first, second)
