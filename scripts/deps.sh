@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what holdfast's demo, tests and benchmarks run against: MariaDB server and client,
-# sysbench, HAProxy, openssl and nftables (the chaos drill's network cuts) from the OS
-# packages, and the Python drivers used by the tests.
+# sysbench, HAProxy, openssl, nftables (the chaos drill's network cuts) and systemd (its
+# unit checker) from the OS packages, and the Python drivers used by the tests.
 # Idempotent: skips what is already there.
 set -euo pipefail
 
@@ -13,6 +13,8 @@ command -v haproxy >/dev/null 2>&1 || need+=(haproxy)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || need+=(nftables)
 command -v python3 >/dev/null 2>&1 || need+=(python3 python3-pip)
+# systemd-analyze checks the packaged unit (packaging/holdfast.service).
+command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing OS packages: ${need[*]}"
   SUDO=""
