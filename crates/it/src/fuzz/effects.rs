@@ -53,7 +53,15 @@ pub struct Checker {
     primary: RawConn,
     replicas: Vec<RawConn>,
     primary_server_id: String,
+    /// When `INNODB_TRX` was last read (see [`TRX_CACHE_INTERVAL`]).
+    trx_read: Option<std::time::Instant>,
 }
+
+/// InnoDB answers `information_schema.INNODB_TRX` from a cache that it refreshes only
+/// when it was last read more than 100 ms ago (`TRX_I_S_CACHE_MIN_READ_INTERVAL_MS`): a
+/// read sooner after the last one shows the transactions of then. The checker's reads
+/// are spaced by more than that.
+const TRX_CACHE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(120);
 
 fn rows(c: &mut RawConn, sql: &str) -> Result<Vec<Vec<Option<String>>>> {
     let mut out = Vec::new();
@@ -104,6 +112,7 @@ impl Checker {
             primary,
             replicas,
             primary_server_id,
+            trx_read: None,
         })
     }
 
@@ -158,6 +167,13 @@ impl Checker {
              JOIN information_schema.PROCESSLIST p ON p.ID = x.trx_mysql_thread_id \
              WHERE p.USER = '{user}' AND p.ID <> CONNECTION_ID()"
         );
+        if let Some(wait) = self
+            .trx_read
+            .and_then(|t| TRX_CACHE_INTERVAL.checked_sub(t.elapsed()))
+        {
+            std::thread::sleep(wait);
+        }
+        self.trx_read = Some(std::time::Instant::now());
         let mut out = Vec::new();
         for c in std::iter::once(&mut self.primary).chain(self.replicas.iter_mut()) {
             for row in rows(c, &mdl)? {
