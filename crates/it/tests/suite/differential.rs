@@ -531,12 +531,19 @@ fn a_prepared_read_of_row_count_after_a_wrapped_write_reads_the_writes_count() {
         binary("SELECT ROW_COUNT(), @@error_count"),
         q("SELECT id, v FROM sbtest.dt ORDER BY id"),
     ];
+    // A prepare the server refuses sets -1 itself (fuzzer, seed 2031 session 138).
+    let refused = vec![
+        q("REPLACE INTO sbtest.dt (id, v) VALUES (3, 'r')"),
+        binary("DEALLOCATE PREPARE nosuch"),
+        q("SELECT ROW_COUNT()"),
+    ];
     for caps in [
         BASE_CAPS,
         BASE_CAPS | CLIENT_DEPRECATE_EOF,
         BASE_CAPS | CLIENT_SESSION_TRACK | CLIENT_DEPRECATE_EOF,
     ] {
         compare(&h, caps, &steps);
+        compare(&h, caps, &refused);
     }
     // A driver's prepared statement with parameters, prepared and executed after the
     // write (once it is prepared, the session's writes are no longer wrapped).

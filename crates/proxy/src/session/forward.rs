@@ -178,6 +178,13 @@ impl Session {
         let marked = self.take_marked();
         if ok {
             self.markers_after(plan.data_change);
+            if self.exchange.error.is_some()
+                && req.bytes.get(holdfast_wire::frame::HEADER_LEN)
+                    == Some(&holdfast_wire::command::COM_STMT_PREPARE)
+            {
+                // A prepare the server refused set `ROW_COUNT()` to -1, there as directly.
+                self.row_count_reset_by_server();
+            }
         }
         if plan.opaque && self.record.state_change_reported {
             self.record.opaque_change = true;

@@ -239,6 +239,12 @@ impl Session {
         self.markers.row_count = self.exchange.row_count_left;
     }
 
+    /// The server set `ROW_COUNT()` itself, as it would directly (a refused prepare):
+    /// nothing is to be written in for the next statement.
+    pub(super) fn row_count_reset_by_server(&mut self) {
+        self.markers.row_count = None;
+    }
+
     /// After holdfast's own statements put the diagnostics back (see
     /// [`crate::restore::put_back_diagnostics`]): a `ROW_COUNT()` above 0 cannot be, and
     /// is written into the next statement that reads it instead.
