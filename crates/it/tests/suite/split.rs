@@ -929,6 +929,12 @@ fn found_rows_is_read_where_the_last_answer_with_rows_ran() {
             q("SELECT id FROM t ORDER BY id LIMIT 4"),
             q("UPDATE t SET v = v WHERE id = 12"),
             binary("SELECT FOUND_ROWS()"),
+            // A read with rows on the primary, then one that fails on a replica: the
+            // count is the primary's, the error the replica's (it is run again on the
+            // primary, where it fails the same way).
+            q("SELECT SQL_CALC_FOUND_ROWS id FROM t ORDER BY id LIMIT 1"),
+            q("SELECT nosuchcol FROM t"),
+            q("SELECT FOUND_ROWS(), @@error_count, ROW_COUNT()"),
             // Inside a transaction (its reads run on the primary).
             q("SELECT id FROM t ORDER BY id LIMIT 3"),
             q("BEGIN"),
