@@ -33,6 +33,7 @@
 #![warn(missing_docs)]
 
 mod classify;
+mod found_rows;
 mod keyword;
 mod kill;
 mod lexer;
@@ -46,6 +47,7 @@ mod split;
 mod tests;
 
 pub use classify::{classify, classify_for, classify_with, first_keyword, Classification};
+pub use found_rows::{fails_before_it_runs, found_rows_effect, FoundRowsEffect};
 pub use kill::{parse_kill, parse_kill_head, parse_sql_prepared, Kill, KillHead, SqlPrepared};
 pub use lexer::{Lexer, SqlMode, Token, TokenKind};
 pub use password::{own_password_change, PasswordChange};

@@ -38,6 +38,20 @@ pub const COM_STMT_BULK_EXECUTE: u8 = 0xfa;
 /// Cursor flag in COM_STMT_EXECUTE.
 pub const CURSOR_TYPE_READ_ONLY: u8 = 1;
 
+/// Whether a command runs no statement, leaving what the connection's last statement
+/// left (`ROW_COUNT()`, `FOUND_ROWS()`, its diagnostics) as it was.
+pub fn runs_no_statement(cmd: u8) -> bool {
+    matches!(
+        cmd,
+        COM_STMT_PREPARE
+            | COM_STMT_CLOSE
+            | COM_STMT_RESET
+            | COM_STMT_SEND_LONG_DATA
+            | COM_PING
+            | COM_STATISTICS
+    )
+}
+
 pub fn name(cmd: u8) -> &'static str {
     match cmd {
         COM_SLEEP => "COM_SLEEP",

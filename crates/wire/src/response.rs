@@ -98,10 +98,6 @@ pub struct ResponseMachine {
     /// Results ended by an OK or EOF so far (a multi-statement's statements that ran, when
     /// none is a CALL).
     results: u32,
-    /// Rows of the result set being read.
-    rows: u64,
-    /// The rows of the last result that ended, when it was a result set (`None`: an OK).
-    last_result_rows: Option<u64>,
 }
 
 impl ResponseMachine {
@@ -122,8 +118,6 @@ impl ResponseMachine {
             last_status: 0,
             cursor: false,
             results: 0,
-            rows: 0,
-            last_result_rows: None,
         }
     }
 
@@ -137,13 +131,6 @@ impl ResponseMachine {
     /// Results ended by an OK or EOF so far.
     pub fn results(&self) -> u32 {
         self.results
-    }
-
-    /// The rows of the last result that ended, when it was a result set rather than an
-    /// OK (after which a server's `FOUND_ROWS()` is that count, for a `SELECT` without
-    /// `SQL_CALC_FOUND_ROWS`).
-    pub fn last_result_rows(&self) -> Option<u64> {
-        self.last_result_rows
     }
 
     pub fn is_done(&self) -> bool {
@@ -191,9 +178,6 @@ impl ResponseMachine {
     }
 
     fn count_data_packet(&mut self) {
-        if self.state == State::Rows {
-            self.rows += 1;
-        }
         self.state = match self.state {
             State::ColumnDefs { left } if left <= 1 => {
                 if self.deprecate_eof {
@@ -299,9 +283,6 @@ impl ResponseMachine {
         // Under DEPRECATE_EOF the terminator is an OK packet; COM_FIELD_LIST may still end
         // with a short legacy EOF on some servers, told apart by its 5-byte length.
         let is_ok = self.deprecate_eof && (self.expect != Expect::FieldList || payload.len() > 5);
-        if self.state == State::Rows {
-            self.last_result_rows = Some(self.rows);
-        }
         if is_ok {
             let ok = OkPacket::parse(payload, true)?;
             self.end_of_result(ok.status);
@@ -317,7 +298,6 @@ impl ResponseMachine {
         let Some(&first) = payload.first() else {
             return Err(WireError::Truncated("response"));
         };
-        self.rows = 0;
         match (self.expect, first) {
             (Expect::OnePacket, _) => {
                 self.state = State::Done;
@@ -337,7 +317,6 @@ impl ResponseMachine {
             }
             (Expect::ResultSets | Expect::Status, OK_HEADER) => {
                 let ok = OkPacket::parse(payload, true)?;
-                self.last_result_rows = None;
                 self.end_of_result(ok.status);
                 Ok(Event::Ok(ok))
             }
@@ -437,36 +416,6 @@ mod tests {
         assert!(m.is_done());
         assert_eq!(pos, s.len());
         assert_eq!(m.last_status(), 2);
-    }
-
-    #[test]
-    fn rows_of_the_last_result_are_counted() {
-        // Two rows, then (more results) an OK: the count is the result set's until the OK.
-        let mut s = Vec::new();
-        s.extend(packet(&[1], 1));
-        s.extend(packet(&col(), 2));
-        s.extend(packet(b"\x011", 3));
-        s.extend(packet(b"\x012", 4));
-        s.extend(packet(&ok(EOF_HEADER, SERVER_MORE_RESULTS_EXISTS | 2), 5));
-        let mut m = ResponseMachine::new(Expect::ResultSets, true);
-        let (_, pos) = run(&mut m, &s);
-        assert_eq!(pos, s.len());
-        assert_eq!(m.last_result_rows(), Some(2));
-        let tail = packet(&ok(OK_HEADER, 2), 6);
-        let (_, pos) = run(&mut m, &tail);
-        assert_eq!(pos, tail.len());
-        assert!(m.is_done());
-        assert_eq!(m.last_result_rows(), None);
-        // Legacy EOFs: the column EOF is not a row, nor is an empty result.
-        let mut s = Vec::new();
-        s.extend(packet(&[1], 1));
-        s.extend(packet(&col(), 2));
-        s.extend(packet(&eof(2), 3));
-        s.extend(packet(&eof(2), 4));
-        let mut m = ResponseMachine::new(Expect::ResultSets, false);
-        run(&mut m, &s);
-        assert!(m.is_done());
-        assert_eq!(m.last_result_rows(), Some(0));
     }
 
     #[test]

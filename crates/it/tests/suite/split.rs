@@ -893,19 +893,26 @@ fn reads_of_the_last_statements_counts_see_that_statement() {
     assert!(diff.is_empty(), "holdfast differs from the server:\n{diff}");
 }
 
-/// Found by the fuzzer (seed 2029 sessions 248, 1082, 1366, 1557, 1558): `FOUND_ROWS()`
-/// is what the session's last statement that answered with rows left; one that failed
-/// (an unknown column, an unknown prepared statement), or answered without rows (`USE`,
-/// `COMMIT`, a write), leaves it. With reads spread over the nodes it lives on the node of
-/// that answer, not on the one of the last statement: its value is put back on the node a
-/// read of it runs on, and the last statement's `ROW_COUNT()` is written in.
+/// Found by the fuzzer (seed 2029 sessions 248, 1082, 1366, 1557, 1558; seed 2033
+/// sessions 1672, 2168, 2303): `FOUND_ROWS()` is what the session's last statement that
+/// set it left. Queries set it (to the rows they found, not the rows they answered: `LIMIT
+/// ... OFFSET`, `UNION ALL ... LIMIT`), also inside `INSERT ... SELECT` and as they fail
+/// while running (a duplicate key, a subquery of several rows); writes without a query,
+/// `USE`, `COMMIT`, `VALUES`, `CHECKSUM TABLE` and statements that fail before they run
+/// (an unknown column) leave it; nested queries, `DESCRIBE`, multi-table updates set it
+/// as the server decides. With statements spread over the nodes it lives on the node of
+/// the statement that set it: it is carried (read there, made so by a `SELECT` of as many
+/// rows) to where a read of it, or a statement that may set it, runs; the last
+/// statement's `ROW_COUNT()` is written in.
 #[test]
-fn found_rows_is_read_where_the_last_answer_with_rows_ran() {
+fn found_rows_is_the_servers_wherever_statements_run() {
     use holdfast_it::differential::{binary, q};
     let h = split_harness(|_| {});
     table_t_everywhere(&h);
     // A table without the `id` column the reads below name.
     two_rows_everywhere(&h, "no_id", "k");
+    // A table that grows (the same in both runs: what is read of it does not change).
+    two_rows_everywhere(&h, "grow", "k");
     let mut steps = Vec::new();
     for _ in 0..3 {
         steps.extend([
@@ -942,6 +949,47 @@ fn found_rows_is_read_where_the_last_answer_with_rows_ran() {
             q("SELECT FOUND_ROWS(), ROW_COUNT()"),
             q("SHOW WARNINGS"),
             q("ROLLBACK"),
+            // A query inside a write on the primary after a read on a replica.
+            q("SHOW TABLES"),
+            q("INSERT INTO grow.t SELECT MAX(k) + 1, 0 FROM grow.t"),
+            q("SELECT FOUND_ROWS(), ROW_COUNT()"),
+            binary("SELECT id FROM t ORDER BY id LIMIT 3"),
+            binary("INSERT INTO grow.t SELECT MAX(k) + 1, 0 FROM grow.t"),
+            binary("SELECT FOUND_ROWS()"),
+            q("SELECT id FROM t ORDER BY id LIMIT 3"),
+            q("SET @b = (SELECT COUNT(*) FROM t)"),
+            q("SELECT FOUND_ROWS()"),
+            q("SELECT id FROM t ORDER BY id LIMIT 2"),
+            q("SET @c = (SELECT 7)"),
+            q("SELECT FOUND_ROWS()"),
+            q("SELECT id FROM t ORDER BY id LIMIT 3"),
+            q("UPDATE t JOIN grow.t AS g ON t.id = g.k SET t.v = t.v"),
+            q("SELECT FOUND_ROWS()"),
+            // Rows found, not answered.
+            q("SELECT id FROM t ORDER BY id LIMIT 2 OFFSET 1"),
+            q("UPDATE t SET v = v WHERE id = 1"),
+            q("SELECT FOUND_ROWS(), ROW_COUNT()"),
+            q("SELECT id FROM t UNION ALL SELECT id FROM t LIMIT 3"),
+            q("DELETE FROM t WHERE id = 11"),
+            q("SELECT FOUND_ROWS()"),
+            // Answers with rows that keep it, or set it to something else.
+            q("SELECT id FROM t ORDER BY id LIMIT 4"),
+            q("CHECKSUM TABLE t"),
+            q("SELECT FOUND_ROWS()"),
+            q("SELECT id FROM t ORDER BY id LIMIT 2"),
+            q("VALUES (1), (2), (3)"),
+            q("SELECT FOUND_ROWS()"),
+            q("SELECT id FROM t ORDER BY id LIMIT 1"),
+            q("DESCRIBE t"),
+            q("UPDATE t SET v = v WHERE id = 2"),
+            q("SELECT FOUND_ROWS()"),
+            // Statements that fail while they run.
+            q("SELECT id FROM t ORDER BY id LIMIT 4"),
+            q("INSERT INTO grow.t SELECT id + 6, v FROM t ORDER BY id"),
+            q("SELECT FOUND_ROWS(), ROW_COUNT()"),
+            q("SELECT id FROM t ORDER BY id LIMIT 3"),
+            q("SELECT id FROM t WHERE id = (SELECT id FROM t)"),
+            q("SELECT FOUND_ROWS()"),
         ]);
     }
     same_as_directly(&h, &steps);
@@ -1012,6 +1060,20 @@ fn writes_in_a_read_only_transaction_on_a_replica_get_the_servers_answer() {
             q("SELECT id FROM t WHERE id = 1 FOR UPDATE"),
             q("SELECT @@in_transaction, @@tx_read_only"),
             q("SELECT v FROM t WHERE id = 1"),
+            q("COMMIT"),
+            // The primary's error, then a read on the replica (which clears the area), then
+            // a statement that commits the transaction and keeps the area (seed 2033
+            // session 2045).
+            q("START TRANSACTION READ ONLY"),
+            q("INSERT INTO t VALUES (102, 1)"),
+            q("SELECT v FROM t WHERE id = 2"),
+            binary("START TRANSACTION READ WRITE"),
+            q("SHOW WARNINGS"),
+            q("START TRANSACTION READ ONLY"),
+            q("UPDATE t SET v = 9 WHERE id = 1"),
+            q("SELECT v FROM t WHERE id = 3"),
+            q("BEGIN"),
+            q("SELECT @@warning_count"),
             q("COMMIT"),
         ]);
     }

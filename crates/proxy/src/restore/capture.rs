@@ -227,7 +227,12 @@ impl Diagnostics {
     pub fn restorable(&self) -> bool {
         (self.row_count == -1 || self.row_count == 0)
             && self.warnings == 0
-            && self.found_rows <= MAX_FOUND_ROWS
+            && self.found_rows_restorable()
+    }
+
+    /// Whether [`found_rows_select`] recreates `FOUND_ROWS()`.
+    pub fn found_rows_restorable(&self) -> bool {
+        self.found_rows <= MAX_FOUND_ROWS
     }
 }
 

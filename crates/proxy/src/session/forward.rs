@@ -148,7 +148,8 @@ impl Session {
     async fn send(&mut self, req: &mut Request, plan: &mut Plan) -> Result<(), End> {
         if self.split.is_some() {
             // (The primary takes any value: never refused here.)
-            self.put_back_found_rows(&req.bytes, None).await?;
+            self.carry_found_rows(&req.bytes, None).await?;
+            self.found_rows_ran(None);
         }
         match std::mem::replace(&mut plan.send, Send::Command) {
             Send::MarkedCommit => self.commit_with_marker(&req.bytes).await,

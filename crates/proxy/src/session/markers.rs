@@ -30,8 +30,7 @@ use bytes::{Bytes, BytesMut};
 use holdfast_sql::{first_keyword, Classification as C, Lexer};
 use holdfast_wire::caps::*;
 use holdfast_wire::command::{
-    COM_PING, COM_QUERY, COM_STATISTICS, COM_STMT_CLOSE, COM_STMT_EXECUTE, COM_STMT_PREPARE,
-    COM_STMT_RESET, COM_STMT_SEND_LONG_DATA, CURSOR_TYPE_READ_ONLY,
+    COM_QUERY, COM_STMT_EXECUTE, COM_STMT_PREPARE, CURSOR_TYPE_READ_ONLY,
 };
 use holdfast_wire::frame;
 use holdfast_wire::packets::{ok_payload, OkPacket};
@@ -229,11 +228,11 @@ impl Session {
         }
     }
 
-    /// Before a split session's read of `FOUND_ROWS()` that runs where the session's last
-    /// answer with rows ran, not where its last statement ran: that node's `ROW_COUNT()`
-    /// is not the session's, which is written in (as after a wrap).
+    /// Before a split session's request for which `FOUND_ROWS()` is carried to the node
+    /// its last statement ran on: the carrying changes that node's `ROW_COUNT()`, and the
+    /// session's is written in (as after a wrap).
     pub(super) fn keep_row_count_for_found_rows(&mut self, request: &[u8]) {
-        if self.markers.row_count.is_some() || !self.found_rows_read_elsewhere(request) {
+        if self.markers.row_count.is_some() || !self.found_rows_carried_to_last(request) {
             return;
         }
         self.markers.row_count = self.exchange.row_count_left;
@@ -266,14 +265,7 @@ impl Session {
         let cmd = request.get(frame::HEADER_LEN).copied();
         // Commands that run no statement leave `ROW_COUNT()` as it was.
         let row_count = match cmd {
-            Some(
-                COM_STMT_PREPARE
-                | COM_STMT_CLOSE
-                | COM_STMT_RESET
-                | COM_STMT_SEND_LONG_DATA
-                | COM_PING
-                | COM_STATISTICS,
-            ) => self.markers.row_count,
+            Some(cmd) if holdfast_wire::command::runs_no_statement(cmd) => self.markers.row_count,
             _ => self.markers.row_count.take(),
         };
         // Nothing to put back, and no wrap to stop: no need to read the text.

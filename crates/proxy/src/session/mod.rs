@@ -37,6 +37,7 @@ use tokio::sync::watch;
 
 pub mod auth;
 mod forward;
+mod found_rows;
 mod idle;
 mod kill;
 mod markers;

@@ -16,7 +16,7 @@ use holdfast_wire::caps::*;
 use holdfast_wire::command::*;
 use holdfast_wire::frame::{self, parse_header, HEADER_LEN};
 use holdfast_wire::packets::{self, OkPacket};
-use holdfast_wire::response::{Event, Expect, Kind, ResponseMachine};
+use holdfast_wire::response::{Event, Kind, ResponseMachine};
 use std::hash::Hasher;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -50,9 +50,6 @@ pub(super) struct Exchange {
     /// What `ROW_COUNT()` reads after the last answer relayed: an OK's affected rows, -1
     /// after a result set or an ERR.
     pub row_count_left: Option<i64>,
-    /// This request's answer ended with a result set of this many rows (without an error):
-    /// what `FOUND_ROWS()` reads after it, for a `SELECT` without `SQL_CALC_FOUND_ROWS`.
-    pub answer_rows: Option<u64>,
 }
 
 /// A schema change the server reported only as the "state changed" flag of a result's EOF
@@ -69,7 +66,6 @@ impl Exchange {
     pub(super) fn begin(&mut self) {
         self.started = false;
         self.error = None;
-        self.answer_rows = None;
     }
 }
 
@@ -357,9 +353,6 @@ impl Session {
             }
             if m.is_done() && pending.is_none() {
                 self.exchange.results = m.results();
-                self.exchange.answer_rows = m
-                    .last_result_rows()
-                    .filter(|_| self.exchange.error.is_none() && expect == Expect::ResultSets);
                 break;
             }
             let rest = &self.backend.conn.rbuf[ready..];

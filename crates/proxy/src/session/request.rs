@@ -207,6 +207,7 @@ impl Session {
         tracing::trace!(session = self.info.id, command = bytes.get(HEADER_LEN).copied().unwrap_or_default(), text = %String::from_utf8_lossy(query_text(&bytes).unwrap_or_default()), "request");
         let in_transaction = self.record.in_transaction();
         self.note_found_rows();
+        self.classify_found_rows(&bytes);
         self.keep_row_count_across_trackers(&bytes);
         self.keep_row_count_for_found_rows(&bytes);
         self.restore_row_count(&mut bytes);

@@ -10,6 +10,7 @@
 //! qualifies, it cannot be reached, it does not catch up within `causal_wait_ms`, it is
 //! lost before answering) leaves the read to the primary: the client never sees why.
 
+use super::found_rows::FoundRows;
 use super::migrate::{prepare, MoveError};
 use super::reply::Reply;
 use super::{End, Session};
@@ -71,14 +72,8 @@ pub(super) struct Split {
     /// The pinned transaction was given up after a statement that changed the session on
     /// the primary: the client's next statement learns so (1213).
     given_up: bool,
-    /// Where the session's `FOUND_ROWS()` lives (`None`: the primary): the node of its
-    /// last statement that answered with rows. Statements without a result set, and
-    /// failed ones, leave it as it was (`USE`, `COMMIT`, a write, an unknown column...),
-    /// wherever they run.
-    found_rows_at: Option<String>,
-    /// Its value there, when that is a replica: the rows of that answer (reads that run
-    /// on replicas have no `SQL_CALC_FOUND_ROWS`).
-    found_rows: u64,
+    /// Where the session's `FOUND_ROWS()` lives.
+    pub(super) found_rows: FoundRows,
     /// The topology reads are routed by, refreshed when the monitor publishes a new one.
     topology: Arc<Topology>,
     watch: watch::Receiver<Arc<Topology>>,
@@ -169,8 +164,7 @@ impl Split {
             probing: false,
             pinned_reads: PinnedReads::default(),
             given_up: false,
-            found_rows_at: None,
-            found_rows: 0,
+            found_rows: FoundRows::default(),
             topology,
             watch,
             turn: 0,
@@ -180,6 +174,7 @@ impl Split {
     /// Closes every replica connection (the session's user or state was reset).
     pub(super) fn close_all(&mut self) {
         self.readers.clear();
+        self.found_rows.lost();
         self.forget_last();
         self.txn_on = None;
         self.shadow = false;
@@ -191,14 +186,6 @@ impl Split {
         self.last_on = None;
         self.last_read = None;
         self.rerun = None;
-    }
-
-    /// `FOUND_ROWS()` of a replica whose connection is gone is lost: the primary's is
-    /// the nearest.
-    fn forget_found_rows_on(&mut self, node: &str) {
-        if self.found_rows_at.as_deref() == Some(node) {
-            self.found_rows_at = None;
-        }
     }
 
     fn refresh(&mut self) {
@@ -219,11 +206,9 @@ impl Split {
                     self.forget_last();
                 }
             }
-            if let Some(node) = self.found_rows_at.clone() {
-                if !self.readers.iter().any(|r| r.read.node == node) {
-                    self.forget_found_rows_on(&node);
-                }
-            }
+            let readers = &self.readers;
+            self.found_rows
+                .keep_if(|node| readers.iter().any(|r| r.read.node == node));
         }
     }
 
@@ -264,14 +249,34 @@ impl Split {
         Some(Active(load))
     }
 
-    fn reader(&self, node: &str) -> Option<usize> {
+    /// The node of the session's connection `i` to a replica.
+    pub(super) fn reader_node(&self, i: usize) -> Option<&str> {
+        self.readers.get(i).map(|r| r.read.node.as_str())
+    }
+
+    /// The session's connection `i` to a replica.
+    pub(super) fn reader_conn(&mut self, i: usize) -> Option<&mut BackendConn> {
+        self.readers.get_mut(i).map(|r| &mut r.conn)
+    }
+
+    /// The node the session's last statement ran on (`None`: the primary).
+    pub(super) fn last_node(&self) -> Option<&str> {
+        self.last_on.as_deref()
+    }
+
+    /// Whether a read-only transaction is pinned to a replica.
+    pub(super) fn pinned(&self) -> bool {
+        self.txn_on.is_some()
+    }
+
+    pub(super) fn reader(&self, node: &str) -> Option<usize> {
         self.readers.iter().position(|r| r.read.node == node)
     }
 
     /// Closes the session's connection to `node`.
     fn drop_reader(&mut self, node: &str) {
         self.readers.retain(|r| r.read.node != node);
-        self.forget_found_rows_on(node);
+        self.found_rows.keep_if(|n| n != node);
         if self.last_on.as_deref() == Some(node) {
             self.forget_last();
         }
@@ -457,29 +462,6 @@ pub(super) fn opens_no_table(sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
             .iter()
             .any(|k| w.is_word(k))
         })
-}
-
-/// Whether a request reads `FOUND_ROWS()` (a text, or an execute of a statement that
-/// does).
-fn reads_found_rows(
-    request: &[u8],
-    statements: &super::statements::Statements,
-    mode: holdfast_sql::SqlMode,
-) -> bool {
-    let sql = match request.get(HEADER_LEN) {
-        Some(&COM_QUERY) => request.get(HEADER_LEN + 1..),
-        Some(&COM_STMT_EXECUTE) => packets::statement_id(&request[HEADER_LEN..])
-            .and_then(|id| statements.get(statements.resolve(id)))
-            .map(|s| &s.sql[..]),
-        _ => None,
-    };
-    let Some(sql) = sql else {
-        return false;
-    };
-    const NAME: &[u8] = b"FOUND_ROWS";
-    sql.windows(NAME.len())
-        .any(|w| w.eq_ignore_ascii_case(NAME))
-        && holdfast_sql::Lexer::with_mode(sql, mode).any(|t| t.is_word("FOUND_ROWS"))
 }
 
 /// Whether `sql` has a query inside (`SET @b = (SELECT ...)`): its value comes from the
@@ -807,10 +789,11 @@ impl Session {
         if let Some(split) = self.split.as_mut() {
             split.probing = true;
         }
+        // (Routed as any statement on the primary: the last statement is its from now on,
+        // unless it leaves the diagnostics area as it was, a prepare.)
         let result = Box::pin(self.forward_request(request)).await;
         if let Some(split) = self.split.as_mut() {
             split.probing = false;
-            split.forget_last();
         }
         let status = self.record.status;
         let left = status & SERVER_STATUS_IN_TRANS == 0
@@ -946,7 +929,14 @@ impl Session {
                 Err(end) => return Err(end),
             }
         }
-        // The replica's transaction only read: rolled back; the primary's is the session's.
+        // The replica's transaction only read: rolled back; the primary's is the session's,
+        // and so are its last read's diagnostics and `FOUND_ROWS()`.
+        if let Some(split) = self.split.as_mut() {
+            split.forget_last();
+            if let Some(node) = split.txn_on.clone() {
+                split.found_rows.moved_to_primary(&node);
+            }
+        }
         self.hand_pinned_to_primary(b"ROLLBACK").await;
         // Its reads before the move are not in the transaction log: a failover now
         // answers 1213 rather than replay part of it.
@@ -992,13 +982,14 @@ impl Session {
     /// committed, so that the statement commits it where the server says what that leaves
     /// (MariaDB keeps a session read-only after `SET autocommit = 1` ends a read-only
     /// transaction, say). Without the primary's, the replica's is committed all the same.
+    ///
+    /// The session's last statement still counts as the replica's: the primary's
+    /// diagnostics area is not its (a statement of the transaction that failed there), and
+    /// the committing statement, routed as any, runs that read again first where it must.
     async fn commit_pinned_on_primary(&mut self) {
         if self.open_shadow("a statement that commits it").await {
             self.hand_pinned_to_primary(b"COMMIT").await;
         } else {
-            if let Some(split) = self.split.as_mut() {
-                split.forget_last();
-            }
             self.end_pinned(b"COMMIT").await;
             self.record.status &= !(SERVER_STATUS_IN_TRANS | SERVER_STATUS_IN_TRANS_READONLY);
         }
@@ -1010,7 +1001,6 @@ impl Session {
     async fn hand_pinned_to_primary(&mut self, end: &[u8]) {
         if let Some(split) = self.split.as_mut() {
             split.shadow = false;
-            split.forget_last();
             split.pinned_reads = PinnedReads::default();
         }
         self.end_on_replica(end).await;
@@ -1058,6 +1048,7 @@ impl Session {
             tracing::debug!(session = self.info.id, error = ?e, "running a failed replica read again on the primary failed");
         }
         if same {
+            self.found_rows_ran(None);
             if let Some(split) = self.split.as_mut() {
                 split.forget_last();
                 split.primary_warned = true;
@@ -1329,84 +1320,8 @@ impl Session {
                 split.last_read = None;
             }
         }
-        tracing::trace!(session = self.info.id, ?target, last_on = ?split.last_on, found_rows_at = ?split.found_rows_at, "split route");
+        tracing::trace!(session = self.info.id, ?target, last_on = ?split.last_on, found_rows = ?split.found_rows, primary_warned = split.primary_warned, read_warned = split.read_warned, rerun = split.rerun.is_some(), "split route");
         target
-    }
-
-    /// Before a request is classified: where `FOUND_ROWS()` lives after the last answer
-    /// (see [`Split::found_rows_at`]).
-    pub(super) fn note_found_rows(&mut self) {
-        let Some(rows) = self.exchange.answer_rows else {
-            return;
-        };
-        if let Some(split) = self.split.as_mut() {
-            split.found_rows_at = split.last_on.clone();
-            split.found_rows = rows;
-        }
-    }
-
-    /// A read of `FOUND_ROWS()` where the session's last statement did not run on the
-    /// node its `FOUND_ROWS()` lives on (see [`Split::found_rows_at`]): the value is put
-    /// back where the read runs ([`Session::put_back_found_rows`]), and the `ROW_COUNT()`
-    /// calls in its text read the last statement's, written in.
-    pub(super) fn found_rows_read_elsewhere(&self, request: &[u8]) -> bool {
-        let Some(split) = self.split.as_ref() else {
-            return false;
-        };
-        let mode = self.record.sql_mode.unwrap_or_default();
-        split.found_rows_at != split.last_on && reads_found_rows(request, &self.statements, mode)
-    }
-
-    /// Before a read of `FOUND_ROWS()` on the primary (`None`) or on replica `on`: when the
-    /// session's lives on another replica, its value there is made this node's too, by a
-    /// `SELECT` of as many rows (without tables up to a thousand: the diagnostics area
-    /// stays). A value that lives on the primary cannot be carried to a replica: `false`,
-    /// the read goes to the primary.
-    pub(super) async fn put_back_found_rows(
-        &mut self,
-        request: &[u8],
-        on: Option<usize>,
-    ) -> Result<bool, End> {
-        let Some(split) = self.split.as_ref() else {
-            return Ok(true);
-        };
-        let node = on
-            .and_then(|i| split.readers.get(i))
-            .map(|r| r.read.node.clone());
-        if split.found_rows_at == node
-            || split.txn_on.is_some()
-            || !reads_found_rows(
-                request,
-                &self.statements,
-                self.record.sql_mode.unwrap_or_default(),
-            )
-        {
-            return Ok(true);
-        }
-        if split.found_rows_at.is_none() {
-            return Ok(false);
-        }
-        let sql = restore::found_rows_select(split.found_rows);
-        let conn = match on {
-            None => &mut self.backend,
-            Some(i) => match self.split.as_mut().and_then(|s| s.readers.get_mut(i)) {
-                Some(r) => &mut r.conn,
-                None => return Ok(false),
-            },
-        };
-        match restore::execute(conn, sql.as_bytes()).await {
-            Ok(_) => Ok(true),
-            Err(crate::backend::BackendError::Conn(error)) if on.is_none() => {
-                Err(End::BackendLost {
-                    started: false,
-                    error,
-                })
-            }
-            Err(e) => {
-                tracing::debug!(session = self.info.id, error = %e, "FOUND_ROWS() not carried");
-                Ok(on.is_none())
-            }
-        }
     }
 
     /// Statement ids closed by the client are closed on the replicas too; a reset or a
@@ -1527,7 +1442,7 @@ impl Session {
                 }
             }
         }
-        if !self.put_back_found_rows(&request, Some(index)).await? {
+        if !self.carry_found_rows(&request, Some(index)).await? {
             return Ok(ReadOutcome::Primary(request));
         }
         // An execute names the statement by the replica connection's id.
@@ -1584,6 +1499,7 @@ impl Session {
         match result {
             Ok(()) => {
                 self.shared.metrics.reads_on_replicas.inc();
+                self.found_rows_ran(Some(node.clone()));
                 let open = self.record.in_transaction();
                 if let Some(id) = client_statement {
                     packets::set_statement_id(&mut request[HEADER_LEN..], id);
