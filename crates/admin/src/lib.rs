@@ -42,6 +42,16 @@ pub use serverless::{parse_since, render_instance};
 pub struct Status {
     pub version: String,
     pub uptime_secs: u64,
+    /// This process, and its generation: 1 when started by hand, one more at each upgrade
+    /// (`holdfast ctl upgrade`).
+    #[serde(default)]
+    pub pid: u32,
+    #[serde(default)]
+    pub generation: u64,
+    /// The process that took over from this one (an upgrade), while this one drains its
+    /// sessions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handed_over_to: Option<u32>,
     pub listen: String,
     pub topology: TopologyView,
     pub verifiers_loaded: bool,
@@ -204,6 +214,9 @@ pub fn status(shared: &Shared) -> Status {
     Status {
         version: env!("CARGO_PKG_VERSION").to_string(),
         uptime_secs: shared.started.elapsed().as_secs(),
+        pid: std::process::id(),
+        generation: shared.upgrader.generation(),
+        handed_over_to: *shared.upgrader.handed_over().borrow(),
         listen: config.proxy.listen.clone(),
         topology: topology_view(&topo),
         verifiers_loaded: shared.verifiers.is_loaded(),
@@ -514,6 +527,22 @@ async fn post_reload(State(shared): State<Arc<Shared>>) -> Response {
     }
 }
 
+/// `POST /upgrade`: the binary at this process's own path started and handed the
+/// listeners (see `holdfast_proxy::upgrade`): 200 with the new process's pid, version and
+/// generation; 409 when one is running or this process already handed over; 500 when the
+/// new process could not take over (this one keeps serving).
+async fn post_upgrade(State(shared): State<Arc<Shared>>) -> Response {
+    use holdfast_proxy::upgrade::UpgradeError;
+    match shared.upgrader.upgrade(&shared).await {
+        Ok(report) => (StatusCode::OK, Json(report)).into_response(),
+        Err(e @ (UpgradeError::AlreadyRunning | UpgradeError::HandedOver(_))) => {
+            error_answer(StatusCode::CONFLICT, e)
+        }
+        Err(e @ UpgradeError::Serverless) => error_answer(StatusCode::BAD_REQUEST, e),
+        Err(e) => error_answer(StatusCode::INTERNAL_SERVER_ERROR, e),
+    }
+}
+
 fn membership_answer<T: Serialize>(
     result: Result<T, holdfast_cluster::membership::MembershipError>,
 ) -> Response {
@@ -584,6 +613,7 @@ pub fn router(shared: Arc<Shared>, token: AdminToken) -> Router {
         .route("/nodes/add", post(post_node_add))
         .route("/nodes/remove", post(post_node_remove))
         .route("/reload", post(post_reload))
+        .route("/upgrade", post(post_upgrade))
         .route("/restart", post(post_restart))
         .route("/resize", post(post_restart))
         .route("/pause", post(serverless::post_pause))
@@ -610,9 +640,16 @@ pub fn render_status(s: &Status) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "holdfast {}  up {}s  listening on {}",
-        s.version, s.uptime_secs, s.listen
+        "holdfast {}  up {}s  listening on {}  (pid {}, generation {})",
+        s.version, s.uptime_secs, s.listen, s.pid, s.generation
     );
+    if let Some(pid) = s.handed_over_to {
+        let _ = writeln!(
+            o,
+            "upgraded: process {pid} serves; this one drains its {} sessions",
+            s.counters.sessions_open
+        );
+    }
     let _ = writeln!(
         o,
         "primary: {}{}",

@@ -218,6 +218,23 @@ enum CtlCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Replace the running holdfast with the binary at its own path, with no connection
+    /// attempt refused (as SIGUSR2 does).
+    ///
+    /// The running process starts the binary found at its executable's path now (a package
+    /// upgrade or a copied new build) with the same arguments, and hands it the listening
+    /// sockets and HA over a private unix socket. The new process serves new connections
+    /// at once; sessions open on the old one stay there until they end, or until
+    /// `[proxy] cooldown_ms` closes them, then the old process exits. `holdfast ctl status`
+    /// shows the pid and generation. If the new process cannot start or take over, the old
+    /// one keeps serving and this command fails with why (exit status 1).
+    ///
+    /// Example: holdfast ctl --config /etc/holdfast/holdfast.toml upgrade
+    Upgrade {
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Pause the serverless instance now (needs `[serverless]`).
     ///
     /// Idle sessions stay open and wake it when they next speak; sessions that could not
@@ -467,16 +484,28 @@ async fn serve(
                 None => bail!("[driver] kind = \"lab\" needs lab_dir"),
             },
         };
+    // Started by an upgrade: the listening sockets come from the process it replaces.
+    let take_over = match std::env::var_os(holdfast_proxy::upgrade::HANDOVER_ENV) {
+        Some(path) => Some(
+            holdfast_proxy::upgrade::TakeOver::connect(Path::new(&path))
+                .await
+                .context("taking over from the running holdfast")?,
+        ),
+        None => None,
+    };
     let seams = holdfast_proxy::Seams {
         node_driver,
+        take_over,
         ..Default::default()
     };
-    let proxy = holdfast_proxy::Proxy::start_with(cfg, seams)
+    let mut proxy = holdfast_proxy::Proxy::start_with(cfg, seams)
         .await
         .context("cannot start the proxy")?;
-    let admin = tokio::net::TcpListener::bind(&admin_addr)
+    let admin = proxy
+        .admin_listener(&admin_addr)
         .await
         .with_context(|| format!("cannot bind the admin listener {admin_addr}"))?;
+    let take_over = proxy.take_over();
     let listeners: Vec<String> = proxy
         .listener_addrs()
         .iter()
@@ -499,12 +528,43 @@ async fn serve(
             }
         }
     });
-    let admin_task = tokio::spawn(holdfast_admin::serve(admin, shared.clone(), admin_token));
+    let mut user2 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2())?;
+    let upgrading = shared.clone();
+    tokio::spawn(async move {
+        while user2.recv().await.is_some() {
+            tracing::info!("SIGUSR2: upgrading");
+            // The upgrade logs what it did, or why not.
+            let _ = upgrading.upgrader.upgrade(&upgrading).await;
+        }
+    });
+    // After an upgrade the admin API is the new process's: this one stops accepting.
+    let mut handed_over = shared.upgrader.handed_over();
+    let admin_shared = shared.clone();
+    let admin_task = tokio::spawn(async move {
+        tokio::select! {
+            r = holdfast_admin::serve(admin, admin_shared, admin_token) => r,
+            _ = async { drop(handed_over.wait_for(Option::is_some).await) } => {
+                std::future::pending().await
+            }
+        }
+    });
     let proxy_task = tokio::spawn(proxy.run());
+    if let Some(take_over) = take_over {
+        take_over
+            .ready(shared.clone())
+            .await
+            .context("telling the process it replaces that this one serves")?;
+        tracing::info!(
+            generation = shared.upgrader.generation(),
+            "upgrade: serving in place of the previous process"
+        );
+    }
+    notify_systemd();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping"),
         _ = term.recv() => tracing::info!("terminated; stopping"),
+        _ = drained_after_upgrade(&shared) => {}
         r = admin_task => bail!("admin listener stopped: {r:?}"),
         r = proxy_task => bail!("proxy listener stopped: {r:?}"),
     }
@@ -517,6 +577,63 @@ async fn serve(
         tracing::warn!(error = %e, "could not write the open usage period on the way out");
     }
     Ok(())
+}
+
+/// Resolves once this process has handed over to a new one (an upgrade) and its sessions
+/// have ended, or the drain window (`[proxy] cooldown_ms`) has passed: the process exits,
+/// closing what is left.
+async fn drained_after_upgrade(shared: &Arc<holdfast_proxy::Shared>) {
+    let mut handed_over = shared.upgrader.handed_over();
+    if handed_over.wait_for(Option::is_some).await.is_err() {
+        return std::future::pending().await;
+    }
+    let until = tokio::time::Instant::now() + shared.config().proxy.cooldown();
+    loop {
+        // (Connections still logging in count: they become sessions here.)
+        let left = shared.open_connections();
+        if left == 0 {
+            tracing::info!("upgrade: every session of this process has ended; exiting");
+            return;
+        }
+        if tokio::time::Instant::now() >= until {
+            tracing::warn!(
+                sessions = left,
+                "upgrade: the drain window passed; closing the sessions left and exiting"
+            );
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// Tells systemd (`Type=notify`, `NotifyAccess=all`) that this process serves and is the
+/// service's main process (after an upgrade it is a new one); nothing without
+/// `NOTIFY_SOCKET`.
+fn notify_systemd() {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let message = format!("READY=1\nMAINPID={}\n", std::process::id());
+    let socket = match std::os::unix::net::UnixDatagram::unbound() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot tell systemd this process serves");
+            return;
+        }
+    };
+    let bytes = path.as_encoded_bytes();
+    let sent = match bytes.strip_prefix(b"@") {
+        // An abstract socket.
+        Some(name) => {
+            use std::os::linux::net::SocketAddrExt;
+            std::os::unix::net::SocketAddr::from_abstract_name(name)
+                .and_then(|addr| socket.send_to_addr(message.as_bytes(), &addr))
+        }
+        None => socket.send_to(message.as_bytes(), &path),
+    };
+    if let Err(e) = sent {
+        tracing::warn!(error = %e, "cannot tell systemd this process serves");
+    }
 }
 
 /// An answer other than 2xx as an error: the API's `error` text, and where a token comes
@@ -640,6 +757,22 @@ async fn ctl(client: &AdminClient, command: CtlCommand) -> Result<()> {
                 let report: holdfast_proxy::reload::ReloadReport =
                     serde_json::from_str(&body).context("unexpected /reload body")?;
                 print!("{}", holdfast_admin::render_reload(&report));
+            }
+        }
+        CtlCommand::Upgrade { json } => {
+            let (code, body) = post(client, "/upgrade").await?;
+            if !(200..300).contains(&code) {
+                return Err(refused(client, "upgrade failed", code, body));
+            }
+            if json {
+                println!("{body}");
+            } else {
+                let r: holdfast_proxy::upgrade::UpgradeReport =
+                    serde_json::from_str(&body).context("unexpected /upgrade body")?;
+                println!(
+                    "upgraded: process {} (holdfast {}, generation {}) serves; {} sessions drain on the old process",
+                    r.pid, r.version, r.generation, r.sessions_left
+                );
             }
         }
         CtlCommand::Scale { size } => {

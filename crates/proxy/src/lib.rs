@@ -21,6 +21,7 @@ pub mod serverless;
 pub mod session;
 pub mod state;
 pub mod tls;
+pub mod upgrade;
 pub mod verifiers;
 
 use config::net::IpNet;
@@ -94,6 +95,8 @@ pub struct Shared {
     /// The monitor's own connections to the nodes, as of its last round (see
     /// `holdfast_cluster::monitor::MonitorLinks`); [`Proxy::start_with`] connects it.
     pub monitor_links: watch::Receiver<Arc<holdfast_cluster::monitor::MonitorLinks>>,
+    /// This process's upgrades: what it hands over, its generation.
+    pub upgrader: upgrade::Upgrader,
     next_session_id: AtomicU32,
 }
 
@@ -108,6 +111,9 @@ pub struct Seams {
     /// Opens the streams of sessions' backend connections instead of TCP (e.g. to
     /// in-process scripted servers); control connections stay on TCP.
     pub backend_connector: Option<Arc<dyn backend::BackendConnector>>,
+    /// This process takes over from another (an upgrade): its listening sockets, instead
+    /// of binding; HA waits until the other lets go.
+    pub take_over: Option<upgrade::TakeOver>,
 }
 
 impl Shared {
@@ -126,6 +132,7 @@ impl Shared {
             instance_driver,
             node_driver,
             backend_connector,
+            take_over: _,
         } = seams;
         let live = holdfast_cluster::live::live(config.clone());
         let serverless = config.serverless.as_ref().and_then(|sl| {
@@ -166,6 +173,7 @@ impl Shared {
             admission,
             client_tls: None,
             monitor_links: watch::channel(Default::default()).1,
+            upgrader: upgrade::Upgrader::default(),
             next_session_id: AtomicU32::new(0),
         }
     }
@@ -220,6 +228,11 @@ impl Shared {
     /// holdfast's connection ids (the greeting's, what `mysql_thread_id()` returns) start
     /// at [`registry::SESSION_ID_BASE`], far above the server's own thread ids, so that a
     /// `KILL` can tell which of the two it names.
+    /// Client connections open now: sessions, and connections still logging in.
+    pub fn open_connections(&self) -> usize {
+        self.connections.open.load(Ordering::Acquire)
+    }
+
     pub fn next_session_id(&self) -> u32 {
         let n = self.next_session_id.fetch_add(1, Ordering::Relaxed);
         registry::SESSION_ID_BASE + n % registry::SESSION_ID_BASE
@@ -247,6 +260,22 @@ pub struct Proxy {
     listener: TcpListener,
     /// `[[listener]]`s, each with its address as configured.
     extra: Vec<(TcpListener, String)>,
+    take_over: Option<upgrade::TakeOver>,
+}
+
+/// The listening socket for `listen`: handed over (an upgrade), or bound now.
+async fn listen(
+    take_over: &mut Option<upgrade::TakeOver>,
+    role: upgrade::Role,
+    listen: &str,
+    what: &str,
+) -> std::io::Result<TcpListener> {
+    if let Some(socket) = take_over.as_mut().and_then(|t| t.take(role, listen)) {
+        return TcpListener::from_std(socket);
+    }
+    TcpListener::bind(listen)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("binding {what} {listen}: {e}")))
 }
 
 impl Proxy {
@@ -257,19 +286,25 @@ impl Proxy {
     }
 
     /// [`Proxy::start`] with drivers put in place by the caller.
-    pub async fn start_with(config: Config, seams: Seams) -> std::io::Result<Proxy> {
+    pub async fn start_with(config: Config, mut seams: Seams) -> std::io::Result<Proxy> {
         let config = Arc::new(config);
-        let listener = TcpListener::bind(&config.proxy.listen).await.map_err(|e| {
-            std::io::Error::new(
-                e.kind(),
-                format!("binding the proxy listener {}: {e}", config.proxy.listen),
-            )
-        })?;
+        let mut take_over = seams.take_over.take();
+        let listener = listen(
+            &mut take_over,
+            upgrade::Role::Proxy,
+            &config.proxy.listen,
+            "the proxy listener",
+        )
+        .await?;
         let mut extra = Vec::new();
         for l in &config.listeners {
-            let bound = TcpListener::bind(&l.listen).await.map_err(|e| {
-                std::io::Error::new(e.kind(), format!("binding listener {}: {e}", l.listen))
-            })?;
+            let bound = listen(
+                &mut take_over,
+                upgrade::Role::Listener,
+                &l.listen,
+                "listener",
+            )
+            .await?;
             extra.push((bound, l.listen.clone()));
         }
         let tls_error = |e: holdfast_client::tls::TlsSetupError| {
@@ -288,6 +323,23 @@ impl Proxy {
             shared.ledger = Some(Arc::new(ledger));
         }
         let shared = Arc::new(shared);
+        shared
+            .upgrader
+            .register(upgrade::Role::Proxy, &config.proxy.listen, &listener)?;
+        for (l, listen) in &extra {
+            shared
+                .upgrader
+                .register(upgrade::Role::Listener, listen, l)?;
+        }
+        if let Some(t) = &take_over {
+            // The process handed over from runs HA until it lets go.
+            shared.ha.stand_by();
+            shared.upgrader.set_generation(t.generation);
+            shared
+                .metrics
+                .connections_accepted
+                .inc_by(t.counters.connections_accepted);
+        }
         if let Some(t) = &shared.client_tls {
             // Every `[tls] reload_check_secs` as it is now (a reload may change it).
             let live = shared.live.clone();
@@ -321,7 +373,30 @@ impl Proxy {
             shared,
             listener,
             extra,
+            take_over,
         })
+    }
+
+    /// The admin API's listener at `listen`: the one handed over by the process this one
+    /// takes over from, or a new one.
+    pub async fn admin_listener(&mut self, listen: &str) -> std::io::Result<TcpListener> {
+        let listener = self::listen(
+            &mut self.take_over,
+            upgrade::Role::Admin,
+            listen,
+            "the admin listener",
+        )
+        .await?;
+        self.shared
+            .upgrader
+            .register(upgrade::Role::Admin, listen, &listener)?;
+        Ok(listener)
+    }
+
+    /// The hand-over from the process this one takes over from, once everything is
+    /// listening: [`upgrade::TakeOver::ready`] says so to it.
+    pub fn take_over(&mut self) -> Option<upgrade::TakeOver> {
+        self.take_over.take()
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -340,12 +415,14 @@ impl Proxy {
             .collect()
     }
 
-    /// Accepts clients on every listener until the task is dropped.
+    /// Accepts clients on every listener until the task is dropped, or until an upgrade
+    /// has handed the listeners over (then pending: the process drains its sessions).
     pub async fn run(self) {
         for (listener, listen) in self.extra {
             tokio::spawn(accept_loop(self.shared.clone(), listener, Some(listen)));
         }
-        accept_loop(self.shared, self.listener, None).await
+        accept_loop(self.shared, self.listener, None).await;
+        std::future::pending().await
     }
 }
 
@@ -403,8 +480,16 @@ fn listener_settings(
 }
 
 async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, listen: Option<String>) {
+    let mut handed_over = shared.upgrader.handed_over();
     loop {
-        let (stream, peer) = match listener.accept().await {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = handed_over.wait_for(Option::is_some) => {
+                // The new process accepts on this socket now.
+                return;
+            }
+        };
+        let (stream, peer) = match accepted {
             Ok(x) => x,
             Err(e) => {
                 // Out of file descriptors and the like: back off instead of spinning.

@@ -215,6 +215,10 @@ pub struct HaController {
     nudge: Arc<Notify>,
     ops: Arc<Mutex<Ops>>,
     state: watch::Sender<HaState>,
+    /// This process runs HA (operations, the failure detector). Two processes do not:
+    /// during an upgrade the old one hands it to the new one ([`HaController::release`],
+    /// [`HaController::take_charge`]).
+    in_charge: watch::Sender<bool>,
 }
 
 fn unix_ms() -> u64 {
@@ -236,7 +240,27 @@ impl HaController {
             topology,
             nudge: Arc::new(Notify::new()),
             state,
+            in_charge: watch::Sender::new(true),
         })
+    }
+
+    /// Not in charge until [`HaController::take_charge`]: a process taking over from
+    /// another during an upgrade, before that one has let go.
+    pub fn stand_by(&self) {
+        self.in_charge.send_replace(false);
+    }
+
+    /// In charge from now on.
+    pub fn take_charge(&self) {
+        self.in_charge.send_replace(true);
+    }
+
+    /// Lets go of HA (another process takes it over): the operation running, if any,
+    /// finishes first; the failure detector stops; new operations are refused.
+    pub async fn release(&self) {
+        self.in_charge.send_replace(false);
+        // Waits for a running operation (it holds the lock).
+        drop(self.ops.lock().await);
     }
 
     /// The current state (a copy).
@@ -329,6 +353,11 @@ impl HaController {
     }
 
     fn check_managed(&self) -> Result<(), HaError> {
+        if !*self.in_charge.borrow() {
+            return Err(HaError::NotInCharge(
+                "this process is handing over to, or taking over from, another in an upgrade",
+            ));
+        }
         match self.cfg.load().ha.mode {
             HaMode::Managed => Ok(()),
             HaMode::External => Err(HaError::NotManaged),
@@ -556,8 +585,26 @@ impl HaController {
         // The last "not failing over because…" line, so it is logged once per reason.
         let mut held_back = String::new();
         let mut next_probe = tokio::time::Instant::now();
+        let mut in_charge = self.in_charge.subscribe();
         loop {
             tokio::time::sleep_until(next_probe).await;
+            if !*in_charge.borrow_and_update() {
+                // Another process runs the detector: from scratch once this one is back
+                // in charge.
+                tracing::info!(
+                    "ha: not in charge (an upgrade hands HA over); the failure detector waits"
+                );
+                if in_charge.wait_for(|c| *c).await.is_err() {
+                    return;
+                }
+                tracing::info!("ha: in charge; watching the primary");
+                watched = None;
+                last_seen = None;
+                session = None;
+                held_back.clear();
+                next_probe = tokio::time::Instant::now();
+                continue;
+            }
             // A reload's settings from the next probe on.
             let cfg = self.config();
             let cfg = &*cfg;

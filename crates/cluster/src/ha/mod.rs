@@ -131,6 +131,10 @@ pub enum HaError {
     /// `ha.mode = "external"`: holdfast only follows the writable node.
     #[error("ha.mode is \"external\": replication is managed elsewhere and holdfast only follows the writable node; set ha.mode = \"managed\" to let holdfast run switchovers and failovers")]
     NotManaged,
+    /// Another holdfast process is in charge of HA: this one is handing over to it during
+    /// an upgrade, or taking over and not yet in charge.
+    #[error("another holdfast process is in charge of HA now ({0})")]
+    NotInCharge(&'static str),
     /// The operation's task ended without a result (it panicked).
     #[error("the HA operation was aborted: {0}")]
     Aborted(String),
@@ -163,6 +167,7 @@ impl HaError {
                 | HaError::PrimaryAlive(_)
                 | HaError::CoolingOff { .. }
                 | HaError::NotManaged
+                | HaError::NotInCharge(_)
         )
     }
 }

@@ -51,7 +51,7 @@ pub struct Lab(pub PathBuf);
 impl Drop for Lab {
     fn drop(&mut self) {
         let _ = Command::new("pkill")
-            .args(["-CONT", "-f"])
+            .args(["-CONT", "-f", "--"])
             .arg(format!("--datadir={}/node", self.0.display()))
             .status();
         let _ = run(holdfast()

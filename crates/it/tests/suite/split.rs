@@ -1033,6 +1033,38 @@ fn same_as_directly(h: &Harness, steps: &[holdfast_it::differential::Step]) {
     }
 }
 
+/// Found by the fuzzer (seed 2034 session 606): inside a read-only transaction on a
+/// replica, a setting made on both connections (`SET autocommit = 0`) was then run again
+/// on the primary before the next statement that ran there (an `XA START` the server
+/// refuses), as a replica's read would be; holdfast took that for a change of the session
+/// on the primary, and the transaction, whose read of the clock cannot move, was given up:
+/// the next statement got 1213 where the server answers 1792.
+#[test]
+fn a_setting_made_on_both_connections_of_a_read_only_transaction_is_not_run_again() {
+    let h = split_harness(|_| {});
+    table_t_everywhere(&h);
+    let mut c = connect_to(&h.url());
+    for _ in 0..3 {
+        c.query_drop("START TRANSACTION READ ONLY").expect("start");
+        let _: Option<(i32, String)> = c
+            .query_first("SELECT id, NOW(6) FROM t ORDER BY id LIMIT 1")
+            .expect("a read");
+        let code = |r: Result<(), mysql::Error>| match r {
+            Err(mysql::Error::MySqlError(e)) => e.code,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(code(c.query_drop("UPDATE t SET v = 9 WHERE id = 1")), 1792);
+        assert_eq!(code(c.query_drop("REPLACE INTO t VALUES (3, 3)")), 1792);
+        c.query_drop("SET autocommit = 0").expect("a setting");
+        assert_eq!(code(c.query_drop("XA START 'x'")), 1400);
+        assert_eq!(code(c.query_drop("INSERT INTO t VALUES (99, 1)")), 1792);
+        let open: Option<u8> = c.query_first("SELECT @@in_transaction").expect("a read");
+        assert_eq!(open, Some(1));
+        c.query_drop("ROLLBACK").expect("rollback");
+        c.query_drop("SET autocommit = 1").expect("a setting");
+    }
+}
+
 /// Found by the fuzzer: a write inside `START TRANSACTION READ ONLY` that ran on a replica
 /// got the replica's 1290 (`--read-only`), or 1146 for a table the replica checks first,
 /// where the server answers 1792. What is not a plain read runs on the primary, in a

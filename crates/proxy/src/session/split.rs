@@ -737,7 +737,15 @@ impl Session {
         let primary_error = std::mem::replace(&mut self.exchange.error, replica_error);
         self.record.last_warnings = replica_answered;
         match result {
-            Ok(()) if primary_error == replica_error => Ok(()),
+            Ok(()) if primary_error == replica_error => {
+                // Both connections ran the setting last and answered alike: it is not a
+                // read to run on the primary again before a statement that runs there.
+                if let Some(split) = self.split.as_mut() {
+                    split.primary_warned = split.read_warned;
+                    split.forget_last();
+                }
+                Ok(())
+            }
             Ok(()) => {
                 tracing::info!(session = self.info.id, replica = replica_error, primary = primary_error, "a setting of a read-only transaction on a replica ended otherwise on the primary; the transaction is given up");
                 self.give_up_pinned().await;

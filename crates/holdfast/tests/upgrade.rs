@@ -1,0 +1,209 @@
+//! `holdfast ctl upgrade`: the running process starts the binary at its own path and hands
+//! it the listening sockets and HA. Tested as processes on a lab: no connection attempt is
+//! refused while it happens, a session open on the old process goes on there until it
+//! ends (then the old process exits), the new one serves with the next generation, and a
+//! second upgrade works.
+
+mod common;
+
+use common::{holdfast, lab_up, run, Lab};
+use mysql::prelude::*;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The processes a test started or caused, killed when dropped (a failed run must not
+/// leave a holdfast behind).
+struct Processes {
+    first: Child,
+    pids: Vec<u32>,
+}
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        for pid in &self.pids {
+            let _ = std::process::Command::new("kill")
+                .arg(pid.to_string())
+                .status();
+        }
+        let _ = self.first.kill();
+        let _ = self.first.wait();
+    }
+}
+
+fn ctl(config: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = run(holdfast().arg("ctl").arg("--config").arg(config).args(args));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn status(config: &Path) -> serde_json::Value {
+    let (ok, out, err) = ctl(config, &["status", "--json"]);
+    assert!(ok, "ctl status: {err}");
+    serde_json::from_str(&out).expect("a /status body")
+}
+
+fn wait_for<T>(what: &str, timeout: Duration, f: impl FnMut() -> Option<T>) -> T {
+    holdfast_lab::wait_for(what, timeout, f).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn url(port: u16) -> String {
+    format!("mysql://app:app_pass@127.0.0.1:{port}/sbtest?prefer_socket=false")
+}
+
+#[test]
+fn an_upgrade_hands_the_listeners_over_without_refusing_a_connection() {
+    let dir: PathBuf =
+        std::env::temp_dir().join(format!("holdfast-upgrade-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let base = lab_up(&dir, &["--replicas", "1"]);
+    let _lab = Lab(dir.clone());
+    let config = dir.join("holdfast.toml");
+    let log = dir.join("serve.log");
+    let first = holdfast()
+        .args(["serve", "--config"])
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("a log file"))
+        .spawn()
+        .expect("holdfast serve");
+    let mut procs = Processes {
+        first,
+        pids: Vec::new(),
+    };
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let (main, split) = (base, base + 2);
+    wait_for("holdfast to serve", Duration::from_secs(30), || {
+        mysql::Conn::new(mysql::Opts::from_url(&url(main)).ok()?).ok()
+    });
+    let before = status(&config);
+    let old_pid = before["pid"].as_u64().expect("pid") as u32;
+    assert_eq!(before["generation"], 1);
+
+    // A session with state on each listener, open across the upgrade.
+    let mut sessions = Vec::new();
+    for port in [main, split] {
+        let mut c =
+            mysql::Conn::new(mysql::Opts::from_url(&url(port)).expect("url")).expect("a session");
+        c.query_drop("SET @kept = 'before', time_zone = '+03:00'")
+            .expect("set");
+        let id: u32 = c
+            .query_first("SELECT CONNECTION_ID()")
+            .expect("id")
+            .expect("a row");
+        sessions.push((c, id));
+    }
+
+    // New connections all along, each one used: none may be refused.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (made, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let errors = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let connector = {
+        let (stop, made, failed, errors) =
+            (stop.clone(), made.clone(), failed.clone(), errors.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                for port in [main, split] {
+                    let result = mysql::Conn::new(mysql::Opts::from_url(&url(port)).expect("url"))
+                        .and_then(|mut c| c.query_first::<u32, _>("SELECT 1"));
+                    match result {
+                        Ok(Some(1)) => made.fetch_add(1, Ordering::Relaxed),
+                        other => {
+                            if let Ok(mut e) = errors.lock() {
+                                e.push(format!("{other:?}"));
+                            }
+                            failed.fetch_add(1, Ordering::Relaxed)
+                        }
+                    };
+                }
+            }
+        })
+    };
+    wait_for(
+        "connections before the upgrade",
+        Duration::from_secs(30),
+        || (made.load(Ordering::Relaxed) >= 20).then_some(()),
+    );
+
+    let open = status(&config);
+    assert!(
+        open["counters"]["sessions_open"].as_u64() >= Some(2),
+        "{open}\n{}",
+        read_log()
+    );
+    let (ok, out, err) = ctl(&config, &["upgrade"]);
+    assert!(ok, "ctl upgrade failed: {err}\n{}", read_log());
+    assert!(out.starts_with("upgraded: process "), "{out}");
+    let after = status(&config);
+    let new_pid = after["pid"].as_u64().expect("pid") as u32;
+    procs.pids.push(new_pid);
+    assert_ne!(new_pid, old_pid, "{after}");
+    assert_eq!(after["generation"], 2, "{after}");
+    // Connections keep coming, now to the new process.
+    let at_upgrade = made.load(Ordering::Relaxed);
+    wait_for(
+        "connections after the upgrade",
+        Duration::from_secs(30),
+        || (made.load(Ordering::Relaxed) >= at_upgrade + 20).then_some(()),
+    );
+
+    // The sessions open before go on where they were, state and all.
+    for (c, id) in &mut sessions {
+        let row: Option<(String, String, u32)> = c
+            .query_first("SELECT @kept, @@time_zone, CONNECTION_ID()")
+            .expect("the session goes on");
+        assert_eq!(row, Some(("before".into(), "+03:00".into(), *id)));
+    }
+    // The old process exits once they end.
+    assert!(
+        procs.first.try_wait().expect("try_wait").is_none(),
+        "the old process exited with sessions open:\n{}",
+        read_log()
+    );
+    drop(sessions);
+    let exit = wait_for("the old process to exit", Duration::from_secs(30), || {
+        procs.first.try_wait().expect("try_wait")
+    });
+    assert!(exit.success(), "{exit}\n{}", read_log());
+
+    // A second upgrade, from the process the first started.
+    let (ok, out, err) = ctl(&config, &["upgrade", "--json"]);
+    assert!(ok, "the second upgrade failed: {err}\n{}", read_log());
+    let report: serde_json::Value = serde_json::from_str(&out).expect("a report");
+    let third = report["pid"].as_u64().expect("pid") as u32;
+    procs.pids.push(third);
+    assert_eq!(report["generation"], 3, "{report}");
+    let at_second = made.load(Ordering::Relaxed);
+    wait_for(
+        "connections after the second upgrade",
+        Duration::from_secs(30),
+        || (made.load(Ordering::Relaxed) >= at_second + 20).then_some(()),
+    );
+    stop.store(true, Ordering::Relaxed);
+    connector.join().expect("the connecting thread");
+    assert_eq!(
+        failed.load(Ordering::Relaxed),
+        0,
+        "connections failed during the upgrades: {:?}\n{}",
+        errors.lock().map(|e| e.clone()).unwrap_or_default(),
+        read_log()
+    );
+    let last = status(&config);
+    assert_eq!(last["pid"].as_u64(), Some(u64::from(third)), "{last}");
+    // HA is the newest process's: its detector runs, the others' are gone.
+    wait_for(
+        "the new process in charge of HA",
+        Duration::from_secs(30),
+        || {
+            read_log()
+                .contains("upgrade: in charge of HA")
+                .then_some(())
+        },
+    );
+    // (The lab is stopped and deleted with `_lab`, after the processes.)
+}

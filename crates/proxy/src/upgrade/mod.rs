@@ -1,0 +1,498 @@
+//! Replacing the running process with the binary found at its own path now, with no
+//! connection attempt refused at any moment (`holdfast ctl upgrade`, `POST /upgrade`,
+//! SIGUSR2).
+//!
+//! The old process starts the new binary with its own arguments and a private unix socket
+//! to call back on (in a 0700 directory, named by [`HANDOVER_ENV`]). Over it:
+//! 1. new → old: [`Message::Hello`], with the hand-over format it speaks;
+//! 2. old → new: [`Message::Listeners`], the listening sockets themselves (`SCM_RIGHTS`),
+//!    the next generation number and what the counters stood at;
+//! 3. new → old: [`Message::Ready`] once it accepts on them (both accept until then: the
+//!    kernel gives each connection to one);
+//! 4. the old process stops accepting and lets go of HA (a running operation finishes
+//!    first), then says [`Message::HaReleased`]: the new one takes charge of it.
+//!
+//! Sessions open on the old process stay there until they end, or until the drain window
+//! (`[proxy] cooldown_ms`) closes them; then it exits. (Handing live sessions over, their
+//! sockets and state, is the next step.) A new process that speaks no format the old one
+//! knows is refused cleanly: the old one keeps serving, and the upgrade fails with why.
+
+pub mod channel;
+
+use crate::Shared;
+use serde::{Deserialize, Serialize};
+use std::ffi::OsString;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::watch;
+
+/// The hand-over format this build speaks.
+pub const FORMAT: u32 = 1;
+/// The oldest format it accepts from the process it takes over from.
+pub const OLDEST_FORMAT: u32 = 1;
+
+/// The environment variable that tells a process to take over from another: the path of
+/// the old process's hand-over socket.
+pub const HANDOVER_ENV: &str = "HOLDFAST_HANDOVER";
+
+/// How long each step of a hand-over may take (the new process starting and binding
+/// everything included).
+const STEP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A message of the hand-over protocol.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Message {
+    /// New → old, first.
+    Hello {
+        format: u32,
+        version: String,
+        pid: u32,
+    },
+    /// Old → new: the listening sockets, in the order of the descriptors sent with it.
+    Listeners {
+        format: u32,
+        generation: u64,
+        sockets: Vec<Socket>,
+        counters: Counters,
+    },
+    /// New → old: it accepts on the listeners.
+    Ready { pid: u32 },
+    /// Old → new: HA is the new process's now.
+    HaReleased,
+    /// Either way: the other side gives up, and why.
+    Refused { reason: String },
+}
+
+/// What a listening socket handed over is for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Socket {
+    pub role: Role,
+    /// Its address as configured (`[proxy] listen`, a `[[listener]]`'s, `[admin] listen`).
+    pub listen: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// `[proxy] listen`.
+    Proxy,
+    /// A `[[listener]]`.
+    Listener,
+    /// `[admin] listen`.
+    Admin,
+}
+
+/// Counters carried to the new process, so that rates do not jump back to zero.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Counters {
+    pub connections_accepted: u64,
+}
+
+/// Why an upgrade did not happen (the old process keeps serving).
+#[derive(Debug, thiserror::Error)]
+pub enum UpgradeError {
+    #[error("an upgrade is already running")]
+    AlreadyRunning,
+    #[error("this process has already handed over to process {0}")]
+    HandedOver(u32),
+    #[error("not yet possible with [serverless]: the instance's lifecycle cannot be handed over")]
+    Serverless,
+    #[error("cannot tell this process's executable: {0}")]
+    NoExecutable(std::io::Error),
+    #[error("preparing the hand-over socket in {dir}: {source}")]
+    Socket {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot start {exe}: {source}")]
+    Spawn {
+        exe: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the new process exited ({0}) before it took over; its log says why")]
+    Exited(String),
+    #[error("the new process did not {0} within {1:?}")]
+    Timeout(&'static str, Duration),
+    #[error(
+        "the new process speaks hand-over format {0}; this one knows {OLDEST_FORMAT} to {FORMAT}"
+    )]
+    Format(u32),
+    #[error("the new process refused: {0}")]
+    Refused(String),
+    #[error("the hand-over channel: {0}")]
+    Channel(String),
+}
+
+/// What an upgrade did.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UpgradeReport {
+    /// The new process.
+    pub pid: u32,
+    pub version: String,
+    pub generation: u64,
+    /// Sessions left on the old process, to end there (or be closed when the drain
+    /// window passes).
+    pub sessions_left: usize,
+}
+
+/// A process's side of upgrades: the executable and arguments to start, the listening
+/// sockets to hand over, the generation.
+pub struct Upgrader {
+    exe: Option<PathBuf>,
+    args: Vec<OsString>,
+    generation: AtomicU64,
+    running: AtomicBool,
+    /// Listening sockets (duplicates of the ones accepting), registered at start.
+    sockets: Mutex<Vec<(Socket, OwnedFd)>>,
+    /// The new process's pid once it accepts: this one stops accepting.
+    handed_over: watch::Sender<Option<u32>>,
+}
+
+impl Default for Upgrader {
+    fn default() -> Self {
+        Upgrader {
+            exe: std::env::current_exe().ok(),
+            args: std::env::args_os().skip(1).collect(),
+            generation: AtomicU64::new(1),
+            running: AtomicBool::new(false),
+            sockets: Mutex::new(Vec::new()),
+            handed_over: watch::Sender::new(None),
+        }
+    }
+}
+
+impl Upgrader {
+    /// This process's generation: 1 for a process started by hand, one more than the
+    /// process it took over from.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_generation(&self, generation: u64) {
+        self.generation.store(generation, Ordering::Relaxed);
+    }
+
+    /// Keeps a duplicate of a listening socket to hand over.
+    pub fn register(&self, role: Role, listen: &str, socket: &impl AsFd) -> std::io::Result<()> {
+        let fd = socket.as_fd().try_clone_to_owned()?;
+        if let Ok(mut sockets) = self.sockets.lock() {
+            sockets.push((
+                Socket {
+                    role,
+                    listen: listen.to_owned(),
+                },
+                fd,
+            ));
+        }
+        Ok(())
+    }
+
+    /// The registered sockets, with descriptors of their own to send.
+    fn sockets_to_send(&self) -> Result<(Vec<Socket>, Vec<OwnedFd>), UpgradeError> {
+        let sockets = self
+            .sockets
+            .lock()
+            .map_err(|_| UpgradeError::Channel("the socket list is poisoned".into()))?;
+        let mut list = Vec::new();
+        let mut fds = Vec::new();
+        for (socket, fd) in sockets.iter() {
+            list.push(socket.clone());
+            fds.push(
+                fd.try_clone()
+                    .map_err(|e| UpgradeError::Channel(e.to_string()))?,
+            );
+        }
+        Ok((list, fds))
+    }
+
+    /// Resolves once this process has handed its listeners over (with the new pid).
+    pub fn handed_over(&self) -> watch::Receiver<Option<u32>> {
+        self.handed_over.subscribe()
+    }
+
+    /// Starts the binary at this process's executable path and hands it the listeners
+    /// (see the module documentation). On success this process no longer accepts; its
+    /// sessions stay until they end or the drain window passes.
+    pub async fn upgrade(&self, shared: &Arc<Shared>) -> Result<UpgradeReport, UpgradeError> {
+        if let Some(pid) = *self.handed_over.borrow() {
+            return Err(UpgradeError::HandedOver(pid));
+        }
+        if shared.serverless.is_some() {
+            return Err(UpgradeError::Serverless);
+        }
+        if self.running.swap(true, Ordering::AcqRel) {
+            return Err(UpgradeError::AlreadyRunning);
+        }
+        let result = self.run(shared).await;
+        self.running.store(false, Ordering::Release);
+        if let Err(e) = &result {
+            tracing::error!(error = %e, "upgrade failed; this process keeps serving");
+        }
+        result
+    }
+
+    async fn run(&self, shared: &Arc<Shared>) -> Result<UpgradeReport, UpgradeError> {
+        let exe = self.exe.clone().ok_or_else(|| {
+            UpgradeError::NoExecutable(std::io::Error::other("no path for /proc/self/exe"))
+        })?;
+        // A file replaced since this process started: the link names the old one
+        // "(deleted)"; the path is the new binary's.
+        let exe = PathBuf::from(
+            exe.to_string_lossy()
+                .trim_end_matches(" (deleted)")
+                .to_string(),
+        );
+        let dir = private_dir()?;
+        let path = dir.path.join("handover.sock");
+        let listener = UnixListener::bind(&path).map_err(|source| UpgradeError::Socket {
+            dir: dir.path.clone(),
+            source,
+        })?;
+        tracing::info!(exe = %exe.display(), generation = self.generation() + 1, "upgrade: starting the new process");
+        let mut child = tokio::process::Command::new(&exe)
+            .args(&self.args)
+            .env(HANDOVER_ENV, &path)
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(false)
+            .spawn()
+            .map_err(|source| UpgradeError::Spawn {
+                exe: exe.clone(),
+                source,
+            })?;
+        let outcome = self.hand_over(shared, &listener, &mut child).await;
+        drop(listener);
+        drop(dir);
+        if outcome.is_err() {
+            // It must not go on with half of what it needs (it may hold the listeners).
+            let _ = child.start_kill();
+        }
+        // Reaped whenever it exits, for as long as this process lives.
+        tokio::spawn(async move {
+            let _ = child.wait().await;
+        });
+        outcome
+    }
+
+    async fn hand_over(
+        &self,
+        shared: &Arc<Shared>,
+        listener: &UnixListener,
+        child: &mut tokio::process::Child,
+    ) -> Result<UpgradeReport, UpgradeError> {
+        let mut stream = tokio::select! {
+            accepted = tokio::time::timeout(STEP_TIMEOUT, listener.accept()) => match accepted {
+                Ok(Ok((stream, _))) => stream,
+                Ok(Err(e)) => return Err(UpgradeError::Channel(e.to_string())),
+                Err(_) => return Err(UpgradeError::Timeout("call back", STEP_TIMEOUT)),
+            },
+            status = child.wait() => {
+                return Err(UpgradeError::Exited(status.map_or_else(|e| e.to_string(), |s| s.to_string())));
+            }
+        };
+        let (pid, version) = match receive(&mut stream, "say hello").await?.0 {
+            Message::Hello {
+                format,
+                version,
+                pid,
+            } => {
+                if !(OLDEST_FORMAT..=FORMAT).contains(&format) {
+                    let reason = format!(
+                        "this process speaks hand-over format {FORMAT} (and from {OLDEST_FORMAT}), not {format}"
+                    );
+                    let _ = send(&mut stream, &Message::Refused { reason }, &[]).await;
+                    return Err(UpgradeError::Format(format));
+                }
+                (pid, version)
+            }
+            other => return Err(unexpected(other)),
+        };
+        let generation = self.generation() + 1;
+        let counters = Counters {
+            connections_accepted: shared.metrics.connections_accepted.get(),
+        };
+        let (list, fds) = self.sockets_to_send()?;
+        let listeners = Message::Listeners {
+            format: FORMAT,
+            generation,
+            sockets: list,
+            counters,
+        };
+        let borrowed: Vec<_> = fds.iter().map(|fd| fd.as_fd()).collect();
+        send(&mut stream, &listeners, &borrowed).await?;
+        drop(fds);
+        match receive(&mut stream, "start serving").await?.0 {
+            Message::Ready { .. } => {}
+            Message::Refused { reason } => return Err(UpgradeError::Refused(reason)),
+            other => return Err(unexpected(other)),
+        }
+        // From here the new process serves: this one stops accepting and lets go of HA.
+        self.handed_over.send_replace(Some(pid));
+        shared.ha.release().await;
+        if let Err(e) = send(&mut stream, &Message::HaReleased, &[]).await {
+            tracing::warn!(error = %e, "upgrade: the new process did not hear that HA is its own (it takes charge when this process exits)");
+        }
+        let sessions_left = shared.open_connections();
+        tracing::info!(pid, %version, generation, sessions_left, "upgrade: the new process serves; this one drains its sessions");
+        Ok(UpgradeReport {
+            pid,
+            version,
+            generation,
+            sessions_left,
+        })
+    }
+}
+
+/// The new process's side, from start until it serves.
+pub struct TakeOver {
+    stream: UnixStream,
+    pub generation: u64,
+    pub counters: Counters,
+    sockets: Vec<(Socket, OwnedFd)>,
+}
+
+impl TakeOver {
+    /// Calls the old process back at `path` and receives its listening sockets.
+    pub async fn connect(path: &Path) -> Result<TakeOver, UpgradeError> {
+        let mut stream = tokio::time::timeout(STEP_TIMEOUT, UnixStream::connect(path))
+            .await
+            .map_err(|_| UpgradeError::Timeout("answer", STEP_TIMEOUT))?
+            .map_err(|e| UpgradeError::Channel(format!("{}: {e}", path.display())))?;
+        let hello = Message::Hello {
+            format: FORMAT,
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            pid: std::process::id(),
+        };
+        send(&mut stream, &hello, &[]).await?;
+        let (message, fds) = receive(&mut stream, "hand its listeners over").await?;
+        match message {
+            Message::Listeners {
+                format: _,
+                generation,
+                sockets,
+                counters,
+            } => {
+                if sockets.len() != fds.len() {
+                    return Err(UpgradeError::Channel(format!(
+                        "{} sockets named, {} received",
+                        sockets.len(),
+                        fds.len()
+                    )));
+                }
+                Ok(TakeOver {
+                    stream,
+                    generation,
+                    counters,
+                    sockets: sockets.into_iter().zip(fds).collect(),
+                })
+            }
+            Message::Refused { reason } => Err(UpgradeError::Refused(reason)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The listening socket handed over for `role` at `listen`, as a std listener (non
+    /// blocking, for tokio).
+    pub fn take(&mut self, role: Role, listen: &str) -> Option<std::net::TcpListener> {
+        let at = self
+            .sockets
+            .iter()
+            .position(|(s, _)| s.role == role && s.listen == listen)?;
+        let (_, fd) = self.sockets.swap_remove(at);
+        let listener = std::net::TcpListener::from(fd);
+        listener.set_nonblocking(true).ok()?;
+        Some(listener)
+    }
+
+    /// Tells the old process this one serves, then waits (in the background) for it to
+    /// let go of HA, and takes charge of HA then, or when the old process is gone.
+    pub async fn ready(mut self, shared: Arc<Shared>) -> Result<(), UpgradeError> {
+        // Sockets the configuration no longer names are closed here.
+        for (socket, _) in self.sockets.drain(..) {
+            tracing::info!(role = ?socket.role, listen = %socket.listen, "upgrade: a listener the configuration no longer names is closed");
+        }
+        let ready = Message::Ready {
+            pid: std::process::id(),
+        };
+        send(&mut self.stream, &ready, &[]).await?;
+        tokio::spawn(async move {
+            match receive(&mut self.stream, "let go of HA").await {
+                Ok((Message::HaReleased, _)) => {}
+                Ok((other, _)) => {
+                    tracing::warn!(message = ?other, "upgrade: unexpected message; taking charge of HA")
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "upgrade: the old process went before it let go of HA; taking charge of it")
+                }
+            }
+            shared.ha.take_charge();
+            tracing::info!("upgrade: in charge of HA");
+        });
+        Ok(())
+    }
+}
+
+/// A 0700 directory of its own under the temporary directory, removed when dropped.
+struct PrivateDir {
+    path: PathBuf,
+}
+
+impl Drop for PrivateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+fn private_dir() -> Result<PrivateDir, UpgradeError> {
+    use std::os::unix::fs::DirBuilderExt;
+    let base = std::env::temp_dir();
+    let name = format!(
+        "holdfast-upgrade-{}-{:016x}",
+        std::process::id(),
+        rand::random::<u64>()
+    );
+    let path = base.join(name);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&path)
+        .map_err(|source| UpgradeError::Socket {
+            dir: path.clone(),
+            source,
+        })?;
+    Ok(PrivateDir { path })
+}
+
+async fn send(
+    stream: &mut UnixStream,
+    message: &Message,
+    fds: &[std::os::fd::BorrowedFd<'_>],
+) -> Result<(), UpgradeError> {
+    let body = serde_json::to_vec(message).map_err(|e| UpgradeError::Channel(e.to_string()))?;
+    channel::send(stream, &body, fds)
+        .await
+        .map_err(|e| UpgradeError::Channel(e.to_string()))
+}
+
+async fn receive(
+    stream: &mut UnixStream,
+    what: &'static str,
+) -> Result<(Message, Vec<OwnedFd>), UpgradeError> {
+    let received = tokio::time::timeout(STEP_TIMEOUT, channel::recv(stream))
+        .await
+        .map_err(|_| UpgradeError::Timeout(what, STEP_TIMEOUT))?
+        .map_err(|e| UpgradeError::Channel(e.to_string()))?
+        .ok_or_else(|| {
+            UpgradeError::Channel(format!("closed before the other process would {what}"))
+        })?;
+    let message = serde_json::from_slice(&received.body)
+        .map_err(|e| UpgradeError::Channel(format!("an unreadable message: {e}")))?;
+    Ok((message, received.fds))
+}
+
+fn unexpected(message: Message) -> UpgradeError {
+    UpgradeError::Channel(format!("unexpected message {message:?}"))
+}
