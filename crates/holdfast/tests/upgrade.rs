@@ -207,3 +207,94 @@ fn an_upgrade_hands_the_listeners_over_without_refusing_a_connection() {
     );
     // (The lab is stopped and deleted with `_lab`, after the processes.)
 }
+
+/// The binary at the process's path is whatever is there when the upgrade runs: a new
+/// process that cannot take over (here it exits at once) leaves the old one serving, and
+/// the command says why; two upgrades at once get one clear refusal; once a working binary
+/// is back at the path, the upgrade goes through.
+#[test]
+fn a_failed_or_concurrent_upgrade_leaves_the_running_process_serving() {
+    let dir: PathBuf =
+        std::env::temp_dir().join(format!("holdfast-upgrade-fail-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let base = lab_up(&dir, &["--replicas", "0"]);
+    let _lab = Lab(dir.clone());
+    let config = dir.join("holdfast.toml");
+    let log = dir.join("serve.log");
+    // Served from a copy, as after a package install: the file can be replaced.
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).expect("a bin directory");
+    let exe = bin.join("holdfast");
+    std::fs::copy(env!("CARGO_BIN_EXE_holdfast"), &exe).expect("a copy of holdfast");
+    let replace = |with: &[u8], mode: u32| {
+        use std::os::unix::fs::PermissionsExt;
+        let next = bin.join("holdfast.next");
+        std::fs::write(&next, with).expect("a new file");
+        std::fs::set_permissions(&next, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        std::fs::rename(&next, &exe).expect("replacing the binary");
+    };
+    let first = std::process::Command::new(&exe)
+        .env_remove("HOLDFAST_ADMIN_TOKEN")
+        .env_remove("HOLDFAST_ADMIN")
+        .args(["serve", "--config"])
+        .arg(&config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("a log file"))
+        .spawn()
+        .expect("holdfast serve");
+    let mut procs = Processes {
+        first,
+        pids: Vec::new(),
+    };
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_for("holdfast to serve", Duration::from_secs(30), || {
+        mysql::Conn::new(mysql::Opts::from_url(&url(base)).ok()?).ok()
+    });
+    let mut session =
+        mysql::Conn::new(mysql::Opts::from_url(&url(base)).expect("url")).expect("a session");
+    session.query_drop("SET @kept = 7").expect("set");
+
+    // A binary that exits at once.
+    let real = std::fs::read(env!("CARGO_BIN_EXE_holdfast")).expect("the binary");
+    replace(b"#!/bin/sh\nexit 3\n", 0o755);
+    let (ok, _, err) = ctl(&config, &["upgrade"]);
+    assert!(!ok, "an upgrade to a binary that exits succeeded");
+    assert!(
+        err.contains("the new process exited (exit status: 3) before it took over"),
+        "{err}"
+    );
+    let s = status(&config);
+    assert_eq!(s["generation"], 1, "{s}");
+    assert!(s.get("handed_over_to").is_none(), "{s}");
+    let kept: Option<u32> = session.query_first("SELECT @kept").expect("still served");
+    assert_eq!(kept, Some(7));
+    mysql::Conn::new(mysql::Opts::from_url(&url(base)).expect("url"))
+        .expect("new connections still served");
+
+    // The real binary back: two upgrades at once, one refused.
+    replace(&real, 0o755);
+    let racing: Vec<_> = (0..2)
+        .map(|_| {
+            let config = config.clone();
+            std::thread::spawn(move || ctl(&config, &["upgrade", "--json"]))
+        })
+        .collect();
+    let outcomes: Vec<_> = racing
+        .into_iter()
+        .map(|t| t.join().expect("a ctl thread"))
+        .collect();
+    let done: Vec<_> = outcomes.iter().filter(|(ok, _, _)| *ok).collect();
+    assert_eq!(done.len(), 1, "{outcomes:?}\n{}", read_log());
+    let refused = outcomes.iter().find(|(ok, _, _)| !ok).expect("a refusal");
+    assert!(
+        refused.2.contains("an upgrade is already running")
+            || refused.2.contains("has already handed over to process"),
+        "{refused:?}"
+    );
+    let report: serde_json::Value = serde_json::from_str(&done[0].1).expect("a report");
+    procs.pids.push(report["pid"].as_u64().expect("pid") as u32);
+    assert_eq!(report["generation"], 2, "{report}");
+    let kept: Option<u32> = session.query_first("SELECT @kept").expect("still served");
+    assert_eq!(kept, Some(7));
+}
