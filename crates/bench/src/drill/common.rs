@@ -43,6 +43,10 @@ pub enum Scenario {
     /// the whole history is checked afterwards (lost and duplicated writes, G0, G1a, G1b,
     /// G1c, G2, divergence, bank totals, read-your-writes). Not part of `all`.
     Chaos,
+    /// holdfast itself upgraded twice (`POST /upgrade`, its binary replaced in between)
+    /// while sysbench runs through the main and the split listener and a client keeps
+    /// opening new connections: none may fail. Not part of `all`.
+    ProxyUpgrade,
 }
 
 impl Scenario {
@@ -58,6 +62,7 @@ impl Scenario {
             Scenario::All => "all",
             Scenario::FailoverTimes => "failover-times",
             Scenario::Chaos => "chaos",
+            Scenario::ProxyUpgrade => "proxy-upgrade",
         }
     }
 }

@@ -63,20 +63,7 @@ const READER_THREADS: u32 = 8;
 
 /// Runs `scenarios` one after the other on a lab in `args.dir` (started unless one runs).
 pub fn run(args: &DrillArgs, holdfast: &Path, scenarios: &[Scenario]) -> Result<()> {
-    let lab = match holdfast_lab::status(&args.dir) {
-        Ok(st) if st.nodes.iter().all(|n| n.alive) && st.nodes.len() >= 3 => st,
-        _ => {
-            println!(
-                "starting a lab (1 primary, 2 replicas) in {}",
-                args.dir.display()
-            );
-            let _ = holdfast_lab::down(&args.dir);
-            let _ = holdfast_lab::purge(&args.dir);
-            let mut opts = holdfast_lab::LabOptions::new(&args.dir, 2);
-            opts.base_port = Some(holdfast_lab::DEFAULT_BASE_PORT + 100);
-            holdfast_lab::up(&opts)?
-        }
-    };
+    let lab = lab(args)?;
     let log = args.dir.join("holdfast-drill.log");
     // The upgrade scenario restarts into HOLDFAST_DRILL_BINARY: it must be in [driver]
     // binaries (the lab's config lists the lab's own binary).
@@ -165,6 +152,24 @@ pub fn run(args: &DrillArgs, holdfast: &Path, scenarios: &[Scenario]) -> Result<
         holdfast_lab::down(&args.dir)?;
     }
     Ok(())
+}
+
+/// The lab in `args.dir`, started (1 primary, 2 replicas) unless one runs there.
+pub(super) fn lab(args: &DrillArgs) -> Result<LabStatus> {
+    Ok(match holdfast_lab::status(&args.dir) {
+        Ok(st) if st.nodes.iter().all(|n| n.alive) && st.nodes.len() >= 3 => st,
+        _ => {
+            println!(
+                "starting a lab (1 primary, 2 replicas) in {}",
+                args.dir.display()
+            );
+            let _ = holdfast_lab::down(&args.dir);
+            let _ = holdfast_lab::purge(&args.dir);
+            let mut opts = holdfast_lab::LabOptions::new(&args.dir, 2);
+            opts.base_port = Some(holdfast_lab::DEFAULT_BASE_PORT + 100);
+            holdfast_lab::up(&opts)?
+        }
+    })
 }
 
 /// holdfast's counters of replays and lost COMMITs, by outcome (`replays: replayed=3 ...`).
@@ -424,14 +429,16 @@ fn perform(lab: &LabStatus, scenario: Scenario) -> Result<String> {
                 t.elapsed().as_millis()
             ))
         }
-        Scenario::Serverless | Scenario::All | Scenario::FailoverTimes | Scenario::Chaos => {
-            Ok(String::new())
-        }
+        Scenario::Serverless
+        | Scenario::All
+        | Scenario::FailoverTimes
+        | Scenario::Chaos
+        | Scenario::ProxyUpgrade => Ok(String::new()),
     }
 }
 
 /// The longest run of per-second reports with zero transactions per second.
-fn longest_gap(text: &str) -> u64 {
+pub(super) fn longest_gap(text: &str) -> u64 {
     let mut longest = 0;
     let mut run = 0;
     for l in text

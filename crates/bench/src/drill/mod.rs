@@ -2,7 +2,8 @@
 //! through a maintenance event mid-run ([`ha`]: switchover, restart, resize, failover), and
 //! a serverless instance pausing under a pool of idle connections ([`serverless`]). What the
 //! scenarios share (options, sysbench, reading its output) is in [`common`]; the writers
-//! that check no acknowledged write was lost are in [`ack`]; the chaos drill with its history checker is in [`chaos`].
+//! that check no acknowledged write was lost are in [`ack`]; the chaos drill with its history checker is in [`chaos`]; holdfast's own upgrade
+//! under load is in [`upgrade`].
 
 mod ack;
 mod chaos;
@@ -10,6 +11,7 @@ mod common;
 mod failover_times;
 mod ha;
 mod serverless;
+mod upgrade;
 
 use std::path::Path;
 
@@ -29,6 +31,7 @@ pub fn run(args: &DrillArgs, holdfast: &Path) -> Result<()> {
         }
         Scenario::FailoverTimes => failover_times::run(args, holdfast),
         Scenario::Chaos => chaos::run(args, holdfast),
+        Scenario::ProxyUpgrade => upgrade::run(args, holdfast),
         one => ha::run(args, holdfast, &[one]),
     }
 }
