@@ -255,7 +255,13 @@ pub(crate) async fn not_found() -> Response {
 
 /// Serves `app` on `listener` with the limits of the module documentation; returns only
 /// when the listener fails for good.
-pub(crate) async fn serve(listener: TcpListener, app: Router) -> std::io::Result<()> {
+/// `open` counts the connections being served (a process that upgraded waits for them
+/// before it exits: the answer to `POST /upgrade` is one).
+pub(crate) async fn serve(
+    listener: TcpListener,
+    app: Router,
+    open: Arc<std::sync::atomic::AtomicUsize>,
+) -> std::io::Result<()> {
     use hyper_util::rt::{TokioIo, TokioTimer};
     use hyper_util::service::TowerToHyperService;
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
@@ -275,6 +281,7 @@ pub(crate) async fn serve(listener: TcpListener, app: Router) -> std::io::Result
             continue;
         };
         let service = TowerToHyperService::new(app.clone().layer(Extension(ConnectInfo(peer))));
+        let open = OpenConnection::new(open.clone());
         tokio::spawn(async move {
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
@@ -289,7 +296,24 @@ pub(crate) async fn serve(listener: TcpListener, app: Router) -> std::io::Result
                 tracing::debug!(%peer, error = %e, "admin connection ended with an error");
             }
             drop(slot);
+            drop(open);
         });
+    }
+}
+
+/// One admin connection in [`serve`]'s count while it lives.
+struct OpenConnection(Arc<std::sync::atomic::AtomicUsize>);
+
+impl OpenConnection {
+    fn new(count: Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        OpenConnection(count)
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }
 

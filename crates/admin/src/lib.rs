@@ -631,7 +631,8 @@ pub async fn serve(
     shared: Arc<Shared>,
     token: AdminToken,
 ) -> std::io::Result<()> {
-    guard::serve(listener, router(shared, token)).await
+    let open = shared.admin_connections.clone();
+    guard::serve(listener, router(shared, token), open).await
 }
 
 /// Renders a status for a person.

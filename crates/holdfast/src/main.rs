@@ -589,9 +589,13 @@ async fn drained_after_upgrade(shared: &Arc<holdfast_proxy::Shared>) {
     }
     let until = tokio::time::Instant::now() + shared.config().proxy.cooldown();
     loop {
-        // (Connections still logging in count: they become sessions here.)
+        // (Connections still logging in count: they become sessions here. So do admin
+        // connections: the answer to the upgrade's own request is being written.)
         let left = shared.open_connections();
-        if left == 0 {
+        let admin = shared
+            .admin_connections
+            .load(std::sync::atomic::Ordering::Acquire);
+        if left == 0 && admin == 0 {
             tracing::info!("upgrade: every session of this process has ended; exiting");
             return;
         }

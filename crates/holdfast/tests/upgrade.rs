@@ -298,3 +298,85 @@ fn a_failed_or_concurrent_upgrade_leaves_the_running_process_serving() {
     let kept: Option<u32> = session.query_first("SELECT @kept").expect("still served");
     assert_eq!(kept, Some(7));
 }
+
+/// An upgrade asked for as soon as a switchover is under way (or, on a quick machine,
+/// just done): HA is handed over between operations, never in the middle of one (the
+/// switchover finishes first); both succeed, and the new process, in charge of HA, serves
+/// from the new primary. Also: a process with no client left exits only after it has
+/// answered the upgrade's own request.
+#[test]
+fn an_upgrade_during_a_switchover_waits_for_it() {
+    let dir: PathBuf =
+        std::env::temp_dir().join(format!("holdfast-upgrade-ha-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let base = lab_up(&dir, &["--replicas", "1"]);
+    let _lab = Lab(dir.clone());
+    let config = dir.join("holdfast.toml");
+    let log = dir.join("serve.log");
+    let first = holdfast()
+        .args(["serve", "--config"])
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("a log file"))
+        .spawn()
+        .expect("holdfast serve");
+    let mut procs = Processes {
+        first,
+        pids: Vec::new(),
+    };
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_for("holdfast to serve", Duration::from_secs(30), || {
+        mysql::Conn::new(mysql::Opts::from_url(&url(base)).ok()?).ok()
+    });
+    wait_for("a primary and a replica", Duration::from_secs(30), || {
+        let s = status(&config);
+        (s["topology"]["primary"] == "node1").then_some(())
+    });
+    let switchover = {
+        let config = config.clone();
+        std::thread::spawn(move || ctl(&config, &["switchover", "--to", "node2"]))
+    };
+    // Asked for while the switchover runs.
+    wait_for("the switchover to start", Duration::from_secs(30), || {
+        let s = status(&config);
+        (!s["ha"]["in_progress"].is_null() || s["topology"]["primary"] == "node2").then_some(())
+    });
+    let (ok, out, err) = ctl(&config, &["upgrade", "--json"]);
+    assert!(ok, "the upgrade failed: {err}\n{}", read_log());
+    let report: serde_json::Value = serde_json::from_str(&out).expect("a report");
+    procs.pids.push(report["pid"].as_u64().expect("pid") as u32);
+    let (ok, _, err) = switchover.join().expect("the switchover thread");
+    assert!(ok, "the switchover failed: {err}\n{}", read_log());
+    let s = status(&config);
+    assert_eq!(s["generation"], 2, "{s}");
+    // (The new process's monitor has its first round to make.)
+    wait_for(
+        "node2 primary in the new process",
+        Duration::from_secs(30),
+        || (status(&config)["topology"]["primary"] == "node2").then_some(()),
+    );
+    wait_for(
+        "the new process in charge of HA",
+        Duration::from_secs(30),
+        || {
+            read_log()
+                .contains("upgrade: in charge of HA")
+                .then_some(())
+        },
+    );
+    // Writes reach the new primary through the new process.
+    let mut c =
+        mysql::Conn::new(mysql::Opts::from_url(&url(base)).expect("url")).expect("a session");
+    let server: Option<u32> = c.query_first("SELECT @@server_id").expect("a read");
+    let node2: Option<u32> = mysql::Conn::new(
+        mysql::Opts::from_url(&format!(
+            "mysql://app:app_pass@127.0.0.1:{}/sbtest?prefer_socket=false",
+            base + 11
+        ))
+        .expect("url"),
+    )
+    .expect("node2 directly")
+    .query_first("SELECT @@server_id")
+    .expect("a read");
+    assert_eq!(server, node2);
+}

@@ -97,6 +97,9 @@ pub struct Shared {
     pub monitor_links: watch::Receiver<Arc<holdfast_cluster::monitor::MonitorLinks>>,
     /// This process's upgrades: what it hands over, its generation.
     pub upgrader: upgrade::Upgrader,
+    /// Admin API connections being served (an upgraded process answers them before it
+    /// exits).
+    pub admin_connections: Arc<std::sync::atomic::AtomicUsize>,
     next_session_id: AtomicU32,
 }
 
@@ -174,6 +177,7 @@ impl Shared {
             client_tls: None,
             monitor_links: watch::channel(Default::default()).1,
             upgrader: upgrade::Upgrader::default(),
+            admin_connections: Arc::default(),
             next_session_id: AtomicU32::new(0),
         }
     }
