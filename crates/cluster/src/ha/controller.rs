@@ -50,6 +50,14 @@ impl std::fmt::Display for OpKind {
     }
 }
 
+/// HA's state as one process hands it to the next (an upgrade): see
+/// [`HaController::carried`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HaCarried {
+    pub state: HaState,
+    pub last_failover_ago_ms: Option<u64>,
+}
+
 /// The operation running now.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunningOp {
@@ -253,6 +261,33 @@ impl HaController {
     /// In charge from now on.
     pub fn take_charge(&self) {
         self.in_charge.send_replace(true);
+    }
+
+    /// What a process taking over HA continues from: the state `/status` shows (counters,
+    /// the last operation, the nodes a failover left out) and when the last failover was
+    /// (its cool-off goes on).
+    pub async fn carried(&self) -> HaCarried {
+        let ops = self.ops.lock().await;
+        HaCarried {
+            state: self.state(),
+            last_failover_ago_ms: ops.guard.since_last().map(|d| d.as_millis() as u64),
+        }
+    }
+
+    /// Continues from what the process this one took over from carried (before
+    /// [`HaController::take_charge`]).
+    pub async fn adopt(&self, carried: HaCarried) {
+        let mut ops = self.ops.lock().await;
+        if let Some(ms) = carried.last_failover_ago_ms {
+            ops.guard.set_last_ago(Duration::from_millis(ms));
+        }
+        let old = carried.state;
+        self.state.send_modify(|s| {
+            s.counters = old.counters;
+            s.last = old.last;
+            s.needs_rejoin = old.needs_rejoin;
+            s.failover_withheld = old.failover_withheld;
+        });
     }
 
     /// Lets go of HA (another process takes it over): the operation running, if any,

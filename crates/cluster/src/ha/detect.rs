@@ -116,6 +116,16 @@ impl FailoverGuard {
         Self::new(ha.failover_cooloff())
     }
 
+    /// How long ago the last failover was, if any (carried to a process that takes over).
+    pub fn since_last(&self) -> Option<Duration> {
+        self.last.map(|t| t.elapsed())
+    }
+
+    /// The last failover was `ago` (in the process this one took over from).
+    pub fn set_last_ago(&mut self, ago: Duration) {
+        self.last = Instant::now().checked_sub(ago);
+    }
+
     /// The cool-off of `ha` (a reload); the last failover's time is kept.
     pub fn set_config(&mut self, ha: &HaConfig) {
         self.cooloff = ha.failover_cooloff();

@@ -53,17 +53,22 @@ pub enum Message {
         version: String,
         pid: u32,
     },
-    /// Old → new: the listening sockets, in the order of the descriptors sent with it.
+    /// Old → new: the listening sockets, in the order of the descriptors sent with it; the
+    /// nodes holdfast fronts now (`node add` / `node remove` since the start included).
     Listeners {
         format: u32,
         generation: u64,
         sockets: Vec<Socket>,
         counters: Counters,
+        members: Vec<holdfast_config::BackendConfig>,
     },
     /// New → old: it accepts on the listeners.
     Ready { pid: u32 },
-    /// Old → new: HA is the new process's now.
-    HaReleased,
+    /// Old → new: HA is the new process's now, from this state on (counters, the last
+    /// operation, nodes a failover left out, the failover cool-off).
+    HaReleased {
+        ha: Box<holdfast_cluster::ha::controller::HaCarried>,
+    },
     /// Either way: the other side gives up, and why.
     Refused { reason: String },
 }
@@ -316,11 +321,20 @@ impl Upgrader {
             connections_accepted: shared.metrics.connections_accepted.get(),
         };
         let (list, fds) = self.sockets_to_send()?;
+        let members = shared
+            .membership
+            .members
+            .borrow()
+            .iter()
+            .filter(|m| !m.draining)
+            .map(|m| m.backend.clone())
+            .collect();
         let listeners = Message::Listeners {
             format: FORMAT,
             generation,
             sockets: list,
             counters,
+            members,
         };
         let borrowed: Vec<_> = fds.iter().map(|fd| fd.as_fd()).collect();
         send(&mut stream, &listeners, &borrowed).await?;
@@ -333,7 +347,8 @@ impl Upgrader {
         // From here the new process serves: this one stops accepting and lets go of HA.
         self.handed_over.send_replace(Some(pid));
         shared.ha.release().await;
-        if let Err(e) = send(&mut stream, &Message::HaReleased, &[]).await {
+        let ha = Box::new(shared.ha.carried().await);
+        if let Err(e) = send(&mut stream, &Message::HaReleased { ha }, &[]).await {
             tracing::warn!(error = %e, "upgrade: the new process did not hear that HA is its own (it takes charge when this process exits)");
         }
         let sessions_left = shared.open_connections();
@@ -353,6 +368,7 @@ pub struct TakeOver {
     pub generation: u64,
     pub counters: Counters,
     sockets: Vec<(Socket, OwnedFd)>,
+    members: Vec<holdfast_config::BackendConfig>,
 }
 
 impl TakeOver {
@@ -375,6 +391,7 @@ impl TakeOver {
                 generation,
                 sockets,
                 counters,
+                members,
             } => {
                 if sockets.len() != fds.len() {
                     return Err(UpgradeError::Channel(format!(
@@ -388,6 +405,7 @@ impl TakeOver {
                     generation,
                     counters,
                     sockets: sockets.into_iter().zip(fds).collect(),
+                    members,
                 })
             }
             Message::Refused { reason } => Err(UpgradeError::Refused(reason)),
@@ -415,13 +433,24 @@ impl TakeOver {
         for (socket, _) in self.sockets.drain(..) {
             tracing::info!(role = ?socket.role, listen = %socket.listen, "upgrade: a listener the configuration no longer names is closed");
         }
+        // The nodes as the old process fronts them (added or removed since its start).
+        let members = std::mem::take(&mut self.members);
+        if !members.is_empty() {
+            let applied = shared.membership.apply_backends(&members).await;
+            if !(applied.added.is_empty()
+                && applied.removing.is_empty()
+                && applied.refused.is_empty())
+            {
+                tracing::info!(added = ?applied.added, removing = ?applied.removing, refused = ?applied.refused, "upgrade: nodes as the previous process had them");
+            }
+        }
         let ready = Message::Ready {
             pid: std::process::id(),
         };
         send(&mut self.stream, &ready, &[]).await?;
         tokio::spawn(async move {
             match receive(&mut self.stream, "let go of HA").await {
-                Ok((Message::HaReleased, _)) => {}
+                Ok((Message::HaReleased { ha }, _)) => shared.ha.adopt(*ha).await,
                 Ok((other, _)) => {
                     tracing::warn!(message = ?other, "upgrade: unexpected message; taking charge of HA")
                 }
