@@ -52,35 +52,86 @@ fn wait_for<T>(what: &str, timeout: Duration, f: impl FnMut() -> Option<T>) -> T
     holdfast_lab::wait_for(what, timeout, f).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// Waits until a process started by an upgrade says it runs HA (in `log`, which every
+/// generation writes to).
+fn wait_in_charge(log: &Path) {
+    wait_for(
+        "the new process in charge of HA",
+        Duration::from_secs(30),
+        || {
+            std::fs::read_to_string(log)
+                .unwrap_or_default()
+                .contains("upgrade: in charge of HA")
+                .then_some(())
+        },
+    );
+}
+
 fn url(port: u16) -> String {
     format!("mysql://app:app_pass@127.0.0.1:{port}/sbtest?prefer_socket=false")
 }
 
+/// A lab (`replicas` replicas) in a directory of this test's own, and `holdfast serve`
+/// on it (from `exe`, or the built binary), serving once this returns. The lab is stopped
+/// and deleted after the processes.
+struct Served {
+    procs: Processes,
+    base: u16,
+    config: PathBuf,
+    log: PathBuf,
+    _lab: Lab,
+}
+
+impl Served {
+    fn start(name: &str, replicas: &str, exe: Option<&dyn Fn(&Path) -> PathBuf>) -> Served {
+        let dir: PathBuf =
+            std::env::temp_dir().join(format!("holdfast-upgrade-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let base = lab_up(&dir, &["--replicas", replicas]);
+        let lab = Lab(dir.clone());
+        let config = dir.join("holdfast.toml");
+        let log = dir.join("serve.log");
+        let mut cmd = match exe {
+            Some(place) => {
+                let mut cmd = std::process::Command::new(place(&dir));
+                cmd.env_remove("HOLDFAST_ADMIN_TOKEN")
+                    .env_remove("HOLDFAST_ADMIN")
+                    .stdin(Stdio::null());
+                cmd
+            }
+            None => holdfast(),
+        };
+        let first = cmd
+            .args(["serve", "--config"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("a log file"))
+            .spawn()
+            .expect("holdfast serve");
+        let served = Served {
+            procs: Processes {
+                first,
+                pids: Vec::new(),
+            },
+            base,
+            config,
+            log,
+            _lab: lab,
+        };
+        wait_for("holdfast to serve", Duration::from_secs(30), || {
+            mysql::Conn::new(mysql::Opts::from_url(&url(base)).ok()?).ok()
+        });
+        served
+    }
+}
+
 #[test]
 fn an_upgrade_hands_the_listeners_over_without_refusing_a_connection() {
-    let dir: PathBuf =
-        std::env::temp_dir().join(format!("holdfast-upgrade-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let base = lab_up(&dir, &["--replicas", "1"]);
-    let _lab = Lab(dir.clone());
-    let config = dir.join("holdfast.toml");
-    let log = dir.join("serve.log");
-    let first = holdfast()
-        .args(["serve", "--config"])
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("a log file"))
-        .spawn()
-        .expect("holdfast serve");
-    let mut procs = Processes {
-        first,
-        pids: Vec::new(),
-    };
+    let served = Served::start("listeners", "1", None);
+    let (config, base, log) = (served.config.clone(), served.base, served.log.clone());
+    let mut procs = served.procs;
     let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
     let (main, split) = (base, base + 2);
-    wait_for("holdfast to serve", Duration::from_secs(30), || {
-        mysql::Conn::new(mysql::Opts::from_url(&url(main)).ok()?).ok()
-    });
     let before = status(&config);
     let old_pid = before["pid"].as_u64().expect("pid") as u32;
     assert_eq!(before["generation"], 1);
@@ -196,15 +247,7 @@ fn an_upgrade_hands_the_listeners_over_without_refusing_a_connection() {
     let last = status(&config);
     assert_eq!(last["pid"].as_u64(), Some(u64::from(third)), "{last}");
     // HA is the newest process's: its detector runs, the others' are gone.
-    wait_for(
-        "the new process in charge of HA",
-        Duration::from_secs(30),
-        || {
-            read_log()
-                .contains("upgrade: in charge of HA")
-                .then_some(())
-        },
-    );
+    wait_in_charge(&log);
     // (The lab is stopped and deleted with `_lab`, after the processes.)
 }
 
@@ -214,18 +257,20 @@ fn an_upgrade_hands_the_listeners_over_without_refusing_a_connection() {
 /// is back at the path, the upgrade goes through.
 #[test]
 fn a_failed_or_concurrent_upgrade_leaves_the_running_process_serving() {
-    let dir: PathBuf =
-        std::env::temp_dir().join(format!("holdfast-upgrade-fail-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let base = lab_up(&dir, &["--replicas", "0"]);
-    let _lab = Lab(dir.clone());
-    let config = dir.join("holdfast.toml");
-    let log = dir.join("serve.log");
     // Served from a copy, as after a package install: the file can be replaced.
-    let bin = dir.join("bin");
-    std::fs::create_dir_all(&bin).expect("a bin directory");
+    let copy = |dir: &Path| {
+        let bin = dir.join("bin");
+        std::fs::create_dir_all(&bin).expect("a bin directory");
+        let exe = bin.join("holdfast");
+        std::fs::copy(env!("CARGO_BIN_EXE_holdfast"), &exe).expect("a copy of holdfast");
+        exe
+    };
+    let served = Served::start("fail", "0", Some(&copy));
+    let (config, base, log) = (served.config.clone(), served.base, served.log.clone());
+    let mut procs = served.procs;
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let bin = config.with_file_name("bin");
     let exe = bin.join("holdfast");
-    std::fs::copy(env!("CARGO_BIN_EXE_holdfast"), &exe).expect("a copy of holdfast");
     let replace = |with: &[u8], mode: u32| {
         use std::os::unix::fs::PermissionsExt;
         let next = bin.join("holdfast.next");
@@ -233,24 +278,6 @@ fn a_failed_or_concurrent_upgrade_leaves_the_running_process_serving() {
         std::fs::set_permissions(&next, std::fs::Permissions::from_mode(mode)).expect("chmod");
         std::fs::rename(&next, &exe).expect("replacing the binary");
     };
-    let first = std::process::Command::new(&exe)
-        .env_remove("HOLDFAST_ADMIN_TOKEN")
-        .env_remove("HOLDFAST_ADMIN")
-        .args(["serve", "--config"])
-        .arg(&config)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("a log file"))
-        .spawn()
-        .expect("holdfast serve");
-    let mut procs = Processes {
-        first,
-        pids: Vec::new(),
-    };
-    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
-    wait_for("holdfast to serve", Duration::from_secs(30), || {
-        mysql::Conn::new(mysql::Opts::from_url(&url(base)).ok()?).ok()
-    });
     let mut session =
         mysql::Conn::new(mysql::Opts::from_url(&url(base)).expect("url")).expect("a session");
     session.query_drop("SET @kept = 7").expect("set");
@@ -317,28 +344,10 @@ fn a_failed_or_concurrent_upgrade_leaves_the_running_process_serving() {
 /// answered the upgrade's own request.
 #[test]
 fn an_upgrade_during_a_switchover_waits_for_it() {
-    let dir: PathBuf =
-        std::env::temp_dir().join(format!("holdfast-upgrade-ha-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let base = lab_up(&dir, &["--replicas", "1"]);
-    let _lab = Lab(dir.clone());
-    let config = dir.join("holdfast.toml");
-    let log = dir.join("serve.log");
-    let first = holdfast()
-        .args(["serve", "--config"])
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("a log file"))
-        .spawn()
-        .expect("holdfast serve");
-    let mut procs = Processes {
-        first,
-        pids: Vec::new(),
-    };
+    let served = Served::start("ha", "1", None);
+    let (config, base, log) = (served.config.clone(), served.base, served.log.clone());
+    let mut procs = served.procs;
     let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
-    wait_for("holdfast to serve", Duration::from_secs(30), || {
-        mysql::Conn::new(mysql::Opts::from_url(&url(base)).ok()?).ok()
-    });
     wait_for("a primary and a replica", Duration::from_secs(30), || {
         let s = status(&config);
         (s["topology"]["primary"] == "node1").then_some(())
@@ -366,15 +375,7 @@ fn an_upgrade_during_a_switchover_waits_for_it() {
         Duration::from_secs(30),
         || (status(&config)["topology"]["primary"] == "node2").then_some(()),
     );
-    wait_for(
-        "the new process in charge of HA",
-        Duration::from_secs(30),
-        || {
-            read_log()
-                .contains("upgrade: in charge of HA")
-                .then_some(())
-        },
-    );
+    wait_in_charge(&log);
     // HA's state goes on: the switchover is counted, and is the last operation.
     let s = status(&config);
     assert_eq!(s["ha"]["counters"]["switchovers"], 1, "{s}");
