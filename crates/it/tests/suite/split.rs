@@ -1033,6 +1033,44 @@ fn same_as_directly(h: &Harness, steps: &[holdfast_it::differential::Step]) {
     }
 }
 
+/// Found by the fuzzer (seed 2035 session 600): a temporary table made by dynamic SQL
+/// (`EXECUTE IMMEDIATE 'CREATE TEMPORARY TABLE ...'`, or a statement prepared in SQL from
+/// such a text) lives on the primary's connection. The server reports a change of the
+/// session; a capture then found a user variable set by an earlier statement (whose capture
+/// had waited) and took it for the explanation: a read of the table went to a replica and
+/// got 1146. A change of user variables explains such a change only when the capture
+/// before it was up to date; else the session's state is unknown (its reads stay on the
+/// primary).
+#[test]
+fn dynamic_sql_that_makes_a_temporary_table_keeps_reads_of_it_on_the_primary() {
+    use holdfast_it::differential::{binary, q};
+    let h = split_harness(|_| {});
+    table_t_everywhere(&h);
+    let mut steps = Vec::new();
+    for _ in 0..3 {
+        steps.extend([
+            // A user variable set while the capture waits (a count of changed rows), then
+            // the table: the variable's change does not explain the procedure's.
+            q("SET @s = 5; UPDATE t SET v = v + 1 WHERE id = 1"),
+            q("EXECUTE IMMEDIATE 'CREATE TEMPORARY TABLE IF NOT EXISTS tt (a INT)'"),
+            q("SELECT * FROM tt ORDER BY a"),
+            q("EXECUTE IMMEDIATE 'DROP TEMPORARY TABLE tt'"),
+            q("EXECUTE IMMEDIATE 'CREATE TEMPORARY TABLE IF NOT EXISTS tt (a INT)'"),
+            q("SELECT * FROM tt ORDER BY a"),
+            binary("SELECT COUNT(*) FROM tt"),
+            q("EXECUTE IMMEDIATE 'DROP TEMPORARY TABLE tt'"),
+            q("SELECT COUNT(*) FROM t"),
+            q("PREPARE ps FROM 'CREATE TEMPORARY TABLE tt2 (a INT)'"),
+            q("EXECUTE ps"),
+            q("SELECT * FROM tt2"),
+            q("DROP TEMPORARY TABLE tt2"),
+            q("DEALLOCATE PREPARE ps"),
+            q("SELECT COUNT(*) FROM t"),
+        ]);
+    }
+    same_as_directly(&h, &steps);
+}
+
 /// Found by the fuzzer (seed 2034 session 606): inside a read-only transaction on a
 /// replica, a setting made on both connections (`SET autocommit = 0`) was then run again
 /// on the primary before the next statement that ran there (an `XA START` the server

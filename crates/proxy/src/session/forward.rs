@@ -190,6 +190,7 @@ impl Session {
         if plan.opaque && self.record.state_change_reported {
             self.record.opaque_change = true;
             self.record.capture_due = true;
+            self.opaque_unattributable |= !plan.opaque_attributable;
         }
         if let Some(mark) = plan.kill_mark.take() {
             self.settle_kill(mark, self.exchange.error);

@@ -438,12 +438,16 @@ impl Session {
         match Box::pin(capture_keeping_diagnostics(&mut self.backend, moving)).await {
             Ok(Some(c)) => {
                 self.record.last_insert_id = c.last_insert_id;
+                // A change of user variables explains a procedure's state change only when
+                // the capture before it was up to date (else an earlier statement's may be
+                // what differs, and the procedure made a temporary table, say).
+                let unattributable = std::mem::take(&mut self.opaque_unattributable);
                 if std::mem::take(&mut self.record.opaque_change)
-                    && c.user_variables == self.captured.user_variables
+                    && (c.user_variables == self.captured.user_variables || unattributable)
                 {
                     tracing::info!(
                         session = self.info.id,
-                        "a procedure or dynamic SQL changed the session's state, not its user variables: the session cannot move from now on"
+                        "a procedure or dynamic SQL changed the session's state, and its user variables do not explain it: the session cannot move from now on"
                     );
                     self.record.unknown_state = true;
                     self.info.set_blocker(self.record.blocker());

@@ -171,6 +171,9 @@ struct Session {
     capture_due_since: Option<Instant>,
     /// The last capture attempt failed (e.g. no `information_schema.USER_VARIABLES`).
     capture_failing: bool,
+    /// Code holdfast does not see into changed the session while a capture was due: what
+    /// the next capture finds of user variables cannot explain it.
+    opaque_unattributable: bool,
     /// `session_track_transaction_info` is on in the backend session ([`restore::TRACK_TRANSACTIONS`](crate::restore::TRACK_TRANSACTIONS)).
     tracks_transactions: bool,
     topology: watch::Receiver<Arc<Topology>>,
@@ -467,6 +470,7 @@ impl Session {
             captured: Captured::default(),
             capture_due_since: None,
             capture_failing: false,
+            opaque_unattributable: false,
             tracks_transactions: false,
             topology,
             switching: shared.switching.subscribe(),

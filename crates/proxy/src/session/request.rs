@@ -54,6 +54,8 @@ pub(super) struct Request {
     pub mentions_trackers: bool,
     /// What the session held before it.
     pub held: Held,
+    /// A capture was due before it (see [`Plan::opaque_attributable`]).
+    pub capture_was_due: bool,
 }
 
 impl Request {
@@ -109,6 +111,10 @@ pub(super) struct Plan {
     /// Code holdfast does not see into: a state change it reports is explained later (by
     /// the user variables a capture reads) or makes the session's state unknown.
     pub opaque: bool,
+    /// The last capture was up to date when it ran: a change of user variables the next
+    /// capture finds is this request's. (Else a change may be an earlier statement's, and
+    /// explains nothing.)
+    pub opaque_attributable: bool,
     /// What a loss of its backend before it answered allows.
     pub loss: LossPlan,
 }
@@ -206,6 +212,8 @@ impl Session {
         let reply = Reply::of_request(&bytes);
         tracing::trace!(session = self.info.id, command = bytes.get(HEADER_LEN).copied().unwrap_or_default(), text = %String::from_utf8_lossy(query_text(&bytes).unwrap_or_default()), "request");
         let in_transaction = self.record.in_transaction();
+        // (Before this request's own effects are noted.)
+        let capture_was_due = self.record.capture_due;
         self.note_found_rows();
         self.classify_found_rows(&bytes);
         self.keep_row_count_across_trackers(&bytes);
@@ -246,6 +254,7 @@ impl Session {
             executed,
             mentions_trackers,
             held,
+            capture_was_due,
         })
     }
 
@@ -275,6 +284,7 @@ impl Session {
                 replay: None,
                 data_change: false,
                 opaque: false,
+                opaque_attributable: true,
                 loss,
             };
         }
@@ -343,6 +353,7 @@ impl Session {
             replay: self.replay_plan(&req.bytes, flags, req.in_transaction),
             data_change,
             opaque: flags.is_some_and(|f| f.intersects(OPAQUE)),
+            opaque_attributable: !req.capture_was_due,
             loss,
         }
     }
@@ -716,6 +727,7 @@ mod tests {
             client_statement: None,
             mentions_trackers: false,
             held: Held::of(&SessionRecord::default()),
+            capture_was_due: false,
         }
     }
 
