@@ -391,6 +391,14 @@ fn an_unlock_that_a_failed_multi_statement_skipped_keeps_the_locks() {
         q("XA END 'x1'"),
         q("XA ROLLBACK 'x1'"),
         q("SELECT id, v FROM sbtest.dt ORDER BY id"),
+        // UNLOCK then LOCK in one text (seed 2035 session 828): the lock is held after it,
+        // whatever the order of the two in holdfast's classification.
+        q("UNLOCK TABLES; SET TRANSACTION READ ONLY /*!999999 */; LOCK TABLES sbtest.dt READ"),
+        q("UPDATE sbtest.dt SET v = 'u' WHERE id = 4 LIMIT 1"),
+        q("DROP TABLE IF EXISTS sbtest.w"),
+        q("SELECT id, v FROM sbtest.dt ORDER BY id"),
+        q("UNLOCK TABLES"),
+        q("SELECT @@tx_read_only"),
     ];
     compare(&h, BASE_CAPS, &steps);
 }

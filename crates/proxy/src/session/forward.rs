@@ -291,6 +291,26 @@ impl Session {
     }
 
     pub(super) fn note_query(&mut self, flags: C, sql: &[u8]) {
+        if flags.has(C::MULTI) {
+            // Statement by statement, in their order: `UNLOCK TABLES; LOCK TABLES t READ`
+            // ends holding the lock, `LOCK ...; UNLOCK ...` not.
+            let mode = self.record.sql_mode.unwrap_or_default();
+            let server = self.server();
+            let statements: Vec<_> =
+                holdfast_sql::Statements::for_server(sql, mode, server).collect();
+            if statements.len() > 1 {
+                for range in statements {
+                    let stmt = &sql[range];
+                    self.note_statement(holdfast_sql::classify_for(stmt, mode, server), stmt);
+                }
+                return;
+            }
+        }
+        self.note_statement(flags, sql);
+    }
+
+    /// [`Session::note_query`] for one statement.
+    fn note_statement(&mut self, flags: C, sql: &[u8]) {
         let r = &mut self.record;
         if flags.intersects(
             C::LAST_INSERT_ID_CALL
