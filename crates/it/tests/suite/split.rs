@@ -1033,6 +1033,50 @@ fn same_as_directly(h: &Harness, steps: &[holdfast_it::differential::Step]) {
     }
 }
 
+/// Found by the fuzzer (seed 2036 session 51): a procedure whose statements open no table
+/// (`DO GET_LOCK(...)`) leaves the diagnostics area as the statement before it left it, as
+/// such a statement does. After a read on a replica (which cleared the client's area), a
+/// `CALL` on the primary showed the primary's older error in `@@warning_count`: the read
+/// runs again on the primary first, as before any statement that keeps the area.
+#[test]
+fn a_procedure_that_opens_no_table_keeps_a_replica_reads_diagnostics() {
+    use holdfast_it::differential::{binary, q};
+    let h = split_harness(|_| {});
+    table_t_everywhere(&h);
+    h.root_sql("CREATE PROCEDURE sbtest.p_quiet() DO 1");
+    wait_for(
+        "the procedure on the replicas",
+        Duration::from_secs(30),
+        || {
+            ["node2", "node3"]
+            .iter()
+            .all(|n| {
+                holdfast_lab::node_sql(
+                    h.node(n),
+                    "SELECT COUNT(*) FROM information_schema.ROUTINES WHERE ROUTINE_NAME = 'p_quiet'",
+                )
+                .ok()
+                .is_some_and(|rows| rows[0][0] == "1")
+            })
+            .then_some(())
+        },
+    );
+    let mut steps = Vec::new();
+    for _ in 0..3 {
+        steps.extend([
+            q("XA COMMIT 'x' ONE PHASE"),
+            q("SELECT id, v FROM t ORDER BY id"),
+            binary("CALL p_quiet()"),
+            q("SET sql_select_limit = DEFAULT; SELECT @@warning_count, @@error_count"),
+            q("XA COMMIT 'x' ONE PHASE"),
+            q("SELECT id, v FROM t ORDER BY id"),
+            q("CALL p_quiet()"),
+            q("SHOW WARNINGS"),
+        ]);
+    }
+    same_as_directly(&h, &steps);
+}
+
 /// Found by the fuzzer (seed 2035 session 600): a temporary table made by dynamic SQL
 /// (`EXECUTE IMMEDIATE 'CREATE TEMPORARY TABLE ...'`, or a statement prepared in SQL from
 /// such a text) lives on the primary's connection. The server reports a change of the

@@ -429,8 +429,8 @@ fn query_sql(request: &[u8]) -> Option<&[u8]> {
 
 /// Whether a statement may open no table, so that it leaves the diagnostics area
 /// (warnings, errors) as the statement before it left it: `USE`, plain `SET`s, transaction
-/// control, a `SELECT` or `DO` without tables (`SELECT @@in_transaction`). Saying so of a
-/// statement that does open one only costs a read run again.
+/// control, a `SELECT` or `DO` without tables (`SELECT @@in_transaction`), a `CALL`. Saying
+/// so of a statement that does open one only costs a read run again.
 fn keeps_diagnostics_area(flags: C, sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
     let quiet = SETTINGS
         .union(C::AUTOCOMMIT)
@@ -444,7 +444,8 @@ fn keeps_diagnostics_area(flags: C, sql: &[u8], mode: holdfast_sql::SqlMode) -> 
             .difference(quiet.union(C::READ_ONLY).union(C::WRITE))
             .is_empty()
         && !has_subquery(sql, mode);
-    !flags.has(C::MULTI) && (settings || opens_no_table(sql, mode))
+    // A procedure keeps it when its own statements do (`DO GET_LOCK(...)` inside).
+    !flags.has(C::MULTI) && (settings || flags.has(C::CALL) || opens_no_table(sql, mode))
 }
 
 /// Whether `sql` is a `SELECT` or `DO` without tables (`SELECT DATABASE()`, `SELECT
