@@ -19,6 +19,9 @@ use std::time::Duration;
 struct Processes {
     first: Child,
     pids: Vec<u32>,
+    /// Every holdfast serving this config goes too (an upgrade's process the test did not
+    /// get to note before it failed).
+    config: PathBuf,
 }
 
 impl Drop for Processes {
@@ -30,6 +33,10 @@ impl Drop for Processes {
         }
         let _ = self.first.kill();
         let _ = self.first.wait();
+        let _ = std::process::Command::new("pkill")
+            .args(["-f", "--"])
+            .arg(format!("serve --config {}", self.config.display()))
+            .status();
     }
 }
 
@@ -112,6 +119,7 @@ impl Served {
             procs: Processes {
                 first,
                 pids: Vec::new(),
+                config: config.clone(),
             },
             base,
             config,
