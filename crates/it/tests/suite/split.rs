@@ -1033,7 +1033,8 @@ fn same_as_directly(h: &Harness, steps: &[holdfast_it::differential::Step]) {
     }
 }
 
-/// Found by the fuzzer (seed 2036 session 51): a procedure whose statements open no table
+/// Found by the fuzzer (seed 2036 session 51; seed 2037 session 59 for SQL `PREPARE`): a
+/// procedure whose statements open no table
 /// (`DO GET_LOCK(...)`) leaves the diagnostics area as the statement before it left it, as
 /// such a statement does. After a read on a replica (which cleared the client's area), a
 /// `CALL` on the primary showed the primary's older error in `@@warning_count`: the read
@@ -1072,6 +1073,19 @@ fn a_procedure_that_opens_no_table_keeps_a_replica_reads_diagnostics() {
             q("SELECT id, v FROM t ORDER BY id"),
             q("CALL p_quiet()"),
             q("SHOW WARNINGS"),
+            // SQL-level prepared statements (seed 2037 session 59).
+            q("XA ROLLBACK 'x'"),
+            q("SELECT COUNT(*) FROM t"),
+            q("PREPARE ps FROM 'SELECT GET_LOCK(?, 0)'"),
+            q("SHOW WARNINGS"),
+            q("XA ROLLBACK 'x'"),
+            q("SELECT COUNT(*) FROM t"),
+            q("EXECUTE IMMEDIATE 'DO 1'"),
+            q("SHOW WARNINGS"),
+            q("XA ROLLBACK 'x'"),
+            q("SELECT COUNT(*) FROM t"),
+            q("DEALLOCATE PREPARE ps"),
+            q("SELECT @@warning_count"),
         ]);
     }
     same_as_directly(&h, &steps);

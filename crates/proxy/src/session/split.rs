@@ -429,8 +429,9 @@ fn query_sql(request: &[u8]) -> Option<&[u8]> {
 
 /// Whether a statement may open no table, so that it leaves the diagnostics area
 /// (warnings, errors) as the statement before it left it: `USE`, plain `SET`s, transaction
-/// control, a `SELECT` or `DO` without tables (`SELECT @@in_transaction`), a `CALL`. Saying
-/// so of a statement that does open one only costs a read run again.
+/// control, a `SELECT` or `DO` without tables (`SELECT @@in_transaction`), a `CALL`, SQL
+/// `PREPARE`, `EXECUTE`, `DEALLOCATE`. Saying so of a statement that does open one only
+/// costs a read run again.
 fn keeps_diagnostics_area(flags: C, sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
     let quiet = SETTINGS
         .union(C::AUTOCOMMIT)
@@ -444,8 +445,13 @@ fn keeps_diagnostics_area(flags: C, sql: &[u8], mode: holdfast_sql::SqlMode) -> 
             .difference(quiet.union(C::READ_ONLY).union(C::WRITE))
             .is_empty()
         && !has_subquery(sql, mode);
-    // A procedure keeps it when its own statements do (`DO GET_LOCK(...)` inside).
-    !flags.has(C::MULTI) && (settings || flags.has(C::CALL) || opens_no_table(sql, mode))
+    // A procedure, or dynamic SQL, keeps it when its own statements do (`DO GET_LOCK(...)`
+    // inside); `PREPARE` and `DEALLOCATE PREPARE` in SQL keep it.
+    let code = C::CALL
+        .union(C::EXECUTE_SQL)
+        .union(C::PREPARE_SQL)
+        .union(C::DEALLOCATE_SQL);
+    !flags.has(C::MULTI) && (settings || flags.intersects(code) || opens_no_table(sql, mode))
 }
 
 /// Whether `sql` is a `SELECT` or `DO` without tables (`SELECT DATABASE()`, `SELECT
