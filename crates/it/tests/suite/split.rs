@@ -1033,6 +1033,33 @@ fn same_as_directly(h: &Harness, steps: &[holdfast_it::differential::Step]) {
     }
 }
 
+/// Found by the fuzzer (seed 2038 session 4): a read-only transaction on a replica moves
+/// to the primary (for a statement the replica's connection cannot follow) by running its
+/// reads again there; after a `USE` (made on both connections) they ran in the new schema,
+/// answered otherwise, and the transaction was given up (1213 where the server answers
+/// 1792). Each read runs again in the schema it ran in.
+#[test]
+fn a_read_only_transaction_moves_to_the_primary_with_its_reads_in_their_schema() {
+    use holdfast_it::differential::q;
+    let h = split_harness(|_| {});
+    table_t_everywhere(&h);
+    two_rows_everywhere(&h, "other", "id");
+    let mut steps = Vec::new();
+    for _ in 0..3 {
+        steps.extend([
+            q("START TRANSACTION READ ONLY"),
+            q("SELECT id, v FROM t ORDER BY id"),
+            q("USE other"),
+            q("UPDATE t SET v = 1 WHERE id = 1; START TRANSACTION READ WRITE"),
+            q("SELECT @@in_transaction, DATABASE()"),
+            q("SELECT id, v FROM t ORDER BY id"),
+            q("ROLLBACK"),
+            q("USE sbtest"),
+        ]);
+    }
+    same_as_directly(&h, &steps);
+}
+
 /// Found by the fuzzer (seed 2036 session 51; seed 2037 session 59 for SQL `PREPARE`): a
 /// procedure whose statements open no table
 /// (`DO GET_LOCK(...)`) leaves the diagnostics area as the statement before it left it, as

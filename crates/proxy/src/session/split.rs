@@ -98,6 +98,9 @@ struct PinnedRead {
     checksum: u64,
     /// An execute's statement text: prepared again for the move if the client closed it.
     sql: Option<bytes::Bytes>,
+    /// The session's schema when it ran: it runs again in that one (a `USE` since, made
+    /// on both connections, changed the current one).
+    schema: Option<String>,
 }
 
 impl PinnedReads {
@@ -870,11 +873,73 @@ impl Session {
         if !self.open_shadow("moving the transaction there").await {
             return Ok(false);
         }
+        let count = reads.len();
+        let mut in_schema = self.record.schema.clone();
+        let rerun = self.rerun_pinned_reads(reads, &mut in_schema).await;
+        // Back in the session's schema, if a read ran in another.
+        if in_schema != self.record.schema {
+            let back = self.record.schema.clone().unwrap_or_default();
+            let sql = format!("USE {}", holdfast_sql::quote::identifier(&back));
+            if let Err(e) = restore::execute(&mut self.backend, sql.as_bytes()).await {
+                tracing::info!(session = self.info.id, error = %e, "the primary did not go back to the session's schema after a read-only transaction's reads ran again");
+                self.mark_backend_dead();
+                return Ok(false);
+            }
+        }
+        if !rerun? {
+            return Ok(false);
+        }
+        // The replica's transaction only read: rolled back; the primary's is the session's,
+        // and so are its last read's diagnostics and `FOUND_ROWS()`.
+        if let Some(split) = self.split.as_mut() {
+            split.forget_last();
+            if let Some(node) = split.txn_on.clone() {
+                split.found_rows.moved_to_primary(&node);
+            }
+        }
+        self.hand_pinned_to_primary(b"ROLLBACK").await;
+        // Its reads before the move are not in the transaction log: a failover now
+        // answers 1213 rather than replay part of it.
+        self.txn_log = Some(Box::new(super::replay::TxnLog::not_replayable(
+            "a read-only transaction moved from a replica",
+        )));
+        tracing::debug!(
+            session = self.info.id,
+            reads = count,
+            "read-only transaction moved from a replica to the primary"
+        );
+        self.shared
+            .metrics
+            .read_fallback("replica_transaction_moved");
+        Ok(true)
+    }
+
+    /// Runs a pinned transaction's reads again on the primary, each in the schema it ran
+    /// in (`in_schema`: the primary connection's current one, kept up to date); `true` if
+    /// each answers as it did on the replica.
+    async fn rerun_pinned_reads(
+        &mut self,
+        reads: Vec<PinnedRead>,
+        in_schema: &mut Option<String>,
+    ) -> Result<bool, End> {
         let status = self.record.status;
         let warnings = self.record.last_warnings;
         let count = reads.len();
         let deprecate_eof = self.capabilities & CLIENT_DEPRECATE_EOF != 0;
         for (at, read) in reads.into_iter().enumerate() {
+            if read.schema != *in_schema {
+                // (A session without a schema cannot go back to none.)
+                let (Some(db), Some(_)) = (read.schema.as_deref(), self.record.schema.as_deref())
+                else {
+                    return Ok(false);
+                };
+                let sql = format!("USE {}", holdfast_sql::quote::identifier(db));
+                if let Err(e) = restore::execute(&mut self.backend, sql.as_bytes()).await {
+                    tracing::info!(session = self.info.id, error = %e, "a read-only transaction's read could not run again in its schema on the primary");
+                    return Ok(false);
+                }
+                in_schema.clone_from(&read.schema);
+            }
             let answered = read.checksum;
             let mut request = BytesMut::from(&read.request[..]);
             // An execute of a statement the client closed since: prepared again on the
@@ -944,28 +1009,6 @@ impl Session {
                 Err(end) => return Err(end),
             }
         }
-        // The replica's transaction only read: rolled back; the primary's is the session's,
-        // and so are its last read's diagnostics and `FOUND_ROWS()`.
-        if let Some(split) = self.split.as_mut() {
-            split.forget_last();
-            if let Some(node) = split.txn_on.clone() {
-                split.found_rows.moved_to_primary(&node);
-            }
-        }
-        self.hand_pinned_to_primary(b"ROLLBACK").await;
-        // Its reads before the move are not in the transaction log: a failover now
-        // answers 1213 rather than replay part of it.
-        self.txn_log = Some(Box::new(super::replay::TxnLog::not_replayable(
-            "a read-only transaction moved from a replica",
-        )));
-        tracing::debug!(
-            session = self.info.id,
-            reads = count,
-            "read-only transaction moved from a replica to the primary"
-        );
-        self.shared
-            .metrics
-            .read_fallback("replica_transaction_moved");
         Ok(true)
     }
 
@@ -1537,6 +1580,7 @@ impl Session {
                         request: self.kept_copy(request[HEADER_LEN], &request),
                         checksum,
                         sql,
+                        schema: self.record.schema.clone(),
                     });
                     let max = self.shared.config().proxy.replay_max_bytes;
                     if let Some(split) = self.split.as_mut() {
