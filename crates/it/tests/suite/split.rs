@@ -1113,6 +1113,10 @@ fn a_procedure_that_opens_no_table_keeps_a_replica_reads_diagnostics() {
             q("SELECT COUNT(*) FROM t"),
             q("DEALLOCATE PREPARE ps"),
             q("SELECT @@warning_count"),
+            // A prepared read without tables after an error (seed 2038 session 144).
+            q("DROP TEMPORARY TABLE nosuch"),
+            binary("SELECT @@tx_read_only, @@tx_isolation"),
+            q("SHOW WARNINGS"),
         ]);
     }
     same_as_directly(&h, &steps);

@@ -1347,6 +1347,12 @@ impl Session {
                     .map(|id| self.statements.resolve(id))
                     .and_then(|id| self.statements.get(id))
                     .is_some_and(|s| keeps_diagnostics_area(s.flags, &s.sql, mode)),
+                // The prepare of a statement that opens no table keeps it too (seed 2038
+                // session 144).
+                (Some(COM_STMT_PREPARE), _) => {
+                    let sql = &request[HEADER_LEN + 1..];
+                    keeps_diagnostics_area(holdfast_sql::classify_for(sql, mode, server), sql, mode)
+                }
                 _ => false,
             };
         if target.is_none() {
