@@ -1033,6 +1033,30 @@ fn same_as_directly(h: &Harness, steps: &[holdfast_it::differential::Step]) {
     }
 }
 
+/// Found by the fuzzer (seed 2039 session 268): a user variable set by a statement whose
+/// capture waits (a multi-statement that also changed rows) lives on the primary only; a
+/// read-only transaction begun then on a replica read it there as NULL. Such a transaction
+/// begins on the primary.
+#[test]
+fn a_read_only_transaction_sees_user_variables_set_just_before_it() {
+    use holdfast_it::differential::q;
+    let h = split_harness(|_| {});
+    table_t_everywhere(&h);
+    let mut steps = Vec::new();
+    for round in 0..3 {
+        steps.extend([
+            q(&format!(
+                "SET @b = (SELECT COUNT(*) FROM t) + {round}; UPDATE t SET v = v + 1 WHERE id = 2"
+            )),
+            q("START TRANSACTION READ ONLY"),
+            q("SELECT @b, @@in_transaction"),
+            q("SELECT id FROM t WHERE id <= @b ORDER BY id"),
+            q("COMMIT"),
+        ]);
+    }
+    same_as_directly(&h, &steps);
+}
+
 /// Found by the fuzzer (seed 2038 session 4): a read-only transaction on a replica moves
 /// to the primary (for a statement the replica's connection cannot follow) by running its
 /// reads again there; after a `USE` (made on both connections) they ran in the new schema,

@@ -61,6 +61,8 @@ pub(super) struct Split {
     /// have changed the session there only): this session's read-only transactions run on
     /// the primary from then on.
     read_only_on_primary: bool,
+    /// The request being routed begins a read-only transaction on a replica.
+    read_only_start: bool,
     /// A read-only transaction of the primary's own is open beside the one pinned to a
     /// replica: the pinned transaction's statements that are not plain reads run in it.
     shadow: bool,
@@ -163,6 +165,7 @@ impl Split {
             tableless: false,
             txn_on: None,
             read_only_on_primary: false,
+            read_only_start: false,
             shadow: false,
             probing: false,
             pinned_reads: PinnedReads::default(),
@@ -1230,6 +1233,7 @@ impl Session {
         let header = parse_header(request)?;
         let command = request.get(HEADER_LEN).copied();
         split.tableless = false;
+        split.read_only_start = false;
         if split.last_on.is_none() {
             // The last statement ran on the primary: what its diagnostics area holds now
             // (a statement that opens no table kept the one before it).
@@ -1258,6 +1262,7 @@ impl Session {
             ReadRoute::Primary
         } else if read_only_start && self.record.blocker().is_none() && !split.read_only_on_primary
         {
+            split.read_only_start = true;
             ReadRoute::Replica
         } else if self.record.in_transaction()
             || self.record.status & SERVER_STATUS_AUTOCOMMIT == 0
@@ -1491,6 +1496,17 @@ impl Session {
                     None if !split.primary_warned => return Ok(ReadOutcome::Primary(request)),
                     None => {}
                 }
+            }
+        }
+        let read_only_start = self.split.as_ref().is_some_and(|s| s.read_only_start);
+        if balanced && read_only_start && self.record.capture_due {
+            // The transaction's reads run on the replica whatever user variables they
+            // read: values set since the last capture are captured first, to be carried
+            // there; when they cannot be (yet), it runs on the primary (seed 2039 session
+            // 268).
+            self.capture_if_due(false).await;
+            if self.record.capture_due || self.capture_failing || self.record.blocker().is_some() {
+                return Ok(ReadOutcome::Primary(request));
             }
         }
         if balanced {
