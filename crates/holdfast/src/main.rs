@@ -751,33 +751,19 @@ async fn ctl(client: &AdminClient, command: CtlCommand) -> Result<()> {
         }
         CtlCommand::Resume => instance_operation(client, "/resume").await?,
         CtlCommand::Reload { json } => {
-            let (code, body) = post(client, "/reload").await?;
-            if !(200..300).contains(&code) {
-                return Err(refused(client, "reload refused", code, body));
-            }
-            if json {
-                println!("{body}");
-            } else {
-                let report: holdfast_proxy::reload::ReloadReport =
-                    serde_json::from_str(&body).context("unexpected /reload body")?;
-                print!("{}", holdfast_admin::render_reload(&report));
-            }
+            post_and_print(client, "/reload", "reload refused", json, |r| {
+                holdfast_admin::render_reload(&r)
+            })
+            .await?
         }
         CtlCommand::Upgrade { json } => {
-            let (code, body) = post(client, "/upgrade").await?;
-            if !(200..300).contains(&code) {
-                return Err(refused(client, "upgrade failed", code, body));
-            }
-            if json {
-                println!("{body}");
-            } else {
-                let r: holdfast_proxy::upgrade::UpgradeReport =
-                    serde_json::from_str(&body).context("unexpected /upgrade body")?;
-                println!(
-                    "upgraded: process {} (holdfast {}, generation {}) serves; {} sessions drain on the old process",
+            post_and_print(client, "/upgrade", "upgrade failed", json, |r: holdfast_proxy::upgrade::UpgradeReport| {
+                format!(
+                    "upgraded: process {} (holdfast {}, generation {}) serves; {} sessions drain on the old process\n",
                     r.pid, r.version, r.generation, r.sessions_left
-                );
-            }
+                )
+            })
+            .await?
         }
         CtlCommand::Scale { size } => {
             let path = if size.eq_ignore_ascii_case("auto") {
@@ -831,6 +817,29 @@ async fn post(client: &AdminClient, path: &str) -> Result<(u16, String)> {
             client.addr
         )
     })
+}
+
+/// POSTs `path` and prints its answer: as JSON with `--json`, else `render` of it; an
+/// answer other than 2xx is an error (`what`, with the API's message).
+async fn post_and_print<T: serde::de::DeserializeOwned>(
+    client: &AdminClient,
+    path: &str,
+    what: &str,
+    json: bool,
+    render: impl FnOnce(T) -> String,
+) -> Result<()> {
+    let (code, body) = post(client, path).await?;
+    if !(200..300).contains(&code) {
+        return Err(refused(client, what, code, body));
+    }
+    if json {
+        println!("{body}");
+    } else {
+        let report: T =
+            serde_json::from_str(&body).with_context(|| format!("unexpected {path} body"))?;
+        print!("{}", render(report));
+    }
+    Ok(())
 }
 
 /// POSTs an operation; its JSON answer, or an error with the API's message.

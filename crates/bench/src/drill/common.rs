@@ -126,6 +126,20 @@ pub struct ChaosArgs {
     pub kinds: Vec<String>,
 }
 
+/// The options of a drill's sysbench run: `threads` for `seconds`, prepared statements
+/// where the test has them, a report each second, and the errors holdfast may answer
+/// that sysbench is to count and go on from (its own list, deadlocks retried, plus 1180:
+/// a COMMIT whose outcome holdfast cannot tell).
+pub fn run_options(threads: u32, seconds: u64) -> Vec<String> {
+    vec![
+        format!("--threads={threads}"),
+        format!("--time={seconds}"),
+        "--db-ps-mode=auto".into(),
+        "--report-interval=1".into(),
+        "--mysql-ignore-errors=1213,1020,1205,1180".into(),
+    ]
+}
+
 /// sysbench (from PATH) against `lab` with the drill's table sizes.
 pub fn sysbench(lab: &LabStatus, args: &DrillArgs) -> Sysbench {
     // The drills leave --mysql-ignore-errors at sysbench's default (deadlocks retried).

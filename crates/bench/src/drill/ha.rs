@@ -233,16 +233,10 @@ fn run_scenario(lab: &LabStatus, args: &DrillArgs, scenario: Scenario) -> Result
     );
     let closed_before = closed_sessions(&admin);
     let recovered_before = recovery_counters(&admin);
-    let options = [
-        format!("--threads={}", args.threads),
-        format!("--time={}", args.seconds),
-        "--db-ps-mode=auto".into(),
-        "--report-interval=1".into(),
-        // sysbench's own list (deadlocks, retried), plus 1180: a COMMIT whose outcome
-        // holdfast cannot tell (with commit markers, only when the marker cannot be read).
-        // The count is in the "ignored" column; the connection stays.
-        "--mysql-ignore-errors=1213,1020,1205,1180".into(),
-    ];
+    // sysbench's own list (deadlocks, retried), plus 1180 (with commit markers, only
+    // when the marker cannot be read): the count is in the "ignored" column; the
+    // connection stays.
+    let options = common::run_options(args.threads, args.seconds);
     // Nodes come and go under the split listener, where reads reach them.
     let port = match scenario {
         Scenario::AddNode | Scenario::RemoveNode => split_port(lab)?,

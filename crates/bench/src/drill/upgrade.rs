@@ -50,13 +50,7 @@ pub fn run(args: &DrillArgs, holdfast: &Path) -> Result<()> {
         2 * args.seconds / 3
     );
     let sysbench = |test: &str, port: u16, threads: u32| -> Result<std::process::Child> {
-        let options = [
-            format!("--threads={threads}"),
-            format!("--time={}", args.seconds),
-            "--db-ps-mode=auto".into(),
-            "--report-interval=1".into(),
-            "--mysql-ignore-errors=1213,1020,1205,1180".into(),
-        ];
+        let options = common::run_options(threads, args.seconds);
         let cmd = common::sysbench(&lab, args).command(test, port, &options, "run");
         Command::new("sysbench")
             .args(&cmd)

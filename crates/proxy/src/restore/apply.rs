@@ -24,6 +24,12 @@ fn rejected(item: &str, e: BackendError) -> RestoreError {
     }
 }
 
+/// `USE db` on a connection.
+pub async fn use_schema(conn: &mut BackendConn, db: &str) -> Result<(), BackendError> {
+    let sql = format!("USE {}", identifier(db));
+    execute(conn, sql.as_bytes()).await.map(|_| ())
+}
+
 /// Recreates a session's state on a freshly logged-in backend connection (trackers on, no
 /// transaction): schema, user variables, system variables, `LAST_INSERT_ID()`, and the next
 /// transaction's characteristics. On a refusal the error names what was refused; the
@@ -73,8 +79,7 @@ pub async fn restore_session(
             .map_err(|e| rejected("SET NAMES utf8mb4", e))?;
     }
     if let Some(db) = &p.schema {
-        let sql = format!("USE {}", identifier(db));
-        execute(conn, sql.as_bytes())
+        use_schema(conn, db)
             .await
             .map_err(|e| rejected(&format!("database {}", identifier(db)), e))?;
     }

@@ -92,7 +92,7 @@ pub(crate) use types::skip_reason_by_name;
 mod values;
 
 pub use crate::backend::{Executed, OkInfo};
-pub use apply::restore_session;
+pub use apply::{restore_session, use_schema};
 pub use capture::{
     capture_session, capture_session_named, capture_user_variables, found_rows_select,
     put_back_diagnostics, read_diagnostics, Captured, Diagnostics,

@@ -882,8 +882,7 @@ impl Session {
         // Back in the session's schema, if a read ran in another.
         if in_schema != self.record.schema {
             let back = self.record.schema.clone().unwrap_or_default();
-            let sql = format!("USE {}", holdfast_sql::quote::identifier(&back));
-            if let Err(e) = restore::execute(&mut self.backend, sql.as_bytes()).await {
+            if let Err(e) = restore::use_schema(&mut self.backend, &back).await {
                 tracing::info!(session = self.info.id, error = %e, "the primary did not go back to the session's schema after a read-only transaction's reads ran again");
                 self.mark_backend_dead();
                 return Ok(false);
@@ -936,8 +935,7 @@ impl Session {
                 else {
                     return Ok(false);
                 };
-                let sql = format!("USE {}", holdfast_sql::quote::identifier(db));
-                if let Err(e) = restore::execute(&mut self.backend, sql.as_bytes()).await {
+                if let Err(e) = restore::use_schema(&mut self.backend, db).await {
                     tracing::info!(session = self.info.id, error = %e, "a read-only transaction's read could not run again in its schema on the primary");
                     return Ok(false);
                 }
@@ -1331,11 +1329,16 @@ impl Session {
         // prepared after a read on a replica shows that read's warnings): then the next
         // diagnostics read still goes where the last statement ran.
         // (So does the prepare of a statement that opens no table.)
-        let keeps_diagnostics = match command {
-            Some(COM_STMT_CLOSE) => true,
-            Some(COM_STMT_PREPARE) => {
-                let sql = &request[HEADER_LEN + 1..];
-                let flags = holdfast_sql::classify_for(sql, mode, server);
+        // A prepare's text, classified once for both questions below.
+        let prepared = match command {
+            Some(COM_STMT_PREPARE) => request
+                .get(HEADER_LEN + 1..)
+                .map(|sql| (sql, holdfast_sql::classify_for(sql, mode, server))),
+            _ => None,
+        };
+        let keeps_diagnostics = match (command, prepared) {
+            (Some(COM_STMT_CLOSE), _) => true,
+            (_, Some((sql, flags))) => {
                 holdfast_sql::read_route(sql, flags, mode, server) == ReadRoute::LastNode
                     || ((split.primary_warned || split.read_warned)
                         && keeps_diagnostics_area(flags, sql, mode))
@@ -1354,11 +1357,7 @@ impl Session {
                     .is_some_and(|s| keeps_diagnostics_area(s.flags, &s.sql, mode)),
                 // The prepare of a statement that opens no table keeps it too (seed 2038
                 // session 144).
-                (Some(COM_STMT_PREPARE), _) => {
-                    let sql = &request[HEADER_LEN + 1..];
-                    keeps_diagnostics_area(holdfast_sql::classify_for(sql, mode, server), sql, mode)
-                }
-                _ => false,
+                _ => prepared.is_some_and(|(sql, flags)| keeps_diagnostics_area(flags, sql, mode)),
             };
         if target.is_none() {
             split.primary_kept = kept;
