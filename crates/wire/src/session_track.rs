@@ -40,13 +40,6 @@ pub fn items(session_state: &[u8]) -> TrackIter<'_> {
     }
 }
 
-/// Whether a session-state block holds one record only, the schema record naming
-/// `schema`.
-pub fn only_schema(session_state: &[u8], schema: &[u8]) -> bool {
-    let mut it = items(session_state);
-    matches!(it.next(), Some(Ok(TrackItem::Schema(s))) if s == schema) && it.next().is_none()
-}
-
 impl<'a> Iterator for TrackIter<'a> {
     type Item = Result<TrackItem<'a>>;
 

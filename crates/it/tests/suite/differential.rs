@@ -694,3 +694,57 @@ fn row_count_is_not_changed_by_holdfasts_own_tracker_settings() {
         compare(&h, caps, &steps);
     }
 }
+
+/// Found by the fuzzer (seed 2039, session 282): an `EXECUTE` of a write prepared under
+/// another current schema fails while it runs (an ERR, which carries no session state);
+/// the server switched to the prepare's schema and back, and keeps the schema record for
+/// the next OK that reports something else: not the next OK that holdfast's own trackers
+/// make report something.
+#[test]
+fn an_execute_of_a_write_after_use_reports_the_schema_as_the_server_does() {
+    let h = Harness::start();
+    h.root_sql("CREATE DATABASE IF NOT EXISTS other_db");
+    h.root_sql(&format!("GRANT ALL ON other_db.* TO '{}'@'%'", h.user()));
+    let steps = vec![
+        q("PREPARE ps FROM 'INSERT INTO dt (id, v) VALUES (?, ''ps'')'"),
+        q("START TRANSACTION; SET @a = 1; INSERT INTO dt (v) VALUES ('f')"),
+        binary("USE other_db"),
+        // A duplicate key: the ERR comes after the switch to `sbtest` and back.
+        q("EXECUTE ps USING @a"),
+        q("SET sql_mode = 'ANSI_QUOTES'"),
+        q("SET sql_mode = DEFAULT"),
+        q("EXECUTE ps USING @a"),
+        q("SET time_zone = '+01:00'"),
+        q("USE other_db"),
+        q("START TRANSACTION"),
+        // Refused before it runs (a parameter missing): no switch.
+        q("EXECUTE ps"),
+        q("SET sql_mode = 'ANSI_QUOTES'"),
+        q("SET @a = 90"),
+        q("EXECUTE ps USING @a"),
+        q("SET sql_mode = DEFAULT"),
+        q("EXECUTE ps USING @a"),
+        q("SET @b = 1"),
+        q("COMMIT"),
+        q("SET time_zone = DEFAULT"),
+        q("SET sql_mode = DEFAULT"),
+        // A result set (its EOF has no records), then OKs that report the change to
+        // holdfast's trackers only, then one to the client's.
+        q("USE sbtest"),
+        q("PREPARE ps2 FROM 'SELECT v FROM dt WHERE id = ?'"),
+        q("USE other_db"),
+        q("EXECUTE ps2 USING @a"),
+        q("SET @c = 2"),
+        q("SET sql_mode = 'ANSI_QUOTES'"),
+        q("SET time_zone = '+02:00'"),
+        q("SET @c = 3"),
+        q("SET time_zone = DEFAULT"),
+        q("SET sql_mode = DEFAULT"),
+    ];
+    for caps in [
+        BASE_CAPS | CLIENT_SESSION_TRACK,
+        BASE_CAPS | CLIENT_SESSION_TRACK | CLIENT_DEPRECATE_EOF,
+    ] {
+        compare(&h, caps, &steps);
+    }
+}

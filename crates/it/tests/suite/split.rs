@@ -1642,3 +1642,32 @@ fn reads_on_a_replica_follow_every_kind_of_use() {
     ];
     same_as_directly(&h, &steps);
 }
+
+/// Found by the fuzzer (seed 2039 session 885): in a read-only transaction, a statement
+/// prepared through the binary protocol that fails (`DEALLOCATE PREPARE` of an unknown
+/// name) leaves its error in the diagnostics area of the node it ran on; a prepared `SHOW
+/// COUNT(*) WARNINGS` after it counts that error, as the server does.
+#[test]
+fn a_failed_prepared_statement_in_a_read_only_transaction_is_counted_where_it_is_read() {
+    use holdfast_it::differential::{binary, q};
+    let h = split_harness(|_| {});
+    table_t_everywhere(&h);
+    let mut steps = Vec::new();
+    for _ in 0..2 {
+        steps.extend([
+            q("DROP TEMPORARY TABLE IF EXISTS tt"),
+            q("START TRANSACTION READ ONLY"),
+            binary("DEALLOCATE PREPARE ps"),
+            binary("SHOW COUNT(*) WARNINGS"),
+            binary("DEALLOCATE PREPARE ps"),
+            q("SHOW WARNINGS"),
+            q("SELECT COUNT(*) FROM t"),
+            binary("DEALLOCATE PREPARE ps"),
+            q("SELECT @@warning_count"),
+            q("COMMIT"),
+            binary("DEALLOCATE PREPARE ps"),
+            binary("SHOW COUNT(*) WARNINGS"),
+        ]);
+    }
+    same_as_directly(&h, &steps);
+}

@@ -127,7 +127,7 @@ impl Session {
             || req.bytes.get(holdfast_wire::frame::HEADER_LEN)
                 == Some(&holdfast_wire::command::COM_INIT_DB)
         {
-            self.exchange.schema_echo = None;
+            self.exchange.owed_schema = None;
         }
         self.exchange.schema_switch = req.query.is_some_and(|f| f.has(C::EXECUTE_SQL))
             && match req
@@ -191,6 +191,12 @@ impl Session {
             self.record.opaque_change = true;
             self.record.capture_due = true;
             self.opaque_unattributable |= !plan.opaque_attributable;
+        }
+        if self.exchange.error.is_some() {
+            // An ERR fills the diagnostics area, whatever the statement would have kept
+            // of it had it run (a refused prepare of `SHOW WARNINGS`, of `DEALLOCATE`):
+            // what the next statement reads of the last one is the primary's.
+            self.split_last_on_primary();
         }
         if let Some(mark) = plan.kill_mark.take() {
             self.settle_kill(mark, self.exchange.error);

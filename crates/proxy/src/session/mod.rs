@@ -42,6 +42,7 @@ mod idle;
 mod kill;
 mod markers;
 mod migrate;
+mod owed_schema;
 mod passthrough;
 mod relay;
 mod replay;

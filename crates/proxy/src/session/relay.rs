@@ -4,6 +4,7 @@
 //! through in the reads they arrived in. A LOCAL INFILE file the statement asked for goes
 //! from the client to the backend; one it did not ask for is refused.
 
+use super::owed_schema::OwedSchema;
 use super::reply::{reply_seq, Reply};
 use super::statements::{bind_types, Statement};
 use super::{End, Session};
@@ -40,10 +41,10 @@ pub(super) struct Exchange {
     pub file_expected: bool,
     /// The request executes a statement prepared with `PREPARE` under another current
     /// schema: the server switches to that one and back while it runs, and its schema
-    /// tracker reports a change (see [`SchemaEcho`]).
+    /// tracker reports a change (see [`OwedSchema`]).
     pub schema_switch: bool,
-    /// What the last such switch left for the next OK to echo.
-    pub schema_echo: Option<SchemaEcho>,
+    /// The schema record such a switch left on the server for a later OK.
+    pub owed_schema: Option<OwedSchema>,
     /// Results the last answer ended with an OK or EOF: after an ERR, the statements of a
     /// multi-statement that ran before it (when none is a CALL).
     pub results: u32,
@@ -52,16 +53,15 @@ pub(super) struct Exchange {
     pub row_count_left: Option<i64>,
 }
 
-/// A schema change the server reported only as the "state changed" flag of a result's EOF
-/// (an EOF carries no records). MariaDB keeps the record and sends it with the next OK that
-/// reports anything else; holdfast's own trackers make every OK report something, so the
-/// record would reach a client whose trackers report nothing else there: it is left out
-/// when it is all the client would get (the schema, as it was at that EOF).
-pub(super) struct SchemaEcho {
-    pub schema: Vec<u8>,
-}
-
 impl Exchange {
+    /// An `EXECUTE` that switched schemas ended without an OK to carry the record: the
+    /// server keeps it for a later one (an earlier debt of the same schema stands).
+    fn owe_schema(&mut self, current: Option<&str>) {
+        let schema = current.unwrap_or_default().as_bytes();
+        self.owed_schema
+            .get_or_insert_with(|| OwedSchema::new(schema));
+    }
+
     /// A command is about to go out: nothing of its answer is known yet.
     pub(super) fn begin(&mut self) {
         self.started = false;
@@ -415,7 +415,10 @@ impl Session {
                         _ => ok.affected_rows as i64,
                     });
                     let client_tracks = self.capabilities & CLIENT_SESSION_TRACK != 0;
-                    let echo = self.exchange.schema_echo.take();
+                    if self.exchange.schema_switch {
+                        // The EXECUTE's own OK reports the switch: nothing waits.
+                        self.exchange.owed_schema = None;
+                    }
                     if !client_tracks && ok.status & SERVER_SESSION_STATE_CHANGED != 0 {
                         // Without SESSION_TRACK the client gets the same OK minus the
                         // session state (the rest is byte-identical).
@@ -429,13 +432,13 @@ impl Session {
                         let trackers = &self.record.client_trackers;
                         let mut kept = Vec::new();
                         trackers.filter(ok.session_state, &mut kept);
-                        if echo.is_some_and(|e| {
-                            holdfast_wire::session_track::only_schema(&kept, &e.schema)
-                        }) {
-                            kept.clear();
+                        if let Some(owed) = self.exchange.owed_schema.as_mut() {
+                            if !owed.settle(ok.session_state, &mut kept) {
+                                self.exchange.owed_schema = None;
+                            }
                         }
                         let flag_only = ok.session_state.is_empty() && !trackers.state_change();
-                        if kept.len() != ok.session_state.len() || flag_only {
+                        if kept != ok.session_state || flag_only {
                             let ok = OkPacket {
                                 session_state: &kept,
                                 ..ok
@@ -454,15 +457,7 @@ impl Session {
                     let schema_switched = self.exchange.schema_switch && trackers.schema();
                     if flagged && schema_switched {
                         // The client's own schema tracker sets the flag here too.
-                        self.exchange.schema_echo = Some(SchemaEcho {
-                            schema: self
-                                .record
-                                .schema
-                                .as_deref()
-                                .unwrap_or_default()
-                                .as_bytes()
-                                .to_vec(),
-                        });
+                        self.exchange.owe_schema(self.record.schema.as_deref());
                     }
                     if flagged && !trackers.state_change() && !schema_switched {
                         // The flag in an EOF, from a change inside a stored program before
@@ -486,6 +481,11 @@ impl Session {
                     self.record.last_affected_rows = 0;
                 }
                 Event::Err(e) => {
+                    if self.exchange.schema_switch && self.record.client_trackers.schema() {
+                        // It may have failed after the switch (or before it: see
+                        // `OwedSchema::settle`).
+                        self.exchange.owe_schema(self.record.schema.as_deref());
+                    }
                     self.exchange.error = Some(e.code);
                     self.exchange.row_count_left = Some(-1);
                     self.record.last_warnings = 1;

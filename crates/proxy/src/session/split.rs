@@ -1223,6 +1223,13 @@ impl Session {
         }
     }
 
+    /// The last statement's diagnostics are the primary's (see `Split::last_on`).
+    pub(super) fn split_last_on_primary(&mut self) {
+        if let Some(split) = self.split.as_mut() {
+            split.forget_last();
+        }
+    }
+
     /// Where a request may run, for a split session: `None` keeps it on the primary.
     pub(super) fn read_target(&mut self, request: &[u8], query: Option<C>) -> Option<Target> {
         self.split.as_ref()?;

@@ -61,7 +61,7 @@ pub(super) struct Statements {
     /// MariaDB's statement id -1 names).
     pub last: Option<u32>,
     /// The current schema when each statement prepared with `PREPARE name` (lower-case
-    /// names) was: an `EXECUTE` of it runs in that schema (see `relay::SchemaEcho`).
+    /// names) was: an `EXECUTE` of it runs in that schema (see `owed_schema`).
     sql_schemas: HashMap<Vec<u8>, Option<String>>,
 }
 
