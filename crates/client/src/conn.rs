@@ -17,9 +17,22 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 /// A bidirectional byte stream a [`PacketConn`] can own: a `TcpStream`, a TLS stream, one
 /// end of `tokio::io::duplex`...
-pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static {}
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static {
+    /// The stream itself, to tell what it is (a plain `TcpStream` can be handed to another
+    /// process; a TLS stream cannot).
+    fn as_any(&self) -> &dyn std::any::Any;
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send>;
+}
 
-impl<T: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static> Io for T {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static> Io for T {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send> {
+        self
+    }
+}
 
 /// The stream of a [`PacketConn`].
 pub type BoxedIo = Box<dyn Io>;
@@ -74,6 +87,27 @@ impl PacketConn {
     pub fn take_stream(&mut self) -> (BoxedIo, BytesMut) {
         let buffered = self.rbuf.split();
         (self.replace_stream(Box::new(Detached)), buffered)
+    }
+
+    /// Whether the stream is a plain TCP socket (one that [`PacketConn::take_tcp`] gives).
+    pub fn is_tcp(&self) -> bool {
+        // (`as_ref`: the box itself is an `Io` too.)
+        self.stream.as_ref().as_any().is::<tokio::net::TcpStream>()
+    }
+
+    /// Takes a plain TCP socket out (for another process: nothing is said on it), with the
+    /// bytes read from it but not consumed; the connection is left detached. `None` (and
+    /// the connection as it was) for any other stream.
+    pub fn take_tcp(&mut self) -> Option<(std::net::TcpStream, BytesMut)> {
+        if !self.is_tcp() {
+            return None;
+        }
+        let (stream, buffered) = self.take_stream();
+        let tcp = stream.into_any().downcast::<tokio::net::TcpStream>().ok()?;
+        match tcp.into_std() {
+            Ok(std) => Some((std, buffered)),
+            Err(_) => None,
+        }
     }
 
     /// Writes what the stream takes of `bytes` right now, without waiting (best effort,

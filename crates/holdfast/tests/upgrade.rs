@@ -91,12 +91,23 @@ struct Served {
 
 impl Served {
     fn start(name: &str, replicas: &str, exe: Option<&dyn Fn(&Path) -> PathBuf>) -> Served {
+        Served::start_with(name, replicas, exe, |_| {})
+    }
+
+    /// [`Served::start`] with the lab's configuration edited first.
+    fn start_with(
+        name: &str,
+        replicas: &str,
+        exe: Option<&dyn Fn(&Path) -> PathBuf>,
+        edit: impl FnOnce(&Path),
+    ) -> Served {
         let dir: PathBuf =
             std::env::temp_dir().join(format!("holdfast-upgrade-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let base = lab_up(&dir, &["--replicas", replicas]);
         let lab = Lab(dir.clone());
         let config = dir.join("holdfast.toml");
+        edit(&config);
         let log = dir.join("serve.log");
         let mut cmd = match exe {
             Some(place) => {
@@ -211,14 +222,22 @@ fn an_upgrade_hands_the_listeners_over_without_refusing_a_connection() {
         || (made.load(Ordering::Relaxed) >= at_upgrade + 20).then_some(()),
     );
 
-    // The sessions open before go on where they were, state and all.
-    for (c, id) in &mut sessions {
-        let row: Option<(String, String, u32)> = c
-            .query_first("SELECT @kept, @@time_zone, CONNECTION_ID()")
-            .expect("the session goes on");
-        assert_eq!(row, Some(("before".into(), "+03:00".into(), *id)));
-    }
-    // The old process exits once they end.
+    // The sessions open before go on, state and all: the main listener's in the new
+    // process (logged in again: the lab's backend connections are TLS), the split one's
+    // where it was.
+    let split_session = sessions.pop().expect("the split session");
+    let (mut main_session, _) = sessions.pop().expect("the main session");
+    let row: Option<(String, String)> = main_session
+        .query_first("SELECT @kept, @@time_zone")
+        .expect("the session goes on");
+    assert_eq!(row, Some(("before".into(), "+03:00".into())));
+    let (mut c, id) = split_session;
+    let row: Option<(String, String, u32)> = c
+        .query_first("SELECT @kept, @@time_zone, CONNECTION_ID()")
+        .expect("the session goes on");
+    assert_eq!(row, Some(("before".into(), "+03:00".into(), id)));
+    let sessions = vec![(c, id)];
+    // The old process exits once the split session ends.
     assert!(
         procs.first.try_wait().expect("try_wait").is_none(),
         "the old process exited with sessions open:\n{}",
@@ -229,6 +248,10 @@ fn an_upgrade_hands_the_listeners_over_without_refusing_a_connection() {
         procs.first.try_wait().expect("try_wait")
     });
     assert!(exit.success(), "{exit}\n{}", read_log());
+    let kept: Option<String> = main_session
+        .query_first("SELECT @kept")
+        .expect("the session handed over outlives the old process");
+    assert_eq!(kept.as_deref(), Some("before"));
 
     // A second upgrade, from the process the first started.
     let (ok, out, err) = ctl(&config, &["upgrade", "--json"]);
@@ -403,4 +426,182 @@ fn an_upgrade_during_a_switchover_waits_for_it() {
     .query_first("SELECT @@server_id")
     .expect("a read");
     assert_eq!(server, node2);
+}
+
+/// What a test session holds and reads back after the upgrade.
+const STATE: &str = "SELECT @kept, @@time_zone, LAST_INSERT_ID(), @@sql_mode";
+
+/// Sessions idle at the upgrade go to the new process with their connection, their state
+/// and their prepared statements (the client's statement ids); with plain TCP to the
+/// nodes the backend connection goes too (same server thread, its temporary table kept);
+/// with TLS to the nodes (the lab's default) the new process logs in again and restores
+/// the session, and a session that could not move (a temporary table) stays on the old
+/// process until it ends. A session in a transaction goes once it commits. The old process
+/// exits when only handed-over sessions were left, and they work on.
+fn idle_sessions_are_handed_over(plain_backend: bool) {
+    let name = if plain_backend { "plain" } else { "tls" };
+    let served = Served::start_with(name, "1", None, |config| {
+        if plain_backend {
+            let text = std::fs::read_to_string(config).expect("the lab's config");
+            let start = text.find("[backend_tls]").expect("a [backend_tls] section");
+            let end = text[start + 1..]
+                .find("\n[")
+                .map_or(text.len(), |i| start + 1 + i + 1);
+            let edited = format!("{}{}", &text[..start], &text[end..]);
+            std::fs::write(config, edited).expect("the edited config");
+        }
+    });
+    let (config, base, log) = (served.config.clone(), served.base, served.log.clone());
+    let mut procs = served.procs;
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let wait_for = |what: &str, timeout: Duration, f: &mut dyn FnMut() -> Option<()>| {
+        holdfast_lab::wait_for(what, timeout, f).unwrap_or_else(|e| panic!("{e}\n{}", read_log()))
+    };
+    let open =
+        || mysql::Conn::new(mysql::Opts::from_url(&url(base)).expect("url")).expect("a session");
+    let thread = |c: &mut mysql::Conn| -> u32 {
+        c.query_first("SELECT CONNECTION_ID()")
+            .expect("id")
+            .expect("a row")
+    };
+
+    // A session with state and a prepared statement.
+    let mut movable = open();
+    movable
+        .query_drop("SET @kept = 'before', time_zone = '+03:00', sql_mode = 'ANSI_QUOTES'")
+        .expect("set");
+    movable
+        .query_drop(
+            "CREATE TABLE sbtest.ho (id INT AUTO_INCREMENT PRIMARY KEY, c VARCHAR(20)); \
+             INSERT INTO sbtest.ho (c) VALUES ('first'), ('handover')",
+        )
+        .expect("a table");
+    movable
+        .query_drop("INSERT INTO sbtest.ho (c) VALUES ('handover')")
+        .expect("insert");
+    let last_id: u64 = movable
+        .query_first("SELECT LAST_INSERT_ID()")
+        .expect("id")
+        .expect("a row");
+    let stmt = movable
+        .prep("SELECT c FROM sbtest.ho WHERE id = ?")
+        .expect("prepare");
+    let movable_thread = thread(&mut movable);
+    // One with a temporary table.
+    let mut pinned = open();
+    pinned
+        .query_drop("CREATE TEMPORARY TABLE tt (a INT); INSERT INTO tt VALUES (7)")
+        .expect("a temporary table");
+    let pinned_thread = thread(&mut pinned);
+    // One in a transaction.
+    let mut in_txn = open();
+    in_txn.query_drop("SET @mine = 'txn'").expect("set");
+    in_txn.query_drop("BEGIN").expect("begin");
+    in_txn
+        .query_drop("UPDATE sbtest.ho SET c = 'during' WHERE id = 1")
+        .expect("update");
+
+    let old_pid = status(&config)["pid"].as_u64().expect("pid") as u32;
+    let (ok, out, err) = ctl(&config, &["upgrade", "--json"]);
+    assert!(ok, "ctl upgrade failed: {err}\n{}", read_log());
+    let report: serde_json::Value = serde_json::from_str(&out).expect("a report");
+    let new_pid = report["pid"].as_u64().expect("pid") as u32;
+    procs.pids.push(new_pid);
+    assert_ne!(new_pid, old_pid);
+
+    // The idle, movable session goes over by itself.
+    wait_for(
+        "the idle session in the new process",
+        Duration::from_secs(30),
+        &mut || {
+            read_log()
+                .contains("session handed over from the previous process")
+                .then_some(())
+        },
+    );
+    let row: Option<(String, String, u64, String)> =
+        movable.query_first(STATE).expect("the session goes on");
+    assert_eq!(
+        row,
+        Some((
+            "before".into(),
+            "+03:00".into(),
+            last_id,
+            "ANSI_QUOTES".into()
+        )),
+        "{}",
+        read_log()
+    );
+    let c: Option<String> = movable
+        .exec_first(&stmt, (last_id,))
+        .expect("the statement prepared before the upgrade");
+    assert_eq!(c.as_deref(), Some("handover"));
+    if plain_backend {
+        assert_eq!(
+            thread(&mut movable),
+            movable_thread,
+            "the same server thread"
+        );
+    }
+
+    // The transaction finishes, then its session goes over.
+    in_txn.query_drop("COMMIT").expect("commit");
+    wait_for(
+        "the session that was in a transaction in the new process",
+        Duration::from_secs(30),
+        &mut || {
+            (read_log()
+                .matches("session handed over from the previous process")
+                .count()
+                >= 2)
+                .then_some(())
+        },
+    );
+    let mine: Option<String> = in_txn.query_first("SELECT @mine").expect("goes on");
+    assert_eq!(mine.as_deref(), Some("txn"));
+
+    // The session with a temporary table: handed over with its connection, or left to end
+    // on the old process.
+    let a: Option<i32> = pinned.query_first("SELECT a FROM tt").expect("its table");
+    assert_eq!(a, Some(7));
+    assert_eq!(thread(&mut pinned), pinned_thread);
+    if !plain_backend {
+        assert!(
+            procs.first.try_wait().expect("try_wait").is_none(),
+            "the old process exited with a session open:\n{}",
+            read_log()
+        );
+        drop(pinned);
+    }
+    let exit = holdfast_lab::wait_for("the old process to exit", Duration::from_secs(30), || {
+        procs.first.try_wait().expect("try_wait")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", read_log()));
+    assert!(exit.success(), "{exit}\n{}", read_log());
+    let row: Option<(String, String, u64, String)> = movable
+        .query_first(STATE)
+        .expect("goes on after the old process exited");
+    assert_eq!(
+        row,
+        Some((
+            "before".into(),
+            "+03:00".into(),
+            last_id,
+            "ANSI_QUOTES".into()
+        ))
+    );
+    let mine: Option<String> = in_txn.query_first("SELECT @mine").expect("goes on");
+    assert_eq!(mine.as_deref(), Some("txn"));
+    let s = status(&config);
+    assert_eq!(s["pid"].as_u64(), Some(u64::from(new_pid)), "{s}");
+}
+
+#[test]
+fn idle_sessions_are_handed_over_with_their_backend_connection() {
+    idle_sessions_are_handed_over(true);
+}
+
+#[test]
+fn idle_sessions_are_handed_over_and_restored_over_tls_to_the_nodes() {
+    idle_sessions_are_handed_over(false);
 }

@@ -49,14 +49,16 @@ pub fn login_ok(client_capabilities: u32, database: Option<&[u8]>) -> Vec<u8> {
 }
 
 /// `session_track_transaction_info`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 enum TransactionInfo {
     Off,
     State,
     Characteristics,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ClientTrackers {
     /// `session_track_system_variables`, lower-case names; `None`: `*`, every variable.
     variables: Option<Vec<Vec<u8>>>,

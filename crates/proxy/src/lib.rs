@@ -241,6 +241,30 @@ impl Shared {
         let n = self.next_session_id.fetch_add(1, Ordering::Relaxed);
         registry::SESSION_ID_BASE + n % registry::SESSION_ID_BASE
     }
+
+    /// The session id counter, for the process that replaces this one.
+    pub(crate) fn session_id_counter(&self) -> u32 {
+        self.next_session_id.load(Ordering::Relaxed)
+    }
+}
+
+/// Sessions the old process hands over after it sent its counter: a million ids of room
+/// (it accepts for milliseconds more).
+const HANDED_OVER_ID_ROOM: u32 = 1 << 20;
+
+/// Goes on with a session the process this one replaces handed over (see
+/// [`upgrade`]): it counts as an open connection, whatever the limit (it was admitted).
+pub(crate) fn resume_session(
+    shared: Arc<Shared>,
+    carried: session::handover::CarriedSession,
+    client: std::net::TcpStream,
+    backend: Option<std::net::TcpStream>,
+) {
+    let slot = shared.connections.take(usize::MAX);
+    tokio::spawn(async move {
+        session::run_resumed(shared, carried, client, backend).await;
+        drop(slot);
+    });
 }
 
 /// A planned switchover waits for sessions through the registry.
@@ -339,6 +363,10 @@ impl Proxy {
             // The process handed over from runs HA until it lets go.
             shared.ha.stand_by();
             shared.upgrader.set_generation(t.generation);
+            shared.next_session_id.store(
+                t.counters.next_session_id.wrapping_add(HANDED_OVER_ID_ROOM),
+                Ordering::Relaxed,
+            );
             shared
                 .metrics
                 .connections_accepted

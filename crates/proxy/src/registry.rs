@@ -65,10 +65,15 @@ pub struct SessionInfo {
 
 impl SessionInfo {
     pub fn new(id: u32, client: SocketAddr) -> Self {
+        Self::started_at(id, client, Instant::now())
+    }
+
+    /// A session that started earlier (in the process that handed it over).
+    pub fn started_at(id: u32, client: SocketAddr, started: Instant) -> Self {
         SessionInfo {
             id,
             client,
-            started: Instant::now(),
+            started,
             user: Mutex::new(String::new()),
             backend: Mutex::new(String::new()),
             backend_thread: AtomicU32::new(0),

@@ -6,10 +6,12 @@ use crate::client_trackers::ClientTrackers;
 use holdfast_sql::SqlMode;
 use holdfast_wire::caps::*;
 use holdfast_wire::session_track::{items, TrackItem};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-#[derive(Debug, Clone, Default, Serialize)]
+/// (Deserialized only from what a process hands over, with the skipped fields carried
+/// apart: see `session::handover`.)
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct SessionRecord {
     pub schema: Option<String>,
     /// Session system variables reported changed by the tracker, by name.

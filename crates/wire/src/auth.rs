@@ -26,6 +26,16 @@ impl PasswordHash {
         PasswordHash(Sha1::digest(password).into())
     }
 
+    /// The hash itself, for handing a session to the holdfast process that replaces this
+    /// one (the caller zeroizes what it copies it into).
+    pub fn to_bytes(&self) -> [u8; 20] {
+        self.0
+    }
+
+    pub fn from_bytes(hash: [u8; 20]) -> Self {
+        PasswordHash(hash)
+    }
+
     /// The verifier a server stores for this password.
     pub fn verifier(&self) -> [u8; 20] {
         Sha1::digest(self.0).into()

@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 
 /// User variables and what the trackers do not report exactly, read from a backend
 /// connection.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Captured {
     pub user_variables: Vec<UserVariable>,
     /// `LAST_INSERT_ID()`; OK packets miss `SELECT LAST_INSERT_ID(expr)`.

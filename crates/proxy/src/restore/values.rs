@@ -7,7 +7,7 @@ use holdfast_sql::quote::{hex, identifier};
 use holdfast_wire::binary_row::*;
 
 /// A user variable's value with its exact type. `None` values are typed NULLs.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum UserValue {
     Signed(Option<i64>),
     Unsigned(Option<u64>),
@@ -23,7 +23,7 @@ pub enum UserValue {
 }
 
 /// A captured user variable.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct UserVariable {
     /// The name as the server lists it (UTF-8), without `@`.
     pub name: String,

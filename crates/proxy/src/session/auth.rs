@@ -45,7 +45,7 @@ pub struct LoggedIn {
 }
 
 /// The parts of a client's login that a new backend connection repeats.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Identity {
     pub user: Vec<u8>,
     pub charset: u8,

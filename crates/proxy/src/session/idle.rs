@@ -47,6 +47,9 @@ impl Session {
         let idle_timeout = self.shared.config().proxy.client_idle_timeout_secs;
         let idle_deadline =
             (idle_timeout > 0).then(|| Instant::now() + Duration::from_secs(idle_timeout));
+        if let Some(end) = self.hand_over_if_asked(false).await {
+            return Err(end);
+        }
         loop {
             let cooldown_end = self
                 .move_pending_since
@@ -54,6 +57,12 @@ impl Session {
             let read = tokio::select! {
                 biased;
                 r = self.client.buffer_packet(max) => r,
+                Ok(()) = self.hand_over_to.changed() => {
+                    if let Some(end) = self.hand_over_if_asked(true).await {
+                        return Err(end);
+                    }
+                    continue;
+                }
                 event = idle_watch(
                     &mut self.backend.conn,
                     &mut self.topology,

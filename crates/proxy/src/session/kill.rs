@@ -63,6 +63,25 @@ pub(super) enum KillPlan {
 #[derive(Default)]
 pub(super) struct SqlKills(HashMap<Vec<u8>, (Vec<u8>, bool)>);
 
+impl SqlKills {
+    /// As a process hands the session to the one that replaces it.
+    pub(super) fn carry(&self) -> Vec<(Vec<u8>, Vec<u8>, bool)> {
+        self.0
+            .iter()
+            .map(|(name, (text, flag))| (name.clone(), text.clone(), *flag))
+            .collect()
+    }
+
+    pub(super) fn from_carried(carried: Vec<(Vec<u8>, Vec<u8>, bool)>) -> SqlKills {
+        SqlKills(
+            carried
+                .into_iter()
+                .map(|(name, text, flag)| (name, (text, flag)))
+                .collect(),
+        )
+    }
+}
+
 /// At most this many are kept (the server's own limit, `max_prepared_stmt_count`, is per
 /// server).
 const MAX_SQL_KILLS: usize = 1024;

@@ -1137,3 +1137,44 @@ mod tests {
         assert!(!marked("COMMIT /*M!100700 WORK */"));
     }
 }
+
+/// The markers' state as a process hands a session, idle outside a transaction, to the
+/// one that replaces it: the session's row and sequence go on.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(super) struct CarriedMarkers {
+    key: u64,
+    seq: u64,
+    refused: bool,
+    conditions_kept: bool,
+    row_count: Option<i64>,
+    reads_row_count: bool,
+}
+
+impl Markers {
+    /// `None` with a marker in flight or a transaction's writes noted (not a safe point).
+    pub(super) fn carry(&self) -> Option<CarriedMarkers> {
+        if self.in_flight.is_some() || self.txn_writes || self.execute_as.is_some() {
+            return None;
+        }
+        Some(CarriedMarkers {
+            key: self.key,
+            seq: self.seq,
+            refused: self.refused,
+            conditions_kept: self.conditions_kept,
+            row_count: self.row_count,
+            reads_row_count: self.reads_row_count,
+        })
+    }
+
+    pub(super) fn from_carried(c: CarriedMarkers) -> Markers {
+        Markers {
+            key: c.key,
+            seq: c.seq,
+            refused: c.refused,
+            conditions_kept: c.conditions_kept,
+            row_count: c.row_count,
+            reads_row_count: c.reads_row_count,
+            ..Markers::default()
+        }
+    }
+}

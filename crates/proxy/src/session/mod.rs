@@ -38,6 +38,7 @@ use tokio::sync::watch;
 pub mod auth;
 mod forward;
 mod found_rows;
+pub mod handover;
 mod idle;
 mod kill;
 mod markers;
@@ -86,6 +87,9 @@ enum End {
     Backend(ConnError),
     #[error("{0}")]
     Protocol(String),
+    /// The session went to the process that replaces this one (see `handover.rs`).
+    #[error("handed over to the new process")]
+    HandedOver,
 }
 
 /// Why holdfast closed a session on purpose (`holdfast_sessions_closed_by_holdfast_total`).
@@ -184,6 +188,9 @@ struct Session {
     move_pending_since: Option<Instant>,
     /// Read/write splitting: the session's replica connections (split listeners only).
     split: Option<Box<split::Split>>,
+    /// Set when the process that replaces this one takes sessions (see `handover.rs`).
+    hand_over_to:
+        watch::Receiver<Option<tokio::sync::mpsc::UnboundedSender<handover::HandedSession>>>,
 }
 
 /// Answers a connection over the limit with ERR 1040 and closes it.
@@ -292,6 +299,34 @@ pub async fn run_routed(
         return;
     };
     let end = session.serve().await;
+    session.finish(end);
+}
+
+/// A session the process this one replaces handed over: it goes on with the client's next
+/// request.
+pub(crate) async fn run_resumed(
+    shared: Arc<Shared>,
+    carried: handover::CarriedSession,
+    client: std::net::TcpStream,
+    backend: Option<std::net::TcpStream>,
+) {
+    let (id, peer) = (carried.id, carried.peer);
+    let mut session = match Session::resume(shared, carried, client, backend) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(session = id, client = %peer, error = %e, "a session handed over could not go on; its connections close");
+            return;
+        }
+    };
+    // Its TLS backend connection stayed with the old process: logged in again, restored.
+    let end = match session.backend_dead {
+        true => session.relocate("upgrade").await.err(),
+        false => None,
+    };
+    let end = match end {
+        Some(end) => end,
+        None => session.serve().await,
+    };
     session.finish(end);
 }
 
@@ -477,6 +512,7 @@ impl Session {
             switching: shared.switching.subscribe(),
             move_pending_since: None,
             split: (routing == Routing::Split).then(|| split::Split::new(shared.topology.clone())),
+            hand_over_to: shared.upgrader.session_sink(),
             shared,
         })
     }
@@ -530,6 +566,7 @@ impl Session {
             End::Quit | End::Client(ConnError::Closed) => {
                 tracing::debug!(session = id, "session ended")
             }
+            End::HandedOver => tracing::debug!(session = id, "session handed over"),
             End::Closed {
                 reason: reason @ (CloseReason::IdleTimeout | CloseReason::Killed),
                 message,

@@ -17,7 +17,7 @@
 use holdfast_wire::codec::{put_lenenc_bytes, Reader};
 use holdfast_wire::session_track::{items, TrackItem, SESSION_TRACK_SCHEMA};
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(super) struct OwedSchema {
     /// The current schema when the `EXECUTE` ended (the one it switched back to).
     schema: Vec<u8>,

@@ -260,3 +260,98 @@ mod tests {
         assert_eq!((s.open_cursors(), s.pending_long_data()), (1, true));
     }
 }
+
+/// The prepared statements as a process hands them to the one that replaces it (the
+/// backend connection goes with them: the server's ids stay valid).
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(super) struct CarriedStatements {
+    statements: Vec<CarriedStatement>,
+    next_id: u32,
+    last: Option<u32>,
+    sql_schemas: Vec<(Vec<u8>, Option<String>)>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct CarriedStatement {
+    id: u32,
+    backend_id: u32,
+    sql: Vec<u8>,
+    params: u16,
+    cursor_open: bool,
+    long_data: bool,
+    retry_safe: bool,
+    may_commit: bool,
+    replayable: bool,
+    flags: u32,
+    types: Option<Vec<u8>>,
+    types_pending: bool,
+}
+
+impl Statements {
+    pub fn carry(&self) -> CarriedStatements {
+        CarriedStatements {
+            statements: self
+                .by_id
+                .iter()
+                .map(|(&id, s)| CarriedStatement {
+                    id,
+                    backend_id: s.backend_id,
+                    sql: s.sql.to_vec(),
+                    params: s.params,
+                    cursor_open: s.cursor_open,
+                    long_data: s.long_data,
+                    retry_safe: s.retry_safe,
+                    may_commit: s.may_commit,
+                    replayable: s.replayable,
+                    flags: s.flags.bits,
+                    types: s.types.clone(),
+                    types_pending: s.types_pending,
+                })
+                .collect(),
+            next_id: self.next_id,
+            last: self.last,
+            sql_schemas: self
+                .sql_schemas
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        }
+    }
+
+    /// The statements as carried; where each may run in a split session is worked out
+    /// again under `mode`.
+    pub fn from_carried(
+        carried: CarriedStatements,
+        mode: holdfast_sql::SqlMode,
+        server: holdfast_sql::Server,
+    ) -> Statements {
+        let mut statements = Statements {
+            by_id: HashMap::default(),
+            next_id: carried.next_id.max(1),
+            last: carried.last,
+            sql_schemas: carried.sql_schemas.into_iter().collect(),
+        };
+        for s in carried.statements {
+            let flags = holdfast_sql::Classification { bits: s.flags };
+            let read_route = holdfast_sql::read_route(&s.sql, flags, mode, server);
+            statements.by_id.insert(
+                s.id,
+                Statement {
+                    backend_id: s.backend_id,
+                    sql: Bytes::from(s.sql),
+                    params: s.params,
+                    cursor_open: s.cursor_open,
+                    long_data: s.long_data,
+                    retry_safe: s.retry_safe,
+                    may_commit: s.may_commit,
+                    replayable: s.replayable,
+                    flags,
+                    read_route,
+                    types: s.types,
+                    types_pending: s.types_pending,
+                },
+            );
+        }
+        statements
+    }
+}

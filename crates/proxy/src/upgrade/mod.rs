@@ -12,13 +12,19 @@
 //! 4. the old process stops accepting and lets go of HA (a running operation finishes
 //!    first), then says [`Message::HaReleased`]: the new one takes charge of it.
 //!
-//! Sessions open on the old process stay there until they end, or until the drain window
-//! (`[proxy] cooldown_ms`) closes them; then it exits. (Handing live sessions over, their
-//! sockets and state, is the next step.) A new process that speaks no format the old one
-//! knows is refused cleanly: the old one keeps serving, and the upgrade fails with why.
+//! 5. old → new: [`Message::Session`], each session as it reaches a safe point (idle,
+//!    outside a transaction, plain TCP, no read/write splitting: see
+//!    `session::handover`), with its client's and its backend's sockets: the new process
+//!    goes on with it, on the same server thread.
+//!
+//! Sessions that cannot be handed over stay on the old process until they end, or until
+//! the drain window (`[proxy] cooldown_ms`) closes them; then it exits. A new process that
+//! speaks no format the old one knows is refused cleanly: the old one keeps serving, and
+//! the upgrade fails with why. A new process of format 1 gets no sessions.
 
 pub mod channel;
 
+use crate::session::handover::{CarriedSession, HandedSession};
 use crate::Shared;
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
@@ -28,10 +34,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
-/// The hand-over format this build speaks.
-pub const FORMAT: u32 = 1;
+/// The hand-over format this build speaks (2: sessions are handed over).
+pub const FORMAT: u32 = 2;
+/// The first format whose processes take sessions over.
+const SESSIONS_FORMAT: u32 = 2;
 /// The oldest format it accepts from the process it takes over from.
 pub const OLDEST_FORMAT: u32 = 1;
 
@@ -69,6 +77,9 @@ pub enum Message {
     HaReleased {
         ha: Box<holdfast_cluster::ha::controller::HaCarried>,
     },
+    /// Old → new: a live session, with its client's socket and, when it is kept, its
+    /// backend's (in that order).
+    Session { session: Box<CarriedSession> },
     /// Either way: the other side gives up, and why.
     Refused { reason: String },
 }
@@ -96,6 +107,10 @@ pub enum Role {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Counters {
     pub connections_accepted: u64,
+    /// The old process's session id counter: the new one numbers its sessions past it,
+    /// so that the ids of sessions handed over stay unique.
+    #[serde(default)]
+    pub next_session_id: u32,
 }
 
 /// Why an upgrade did not happen (the old process keeps serving).
@@ -156,6 +171,8 @@ pub struct Upgrader {
     sockets: Mutex<Vec<(Socket, OwnedFd)>>,
     /// The new process's pid once it accepts: this one stops accepting.
     handed_over: watch::Sender<Option<u32>>,
+    /// Where sessions give themselves up once the new process takes them.
+    session_sink: watch::Sender<Option<mpsc::UnboundedSender<HandedSession>>>,
 }
 
 impl Default for Upgrader {
@@ -167,6 +184,7 @@ impl Default for Upgrader {
             running: AtomicBool::new(false),
             sockets: Mutex::new(Vec::new()),
             handed_over: watch::Sender::new(None),
+            session_sink: watch::Sender::new(None),
         }
     }
 }
@@ -218,6 +236,12 @@ impl Upgrader {
     /// Resolves once this process has handed its listeners over (with the new pid).
     pub fn handed_over(&self) -> watch::Receiver<Option<u32>> {
         self.handed_over.subscribe()
+    }
+
+    /// Set once the new process takes sessions: where a session at a safe point gives
+    /// itself up.
+    pub fn session_sink(&self) -> watch::Receiver<Option<mpsc::UnboundedSender<HandedSession>>> {
+        self.session_sink.subscribe()
     }
 
     /// Starts the binary at this process's executable path and hands it the listeners
@@ -299,7 +323,7 @@ impl Upgrader {
                 return Err(UpgradeError::Exited(status.map_or_else(|e| e.to_string(), |s| s.to_string())));
             }
         };
-        let (pid, version) = match receive(&mut stream, "say hello").await?.0 {
+        let (pid, version, format) = match receive(&mut stream, "say hello").await?.0 {
             Message::Hello {
                 format,
                 version,
@@ -312,13 +336,14 @@ impl Upgrader {
                     let _ = send(&mut stream, &Message::Refused { reason }, &[]).await;
                     return Err(UpgradeError::Format(format));
                 }
-                (pid, version)
+                (pid, version, format)
             }
             other => return Err(unexpected(other)),
         };
         let generation = self.generation() + 1;
         let counters = Counters {
             connections_accepted: shared.metrics.connections_accepted.get(),
+            next_session_id: shared.session_id_counter(),
         };
         let (list, fds) = self.sockets_to_send()?;
         let members = shared
@@ -352,13 +377,51 @@ impl Upgrader {
             tracing::warn!(error = %e, "upgrade: the new process did not hear that HA is its own (it takes charge when this process exits)");
         }
         let sessions_left = shared.open_connections();
-        tracing::info!(pid, %version, generation, sessions_left, "upgrade: the new process serves; this one drains its sessions");
+        tracing::info!(pid, %version, generation, sessions_left, "upgrade: the new process serves; this one hands its sessions over or drains them");
+        if format >= SESSIONS_FORMAT {
+            let (tx, rx) = mpsc::unbounded_channel();
+            self.session_sink.send_replace(Some(tx));
+            tokio::spawn(send_sessions(stream, rx));
+        }
         Ok(UpgradeReport {
             pid,
             version,
             generation,
             sessions_left,
         })
+    }
+}
+
+/// Sends each session given up to the new process, for as long as this process lives.
+async fn send_sessions(
+    mut stream: UnixStream,
+    mut sessions: mpsc::UnboundedReceiver<HandedSession>,
+) {
+    while let Some(handed) = sessions.recv().await {
+        let HandedSession {
+            carried,
+            client,
+            backend,
+        } = handed;
+        let id = carried.id;
+        let mut body = match serde_json::to_vec(&Message::Session { session: carried }) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(session = id, error = %e, "upgrade: a session could not be written down; its connections close");
+                continue;
+            }
+        };
+        let mut fds = vec![client.as_fd()];
+        fds.extend(backend.as_ref().map(|b| b.as_fd()));
+        let sent = channel::send(&mut stream, &body, &fds).await;
+        // It holds the session's re-authentication secret.
+        zeroize::Zeroize::zeroize(&mut body);
+        match sent {
+            Ok(()) => tracing::debug!(session = id, "upgrade: session handed over"),
+            Err(e) => {
+                tracing::error!(session = id, error = %e, "upgrade: the new process did not take a session; its connections close");
+            }
+        }
     }
 }
 
@@ -460,8 +523,60 @@ impl TakeOver {
             }
             shared.ha.take_charge();
             tracing::info!("upgrade: in charge of HA");
+            receive_sessions(&mut self.stream, &shared).await;
         });
         Ok(())
+    }
+}
+
+/// Goes on with each session the old process hands over, until it closes the channel (it
+/// exits).
+async fn receive_sessions(stream: &mut UnixStream, shared: &Arc<Shared>) {
+    loop {
+        let received = match channel::recv(stream).await {
+            Ok(Some(r)) => r,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "upgrade: the hand-over channel failed; sessions still on the previous process end there");
+                return;
+            }
+        };
+        let mut body = received.body;
+        let message = serde_json::from_slice::<Message>(&body);
+        zeroize::Zeroize::zeroize(&mut body);
+        let session = match message {
+            Ok(Message::Session { session }) => session,
+            Ok(other) => {
+                tracing::warn!(message = ?other, "upgrade: unexpected message after the hand-over");
+                continue;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "upgrade: an unreadable session; its connections close");
+                continue;
+            }
+        };
+        let mut fds = received.fds.into_iter();
+        let (client, backend) = (fds.next(), fds.next());
+        let Some(client) = client else {
+            tracing::error!(
+                session = session.id,
+                "upgrade: a session came without its client's socket"
+            );
+            continue;
+        };
+        if session.backend_kept() != backend.is_some() {
+            tracing::error!(
+                session = session.id,
+                "upgrade: a session came without its backend's socket; its client's closes"
+            );
+            continue;
+        }
+        crate::resume_session(
+            shared.clone(),
+            *session,
+            std::net::TcpStream::from(client),
+            backend.map(std::net::TcpStream::from),
+        );
     }
 }
 

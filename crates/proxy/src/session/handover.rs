@@ -1,0 +1,452 @@
+//! Handing a live session to the process that replaces this one (`holdfast ctl upgrade`).
+//!
+//! A session gives itself up only at a safe point: idle between requests, outside a
+//! transaction, nothing in flight behind a marker, its backend connection alive and not
+//! due to move, on a listener without read/write splitting, its client's socket plain TCP
+//! (a TLS session's record-layer state cannot be handed over yet: such sessions stay and
+//! end in the old process). Its client's socket goes to the new process as it is, with
+//! nothing said on it; what holdfast knows of the session goes with it ([`CarriedSession`]).
+//!
+//! The backend connection:
+//! - plain TCP: its socket goes too. The server keeps its thread, so what lives there
+//!   (temporary tables, locks, prepared statements, user variables, `LAST_INSERT_ID`) needs
+//!   no restore;
+//! - TLS (`[backend_tls]`): a TLS connection's state cannot be handed over, so the old
+//!   process captures what the trackers do not report and closes it, and the new one logs
+//!   in again and restores the session, as a move to another node does. Only a session
+//!   that could move goes this way (no temporary table, lock, cursor..., a login holdfast
+//!   can repeat); the others stay.
+
+use super::owed_schema::OwedSchema;
+use super::{kill, markers, relay, statements, End, Session};
+use crate::backend::BackendConn;
+use crate::client_trackers::ClientTrackers;
+use crate::conn::PacketConn;
+use crate::registry::SessionInfo;
+use crate::restore::Captured;
+use crate::state::SessionRecord;
+use crate::Shared;
+use holdfast_wire::auth::PasswordHash;
+use holdfast_wire::caps::{CLIENT_COMPRESS, SERVER_STATUS_IN_TRANS};
+use holdfast_wire::handshake::Greeting;
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use zeroize::Zeroize;
+
+/// What holdfast knows of a session, as one process hands it to the next (JSON on the
+/// hand-over channel, with the client's and the backend's sockets beside it).
+#[derive(Serialize, Deserialize)]
+pub struct CarriedSession {
+    pub id: u32,
+    pub peer: SocketAddr,
+    age_ms: u64,
+    capabilities: u32,
+    user: String,
+    /// `SHA1(password)` when holdfast can log the session in again elsewhere; zeroized
+    /// when dropped.
+    secret: Option<CarriedSecret>,
+    scramble: [u8; 20],
+    identity: super::auth::Identity,
+    can_reauthenticate: bool,
+    backend_name: String,
+    backend_age_ms: u64,
+    greeting: CarriedGreeting,
+    backend_capabilities: u32,
+    backend_mariadb_caps: u32,
+    /// The backend's socket comes with the session (else the new process logs in again).
+    backend_kept: bool,
+    record: SessionRecord,
+    /// The record's fields its serialisation leaves out (`SessionRecord` is also what the
+    /// admin API shows).
+    sql_mode: Option<(bool, bool)>,
+    client_trackers: ClientTrackers,
+    trackers_overridden: bool,
+    statements: statements::CarriedStatements,
+    sql_kills: Vec<(Vec<u8>, Vec<u8>, bool)>,
+    captured: Captured,
+    capture_due: bool,
+    capture_failing: bool,
+    opaque_unattributable: bool,
+    tracks_transactions: bool,
+    markers: markers::CarriedMarkers,
+    row_count_left: Option<i64>,
+    owed_schema: Option<OwedSchema>,
+    moves: u64,
+    commands: u64,
+    /// Bytes read from each socket and not used yet (a request's start).
+    client_unread: Vec<u8>,
+    backend_unread: Vec<u8>,
+}
+
+impl CarriedSession {
+    pub fn backend_kept(&self) -> bool {
+        self.backend_kept
+    }
+}
+
+/// Names the session only (what it holds stays out of logs).
+impl std::fmt::Debug for CarriedSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CarriedSession")
+            .field("id", &self.id)
+            .field("peer", &self.peer)
+            .field("user", &self.user)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct CarriedSecret([u8; 20]);
+
+impl Drop for CarriedSecret {
+    fn drop(&mut self) {
+        self.0.zeroize();
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct CarriedGreeting {
+    server_version: Vec<u8>,
+    connection_id: u32,
+    scramble: Vec<u8>,
+    capabilities: u32,
+    charset: u8,
+    status: u16,
+    auth_plugin: Vec<u8>,
+    mariadb_caps: u32,
+}
+
+/// A session given up: what holdfast knows of it, its client's socket and its backend's
+/// when that is plain TCP.
+pub struct HandedSession {
+    pub carried: Box<CarriedSession>,
+    pub client: std::net::TcpStream,
+    pub backend: Option<std::net::TcpStream>,
+}
+
+impl Session {
+    /// Whether the session is at a point where it can be handed over (see the module
+    /// documentation), and why not when it is not.
+    fn why_not_handed_over(&self) -> Option<&'static str> {
+        if self.split.is_some() {
+            return Some("read/write splitting");
+        }
+        if self.record.status & SERVER_STATUS_IN_TRANS != 0 || self.txn_log.is_some() {
+            return Some("a transaction is open");
+        }
+        if self.capabilities & CLIENT_COMPRESS != 0 {
+            return Some("compression");
+        }
+        if !self.client.is_tcp() {
+            return Some("TLS to the client");
+        }
+        if !self.backend.conn.is_tcp()
+            && (!self.can_reauthenticate
+                || self.record.blocker().is_some()
+                || self.record.opaque_change
+                || self.record.capture_due)
+        {
+            return Some("TLS to the backend, and the session cannot move");
+        }
+        if self.backend_dead
+            || self.lost_while_idle.is_some()
+            || self.transaction_lost
+            || self.move_pending_since.is_some()
+        {
+            return Some("a move is due");
+        }
+        if self.info.kill_requested.load(Ordering::Acquire) != 0 {
+            return Some("a KILL is pending");
+        }
+        if self.markers.carry().is_none() || self.exchange.checksum.is_some() {
+            return Some("a statement is in flight");
+        }
+        None
+    }
+
+    /// When the process that replaces this one takes sessions and this one is at a safe
+    /// point: gives it up (the session ends here with [`End::HandedOver`]). `news`: the
+    /// hand-over just began (a session that stays says why, once).
+    pub(super) async fn hand_over_if_asked(&mut self, news: bool) -> Option<End> {
+        let sink = self.hand_over_to.borrow_and_update().clone()?;
+        if sink.is_closed() {
+            return None;
+        }
+        if !self.backend.conn.is_tcp() {
+            // The new process logs in again: what only a capture reads goes with the session.
+            self.capture_if_due(true).await;
+        }
+        let handed = self.give_up(news)?;
+        let id = self.info.id;
+        match sink.send(handed) {
+            Ok(()) => Some(End::HandedOver),
+            Err(returned) => {
+                // The channel closed in between: the session goes on here.
+                self.take_back(returned.0);
+                tracing::warn!(
+                    session = id,
+                    "the hand-over channel closed; the session stays"
+                );
+                None
+            }
+        }
+    }
+
+    /// Puts the sockets of a session given up back, as they were.
+    fn take_back(&mut self, handed: HandedSession) {
+        let HandedSession {
+            carried,
+            client,
+            backend,
+        } = handed;
+        let put = |conn: &mut PacketConn, stream: std::net::TcpStream, unread: &[u8]| {
+            if let Ok(s) = tokio::net::TcpStream::from_std(stream) {
+                conn.replace_stream(Box::new(s));
+                conn.rbuf.extend_from_slice(unread);
+            }
+        };
+        put(&mut self.client, client, &carried.client_unread);
+        if let Some(backend) = backend {
+            put(&mut self.backend.conn, backend, &carried.backend_unread);
+        }
+        self.backend.quit_on_drop = true;
+    }
+
+    /// Gives the session up to the process that replaces this one, when it is at a safe
+    /// point: its sockets and what holdfast knows of it. `None` leaves it as it was.
+    fn give_up(&mut self, news: bool) -> Option<HandedSession> {
+        if let Some(why) = self.why_not_handed_over() {
+            match news {
+                true => tracing::info!(
+                    session = self.info.id,
+                    why,
+                    "upgrade: the session stays in this process for now"
+                ),
+                false => tracing::debug!(
+                    session = self.info.id,
+                    why,
+                    "upgrade: the session stays in this process for now"
+                ),
+            }
+            return None;
+        }
+        let markers = self.markers.carry()?;
+        let (client, client_unread) = self.client.take_tcp()?;
+        // A TLS backend connection stays, and is closed as the session ends here.
+        let (backend, backend_unread) = match self.backend.conn.take_tcp() {
+            Some((socket, unread)) => {
+                // Nothing may be said on the connection the new process continues.
+                self.backend.quit_on_drop = false;
+                (Some(socket), unread)
+            }
+            None => (None, Default::default()),
+        };
+        self.captured.last_insert_id = self.record.last_insert_id;
+        let greeting = &self.backend.greeting;
+        let carried = CarriedSession {
+            id: self.info.id,
+            peer: self.info.client,
+            age_ms: self.info.started.elapsed().as_millis() as u64,
+            capabilities: self.capabilities,
+            user: self.user.clone(),
+            secret: self.secret.as_ref().map(|s| CarriedSecret(s.to_bytes())),
+            scramble: self.scramble,
+            identity: self.identity.clone(),
+            can_reauthenticate: self.can_reauthenticate,
+            backend_name: self.backend_name.clone(),
+            backend_age_ms: self.backend_since.elapsed().as_millis() as u64,
+            greeting: CarriedGreeting {
+                server_version: greeting.server_version.clone(),
+                connection_id: greeting.connection_id,
+                scramble: greeting.scramble.clone(),
+                capabilities: greeting.capabilities,
+                charset: greeting.charset,
+                status: greeting.status,
+                auth_plugin: greeting.auth_plugin.clone(),
+                mariadb_caps: greeting.mariadb_caps,
+            },
+            backend_capabilities: self.backend.capabilities,
+            backend_mariadb_caps: self.backend.mariadb_caps,
+            backend_kept: backend.is_some(),
+            record: self.record.clone(),
+            sql_mode: self
+                .record
+                .sql_mode
+                .map(|m| (m.ansi_quotes, m.no_backslash_escapes)),
+            client_trackers: self.record.client_trackers.clone(),
+            trackers_overridden: self.record.trackers_overridden,
+            statements: self.statements.carry(),
+            sql_kills: self.sql_kills.carry(),
+            captured: self.captured.clone(),
+            capture_due: self.capture_due_since.is_some(),
+            capture_failing: self.capture_failing,
+            opaque_unattributable: self.opaque_unattributable,
+            tracks_transactions: self.tracks_transactions,
+            markers,
+            row_count_left: self.exchange.row_count_left,
+            owed_schema: self.exchange.owed_schema.clone(),
+            moves: self.info.moves.load(Ordering::Relaxed),
+            commands: self.info.commands.load(Ordering::Relaxed),
+            client_unread: client_unread.to_vec(),
+            backend_unread: backend_unread.to_vec(),
+        };
+        Some(HandedSession {
+            carried: Box::new(carried),
+            client,
+            backend,
+        })
+    }
+
+    /// The session handed over by the process this one replaces, on its own sockets,
+    /// registered under its id; it goes on with the client's next request.
+    pub(super) fn resume(
+        shared: Arc<Shared>,
+        carried: CarriedSession,
+        client: std::net::TcpStream,
+        backend: Option<std::net::TcpStream>,
+    ) -> std::io::Result<Session> {
+        let CarriedSession {
+            id,
+            peer,
+            age_ms,
+            capabilities,
+            user,
+            secret,
+            scramble,
+            identity,
+            can_reauthenticate,
+            backend_name,
+            backend_age_ms,
+            greeting: g,
+            backend_capabilities,
+            backend_mariadb_caps,
+            backend_kept: _,
+            mut record,
+            sql_mode,
+            client_trackers,
+            trackers_overridden,
+            statements,
+            sql_kills,
+            captured,
+            capture_due,
+            capture_failing,
+            opaque_unattributable,
+            tracks_transactions,
+            markers,
+            row_count_left,
+            owed_schema,
+            moves,
+            commands,
+            client_unread,
+            backend_unread,
+        } = carried;
+        client.set_nonblocking(true)?;
+        let mut client = PacketConn::new(Box::new(tokio::net::TcpStream::from_std(client)?));
+        client.rbuf.extend_from_slice(&client_unread);
+        let backend_dead = backend.is_none();
+        let mut conn = match backend {
+            Some(socket) => {
+                socket.set_nonblocking(true)?;
+                PacketConn::new(Box::new(tokio::net::TcpStream::from_std(socket)?))
+            }
+            // Logged in again before the session goes on (`run_resumed`).
+            None => PacketConn::new(Box::new(tokio::io::duplex(1).0)),
+        };
+        conn.rbuf.extend_from_slice(&backend_unread);
+        let backend = BackendConn {
+            conn,
+            greeting: Greeting {
+                server_version: g.server_version,
+                connection_id: g.connection_id,
+                scramble: g.scramble,
+                capabilities: g.capabilities,
+                charset: g.charset,
+                status: g.status,
+                auth_plugin: g.auth_plugin,
+                mariadb_caps: g.mariadb_caps,
+            },
+            capabilities: backend_capabilities,
+            mariadb_caps: backend_mariadb_caps,
+            quit_on_drop: true,
+        };
+        record.sql_mode =
+            sql_mode.map(
+                |(ansi_quotes, no_backslash_escapes)| holdfast_sql::SqlMode {
+                    ansi_quotes,
+                    no_backslash_escapes,
+                },
+            );
+        record.client_trackers = client_trackers;
+        record.trackers_overridden = trackers_overridden;
+        let now = Instant::now();
+        let ago = |ms: u64| now.checked_sub(Duration::from_millis(ms)).unwrap_or(now);
+        let info = Arc::new(SessionInfo::started_at(id, peer, ago(age_ms)));
+        info.set_user(&user);
+        info.set_backend(&backend_name, backend.greeting.connection_id);
+        info.can_reauthenticate
+            .store(can_reauthenticate, Ordering::Relaxed);
+        info.moves.store(moves, Ordering::Relaxed);
+        info.commands.store(commands, Ordering::Relaxed);
+        info.status.store(record.status, Ordering::Relaxed);
+        info.set_blocker(record.blocker());
+        shared.sessions.insert(info.clone());
+        shared.metrics.sessions_active.inc();
+        if !can_reauthenticate {
+            shared.metrics.sessions_passthrough_auth.inc();
+        }
+        let mut topology = shared.topology.clone();
+        topology.borrow_and_update();
+        let server = {
+            let own = holdfast_sql::Server::from_version(&backend.greeting.server_version);
+            match topology.borrow().node_servers {
+                Some(nodes) => own.or(nodes),
+                None => own,
+            }
+        };
+        let mode = record.sql_mode.unwrap_or_default();
+        tracing::info!(session = id, client = %peer, user = %user, backend = %backend_name, thread = backend.greeting.connection_id, "session handed over from the previous process");
+        Ok(Session {
+            info,
+            client,
+            backend,
+            capabilities,
+            user,
+            secret: secret.as_ref().map(|s| PasswordHash::from_bytes(s.0)),
+            scramble,
+            record,
+            statements: statements::Statements::from_carried(statements, mode, server),
+            sql_kills: kill::SqlKills::from_carried(sql_kills),
+            scratch: Vec::new(),
+            idle_timer: Box::pin(tokio::time::sleep(super::idle::IDLE_PROBE)),
+            identity,
+            can_reauthenticate,
+            backend_name,
+            backend_dead,
+            backend_epoch: shared.gate.epoch(),
+            backend_since: ago(backend_age_ms),
+            transaction_lost: false,
+            lost_while_idle: None,
+            exchange: relay::Exchange {
+                row_count_left,
+                owed_schema,
+                ..relay::Exchange::default()
+            },
+            txn_log: None,
+            markers: markers::Markers::from_carried(markers),
+            captured,
+            capture_due_since: capture_due.then_some(now),
+            capture_failing,
+            opaque_unattributable,
+            tracks_transactions,
+            topology,
+            switching: shared.switching.subscribe(),
+            move_pending_since: None,
+            split: None,
+            hand_over_to: shared.upgrader.session_sink(),
+            shared,
+        })
+    }
+}
