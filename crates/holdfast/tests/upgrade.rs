@@ -1,8 +1,8 @@
 //! `holdfast ctl upgrade`: the running process starts the binary at its own path and hands
-//! it the listening sockets and HA. Tested as processes on a lab: no connection attempt is
-//! refused while it happens, a session open on the old process goes on there until it
-//! ends (then the old process exits), the new one serves with the next generation, and a
-//! second upgrade works.
+//! it the listening sockets, HA and its idle sessions. Tested as processes on a lab: no
+//! connection attempt is refused while it happens, sessions go to the new process with
+//! their state (or stay on the old one, which exits once they end, when they cannot), the
+//! new one serves with the next generation, and a second upgrade works.
 
 mod common;
 

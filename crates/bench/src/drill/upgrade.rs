@@ -80,7 +80,7 @@ pub fn run(args: &DrillArgs, holdfast: &Path) -> Result<()> {
             .context("no pid in the /upgrade answer")?;
         helpers.push(Helper::register(&lab.dir, "holdfast", pid)?);
         let event = format!(
-            "upgrade {k}: process {pid} (generation {}) serves after {took} ms; {} connections stay on the old process",
+            "upgrade {k}: process {pid} (generation {}) serves after {took} ms; {} connections open on the old process then",
             report["generation"], report["sessions_left"]
         );
         println!("   {event}");
@@ -127,8 +127,26 @@ pub fn run(args: &DrillArgs, holdfast: &Path) -> Result<()> {
     for e in &events {
         println!("{e}");
     }
+    // What became of the sessions open at each upgrade, as the processes logged it.
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let handed = text
+        .matches("session handed over from the previous process")
+        .count();
+    let restored = text.matches("reason=\"upgrade\"").count();
+    let mut stayed: std::collections::BTreeMap<&str, usize> = Default::default();
+    for line in text
+        .lines()
+        .filter(|l| l.contains("the session stays in this process for now"))
+    {
+        let why = line
+            .split("why=")
+            .nth(1)
+            .and_then(|w| w.split('"').nth(1))
+            .unwrap_or("?");
+        *stayed.entry(why).or_default() += 1;
+    }
     println!(
-        "serving now: process {} generation {}; sysbench's sessions stayed on the processes they began on (handing sessions over is not built yet): the old processes exit as those close",
+        "serving now: process {} generation {}; sessions handed over: {handed} ({restored} of them logged in again and restored: TLS to the nodes); staying on the old process when asked: {stayed:?} (a session in a transaction goes when it ends; the others end there)",
         last.pid, last.generation
     );
     println!("holdfast log: {}", log.display());

@@ -10,12 +10,12 @@
 //! 3. new → old: [`Message::Ready`] once it accepts on them (both accept until then: the
 //!    kernel gives each connection to one);
 //! 4. the old process stops accepting and lets go of HA (a running operation finishes
-//!    first), then says [`Message::HaReleased`]: the new one takes charge of it.
-//!
+//!    first), then says [`Message::HaReleased`]: the new one takes charge of it;
 //! 5. old → new: [`Message::Session`], each session as it reaches a safe point (idle,
-//!    outside a transaction, plain TCP, no read/write splitting: see
-//!    `session::handover`), with its client's and its backend's sockets: the new process
-//!    goes on with it, on the same server thread.
+//!    outside a transaction, the client on plain TCP, no read/write splitting: see
+//!    `session::handover`), with its client's socket and, when that is plain TCP too, its
+//!    backend's: the new process goes on with it (on the same server thread, or logged in
+//!    again and restored).
 //!
 //! Sessions that cannot be handed over stay on the old process until they end, or until
 //! the drain window (`[proxy] cooldown_ms`) closes them; then it exits. A new process that
@@ -246,7 +246,8 @@ impl Upgrader {
 
     /// Starts the binary at this process's executable path and hands it the listeners
     /// (see the module documentation). On success this process no longer accepts; its
-    /// sessions stay until they end or the drain window passes.
+    /// sessions go over as each reaches a safe point, and those that cannot stay until
+    /// they end or the drain window passes.
     pub async fn upgrade(&self, shared: &Arc<Shared>) -> Result<UpgradeReport, UpgradeError> {
         if let Some(pid) = *self.handed_over.borrow() {
             return Err(UpgradeError::HandedOver(pid));
