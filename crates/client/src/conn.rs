@@ -110,6 +110,36 @@ impl PacketConn {
         }
     }
 
+    /// Whether [`PacketConn::take_socket`] can take the stream now: plain TCP, or TLS whose
+    /// state can be taken (see [`crate::tls_resume`]).
+    pub fn can_take_socket(&self) -> bool {
+        self.is_tcp() || crate::tls_resume::can_take(self.stream.as_ref())
+    }
+
+    /// Takes the TCP socket out for another process, with its TLS state when it carries
+    /// TLS and the plaintext read from it but not consumed; the connection is left
+    /// detached. `None` when [`PacketConn::can_take_socket`] says no (nothing taken), or
+    /// when taking the TLS state failed half-way (the connection is lost then).
+    pub fn take_socket(
+        &mut self,
+    ) -> Option<(
+        std::net::TcpStream,
+        Option<crate::tls_resume::TlsState>,
+        BytesMut,
+    )> {
+        if self.is_tcp() {
+            let (socket, unread) = self.take_tcp()?;
+            return Some((socket, None, unread));
+        }
+        if !crate::tls_resume::can_take(self.stream.as_ref()) {
+            return None;
+        }
+        let (stream, mut unread) = self.take_stream();
+        let (tcp, state, plaintext) = crate::tls_resume::take_tls(stream).ok()?;
+        unread.extend_from_slice(&plaintext);
+        Some((tcp.into_std().ok()?, Some(state), unread))
+    }
+
     /// Writes what the stream takes of `bytes` right now, without waiting (best effort,
     /// e.g. a COM_QUIT to a connection about to be dropped). Returns how many bytes went.
     pub fn try_write_now(&mut self, bytes: &[u8]) -> io::Result<usize> {

@@ -23,6 +23,7 @@ mod query;
 #[cfg(test)]
 mod tests;
 pub mod tls;
+pub mod tls_resume;
 
 pub use conn::{BoxedIo, ConnError, Io, Packet, PacketConn};
 pub use holdfast_wire::auth::PasswordHash;

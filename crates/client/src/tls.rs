@@ -123,12 +123,14 @@ impl TlsClient {
             .with_safe_default_protocol_versions()?
             .dangerous()
             .with_custom_certificate_verifier(verifier);
-        let config = match identity {
+        let mut config = match identity {
             Some((chain, key)) => {
                 builder.with_client_auth_cert(load_certificates(chain)?, load_private_key(key)?)?
             }
             None => builder.with_no_client_auth(),
         };
+        // An upgrade continues the connection in the new process (`tls_resume`).
+        config.enable_secret_extraction = true;
         Ok(TlsClient {
             config: Arc::new(config),
         })
@@ -139,7 +141,9 @@ impl TlsClient {
         let name = ServerName::try_from(host.to_string())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let connector = tokio_rustls::TlsConnector::from(self.config.clone());
-        Ok(Box::new(connector.connect(name, stream).await?))
+        // Tracked: the session's TLS state can be handed to another process.
+        let tracked = crate::tls_resume::Tracked::new(stream);
+        Ok(Box::new(connector.connect(name, tracked).await?))
     }
 }
 
@@ -240,6 +244,18 @@ pub struct Prefixed {
 impl Prefixed {
     pub fn new(prefix: BytesMut, inner: BoxedIo) -> Self {
         Prefixed { prefix, inner }
+    }
+
+    pub fn prefix_empty(&self) -> bool {
+        self.prefix.is_empty()
+    }
+
+    pub fn inner(&self) -> &dyn crate::conn::Io {
+        self.inner.as_ref()
+    }
+
+    pub fn into_parts(self) -> (BytesMut, BoxedIo) {
+        (self.prefix, self.inner)
     }
 }
 

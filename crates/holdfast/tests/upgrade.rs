@@ -223,14 +223,22 @@ fn an_upgrade_hands_the_listeners_over_without_refusing_a_connection() {
     );
 
     // The sessions open before go on, state and all: the main listener's in the new
-    // process (logged in again: the lab's backend connections are TLS), the split one's
-    // where it was.
+    // process (its backend connection with it), the split one's where it was.
     let split_session = sessions.pop().expect("the split session");
-    let (mut main_session, _) = sessions.pop().expect("the main session");
-    let row: Option<(String, String)> = main_session
-        .query_first("SELECT @kept, @@time_zone")
+    let (mut main_session, main_id) = sessions.pop().expect("the main session");
+    wait_for(
+        "the main session in the new process",
+        Duration::from_secs(30),
+        || {
+            read_log()
+                .contains("session handed over from the previous process")
+                .then_some(())
+        },
+    );
+    let row: Option<(String, String, u32)> = main_session
+        .query_first("SELECT @kept, @@time_zone, CONNECTION_ID()")
         .expect("the session goes on");
-    assert_eq!(row, Some(("before".into(), "+03:00".into())));
+    assert_eq!(row, Some(("before".into(), "+03:00".into(), main_id)));
     let (mut c, id) = split_session;
     let row: Option<(String, String, u32)> = c
         .query_first("SELECT @kept, @@time_zone, CONNECTION_ID()")
@@ -431,13 +439,13 @@ fn an_upgrade_during_a_switchover_waits_for_it() {
 /// What a test session holds and reads back after the upgrade.
 const STATE: &str = "SELECT @kept, @@time_zone, LAST_INSERT_ID(), @@sql_mode";
 
-/// Sessions idle at the upgrade go to the new process with their connection, their state
-/// and their prepared statements (the client's statement ids); with plain TCP to the
-/// nodes the backend connection goes too (same server thread, its temporary table kept);
-/// with TLS to the nodes (the lab's default) the new process logs in again and restores
-/// the session, and a session that could not move (a temporary table) stays on the old
-/// process until it ends. A session in a transaction goes once it commits. The old process
-/// exits when only handed-over sessions were left, and they work on.
+/// Sessions idle at the upgrade go to the new process whole: the client's connection, the
+/// backend connection (the same server thread: `CONNECTION_ID()` does not change, a
+/// temporary table stays), their state and their prepared statements (the client's
+/// statement ids). TLS sessions too, from the client and to the nodes (the lab's default):
+/// the new process continues them with the keys the old one took out of rustls. A session
+/// in a transaction goes once it commits. The old process exits once it holds no session,
+/// and the sessions work on; a second upgrade hands them on again.
 fn idle_sessions_are_handed_over(plain_backend: bool) {
     let name = if plain_backend { "plain" } else { "tls" };
     let served = Served::start_with(name, "1", None, |config| {
@@ -453,27 +461,46 @@ fn idle_sessions_are_handed_over(plain_backend: bool) {
     });
     let (config, base, log) = (served.config.clone(), served.base, served.log.clone());
     let mut procs = served.procs;
+    let dir = config.parent().expect("the lab's directory").to_path_buf();
     let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
     let wait_for = |what: &str, timeout: Duration, f: &mut dyn FnMut() -> Option<()>| {
         holdfast_lab::wait_for(what, timeout, f).unwrap_or_else(|e| panic!("{e}\n{}", read_log()))
     };
     let open =
         || mysql::Conn::new(mysql::Opts::from_url(&url(base)).expect("url")).expect("a session");
+    let open_tls = || {
+        let opts = mysql::OptsBuilder::new()
+            .ip_or_hostname(Some("127.0.0.1"))
+            .tcp_port(base)
+            .user(Some("app"))
+            .pass(Some("app_pass"))
+            .db_name(Some("sbtest"))
+            .prefer_socket(false)
+            .ssl_opts(Some(
+                mysql::SslOpts::default().with_root_cert_path(Some(dir.join("tls/ca.pem"))),
+            ));
+        mysql::Conn::new(opts).expect("a TLS session")
+    };
     let thread = |c: &mut mysql::Conn| -> u32 {
         c.query_first("SELECT CONNECTION_ID()")
             .expect("id")
             .expect("a row")
     };
+    let handed = || {
+        read_log()
+            .matches("session handed over from the previous process")
+            .count()
+    };
 
-    // A session with state and a prepared statement.
-    let mut movable = open();
+    // A session with state and a prepared statement, over TLS from the client.
+    let mut movable = open_tls();
     movable
         .query_drop("SET @kept = 'before', time_zone = '+03:00', sql_mode = 'ANSI_QUOTES'")
         .expect("set");
     movable
         .query_drop(
             "CREATE TABLE sbtest.ho (id INT AUTO_INCREMENT PRIMARY KEY, c VARCHAR(20)); \
-             INSERT INTO sbtest.ho (c) VALUES ('first'), ('handover')",
+             INSERT INTO sbtest.ho (c) VALUES ('first')",
         )
         .expect("a table");
     movable
@@ -487,7 +514,7 @@ fn idle_sessions_are_handed_over(plain_backend: bool) {
         .prep("SELECT c FROM sbtest.ho WHERE id = ?")
         .expect("prepare");
     let movable_thread = thread(&mut movable);
-    // One with a temporary table.
+    // One with a temporary table, plain TCP from the client.
     let mut pinned = open();
     pinned
         .query_drop("CREATE TEMPORARY TABLE tt (a INT); INSERT INTO tt VALUES (7)")
@@ -496,104 +523,96 @@ fn idle_sessions_are_handed_over(plain_backend: bool) {
     // One in a transaction.
     let mut in_txn = open();
     in_txn.query_drop("SET @mine = 'txn'").expect("set");
+    let txn_thread = thread(&mut in_txn);
     in_txn.query_drop("BEGIN").expect("begin");
     in_txn
         .query_drop("UPDATE sbtest.ho SET c = 'during' WHERE id = 1")
         .expect("update");
 
-    let old_pid = status(&config)["pid"].as_u64().expect("pid") as u32;
-    let (ok, out, err) = ctl(&config, &["upgrade", "--json"]);
-    assert!(ok, "ctl upgrade failed: {err}\n{}", read_log());
-    let report: serde_json::Value = serde_json::from_str(&out).expect("a report");
-    let new_pid = report["pid"].as_u64().expect("pid") as u32;
-    procs.pids.push(new_pid);
-    assert_ne!(new_pid, old_pid);
+    let mut pids = vec![status(&config)["pid"].as_u64().expect("pid") as u32];
+    for round in 1..=2usize {
+        let (ok, out, err) = ctl(&config, &["upgrade", "--json"]);
+        assert!(ok, "ctl upgrade failed: {err}\n{}", read_log());
+        let report: serde_json::Value = serde_json::from_str(&out).expect("a report");
+        let new_pid = report["pid"].as_u64().expect("pid") as u32;
+        procs.pids.push(new_pid);
+        pids.push(new_pid);
 
-    // The idle, movable session goes over by itself.
-    wait_for(
-        "the idle session in the new process",
-        Duration::from_secs(30),
-        &mut || {
+        // The idle sessions go over by themselves.
+        wait_for(
+            "the idle sessions in the new process",
+            Duration::from_secs(30),
+            &mut || (handed() >= 3 * round - 1).then_some(()),
+        );
+        let row: Option<(String, String, u64, String)> =
+            movable.query_first(STATE).expect("the session goes on");
+        assert_eq!(
+            row,
+            Some((
+                "before".into(),
+                "+03:00".into(),
+                last_id,
+                "ANSI_QUOTES".into()
+            )),
+            "{}",
             read_log()
-                .contains("session handed over from the previous process")
-                .then_some(())
-        },
-    );
-    let row: Option<(String, String, u64, String)> =
-        movable.query_first(STATE).expect("the session goes on");
-    assert_eq!(
-        row,
-        Some((
-            "before".into(),
-            "+03:00".into(),
-            last_id,
-            "ANSI_QUOTES".into()
-        )),
-        "{}",
-        read_log()
-    );
-    let c: Option<String> = movable
-        .exec_first(&stmt, (last_id,))
-        .expect("the statement prepared before the upgrade");
-    assert_eq!(c.as_deref(), Some("handover"));
-    if plain_backend {
+        );
+        let c: Option<String> = movable
+            .exec_first(&stmt, (last_id,))
+            .expect("the statement prepared before the upgrade");
+        assert_eq!(c.as_deref(), Some("handover"));
         assert_eq!(
             thread(&mut movable),
             movable_thread,
             "the same server thread"
         );
-    }
+        let a: Option<i32> = pinned.query_first("SELECT a FROM tt").expect("its table");
+        assert_eq!(a, Some(7));
+        assert_eq!(thread(&mut pinned), pinned_thread);
 
-    // The transaction finishes, then its session goes over.
-    in_txn.query_drop("COMMIT").expect("commit");
-    wait_for(
-        "the session that was in a transaction in the new process",
-        Duration::from_secs(30),
-        &mut || {
-            (read_log()
-                .matches("session handed over from the previous process")
-                .count()
-                >= 2)
-                .then_some(())
-        },
-    );
-    let mine: Option<String> = in_txn.query_first("SELECT @mine").expect("goes on");
-    assert_eq!(mine.as_deref(), Some("txn"));
+        if round == 1 {
+            // The transaction finishes on the old process, then its session goes over.
+            in_txn.query_drop("COMMIT").expect("commit");
+            wait_for(
+                "the session that was in a transaction in the new process",
+                Duration::from_secs(30),
+                &mut || (handed() >= 3).then_some(()),
+            );
+        }
+        let mine: Option<String> = in_txn.query_first("SELECT @mine").expect("goes on");
+        assert_eq!(mine.as_deref(), Some("txn"));
+        assert_eq!(thread(&mut in_txn), txn_thread);
 
-    // The session with a temporary table: handed over with its connection, or left to end
-    // on the old process.
-    let a: Option<i32> = pinned.query_first("SELECT a FROM tt").expect("its table");
-    assert_eq!(a, Some(7));
-    assert_eq!(thread(&mut pinned), pinned_thread);
-    if !plain_backend {
-        assert!(
-            procs.first.try_wait().expect("try_wait").is_none(),
-            "the old process exited with a session open:\n{}",
-            read_log()
+        // The old process holds nothing: it exits, and the sessions work on.
+        let old = pids[round - 1];
+        holdfast_lab::wait_for("the old process to exit", Duration::from_secs(30), || {
+            let alive = std::path::Path::new(&format!("/proc/{old}")).exists()
+                && !std::fs::read_to_string(format!("/proc/{old}/stat"))
+                    .unwrap_or_default()
+                    .contains(") Z ");
+            (!alive).then_some(())
+        })
+        .unwrap_or_else(|e| panic!("{e}\n{}", read_log()));
+        if round == 1 {
+            let exit = procs.first.wait().expect("the first process's status");
+            assert!(exit.success(), "{exit}\n{}", read_log());
+        }
+        let row: Option<(String, String, u64, String)> = movable
+            .query_first(STATE)
+            .expect("goes on after the old process exited");
+        assert_eq!(
+            row,
+            Some((
+                "before".into(),
+                "+03:00".into(),
+                last_id,
+                "ANSI_QUOTES".into()
+            ))
         );
-        drop(pinned);
     }
-    let exit = holdfast_lab::wait_for("the old process to exit", Duration::from_secs(30), || {
-        procs.first.try_wait().expect("try_wait")
-    })
-    .unwrap_or_else(|e| panic!("{e}\n{}", read_log()));
-    assert!(exit.success(), "{exit}\n{}", read_log());
-    let row: Option<(String, String, u64, String)> = movable
-        .query_first(STATE)
-        .expect("goes on after the old process exited");
-    assert_eq!(
-        row,
-        Some((
-            "before".into(),
-            "+03:00".into(),
-            last_id,
-            "ANSI_QUOTES".into()
-        ))
-    );
-    let mine: Option<String> = in_txn.query_first("SELECT @mine").expect("goes on");
-    assert_eq!(mine.as_deref(), Some("txn"));
     let s = status(&config);
-    assert_eq!(s["pid"].as_u64(), Some(u64::from(new_pid)), "{s}");
+    assert_eq!(s["pid"].as_u64(), pids.last().map(|&p| u64::from(p)), "{s}");
+    assert_eq!(s["generation"], 3, "{s}");
 }
 
 #[test]
@@ -602,6 +621,6 @@ fn idle_sessions_are_handed_over_with_their_backend_connection() {
 }
 
 #[test]
-fn idle_sessions_are_handed_over_and_restored_over_tls_to_the_nodes() {
+fn idle_sessions_are_handed_over_with_their_tls_sessions() {
     idle_sessions_are_handed_over(false);
 }

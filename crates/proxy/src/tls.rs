@@ -94,7 +94,10 @@ impl ClientTls {
         buffered: bytes::BytesMut,
     ) -> std::io::Result<BoxedIo> {
         let acceptor = self.current.load().acceptor.clone();
-        let tls = acceptor.accept(Prefixed::new(buffered, stream)).await?;
+        // Tracked: the session's TLS state can be handed to another process.
+        let tracked =
+            holdfast_client::tls_resume::Tracked::new(Box::new(Prefixed::new(buffered, stream)));
+        let tls = acceptor.accept(tracked).await?;
         Ok(Box::new(tls))
     }
 
@@ -158,10 +161,12 @@ fn load(
         TlsVersion::V1_2 => &[&rustls::version::TLS13, &rustls::version::TLS12],
         TlsVersion::V1_3 => &[&rustls::version::TLS13],
     };
-    let config = rustls::ServerConfig::builder_with_provider(client_tls::provider())
+    let mut config = rustls::ServerConfig::builder_with_provider(client_tls::provider())
         .with_protocol_versions(versions)?
         .with_no_client_auth()
         .with_single_cert(chain, private_key)?;
+    // An upgrade continues the session in the new process (`holdfast_client::tls_resume`).
+    config.enable_secret_extraction = true;
     Ok(Loaded {
         cert: cert.to_path_buf(),
         key: key.to_path_buf(),

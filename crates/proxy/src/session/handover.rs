@@ -26,6 +26,7 @@ use crate::registry::SessionInfo;
 use crate::restore::Captured;
 use crate::state::SessionRecord;
 use crate::Shared;
+use holdfast_client::tls_resume::{ResumedTls, TlsState};
 use holdfast_wire::auth::PasswordHash;
 use holdfast_wire::caps::{CLIENT_COMPRESS, SERVER_STATUS_IN_TRANS};
 use holdfast_wire::handshake::Greeting;
@@ -35,6 +36,20 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zeroize::Zeroize;
+
+/// The stream a socket handed over continues as: the socket itself, or the TLS session on
+/// it.
+fn stream_of(
+    socket: std::net::TcpStream,
+    tls: Option<TlsState>,
+) -> std::io::Result<crate::conn::BoxedIo> {
+    socket.set_nonblocking(true)?;
+    let tcp = tokio::net::TcpStream::from_std(socket)?;
+    Ok(match tls {
+        Some(state) => Box::new(ResumedTls::new(tcp, state)?),
+        None => Box::new(tcp),
+    })
+}
 
 /// What holdfast knows of a session, as one process hands it to the next (JSON on the
 /// hand-over channel, with the client's and the backend's sockets beside it).
@@ -58,6 +73,9 @@ pub struct CarriedSession {
     backend_mariadb_caps: u32,
     /// The backend's socket comes with the session (else the new process logs in again).
     backend_kept: bool,
+    /// The TLS sessions on the two sockets, continued by `tls_resume` in the new process.
+    client_tls: Option<TlsState>,
+    backend_tls: Option<TlsState>,
     record: SessionRecord,
     /// The record's fields its serialisation leaves out (`SessionRecord` is also what the
     /// admin API shows).
@@ -140,16 +158,18 @@ impl Session {
         if self.capabilities & CLIENT_COMPRESS != 0 {
             return Some("compression");
         }
-        if !self.client.is_tcp() {
-            return Some("TLS to the client");
+        if !self.client.can_take_socket() {
+            return Some("the client's TLS state cannot be taken now");
         }
-        if !self.backend.conn.is_tcp()
+        if !self.backend.conn.can_take_socket()
             && (!self.can_reauthenticate
                 || self.record.blocker().is_some()
                 || self.record.opaque_change
                 || self.record.capture_due)
         {
-            return Some("TLS to the backend, and the session cannot move");
+            return Some(
+                "the backend's TLS state cannot be taken now, and the session cannot move",
+            );
         }
         if self.backend_dead
             || self.lost_while_idle.is_some()
@@ -175,7 +195,7 @@ impl Session {
         if sink.is_closed() {
             return None;
         }
-        if !self.backend.conn.is_tcp() {
+        if !self.backend.conn.can_take_socket() {
             // The new process logs in again: what only a capture reads goes with the session.
             self.capture_if_due(true).await;
         }
@@ -195,22 +215,35 @@ impl Session {
         }
     }
 
-    /// Puts the sockets of a session given up back, as they were.
+    /// Puts the sockets of a session given up back (a TLS one continues with the record
+    /// layer of `tls_resume`, as in the new process).
     fn take_back(&mut self, handed: HandedSession) {
         let HandedSession {
-            carried,
+            mut carried,
             client,
             backend,
         } = handed;
-        let put = |conn: &mut PacketConn, stream: std::net::TcpStream, unread: &[u8]| {
-            if let Ok(s) = tokio::net::TcpStream::from_std(stream) {
-                conn.replace_stream(Box::new(s));
+        let put = |conn: &mut PacketConn, socket, tls, unread: &[u8]| match stream_of(socket, tls) {
+            Ok(stream) => {
+                conn.replace_stream(stream);
                 conn.rbuf.extend_from_slice(unread);
             }
+            Err(e) => tracing::error!(error = %e, "a socket given back could not be used"),
         };
-        put(&mut self.client, client, &carried.client_unread);
+        put(
+            &mut self.client,
+            client,
+            carried.client_tls.take(),
+            &carried.client_unread,
+        );
         if let Some(backend) = backend {
-            put(&mut self.backend.conn, backend, &carried.backend_unread);
+            let tls = carried.backend_tls.take();
+            put(
+                &mut self.backend.conn,
+                backend,
+                tls,
+                &carried.backend_unread,
+            );
         }
         self.backend.quit_on_drop = true;
     }
@@ -234,15 +267,20 @@ impl Session {
             return None;
         }
         let markers = self.markers.carry()?;
-        let (client, client_unread) = self.client.take_tcp()?;
-        // A TLS backend connection stays, and is closed as the session ends here.
-        let (backend, backend_unread) = match self.backend.conn.take_tcp() {
-            Some((socket, unread)) => {
+        let (client, client_tls, client_unread) = self.client.take_socket()?;
+        // A backend connection whose TLS state cannot be taken stays, and is closed as the
+        // session ends here (the new process logs in again).
+        let taken = match self.backend.conn.can_take_socket() {
+            true => self.backend.conn.take_socket(),
+            false => None,
+        };
+        let (backend, backend_tls, backend_unread) = match taken {
+            Some((socket, tls, unread)) => {
                 // Nothing may be said on the connection the new process continues.
                 self.backend.quit_on_drop = false;
-                (Some(socket), unread)
+                (Some(socket), tls, unread)
             }
-            None => (None, Default::default()),
+            None => (None, None, Default::default()),
         };
         self.captured.last_insert_id = self.record.last_insert_id;
         let greeting = &self.backend.greeting;
@@ -271,6 +309,8 @@ impl Session {
             backend_capabilities: self.backend.capabilities,
             backend_mariadb_caps: self.backend.mariadb_caps,
             backend_kept: backend.is_some(),
+            client_tls,
+            backend_tls,
             record: self.record.clone(),
             sql_mode: self
                 .record
@@ -324,6 +364,8 @@ impl Session {
             backend_capabilities,
             backend_mariadb_caps,
             backend_kept: _,
+            client_tls,
+            backend_tls,
             mut record,
             sql_mode,
             client_trackers,
@@ -343,15 +385,12 @@ impl Session {
             client_unread,
             backend_unread,
         } = carried;
-        client.set_nonblocking(true)?;
-        let mut client = PacketConn::new(Box::new(tokio::net::TcpStream::from_std(client)?));
+        let tls = (client_tls.is_some(), backend_tls.is_some());
+        let mut client = PacketConn::new(stream_of(client, client_tls)?);
         client.rbuf.extend_from_slice(&client_unread);
         let backend_dead = backend.is_none();
         let mut conn = match backend {
-            Some(socket) => {
-                socket.set_nonblocking(true)?;
-                PacketConn::new(Box::new(tokio::net::TcpStream::from_std(socket)?))
-            }
+            Some(socket) => PacketConn::new(stream_of(socket, backend_tls)?),
             // Logged in again before the session goes on (`run_resumed`).
             None => PacketConn::new(Box::new(tokio::io::duplex(1).0)),
         };
@@ -407,7 +446,7 @@ impl Session {
             }
         };
         let mode = record.sql_mode.unwrap_or_default();
-        tracing::info!(session = id, client = %peer, user = %user, backend = %backend_name, thread = backend.greeting.connection_id, "session handed over from the previous process");
+        tracing::info!(session = id, client = %peer, user = %user, backend = %backend_name, thread = backend.greeting.connection_id, client_tls = tls.0, backend_tls = tls.1, backend_kept = !backend_dead, "session handed over from the previous process");
         Ok(Session {
             info,
             client,

@@ -1,0 +1,842 @@
+//! Continuing a TLS session in another process (`holdfast ctl upgrade` hands live sessions
+//! over). The kernel here has no kTLS, so a socket cannot carry its TLS state: the old
+//! process takes the traffic keys and sequence numbers out of rustls ([`take_tls`]), and the
+//! new one goes on with [`ResumedTls`], a record layer of its own: AEAD over those keys
+//! (AES-GCM, ChaCha20-Poly1305; TLS 1.2 and 1.3), alerts, and the post-handshake messages a
+//! peer may still send (a session ticket is dropped; a key update cannot be followed, the
+//! traffic secret stays in rustls, and ends the connection with an error).
+//!
+//! Received bytes of a record not complete when the keys are taken are not lost: rustls
+//! holds them undecrypted, so the stream under it ([`Tracked`]) keeps a copy of the current
+//! incomplete record, and that copy goes with the keys.
+
+use crate::conn::BoxedIo;
+use crate::tls::Prefixed;
+use bytes::{Buf, BytesMut};
+use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
+use serde::{Deserialize, Serialize};
+use std::io::{self, Read};
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use zeroize::Zeroize;
+
+const HEADER: usize = 5;
+const TAG: usize = 16;
+const MAX_PLAINTEXT: usize = 1 << 14;
+/// TLS 1.3 allows 256 bytes of expansion, TLS 1.2 2048.
+const MAX_RECORD: usize = MAX_PLAINTEXT + 2048;
+
+const CHANGE_CIPHER_SPEC: u8 = 20;
+const ALERT: u8 = 21;
+const HANDSHAKE: u8 = 22;
+const APPLICATION_DATA: u8 = 23;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Version {
+    Tls12,
+    Tls13,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Cipher {
+    Aes128Gcm,
+    Aes256Gcm,
+    Chacha20Poly1305,
+}
+
+impl Cipher {
+    fn algorithm(self) -> &'static aead::Algorithm {
+        match self {
+            Cipher::Aes128Gcm => &aead::AES_128_GCM,
+            Cipher::Aes256Gcm => &aead::AES_256_GCM,
+            Cipher::Chacha20Poly1305 => &aead::CHACHA20_POLY1305,
+        }
+    }
+
+    /// TLS 1.2's AES-GCM records carry 8 bytes of the nonce.
+    fn explicit_nonce(self, version: Version) -> usize {
+        match (version, self) {
+            (Version::Tls12, Cipher::Aes128Gcm | Cipher::Aes256Gcm) => 8,
+            _ => 0,
+        }
+    }
+}
+
+/// One direction's keys and the sequence number of its next record. Zeroized when dropped.
+#[derive(Serialize, Deserialize)]
+pub struct Direction {
+    seq: u64,
+    key: Vec<u8>,
+    iv: [u8; 12],
+}
+
+impl Drop for Direction {
+    fn drop(&mut self) {
+        self.key.zeroize();
+        self.iv.zeroize();
+    }
+}
+
+/// A TLS session's record-layer state, as one process hands it to the next.
+#[derive(Serialize, Deserialize)]
+pub struct TlsState {
+    version: Version,
+    cipher: Cipher,
+    tx: Direction,
+    rx: Direction,
+    /// Received bytes of records not decrypted yet.
+    pending: Vec<u8>,
+}
+
+impl std::fmt::Debug for TlsState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsState")
+            .field("version", &self.version)
+            .field("cipher", &self.cipher)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The stream under rustls: passes bytes through and keeps a copy of the record being
+/// received, until it is complete (see the module documentation).
+pub struct Tracked {
+    inner: BoxedIo,
+    /// The received bytes of the current incomplete record (its header included).
+    partial: Vec<u8>,
+    /// Bytes of the current record still to come once its header is in.
+    body_left: usize,
+}
+
+impl Tracked {
+    pub fn new(inner: BoxedIo) -> Self {
+        Tracked {
+            inner,
+            partial: Vec::new(),
+            body_left: 0,
+        }
+    }
+
+    fn observe(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            if self.partial.len() < HEADER {
+                let take = (HEADER - self.partial.len()).min(bytes.len());
+                self.partial.extend_from_slice(&bytes[..take]);
+                bytes = &bytes[take..];
+                if self.partial.len() == HEADER {
+                    self.body_left =
+                        usize::from(u16::from_be_bytes([self.partial[3], self.partial[4]]));
+                    if self.body_left == 0 {
+                        self.partial.clear();
+                    }
+                }
+                continue;
+            }
+            let take = self.body_left.min(bytes.len());
+            self.body_left -= take;
+            if self.body_left == 0 {
+                // Complete: rustls decrypts it with the read that brought it.
+                self.partial.clear();
+            } else {
+                self.partial.extend_from_slice(&bytes[..take]);
+            }
+            bytes = &bytes[take..];
+        }
+    }
+}
+
+impl AsyncRead for Tracked {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        ready!(Pin::new(&mut self.inner).poll_read(cx, buf))?;
+        let this = &mut *self;
+        let filled = buf.filled();
+        this.observe(&filled[before..]);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for Tracked {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// The plain TCP socket under a stream, when there is one (a `Prefixed` with nothing left
+/// to give, or the socket itself).
+fn into_tcp(stream: BoxedIo) -> Option<TcpStream> {
+    let any = stream.into_any();
+    let any = match any.downcast::<TcpStream>() {
+        Ok(tcp) => return Some(*tcp),
+        Err(any) => any,
+    };
+    let prefixed = any.downcast::<Prefixed>().ok()?;
+    let (prefix, inner) = prefixed.into_parts();
+    if !prefix.is_empty() {
+        return None;
+    }
+    into_tcp(inner)
+}
+
+fn tcp_under(stream: &dyn crate::conn::Io) -> bool {
+    let any = stream.as_any();
+    any.is::<TcpStream>()
+        || any
+            .downcast_ref::<Prefixed>()
+            .is_some_and(|p| p.prefix_empty() && tcp_under(p.inner()))
+}
+
+/// Whether [`take_tls`] can take this stream's TLS state now.
+pub fn can_take(stream: &dyn crate::conn::Io) -> bool {
+    let any = stream.as_any();
+    if let Some(s) = any.downcast_ref::<tokio_rustls::server::TlsStream<Tracked>>() {
+        let (io, conn) = s.get_ref();
+        return !conn.is_handshaking() && !conn.wants_write() && tcp_under(io.inner.as_ref());
+    }
+    if let Some(s) = any.downcast_ref::<tokio_rustls::client::TlsStream<Tracked>>() {
+        let (io, conn) = s.get_ref();
+        return !conn.is_handshaking() && !conn.wants_write() && tcp_under(io.inner.as_ref());
+    }
+    if let Some(s) = any.downcast_ref::<ResumedTls>() {
+        return s.out.is_empty();
+    }
+    false
+}
+
+/// Takes a TLS stream apart: its TCP socket, its record-layer state and the plaintext it
+/// decrypted and nobody read yet. Check [`can_take`] first: a stream it refuses is lost.
+pub fn take_tls(stream: BoxedIo) -> io::Result<(TcpStream, TlsState, Vec<u8>)> {
+    let any = stream.into_any();
+    let any = match any.downcast::<ResumedTls>() {
+        Ok(resumed) => return Ok(resumed.into_parts()),
+        Err(any) => any,
+    };
+    let (tracked, conn): (Tracked, rustls::Connection) =
+        match any.downcast::<tokio_rustls::server::TlsStream<Tracked>>() {
+            Ok(s) => {
+                let (io, conn) = s.into_inner();
+                (io, rustls::Connection::Server(conn))
+            }
+            Err(any) => match any.downcast::<tokio_rustls::client::TlsStream<Tracked>>() {
+                Ok(s) => {
+                    let (io, conn) = s.into_inner();
+                    (io, rustls::Connection::Client(conn))
+                }
+                Err(_) => return Err(unsupported("not a TLS stream holdfast can take apart")),
+            },
+        };
+    let mut conn = conn;
+    // What rustls decrypted and nobody read yet.
+    let mut plaintext = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match conn.reader().read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => plaintext.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) => return Err(e),
+        }
+    }
+    let version = match conn.protocol_version() {
+        Some(rustls::ProtocolVersion::TLSv1_3) => Version::Tls13,
+        Some(rustls::ProtocolVersion::TLSv1_2) => Version::Tls12,
+        _ => return Err(unsupported("a TLS version holdfast cannot continue")),
+    };
+    let secrets = conn
+        .dangerous_extract_secrets()
+        .map_err(|e| io::Error::other(format!("taking the TLS keys: {e}")))?;
+    let (cipher, tx) = direction(secrets.tx)?;
+    let (_, rx) = direction(secrets.rx)?;
+    let Tracked { inner, partial, .. } = tracked;
+    let tcp = into_tcp(inner).ok_or_else(|| unsupported("TLS over something else than TCP"))?;
+    Ok((
+        tcp,
+        TlsState {
+            version,
+            cipher,
+            tx,
+            rx,
+            pending: partial,
+        },
+        plaintext,
+    ))
+}
+
+fn direction(
+    (seq, secrets): (u64, rustls::ConnectionTrafficSecrets),
+) -> io::Result<(Cipher, Direction)> {
+    use rustls::ConnectionTrafficSecrets as S;
+    let (cipher, key, iv) = match secrets {
+        S::Aes128Gcm { key, iv } => (Cipher::Aes128Gcm, key, iv),
+        S::Aes256Gcm { key, iv } => (Cipher::Aes256Gcm, key, iv),
+        S::Chacha20Poly1305 { key, iv } => (Cipher::Chacha20Poly1305, key, iv),
+        _ => return Err(unsupported("a cipher holdfast cannot continue")),
+    };
+    let iv: [u8; 12] = iv
+        .as_ref()
+        .try_into()
+        .map_err(|_| unsupported("an IV of another length"))?;
+    Ok((
+        cipher,
+        Direction {
+            seq,
+            key: key.as_ref().to_vec(),
+            iv,
+        },
+    ))
+}
+
+fn unsupported(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::Unsupported, what.to_owned())
+}
+
+fn protocol(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {what}"))
+}
+
+/// A TLS session continued from a [`TlsState`] over its TCP socket.
+pub struct ResumedTls {
+    io: TcpStream,
+    version: Version,
+    cipher: Cipher,
+    tx: Direction,
+    rx: Direction,
+    tx_key: LessSafeKey,
+    rx_key: LessSafeKey,
+    /// Received, not decrypted yet.
+    raw: BytesMut,
+    /// Decrypted, not read yet.
+    plain: BytesMut,
+    /// Encrypted, not written yet.
+    out: BytesMut,
+    /// The peer said close_notify (or closed the socket).
+    eof: bool,
+    /// This side's close_notify is sealed.
+    closing: bool,
+}
+
+impl ResumedTls {
+    pub fn new(io: TcpStream, state: TlsState) -> io::Result<Self> {
+        let TlsState {
+            version,
+            cipher,
+            tx,
+            rx,
+            pending,
+        } = state;
+        let key = |d: &Direction| {
+            UnboundKey::new(cipher.algorithm(), &d.key)
+                .map(LessSafeKey::new)
+                .map_err(|_| protocol("a key of the wrong length"))
+        };
+        Ok(ResumedTls {
+            tx_key: key(&tx)?,
+            rx_key: key(&rx)?,
+            io,
+            version,
+            cipher,
+            tx,
+            rx,
+            raw: BytesMut::from(&pending[..]),
+            plain: BytesMut::new(),
+            out: BytesMut::new(),
+            eof: false,
+            closing: false,
+        })
+    }
+
+    /// The socket, the state and the plaintext not read yet, for the next process.
+    fn into_parts(self) -> (TcpStream, TlsState, Vec<u8>) {
+        let ResumedTls {
+            io,
+            version,
+            cipher,
+            tx,
+            rx,
+            raw,
+            plain,
+            ..
+        } = self;
+        (
+            io,
+            TlsState {
+                version,
+                cipher,
+                tx,
+                rx,
+                pending: raw.to_vec(),
+            },
+            plain.to_vec(),
+        )
+    }
+
+    fn nonce(iv: &[u8; 12], seq: u64) -> [u8; 12] {
+        let mut nonce = *iv;
+        for (n, s) in nonce[4..].iter_mut().zip(seq.to_be_bytes()) {
+            *n ^= s;
+        }
+        nonce
+    }
+
+    /// TLS 1.2's additional data: the sequence number, the type, the version, the
+    /// plaintext's length.
+    fn aad12(seq: u64, kind: u8, len: usize) -> [u8; 13] {
+        let mut aad = [0u8; 13];
+        aad[..8].copy_from_slice(&seq.to_be_bytes());
+        aad[8] = kind;
+        aad[9..11].copy_from_slice(&[3, 3]);
+        aad[11..].copy_from_slice(&(len as u16).to_be_bytes());
+        aad
+    }
+
+    /// Appends one record of `kind` carrying `data` (at most 2^14 bytes) to `out`.
+    fn seal(&mut self, kind: u8, data: &[u8]) -> io::Result<()> {
+        let seq = self.tx.seq;
+        let nonce = Self::nonce(&self.tx.iv, seq);
+        let explicit = self.cipher.explicit_nonce(self.version);
+        let mut body = Vec::with_capacity(data.len() + 1 + TAG);
+        body.extend_from_slice(data);
+        let (outer, aad_bytes): (u8, Vec<u8>) = match self.version {
+            Version::Tls13 => {
+                body.push(kind);
+                let len = body.len() + TAG;
+                (
+                    APPLICATION_DATA,
+                    vec![APPLICATION_DATA, 3, 3, (len >> 8) as u8, len as u8],
+                )
+            }
+            Version::Tls12 => (kind, Self::aad12(seq, kind, data.len()).to_vec()),
+        };
+        let tag = self
+            .tx_key
+            .seal_in_place_separate_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(&aad_bytes[..]),
+                &mut body,
+            )
+            .map_err(|_| protocol("sealing a record failed"))?;
+        let len = explicit + body.len() + TAG;
+        self.out
+            .extend_from_slice(&[outer, 3, 3, (len >> 8) as u8, len as u8]);
+        if explicit > 0 {
+            self.out.extend_from_slice(&nonce[4..]);
+        }
+        self.out.extend_from_slice(&body);
+        self.out.extend_from_slice(tag.as_ref());
+        self.tx.seq = self.tx.seq.wrapping_add(1);
+        Ok(())
+    }
+
+    /// Decrypts the first record in `raw` if it is complete: its content type and
+    /// plaintext. `None`: more bytes are needed.
+    fn open(&mut self) -> io::Result<Option<(u8, Vec<u8>)>> {
+        if self.raw.len() < HEADER {
+            return Ok(None);
+        }
+        let kind = self.raw[0];
+        let len = usize::from(u16::from_be_bytes([self.raw[3], self.raw[4]]));
+        if len > MAX_RECORD {
+            return Err(protocol("a record too long"));
+        }
+        if self.raw.len() < HEADER + len {
+            return Ok(None);
+        }
+        let header: [u8; HEADER] = [
+            self.raw[0],
+            self.raw[1],
+            self.raw[2],
+            self.raw[3],
+            self.raw[4],
+        ];
+        self.raw.advance(HEADER);
+        let mut body = self.raw.split_to(len).to_vec();
+        if kind == CHANGE_CIPHER_SPEC && self.version == Version::Tls13 {
+            // Middlebox compatibility: unprotected, ignored.
+            return Ok(Some((CHANGE_CIPHER_SPEC, Vec::new())));
+        }
+        let seq = self.rx.seq;
+        let explicit = self.cipher.explicit_nonce(self.version);
+        if body.len() < explicit + TAG {
+            return Err(protocol("a record too short"));
+        }
+        let nonce = match explicit {
+            0 => Self::nonce(&self.rx.iv, seq),
+            _ => {
+                let mut n = [0u8; 12];
+                n[..4].copy_from_slice(&self.rx.iv[..4]);
+                n[4..].copy_from_slice(&body[..8]);
+                body.drain(..8);
+                n
+            }
+        };
+        let aad: Vec<u8> = match self.version {
+            Version::Tls13 => header.to_vec(),
+            Version::Tls12 => Self::aad12(seq, kind, body.len() - TAG).to_vec(),
+        };
+        let plain_len = self
+            .rx_key
+            .open_in_place(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(&aad[..]),
+                &mut body,
+            )
+            .map_err(|_| protocol("a record that does not decrypt"))?
+            .len();
+        body.truncate(plain_len);
+        self.rx.seq = self.rx.seq.wrapping_add(1);
+        match self.version {
+            Version::Tls12 => Ok(Some((kind, body))),
+            Version::Tls13 => {
+                // The content type is the last byte that is not padding.
+                let end = body
+                    .iter()
+                    .rposition(|&b| b != 0)
+                    .ok_or_else(|| protocol("a record without a content type"))?;
+                let inner = body[end];
+                body.truncate(end);
+                Ok(Some((inner, body)))
+            }
+        }
+    }
+
+    /// Takes one decrypted record: application data into `plain`, the rest handled.
+    fn accept(&mut self, kind: u8, data: Vec<u8>) -> io::Result<()> {
+        match kind {
+            APPLICATION_DATA => self.plain.extend_from_slice(&data),
+            CHANGE_CIPHER_SPEC => {}
+            ALERT => match data.get(1) {
+                Some(0) => self.eof = true,
+                Some(d) => return Err(protocol(&format!("the peer sent alert {d}"))),
+                None => return Err(protocol("an empty alert")),
+            },
+            HANDSHAKE => {
+                let mut rest = &data[..];
+                while rest.len() >= 4 {
+                    let len = (usize::from(rest[1]) << 16)
+                        | (usize::from(rest[2]) << 8)
+                        | usize::from(rest[3]);
+                    match rest[0] {
+                        // NewSessionTicket: for a resumption holdfast does not attempt.
+                        4 if self.version == Version::Tls13 => {}
+                        24 => return Err(protocol(
+                            "the peer updated its keys, which a session handed over cannot follow",
+                        )),
+                        t => {
+                            return Err(protocol(&format!(
+                                "handshake message {t} after the handshake"
+                            )))
+                        }
+                    }
+                    rest = rest.get(4 + len..).unwrap_or_default();
+                }
+            }
+            t => return Err(protocol(&format!("a record of type {t}"))),
+        }
+        Ok(())
+    }
+
+    fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while !self.out.is_empty() {
+            let n = ready!(Pin::new(&mut self.io).poll_write(cx, &self.out))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.out.advance(n);
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncRead for ResumedTls {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        loop {
+            if !this.plain.is_empty() {
+                let n = this.plain.len().min(buf.remaining());
+                buf.put_slice(&this.plain[..n]);
+                this.plain.advance(n);
+                return Poll::Ready(Ok(()));
+            }
+            if this.eof {
+                return Poll::Ready(Ok(()));
+            }
+            if let Some((kind, data)) = this.open()? {
+                this.accept(kind, data)?;
+                continue;
+            }
+            let mut chunk = [0u8; 8192];
+            let mut read = ReadBuf::new(&mut chunk);
+            ready!(Pin::new(&mut this.io).poll_read(cx, &mut read))?;
+            if read.filled().is_empty() {
+                if !this.raw.is_empty() {
+                    return Poll::Ready(Err(protocol("the connection closed inside a record")));
+                }
+                this.eof = true;
+                continue;
+            }
+            this.raw.extend_from_slice(read.filled());
+        }
+    }
+}
+
+impl AsyncWrite for ResumedTls {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        // What was sealed before goes first; then this is sealed whole (it is the caller's
+        // once accepted) and written as far as the socket takes it.
+        ready!(this.poll_write_out(cx))?;
+        let n = buf.len().min(MAX_PLAINTEXT);
+        this.seal(APPLICATION_DATA, &buf[..n])?;
+        if let Poll::Ready(Err(e)) = this.poll_write_out(cx) {
+            return Poll::Ready(Err(e));
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        ready!(this.poll_write_out(cx))?;
+        Pin::new(&mut this.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if !this.closing {
+            this.closing = true;
+            this.seal(ALERT, &[1, 0])?;
+        }
+        ready!(this.poll_write_out(cx))?;
+        Pin::new(&mut this.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn provider(suite: rustls::SupportedCipherSuite) -> Arc<rustls::crypto::CryptoProvider> {
+        let mut p = rustls::crypto::ring::default_provider();
+        p.cipher_suites = vec![suite];
+        Arc::new(p)
+    }
+
+    fn configs(
+        suite: rustls::SupportedCipherSuite,
+    ) -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
+        let key = rcgen::KeyPair::generate().expect("a key");
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+            .expect("params")
+            .self_signed(&key)
+            .expect("a certificate");
+        let der = CertificateDer::from(cert.der().to_vec());
+        let version = match suite {
+            rustls::SupportedCipherSuite::Tls13(_) => &rustls::version::TLS13,
+            rustls::SupportedCipherSuite::Tls12(_) => &rustls::version::TLS12,
+        };
+        let mut server = rustls::ServerConfig::builder_with_provider(provider(suite))
+            .with_protocol_versions(&[version])
+            .expect("versions")
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![der.clone()],
+                PrivateKeyDer::try_from(key.serialize_der()).expect("a key"),
+            )
+            .expect("a server config");
+        server.enable_secret_extraction = true;
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(der).expect("a root");
+        let mut client = rustls::ClientConfig::builder_with_provider(provider(suite))
+            .with_protocol_versions(&[version])
+            .expect("versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        client.enable_secret_extraction = true;
+        (Arc::new(server), Arc::new(client))
+    }
+
+    /// A TLS connection over loopback TCP: holdfast's side (tracked, as a server when
+    /// `holdfast_serves`, else as a client) and the peer's (plain rustls).
+    async fn pair(
+        suite: rustls::SupportedCipherSuite,
+        holdfast_serves: bool,
+    ) -> (BoxedIo, BoxedIo) {
+        let (server, client) = configs(suite);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let connect = tokio::spawn(async move {
+            let tcp = TcpStream::connect(addr).await.expect("connect");
+            let connector = tokio_rustls::TlsConnector::from(client);
+            let name = ServerName::try_from("localhost").expect("a name");
+            let io: BoxedIo = match holdfast_serves {
+                true => Box::new(
+                    connector
+                        .connect(name, tcp)
+                        .await
+                        .expect("client handshake"),
+                ),
+                false => Box::new(
+                    connector
+                        .connect(name, Tracked::new(Box::new(tcp)))
+                        .await
+                        .expect("client handshake"),
+                ),
+            };
+            io
+        });
+        let (tcp, _) = listener.accept().await.expect("accept");
+        let acceptor = tokio_rustls::TlsAcceptor::from(server);
+        let served: BoxedIo = match holdfast_serves {
+            true => Box::new(
+                acceptor
+                    .accept(Tracked::new(Box::new(Prefixed::new(
+                        BytesMut::new(),
+                        Box::new(tcp),
+                    ))))
+                    .await
+                    .expect("server handshake"),
+            ),
+            false => Box::new(acceptor.accept(tcp).await.expect("server handshake")),
+        };
+        let connected = connect.await.expect("the client task");
+        match holdfast_serves {
+            true => (served, connected),
+            false => (connected, served),
+        }
+    }
+
+    async fn hand_over(stream: BoxedIo) -> (BoxedIo, Vec<u8>) {
+        assert!(can_take(stream.as_ref()));
+        let (tcp, state, plaintext) = take_tls(stream).expect("the TLS state");
+        // As the hand-over channel carries it.
+        let json = serde_json::to_vec(&state).expect("serialised");
+        drop(state);
+        let state: TlsState = serde_json::from_slice(&json).expect("deserialised");
+        let resumed = ResumedTls::new(tcp, state).expect("resumed");
+        (Box::new(resumed), plaintext)
+    }
+
+    async fn read_n(io: &mut BoxedIo, mut already: Vec<u8>, n: usize) -> Vec<u8> {
+        let have = already.len().min(n);
+        let mut rest = vec![0u8; n - have];
+        io.read_exact(&mut rest).await.expect("read");
+        already.truncate(have);
+        already.extend_from_slice(&rest);
+        already
+    }
+
+    async fn exchange(suite: rustls::SupportedCipherSuite, holdfast_serves: bool) {
+        let (mut ours, mut peer) = pair(suite, holdfast_serves).await;
+        peer.write_all(b"hello 1").await.expect("write");
+        peer.flush().await.expect("flush");
+        let got = read_n(&mut ours, Vec::new(), 7).await;
+        assert_eq!(got, b"hello 1");
+        ours.write_all(b"answer 1").await.expect("write");
+        ours.flush().await.expect("flush");
+        let mut buf = [0u8; 8];
+        peer.read_exact(&mut buf).await.expect("read");
+        assert_eq!(&buf, b"answer 1");
+        // Part of a message read, the rest decrypted inside rustls and not read: it goes
+        // with the state.
+        peer.write_all(b"hello 2, a longer one")
+            .await
+            .expect("write");
+        peer.flush().await.expect("flush");
+        let mut three = [0u8; 3];
+        ours.read_exact(&mut three).await.expect("read");
+        assert_eq!(&three, b"hel");
+        let (mut ours, unread) = hand_over(ours).await;
+        let got = read_n(&mut ours, unread, 18).await;
+        assert_eq!(got, b"lo 2, a longer one");
+        // Several records each way.
+        let big: Vec<u8> = (0..50_000u32).map(|i| (i % 251) as u8).collect();
+        ours.write_all(&big).await.expect("write");
+        ours.flush().await.expect("flush");
+        let mut back = vec![0u8; big.len()];
+        peer.read_exact(&mut back).await.expect("read");
+        assert_eq!(back, big);
+        peer.write_all(&big).await.expect("write");
+        peer.flush().await.expect("flush");
+        let got = read_n(&mut ours, Vec::new(), big.len()).await;
+        assert_eq!(got, big);
+        // A second hand-over, from the record layer itself, with data in flight.
+        peer.write_all(b"in flight").await.expect("write");
+        peer.flush().await.expect("flush");
+        let (mut ours, unread) = hand_over(ours).await;
+        let got = read_n(&mut ours, unread, 9).await;
+        assert_eq!(got, b"in flight");
+        ours.write_all(b"still here").await.expect("write");
+        ours.flush().await.expect("flush");
+        let mut buf = [0u8; 10];
+        peer.read_exact(&mut buf).await.expect("read");
+        assert_eq!(&buf, b"still here");
+        // The peer's close_notify ends the stream cleanly; ours reaches the peer.
+        peer.shutdown().await.expect("shutdown");
+        let mut rest = Vec::new();
+        ours.read_to_end(&mut rest).await.expect("a clean end");
+        assert!(rest.is_empty());
+        ours.shutdown().await.expect("shutdown");
+        let mut rest = Vec::new();
+        let _ = peer.read_to_end(&mut rest).await;
+        assert!(rest.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_session_goes_on_after_its_keys_are_taken_for_each_cipher_and_version() {
+        use rustls::crypto::ring::cipher_suite::*;
+        for suite in [
+            TLS13_AES_128_GCM_SHA256,
+            TLS13_AES_256_GCM_SHA384,
+            TLS13_CHACHA20_POLY1305_SHA256,
+            TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+            TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+            TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+        ] {
+            for holdfast_serves in [true, false] {
+                exchange(suite, holdfast_serves).await;
+            }
+        }
+    }
+
+    #[test]
+    fn the_tracker_keeps_the_incomplete_record_only() {
+        let (a, _) = tokio::io::duplex(1);
+        let mut t = Tracked::new(Box::new(a));
+        // A whole record, then the header and 2 of 4 body bytes of the next.
+        t.observe(&[23, 3, 3, 0, 2, 9, 9, 23, 3]);
+        assert_eq!(t.partial, vec![23, 3]);
+        t.observe(&[3, 0, 4, 1, 2]);
+        assert_eq!(t.partial, vec![23, 3, 3, 0, 4, 1, 2]);
+        t.observe(&[3, 4, 21]);
+        assert_eq!(t.partial, vec![21]);
+    }
+}
