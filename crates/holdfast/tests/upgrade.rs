@@ -624,3 +624,69 @@ fn idle_sessions_are_handed_over_with_their_backend_connection() {
 fn idle_sessions_are_handed_over_with_their_tls_sessions() {
     idle_sessions_are_handed_over(false);
 }
+
+/// An idle pooled connection of another ecosystem's driver (PyMySQL, over TLS to
+/// holdfast; the lab's nodes behind TLS too) keeps its session across two upgrades in a
+/// row: state, a temporary table, an SQL prepared statement, and its connection id (the
+/// same server thread).
+#[test]
+fn an_idle_pymysql_connection_keeps_its_session_across_two_upgrades() {
+    use std::io::{BufRead, BufReader, Write};
+    let served = Served::start("pymysql", "1", None);
+    let (config, base, log) = (served.config.clone(), served.base, served.log.clone());
+    let mut procs = served.procs;
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let dir = config.parent().expect("the lab's directory").to_path_buf();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/py/upgrade_idle.py");
+    let mut py = std::process::Command::new("python3")
+        .arg(script)
+        .args(["127.0.0.1", &base.to_string(), "app", "app_pass", "sbtest"])
+        .arg(dir.join("tls/ca.pem"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut stdin = py.stdin.take().expect("stdin");
+    let mut lines = BufReader::new(py.stdout.take().expect("stdout")).lines();
+    let mut state = |ask: bool| -> String {
+        if ask {
+            writeln!(stdin, "state").expect("to the script");
+            stdin.flush().expect("flush");
+        }
+        lines
+            .next()
+            .expect("a line from the script")
+            .expect("utf-8")
+    };
+    let before = state(false);
+    if before.starts_with("SKIP") {
+        let _ = py.kill();
+        panic!("{before}: the test needs PyMySQL (python3-pymysql)");
+    }
+    for round in 1..=2usize {
+        let (ok, out, err) = ctl(&config, &["upgrade", "--json"]);
+        assert!(ok, "ctl upgrade failed: {err}\n{}", read_log());
+        let report: serde_json::Value = serde_json::from_str(&out).expect("a report");
+        procs.pids.push(report["pid"].as_u64().expect("pid") as u32);
+        wait_for(
+            "the idle session in the new process",
+            Duration::from_secs(30),
+            || {
+                (read_log()
+                    .matches("session handed over from the previous process")
+                    .count()
+                    >= round)
+                    .then_some(())
+            },
+        );
+        let after = state(true);
+        assert_eq!(after, before, "round {round}\n{}", read_log());
+    }
+    assert!(
+        read_log().contains("client_tls=true backend_tls=true backend_kept=true"),
+        "{}",
+        read_log()
+    );
+    let _ = writeln!(stdin, "quit");
+    let _ = py.wait();
+}

@@ -146,7 +146,7 @@ pub fn run(args: &DrillArgs, holdfast: &Path) -> Result<()> {
         *stayed.entry(why).or_default() += 1;
     }
     println!(
-        "serving now: process {} generation {}; sessions handed over: {handed} ({restored} of them logged in again and restored: TLS to the nodes); staying on the old process when asked: {stayed:?} (a session in a transaction goes when it ends; the others end there)",
+        "serving now: process {} generation {}; sessions handed over: {handed} ({restored} of them logged in again and restored: their backend's TLS state could not be taken); staying on the old process when asked: {stayed:?} (a session in a transaction goes when it ends; the others end there)",
         last.pid, last.generation
     );
     println!("holdfast log: {}", log.display());
