@@ -222,44 +222,38 @@ fn an_upgrade_hands_the_listeners_over_without_refusing_a_connection() {
         || (made.load(Ordering::Relaxed) >= at_upgrade + 20).then_some(()),
     );
 
-    // The sessions open before go on, state and all: the main listener's in the new
-    // process (its backend connection with it), the split one's where it was.
-    let split_session = sessions.pop().expect("the split session");
-    let (mut main_session, main_id) = sessions.pop().expect("the main session");
+    // The sessions open before go on in the new process, state and all, each on its
+    // own connections (the split one's replica connection too: the same threads).
     wait_for(
-        "the main session in the new process",
+        "both sessions in the new process",
         Duration::from_secs(30),
         || {
-            read_log()
-                .contains("session handed over from the previous process")
+            (read_log()
+                .matches("session handed over from the previous process")
+                .count()
+                >= 2)
                 .then_some(())
         },
     );
-    let row: Option<(String, String, u32)> = main_session
-        .query_first("SELECT @kept, @@time_zone, CONNECTION_ID()")
-        .expect("the session goes on");
-    assert_eq!(row, Some(("before".into(), "+03:00".into(), main_id)));
-    let (mut c, id) = split_session;
-    let row: Option<(String, String, u32)> = c
-        .query_first("SELECT @kept, @@time_zone, CONNECTION_ID()")
-        .expect("the session goes on");
-    assert_eq!(row, Some(("before".into(), "+03:00".into(), id)));
-    let sessions = vec![(c, id)];
-    // The old process exits once the split session ends.
-    assert!(
-        procs.first.try_wait().expect("try_wait").is_none(),
-        "the old process exited with sessions open:\n{}",
-        read_log()
-    );
-    drop(sessions);
+    for (c, id) in &mut sessions {
+        let row: Option<(String, String, u32)> = c
+            .query_first("SELECT @kept, @@time_zone, CONNECTION_ID()")
+            .expect("the session goes on");
+        assert_eq!(row, Some(("before".into(), "+03:00".into(), *id)));
+    }
+    // The split session's connection to the replica went with it.
+    assert!(read_log().contains("replicas=1"), "{}", read_log());
+    // The old process holds nothing: it exits, and they work on.
     let exit = wait_for("the old process to exit", Duration::from_secs(30), || {
         procs.first.try_wait().expect("try_wait")
     });
     assert!(exit.success(), "{exit}\n{}", read_log());
-    let kept: Option<String> = main_session
-        .query_first("SELECT @kept")
-        .expect("the session handed over outlives the old process");
-    assert_eq!(kept.as_deref(), Some("before"));
+    for (c, id) in &mut sessions {
+        let row: Option<(String, u32)> = c
+            .query_first("SELECT @kept, CONNECTION_ID()")
+            .expect("the session handed over outlives the old process");
+        assert_eq!(row, Some(("before".into(), *id)));
+    }
 
     // A second upgrade, from the process the first started.
     let (ok, out, err) = ctl(&config, &["upgrade", "--json"]);
@@ -689,4 +683,66 @@ fn an_idle_pymysql_connection_keeps_its_session_across_two_upgrades() {
     );
     let _ = writeln!(stdin, "quit");
     let _ = py.wait();
+}
+
+/// A split session is handed over with its replica connections and what it knows of
+/// them: the warnings of a read that ran on a replica and `FOUND_ROWS()` there read the
+/// same after the upgrade, from the same replica thread.
+#[test]
+fn a_split_session_keeps_what_its_replica_reads_left() {
+    let served = Served::start("split", "1", None);
+    let (config, base, log) = (served.config.clone(), served.base, served.log.clone());
+    let mut procs = served.procs;
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let mut primary =
+        mysql::Conn::new(mysql::Opts::from_url(&url(base)).expect("url")).expect("a session");
+    primary
+        .query_drop(
+            "CREATE TABLE sbtest.sp (id INT PRIMARY KEY, v VARCHAR(10)); \
+             INSERT INTO sbtest.sp VALUES (1, '1x'), (2, '2y'), (3, '3')",
+        )
+        .expect("a table");
+    let mut c =
+        mysql::Conn::new(mysql::Opts::from_url(&url(base + 2)).expect("url")).expect("a session");
+    // The replica has the table once a read sees it (the split waits for the session's
+    // own writes only).
+    wait_for("the table on the replica", Duration::from_secs(30), || {
+        c.query_first::<u32, _>("SELECT COUNT(*) FROM sbtest.sp")
+            .ok()
+            .flatten()
+            .filter(|&n| n == 3)
+    });
+    // A read with warnings, and one that sets FOUND_ROWS(), on the replica.
+    let rows: Vec<Option<i64>> = c
+        .query("SELECT SQL_CALC_FOUND_ROWS CAST(v AS SIGNED) FROM sbtest.sp ORDER BY id LIMIT 2")
+        .expect("a read");
+    assert_eq!(rows, vec![Some(1), Some(2)]);
+    let before: Vec<(String, u32, String)> = c.query("SHOW WARNINGS").expect("warnings");
+    assert_eq!(before.len(), 2, "{before:?}");
+    let rows: Vec<Option<i64>> = c
+        .query("SELECT SQL_CALC_FOUND_ROWS CAST(v AS SIGNED) FROM sbtest.sp ORDER BY id LIMIT 2")
+        .expect("a read");
+    assert_eq!(rows.len(), 2);
+
+    let (ok, out, err) = ctl(&config, &["upgrade", "--json"]);
+    assert!(ok, "ctl upgrade failed: {err}\n{}", read_log());
+    let report: serde_json::Value = serde_json::from_str(&out).expect("a report");
+    procs.pids.push(report["pid"].as_u64().expect("pid") as u32);
+    wait_for(
+        "the split session in the new process",
+        Duration::from_secs(30),
+        || read_log().contains("replicas=1").then_some(()),
+    );
+    let after: Vec<(String, u32, String)> = c.query("SHOW WARNINGS").expect("warnings");
+    assert_eq!(after, before, "{}", read_log());
+    let found: Option<u64> = c.query_first("SELECT FOUND_ROWS()").expect("found rows");
+    assert_eq!(found, Some(3), "{}", read_log());
+    let exit = wait_for("the old process to exit", Duration::from_secs(30), || {
+        procs.first.try_wait().expect("try_wait")
+    });
+    assert!(exit.success(), "{exit}\n{}", read_log());
+    let n: Option<u32> = c
+        .query_first("SELECT COUNT(*) FROM sbtest.sp")
+        .expect("reads go on");
+    assert_eq!(n, Some(3));
 }

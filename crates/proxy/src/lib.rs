@@ -259,10 +259,11 @@ pub(crate) fn resume_session(
     carried: session::handover::CarriedSession,
     client: std::net::TcpStream,
     backend: Option<std::net::TcpStream>,
+    readers: Vec<std::net::TcpStream>,
 ) {
     let slot = shared.connections.take(usize::MAX);
     tokio::spawn(async move {
-        session::run_resumed(shared, carried, client, backend).await;
+        session::run_resumed(shared, carried, client, backend, readers).await;
         drop(slot);
     });
 }

@@ -11,7 +11,7 @@ VARIABLE_SCOPE FROM information_schema.SYSTEM_VARIABLES";
 
 /// How a system variable's value is written in SQL (`VARIABLE_TYPE` in
 /// `information_schema.SYSTEM_VARIABLES`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum VarKind {
     /// `INT`, `INT UNSIGNED`, `BIGINT`, `BIGINT UNSIGNED`.
     Integer,
@@ -46,7 +46,7 @@ impl VarKind {
 }
 
 /// What the server says about one system variable.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct VarInfo {
     pub kind: VarKind,
     pub read_only: bool,
@@ -55,7 +55,7 @@ pub struct VarInfo {
 }
 
 /// System variable types of one server, by lower-case name. Load once per backend.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct VariableTypes {
     vars: HashMap<String, VarInfo>,
 }

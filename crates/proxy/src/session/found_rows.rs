@@ -28,7 +28,7 @@ pub(crate) struct FoundRows {
     ran: Option<Option<String>>,
 }
 
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum At {
     /// No statement of the session has set it (or its node's connection is gone): what
     /// a connection reads then is what the server's thread cache left, nothing to keep.
@@ -44,7 +44,22 @@ impl At {
     }
 }
 
+/// Where `FOUND_ROWS()` lives, as a session handed to another process carries it.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(super) struct CarriedFoundRows(At);
+
 impl FoundRows {
+    pub(super) fn carry(&self) -> CarriedFoundRows {
+        CarriedFoundRows(self.at.clone())
+    }
+
+    pub(super) fn from_carried(c: CarriedFoundRows) -> FoundRows {
+        FoundRows {
+            at: c.0,
+            ..FoundRows::default()
+        }
+    }
+
     /// The session's connections were reset (or changed user).
     pub(super) fn lost(&mut self) {
         self.at = At::Nowhere;

@@ -39,7 +39,7 @@ use zeroize::Zeroize;
 
 /// The stream a socket handed over continues as: the socket itself, or the TLS session on
 /// it.
-fn stream_of(
+pub(super) fn stream_of(
     socket: std::net::TcpStream,
     tls: Option<TlsState>,
 ) -> std::io::Result<crate::conn::BoxedIo> {
@@ -76,6 +76,8 @@ pub struct CarriedSession {
     /// The TLS sessions on the two sockets, continued by `tls_resume` in the new process.
     client_tls: Option<TlsState>,
     backend_tls: Option<TlsState>,
+    /// A split session's replica side (its connections' sockets follow the backend's).
+    split: Option<super::split::CarriedSplit>,
     record: SessionRecord,
     /// The record's fields its serialisation leaves out (`SessionRecord` is also what the
     /// admin API shows).
@@ -103,6 +105,11 @@ impl CarriedSession {
     pub fn backend_kept(&self) -> bool {
         self.backend_kept
     }
+
+    /// Replica connections whose sockets come with the session.
+    pub fn readers(&self) -> usize {
+        self.split.as_ref().map_or(0, |s| s.readers.len())
+    }
 }
 
 /// Names the session only (what it holds stays out of logs).
@@ -126,7 +133,7 @@ impl Drop for CarriedSecret {
 }
 
 #[derive(Serialize, Deserialize)]
-struct CarriedGreeting {
+pub(super) struct CarriedGreeting {
     server_version: Vec<u8>,
     connection_id: u32,
     scramble: Vec<u8>,
@@ -137,20 +144,49 @@ struct CarriedGreeting {
     mariadb_caps: u32,
 }
 
-/// A session given up: what holdfast knows of it, its client's socket and its backend's
-/// when that is plain TCP.
+impl CarriedGreeting {
+    pub(super) fn of(g: &Greeting) -> Self {
+        CarriedGreeting {
+            server_version: g.server_version.clone(),
+            connection_id: g.connection_id,
+            scramble: g.scramble.clone(),
+            capabilities: g.capabilities,
+            charset: g.charset,
+            status: g.status,
+            auth_plugin: g.auth_plugin.clone(),
+            mariadb_caps: g.mariadb_caps,
+        }
+    }
+
+    pub(super) fn into_greeting(self) -> Greeting {
+        Greeting {
+            server_version: self.server_version,
+            connection_id: self.connection_id,
+            scramble: self.scramble,
+            capabilities: self.capabilities,
+            charset: self.charset,
+            status: self.status,
+            auth_plugin: self.auth_plugin,
+            mariadb_caps: self.mariadb_caps,
+        }
+    }
+}
+
+/// A session given up: what holdfast knows of it, its client's socket, its backend's when
+/// it could be taken, and its replica connections' (a split session's).
 pub struct HandedSession {
     pub carried: Box<CarriedSession>,
     pub client: std::net::TcpStream,
     pub backend: Option<std::net::TcpStream>,
+    pub readers: Vec<std::net::TcpStream>,
 }
 
 impl Session {
     /// Whether the session is at a point where it can be handed over (see the module
     /// documentation), and why not when it is not.
     fn why_not_handed_over(&self) -> Option<&'static str> {
-        if self.split.is_some() {
-            return Some("read/write splitting");
+        if let Some(why) = self.split.as_ref().and_then(|s| s.why_not_handed_over()) {
+            return Some(why);
         }
         if self.record.status & SERVER_STATUS_IN_TRANS != 0 || self.txn_log.is_some() {
             return Some("a transaction is open");
@@ -222,6 +258,7 @@ impl Session {
             mut carried,
             client,
             backend,
+            readers,
         } = handed;
         let put = |conn: &mut PacketConn, socket, tls, unread: &[u8]| match stream_of(socket, tls) {
             Ok(stream) => {
@@ -246,6 +283,14 @@ impl Session {
             );
         }
         self.backend.quit_on_drop = true;
+        if let Some(split) = carried.split.take() {
+            match super::split::Split::resume(self.shared.topology.clone(), split, readers) {
+                Ok(s) => self.split = Some(s),
+                Err(e) => {
+                    tracing::error!(error = %e, "replica connections given back could not be used")
+                }
+            }
+        }
     }
 
     /// Gives the session up to the process that replaces this one, when it is at a safe
@@ -267,6 +312,15 @@ impl Session {
             return None;
         }
         let markers = self.markers.carry()?;
+        // The replica side first: should one of its connections not come out, the session
+        // stays (it opens others as it needs them).
+        let (split, readers) = match self.split.as_mut() {
+            Some(s) => {
+                let (carried, sockets) = s.give_up()?;
+                (Some(carried), sockets)
+            }
+            None => (None, Vec::new()),
+        };
         let (client, client_tls, client_unread) = self.client.take_socket()?;
         // A backend connection whose TLS state cannot be taken stays, and is closed as the
         // session ends here (the new process logs in again).
@@ -283,7 +337,6 @@ impl Session {
             None => (None, None, Default::default()),
         };
         self.captured.last_insert_id = self.record.last_insert_id;
-        let greeting = &self.backend.greeting;
         let carried = CarriedSession {
             id: self.info.id,
             peer: self.info.client,
@@ -296,21 +349,13 @@ impl Session {
             can_reauthenticate: self.can_reauthenticate,
             backend_name: self.backend_name.clone(),
             backend_age_ms: self.backend_since.elapsed().as_millis() as u64,
-            greeting: CarriedGreeting {
-                server_version: greeting.server_version.clone(),
-                connection_id: greeting.connection_id,
-                scramble: greeting.scramble.clone(),
-                capabilities: greeting.capabilities,
-                charset: greeting.charset,
-                status: greeting.status,
-                auth_plugin: greeting.auth_plugin.clone(),
-                mariadb_caps: greeting.mariadb_caps,
-            },
+            greeting: CarriedGreeting::of(&self.backend.greeting),
             backend_capabilities: self.backend.capabilities,
             backend_mariadb_caps: self.backend.mariadb_caps,
             backend_kept: backend.is_some(),
             client_tls,
             backend_tls,
+            split,
             record: self.record.clone(),
             sql_mode: self
                 .record
@@ -337,6 +382,7 @@ impl Session {
             carried: Box::new(carried),
             client,
             backend,
+            readers,
         })
     }
 
@@ -347,6 +393,7 @@ impl Session {
         carried: CarriedSession,
         client: std::net::TcpStream,
         backend: Option<std::net::TcpStream>,
+        readers: Vec<std::net::TcpStream>,
     ) -> std::io::Result<Session> {
         let CarriedSession {
             id,
@@ -366,6 +413,7 @@ impl Session {
             backend_kept: _,
             client_tls,
             backend_tls,
+            split,
             mut record,
             sql_mode,
             client_trackers,
@@ -386,6 +434,7 @@ impl Session {
             backend_unread,
         } = carried;
         let tls = (client_tls.is_some(), backend_tls.is_some());
+        let replicas = readers.len();
         let mut client = PacketConn::new(stream_of(client, client_tls)?);
         client.rbuf.extend_from_slice(&client_unread);
         let backend_dead = backend.is_none();
@@ -397,16 +446,7 @@ impl Session {
         conn.rbuf.extend_from_slice(&backend_unread);
         let backend = BackendConn {
             conn,
-            greeting: Greeting {
-                server_version: g.server_version,
-                connection_id: g.connection_id,
-                scramble: g.scramble,
-                capabilities: g.capabilities,
-                charset: g.charset,
-                status: g.status,
-                auth_plugin: g.auth_plugin,
-                mariadb_caps: g.mariadb_caps,
-            },
+            greeting: g.into_greeting(),
             capabilities: backend_capabilities,
             mariadb_caps: backend_mariadb_caps,
             quit_on_drop: true,
@@ -446,7 +486,7 @@ impl Session {
             }
         };
         let mode = record.sql_mode.unwrap_or_default();
-        tracing::info!(session = id, client = %peer, user = %user, backend = %backend_name, thread = backend.greeting.connection_id, client_tls = tls.0, backend_tls = tls.1, backend_kept = !backend_dead, "session handed over from the previous process");
+        tracing::info!(session = id, client = %peer, user = %user, backend = %backend_name, thread = backend.greeting.connection_id, client_tls = tls.0, backend_tls = tls.1, backend_kept = !backend_dead, replicas, "session handed over from the previous process");
         Ok(Session {
             info,
             client,
@@ -483,7 +523,14 @@ impl Session {
             topology,
             switching: shared.switching.subscribe(),
             move_pending_since: None,
-            split: None,
+            split: match split {
+                Some(carried) => Some(super::split::Split::resume(
+                    shared.topology.clone(),
+                    carried,
+                    readers,
+                )?),
+                None => None,
+            },
             hand_over_to: shared.upgrader.session_sink(),
             shared,
         })

@@ -309,9 +309,10 @@ pub(crate) async fn run_resumed(
     carried: handover::CarriedSession,
     client: std::net::TcpStream,
     backend: Option<std::net::TcpStream>,
+    readers: Vec<std::net::TcpStream>,
 ) {
     let (id, peer) = (carried.id, carried.peer);
-    let mut session = match Session::resume(shared, carried, client, backend) {
+    let mut session = match Session::resume(shared, carried, client, backend, readers) {
         Ok(s) => s,
         Err(e) => {
             tracing::error!(session = id, client = %peer, error = %e, "a session handed over could not go on; its connections close");

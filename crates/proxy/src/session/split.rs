@@ -1909,3 +1909,157 @@ mod tests {
         assert_eq!(parse_gtid(""), None);
     }
 }
+
+/// A split session's replica side as a process hands it to the one that replaces it: what
+/// it knows of its last statements, and each replica connection (its socket goes beside,
+/// in the same order).
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(super) struct CarriedSplit {
+    last_on: Option<String>,
+    last_read: Option<Vec<u8>>,
+    read_warned: bool,
+    primary_warned: bool,
+    primary_kept: bool,
+    read_only_on_primary: bool,
+    found_rows: super::found_rows::CarriedFoundRows,
+    pub readers: Vec<CarriedReader>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(super) struct CarriedReader {
+    node: String,
+    address: String,
+    thread: u32,
+    greeting: super::handover::CarriedGreeting,
+    capabilities: u32,
+    mariadb_caps: u32,
+    pub tls: Option<holdfast_client::tls_resume::TlsState>,
+    unread: Vec<u8>,
+    state_version: u64,
+    types: VariableTypes,
+    statements: Vec<(u32, u32, bool)>,
+    waited: Vec<(u32, u64)>,
+    warned: bool,
+}
+
+impl Split {
+    /// Why the replica side cannot be handed over now, if it cannot: a read-only
+    /// transaction pinned to a replica (it finishes first), a statement of one running,
+    /// a connection whose TLS state cannot be taken.
+    pub(super) fn why_not_handed_over(&self) -> Option<&'static str> {
+        if self.txn_on.is_some() || self.shadow || self.probing || self.given_up {
+            return Some("a read-only transaction on a replica");
+        }
+        if self.rerun.is_some() || !self.pinned_reads.reads.is_empty() {
+            return Some("a replica's read to run again");
+        }
+        if self.readers.iter().any(|r| !r.conn.conn.can_take_socket()) {
+            return Some("a replica connection's TLS state cannot be taken now");
+        }
+        None
+    }
+
+    /// Takes the replica side apart for the new process: what it knows and the sockets.
+    /// `None` when a connection could not be taken (the session is lost then: check
+    /// [`Split::why_not_handed_over`] first).
+    pub(super) fn give_up(&mut self) -> Option<(CarriedSplit, Vec<std::net::TcpStream>)> {
+        let mut readers = Vec::new();
+        let mut sockets = Vec::new();
+        for mut r in std::mem::take(&mut self.readers) {
+            let Some((socket, tls, unread)) = r.conn.conn.take_socket() else {
+                // (Checked before: not expected.) The replica side starts over.
+                self.forget_last();
+                self.found_rows.keep_if(|_| false);
+                return None;
+            };
+            // Nothing may be said on the connection the new process continues.
+            r.conn.quit_on_drop = false;
+            let g = &r.conn.greeting;
+            readers.push(CarriedReader {
+                node: r.read.node.clone(),
+                address: r.read.address.clone(),
+                thread: r.read.thread,
+                greeting: super::handover::CarriedGreeting::of(g),
+                capabilities: r.conn.capabilities,
+                mariadb_caps: r.conn.mariadb_caps,
+                tls,
+                unread: unread.to_vec(),
+                state_version: r.state_version,
+                types: std::mem::take(&mut r.types),
+                statements: r
+                    .statements
+                    .iter()
+                    .map(|(&client, &(id, typed))| (client, id, typed))
+                    .collect(),
+                waited: r.waited.clone(),
+                warned: r.warned,
+            });
+            sockets.push(socket);
+        }
+        let carried = CarriedSplit {
+            last_on: self.last_on.clone(),
+            last_read: self.last_read.as_ref().map(|b| b.to_vec()),
+            read_warned: self.read_warned,
+            primary_warned: self.primary_warned,
+            primary_kept: self.primary_kept,
+            read_only_on_primary: self.read_only_on_primary,
+            found_rows: self.found_rows.carry(),
+            readers,
+        };
+        Some((carried, sockets))
+    }
+
+    /// The replica side handed over by the process this one replaces, on its sockets.
+    pub(super) fn resume(
+        watch: watch::Receiver<Arc<Topology>>,
+        carried: CarriedSplit,
+        sockets: Vec<std::net::TcpStream>,
+    ) -> std::io::Result<Box<Split>> {
+        let mut split = Split::new(watch);
+        split.last_on = carried.last_on;
+        split.last_read = carried.last_read.map(|b| BytesMut::from(&b[..]));
+        split.read_warned = carried.read_warned;
+        split.primary_warned = carried.primary_warned;
+        split.primary_kept = carried.primary_kept;
+        split.read_only_on_primary = carried.read_only_on_primary;
+        split.found_rows = FoundRows::from_carried(carried.found_rows);
+        for (r, socket) in carried.readers.into_iter().zip(sockets) {
+            let mut conn = crate::conn::PacketConn::new(super::handover::stream_of(socket, r.tls)?);
+            conn.rbuf.extend_from_slice(&r.unread);
+            // The node's load counter as this process's topology has it (a fresh one until
+            // its monitor's first round names the node).
+            let load = split
+                .topology
+                .nodes
+                .iter()
+                .find(|n| n.name == r.node)
+                .map_or_else(|| Arc::new(NodeLoad::default()), |n| n.load.0.clone());
+            load.opened(r.thread);
+            split.readers.push(Reader {
+                read: Arc::new(crate::registry::ReplicaRead {
+                    node: r.node,
+                    address: r.address,
+                    thread: r.thread,
+                }),
+                conn: BackendConn {
+                    conn,
+                    greeting: r.greeting.into_greeting(),
+                    capabilities: r.capabilities,
+                    mariadb_caps: r.mariadb_caps,
+                    quit_on_drop: true,
+                },
+                load,
+                state_version: r.state_version,
+                types: r.types,
+                statements: r
+                    .statements
+                    .into_iter()
+                    .map(|(client, id, typed)| (client, (id, typed)))
+                    .collect(),
+                waited: r.waited,
+                warned: r.warned,
+            });
+        }
+        Ok(split)
+    }
+}

@@ -77,8 +77,8 @@ pub enum Message {
     HaReleased {
         ha: Box<holdfast_cluster::ha::controller::HaCarried>,
     },
-    /// Old → new: a live session, with its client's socket and, when it is kept, its
-    /// backend's (in that order).
+    /// Old → new: a live session, with its client's socket, its backend's when it is
+    /// kept, and its replica connections' (in that order).
     Session { session: Box<CarriedSession> },
     /// Either way: the other side gives up, and why.
     Refused { reason: String },
@@ -403,6 +403,7 @@ async fn send_sessions(
             carried,
             client,
             backend,
+            readers,
         } = handed;
         let id = carried.id;
         let mut body = match serde_json::to_vec(&Message::Session { session: carried }) {
@@ -414,6 +415,7 @@ async fn send_sessions(
         };
         let mut fds = vec![client.as_fd()];
         fds.extend(backend.as_ref().map(|b| b.as_fd()));
+        fds.extend(readers.iter().map(|r| r.as_fd()));
         let sent = channel::send(&mut stream, &body, &fds).await;
         // It holds the session's re-authentication secret.
         zeroize::Zeroize::zeroize(&mut body);
@@ -556,28 +558,25 @@ async fn receive_sessions(stream: &mut UnixStream, shared: &Arc<Shared>) {
                 continue;
             }
         };
-        let mut fds = received.fds.into_iter();
-        let (client, backend) = (fds.next(), fds.next());
-        let Some(client) = client else {
+        let expected = 1 + usize::from(session.backend_kept()) + session.readers();
+        if received.fds.len() != expected {
             tracing::error!(
                 session = session.id,
-                "upgrade: a session came without its client's socket"
-            );
-            continue;
-        };
-        if session.backend_kept() != backend.is_some() {
-            tracing::error!(
-                session = session.id,
-                "upgrade: a session came without its backend's socket; its client's closes"
+                expected,
+                received = received.fds.len(),
+                "upgrade: a session came without all its sockets; its connections close"
             );
             continue;
         }
-        crate::resume_session(
-            shared.clone(),
-            *session,
-            std::net::TcpStream::from(client),
-            backend.map(std::net::TcpStream::from),
-        );
+        let mut fds = received.fds.into_iter().map(std::net::TcpStream::from);
+        let Some(client) = fds.next() else {
+            continue;
+        };
+        let backend = match session.backend_kept() {
+            true => fds.next(),
+            false => None,
+        };
+        crate::resume_session(shared.clone(), *session, client, backend, fds.collect());
     }
 }
 
