@@ -540,13 +540,27 @@ async fn serve(
         }
     });
     // After an upgrade the admin API is the new process's: this one stops accepting.
+    // (Again if the new process goes: `Upgrader::serve_again`; from a copy of the socket.)
     let mut handed_over = shared.upgrader.handed_over();
     let admin_shared = shared.clone();
+    let admin_socket = std::os::fd::AsFd::as_fd(&admin).try_clone_to_owned()?;
     let admin_task = tokio::spawn(async move {
-        tokio::select! {
-            r = holdfast_admin::serve(admin, admin_shared, admin_token) => r,
-            _ = async { drop(handed_over.wait_for(Option::is_some).await) } => {
-                std::future::pending().await
+        let mut admin = Some(admin);
+        loop {
+            let listener = match admin.take() {
+                Some(l) => l,
+                None => {
+                    let socket = std::net::TcpListener::from(admin_socket.try_clone()?);
+                    socket.set_nonblocking(true)?;
+                    tokio::net::TcpListener::from_std(socket)?
+                }
+            };
+            tokio::select! {
+                r = holdfast_admin::serve(listener, admin_shared.clone(), admin_token.clone()) => return r,
+                _ = async { drop(handed_over.wait_for(Option::is_some).await) } => {}
+            }
+            if handed_over.wait_for(Option::is_none).await.is_err() {
+                return std::future::pending().await;
             }
         }
     });
@@ -586,11 +600,31 @@ async fn serve(
 /// closing what is left.
 async fn drained_after_upgrade(shared: &Arc<holdfast_proxy::Shared>) {
     let mut handed_over = shared.upgrader.handed_over();
-    if handed_over.wait_for(Option::is_some).await.is_err() {
-        return std::future::pending().await;
+    'upgrade: loop {
+        if handed_over.wait_for(Option::is_some).await.is_err() {
+            return std::future::pending().await;
+        }
+        let until = tokio::time::Instant::now() + shared.config().proxy.cooldown();
+        drain(shared, &handed_over, until).await;
+        if handed_over.borrow().is_some() {
+            return;
+        }
+        // The new process went: this one serves again.
+        continue 'upgrade;
     }
-    let until = tokio::time::Instant::now() + shared.config().proxy.cooldown();
+}
+
+/// Waits until this process holds no connection or the drain window ends, or the process
+/// it handed over to goes (then this one serves again).
+async fn drain(
+    shared: &Arc<holdfast_proxy::Shared>,
+    handed_over: &tokio::sync::watch::Receiver<Option<u32>>,
+    until: tokio::time::Instant,
+) {
     loop {
+        if handed_over.borrow().is_none() {
+            return;
+        }
         // (Connections still logging in count: they become sessions here. So do admin
         // connections: the answer to the upgrade's own request is being written.)
         let left = shared.open_connections();

@@ -746,3 +746,104 @@ fn a_split_session_keeps_what_its_replica_reads_left() {
         .expect("reads go on");
     assert_eq!(n, Some(3));
 }
+
+/// A hand-over cut short: the new process is killed (SIGKILL) after it took one session
+/// and before another (in a transaction) could go. The session it took is lost with it;
+/// the old process serves again: it keeps the other session (which commits and goes on),
+/// accepts new connections and admin requests, and a second upgrade then hands the kept
+/// session over.
+#[test]
+fn a_hand_over_cut_short_leaves_the_old_process_serving_what_it_holds() {
+    let served = Served::start("cut", "1", None);
+    let (config, base, log) = (served.config.clone(), served.base, served.log.clone());
+    let mut procs = served.procs;
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let open =
+        || mysql::Conn::new(mysql::Opts::from_url(&url(base)).expect("url")).expect("a session");
+    let old_pid = status(&config)["pid"].as_u64().expect("pid") as u32;
+    let mut idle = open();
+    idle.query_drop("SET @v = 'idle'").expect("set");
+    let mut in_txn = open();
+    in_txn
+        .query_drop("CREATE TABLE sbtest.cut (id INT PRIMARY KEY)")
+        .expect("a table");
+    in_txn.query_drop("SET @v = 'txn'").expect("set");
+    let txn_thread: Option<u32> = in_txn.query_first("SELECT CONNECTION_ID()").expect("id");
+    in_txn.query_drop("BEGIN").expect("begin");
+    in_txn
+        .query_drop("INSERT INTO sbtest.cut VALUES (1)")
+        .expect("insert");
+
+    let (ok, out, err) = ctl(&config, &["upgrade", "--json"]);
+    assert!(ok, "ctl upgrade failed: {err}\n{}", read_log());
+    let report: serde_json::Value = serde_json::from_str(&out).expect("a report");
+    let new_pid = report["pid"].as_u64().expect("pid") as u32;
+    procs.pids.push(new_pid);
+    wait_for(
+        "the idle session in the new process",
+        Duration::from_secs(30),
+        || {
+            read_log()
+                .contains("session handed over from the previous process")
+                .then_some(())
+        },
+    );
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &new_pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    wait_for(
+        "the old process to serve again",
+        Duration::from_secs(30),
+        || {
+            read_log()
+                .contains("the new process exited; this one serves again")
+                .then_some(())
+        },
+    );
+
+    // The session the killed process took went with it.
+    assert!(
+        idle.query_first::<String, _>("SELECT @v").is_err(),
+        "a session handed to the killed process answered"
+    );
+    // The one the old process kept finishes its transaction there and goes on.
+    in_txn
+        .query_drop("COMMIT")
+        .expect("commit on the old process");
+    let row: Option<(String, u32)> = in_txn
+        .query_first("SELECT @v, CONNECTION_ID()")
+        .expect("goes on");
+    assert_eq!(row, Some(("txn".into(), txn_thread.expect("a thread"))));
+    // New connections and the admin API are the old process's again.
+    let mut fresh = open();
+    let n: Option<u32> = fresh
+        .query_first("SELECT COUNT(*) FROM sbtest.cut")
+        .expect("a new connection");
+    assert_eq!(n, Some(1));
+    let s = status(&config);
+    assert_eq!(s["pid"].as_u64(), Some(u64::from(old_pid)), "{s}");
+    assert!(
+        procs.first.try_wait().expect("try_wait").is_none(),
+        "{}",
+        read_log()
+    );
+
+    // A second upgrade goes through and hands the kept session over.
+    let (ok, out, err) = ctl(&config, &["upgrade", "--json"]);
+    assert!(ok, "the second upgrade failed: {err}\n{}", read_log());
+    let report: serde_json::Value = serde_json::from_str(&out).expect("a report");
+    procs.pids.push(report["pid"].as_u64().expect("pid") as u32);
+    wait_for("the old process to exit", Duration::from_secs(30), || {
+        procs.first.try_wait().expect("try_wait")
+    });
+    let row: Option<(String, u32)> = in_txn
+        .query_first("SELECT @v, CONNECTION_ID()")
+        .expect("goes on in the newest process");
+    assert_eq!(row, Some(("txn".into(), txn_thread.expect("a thread"))));
+    let n: Option<u32> = fresh
+        .query_first("SELECT COUNT(*) FROM sbtest.cut")
+        .expect("so does the fresh one");
+    assert_eq!(n, Some(1));
+}

@@ -517,9 +517,13 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, listen: Option<
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            _ = handed_over.wait_for(Option::is_some) => {
-                // The new process accepts on this socket now.
-                return;
+            _ = async { drop(handed_over.wait_for(Option::is_some).await) } => {
+                // The new process accepts on this socket now; this one again only if it
+                // goes (see `Upgrader::serve_again`).
+                if handed_over.wait_for(Option::is_none).await.is_err() {
+                    return;
+                }
+                continue;
             }
         };
         let (stream, peer) = match accepted {

@@ -147,6 +147,10 @@ pub struct Metrics {
     /// Commands, client bytes and command latency: touched by every request.
     pub requests: RequestStats,
     pub sessions_moved: Counter,
+    /// Sessions given to the process that replaced this one (an upgrade), and taken from
+    /// the one this one replaced.
+    pub sessions_handed_over: Counter,
+    pub sessions_taken_over: Counter,
     pub move_latency: LatencyHistogram,
     pub move_failures: Family<ReasonLabel, Counter>,
     /// Transactions lost with their backend and run again, by outcome (`replayed`,
@@ -232,6 +236,8 @@ impl Metrics {
             backend_connects: register(r, "backend_connects", "Backend connections opened"),
             backend_connect_failures: register(r, "backend_connect_failures", "Backend connections that failed to open or log in"),
             sessions_moved: register(r, "sessions_moved", "Sessions moved to another backend connection with their state"),
+            sessions_handed_over: register(r, "sessions_handed_over", "Sessions given, with their connections, to the process that replaced this one (holdfast ctl upgrade)"),
+            sessions_taken_over: register(r, "sessions_taken_over", "Sessions taken, with their connections, from the process this one replaced (holdfast ctl upgrade)"),
             move_latency: register(r, "session_move_seconds", "Time to move a session: log in on the new node, restore state, re-prepare"),
             move_failures: register(r, "session_move_failures", "Attempts to move a session that failed, by reason"),
             transaction_replays: register(r, "transaction_replays", "Open transactions lost with their backend and replayed on the new one, by outcome: replayed (every answer compared equal), diverged (rolled back, the client got 1213), failed (the backend was lost again), too_large (its replay log outgrew replay_max_bytes; the client got 1213), not_replayable (for another reason; the client got 1213)"),

@@ -228,7 +228,7 @@ impl Session {
     /// hand-over just began (a session that stays says why, once).
     pub(super) async fn hand_over_if_asked(&mut self, news: bool) -> Option<End> {
         let sink = self.hand_over_to.borrow_and_update().clone()?;
-        if sink.is_closed() {
+        if sink.is_broken() {
             return None;
         }
         if !self.backend.conn.can_take_socket() {
@@ -237,15 +237,15 @@ impl Session {
         }
         let handed = self.give_up(news)?;
         let id = self.info.id;
-        match sink.send(handed) {
-            Ok(()) => Some(End::HandedOver),
+        match sink.send(handed).await {
+            Ok(()) => {
+                self.shared.metrics.sessions_handed_over.inc();
+                Some(End::HandedOver)
+            }
             Err(returned) => {
-                // The channel closed in between: the session goes on here.
-                self.take_back(returned.0);
-                tracing::warn!(
-                    session = id,
-                    "the hand-over channel closed; the session stays"
-                );
+                // The new process did not take it: the session goes on here.
+                self.take_back(returned);
+                tracing::warn!(session = id, "upgrade: the session stays in this process");
                 None
             }
         }
@@ -486,6 +486,7 @@ impl Session {
             }
         };
         let mode = record.sql_mode.unwrap_or_default();
+        shared.metrics.sessions_taken_over.inc();
         tracing::info!(session = id, client = %peer, user = %user, backend = %backend_name, thread = backend.greeting.connection_id, client_tls = tls.0, backend_tls = tls.1, backend_kept = !backend_dead, replicas, "session handed over from the previous process");
         Ok(Session {
             info,

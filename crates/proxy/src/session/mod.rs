@@ -189,8 +189,7 @@ struct Session {
     /// Read/write splitting: the session's replica connections (split listeners only).
     split: Option<Box<split::Split>>,
     /// Set when the process that replaces this one takes sessions (see `handover.rs`).
-    hand_over_to:
-        watch::Receiver<Option<tokio::sync::mpsc::UnboundedSender<handover::HandedSession>>>,
+    hand_over_to: watch::Receiver<Option<Arc<crate::upgrade::SessionChannel>>>,
 }
 
 /// Answers a connection over the limit with ERR 1040 and closes it.

@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 /// The hand-over format this build speaks (2: sessions are handed over).
 pub const FORMAT: u32 = 2;
@@ -172,7 +172,7 @@ pub struct Upgrader {
     /// The new process's pid once it accepts: this one stops accepting.
     handed_over: watch::Sender<Option<u32>>,
     /// Where sessions give themselves up once the new process takes them.
-    session_sink: watch::Sender<Option<mpsc::UnboundedSender<HandedSession>>>,
+    session_sink: watch::Sender<Option<Arc<SessionChannel>>>,
 }
 
 impl Default for Upgrader {
@@ -240,8 +240,19 @@ impl Upgrader {
 
     /// Set once the new process takes sessions: where a session at a safe point gives
     /// itself up.
-    pub fn session_sink(&self) -> watch::Receiver<Option<mpsc::UnboundedSender<HandedSession>>> {
+    pub fn session_sink(&self) -> watch::Receiver<Option<Arc<SessionChannel>>> {
         self.session_sink.subscribe()
+    }
+
+    /// The process this one handed over to exited while this one still runs: the
+    /// sessions it took went with it; this one accepts again, runs HA again, keeps the
+    /// sessions it still holds, and can be upgraded again.
+    fn serve_again(&self, shared: &Shared, status: std::io::Result<std::process::ExitStatus>) {
+        let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
+        tracing::error!(%status, handed_over = shared.metrics.sessions_handed_over.get(), "upgrade: the new process exited; this one serves again (the sessions it took are lost with it)");
+        self.session_sink.send_replace(None);
+        self.handed_over.send_replace(None);
+        shared.ha.take_charge();
     }
 
     /// Starts the binary at this process's executable path and hands it the listeners
@@ -301,9 +312,15 @@ impl Upgrader {
             // It must not go on with half of what it needs (it may hold the listeners).
             let _ = child.start_kill();
         }
-        // Reaped whenever it exits, for as long as this process lives.
+        // Reaped whenever it exits, for as long as this process lives; if it took over
+        // and exits while this one is still here, this one serves again.
+        let took_over = outcome.as_ref().ok().map(|r| r.pid);
+        let shared = shared.clone();
         tokio::spawn(async move {
-            let _ = child.wait().await;
+            let status = child.wait().await;
+            if took_over.is_some() && *shared.upgrader.handed_over.borrow() == took_over {
+                shared.upgrader.serve_again(&shared, status);
+            }
         });
         outcome
     }
@@ -380,9 +397,8 @@ impl Upgrader {
         let sessions_left = shared.open_connections();
         tracing::info!(pid, %version, generation, sessions_left, "upgrade: the new process serves; this one hands its sessions over or drains them");
         if format >= SESSIONS_FORMAT {
-            let (tx, rx) = mpsc::unbounded_channel();
-            self.session_sink.send_replace(Some(tx));
-            tokio::spawn(send_sessions(stream, rx));
+            self.session_sink
+                .send_replace(Some(Arc::new(SessionChannel::new(stream))));
         }
         Ok(UpgradeReport {
             pid,
@@ -393,36 +409,75 @@ impl Upgrader {
     }
 }
 
-/// Sends each session given up to the new process, for as long as this process lives.
-async fn send_sessions(
-    mut stream: UnixStream,
-    mut sessions: mpsc::UnboundedReceiver<HandedSession>,
-) {
-    while let Some(handed) = sessions.recv().await {
-        let HandedSession {
-            carried,
-            client,
-            backend,
-            readers,
-        } = handed;
-        let id = carried.id;
-        let mut body = match serde_json::to_vec(&Message::Session { session: carried }) {
+/// [`Message::Session`] as written, without a copy of the session.
+#[derive(Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+enum Outgoing<'a> {
+    Session { session: &'a CarriedSession },
+}
+
+/// How long sending one session to the new process may take: it reads them as they come.
+const SESSION_SEND_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The old process's end of the hand-over channel, once the new process takes sessions:
+/// each session at a safe point sends itself, one at a time.
+pub struct SessionChannel {
+    stream: tokio::sync::Mutex<UnixStream>,
+    /// A send failed (the new process went, or stopped reading): sessions stay here.
+    broken: AtomicBool,
+}
+
+impl SessionChannel {
+    fn new(stream: UnixStream) -> Self {
+        SessionChannel {
+            stream: tokio::sync::Mutex::new(stream),
+            broken: AtomicBool::new(false),
+        }
+    }
+
+    pub fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::Acquire)
+    }
+
+    /// Sends a session (what holdfast knows of it, its sockets). The session is given
+    /// back when it did not go: it stays in this process.
+    pub async fn send(&self, handed: HandedSession) -> Result<(), HandedSession> {
+        if self.is_broken() {
+            return Err(handed);
+        }
+        let mut body = match serde_json::to_vec(&Outgoing::Session {
+            session: &handed.carried,
+        }) {
             Ok(b) => b,
             Err(e) => {
-                tracing::error!(session = id, error = %e, "upgrade: a session could not be written down; its connections close");
-                continue;
+                tracing::error!(session = handed.carried.id, error = %e, "upgrade: a session could not be written down; it stays");
+                return Err(handed);
             }
         };
-        let mut fds = vec![client.as_fd()];
-        fds.extend(backend.as_ref().map(|b| b.as_fd()));
-        fds.extend(readers.iter().map(|r| r.as_fd()));
-        let sent = channel::send(&mut stream, &body, &fds).await;
+        let mut fds = vec![handed.client.as_fd()];
+        fds.extend(handed.backend.as_ref().map(|b| b.as_fd()));
+        fds.extend(handed.readers.iter().map(|r| r.as_fd()));
+        let sent = {
+            let mut stream = self.stream.lock().await;
+            tokio::time::timeout(
+                SESSION_SEND_TIMEOUT,
+                channel::send(&mut stream, &body, &fds),
+            )
+            .await
+        };
+        drop(fds);
         // It holds the session's re-authentication secret.
         zeroize::Zeroize::zeroize(&mut body);
         match sent {
-            Ok(()) => tracing::debug!(session = id, "upgrade: session handed over"),
-            Err(e) => {
-                tracing::error!(session = id, error = %e, "upgrade: the new process did not take a session; its connections close");
+            Ok(Ok(())) => Ok(()),
+            failed => {
+                self.broken.store(true, Ordering::Release);
+                let why = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => format!("not read within {SESSION_SEND_TIMEOUT:?}"),
+                };
+                tracing::error!(session = handed.carried.id, error = %why, "upgrade: the new process does not take sessions; they stay in this process");
+                Err(handed)
             }
         }
     }
