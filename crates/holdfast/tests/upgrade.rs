@@ -847,3 +847,57 @@ fn a_hand_over_cut_short_leaves_the_old_process_serving_what_it_holds() {
         .expect("so does the fresh one");
     assert_eq!(n, Some(1));
 }
+
+/// A session that stays in a transaction past the drain window (`[proxy] cooldown_ms`)
+/// is closed when the old process exits, and the log counts it; a session idle at the
+/// upgrade went over and goes on.
+#[test]
+fn a_transaction_left_open_past_the_drain_window_is_closed_and_counted() {
+    let served = Served::start_with("cooldown", "1", None, |config| {
+        let text = std::fs::read_to_string(config).expect("the lab's config");
+        let edited = text.replace("cooldown_ms = 60000", "cooldown_ms = 1500");
+        assert_ne!(edited, text, "the lab's config names cooldown_ms = 60000");
+        std::fs::write(config, edited).expect("the edited config");
+    });
+    let (config, base, log) = (served.config.clone(), served.base, served.log.clone());
+    let mut procs = served.procs;
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let open =
+        || mysql::Conn::new(mysql::Opts::from_url(&url(base)).expect("url")).expect("a session");
+    let mut idle = open();
+    idle.query_drop("SET @v = 'idle'").expect("set");
+    let mut stuck = open();
+    stuck
+        .query_drop("CREATE TABLE sbtest.stuck (id INT PRIMARY KEY)")
+        .expect("a table");
+    stuck.query_drop("BEGIN").expect("begin");
+    stuck
+        .query_drop("INSERT INTO sbtest.stuck VALUES (1)")
+        .expect("insert");
+    let (ok, out, err) = ctl(&config, &["upgrade", "--json"]);
+    assert!(ok, "ctl upgrade failed: {err}\n{}", read_log());
+    let report: serde_json::Value = serde_json::from_str(&out).expect("a report");
+    procs.pids.push(report["pid"].as_u64().expect("pid") as u32);
+    let exit = wait_for("the old process to exit", Duration::from_secs(30), || {
+        procs.first.try_wait().expect("try_wait")
+    });
+    assert!(exit.success(), "{exit}\n{}", read_log());
+    assert!(
+        read_log().contains(
+            "upgrade: the drain window passed; closing the sessions left and exiting sessions=1"
+        ),
+        "{}",
+        read_log()
+    );
+    assert!(
+        stuck.query_drop("COMMIT").is_err(),
+        "a session closed with the old process answered"
+    );
+    // Its transaction was not committed.
+    let n: Option<u32> = idle
+        .query_first("SELECT COUNT(*) FROM sbtest.stuck")
+        .expect("the idle session went over");
+    assert_eq!(n, Some(0));
+    let v: Option<String> = idle.query_first("SELECT @v").expect("its state");
+    assert_eq!(v.as_deref(), Some("idle"));
+}

@@ -84,6 +84,8 @@ pub struct CarriedSession {
     sql_mode: Option<(bool, bool)>,
     client_trackers: ClientTrackers,
     trackers_overridden: bool,
+    opaque_change: bool,
+    state_version: u64,
     statements: statements::CarriedStatements,
     sql_kills: Vec<(Vec<u8>, Vec<u8>, bool)>,
     captured: Captured,
@@ -363,6 +365,8 @@ impl Session {
                 .map(|m| (m.ansi_quotes, m.no_backslash_escapes)),
             client_trackers: self.record.client_trackers.clone(),
             trackers_overridden: self.record.trackers_overridden,
+            opaque_change: self.record.opaque_change,
+            state_version: self.record.state_version,
             statements: self.statements.carry(),
             sql_kills: self.sql_kills.carry(),
             captured: self.captured.clone(),
@@ -418,6 +422,8 @@ impl Session {
             sql_mode,
             client_trackers,
             trackers_overridden,
+            opaque_change,
+            state_version,
             statements,
             sql_kills,
             captured,
@@ -460,6 +466,8 @@ impl Session {
             );
         record.client_trackers = client_trackers;
         record.trackers_overridden = trackers_overridden;
+        record.opaque_change = opaque_change;
+        record.state_version = state_version;
         let now = Instant::now();
         let ago = |ms: u64| now.checked_sub(Duration::from_millis(ms)).unwrap_or(now);
         let info = Arc::new(SessionInfo::started_at(id, peer, ago(age_ms)));

@@ -207,6 +207,17 @@ impl Split {
                     .iter()
                     .any(|n| n.name == r.read.node && (!n.draining || pinned == Some(&r.read.node)))
             });
+            // A connection handed over before this process knew its node counts on the
+            // node's own load from now on.
+            for r in &mut self.readers {
+                if let Some(n) = topology.nodes.iter().find(|n| n.name == r.read.node) {
+                    if !Arc::ptr_eq(&r.load, &n.load.0) {
+                        r.load.closed(r.read.thread);
+                        n.load.0.opened(r.read.thread);
+                        r.load = n.load.0.clone();
+                    }
+                }
+            }
             if let Some(node) = &self.last_on {
                 if !self.readers.iter().any(|r| &r.read.node == node) {
                     self.forget_last();
