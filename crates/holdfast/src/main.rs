@@ -224,10 +224,10 @@ enum CtlCommand {
     /// The running process starts the binary found at its executable's path now (a package
     /// upgrade or a copied new build) with the same arguments, and hands it the listening
     /// sockets and HA over a private unix socket. The new process serves new connections
-    /// at once; open sessions follow as each goes idle outside a transaction (the client
-    /// keeps its connection and session). Sessions over TLS from the client or on a split
-    /// listener stay on the old one until they end, or until `[proxy] cooldown_ms` closes
-    /// them, then the old process exits. `holdfast ctl status`
+    /// at once; open sessions follow as each goes idle outside a transaction, with their
+    /// client, backend and replica connections (TLS too): the client notices nothing.
+    /// Those that cannot go stay on the old one until they end, or until `[proxy]
+    /// cooldown_ms` closes them, then the old process exits. `holdfast ctl status`
     /// shows the pid and generation. If the new process cannot start or take over, the old
     /// one keeps serving and this command fails with why (exit status 1).
     ///

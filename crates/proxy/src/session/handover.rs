@@ -1,21 +1,20 @@
 //! Handing a live session to the process that replaces this one (`holdfast ctl upgrade`).
 //!
 //! A session gives itself up only at a safe point: idle between requests, outside a
-//! transaction, nothing in flight behind a marker, its backend connection alive and not
-//! due to move, on a listener without read/write splitting, its client's socket plain TCP
-//! (a TLS session's record-layer state cannot be handed over yet: such sessions stay and
-//! end in the old process). Its client's socket goes to the new process as it is, with
-//! nothing said on it; what holdfast knows of the session goes with it ([`CarriedSession`]).
+//! transaction (a split session: no read-only transaction on a replica either), nothing in
+//! flight behind a marker, its backend connection alive and not due to move, no
+//! compression. Its sockets go to the new process as they are, with nothing said on them:
+//! the client's, the backend's and its replica connections'. The server keeps its threads,
+//! so what lives there (temporary tables, locks, prepared statements, user variables,
+//! `LAST_INSERT_ID`) needs no restore; what holdfast knows of the session goes with the
+//! sockets ([`CarriedSession`]). A TLS socket goes with its record-layer state
+//! (`holdfast_client::tls_resume`): the new process continues the TLS session.
 //!
-//! The backend connection:
-//! - plain TCP: its socket goes too. The server keeps its thread, so what lives there
-//!   (temporary tables, locks, prepared statements, user variables, `LAST_INSERT_ID`) needs
-//!   no restore;
-//! - TLS (`[backend_tls]`): a TLS connection's state cannot be handed over, so the old
-//!   process captures what the trackers do not report and closes it, and the new one logs
-//!   in again and restores the session, as a move to another node does. Only a session
-//!   that could move goes this way (no temporary table, lock, cursor..., a login holdfast
-//!   can repeat); the others stay.
+//! When a backend connection's TLS state cannot be taken at that moment (rustls still
+//! has a record to write), a session that could move goes anyway: the old process captures
+//! what the trackers do not report and closes that connection, and the new one logs in
+//! again and restores the session, as a move to another node does. Any other session stays
+//! until its next safe point.
 
 use super::owed_schema::OwedSchema;
 use super::{kill, markers, relay, statements, End, Session};

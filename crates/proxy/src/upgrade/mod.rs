@@ -12,10 +12,11 @@
 //! 4. the old process stops accepting and lets go of HA (a running operation finishes
 //!    first), then says [`Message::HaReleased`]: the new one takes charge of it;
 //! 5. old → new: [`Message::Session`], each session as it reaches a safe point (idle,
-//!    outside a transaction, the client on plain TCP, no read/write splitting: see
-//!    `session::handover`), with its client's socket and, when that is plain TCP too, its
-//!    backend's: the new process goes on with it (on the same server thread, or logged in
-//!    again and restored).
+//!    outside a transaction: see `session::handover`), with its sockets: the client's, the
+//!    backend's, its replica connections' (TLS sessions continue in the new process,
+//!    `holdfast_client::tls_resume`). The new process goes on with it, on the same server
+//!    threads. A session whose send fails stays; if the new process dies, this one serves
+//!    again ([`Upgrader::serve_again`]).
 //!
 //! Sessions that cannot be handed over stay on the old process until they end, or until
 //! the drain window (`[proxy] cooldown_ms`) closes them; then it exits. A new process that
