@@ -78,6 +78,26 @@ fn url(port: u16) -> String {
     format!("mysql://app:app_pass@127.0.0.1:{port}/sbtest?prefer_socket=false")
 }
 
+/// A session of the lab's app user on `port`.
+fn session(port: u16) -> mysql::Conn {
+    mysql::Conn::new(mysql::Opts::from_url(&url(port)).expect("url")).expect("a session")
+}
+
+/// `holdfast ctl upgrade --json`, which must succeed; the new process is killed with the
+/// test's others. Returns its pid.
+fn upgrade(config: &Path, procs: &mut Processes, log: &Path) -> u32 {
+    let (ok, out, err) = ctl(config, &["upgrade", "--json"]);
+    assert!(
+        ok,
+        "ctl upgrade failed: {err}\n{}",
+        std::fs::read_to_string(log).unwrap_or_default()
+    );
+    let report: serde_json::Value = serde_json::from_str(&out).expect("a report");
+    let pid = report["pid"].as_u64().expect("pid") as u32;
+    procs.pids.push(pid);
+    pid
+}
+
 /// A lab (`replicas` replicas) in a directory of this test's own, and `holdfast serve`
 /// on it (from `exe`, or the built binary), serving once this returns. The lab is stopped
 /// and deleted after the processes.
@@ -311,8 +331,7 @@ fn a_failed_or_concurrent_upgrade_leaves_the_running_process_serving() {
         std::fs::set_permissions(&next, std::fs::Permissions::from_mode(mode)).expect("chmod");
         std::fs::rename(&next, &exe).expect("replacing the binary");
     };
-    let mut session =
-        mysql::Conn::new(mysql::Opts::from_url(&url(base)).expect("url")).expect("a session");
+    let mut session = session(base);
     session.query_drop("SET @kept = 7").expect("set");
 
     // A binary that exits at once.
@@ -394,10 +413,7 @@ fn an_upgrade_during_a_switchover_waits_for_it() {
         let s = status(&config);
         (!s["ha"]["in_progress"].is_null() || s["topology"]["primary"] == "node2").then_some(())
     });
-    let (ok, out, err) = ctl(&config, &["upgrade", "--json"]);
-    assert!(ok, "the upgrade failed: {err}\n{}", read_log());
-    let report: serde_json::Value = serde_json::from_str(&out).expect("a report");
-    procs.pids.push(report["pid"].as_u64().expect("pid") as u32);
+    upgrade(&config, &mut procs, &log);
     let (ok, _, err) = switchover.join().expect("the switchover thread");
     assert!(ok, "the switchover failed: {err}\n{}", read_log());
     let s = status(&config);
@@ -414,8 +430,7 @@ fn an_upgrade_during_a_switchover_waits_for_it() {
     assert_eq!(s["ha"]["counters"]["switchovers"], 1, "{s}");
     assert_eq!(s["ha"]["last"]["operation"], "switchover", "{s}");
     // Writes reach the new primary through the new process.
-    let mut c =
-        mysql::Conn::new(mysql::Opts::from_url(&url(base)).expect("url")).expect("a session");
+    let mut c = session(base);
     let server: Option<u32> = c.query_first("SELECT @@server_id").expect("a read");
     let node2: Option<u32> = mysql::Conn::new(
         mysql::Opts::from_url(&format!(
@@ -460,8 +475,7 @@ fn idle_sessions_are_handed_over(plain_backend: bool) {
     let wait_for = |what: &str, timeout: Duration, f: &mut dyn FnMut() -> Option<()>| {
         holdfast_lab::wait_for(what, timeout, f).unwrap_or_else(|e| panic!("{e}\n{}", read_log()))
     };
-    let open =
-        || mysql::Conn::new(mysql::Opts::from_url(&url(base)).expect("url")).expect("a session");
+    let open = || session(base);
     let open_tls = || {
         let opts = mysql::OptsBuilder::new()
             .ip_or_hostname(Some("127.0.0.1"))
@@ -525,11 +539,7 @@ fn idle_sessions_are_handed_over(plain_backend: bool) {
 
     let mut pids = vec![status(&config)["pid"].as_u64().expect("pid") as u32];
     for round in 1..=2usize {
-        let (ok, out, err) = ctl(&config, &["upgrade", "--json"]);
-        assert!(ok, "ctl upgrade failed: {err}\n{}", read_log());
-        let report: serde_json::Value = serde_json::from_str(&out).expect("a report");
-        let new_pid = report["pid"].as_u64().expect("pid") as u32;
-        procs.pids.push(new_pid);
+        let new_pid = upgrade(&config, &mut procs, &log);
         pids.push(new_pid);
 
         // The idle sessions go over by themselves.
@@ -694,8 +704,7 @@ fn a_split_session_keeps_what_its_replica_reads_left() {
     let (config, base, log) = (served.config.clone(), served.base, served.log.clone());
     let mut procs = served.procs;
     let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
-    let mut primary =
-        mysql::Conn::new(mysql::Opts::from_url(&url(base)).expect("url")).expect("a session");
+    let mut primary = session(base);
     primary
         .query_drop(
             "CREATE TABLE sbtest.sp (id INT PRIMARY KEY, v VARCHAR(10)); \
@@ -724,10 +733,7 @@ fn a_split_session_keeps_what_its_replica_reads_left() {
         .expect("a read");
     assert_eq!(rows.len(), 2);
 
-    let (ok, out, err) = ctl(&config, &["upgrade", "--json"]);
-    assert!(ok, "ctl upgrade failed: {err}\n{}", read_log());
-    let report: serde_json::Value = serde_json::from_str(&out).expect("a report");
-    procs.pids.push(report["pid"].as_u64().expect("pid") as u32);
+    upgrade(&config, &mut procs, &log);
     wait_for(
         "the split session in the new process",
         Duration::from_secs(30),
@@ -758,8 +764,7 @@ fn a_hand_over_cut_short_leaves_the_old_process_serving_what_it_holds() {
     let (config, base, log) = (served.config.clone(), served.base, served.log.clone());
     let mut procs = served.procs;
     let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
-    let open =
-        || mysql::Conn::new(mysql::Opts::from_url(&url(base)).expect("url")).expect("a session");
+    let open = || session(base);
     let old_pid = status(&config)["pid"].as_u64().expect("pid") as u32;
     let mut idle = open();
     idle.query_drop("SET @v = 'idle'").expect("set");
@@ -774,11 +779,7 @@ fn a_hand_over_cut_short_leaves_the_old_process_serving_what_it_holds() {
         .query_drop("INSERT INTO sbtest.cut VALUES (1)")
         .expect("insert");
 
-    let (ok, out, err) = ctl(&config, &["upgrade", "--json"]);
-    assert!(ok, "ctl upgrade failed: {err}\n{}", read_log());
-    let report: serde_json::Value = serde_json::from_str(&out).expect("a report");
-    let new_pid = report["pid"].as_u64().expect("pid") as u32;
-    procs.pids.push(new_pid);
+    let new_pid = upgrade(&config, &mut procs, &log);
     wait_for(
         "the idle session in the new process",
         Duration::from_secs(30),
@@ -831,10 +832,7 @@ fn a_hand_over_cut_short_leaves_the_old_process_serving_what_it_holds() {
     );
 
     // A second upgrade goes through and hands the kept session over.
-    let (ok, out, err) = ctl(&config, &["upgrade", "--json"]);
-    assert!(ok, "the second upgrade failed: {err}\n{}", read_log());
-    let report: serde_json::Value = serde_json::from_str(&out).expect("a report");
-    procs.pids.push(report["pid"].as_u64().expect("pid") as u32);
+    upgrade(&config, &mut procs, &log);
     wait_for("the old process to exit", Duration::from_secs(30), || {
         procs.first.try_wait().expect("try_wait")
     });
@@ -862,8 +860,7 @@ fn a_transaction_left_open_past_the_drain_window_is_closed_and_counted() {
     let (config, base, log) = (served.config.clone(), served.base, served.log.clone());
     let mut procs = served.procs;
     let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
-    let open =
-        || mysql::Conn::new(mysql::Opts::from_url(&url(base)).expect("url")).expect("a session");
+    let open = || session(base);
     let mut idle = open();
     idle.query_drop("SET @v = 'idle'").expect("set");
     let mut stuck = open();
@@ -874,10 +871,7 @@ fn a_transaction_left_open_past_the_drain_window_is_closed_and_counted() {
     stuck
         .query_drop("INSERT INTO sbtest.stuck VALUES (1)")
         .expect("insert");
-    let (ok, out, err) = ctl(&config, &["upgrade", "--json"]);
-    assert!(ok, "ctl upgrade failed: {err}\n{}", read_log());
-    let report: serde_json::Value = serde_json::from_str(&out).expect("a report");
-    procs.pids.push(report["pid"].as_u64().expect("pid") as u32);
+    upgrade(&config, &mut procs, &log);
     let exit = wait_for("the old process to exit", Duration::from_secs(30), || {
         procs.first.try_wait().expect("try_wait")
     });
