@@ -228,7 +228,11 @@ impl Session {
     /// point: gives it up (the session ends here with [`End::HandedOver`]). `news`: the
     /// hand-over just began (a session that stays says why, once).
     pub(super) async fn hand_over_if_asked(&mut self, news: bool) -> Option<End> {
-        let sink = self.hand_over_to.borrow_and_update().clone()?;
+        // (An atomic load on every request; the watch's lock only when it changed.)
+        if news || self.hand_over_to.has_changed().unwrap_or(false) {
+            self.hand_over_channel = self.hand_over_to.borrow_and_update().clone();
+        }
+        let sink = self.hand_over_channel.clone()?;
         if sink.is_broken() {
             return None;
         }
@@ -539,6 +543,7 @@ impl Session {
                 )?),
                 None => None,
             },
+            hand_over_channel: None,
             hand_over_to: shared.upgrader.session_sink(),
             shared,
         })

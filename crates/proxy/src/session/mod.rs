@@ -188,7 +188,9 @@ struct Session {
     move_pending_since: Option<Instant>,
     /// Read/write splitting: the session's replica connections (split listeners only).
     split: Option<Box<split::Split>>,
-    /// Set when the process that replaces this one takes sessions (see `handover.rs`).
+    /// Set when the process that replaces this one takes sessions (see `handover.rs`);
+    /// `hand_over_channel` is its last value seen (read without the watch's lock).
+    hand_over_channel: Option<Arc<crate::upgrade::SessionChannel>>,
     hand_over_to: watch::Receiver<Option<Arc<crate::upgrade::SessionChannel>>>,
 }
 
@@ -512,6 +514,7 @@ impl Session {
             switching: shared.switching.subscribe(),
             move_pending_since: None,
             split: (routing == Routing::Split).then(|| split::Split::new(shared.topology.clone())),
+            hand_over_channel: None,
             hand_over_to: shared.upgrader.session_sink(),
             shared,
         })
