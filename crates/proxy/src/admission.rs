@@ -121,6 +121,19 @@ impl Admission {
         })
     }
 
+    /// A session handed over by the process this one replaced: it was admitted there, so
+    /// it counts against its address's limit here whatever that limit says.
+    pub fn admit_handed_over(self: &Arc<Self>, ip: IpAddr) -> Ticket {
+        let ip = address_key(ip);
+        let mut map = self.addresses.lock().unwrap_or_else(|e| e.into_inner());
+        map.entry(ip).or_default().open += 1;
+        Ticket {
+            admission: self.clone(),
+            ip,
+            logging_in: false,
+        }
+    }
+
     /// After a wrong password from `ip` for `user`: how long to wait before answering.
     /// Grows with the failures of the address or of the account, whichever has more.
     pub fn login_failed(&self, ip: IpAddr, user: &str) -> Duration {
@@ -354,6 +367,20 @@ mod tests {
         drop(t1);
         assert!(a.admit(ip).is_ok());
         drop(t2);
+    }
+
+    #[test]
+    fn sessions_handed_over_count_against_their_address_whatever_the_limit() {
+        let a = admission(1, 0);
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let mut t1 = a.admit(ip).unwrap();
+        t1.logged_in();
+        let handed = a.admit_handed_over(ip);
+        assert_eq!(a.admit(ip).err(), Some(Refusal::TooManyFromAddress));
+        drop(t1);
+        assert_eq!(a.admit(ip).err(), Some(Refusal::TooManyFromAddress));
+        drop(handed);
+        assert!(a.admit(ip).is_ok());
     }
 
     #[test]

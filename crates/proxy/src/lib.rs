@@ -262,8 +262,10 @@ pub(crate) fn resume_session(
     readers: Vec<std::net::TcpStream>,
 ) {
     let slot = shared.connections.take(usize::MAX);
+    let ticket = shared.admission.admit_handed_over(carried.peer.ip());
     tokio::spawn(async move {
         session::run_resumed(shared, carried, client, backend, readers).await;
+        drop(ticket);
         drop(slot);
     });
 }
