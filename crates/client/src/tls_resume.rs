@@ -6,9 +6,9 @@
 //! peer may still send (a session ticket is dropped; a key update cannot be followed, the
 //! traffic secret stays in rustls, and ends the connection with an error).
 //!
-//! Received bytes of a record not complete when the keys are taken are not lost: rustls
-//! holds them undecrypted, so the stream under it ([`Tracked`]) keeps a copy of the current
-//! incomplete record, and that copy goes with the keys.
+//! Received bytes of a record not complete yet would be lost with rustls (it holds them
+//! undecrypted): the stream under it ([`Tracked`]) follows the record boundaries of what it
+//! reads, without copying, and the state is taken only between records.
 
 use crate::conn::BoxedIo;
 use crate::tls::Prefixed;
@@ -99,12 +99,13 @@ impl std::fmt::Debug for TlsState {
     }
 }
 
-/// The stream under rustls: passes bytes through and keeps a copy of the record being
-/// received, until it is complete (see the module documentation).
+/// The stream under rustls: passes bytes through and follows the boundaries of the
+/// records it reads (see the module documentation).
 pub struct Tracked {
     inner: BoxedIo,
-    /// The received bytes of the current incomplete record (its header included).
-    partial: Vec<u8>,
+    /// The current record's header, as far as it is in.
+    header: [u8; HEADER],
+    header_len: usize,
     /// Bytes of the current record still to come once its header is in.
     body_left: usize,
 }
@@ -113,35 +114,41 @@ impl Tracked {
     pub fn new(inner: BoxedIo) -> Self {
         Tracked {
             inner,
-            partial: Vec::new(),
+            header: [0; HEADER],
+            header_len: 0,
             body_left: 0,
         }
     }
 
+    /// Whether the last byte read ended a record (rustls has decrypted every record it
+    /// holds).
+    fn between_records(&self) -> bool {
+        self.header_len == 0
+    }
+
     fn observe(&mut self, mut bytes: &[u8]) {
         while !bytes.is_empty() {
-            if self.partial.len() < HEADER {
-                let take = (HEADER - self.partial.len()).min(bytes.len());
-                self.partial.extend_from_slice(&bytes[..take]);
+            if self.header_len < HEADER {
+                let take = (HEADER - self.header_len).min(bytes.len());
+                self.header[self.header_len..self.header_len + take]
+                    .copy_from_slice(&bytes[..take]);
+                self.header_len += take;
                 bytes = &bytes[take..];
-                if self.partial.len() == HEADER {
+                if self.header_len == HEADER {
                     self.body_left =
-                        usize::from(u16::from_be_bytes([self.partial[3], self.partial[4]]));
+                        usize::from(u16::from_be_bytes([self.header[3], self.header[4]]));
                     if self.body_left == 0 {
-                        self.partial.clear();
+                        self.header_len = 0;
                     }
                 }
                 continue;
             }
             let take = self.body_left.min(bytes.len());
             self.body_left -= take;
-            if self.body_left == 0 {
-                // Complete: rustls decrypts it with the read that brought it.
-                self.partial.clear();
-            } else {
-                self.partial.extend_from_slice(&bytes[..take]);
-            }
             bytes = &bytes[take..];
+            if self.body_left == 0 {
+                self.header_len = 0;
+            }
         }
     }
 }
@@ -208,11 +215,17 @@ pub fn can_take(stream: &dyn crate::conn::Io) -> bool {
     let any = stream.as_any();
     if let Some(s) = any.downcast_ref::<tokio_rustls::server::TlsStream<Tracked>>() {
         let (io, conn) = s.get_ref();
-        return !conn.is_handshaking() && !conn.wants_write() && tcp_under(io.inner.as_ref());
+        return !conn.is_handshaking()
+            && !conn.wants_write()
+            && io.between_records()
+            && tcp_under(io.inner.as_ref());
     }
     if let Some(s) = any.downcast_ref::<tokio_rustls::client::TlsStream<Tracked>>() {
         let (io, conn) = s.get_ref();
-        return !conn.is_handshaking() && !conn.wants_write() && tcp_under(io.inner.as_ref());
+        return !conn.is_handshaking()
+            && !conn.wants_write()
+            && io.between_records()
+            && tcp_under(io.inner.as_ref());
     }
     if let Some(s) = any.downcast_ref::<ResumedTls>() {
         return s.out.is_empty();
@@ -264,8 +277,11 @@ pub fn take_tls(stream: BoxedIo) -> io::Result<(TcpStream, TlsState, Vec<u8>)> {
         .map_err(|e| io::Error::other(format!("taking the TLS keys: {e}")))?;
     let (cipher, tx) = direction(secrets.tx)?;
     let (_, rx) = direction(secrets.rx)?;
-    let Tracked { inner, partial, .. } = tracked;
-    let tcp = into_tcp(inner).ok_or_else(|| unsupported("TLS over something else than TCP"))?;
+    if !tracked.between_records() {
+        return Err(unsupported("a record half received"));
+    }
+    let tcp =
+        into_tcp(tracked.inner).ok_or_else(|| unsupported("TLS over something else than TCP"))?;
     Ok((
         tcp,
         TlsState {
@@ -273,7 +289,7 @@ pub fn take_tls(stream: BoxedIo) -> io::Result<(TcpStream, TlsState, Vec<u8>)> {
             cipher,
             tx,
             rx,
-            pending: partial,
+            pending: Vec::new(),
         },
         plaintext,
     ))
@@ -828,15 +844,22 @@ mod tests {
     }
 
     #[test]
-    fn the_tracker_keeps_the_incomplete_record_only() {
+    fn the_tracker_follows_record_boundaries() {
         let (a, _) = tokio::io::duplex(1);
         let mut t = Tracked::new(Box::new(a));
-        // A whole record, then the header and 2 of 4 body bytes of the next.
+        assert!(t.between_records());
+        // A whole record, then part of the next header.
         t.observe(&[23, 3, 3, 0, 2, 9, 9, 23, 3]);
-        assert_eq!(t.partial, vec![23, 3]);
+        assert!(!t.between_records());
+        // The rest of the header and 2 of 4 body bytes.
         t.observe(&[3, 0, 4, 1, 2]);
-        assert_eq!(t.partial, vec![23, 3, 3, 0, 4, 1, 2]);
-        t.observe(&[3, 4, 21]);
-        assert_eq!(t.partial, vec![21]);
+        assert!(!t.between_records());
+        t.observe(&[3, 4]);
+        assert!(t.between_records());
+        // Records split anywhere, several in one read.
+        t.observe(&[21, 3, 3, 0, 2, 1, 0, 23, 3, 3, 0, 1, 7, 23]);
+        assert!(!t.between_records());
+        t.observe(&[3, 3, 0, 0]);
+        assert!(t.between_records());
     }
 }
