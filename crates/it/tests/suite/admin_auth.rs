@@ -51,11 +51,12 @@ fn requests_without_the_token_are_refused_and_change_nothing() {
         assert_eq!(a.code, 401, "GET {path}: {a:?}");
         assert!(!a.body.contains("node1"), "{a:?}");
     }
-    // So do the node operations: nothing is removed or reloaded without it.
+    // So do the node operations: nothing is removed, reloaded or upgraded without it.
     for path in [
         "/nodes/remove?name=node2&drain_ms=0",
         "/nodes/add?name=x&address=127.0.0.1:1",
         "/reload",
+        "/upgrade",
     ] {
         let a = h.admin_raw("POST", path, &[], None);
         assert_eq!(a.code, 401, "POST {path}: {a:?}");
