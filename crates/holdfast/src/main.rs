@@ -795,7 +795,7 @@ async fn ctl(client: &AdminClient, command: CtlCommand) -> Result<()> {
         CtlCommand::Upgrade { json } => {
             post_and_print(client, "/upgrade", "upgrade failed", json, |r: holdfast_proxy::upgrade::UpgradeReport| {
                 format!(
-                    "upgraded: process {} (holdfast {}, generation {}) serves; {} sessions drain on the old process\n",
+                    "upgraded: process {} (holdfast {}, generation {}) serves; {} sessions were open on the old process: each goes over at its next safe point (idle, outside a transaction), or ends there\n",
                     r.pid, r.version, r.generation, r.sessions_left
                 )
             })

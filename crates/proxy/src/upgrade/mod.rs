@@ -156,8 +156,8 @@ pub struct UpgradeReport {
     pub pid: u32,
     pub version: String,
     pub generation: u64,
-    /// Sessions left on the old process, to end there (or be closed when the drain
-    /// window passes).
+    /// Sessions open on the old process when the new one took over: each goes over at its
+    /// next safe point, or ends there (or is closed when the drain window passes).
     pub sessions_left: usize,
 }
 
