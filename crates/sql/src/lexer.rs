@@ -207,6 +207,13 @@ impl<'a> Lexer<'a> {
         self.uncertain
     }
 
+    /// True when the text ended inside an executable comment the lexer read as code (no
+    /// `*/` closed it). MariaDB refuses such a text at parse (1064, `MY_LEX_EOL` with a
+    /// comment open), whatever comments are nested in it.
+    pub const fn ends_in_exec_comment(&self) -> bool {
+        self.in_exec_comment
+    }
+
     /// Byte offset of the next byte the lexer will look at.
     pub const fn position(&self) -> usize {
         self.pos

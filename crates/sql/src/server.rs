@@ -59,6 +59,11 @@ impl Server {
         max: u32::MAX,
     };
 
+    /// Only MariaDB servers (no MySQL).
+    pub const fn mariadb_only(&self) -> bool {
+        self.mariadb && !self.mysql
+    }
+
     /// A MariaDB server of version `version` (`MAJOR * 10000 + MINOR * 100 + PATCH`,
     /// `101106` for 10.11.6).
     pub const fn mariadb(version: u32) -> Server {

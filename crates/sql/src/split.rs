@@ -64,6 +64,16 @@ impl<'a> StmtCursor<'a> {
         self.lexer.is_uncertain()
     }
 
+    /// See [`Lexer::ends_in_exec_comment`] (meaningful once the text is consumed).
+    pub(crate) const fn ends_in_exec_comment(&self) -> bool {
+        self.lexer.ends_in_exec_comment()
+    }
+
+    /// The servers the text is lexed for.
+    pub(crate) const fn server(&self) -> Server {
+        self.lexer.server()
+    }
+
     /// Number of tokens of the current statement consumed so far.
     pub(crate) const fn count(&self) -> usize {
         self.count

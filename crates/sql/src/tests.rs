@@ -1556,3 +1556,37 @@ fn statements_that_may_commit() {
         );
     }
 }
+
+#[test]
+fn a_text_ending_inside_an_executable_comment_is_refused_by_mariadb_at_parse() {
+    let maria = Server::mariadb(101119);
+    // Whatever the comment holds, nested comments included: nothing runs (1064).
+    for sql in [
+        "/*!101118 /* nested? */ SELECT 1 FROM",
+        "/*!101118 /* n */ DELETE FROM t",
+        "/*M!100000 SET @x = 1",
+        "SELECT 1 /*!101118 + 1",
+    ] {
+        assert_eq!(
+            classify_for(sql.as_bytes(), SqlMode::DEFAULT, maria),
+            C::READ_ONLY,
+            "{sql}"
+        );
+        // For a server that may be MySQL, as before.
+        assert_ne!(
+            classify_for(sql.as_bytes(), SqlMode::DEFAULT, Server::UNKNOWN),
+            C::READ_ONLY,
+            "{sql}"
+        );
+    }
+    // Closed: the comment's content is what runs.
+    let flags = classify_for(b"/*!101118 DELETE FROM t */", SqlMode::DEFAULT, maria);
+    assert!(flags.has(C::WRITE), "{flags}");
+    // Two statements: the first runs before the second is refused.
+    let flags = classify_for(
+        b"DELETE FROM t; /*!101118 SELECT 1",
+        SqlMode::DEFAULT,
+        maria,
+    );
+    assert!(flags.has(C::WRITE), "{flags}");
+}

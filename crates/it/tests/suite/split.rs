@@ -1671,3 +1671,31 @@ fn a_failed_prepared_statement_in_a_read_only_transaction_is_counted_where_it_is
     }
     same_as_directly(&h, &steps);
 }
+
+/// Found by the fuzzer (seed 2040 session 1356): in a read-only transaction on a replica,
+/// a text whose comment is never closed (here an executable comment with one nested in
+/// it) is refused by the server before anything runs (1064). holdfast took it for a
+/// statement it could not read, which must leave the replica; the transaction could not
+/// move (a setting made since changed what its read answers) and was given up (1213), and
+/// the client's next write ran outside it. Such a text fails at parse wherever it runs:
+/// it runs in the transaction like a read.
+#[test]
+fn a_text_with_an_unclosed_comment_fails_inside_a_read_only_transaction_as_the_server_says() {
+    use holdfast_it::differential::q;
+    let h = split_harness(|_| {});
+    table_t_everywhere(&h);
+    let steps = vec![
+        q("START TRANSACTION READ ONLY"),
+        q("SELECT v FROM t WHERE id = 2"),
+        q("SET SESSION sql_select_limit = 0"),
+        q("/*!101118 /* nested? */ SELECT 1 FROM"),
+        q("REPLACE INTO t (id, v) VALUES (9, 'q')"),
+        q("SELECT 'after' /* x"),
+        q("SHOW WARNINGS"),
+        q("SET SESSION sql_select_limit = DEFAULT"),
+        q("SELECT COUNT(*) FROM t"),
+        q("COMMIT"),
+        q("SELECT id, v FROM t ORDER BY id"),
+    ];
+    same_as_directly(&h, &steps);
+}
