@@ -46,6 +46,12 @@ pub struct SessionRecord {
     pub prepared_statements: usize,
     /// The trackers could not be enabled on the backend.
     pub untracked: bool,
+    /// A read-only transaction was ended by `SET autocommit = 1`: MariaDB (10.11) keeps the
+    /// session read-only (writes get 1792, a `BEGIN` starts a read-only transaction) until
+    /// a `COMMIT` or `ROLLBACK`, though its status says no transaction is open. An
+    /// autocommit write is not wrapped then: the wrap's own `COMMIT` would end that state.
+    #[serde(default)]
+    pub read_only_lingers: bool,
     /// The server reported a session state change (`session_track_state_change`) in the
     /// answer to the current request.
     #[serde(skip)]

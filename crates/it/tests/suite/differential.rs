@@ -748,3 +748,28 @@ fn an_execute_of_a_write_after_use_reports_the_schema_as_the_server_does() {
         compare(&h, caps, &steps);
     }
 }
+
+/// Found by the fuzzer (seed 2040 session 1942, main and split): MariaDB keeps a session
+/// read-only after `SET autocommit = 1` ends its read-only transaction, though its status
+/// says no transaction is open: writes get 1792, a `BEGIN` starts a read-only transaction,
+/// until a `COMMIT` or `ROLLBACK`. holdfast wrapped the next autocommit write for its
+/// marker; the wrap's `COMMIT` ended that state, and later writes went in.
+#[test]
+fn a_read_only_transaction_ended_by_autocommit_leaves_writes_refused_as_the_server_does() {
+    let h = Harness::start();
+    let steps = vec![
+        q("SET autocommit = 0"),
+        q("START TRANSACTION READ ONLY"),
+        q("SET autocommit = 1"),
+        q("UPDATE sbtest.dt SET v = 'u' WHERE id = 1"),
+        q("CREATE TEMPORARY TABLE tt (a INT)"),
+        q("INSERT INTO sbtest.dt (v) VALUES ('i')"),
+        q("SELECT @@in_transaction"),
+        q("BEGIN"),
+        q("INSERT INTO sbtest.dt (v) VALUES ('j')"),
+        q("COMMIT"),
+        q("INSERT INTO sbtest.dt (v) VALUES ('k')"),
+        q("SELECT id, v FROM sbtest.dt ORDER BY id"),
+    ];
+    compare(&h, BASE_CAPS, &steps);
+}

@@ -1699,3 +1699,29 @@ fn a_text_with_an_unclosed_comment_fails_inside_a_read_only_transaction_as_the_s
     ];
     same_as_directly(&h, &steps);
 }
+
+/// Found by the fuzzer (seed 2040 session 1942): MariaDB keeps a session read-only after
+/// `SET autocommit = 1` ends its read-only transaction (writes get 1792 until a `COMMIT`
+/// or `ROLLBACK`); the same with the transaction pinned to a replica, where the primary
+/// must end up in that state too.
+#[test]
+fn a_read_only_transaction_on_a_replica_ended_by_autocommit_leaves_writes_refused() {
+    use holdfast_it::differential::q;
+    let h = split_harness(|_| {});
+    table_t_everywhere(&h);
+    let steps = vec![
+        q("SET autocommit = 0"),
+        q("START TRANSACTION READ ONLY"),
+        q("SELECT COUNT(*) FROM t"),
+        q("SET autocommit = 1"),
+        q("UPDATE t SET v = 7 WHERE id = 1"),
+        q("INSERT INTO t (id, v) VALUES (20, 1)"),
+        q("SELECT @@in_transaction"),
+        q("ROLLBACK"),
+        q("INSERT INTO t (id, v) VALUES (21, 1)"),
+        q("SELECT id, v FROM t ORDER BY id"),
+        // (The same rows for the run through holdfast.)
+        q("DELETE FROM t WHERE id IN (20, 21)"),
+    ];
+    same_as_directly(&h, &steps);
+}

@@ -202,6 +202,9 @@ impl Session {
             self.settle_kill(mark, self.exchange.error);
         }
         let answered_ok = ok && self.exchange.error.is_none();
+        if answered_ok {
+            self.note_read_only_linger(req);
+        }
         if req
             .query
             .is_some_and(|f| f.intersects(C::PREPARE_SQL.union(C::DEALLOCATE_SQL)))
@@ -219,6 +222,24 @@ impl Session {
             }
         }
         marked
+    }
+
+    /// MariaDB's read-only state that outlives a read-only transaction ended by `SET
+    /// autocommit = 1` (see [`SessionRecord::read_only_lingers`](crate::state::SessionRecord::read_only_lingers)):
+    /// noted after such a `SET`, forgotten after a `COMMIT` or `ROLLBACK`.
+    fn note_read_only_linger(&mut self, req: &Request) {
+        let Some(flags) = req.flags() else {
+            return;
+        };
+        if flags.has(C::AUTOCOMMIT)
+            && req.in_transaction
+            && req.read_only_transaction
+            && !self.record.in_transaction()
+        {
+            self.record.read_only_lingers = true;
+        } else if flags.has(C::END_TXN) && !flags.has(C::BEGIN_TXN) {
+            self.record.read_only_lingers = false;
+        }
     }
 
     /// The on-backend-lost phase: a backend lost before any of the answer reached the

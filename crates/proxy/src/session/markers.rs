@@ -422,6 +422,7 @@ impl Session {
             // the statement's: the wrap's BEGIN would use them up, where the statement
             // alone leaves them pending if it fails.
             && self.record.next_transaction.is_empty()
+            && !self.record.read_only_lingers
             && self.shared.config().ha.mark_autocommit_writes
             && self.record.status & SERVER_STATUS_AUTOCOMMIT != 0
             && (!execute

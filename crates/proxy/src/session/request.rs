@@ -40,6 +40,8 @@ pub(super) struct Request {
     pub continues: bool,
     /// The session's transaction was open when it came.
     pub in_transaction: bool,
+    /// ...and read-only.
+    pub read_only_transaction: bool,
     /// The session's sql_mode before the statement runs (it may change it).
     pub mode: Option<SqlMode>,
     /// The servers it may run on, as far as reading executable comments goes.
@@ -248,6 +250,9 @@ impl Session {
             reply,
             continues: header.continues(),
             in_transaction,
+            read_only_transaction: self.record.status
+                & holdfast_wire::caps::SERVER_STATUS_IN_TRANS_READONLY
+                != 0,
             mode,
             server,
             query,
@@ -720,6 +725,7 @@ mod tests {
             reply: Some(Reply::ResultSets),
             continues: false,
             in_transaction,
+            read_only_transaction: false,
             mode: None,
             server: MARIADB,
             query: Some(classify_for(sql.as_bytes(), SqlMode::DEFAULT, MARIADB)),
