@@ -311,9 +311,11 @@ fn classify_impl(sql: &[u8], mode: SqlMode, server: Server, history_pure: bool) 
     }
     if statements == 1 && cursor.ends_in_exec_comment() && cursor.server().mariadb_only() {
         // An executable comment never closed: MariaDB refuses the text at parse (1064),
-        // whatever is nested in the comment, and nothing of it runs. It may run anywhere,
-        // like a read without tables (seed 2040 session 1356).
-        return Classification::READ_ONLY;
+        // whatever is nested in the comment, and nothing of it runs: nothing uncertain
+        // about it. It goes to the primary, as a write would (its error is the primary's
+        // diagnostics area; in a read-only transaction on a replica it runs beside it,
+        // which stays): seed 2040 session 1356, seed 2041 session 388.
+        return Classification::WRITE;
     }
     if cursor.is_uncertain() {
         result |= Classification::UNCERTAIN | Classification::WRITE;

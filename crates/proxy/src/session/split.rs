@@ -1377,7 +1377,10 @@ impl Session {
                 // session 144).
                 _ => prepared.is_some_and(|(sql, flags)| keeps_diagnostics_area(flags, sql, mode)),
             };
-        if target.is_none() {
+        // (A COM_STMT_CLOSE runs nothing and has no answer: what the primary's area holds,
+        // and whether the statement before kept it, stay as they were: seed 2041 session
+        // 388.)
+        if target.is_none() && command != Some(COM_STMT_CLOSE) {
             split.primary_kept = kept;
         }
         if target.is_none() && split.last_on.is_some() {
