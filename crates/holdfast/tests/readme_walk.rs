@@ -1268,11 +1268,18 @@ fn readme_walk_pointing_holdfast_at_an_existing_server() {
         .permissions()
         .mode();
     assert_eq!(mode & 0o777, 0o600, "the token file is 0600");
-    let log = std::fs::read_to_string(&serve_log).unwrap_or_default();
-    assert!(
-        log.contains("start-up check: the monitor account can do what this configuration needs"),
-        "{log}"
-    );
+    // The start-up check runs beside serving: its verdict may come a moment after.
+    let log = holdfast_lab::wait_for("the start-up check's verdict", SERVE_READY, || {
+        let log = std::fs::read_to_string(&serve_log).unwrap_or_default();
+        log.contains("start-up check: the monitor account can do what this configuration needs")
+            .then_some(log)
+    })
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}",
+            std::fs::read_to_string(&serve_log).unwrap_or_default()
+        )
+    });
     assert!(
         !log.contains("can be read by other users"),
         "the config the README has you make draws no warning: {log}"
