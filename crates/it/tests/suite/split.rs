@@ -1738,3 +1738,29 @@ fn a_read_only_transaction_on_a_replica_ended_by_autocommit_leaves_writes_refuse
     ];
     same_as_directly(&h, &steps);
 }
+
+/// Found by the fuzzer (seed 2042 session 1058): `UNLOCK TABLES` keeps the diagnostics
+/// area as the statement before it left it (`LOCK TABLES` clears it). After a read on a
+/// replica, an `UNLOCK TABLES` on the primary showed the primary's older note.
+#[test]
+fn unlock_tables_keeps_a_replica_reads_diagnostics() {
+    use holdfast_it::differential::q;
+    let h = split_harness(|_| {});
+    table_t_everywhere(&h);
+    let steps = vec![
+        q("DROP TEMPORARY TABLE IF EXISTS nosuch"),
+        q("SELECT COUNT(*) FROM t"),
+        q("UNLOCK TABLES"),
+        q("SHOW COUNT(*) WARNINGS"),
+        q("DROP TEMPORARY TABLE IF EXISTS nosuch"),
+        q("UNLOCK TABLES"),
+        q("SHOW WARNINGS"),
+        q("SELECT CAST('1x' AS SIGNED) FROM t LIMIT 1"),
+        q("UNLOCK TABLES"),
+        q("SELECT @@warning_count"),
+        q("LOCK TABLES t READ"),
+        q("SHOW COUNT(*) WARNINGS"),
+        q("UNLOCK TABLES"),
+    ];
+    same_as_directly(&h, &steps);
+}

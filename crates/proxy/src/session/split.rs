@@ -468,7 +468,10 @@ fn keeps_diagnostics_area(flags: C, sql: &[u8], mode: holdfast_sql::SqlMode) -> 
         .union(C::EXECUTE_SQL)
         .union(C::PREPARE_SQL)
         .union(C::DEALLOCATE_SQL);
-    !flags.has(C::MULTI) && (settings || flags.intersects(code) || opens_no_table(sql, mode))
+    // `UNLOCK TABLES` too (`LOCK TABLES` opens its tables: it clears it); tried.
+    let unlock = flags.has(C::UNLOCK_TABLES) && !flags.has(C::LOCK_TABLES);
+    !flags.has(C::MULTI)
+        && (settings || unlock || flags.intersects(code) || opens_no_table(sql, mode))
 }
 
 /// Whether `sql` is a `SELECT` or `DO` without tables (`SELECT DATABASE()`, `SELECT
