@@ -298,9 +298,14 @@ fn classify_impl(sql: &[u8], mode: SqlMode, server: Server, history_pure: bool) 
     let mut statements = 0u32;
     loop {
         let flags = Stmt::classify(&mut cursor, history_pure);
+        cursor.finish();
         if cursor.count() > 0 {
             statements += 1;
             result |= flags;
+        } else if statements > 0 && cursor.is_comment_only() {
+            // A statement of comments only after one: the server answers it too (`INSERT
+            // ...; -- done` is two statements to it), so the text is a multi-statement.
+            statements += 1;
         }
         if !cursor.advance() {
             break;

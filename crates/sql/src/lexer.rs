@@ -314,11 +314,15 @@ impl<'a> Lexer<'a> {
             Run::Uncertain => self.uncertain = true,
             Run::Skip => {
                 let end = skip_versioned_comment(src, after);
-                // A comment nested in a skipped one: as above, MariaDB may refuse the text.
+                // A comment nested in a skipped one: MariaDB (10.11, tried) skips it as
+                // `skip_versioned_comment` does, and a text that ends inside it is
+                // refused at parse (1064) like any unterminated comment, the statements
+                // of a multi-statement before it run. MySQL's reading may differ.
                 let body_end = end.unwrap_or(src.len());
-                if src
-                    .get(after..body_end)
-                    .is_some_and(|b| b.windows(2).any(|w| w == b"/*"))
+                if !self.server.mariadb_only()
+                    && src
+                        .get(after..body_end)
+                        .is_some_and(|b| b.windows(2).any(|w| w == b"/*"))
                 {
                     self.uncertain = true;
                 }

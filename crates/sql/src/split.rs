@@ -121,6 +121,11 @@ impl<'a> StmtCursor<'a> {
         lexer.take_while(|t| !t.is_punct(";"))
     }
 
+    /// Consumes the rest of the current statement.
+    pub(crate) fn finish(&mut self) {
+        while self.next_token().is_some() {}
+    }
+
     /// Moves past the rest of the current statement to the next one. Returns false when
     /// there is none (end of input).
     pub(crate) fn advance(&mut self) -> bool {
@@ -136,6 +141,18 @@ impl<'a> StmtCursor<'a> {
         self.depth = 0;
         self.ended = false;
         true
+    }
+
+    /// Whether the current statement (which must have ended) holds no token but more
+    /// than whitespace: comments only (`SELECT 1; -- done`), or one never closed. MariaDB
+    /// answers such a statement of its own (an empty OK; 1064 for a comment never
+    /// closed; tried on 10.11).
+    pub(crate) fn is_comment_only(&self) -> bool {
+        self.count == 0
+            && self
+                .src
+                .get(self.start..self.end)
+                .is_some_and(|text| text.iter().any(|c| !c.is_ascii_whitespace()))
     }
 
     /// Byte range of the current statement (which must have ended), trimmed of

@@ -773,3 +773,24 @@ fn a_read_only_transaction_ended_by_autocommit_leaves_writes_refused_as_the_serv
     ];
     compare(&h, BASE_CAPS, &steps);
 }
+
+/// A text whose last statement is only a comment (`INSERT ...; -- done`): MariaDB answers
+/// it as two statements (the second an empty OK; tried), so it is a multi-statement
+/// holdfast must not wrap as one write.
+#[test]
+fn a_comment_after_the_last_semicolon_is_a_statement_of_its_own() {
+    let h = Harness::start();
+    let steps = vec![
+        q("INSERT INTO sbtest.dt (v) VALUES ('c'); -- done"),
+        q("INSERT INTO sbtest.dt (v) VALUES ('d'); /* done */"),
+        q("INSERT INTO sbtest.dt (v) VALUES ('e'); # done"),
+        q("SELECT COUNT(*) FROM sbtest.dt"),
+        q("SELECT 1; /* done */"),
+        q("INSERT INTO sbtest.dt (v) VALUES ('f'); /* never closed"),
+        q("INSERT INTO sbtest.dt (v) VALUES ('g'); /*!101120 /* nested */ never closed"),
+        q("SELECT COUNT(*) FROM sbtest.dt"),
+        q("INSERT INTO sbtest.dt (v) VALUES ('h');  "),
+        q("SELECT 3"),
+    ];
+    compare(&h, BASE_CAPS, &steps);
+}

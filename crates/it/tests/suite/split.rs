@@ -1764,3 +1764,152 @@ fn unlock_tables_keeps_a_replica_reads_diagnostics() {
     ];
     same_as_directly(&h, &steps);
 }
+
+/// Found by the fuzzer (seed 2042 session 1138): `START TRANSACTION READ ONLY` keeps the
+/// diagnostics area as the statement before it left it (tried): after an error on the
+/// primary, `SHOW ERRORS` inside the transaction shows it.
+#[test]
+fn a_read_only_transaction_shows_the_error_before_it() {
+    use holdfast_it::differential::q;
+    let h = split_harness(|_| {});
+    table_t_everywhere(&h);
+    let steps = vec![
+        q("/**/ XA COMMIT 'x' ONE PHASE"),
+        q("START TRANSACTION READ ONLY"),
+        q("SHOW ERRORS"),
+        q("SELECT COUNT(*) FROM t"),
+        q("SHOW ERRORS"),
+        q("COMMIT"),
+        // The same after a read with a warning on a replica.
+        q("SELECT CAST('1x' AS SIGNED) FROM t LIMIT 1"),
+        q("START TRANSACTION READ ONLY"),
+        q("SHOW WARNINGS"),
+        q("SELECT @@warning_count"),
+        q("COMMIT"),
+    ];
+    same_as_directly(&h, &steps);
+}
+
+/// Found by the fuzzer (seed 2041 session 177, seed 2042 session 1138): in a read-only
+/// transaction on a replica, a text the server refuses from its first statement (an `XA`
+/// statement inside a transaction: 1400) or that ends the transaction after settings
+/// only (`SET ...; ROLLBACK; <a text holdfast cannot read for sure>`) cost the
+/// transaction (1213) when it could not move to the primary (a `SET NAMES` since changes
+/// a read's answer there), and the statements after it ran outside it: writes went in
+/// where the server refused them (1792).
+#[test]
+fn a_read_only_transaction_on_a_replica_keeps_to_the_server_s_answers_when_it_cannot_move() {
+    use holdfast_it::differential::q;
+    let h = split_harness(|_| {});
+    table_t_everywhere(&h);
+    let steps = vec![
+        // The end of the transaction refused at parse (a comment that never closes,
+        // nested in one MariaDB skips): the settings before it made, the transaction
+        // still open.
+        q("START TRANSACTION READ ONLY"),
+        q("SELECT CONCAT('v', v) FROM t WHERE id = 2"),
+        q("SET NAMES latin1"),
+        q("SET sql_mode = 'NO_BACKSLASH_ESCAPES';\nROLLBACK -- dash ' ; /*!40101 */;\n/*!101120 /* nested? */ SELECT v FROM t WHERE id = 2"),
+        q("SELECT @@in_transaction, @@sql_mode"),
+        q("INSERT INTO t (id, v) VALUES (33, 1)"),
+        q("SELECT CONCAT('v', v) FROM t WHERE id = 2"),
+        q("ROLLBACK"),
+        q("SET sql_mode = DEFAULT, NAMES utf8mb4"),
+        // The end of the transaction after settings, then a text holdfast cannot read
+        // for sure.
+        q("START TRANSACTION READ ONLY"),
+        q("SELECT CONCAT('v', v) FROM t WHERE id = 2"),
+        q("SET NAMES latin1"),
+        q("SET sql_mode = 'NO_BACKSLASH_ESCAPES';\nROLLBACK -- dash ' ;\n;\n/*!100000 /* nested? */ SELECT v FROM t WHERE id = 2 */"),
+        q("SELECT @@in_transaction, @@sql_mode"),
+        q("INSERT INTO t (id, v) VALUES (30, 1)"),
+        q("START TRANSACTION READ ONLY"),
+        q("SELECT CONCAT('v', v) FROM t WHERE id = 2"),
+        q("SET NAMES utf8mb4"),
+        q("SET @c = 1; COMMIT AND CHAIN; SELECT @@in_transaction, @c"),
+        q("INSERT INTO t (id, v) VALUES (31, 1)"),
+        q("ROLLBACK"),
+        q("START TRANSACTION READ ONLY"),
+        q("SELECT CONCAT('v', v) FROM t WHERE id = 2"),
+        q("SET NAMES latin1"),
+        q("XA COMMIT 'x'; SELECT GET_LOCK('g', 0); LOCK TABLES t WRITE"),
+        q("SHOW ERRORS"),
+        q("SELECT @@in_transaction, IS_USED_LOCK('g') IS NULL"),
+        q("INSERT INTO t (id, v) VALUES (32, 1)"),
+        q("ROLLBACK"),
+        q("SELECT id FROM t WHERE id >= 30 ORDER BY id"),
+        q("DELETE FROM t WHERE id >= 30"),
+        q("SET sql_mode = DEFAULT, NAMES utf8mb4"),
+    ];
+    same_as_directly(&h, &steps);
+}
+
+/// Found by the fuzzer (seed 2042 session 1973): a read that fails before it runs keeps
+/// `FOUND_ROWS()` as the statement before left it. On the replica holding the session's
+/// value, the wait for the session's last write (a `SELECT MASTER_GTID_WAIT(...)`) set it
+/// to 1 first.
+#[test]
+fn a_failed_read_after_a_write_keeps_found_rows() {
+    use holdfast_it::differential::q;
+    let h = split_harness(|_| {});
+    table_t_everywhere(&h);
+    let mut steps = Vec::new();
+    // Reads are balanced over the replicas: several rounds, so that the failed read runs
+    // where the one before it did.
+    for round in 0..4 {
+        steps.extend([
+            q(&format!("SELECT id FROM t WHERE id <= {}", round + 2)),
+            q("UPDATE t SET v = v + 1 WHERE id = 5"),
+            q("SELECT * FROM nosuch"),
+            q("SELECT FOUND_ROWS()"),
+        ]);
+    }
+    same_as_directly(&h, &steps);
+}
+
+/// Found by the fuzzer (seed 2042 session 792): a read that fails on a replica after a
+/// write (it ran again on the primary, and failed the same) leaves its error in that
+/// replica connection's diagnostics area: a later read without tables, which keeps the
+/// area it finds, must not run there.
+#[test]
+fn a_failed_read_leaves_its_error_on_its_replica_connection() {
+    use holdfast_it::differential::q;
+    let h = split_harness(|_| {});
+    table_t_everywhere(&h);
+    let mut steps = Vec::new();
+    for _ in 0..3 {
+        steps.extend([
+            q("UPDATE t SET v = v + 1 WHERE id = 5"),
+            q("SELECT * FROM nosuch"),
+            q("SELECT v FROM t WHERE id = 2 FOR UPDATE"),
+        ]);
+        // (Reads without tables are balanced over the nodes: one of them lands on the
+        // replica of the failed read.)
+        for _ in 0..3 {
+            steps.extend([q("SELECT @@tx_read_only"), q("SHOW COUNT(*) WARNINGS")]);
+        }
+    }
+    same_as_directly(&h, &steps);
+}
+
+/// A text whose last statement is only a comment is two statements to MariaDB (tried):
+/// through the split listener too, answered as the server answers it.
+#[test]
+fn a_comment_after_the_last_semicolon_is_a_statement_of_its_own() {
+    use holdfast_it::differential::q;
+    let h = split_harness(|_| {});
+    table_t_everywhere(&h);
+    let steps = vec![
+        q("INSERT INTO t (id, v) VALUES (40, 1); -- done"),
+        q("SELECT COUNT(*) FROM t; /* done */"),
+        q("SELECT @@warning_count; # done"),
+        q("START TRANSACTION READ ONLY"),
+        q("SELECT COUNT(*) FROM t; -- done"),
+        q("SET @a = 1; /* never closed"),
+        q("SELECT @a, @@in_transaction"),
+        q("COMMIT; -- done"),
+        q("DELETE FROM t WHERE id = 40; /*!101120 /* nested */ never closed"),
+        q("SELECT COUNT(*) FROM t"),
+    ];
+    same_as_directly(&h, &steps);
+}

@@ -286,7 +286,7 @@ pub async fn put_back_diagnostics(
 
 /// The largest `FOUND_ROWS()` [`put_back_diagnostics`] recreates (its join reads up to ten
 /// times as many rows).
-const MAX_FOUND_ROWS: u64 = 10_000_000;
+pub const MAX_FOUND_ROWS: u64 = 10_000_000;
 
 /// Up to this many rows, `FOUND_ROWS()` is recreated by a `UNION ALL` without tables.
 const UNION_ROWS: u64 = 1000;

@@ -95,7 +95,7 @@ pub use crate::backend::{Executed, OkInfo};
 pub use apply::{restore_session, use_schema};
 pub use capture::{
     capture_session, capture_session_named, capture_user_variables, found_rows_select,
-    put_back_diagnostics, read_diagnostics, Captured, Diagnostics,
+    put_back_diagnostics, read_diagnostics, Captured, Diagnostics, MAX_FOUND_ROWS,
 };
 pub use holdfast_sql::quote::{identifier as quote_identifier, string_literal};
 pub use plan::{plan, Assignment, RestorePlan};

@@ -72,6 +72,11 @@ impl FoundRows {
         }
     }
 
+    /// Whether the session's value lives on replica `node`'s connection.
+    pub(super) fn lives_on(&self, node: &str) -> bool {
+        matches!(&self.at, At::Replica(n) if n == node)
+    }
+
     /// Forgets a value living on a replica for which `keep` says no (its connection is
     /// gone).
     pub(super) fn keep_if(&mut self, keep: impl Fn(&str) -> bool) {

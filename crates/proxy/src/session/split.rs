@@ -498,6 +498,51 @@ fn has_subquery(sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
         .any(|t| t.is_word("SELECT") || t.is_word("TABLE") || t.is_word("VALUES"))
 }
 
+/// How a multi-statement begins, inside a read-only transaction, as far as holdfast can
+/// read it for sure (the statements after may be texts it cannot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Opening {
+    /// Its first statement is one the server refuses inside any transaction that is not
+    /// XA: the whole stops there, with no effect.
+    Refused,
+    /// Plain settings, then (statement `at`) the end of the transaction: nothing reads in
+    /// the transaction before it ends.
+    EndsAt(usize),
+    Unknown,
+}
+
+fn multi_opening(sql: &[u8], mode: holdfast_sql::SqlMode, server: holdfast_sql::Server) -> Opening {
+    for (at, r) in holdfast_sql::Statements::for_server(sql, mode, server).enumerate() {
+        let stmt = &sql[r];
+        let flags = holdfast_sql::classify_for(stmt, mode, server);
+        // (The statements before one holdfast cannot read for sure were split for sure.)
+        if flags.has(C::UNCERTAIN) {
+            return Opening::Unknown;
+        }
+        if at == 0 && refused_in_a_transaction(flags, stmt, mode) {
+            return Opening::Refused;
+        }
+        if flags.has(C::END_TXN) {
+            return Opening::EndsAt(at);
+        }
+        if !plain_setting(flags, stmt, mode) {
+            return Opening::Unknown;
+        }
+    }
+    Opening::Unknown
+}
+
+/// Whether the server refuses `stmt` inside a transaction that is not XA, whatever it
+/// names: every `XA` statement but `XA RECOVER` (1400 `XAER_OUTSIDE`, 1399 `XAER_RMFAIL`;
+/// tried on MariaDB 10.11).
+fn refused_in_a_transaction(flags: C, stmt: &[u8], mode: holdfast_sql::SqlMode) -> bool {
+    let mut words = holdfast_sql::Lexer::with_mode(stmt, mode)
+        .filter(|t| t.kind == holdfast_sql::TokenKind::Word);
+    flags.has(C::XA)
+        && words.next().is_some_and(|w| w.is_word("XA"))
+        && !words.next().is_some_and(|w| w.is_word("RECOVER"))
+}
+
 /// Statements a read-only transaction pinned to a replica is given up for (1213): code
 /// holdfast does not see into (what it does to the session and the transaction is not
 /// known), a client's file.
@@ -596,6 +641,18 @@ impl Session {
             }
             _ => return None,
         };
+        if flags.has(C::MULTI) {
+            // Whatever follows (even a text holdfast cannot read for sure), a text that
+            // fails at its first statement, or ends the transaction before it reads, runs
+            // on the primary beside the pinned transaction: the server's answer, and the
+            // transaction ends there if it ends (seed 2041 session 177, seed 2042 session
+            // 1138).
+            match multi_opening(sql, mode, server) {
+                Opening::Refused => return Some(Pinned::Primary(C::EMPTY)),
+                Opening::EndsAt(_) => return Some(Pinned::Primary(flags)),
+                Opening::Unknown => {}
+            }
+        }
         if flags.intersects(LEAVES_PINNED) {
             return Some(Pinned::Leave);
         }
@@ -813,6 +870,17 @@ impl Session {
             }
             _ => Vec::new(),
         };
+        // Where a multi-statement ends the transaction, if it does before it reads.
+        let ends_at = match query_sql(&request) {
+            Some(sql) if flags.has(C::MULTI) && flags.has(C::END_TXN) => {
+                let mode = self.record.sql_mode.unwrap_or_default();
+                match multi_opening(sql, mode, self.server()) {
+                    Opening::EndsAt(at) => Some(at),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
         if !self
             .open_shadow("a statement that is not a plain read")
             .await
@@ -830,10 +898,6 @@ impl Session {
         if let Some(split) = self.split.as_mut() {
             split.probing = false;
         }
-        let status = self.record.status;
-        let left = status & SERVER_STATUS_IN_TRANS == 0
-            || status & SERVER_STATUS_IN_TRANS_READONLY == 0
-            || self.backend_dead;
         // A multi-statement stops at its first error: the settings before it were made
         // (each statement before the ERR answered once; a CALL may answer more than once).
         let ran = match self.exchange.error {
@@ -841,6 +905,13 @@ impl Session {
             Some(_) if flags.has(C::CALL) => 0,
             Some(_) => self.exchange.results as usize,
         };
+        // (`COMMIT AND CHAIN` leaves a read-only transaction open: a new one.)
+        let ended = ends_at.is_some_and(|at| at < ran);
+        let status = self.record.status;
+        let left = status & SERVER_STATUS_IN_TRANS == 0
+            || status & SERVER_STATUS_IN_TRANS_READONLY == 0
+            || ended
+            || self.backend_dead;
         let made: Vec<Vec<u8>> = settings
             .iter()
             .filter(|(at, _)| *at < ran)
@@ -860,8 +931,12 @@ impl Session {
                 ));
         if left {
             // The primary's transaction ended (or its connection did): so does the pinned
-            // one, as it would have on the server.
-            self.end_pinned(b"COMMIT").await;
+            // one, as it would have on the server. What the primary's connection holds now
+            // (a transaction the text began after, say) is the session's.
+            if let Some(split) = self.split.as_mut() {
+                split.shadow = false;
+            }
+            self.end_on_replica(b"COMMIT").await;
         } else if changed && result.is_ok() && !self.move_pinned_to_primary().await? {
             tracing::info!(session = self.info.id, "a statement of a read-only transaction on a replica changed the session on the primary; the transaction is given up");
             self.give_up_pinned().await;
@@ -1328,15 +1403,17 @@ impl Session {
         // (`SHOW WARNINGS` after it shows that statement's): when that area holds
         // warnings, it runs where that statement ran; otherwise on a node whose area is
         // empty too (see `read_on_replica`).
+        // (So does `START TRANSACTION READ ONLY`: seed 2042 session 1138, tried.)
         split.tableless = matches!(target, Some(Target::Balanced))
-            && match command {
-                Some(COM_QUERY) => opens_no_table(&request[HEADER_LEN + 1..], mode),
-                Some(COM_STMT_EXECUTE) => packets::statement_id(&request[HEADER_LEN..])
-                    .map(|id| self.statements.resolve(id))
-                    .and_then(|id| self.statements.get(id))
-                    .is_some_and(|s| opens_no_table(&s.sql, mode)),
-                _ => false,
-            };
+            && (split.read_only_start
+                || match command {
+                    Some(COM_QUERY) => opens_no_table(&request[HEADER_LEN + 1..], mode),
+                    Some(COM_STMT_EXECUTE) => packets::statement_id(&request[HEADER_LEN..])
+                        .map(|id| self.statements.resolve(id))
+                        .and_then(|id| self.statements.get(id))
+                        .is_some_and(|s| opens_no_table(&s.sql, mode)),
+                    _ => false,
+                });
         let target = match (target, split.tableless) {
             (Some(Target::Balanced), true) => match &split.last_on {
                 Some(node) if split.read_warned => Some(Target::Last(node.clone())),
@@ -1638,6 +1715,12 @@ impl Session {
                     }
                 }
                 if !pinned && !open && self.failed_read_follows_the_primary(&request).await {
+                    // This connection's diagnostics area holds the error too (seed 2042
+                    // session 792).
+                    if let Some(reader) = self.split.as_mut().and_then(|s| s.readers.get_mut(index))
+                    {
+                        reader.warned = true;
+                    }
                     return Ok(ReadOutcome::Done);
                 }
                 let warned = self.record.last_warnings > 0;
@@ -1811,17 +1894,45 @@ impl Session {
         if !behind {
             return Ok(true);
         }
+        // The wait is a `SELECT`: it sets `FOUND_ROWS()` to 1. Where the session's value
+        // lives on this connection, it is read in the same statement and put back after,
+        // for a read that fails before it runs keeps it (seed 2042 session 1973).
+        let keeps_found_rows = split.found_rows.lives_on(&reader.read.node);
         let started = Instant::now();
         let sql = format!(
-            "SELECT MASTER_GTID_WAIT({}, {:.3}){}",
+            "SELECT MASTER_GTID_WAIT({}, {:.3}){}{}",
             holdfast_sql::quote::string_literal(position.trim()),
             wait.as_secs_f64(),
+            if keeps_found_rows {
+                ", FOUND_ROWS()"
+            } else {
+                ""
+            },
             restore::NO_LIMIT
         );
         let answer = restore::execute(&mut reader.conn, sql.as_bytes())
             .await
             .map_err(|e| format!("waiting for {position}: {e}"))?;
         self.shared.metrics.causal_waits.observe(started.elapsed());
+        if keeps_found_rows {
+            let found = answer
+                .text_rows()
+                .first()
+                .and_then(|r| r.get(1))
+                .cloned()
+                .flatten()
+                .and_then(|v| v.parse::<u64>().ok());
+            match found {
+                Some(1) => {}
+                Some(n) if n <= restore::MAX_FOUND_ROWS => {
+                    let sql = restore::found_rows_select(n);
+                    restore::execute(&mut reader.conn, sql.as_bytes())
+                        .await
+                        .map_err(|e| format!("putting FOUND_ROWS() back: {e}"))?;
+                }
+                _ => split.found_rows.lost(),
+            }
+        }
         let reached = answer
             .text_rows()
             .first()
