@@ -499,6 +499,23 @@ fn idle_sessions_are_handed_over(plain_backend: bool) {
             .matches("session handed over from the previous process")
             .count()
     };
+    // Logins of the application's user on the primary (node1): `userstat` counts them.
+    let mut root = mysql::Conn::new(
+        mysql::OptsBuilder::new()
+            .socket(Some(dir.join("node1.sock").display().to_string()))
+            .user(Some("root")),
+    )
+    .expect("root on the primary's socket");
+    root.query_drop("SET GLOBAL userstat = 1")
+        .expect("userstat on");
+    let mut app_logins = || -> u64 {
+        root.query_first(
+            "SELECT TOTAL_CONNECTIONS FROM information_schema.USER_STATISTICS \
+             WHERE USER = 'app'",
+        )
+        .expect("the user's statistics")
+        .unwrap_or(0)
+    };
 
     // A session with state and a prepared statement, over TLS from the client.
     let mut movable = open_tls();
@@ -537,6 +554,9 @@ fn idle_sessions_are_handed_over(plain_backend: bool) {
         .query_drop("UPDATE sbtest.ho SET c = 'during' WHERE id = 1")
         .expect("update");
 
+    let logins_before = app_logins();
+    // (The three sessions above logged in through holdfast: the count works.)
+    assert!(logins_before >= 3, "{logins_before} logins of 'app'");
     let mut pids = vec![status(&config)["pid"].as_u64().expect("pid") as u32];
     for round in 1..=2usize {
         let new_pid = upgrade(&config, &mut procs, &log);
@@ -617,6 +637,13 @@ fn idle_sessions_are_handed_over(plain_backend: bool) {
     let s = status(&config);
     assert_eq!(s["pid"].as_u64(), pids.last().map(|&p| u64::from(p)), "{s}");
     assert_eq!(s["generation"], 3, "{s}");
+    // Nothing logged in again for them: the primary saw no new login of the user.
+    assert_eq!(
+        app_logins(),
+        logins_before,
+        "logins of 'app' on the primary during two upgrades\n{}",
+        read_log()
+    );
 }
 
 #[test]
