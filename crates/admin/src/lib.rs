@@ -538,7 +538,6 @@ async fn post_upgrade(State(shared): State<Arc<Shared>>) -> Response {
         Err(e @ (UpgradeError::AlreadyRunning | UpgradeError::HandedOver(_))) => {
             error_answer(StatusCode::CONFLICT, e)
         }
-        Err(e @ UpgradeError::Serverless) => error_answer(StatusCode::BAD_REQUEST, e),
         Err(e) => error_answer(StatusCode::INTERNAL_SERVER_ERROR, e),
     }
 }

@@ -121,10 +121,20 @@ impl Served {
         exe: Option<&dyn Fn(&Path) -> PathBuf>,
         edit: impl FnOnce(&Path),
     ) -> Served {
+        Served::start_lab(name, &["--replicas", replicas], exe, edit)
+    }
+
+    /// [`Served::start_with`] on a lab made with `lab_args` (`--serverless`).
+    fn start_lab(
+        name: &str,
+        lab_args: &[&str],
+        exe: Option<&dyn Fn(&Path) -> PathBuf>,
+        edit: impl FnOnce(&Path),
+    ) -> Served {
         let dir: PathBuf =
             std::env::temp_dir().join(format!("holdfast-upgrade-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let base = lab_up(&dir, &["--replicas", replicas]);
+        let base = lab_up(&dir, lab_args);
         let lab = Lab(dir.clone());
         let config = dir.join("holdfast.toml");
         edit(&config);
@@ -921,4 +931,75 @@ fn a_transaction_left_open_past_the_drain_window_is_closed_and_counted() {
     assert_eq!(n, Some(0));
     let v: Option<String> = idle.query_first("SELECT @v").expect("its state");
     assert_eq!(v.as_deref(), Some("idle"));
+}
+
+/// With `[serverless]` the instance's lifecycle goes with HA: the new process pauses,
+/// resumes, scales and meters it from where the old one left it. An upgrade while it is
+/// paused, with a pool of idle connections open: the connections go over (the same server
+/// threads), nothing wakes the instance, the pause count goes on, the first statement
+/// wakes it, and the new process pauses it again once idle.
+#[test]
+fn a_paused_serverless_instance_and_its_pool_are_handed_over() {
+    let served = Served::start_lab("serverless", &["--serverless"], None, |config| {
+        let text = std::fs::read_to_string(config).expect("the lab's config");
+        let text = text
+            .replace("idle_pause_secs = 60", "idle_pause_secs = 2")
+            .replace("stop_after_secs = 300", "stop_after_secs = 0");
+        std::fs::write(config, text).expect("the edited config");
+    });
+    let (config, base, log) = (served.config.clone(), served.base, served.log.clone());
+    let mut procs = served.procs;
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let instance = |key: &str| status(&config)["serverless"][key].clone();
+    let wait_paused = |pauses: u64| {
+        holdfast_lab::wait_for("the instance paused", Duration::from_secs(60), || {
+            (instance("phase") == "paused" && instance("pauses").as_u64() >= Some(pauses))
+                .then_some(())
+        })
+        .unwrap_or_else(|e| panic!("{e}\n{}", read_log()));
+    };
+    let id_and_state = |c: &mut mysql::Conn| -> (u32, String) {
+        c.query_first("SELECT CONNECTION_ID(), @kept")
+            .expect("the session goes on")
+            .expect("a row")
+    };
+
+    // A pool of two idle connections with state.
+    let mut pool: Vec<mysql::Conn> = (0..2).map(|_| session(base)).collect();
+    let mut before = Vec::new();
+    for (i, c) in pool.iter_mut().enumerate() {
+        c.query_drop(format!("SET @kept = 'conn{i}'")).expect("set");
+        before.push(id_and_state(c));
+    }
+    wait_paused(1);
+    let pauses = instance("pauses").as_u64().expect("pauses");
+    let resumes = instance("resumes").as_u64().expect("resumes");
+
+    upgrade(&config, &mut procs, &log);
+    holdfast_lab::wait_for(
+        "the pool in the new process",
+        Duration::from_secs(30),
+        || {
+            (read_log()
+                .matches("session handed over from the previous process")
+                .count()
+                >= 2)
+                .then_some(())
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", read_log()));
+    // The new process answers now: still paused, nothing woke it, the counts go on.
+    assert_eq!(status(&config)["generation"], 2);
+    assert_eq!(instance("phase"), "paused", "{}", read_log());
+    assert_eq!(instance("pauses").as_u64(), Some(pauses));
+    assert_eq!(instance("resumes").as_u64(), Some(resumes));
+
+    // The first statement wakes it; each connection is the one it was.
+    for (c, was) in pool.iter_mut().zip(&before) {
+        assert_eq!(&id_and_state(c), was, "{}", read_log());
+    }
+    assert_eq!(instance("resumes").as_u64(), Some(resumes + 1));
+    // Idle again: the new process pauses it (it runs the lifecycle now).
+    wait_paused(pauses + 1);
+    assert_eq!(&id_and_state(&mut pool[0]), &before[0]);
 }

@@ -363,8 +363,12 @@ impl Proxy {
                 .register(upgrade::Role::Listener, listen, l)?;
         }
         if let Some(t) = &take_over {
-            // The process handed over from runs HA until it lets go.
+            // The process handed over from runs HA (and a serverless instance's
+            // lifecycle) until it lets go.
             shared.ha.stand_by();
+            if let Some(lc) = &shared.serverless {
+                lc.stand_by();
+            }
             shared.upgrader.set_generation(t.generation);
             shared.next_session_id.store(
                 t.counters.next_session_id.wrapping_add(HANDED_OVER_ID_ROOM),

@@ -23,16 +23,34 @@ const ESCALATE_RETRY: Duration = Duration::from_secs(30);
 
 /// Runs the instance's lifecycle until the process ends.
 pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>) {
-    let initial = adopt_initial_state(&shared, &lc).await;
+    // (Before this process is in charge, the gate follows what the driver says, so that
+    // sessions see the instance as it is; the other process still runs it.)
+    let mut initial = adopt_initial_state(&shared, &lc).await;
+    if !lc.is_in_charge() {
+        lc.wait_in_charge().await;
+        initial = adopt_initial_state(&shared, &lc).await;
+    }
     let mut activity = Activity::default();
     let mut escalate_at: Option<Instant> = initial.and_then(|t| escalation_deadline(&lc, t));
     let mut last_health_check = Instant::now();
     loop {
+        if !lc.is_in_charge() {
+            tracing::info!(instance = %lc.config().instance, "serverless: the lifecycle is another process's now; this one no longer pauses, resumes, scales or meters the instance");
+            lc.wait_in_charge().await;
+            // In charge again (the process it handed over to went): from the instance as
+            // it is now.
+            let tier = adopt_initial_state(&shared, &lc).await;
+            escalate_at = tier.and_then(|t| escalation_deadline(&lc, t));
+            continue;
+        }
         match lc.phase() {
             Phase::Running => {
                 let notified = tokio::select! {
                     _ = tokio::time::sleep(TICK) => false,
                     _ = lc.wake_notify.notified() => true,
+                };
+                let Some(_acting) = lc.act().await else {
+                    continue;
                 };
                 if notified {
                     // A wake that raced with a resume needs nothing.
@@ -82,14 +100,19 @@ pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>) {
                 }
             }
             Phase::Paused => {
+                let mut escalate_now = false;
                 if !lc.wake_requested.load(Ordering::SeqCst) {
                     tokio::select! {
                         _ = lc.wake_notify.notified() => {}
-                        _ = sleep_until_opt(escalate_at) => {
-                            escalate_at = escalate(&shared, &lc).await;
-                            continue;
-                        }
+                        _ = sleep_until_opt(escalate_at) => escalate_now = true,
                     }
+                }
+                let Some(_acting) = lc.act().await else {
+                    continue;
+                };
+                if escalate_now {
+                    escalate_at = escalate(&shared, &lc).await;
+                    continue;
                 }
                 if lc.wake_requested.load(Ordering::SeqCst) {
                     escalate_at = None;

@@ -34,13 +34,23 @@ async fn blocking<T: Send + 'static>(
 
 /// Samples the instance every second until the process ends.
 pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>, ledger: Arc<Ledger>) {
+    loop {
+        // Only the process in charge meters (a process taking over opens the period the
+        // other one flushed when it let go); when it lets go, it stops here.
+        lc.wait_in_charge().await;
+        meter(&shared, &lc, &ledger).await;
+    }
+}
+
+/// Meters while this process is in charge.
+async fn meter(shared: &Shared, lc: &Lifecycle, ledger: &Arc<Ledger>) {
     let instance = lc.config().instance.clone();
     let now = unix_now();
-    if let Err(e) = blocking(&ledger, move |l| l.settle_stale(now)).await {
+    if let Err(e) = blocking(ledger, move |l| l.settle_stale(now)).await {
         tracing::warn!(error = %e, "usage ledger: settling old periods failed");
     }
     let name = instance.clone();
-    let open = match blocking(&ledger, move |l| l.open_line(&name)).await {
+    let open = match blocking(ledger, move |l| l.open_line(&name)).await {
         Ok(l) => l,
         Err(e) => {
             tracing::warn!(error = %e, "usage ledger: cannot read the open period; starting a new one");
@@ -56,6 +66,10 @@ pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>, ledger: Arc<Ledger>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         tick.tick().await;
+        let Some(_acting) = lc.act().await else {
+            // Let go: the open period was flushed by the release.
+            return;
+        };
         if storage_at.is_none_or(|t| t.elapsed() >= STORAGE_EVERY) {
             storage_at = Some(tokio::time::Instant::now());
             if let Ok(Some(bytes)) = lc.driver.storage_bytes().await {
@@ -88,7 +102,7 @@ pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>, ledger: Arc<Ledger>) {
             lines.retain(|l| l.period_start != line.period_start);
             lines.push(line);
         }
-        let result = blocking(&ledger, move |l| {
+        let result = blocking(ledger, move |l| {
             let mut failed = Vec::new();
             let mut first_error = None;
             for line in lines {

@@ -185,6 +185,25 @@ pub struct Lifecycle {
     resumes: AtomicU64,
     resume_failures: AtomicU64,
     inner: Mutex<Inner>,
+    /// This process runs the lifecycle (pauses, resumes, scaling, metering). Two
+    /// processes do not: during an upgrade the old one hands it to the new one
+    /// ([`Lifecycle::release`], [`Lifecycle::take_charge`]), as HA.
+    in_charge: watch::Sender<bool>,
+    /// Held by the lifecycle, scaling and metering tasks while they act on the instance
+    /// or the ledger: [`Lifecycle::release`] waits for the action under way.
+    acting: tokio::sync::Mutex<()>,
+}
+
+/// What a process taking over the lifecycle continues from: the size, the counters and
+/// the idle clock (the phase it asks the driver).
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct LifecycleCarried {
+    pub ccu: f64,
+    pub manual_ccu: Option<f64>,
+    pub idle_ms: u64,
+    pub pauses: u64,
+    pub resumes: u64,
+    pub resume_failures: u64,
 }
 
 impl Lifecycle {
@@ -232,7 +251,77 @@ impl Lifecycle {
                 open_usage: None,
             }),
             config: arc_swap::ArcSwap::from_pointee(config),
+            in_charge: watch::Sender::new(true),
+            acting: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// Not in charge until [`Lifecycle::take_charge`]: a process taking over from another
+    /// during an upgrade, before that one has let go.
+    pub fn stand_by(&self) {
+        self.in_charge.send_replace(false);
+    }
+
+    /// In charge from now on.
+    pub fn take_charge(&self) {
+        self.in_charge.send_replace(true);
+    }
+
+    pub fn is_in_charge(&self) -> bool {
+        *self.in_charge.borrow()
+    }
+
+    /// Waits until this process is in charge.
+    pub(crate) async fn wait_in_charge(&self) {
+        let mut rx = self.in_charge.subscribe();
+        // (The sender lives as long as `self`.)
+        let _ = rx.wait_for(|c| *c).await;
+    }
+
+    /// Leave to act on the instance, held until dropped; `None` when this process is not
+    /// in charge (checked under the lock, which [`Lifecycle::release`] takes after it
+    /// lets go: no action starts after a release, and a release waits for one under way).
+    pub(crate) async fn act(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        let guard = self.acting.lock().await;
+        self.is_in_charge().then_some(guard)
+    }
+
+    /// Lets go of the lifecycle (another process takes it over): a pause, resume, size
+    /// change or ledger write under way finishes first; none starts after. Sessions of
+    /// this process still see the gate as it is; a wake they ask for waits for the other
+    /// process (it runs the instance now).
+    pub async fn release(&self) {
+        self.in_charge.send_replace(false);
+        drop(self.acting.lock().await);
+    }
+
+    /// What a process taking over continues from.
+    pub fn carried(&self) -> LifecycleCarried {
+        let i = self.lock();
+        LifecycleCarried {
+            ccu: i.ccu,
+            manual_ccu: i.manual_ccu,
+            idle_ms: i.last_activity.elapsed().as_millis() as u64,
+            pauses: self.pauses.load(Ordering::SeqCst),
+            resumes: self.resumes.load(Ordering::SeqCst),
+            resume_failures: self.resume_failures.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Continues from what the process this one took over from carried (before
+    /// [`Lifecycle::take_charge`]).
+    pub fn adopt(&self, carried: &LifecycleCarried) {
+        let mut i = self.lock();
+        i.ccu = carried.ccu;
+        i.manual_ccu = carried.manual_ccu;
+        i.last_activity = Instant::now()
+            .checked_sub(Duration::from_millis(carried.idle_ms))
+            .unwrap_or_else(Instant::now);
+        drop(i);
+        self.pauses.store(carried.pauses, Ordering::SeqCst);
+        self.resumes.store(carried.resumes, Ordering::SeqCst);
+        self.resume_failures
+            .store(carried.resume_failures, Ordering::SeqCst);
     }
 
     /// `[serverless]` in force (a reload may change it; read it where it is used).

@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 /// Samples and scales until the process ends.
 pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>) {
+    // (A process taking over starts from the size the other one ran at.)
+    lc.wait_in_charge().await;
     let mut scaler = Autoscaler::new(lc.config().scale.clone(), lc.ccu());
     let origin = Instant::now();
     let mut last: Option<(f64, Instant)> = None;
@@ -34,6 +36,13 @@ pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>) {
             last = None;
             continue;
         }
+        let Some(_acting) = lc.act().await else {
+            // Another process runs the instance: this one applies nothing (and the size
+            // again should it take charge back).
+            last = None;
+            applied_epoch = None;
+            continue;
+        };
         let requested = lc.lock().requested_ccu;
         if let Some(asked) = requested {
             let ccu = lc.config().scale.snap(asked);

@@ -77,6 +77,10 @@ pub enum Message {
     /// operation, nodes a failover left out, the failover cool-off).
     HaReleased {
         ha: Box<holdfast_cluster::ha::controller::HaCarried>,
+        /// With `[serverless]`: the instance's lifecycle (pauses, resumes, scaling,
+        /// metering) is the new process's too, from this size and these counters on.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        serverless: Option<crate::serverless::LifecycleCarried>,
     },
     /// Old → new: a live session, with its client's socket, its backend's when it is
     /// kept, and its replica connections' (in that order).
@@ -121,8 +125,6 @@ pub enum UpgradeError {
     AlreadyRunning,
     #[error("this process has already handed over to process {0}")]
     HandedOver(u32),
-    #[error("not yet possible with [serverless]: the instance's lifecycle cannot be handed over")]
-    Serverless,
     #[error("cannot tell this process's executable: {0}")]
     NoExecutable(std::io::Error),
     #[error("preparing the hand-over socket in {dir}: {source}")]
@@ -254,6 +256,9 @@ impl Upgrader {
         self.session_sink.send_replace(None);
         self.handed_over.send_replace(None);
         shared.ha.take_charge();
+        if let Some(lc) = &shared.serverless {
+            lc.take_charge();
+        }
     }
 
     /// Starts the binary at this process's executable path and hands it the listeners
@@ -263,9 +268,6 @@ impl Upgrader {
     pub async fn upgrade(&self, shared: &Arc<Shared>) -> Result<UpgradeReport, UpgradeError> {
         if let Some(pid) = *self.handed_over.borrow() {
             return Err(UpgradeError::HandedOver(pid));
-        }
-        if shared.serverless.is_some() {
-            return Err(UpgradeError::Serverless);
         }
         if self.running.swap(true, Ordering::AcqRel) {
             return Err(UpgradeError::AlreadyRunning);
@@ -392,7 +394,19 @@ impl Upgrader {
         self.handed_over.send_replace(Some(pid));
         shared.ha.release().await;
         let ha = Box::new(shared.ha.carried().await);
-        if let Err(e) = send(&mut stream, &Message::HaReleased { ha }, &[]).await {
+        // The serverless lifecycle goes with HA: the action under way finishes, the open
+        // usage period is written, and the new process continues from there.
+        let serverless = match &shared.serverless {
+            Some(lc) => {
+                lc.release().await;
+                if let Err(e) = crate::serverless::flush_usage(shared).await {
+                    tracing::warn!(error = %e, "upgrade: writing the open usage period failed (the new process meters from the ledger as it is)");
+                }
+                Some(lc.carried())
+            }
+            None => None,
+        };
+        if let Err(e) = send(&mut stream, &Message::HaReleased { ha, serverless }, &[]).await {
             tracing::warn!(error = %e, "upgrade: the new process did not hear that HA is its own (it takes charge when this process exits)");
         }
         let sessions_left = shared.open_connections();
@@ -572,7 +586,12 @@ impl TakeOver {
         send(&mut self.stream, &ready, &[]).await?;
         tokio::spawn(async move {
             match receive(&mut self.stream, "let go of HA").await {
-                Ok((Message::HaReleased { ha }, _)) => shared.ha.adopt(*ha).await,
+                Ok((Message::HaReleased { ha, serverless }, _)) => {
+                    shared.ha.adopt(*ha).await;
+                    if let (Some(lc), Some(carried)) = (&shared.serverless, &serverless) {
+                        lc.adopt(carried);
+                    }
+                }
                 Ok((other, _)) => {
                     tracing::warn!(message = ?other, "upgrade: unexpected message; taking charge of HA")
                 }
@@ -581,6 +600,9 @@ impl TakeOver {
                 }
             }
             shared.ha.take_charge();
+            if let Some(lc) = &shared.serverless {
+                lc.take_charge();
+            }
             tracing::info!("upgrade: in charge of HA");
             receive_sessions(&mut self.stream, &shared).await;
         });
