@@ -947,6 +947,7 @@ fn a_paused_serverless_instance_and_its_pool_are_handed_over() {
             .replace("stop_after_secs = 300", "stop_after_secs = 0");
         std::fs::write(config, text).expect("the edited config");
     });
+    let serving = std::time::Instant::now();
     let (config, base, log) = (served.config.clone(), served.base, served.log.clone());
     let mut procs = served.procs;
     let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
@@ -999,7 +1000,59 @@ fn a_paused_serverless_instance_and_its_pool_are_handed_over() {
         assert_eq!(&id_and_state(c), was, "{}", read_log());
     }
     assert_eq!(instance("resumes").as_u64(), Some(resumes + 1));
-    // Idle again: the new process pauses it (it runs the lifecycle now).
+
+    // An upgrade while it runs, under a client's statements: nothing pauses or wakes it.
+    let busy = pool.pop().expect("a connection");
+    let stop = Arc::new(AtomicBool::new(false));
+    let client = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut busy = busy;
+            let mut done = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let kept: Option<String> = busy.query_first("SELECT @kept")?;
+                assert_eq!(kept.as_deref(), Some("conn1"));
+                done += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok::<u64, mysql::Error>(done)
+        })
+    };
+    upgrade(&config, &mut procs, &log);
+    holdfast_lab::wait_for(
+        "the third process to answer",
+        Duration::from_secs(30),
+        || (status(&config)["generation"] == 3).then_some(()),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", read_log()));
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let done = client
+        .join()
+        .expect("the client thread")
+        .unwrap_or_else(|e| panic!("a statement failed during the upgrade: {e}\n{}", read_log()));
+    assert!(done > 0);
+    assert_eq!(instance("phase"), "running", "{}", read_log());
+    assert_eq!(instance("pauses").as_u64(), Some(pauses));
+    assert_eq!(instance("resumes").as_u64(), Some(resumes + 1));
+    // Idle again: the newest process pauses it (it runs the lifecycle now).
     wait_paused(pauses + 1);
     assert_eq!(&id_and_state(&mut pool[0]), &before[0]);
+
+    // Metered once, across three processes: the open period's seconds are the time
+    // served (the meter started a little before `serving`; a hand-over may cost one).
+    let (ok, out, err) = ctl(&config, &["usage", "--json"]);
+    assert!(ok, "{err}");
+    let lines: serde_json::Value = serde_json::from_str(&out).expect("usage lines");
+    let metered: u64 = lines
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|l| l["running_secs"].as_u64().unwrap_or(0) + l["paused_secs"].as_u64().unwrap_or(0))
+        .sum();
+    let served_secs = serving.elapsed().as_secs();
+    assert!(
+        metered + 3 >= served_secs && metered <= served_secs + 5,
+        "{metered} s metered in {served_secs} s served: {lines}"
+    );
 }
