@@ -140,9 +140,14 @@ impl TlsClient {
     pub async fn connect(&self, stream: BoxedIo, host: &str) -> io::Result<BoxedIo> {
         let name = ServerName::try_from(host.to_string())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        let connector = tokio_rustls::TlsConnector::from(self.config.clone());
-        // Tracked: the session's TLS state can be handed to another process.
-        let tracked = crate::tls_resume::Tracked::new(stream);
+        // Tracked: the session's TLS state can be handed to another process, with its
+        // traffic secrets (a key update after the hand-over is followed): logged into a
+        // log of this connection's own.
+        let secrets = Arc::new(crate::tls_resume::SecretLog::default());
+        let mut config = (*self.config).clone();
+        config.key_log = secrets.clone();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        let tracked = crate::tls_resume::Tracked::with_secrets(stream, secrets);
         Ok(Box::new(connector.connect(name, tracked).await?))
     }
 }

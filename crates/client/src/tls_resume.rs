@@ -3,8 +3,12 @@
 //! process takes the traffic keys and sequence numbers out of rustls ([`take_tls`]), and the
 //! new one goes on with [`ResumedTls`], a record layer of its own: AEAD over those keys
 //! (AES-GCM, ChaCha20-Poly1305; TLS 1.2 and 1.3), alerts, and the post-handshake messages a
-//! peer may still send (a session ticket is dropped; a key update cannot be followed, the
-//! traffic secret stays in rustls, and ends the connection with an error).
+//! peer may still send (a session ticket is dropped; a TLS 1.3 key update is followed).
+//!
+//! rustls gives the keys, not the TLS 1.3 traffic secrets a key update derives the next
+//! keys from: each connection's configuration logs its first application traffic secrets
+//! into a [`SecretLog`] of its own (rustls' `KeyLog`), and [`take_tls`] walks them forward
+//! to the generation whose keys rustls gave (it may have updated them itself).
 //!
 //! Received bytes of a record not complete yet would be lost with rustls (it holds them
 //! undecrypted): the stream under it ([`Tracked`]) follows the record boundaries of what it
@@ -64,18 +68,171 @@ impl Cipher {
     }
 }
 
-/// One direction's keys and the sequence number of its next record. Zeroized when dropped.
+impl Cipher {
+    /// TLS 1.3's hash for the suite of this cipher, and its key length.
+    fn tls13(self) -> (ring::hkdf::Algorithm, usize) {
+        match self {
+            Cipher::Aes128Gcm => (ring::hkdf::HKDF_SHA256, 16),
+            Cipher::Aes256Gcm => (ring::hkdf::HKDF_SHA384, 32),
+            Cipher::Chacha20Poly1305 => (ring::hkdf::HKDF_SHA256, 32),
+        }
+    }
+}
+
+/// One direction's keys and the sequence number of its next record; in TLS 1.3 its
+/// traffic secret too, when known (a key update derives the next keys from it). Zeroized
+/// when dropped.
 #[derive(Serialize, Deserialize)]
 pub struct Direction {
     seq: u64,
     key: Vec<u8>,
     iv: [u8; 12],
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    secret: Option<Vec<u8>>,
 }
 
 impl Drop for Direction {
     fn drop(&mut self) {
         self.key.zeroize();
         self.iv.zeroize();
+        if let Some(s) = self.secret.as_mut() {
+            s.zeroize();
+        }
+    }
+}
+
+impl Direction {
+    /// The next generation of keys (RFC 8446, 7.2): from the next traffic secret, the
+    /// sequence number back to 0. `false` without a secret.
+    fn update(&mut self, cipher: Cipher) -> bool {
+        let (hash, key_len) = cipher.tls13();
+        let Some(secret) = self.secret.as_ref() else {
+            return false;
+        };
+        let Some(next) = expand_label(hash, secret, b"traffic upd", hash_len(hash)) else {
+            return false;
+        };
+        let (Some(key), Some(iv)) = (
+            expand_label(hash, &next, b"key", key_len),
+            expand_label(hash, &next, b"iv", 12),
+        ) else {
+            return false;
+        };
+        let Ok(iv) = <[u8; 12]>::try_from(&iv[..]) else {
+            return false;
+        };
+        let mut old = std::mem::replace(&mut self.key, key);
+        old.zeroize();
+        self.iv = iv;
+        if let Some(mut old) = self.secret.replace(next) {
+            old.zeroize();
+        }
+        self.seq = 0;
+        true
+    }
+
+    /// Finds the generation of `secret` (the first) whose keys are this direction's and
+    /// keeps its secret; unknown after a few (rustls updates keys rarely).
+    fn find_secret(&mut self, cipher: Cipher, secret: &[u8]) {
+        let (hash, key_len) = cipher.tls13();
+        let mut secret = secret.to_vec();
+        for _ in 0..64 {
+            if expand_label(hash, &secret, b"key", key_len).as_deref() == Some(&self.key[..])
+                && expand_label(hash, &secret, b"iv", 12).as_deref() == Some(&self.iv[..])
+            {
+                self.secret = Some(secret);
+                return;
+            }
+            match expand_label(hash, &secret, b"traffic upd", hash_len(hash)) {
+                Some(next) => {
+                    secret.zeroize();
+                    secret = next;
+                }
+                None => break,
+            }
+        }
+        secret.zeroize();
+    }
+}
+
+/// The length of a traffic secret: the hash's output.
+fn hash_len(hash: ring::hkdf::Algorithm) -> usize {
+    ring::hkdf::KeyType::len(&hash)
+}
+
+/// TLS 1.3's HKDF-Expand-Label with an empty context (RFC 8446, 7.1).
+fn expand_label(
+    hash: ring::hkdf::Algorithm,
+    secret: &[u8],
+    label: &[u8],
+    len: usize,
+) -> Option<Vec<u8>> {
+    struct Len(usize);
+    impl ring::hkdf::KeyType for Len {
+        fn len(&self) -> usize {
+            self.0
+        }
+    }
+    let prk = ring::hkdf::Prk::new_less_safe(hash, secret);
+    let length = u16::try_from(len).ok()?.to_be_bytes();
+    let label_len = [u8::try_from(6 + label.len()).ok()?];
+    let info: [&[u8]; 5] = [&length, &label_len, b"tls13 ", label, &[0]];
+    let okm = prk.expand(&info, Len(len)).ok()?;
+    let mut out = vec![0u8; len];
+    okm.fill(&mut out).ok()?;
+    Some(out)
+}
+
+/// A connection's first TLS 1.3 application traffic secrets, as rustls logs them (its
+/// configuration's `key_log`, one log per connection): kept for [`take_tls`], zeroized
+/// when dropped. Nothing is written anywhere.
+#[derive(Default)]
+pub struct SecretLog {
+    /// The client's and the server's.
+    secrets: std::sync::Mutex<Secrets>,
+}
+
+impl std::fmt::Debug for SecretLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretLog").finish_non_exhaustive()
+    }
+}
+
+/// The client's and the server's first application traffic secrets.
+type Secrets = (Option<Vec<u8>>, Option<Vec<u8>>);
+
+const CLIENT_SECRET: &str = "CLIENT_TRAFFIC_SECRET_0";
+const SERVER_SECRET: &str = "SERVER_TRAFFIC_SECRET_0";
+
+impl rustls::KeyLog for SecretLog {
+    fn log(&self, label: &str, _client_random: &[u8], secret: &[u8]) {
+        let mut s = self.secrets.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = match label {
+            CLIENT_SECRET => &mut s.0,
+            SERVER_SECRET => &mut s.1,
+            _ => return,
+        };
+        if let Some(mut old) = slot.replace(secret.to_vec()) {
+            old.zeroize();
+        }
+    }
+
+    fn will_log(&self, label: &str) -> bool {
+        label == CLIENT_SECRET || label == SERVER_SECRET
+    }
+}
+
+impl SecretLog {
+    fn take(&self) -> Secrets {
+        std::mem::take(&mut *self.secrets.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+impl Drop for SecretLog {
+    fn drop(&mut self) {
+        let (mut c, mut s) = self.take();
+        c.zeroize();
+        s.zeroize();
     }
 }
 
@@ -103,6 +260,8 @@ impl std::fmt::Debug for TlsState {
 /// records it reads (see the module documentation).
 pub struct Tracked {
     inner: BoxedIo,
+    /// The connection's traffic secrets, when its configuration logs them here.
+    secrets: Option<std::sync::Arc<SecretLog>>,
     /// The current record's header, as far as it is in.
     header: [u8; HEADER],
     header_len: usize,
@@ -114,9 +273,19 @@ impl Tracked {
     pub fn new(inner: BoxedIo) -> Self {
         Tracked {
             inner,
+            secrets: None,
             header: [0; HEADER],
             header_len: 0,
             body_left: 0,
+        }
+    }
+
+    /// A stream whose connection logs its traffic secrets into `secrets` (its rustls
+    /// configuration's `key_log`): a TLS 1.3 key update can be followed after a hand-over.
+    pub fn with_secrets(inner: BoxedIo, secrets: std::sync::Arc<SecretLog>) -> Self {
+        Tracked {
+            secrets: Some(secrets),
+            ..Tracked::new(inner)
         }
     }
 
@@ -241,7 +410,7 @@ pub fn take_tls(stream: BoxedIo) -> io::Result<(TcpStream, TlsState, Vec<u8>)> {
         Ok(resumed) => return Ok(resumed.into_parts()),
         Err(any) => any,
     };
-    let (tracked, conn): (Tracked, rustls::Connection) =
+    let (mut tracked, conn): (Tracked, rustls::Connection) =
         match any.downcast::<tokio_rustls::server::TlsStream<Tracked>>() {
             Ok(s) => {
                 let (io, conn) = s.into_inner();
@@ -256,6 +425,7 @@ pub fn take_tls(stream: BoxedIo) -> io::Result<(TcpStream, TlsState, Vec<u8>)> {
             },
         };
     let mut conn = conn;
+    let server = matches!(conn, rustls::Connection::Server(_));
     // What rustls decrypted and nobody read yet.
     let mut plaintext = Vec::new();
     let mut chunk = [0u8; 4096];
@@ -275,8 +445,23 @@ pub fn take_tls(stream: BoxedIo) -> io::Result<(TcpStream, TlsState, Vec<u8>)> {
     let secrets = conn
         .dangerous_extract_secrets()
         .map_err(|e| io::Error::other(format!("taking the TLS keys: {e}")))?;
-    let (cipher, tx) = direction(secrets.tx)?;
-    let (_, rx) = direction(secrets.rx)?;
+    let (cipher, mut tx) = direction(secrets.tx)?;
+    let (_, mut rx) = direction(secrets.rx)?;
+    if let (Version::Tls13, Some(log)) = (version, tracked.secrets.take()) {
+        let (mut client, mut server_secret) = log.take();
+        let (ours, theirs) = match server {
+            true => (&server_secret, &client),
+            false => (&client, &server_secret),
+        };
+        if let Some(s) = ours {
+            tx.find_secret(cipher, s);
+        }
+        if let Some(s) = theirs {
+            rx.find_secret(cipher, s);
+        }
+        client.zeroize();
+        server_secret.zeroize();
+    }
     if !tracked.between_records() {
         return Err(unsupported("a record half received"));
     }
@@ -315,6 +500,7 @@ fn direction(
             seq,
             key: key.as_ref().to_vec(),
             iv,
+            secret: None,
         },
     ))
 }
@@ -551,9 +737,10 @@ impl ResumedTls {
                     match rest[0] {
                         // NewSessionTicket: for a resumption holdfast does not attempt.
                         4 if self.version == Version::Tls13 => {}
-                        24 => return Err(protocol(
-                            "the peer updated its keys, which a session handed over cannot follow",
-                        )),
+                        24 if self.version == Version::Tls13 => {
+                            let requested = rest.get(4) == Some(&1);
+                            self.key_update(requested)?;
+                        }
                         t => {
                             return Err(protocol(&format!(
                                 "handshake message {t} after the handshake"
@@ -564,6 +751,31 @@ impl ResumedTls {
                 }
             }
             t => return Err(protocol(&format!("a record of type {t}"))),
+        }
+        Ok(())
+    }
+
+    /// The peer's KeyUpdate (it is the last message of its record): its next records
+    /// use the next keys; asked to, this side says KeyUpdate too (with its current keys)
+    /// and uses its next keys from the record after.
+    fn key_update(&mut self, requested: bool) -> io::Result<()> {
+        let unknown =
+            || protocol("the peer updated its keys, and the traffic secret is not known here");
+        if !self.rx.update(self.cipher) {
+            return Err(unknown());
+        }
+        self.rx_key = UnboundKey::new(self.cipher.algorithm(), &self.rx.key)
+            .map(LessSafeKey::new)
+            .map_err(|_| protocol("a key of the wrong length"))?;
+        if requested {
+            // KeyUpdate, update_not_requested.
+            self.seal(HANDSHAKE, &[24, 0, 0, 1, 0])?;
+            if !self.tx.update(self.cipher) {
+                return Err(unknown());
+            }
+            self.tx_key = UnboundKey::new(self.cipher.algorithm(), &self.tx.key)
+                .map(LessSafeKey::new)
+                .map_err(|_| protocol("a key of the wrong length"))?;
         }
         Ok(())
     }
@@ -664,8 +876,12 @@ mod tests {
         Arc::new(p)
     }
 
+    /// The server's and the client's configurations; holdfast's side logs its traffic
+    /// secrets into `log` (as holdfast's configurations do, one log per connection).
     fn configs(
         suite: rustls::SupportedCipherSuite,
+        log: &Arc<SecretLog>,
+        holdfast_serves: bool,
     ) -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
         let key = rcgen::KeyPair::generate().expect("a key");
         let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
@@ -695,6 +911,10 @@ mod tests {
             .with_root_certificates(roots)
             .with_no_client_auth();
         client.enable_secret_extraction = true;
+        match holdfast_serves {
+            true => server.key_log = log.clone(),
+            false => client.key_log = log.clone(),
+        }
         (Arc::new(server), Arc::new(client))
     }
 
@@ -704,7 +924,9 @@ mod tests {
         suite: rustls::SupportedCipherSuite,
         holdfast_serves: bool,
     ) -> (BoxedIo, BoxedIo) {
-        let (server, client) = configs(suite);
+        let log = Arc::new(SecretLog::default());
+        let (server, client) = configs(suite, &log, holdfast_serves);
+        let theirs = log.clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -722,7 +944,7 @@ mod tests {
                 ),
                 false => Box::new(
                     connector
-                        .connect(name, Tracked::new(Box::new(tcp)))
+                        .connect(name, Tracked::with_secrets(Box::new(tcp), theirs))
                         .await
                         .expect("client handshake"),
                 ),
@@ -734,10 +956,10 @@ mod tests {
         let served: BoxedIo = match holdfast_serves {
             true => Box::new(
                 acceptor
-                    .accept(Tracked::new(Box::new(Prefixed::new(
-                        BytesMut::new(),
-                        Box::new(tcp),
-                    ))))
+                    .accept(Tracked::with_secrets(
+                        Box::new(Prefixed::new(BytesMut::new(), Box::new(tcp))),
+                        log,
+                    ))
                     .await
                     .expect("server handshake"),
             ),
@@ -761,6 +983,41 @@ mod tests {
         (Box::new(resumed), plaintext)
     }
 
+    /// The peer (plain rustls) updates its keys and asks this side to (TLS 1.3
+    /// KeyUpdate), with its next write.
+    fn update_keys(peer: BoxedIo) -> BoxedIo {
+        let any = peer.into_any();
+        match any.downcast::<tokio_rustls::client::TlsStream<TcpStream>>() {
+            Ok(mut s) => {
+                s.get_mut().1.refresh_traffic_keys().expect("a key update");
+                s
+            }
+            Err(any) => {
+                let mut s = any
+                    .downcast::<tokio_rustls::server::TlsStream<TcpStream>>()
+                    .expect("a rustls stream");
+                s.get_mut().1.refresh_traffic_keys().expect("a key update");
+                s
+            }
+        }
+    }
+
+    /// A key update from the peer, then data both ways (with each side's next keys).
+    async fn keys_updated(ours: &mut BoxedIo, peer: BoxedIo, round: u8) -> BoxedIo {
+        let mut peer = update_keys(peer);
+        let sent = [b'k', round, 1, 2, 3];
+        peer.write_all(&sent).await.expect("write");
+        peer.flush().await.expect("flush");
+        assert_eq!(read_n(ours, Vec::new(), 5).await, sent);
+        let answer = [b'a', round, 3, 2, 1];
+        ours.write_all(&answer).await.expect("write");
+        ours.flush().await.expect("flush");
+        let mut buf = [0u8; 5];
+        peer.read_exact(&mut buf).await.expect("read");
+        assert_eq!(buf, answer);
+        peer
+    }
+
     async fn read_n(io: &mut BoxedIo, mut already: Vec<u8>, n: usize) -> Vec<u8> {
         let have = already.len().min(n);
         let mut rest = vec![0u8; n - have];
@@ -772,6 +1029,12 @@ mod tests {
 
     async fn exchange(suite: rustls::SupportedCipherSuite, holdfast_serves: bool) {
         let (mut ours, mut peer) = pair(suite, holdfast_serves).await;
+        let tls13 = matches!(suite, rustls::SupportedCipherSuite::Tls13(_));
+        if tls13 {
+            // Keys updated while rustls still runs holdfast's side: the state taken is of
+            // the second generation, found from the first secret.
+            peer = keys_updated(&mut ours, peer, 0).await;
+        }
         peer.write_all(b"hello 1").await.expect("write");
         peer.flush().await.expect("flush");
         let got = read_n(&mut ours, Vec::new(), 7).await;
@@ -793,6 +1056,11 @@ mod tests {
         let (mut ours, unread) = hand_over(ours).await;
         let got = read_n(&mut ours, unread, 18).await;
         assert_eq!(got, b"lo 2, a longer one");
+        if tls13 {
+            // Twice: each generation's secret is derived from the one before.
+            peer = keys_updated(&mut ours, peer, 1).await;
+            peer = keys_updated(&mut ours, peer, 2).await;
+        }
         // Several records each way.
         let big: Vec<u8> = (0..50_000u32).map(|i| (i % 251) as u8).collect();
         ours.write_all(&big).await.expect("write");
@@ -810,6 +1078,10 @@ mod tests {
         let (mut ours, unread) = hand_over(ours).await;
         let got = read_n(&mut ours, unread, 9).await;
         assert_eq!(got, b"in flight");
+        if tls13 {
+            // The secrets went with the state.
+            peer = keys_updated(&mut ours, peer, 3).await;
+        }
         ours.write_all(b"still here").await.expect("write");
         ours.flush().await.expect("flush");
         let mut buf = [0u8; 10];

@@ -20,7 +20,9 @@ pub struct Loaded {
     key: PathBuf,
     min_version: TlsVersion,
     require: bool,
-    acceptor: tokio_rustls::TlsAcceptor,
+    /// Each connection's acceptor is made from a copy of it with a secret log of the
+    /// connection's own (see `accept`).
+    config: Arc<rustls::ServerConfig>,
     /// What the files looked like when they were read.
     stamp: (FileStamp, FileStamp),
 }
@@ -74,7 +76,7 @@ impl ClientTls {
                 key: now.key.clone(),
                 min_version: now.min_version,
                 require: cfg.require_tls,
-                acceptor: now.acceptor.clone(),
+                config: now.config.clone(),
                 stamp: now.stamp,
             }));
         }
@@ -93,10 +95,17 @@ impl ClientTls {
         stream: BoxedIo,
         buffered: bytes::BytesMut,
     ) -> std::io::Result<BoxedIo> {
-        let acceptor = self.current.load().acceptor.clone();
-        // Tracked: the session's TLS state can be handed to another process.
-        let tracked =
-            holdfast_client::tls_resume::Tracked::new(Box::new(Prefixed::new(buffered, stream)));
+        // Tracked: the session's TLS state can be handed to another process, with its
+        // traffic secrets (a key update after the hand-over is followed): logged into a
+        // log of this connection's own.
+        let secrets = Arc::new(holdfast_client::tls_resume::SecretLog::default());
+        let mut config = (*self.current.load().config).clone();
+        config.key_log = secrets.clone();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let tracked = holdfast_client::tls_resume::Tracked::with_secrets(
+            Box::new(Prefixed::new(buffered, stream)),
+            secrets,
+        );
         let tls = acceptor.accept(tracked).await?;
         Ok(Box::new(tls))
     }
@@ -172,7 +181,7 @@ fn load(
         key: key.to_path_buf(),
         min_version,
         require,
-        acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+        config: Arc::new(config),
         stamp,
     })
 }
