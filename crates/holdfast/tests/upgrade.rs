@@ -1056,3 +1056,100 @@ fn a_paused_serverless_instance_and_its_pool_are_handed_over() {
         "{metered} s metered in {served_secs} s served: {lines}"
     );
 }
+
+/// Pass-through sessions (a `mode = "passthrough"` listener) go to the new process too:
+/// the relay stops reading, writes out what it holds, and hands both sockets over (with
+/// their TLS state, from the client and to the node), idle or under statements. Two
+/// upgrades; the same server threads, the state kept, no statement failed.
+#[test]
+fn pass_through_sessions_are_handed_over() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let served = Served::start_with("passthrough", "1", None, |config| {
+        let mut text = std::fs::read_to_string(config).expect("the lab's config");
+        text.push_str(&format!(
+            "\n[[listener]]\nlisten = \"127.0.0.1:{port}\"\nmode = \"passthrough\"\n"
+        ));
+        std::fs::write(config, text).expect("the edited config");
+    });
+    let (config, log) = (served.config.clone(), served.log.clone());
+    let mut procs = served.procs;
+    let dir = config.parent().expect("the lab's directory").to_path_buf();
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let open = |tls: bool| {
+        let mut opts = mysql::OptsBuilder::new()
+            .ip_or_hostname(Some("127.0.0.1"))
+            .tcp_port(port)
+            .user(Some("app"))
+            .pass(Some("app_pass"))
+            .db_name(Some("sbtest"))
+            .prefer_socket(false);
+        if tls {
+            opts = opts.ssl_opts(Some(
+                mysql::SslOpts::default().with_root_cert_path(Some(dir.join("tls/ca.pem"))),
+            ));
+        }
+        mysql::Conn::new(opts).expect("a pass-through session")
+    };
+    let id_and_state = |c: &mut mysql::Conn| -> (u32, String) {
+        c.query_first("SELECT CONNECTION_ID(), @kept")
+            .expect("the session goes on")
+            .expect("a row")
+    };
+    let mut idle: Vec<mysql::Conn> = vec![open(false), open(true)];
+    let mut before = Vec::new();
+    for (i, c) in idle.iter_mut().enumerate() {
+        c.query_drop(format!("SET @kept = 'relay{i}'"))
+            .expect("set");
+        before.push(id_and_state(c));
+    }
+    // One under statements throughout.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut busy = open(true);
+    busy.query_drop("SET @kept = 'busy'").expect("set");
+    let busy_id = id_and_state(&mut busy).0;
+    let client = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut done = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let row: Option<(u32, String)> =
+                    busy.query_first("SELECT CONNECTION_ID(), @kept")?;
+                assert_eq!(row, Some((busy_id, "busy".to_string())));
+                done += 1;
+            }
+            Ok::<u64, mysql::Error>(done)
+        })
+    };
+    let handed = || {
+        read_log()
+            .matches("pass-through session handed over from the previous process")
+            .count()
+    };
+    for round in 1..=2usize {
+        upgrade(&config, &mut procs, &log);
+        holdfast_lab::wait_for(
+            "the pass-through sessions in the new process",
+            Duration::from_secs(30),
+            || (handed() >= 3 * round).then_some(()),
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", read_log()));
+        for (c, was) in idle.iter_mut().zip(&before) {
+            assert_eq!(&id_and_state(c), was, "{}", read_log());
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let done = client
+        .join()
+        .expect("the client thread")
+        .unwrap_or_else(|e| {
+            panic!(
+                "a statement failed during the upgrades: {e}\n{}",
+                read_log()
+            )
+        });
+    assert!(done > 0);
+    assert_eq!(status(&config)["generation"], 3);
+}

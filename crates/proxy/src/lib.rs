@@ -270,6 +270,22 @@ pub(crate) fn resume_session(
     });
 }
 
+/// Goes on with a pass-through session the process this one replaces handed over.
+pub(crate) fn resume_relay(
+    shared: Arc<Shared>,
+    carried: session::passthrough::CarriedRelay,
+    client: std::net::TcpStream,
+    backend: std::net::TcpStream,
+) {
+    let slot = shared.connections.take(usize::MAX);
+    let ticket = shared.admission.admit_handed_over(carried.relay.peer.ip());
+    tokio::spawn(async move {
+        session::passthrough::resume(shared, carried, client, backend).await;
+        drop(ticket);
+        drop(slot);
+    });
+}
+
 /// A planned switchover waits for sessions through the registry.
 impl SessionDrain for SessionRegistry {
     fn quiescent(&self) -> bool {

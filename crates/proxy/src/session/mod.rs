@@ -44,7 +44,7 @@ mod kill;
 mod markers;
 mod migrate;
 mod owed_schema;
-mod passthrough;
+pub(crate) mod passthrough;
 mod relay;
 mod replay;
 mod reply;

@@ -2,34 +2,118 @@
 //! backend, bytes are relayed both ways without parsing (the cheapest path). Such a session
 //! cannot move: it ends with its backend connection, and it keeps a serverless instance
 //! from pausing (the registry lists it as a pause blocker).
+//!
+//! An upgrade hands it to the new process (`holdfast ctl upgrade`): once the new process
+//! takes sessions, the relay stops reading, writes out what it holds, and when neither side
+//! has anything in flight (and each TLS stream is between records) it sends both sockets,
+//! with their TLS state and the bytes read from them and not relayed yet ([`CarriedRelay`]).
+//! The new process relays on. Nothing is said on either connection.
 
+use super::handover::stream_of;
 use super::LoggedIn;
-use crate::conn::PacketConn;
+use crate::conn::{BoxedIo, PacketConn};
 use crate::registry::SessionInfo;
 use crate::state::Blocker;
+use crate::upgrade::{HandedRelay, SessionChannel};
 use crate::Shared;
+use holdfast_client::tls_resume::TlsState;
+use serde::{Deserialize, Serialize};
+use std::future::poll_fn;
+use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use tokio::io::AsyncWriteExt;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+
+/// How often a relay asked to go to the new process tries again when a TLS stream was in
+/// the middle of a record.
+const RETRY: Duration = Duration::from_millis(50);
 
 pub(super) async fn run(
     shared: Arc<Shared>,
-    mut client: PacketConn,
+    client: PacketConn,
     logged_in: LoggedIn,
     peer: SocketAddr,
     id: u32,
 ) {
     let thread = logged_in.backend.greeting.connection_id;
-    let mut backend = logged_in.backend.into_conn();
-    let info = Arc::new(SessionInfo::new(id, peer));
-    info.set_user(&logged_in.user);
-    info.set_backend(&logged_in.backend_name, thread);
-    info.set_blocker(Some(Blocker::PassThrough));
-    shared.sessions.insert(info.clone());
-    shared.metrics.sessions_active.inc();
-    let result = async {
-        // Whatever either side sent ahead is already buffered: deliver it first.
+    let backend = logged_in.backend.into_conn();
+    let relay = Relay {
+        id,
+        peer,
+        user: logged_in.user,
+        backend_name: logged_in.backend_name,
+        thread,
+    };
+    relay.run(shared, client, backend).await;
+}
+
+/// What a pass-through session is, as registered and as handed over.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Relay {
+    pub id: u32,
+    pub peer: SocketAddr,
+    user: String,
+    backend_name: String,
+    thread: u32,
+}
+
+/// A pass-through session as one process hands it to the next (JSON on the hand-over
+/// channel, the client's and the backend's sockets beside it).
+#[derive(Serialize, Deserialize)]
+pub struct CarriedRelay {
+    pub relay: Relay,
+    client_tls: Option<TlsState>,
+    backend_tls: Option<TlsState>,
+    /// Read from each side and not relayed yet (the plaintext of a TLS stream).
+    client_unread: Vec<u8>,
+    backend_unread: Vec<u8>,
+}
+
+impl std::fmt::Debug for CarriedRelay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CarriedRelay")
+            .field("relay", &self.relay)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Relay {
+    async fn run(self, shared: Arc<Shared>, mut client: PacketConn, mut backend: PacketConn) {
+        let info = Arc::new(SessionInfo::new(self.id, self.peer));
+        info.set_user(&self.user);
+        info.set_backend(&self.backend_name, self.thread);
+        info.set_blocker(Some(Blocker::PassThrough));
+        shared.sessions.insert(info.clone());
+        shared.metrics.sessions_active.inc();
+        let id = self.id;
+        let result = self.relay(&shared, &mut client, &mut backend).await;
+        match result {
+            Ok(Some((up, down))) => {
+                shared.metrics.requests.bytes_from_client(up);
+                shared.metrics.requests.bytes_to_client(down);
+                tracing::debug!(session = id, up, down, "pass-through session ended");
+            }
+            Ok(None) => {}
+            Err(e) => tracing::debug!(session = id, error = %e, "pass-through session ended"),
+        }
+        info.busy.store(false, Ordering::SeqCst);
+        shared.sessions.remove(id);
+        shared.metrics.sessions_active.dec();
+    }
+
+    /// Relays until a side ends (the bytes each way), or the session went to the process
+    /// that replaces this one (`None`).
+    async fn relay(
+        self,
+        shared: &Shared,
+        client: &mut PacketConn,
+        backend: &mut PacketConn,
+    ) -> io::Result<Option<(u64, u64)>> {
+        // Whatever either side sent ahead is already buffered: delivered first.
         if !client.rbuf.is_empty() {
             backend.stream.write_all(&client.rbuf).await?;
             backend.stream.flush().await?;
@@ -40,18 +124,249 @@ pub(super) async fn run(
             client.stream.flush().await?;
             backend.rbuf.clear();
         }
-        tokio::io::copy_bidirectional(&mut client.stream, &mut backend.stream).await
-    }
-    .await;
-    match result {
-        Ok((up, down)) => {
-            shared.metrics.requests.bytes_from_client(up);
-            shared.metrics.requests.bytes_to_client(down);
-            tracing::debug!(session = id, up, down, "pass-through session ended");
+        let mut sink = shared.upgrader.session_sink();
+        let mut pump = Pump::default();
+        let mut this = Some(self);
+        loop {
+            let channel = sink
+                .borrow_and_update()
+                .clone()
+                .filter(|c| !c.is_broken() && c.takes_relays());
+            let stop = channel.is_some();
+            let stopped = tokio::select! {
+                r = poll_fn(|cx| pump.poll(cx, &mut client.stream, &mut backend.stream, stop)) => r?,
+                _ = sink.changed(), if !stop => continue,
+            };
+            let (Stopped::Idle, Some(channel), Some(relay)) = (stopped, channel, this.take())
+            else {
+                let _ = backend.stream.shutdown().await;
+                let _ = client.stream.shutdown().await;
+                return Ok(Some((pump.up.bytes, pump.down.bytes)));
+            };
+            match hand_over(relay, &channel, client, backend).await {
+                Ok(()) => {
+                    shared.metrics.sessions_handed_over.inc();
+                    return Ok(None);
+                }
+                Err(relay) => {
+                    this = Some(relay);
+                    // Relaying goes on meanwhile; asked again a moment later.
+                    tokio::select! {
+                        r = poll_fn(|cx| pump.poll(cx, &mut client.stream, &mut backend.stream, false)) => {
+                            r?;
+                            let _ = backend.stream.shutdown().await;
+                            let _ = client.stream.shutdown().await;
+                            return Ok(Some((pump.up.bytes, pump.down.bytes)));
+                        }
+                        _ = tokio::time::sleep(RETRY) => {}
+                    }
+                }
+            }
         }
-        Err(e) => tracing::debug!(session = id, error = %e, "pass-through session ended"),
     }
-    info.busy.store(false, Ordering::SeqCst);
-    shared.sessions.remove(id);
-    shared.metrics.sessions_active.dec();
+}
+
+/// Sends the relay's sockets and state to the new process; gives the relay back (its
+/// sockets put back in place) when they did not go.
+async fn hand_over(
+    relay: Relay,
+    channel: &SessionChannel,
+    client: &mut PacketConn,
+    backend: &mut PacketConn,
+) -> Result<(), Relay> {
+    if !client.can_take_socket() || !backend.can_take_socket() {
+        return Err(relay);
+    }
+    let Some((client_socket, client_tls, client_unread)) = client.take_socket() else {
+        return Err(relay);
+    };
+    let Some((backend_socket, backend_tls, backend_unread)) = backend.take_socket() else {
+        put_back(client, client_socket, client_tls, &client_unread);
+        return Err(relay);
+    };
+    let handed = HandedRelay {
+        carried: CarriedRelay {
+            relay,
+            client_tls,
+            backend_tls,
+            client_unread: client_unread.to_vec(),
+            backend_unread: backend_unread.to_vec(),
+        },
+        client: client_socket,
+        backend: backend_socket,
+    };
+    let id = handed.carried.relay.id;
+    match channel.send_relay(handed).await {
+        Ok(()) => {
+            tracing::debug!(session = id, "upgrade: pass-through session handed over");
+            Ok(())
+        }
+        Err(mut returned) => {
+            tracing::warn!(
+                session = id,
+                "upgrade: the pass-through session stays in this process"
+            );
+            let c = &mut returned.carried;
+            put_back(
+                client,
+                returned.client,
+                c.client_tls.take(),
+                &c.client_unread,
+            );
+            put_back(
+                backend,
+                returned.backend,
+                c.backend_tls.take(),
+                &c.backend_unread,
+            );
+            Err(returned.carried.relay)
+        }
+    }
+}
+
+fn put_back(
+    conn: &mut PacketConn,
+    socket: std::net::TcpStream,
+    tls: Option<TlsState>,
+    unread: &[u8],
+) {
+    match stream_of(socket, tls) {
+        Ok(stream) => {
+            conn.replace_stream(stream);
+            conn.rbuf.extend_from_slice(unread);
+        }
+        Err(e) => tracing::error!(error = %e, "a socket given back could not be used"),
+    }
+}
+
+/// The pass-through session handed over by the process this one replaces: it relays on.
+pub(crate) async fn resume(
+    shared: Arc<Shared>,
+    carried: CarriedRelay,
+    client: std::net::TcpStream,
+    backend: std::net::TcpStream,
+) {
+    let CarriedRelay {
+        relay,
+        client_tls,
+        backend_tls,
+        client_unread,
+        backend_unread,
+    } = carried;
+    let (id, peer) = (relay.id, relay.peer);
+    let conns =
+        stream_of(client, client_tls).and_then(|c| Ok((c, stream_of(backend, backend_tls)?)));
+    let (client, backend) = match conns {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(session = id, client = %peer, error = %e, "a pass-through session handed over could not go on; its connections close");
+            return;
+        }
+    };
+    let mut client = PacketConn::new(client);
+    client.rbuf.extend_from_slice(&client_unread);
+    let mut backend = PacketConn::new(backend);
+    backend.rbuf.extend_from_slice(&backend_unread);
+    shared.metrics.sessions_taken_over.inc();
+    tracing::info!(session = id, client = %peer, "pass-through session handed over from the previous process");
+    relay.run(shared, client, backend).await;
+}
+
+/// Why the pump stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stopped {
+    /// A side ended (or its connection closed).
+    Ended,
+    /// Asked to stop, and nothing is in flight either way.
+    Idle,
+}
+
+/// Both directions of a relay, with their buffers kept here: polling it can be
+/// abandoned at any point without losing a byte (a read that did not complete read
+/// nothing; what was read is written on the next poll).
+#[derive(Default)]
+struct Pump {
+    up: Half,
+    down: Half,
+}
+
+impl Pump {
+    fn poll(
+        &mut self,
+        cx: &mut Context<'_>,
+        client: &mut BoxedIo,
+        backend: &mut BoxedIo,
+        stop: bool,
+    ) -> Poll<io::Result<Stopped>> {
+        let up = self.up.poll(cx, client, backend, stop)?;
+        let down = self.down.poll(cx, backend, client, stop)?;
+        match (up, down) {
+            (Poll::Ready(Stopped::Ended), _) | (_, Poll::Ready(Stopped::Ended)) => {
+                Poll::Ready(Ok(Stopped::Ended))
+            }
+            (Poll::Ready(Stopped::Idle), Poll::Ready(Stopped::Idle)) => {
+                Poll::Ready(Ok(Stopped::Idle))
+            }
+            _ => Poll::Pending,
+        }
+    }
+}
+
+/// One direction: read into the buffer, write it all out, flush, read again.
+struct Half {
+    buf: Box<[u8]>,
+    pos: usize,
+    len: usize,
+    flush: bool,
+    bytes: u64,
+}
+
+impl Default for Half {
+    fn default() -> Self {
+        Half {
+            // (As `copy_bidirectional`.)
+            buf: vec![0u8; 8 * 1024].into_boxed_slice(),
+            pos: 0,
+            len: 0,
+            flush: false,
+            bytes: 0,
+        }
+    }
+}
+
+impl Half {
+    fn poll(
+        &mut self,
+        cx: &mut Context<'_>,
+        from: &mut BoxedIo,
+        to: &mut BoxedIo,
+        stop: bool,
+    ) -> Poll<io::Result<Stopped>> {
+        loop {
+            while self.pos < self.len {
+                let n = ready!(Pin::new(&mut *to).poll_write(cx, &self.buf[self.pos..self.len]))?;
+                if n == 0 {
+                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                }
+                self.pos += n;
+                self.bytes += n as u64;
+            }
+            if self.flush {
+                ready!(Pin::new(&mut *to).poll_flush(cx))?;
+                self.flush = false;
+            }
+            if stop {
+                return Poll::Ready(Ok(Stopped::Idle));
+            }
+            let mut read = ReadBuf::new(&mut self.buf);
+            ready!(Pin::new(&mut *from).poll_read(cx, &mut read))?;
+            let n = read.filled().len();
+            if n == 0 {
+                return Poll::Ready(Ok(Stopped::Ended));
+            }
+            self.pos = 0;
+            self.len = n;
+            self.flush = true;
+        }
+    }
 }

@@ -26,6 +26,7 @@
 pub mod channel;
 
 use crate::session::handover::{CarriedSession, HandedSession};
+use crate::session::passthrough::CarriedRelay;
 use crate::Shared;
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
@@ -37,10 +38,13 @@ use std::time::Duration;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 
-/// The hand-over format this build speaks (2: sessions are handed over).
-pub const FORMAT: u32 = 2;
+/// The hand-over format this build speaks (2: sessions are handed over; 3: pass-through
+/// sessions too).
+pub const FORMAT: u32 = 3;
 /// The first format whose processes take sessions over.
 const SESSIONS_FORMAT: u32 = 2;
+/// The first format whose processes take pass-through sessions over.
+const RELAYS_FORMAT: u32 = 3;
 /// The oldest format it accepts from the process it takes over from.
 pub const OLDEST_FORMAT: u32 = 1;
 
@@ -85,6 +89,8 @@ pub enum Message {
     /// Old → new: a live session, with its client's socket, its backend's when it is
     /// kept, and its replica connections' (in that order).
     Session { session: Box<CarriedSession> },
+    /// Old → new: a pass-through session, with its client's socket and its backend's.
+    Relay { relay: Box<CarriedRelay> },
     /// Either way: the other side gives up, and why.
     Refused { reason: String },
 }
@@ -413,7 +419,7 @@ impl Upgrader {
         tracing::info!(pid, %version, generation, sessions_left, "upgrade: the new process serves; this one hands its sessions over or drains them");
         if format >= SESSIONS_FORMAT {
             self.session_sink
-                .send_replace(Some(Arc::new(SessionChannel::new(stream))));
+                .send_replace(Some(Arc::new(SessionChannel::new(stream, format))));
         }
         Ok(UpgradeReport {
             pid,
@@ -429,6 +435,14 @@ impl Upgrader {
 #[serde(tag = "kind", rename_all = "snake_case")]
 enum Outgoing<'a> {
     Session { session: &'a CarriedSession },
+    Relay { relay: &'a CarriedRelay },
+}
+
+/// A pass-through session given up: its state and both sockets.
+pub struct HandedRelay {
+    pub carried: CarriedRelay,
+    pub client: std::net::TcpStream,
+    pub backend: std::net::TcpStream,
 }
 
 /// How long sending one session to the new process may take: it reads them as they come.
@@ -440,18 +454,76 @@ pub struct SessionChannel {
     stream: tokio::sync::Mutex<UnixStream>,
     /// A send failed (the new process went, or stopped reading): sessions stay here.
     broken: AtomicBool,
+    /// The new process's hand-over format.
+    format: u32,
 }
 
 impl SessionChannel {
-    fn new(stream: UnixStream) -> Self {
+    fn new(stream: UnixStream, format: u32) -> Self {
         SessionChannel {
             stream: tokio::sync::Mutex::new(stream),
             broken: AtomicBool::new(false),
+            format,
         }
     }
 
     pub fn is_broken(&self) -> bool {
         self.broken.load(Ordering::Acquire)
+    }
+
+    /// Whether the new process takes pass-through sessions.
+    pub fn takes_relays(&self) -> bool {
+        self.format >= RELAYS_FORMAT
+    }
+
+    /// Sends a pass-through session; given back when it did not go.
+    pub async fn send_relay(&self, handed: HandedRelay) -> Result<(), HandedRelay> {
+        if self.is_broken() {
+            return Err(handed);
+        }
+        let body = match serde_json::to_vec(&Outgoing::Relay {
+            relay: &handed.carried,
+        }) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(session = handed.carried.relay.id, error = %e, "upgrade: a pass-through session could not be written down; it stays");
+                return Err(handed);
+            }
+        };
+        let sent = self
+            .send_body(body, &[handed.client.as_fd(), handed.backend.as_fd()])
+            .await;
+        match sent {
+            Ok(()) => Ok(()),
+            Err(why) => {
+                tracing::error!(session = handed.carried.relay.id, error = %why, "upgrade: the new process does not take sessions; they stay in this process");
+                Err(handed)
+            }
+        }
+    }
+
+    /// Sends one message with its descriptors, within [`SESSION_SEND_TIMEOUT`]; a failure
+    /// marks the channel broken. The body (which may hold secrets) is zeroized.
+    async fn send_body(
+        &self,
+        mut body: Vec<u8>,
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> Result<(), String> {
+        let sent = {
+            let mut stream = self.stream.lock().await;
+            tokio::time::timeout(SESSION_SEND_TIMEOUT, channel::send(&mut stream, &body, fds)).await
+        };
+        zeroize::Zeroize::zeroize(&mut body);
+        match sent {
+            Ok(Ok(())) => Ok(()),
+            failed => {
+                self.broken.store(true, Ordering::Release);
+                Err(match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => format!("not read within {SESSION_SEND_TIMEOUT:?}"),
+                })
+            }
+        }
     }
 
     /// Sends a session (what holdfast knows of it, its sockets). The session is given
@@ -472,25 +544,12 @@ impl SessionChannel {
         let mut fds = vec![handed.client.as_fd()];
         fds.extend(handed.backend.as_ref().map(|b| b.as_fd()));
         fds.extend(handed.readers.iter().map(|r| r.as_fd()));
-        let sent = {
-            let mut stream = self.stream.lock().await;
-            tokio::time::timeout(
-                SESSION_SEND_TIMEOUT,
-                channel::send(&mut stream, &body, &fds),
-            )
-            .await
-        };
+        // (The body holds the session's re-authentication secret: zeroized there.)
+        let sent = self.send_body(std::mem::take(&mut body), &fds).await;
         drop(fds);
-        // It holds the session's re-authentication secret.
-        zeroize::Zeroize::zeroize(&mut body);
         match sent {
-            Ok(Ok(())) => Ok(()),
-            failed => {
-                self.broken.store(true, Ordering::Release);
-                let why = match failed {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => format!("not read within {SESSION_SEND_TIMEOUT:?}"),
-                };
+            Ok(()) => Ok(()),
+            Err(why) => {
                 tracing::error!(session = handed.carried.id, error = %why, "upgrade: the new process does not take sessions; they stay in this process");
                 Err(handed)
             }
@@ -627,6 +686,19 @@ async fn receive_sessions(stream: &mut UnixStream, shared: &Arc<Shared>) {
         zeroize::Zeroize::zeroize(&mut body);
         let session = match message {
             Ok(Message::Session { session }) => session,
+            Ok(Message::Relay { relay }) => {
+                let mut fds = received.fds.into_iter().map(std::net::TcpStream::from);
+                match (fds.next(), fds.next(), fds.next()) {
+                    (Some(client), Some(backend), None) => {
+                        crate::resume_relay(shared.clone(), *relay, client, backend);
+                    }
+                    _ => tracing::error!(
+                        session = relay.relay.id,
+                        "upgrade: a pass-through session came without its two sockets; its connections close"
+                    ),
+                }
+                continue;
+            }
             Ok(other) => {
                 tracing::warn!(message = ?other, "upgrade: unexpected message after the hand-over");
                 continue;
