@@ -18,7 +18,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 const WRITE_BATCH: usize = 64 * 1024;
 
 /// Which end of the connection holdfast is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Role {
     /// Towards a server: each command (a packet with sequence id 0) restarts the
     /// compressed sequence at 0.
@@ -57,7 +57,62 @@ pub fn start(conn: &mut crate::conn::PacketConn, role: Role) {
     conn.replace_stream(Box::new(Compressed::new(stream, buffered, role)));
 }
 
+/// A compressed stream's state between two messages, as one process hands it to the next
+/// (`holdfast ctl upgrade`): each compressed packet is a whole zlib stream, so only the
+/// sequence and the compressed bytes read and not decoded yet remain.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct CompressedState {
+    role: Role,
+    seq: u8,
+    /// Compressed bytes read from the stream under it and not decoded yet.
+    raw: Vec<u8>,
+}
+
+impl CompressedState {
+    /// Bytes that were read from under the stream after those it had (a TLS layer's
+    /// plaintext nobody read).
+    pub fn append_raw(&mut self, bytes: &[u8]) {
+        self.raw.extend_from_slice(bytes);
+    }
+}
+
 impl Compressed {
+    /// The stream under the compression.
+    pub fn inner(&self) -> &dyn crate::conn::Io {
+        self.inner.as_ref()
+    }
+
+    /// Whether nothing is in flight: no written byte waits to be compressed or sent, and
+    /// no message is half written.
+    pub fn can_take(&self) -> bool {
+        self.pending.is_empty()
+            && self.out_pos == self.out.len()
+            && self.header_len == 0
+            && self.in_payload == 0
+    }
+
+    /// Takes the adapter apart (check [`Compressed::can_take`] first): the stream under
+    /// it, its state, and the decoded bytes nobody read yet.
+    pub fn into_parts(self) -> (BoxedIo, CompressedState, Vec<u8>) {
+        let plain = self.plain[self.plain_pos..].to_vec();
+        (
+            self.inner,
+            CompressedState {
+                role: self.role,
+                seq: self.seq,
+                raw: self.raw.to_vec(),
+            },
+            plain,
+        )
+    }
+
+    /// Continues a compressed stream over `inner` from `state`.
+    pub fn resume(inner: BoxedIo, state: CompressedState) -> Compressed {
+        let mut c = Compressed::new(inner, BytesMut::from(&state.raw[..]), state.role);
+        c.seq = state.seq;
+        c
+    }
+
     /// `buffered`: compressed bytes already read from `inner` (the client may send its first
     /// command right behind the login).
     pub fn new(inner: BoxedIo, buffered: BytesMut, role: Role) -> Compressed {

@@ -15,6 +15,37 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
+use crate::compress::{Compressed, CompressedState};
+
+/// A connection's socket taken out for another process ([`PacketConn::take_socket`]).
+pub struct TakenSocket {
+    pub socket: std::net::TcpStream,
+    pub tls: Option<crate::tls_resume::TlsState>,
+    pub compressed: Option<CompressedState>,
+    /// Bytes read and not consumed (of the plain packet stream).
+    pub unread: BytesMut,
+}
+
+/// The stream a socket taken by [`PacketConn::take_socket`] continues as in the process it
+/// went to: the socket itself, the TLS session on it, and the compressed protocol over
+/// either.
+pub fn stream_of(
+    socket: std::net::TcpStream,
+    tls: Option<crate::tls_resume::TlsState>,
+    compressed: Option<CompressedState>,
+) -> io::Result<BoxedIo> {
+    socket.set_nonblocking(true)?;
+    let tcp = tokio::net::TcpStream::from_std(socket)?;
+    let stream: BoxedIo = match tls {
+        Some(state) => Box::new(crate::tls_resume::ResumedTls::new(tcp, state)?),
+        None => Box::new(tcp),
+    };
+    Ok(match compressed {
+        Some(state) => Box::new(Compressed::resume(stream, state)),
+        None => stream,
+    })
+}
+
 /// A bidirectional byte stream a [`PacketConn`] can own: a `TcpStream`, a TLS stream, one
 /// end of `tokio::io::duplex`...
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static {
@@ -111,33 +142,58 @@ impl PacketConn {
     }
 
     /// Whether [`PacketConn::take_socket`] can take the stream now: plain TCP, or TLS whose
-    /// state can be taken (see [`crate::tls_resume`]).
+    /// state can be taken (see [`crate::tls_resume`]), either under the compressed
+    /// protocol with nothing in flight.
     pub fn can_take_socket(&self) -> bool {
-        self.is_tcp() || crate::tls_resume::can_take(self.stream.as_ref())
+        let stream: &dyn Io = self.stream.as_ref();
+        let (stream, compressed_idle) = match stream.as_any().downcast_ref::<Compressed>() {
+            Some(c) => (c.inner(), c.can_take()),
+            None => (stream, true),
+        };
+        compressed_idle
+            && (stream.as_any().is::<tokio::net::TcpStream>()
+                || crate::tls_resume::can_take(stream))
     }
 
     /// Takes the TCP socket out for another process, with its TLS state when it carries
-    /// TLS and the plaintext read from it but not consumed; the connection is left
-    /// detached. `None` when [`PacketConn::can_take_socket`] says no (nothing taken), or
-    /// when taking the TLS state failed half-way (the connection is lost then).
-    pub fn take_socket(
-        &mut self,
-    ) -> Option<(
-        std::net::TcpStream,
-        Option<crate::tls_resume::TlsState>,
-        BytesMut,
-    )> {
-        if self.is_tcp() {
-            let (socket, unread) = self.take_tcp()?;
-            return Some((socket, None, unread));
-        }
-        if !crate::tls_resume::can_take(self.stream.as_ref()) {
+    /// TLS, its compression state under the compressed protocol, and what was read from it
+    /// but not consumed; the connection is left detached. `None` when
+    /// [`PacketConn::can_take_socket`] says no (nothing taken), or when taking the TLS
+    /// state failed half-way (the connection is lost then).
+    pub fn take_socket(&mut self) -> Option<TakenSocket> {
+        if !self.can_take_socket() {
             return None;
         }
         let (stream, mut unread) = self.take_stream();
-        let (tcp, state, plaintext) = crate::tls_resume::take_tls(stream).ok()?;
-        unread.extend_from_slice(&plaintext);
-        Some((tcp.into_std().ok()?, Some(state), unread))
+        // (Each type is asked before the stream is turned into it: a stream whose
+        // downcast failed could not be boxed back.)
+        // (`as_ref`: the box itself is an `Io` too.)
+        let (stream, mut compressed) = if stream.as_ref().as_any().is::<Compressed>() {
+            let c = stream.into_any().downcast::<Compressed>().ok()?;
+            let (inner, state, plain) = c.into_parts();
+            unread.extend_from_slice(&plain);
+            (inner, Some(state))
+        } else {
+            (stream, None)
+        };
+        let (socket, tls) = if stream.as_ref().as_any().is::<tokio::net::TcpStream>() {
+            let tcp = stream.into_any().downcast::<tokio::net::TcpStream>().ok()?;
+            (tcp.into_std().ok()?, None)
+        } else {
+            let (tcp, state, plaintext) = crate::tls_resume::take_tls(stream).ok()?;
+            // Under compression, what TLS decrypted is compressed bytes.
+            match compressed.as_mut() {
+                Some(c) => c.append_raw(&plaintext),
+                None => unread.extend_from_slice(&plaintext),
+            }
+            (tcp.into_std().ok()?, Some(state))
+        };
+        Some(TakenSocket {
+            socket,
+            tls,
+            compressed,
+            unread,
+        })
     }
 
     /// Writes what the stream takes of `bytes` right now, without waiting (best effort,

@@ -25,9 +25,9 @@ use crate::registry::SessionInfo;
 use crate::restore::Captured;
 use crate::state::SessionRecord;
 use crate::Shared;
-use holdfast_client::tls_resume::{ResumedTls, TlsState};
+use holdfast_client::tls_resume::TlsState;
 use holdfast_wire::auth::PasswordHash;
-use holdfast_wire::caps::{CLIENT_COMPRESS, SERVER_STATUS_IN_TRANS};
+use holdfast_wire::caps::SERVER_STATUS_IN_TRANS;
 use holdfast_wire::handshake::Greeting;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
@@ -36,19 +36,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zeroize::Zeroize;
 
-/// The stream a socket handed over continues as: the socket itself, or the TLS session on
-/// it.
-pub(super) fn stream_of(
-    socket: std::net::TcpStream,
-    tls: Option<TlsState>,
-) -> std::io::Result<crate::conn::BoxedIo> {
-    socket.set_nonblocking(true)?;
-    let tcp = tokio::net::TcpStream::from_std(socket)?;
-    Ok(match tls {
-        Some(state) => Box::new(ResumedTls::new(tcp, state)?),
-        None => Box::new(tcp),
-    })
-}
+use holdfast_client::compress::CompressedState;
+pub(super) use holdfast_client::conn::stream_of;
 
 /// What holdfast knows of a session, as one process hands it to the next (JSON on the
 /// hand-over channel, with the client's and the backend's sockets beside it).
@@ -100,6 +89,11 @@ pub struct CarriedSession {
     /// Bytes read from each socket and not used yet (a request's start).
     client_unread: Vec<u8>,
     backend_unread: Vec<u8>,
+    /// Under the compressed protocol, each stream's compression state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    client_compressed: Option<CompressedState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    backend_compressed: Option<CompressedState>,
 }
 
 impl CarriedSession {
@@ -192,9 +186,6 @@ impl Session {
         if self.record.status & SERVER_STATUS_IN_TRANS != 0 || self.txn_log.is_some() {
             return Some("a transaction is open");
         }
-        if self.capabilities & CLIENT_COMPRESS != 0 {
-            return Some("compression");
-        }
         if !self.client.can_take_socket() {
             return Some("the client's TLS state cannot be taken now");
         }
@@ -265,7 +256,9 @@ impl Session {
             backend,
             readers,
         } = handed;
-        let put = |conn: &mut PacketConn, socket, tls, unread: &[u8]| match stream_of(socket, tls) {
+        let put = |conn: &mut PacketConn, socket, tls, compressed, unread: &[u8]| match stream_of(
+            socket, tls, compressed,
+        ) {
             Ok(stream) => {
                 conn.replace_stream(stream);
                 conn.rbuf.extend_from_slice(unread);
@@ -276,6 +269,7 @@ impl Session {
             &mut self.client,
             client,
             carried.client_tls.take(),
+            carried.client_compressed.take(),
             &carried.client_unread,
         );
         if let Some(backend) = backend {
@@ -284,6 +278,7 @@ impl Session {
                 &mut self.backend.conn,
                 backend,
                 tls,
+                carried.backend_compressed.take(),
                 &carried.backend_unread,
             );
         }
@@ -326,20 +321,25 @@ impl Session {
             }
             None => (None, Vec::new()),
         };
-        let (client, client_tls, client_unread) = self.client.take_socket()?;
+        let holdfast_client::conn::TakenSocket {
+            socket: client,
+            tls: client_tls,
+            compressed: client_compressed,
+            unread: client_unread,
+        } = self.client.take_socket()?;
         // A backend connection whose TLS state cannot be taken stays, and is closed as the
         // session ends here (the new process logs in again).
         let taken = match self.backend.conn.can_take_socket() {
             true => self.backend.conn.take_socket(),
             false => None,
         };
-        let (backend, backend_tls, backend_unread) = match taken {
-            Some((socket, tls, unread)) => {
+        let (backend, backend_tls, backend_compressed, backend_unread) = match taken {
+            Some(t) => {
                 // Nothing may be said on the connection the new process continues.
                 self.backend.quit_on_drop = false;
-                (Some(socket), tls, unread)
+                (Some(t.socket), t.tls, t.compressed, t.unread)
             }
-            None => (None, None, Default::default()),
+            None => (None, None, None, Default::default()),
         };
         self.captured.last_insert_id = self.record.last_insert_id;
         let carried = CarriedSession {
@@ -384,6 +384,8 @@ impl Session {
             commands: self.info.commands.load(Ordering::Relaxed),
             client_unread: client_unread.to_vec(),
             backend_unread: backend_unread.to_vec(),
+            client_compressed,
+            backend_compressed,
         };
         Some(HandedSession {
             carried: Box::new(carried),
@@ -441,14 +443,16 @@ impl Session {
             commands,
             client_unread,
             backend_unread,
+            client_compressed,
+            backend_compressed,
         } = carried;
         let tls = (client_tls.is_some(), backend_tls.is_some());
         let replicas = readers.len();
-        let mut client = PacketConn::new(stream_of(client, client_tls)?);
+        let mut client = PacketConn::new(stream_of(client, client_tls, client_compressed)?);
         client.rbuf.extend_from_slice(&client_unread);
         let backend_dead = backend.is_none();
         let mut conn = match backend {
-            Some(socket) => PacketConn::new(stream_of(socket, backend_tls)?),
+            Some(socket) => PacketConn::new(stream_of(socket, backend_tls, backend_compressed)?),
             // Logged in again before the session goes on (`run_resumed`).
             None => PacketConn::new(Box::new(tokio::io::duplex(1).0)),
         };

@@ -16,6 +16,7 @@ use crate::registry::SessionInfo;
 use crate::state::Blocker;
 use crate::upgrade::{HandedRelay, SessionChannel};
 use crate::Shared;
+use holdfast_client::compress::CompressedState;
 use holdfast_client::tls_resume::TlsState;
 use serde::{Deserialize, Serialize};
 use std::future::poll_fn;
@@ -71,6 +72,11 @@ pub struct CarriedRelay {
     /// Read from each side and not relayed yet (the plaintext of a TLS stream).
     client_unread: Vec<u8>,
     backend_unread: Vec<u8>,
+    /// Under the compressed protocol, each stream's compression state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    client_compressed: Option<CompressedState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    backend_compressed: Option<CompressedState>,
 }
 
 impl std::fmt::Debug for CarriedRelay {
@@ -177,23 +183,25 @@ async fn hand_over(
     if !client.can_take_socket() || !backend.can_take_socket() {
         return Err(relay);
     }
-    let Some((client_socket, client_tls, client_unread)) = client.take_socket() else {
+    let Some(c) = client.take_socket() else {
         return Err(relay);
     };
-    let Some((backend_socket, backend_tls, backend_unread)) = backend.take_socket() else {
-        put_back(client, client_socket, client_tls, &client_unread);
+    let Some(b) = backend.take_socket() else {
+        put_back(client, c.socket, c.tls, c.compressed, &c.unread);
         return Err(relay);
     };
     let handed = HandedRelay {
         carried: CarriedRelay {
             relay,
-            client_tls,
-            backend_tls,
-            client_unread: client_unread.to_vec(),
-            backend_unread: backend_unread.to_vec(),
+            client_tls: c.tls,
+            backend_tls: b.tls,
+            client_unread: c.unread.to_vec(),
+            backend_unread: b.unread.to_vec(),
+            client_compressed: c.compressed,
+            backend_compressed: b.compressed,
         },
-        client: client_socket,
-        backend: backend_socket,
+        client: c.socket,
+        backend: b.socket,
     };
     let id = handed.carried.relay.id;
     match channel.send_relay(handed).await {
@@ -211,12 +219,14 @@ async fn hand_over(
                 client,
                 returned.client,
                 c.client_tls.take(),
+                c.client_compressed.take(),
                 &c.client_unread,
             );
             put_back(
                 backend,
                 returned.backend,
                 c.backend_tls.take(),
+                c.backend_compressed.take(),
                 &c.backend_unread,
             );
             Err(returned.carried.relay)
@@ -228,9 +238,10 @@ fn put_back(
     conn: &mut PacketConn,
     socket: std::net::TcpStream,
     tls: Option<TlsState>,
+    compressed: Option<CompressedState>,
     unread: &[u8],
 ) {
-    match stream_of(socket, tls) {
+    match stream_of(socket, tls, compressed) {
         Ok(stream) => {
             conn.replace_stream(stream);
             conn.rbuf.extend_from_slice(unread);
@@ -252,10 +263,12 @@ pub(crate) async fn resume(
         backend_tls,
         client_unread,
         backend_unread,
+        client_compressed,
+        backend_compressed,
     } = carried;
     let (id, peer) = (relay.id, relay.peer);
-    let conns =
-        stream_of(client, client_tls).and_then(|c| Ok((c, stream_of(backend, backend_tls)?)));
+    let conns = stream_of(client, client_tls, client_compressed)
+        .and_then(|c| Ok((c, stream_of(backend, backend_tls, backend_compressed)?)));
     let (client, backend) = match conns {
         Ok(c) => c,
         Err(e) => {

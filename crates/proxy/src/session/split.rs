@@ -2063,6 +2063,8 @@ pub(super) struct CarriedReader {
     mariadb_caps: u32,
     pub tls: Option<holdfast_client::tls_resume::TlsState>,
     unread: Vec<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    compressed: Option<holdfast_client::compress::CompressedState>,
     state_version: u64,
     types: VariableTypes,
     statements: Vec<(u32, u32, bool)>,
@@ -2094,7 +2096,13 @@ impl Split {
         let mut readers = Vec::new();
         let mut sockets = Vec::new();
         for mut r in std::mem::take(&mut self.readers) {
-            let Some((socket, tls, unread)) = r.conn.conn.take_socket() else {
+            let Some(holdfast_client::conn::TakenSocket {
+                socket,
+                tls,
+                compressed,
+                unread,
+            }) = r.conn.conn.take_socket()
+            else {
                 // (Checked before: not expected.) The replica side starts over.
                 self.forget_last();
                 self.found_rows.keep_if(|_| false);
@@ -2112,6 +2120,7 @@ impl Split {
                 mariadb_caps: r.conn.mariadb_caps,
                 tls,
                 unread: unread.to_vec(),
+                compressed,
                 state_version: r.state_version,
                 types: std::mem::take(&mut r.types),
                 statements: r
@@ -2152,7 +2161,11 @@ impl Split {
         split.read_only_on_primary = carried.read_only_on_primary;
         split.found_rows = FoundRows::from_carried(carried.found_rows);
         for (r, socket) in carried.readers.into_iter().zip(sockets) {
-            let mut conn = crate::conn::PacketConn::new(super::handover::stream_of(socket, r.tls)?);
+            let mut conn = crate::conn::PacketConn::new(super::handover::stream_of(
+                socket,
+                r.tls,
+                r.compressed,
+            )?);
             conn.rbuf.extend_from_slice(&r.unread);
             // The node's load counter as this process's topology has it (a fresh one until
             // its monitor's first round names the node).

@@ -327,8 +327,14 @@ impl Upgrader {
         let shared = shared.clone();
         tokio::spawn(async move {
             let status = child.wait().await;
-            if took_over.is_some() && *shared.upgrader.handed_over.borrow() == took_over {
+            // A new process that exits cleanly was stopped, or handed over in turn to a
+            // newer one (which serves now): this one does not come back then, only after
+            // a crash or a kill.
+            let died = !status.as_ref().is_ok_and(|s| s.success());
+            if died && took_over.is_some() && *shared.upgrader.handed_over.borrow() == took_over {
                 shared.upgrader.serve_again(&shared, status);
+            } else if took_over.is_some() {
+                tracing::info!(status = ?status, "upgrade: the process this one handed over to exited cleanly");
             }
         });
         outcome
