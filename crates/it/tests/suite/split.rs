@@ -1913,3 +1913,36 @@ fn a_comment_after_the_last_semicolon_is_a_statement_of_its_own() {
     ];
     same_as_directly(&h, &steps);
 }
+
+/// Found by the fuzzer (seed 2043 session 976): MariaDB's read-only state after `SET
+/// autocommit = 1` ended a read-only transaction ends with the next statement that opens
+/// a table (a read in autocommit mode commits; tried: `SELECT 1` does not, a read of a
+/// missing table does not). Such a read ran on a replica, and the primary refused the
+/// writes after it (1792) where the server took them. While that state lasts, statements
+/// run on the primary.
+#[test]
+fn the_read_only_state_after_autocommit_ends_where_the_server_ends_it() {
+    use holdfast_it::differential::q;
+    let h = split_harness(|_| {});
+    table_t_everywhere(&h);
+    let steps = vec![
+        q("/* plain */ SELECT RELEASE_LOCK('fz_a'); START TRANSACTION READ ONLY"),
+        q("SET @@session.autocommit = 0"),
+        q("SET autocommit = 1"),
+        q("SELECT 1"),
+        q("UPDATE t SET v = v WHERE id = 9"),
+        q("WITH c AS (SELECT id FROM t) SELECT COUNT(*) FROM c"),
+        q("UPDATE t SET v = v WHERE id = 9"),
+        q("DELETE FROM t WHERE id > 100"),
+        // The same with a read-only transaction begun while the state lasts.
+        q("SET autocommit = 0"),
+        q("START TRANSACTION READ ONLY"),
+        q("SET autocommit = 1"),
+        q("START TRANSACTION READ ONLY"),
+        q("SELECT COUNT(*) FROM t"),
+        q("COMMIT"),
+        q("UPDATE t SET v = v WHERE id = 9"),
+        q("SELECT COUNT(*) FROM t"),
+    ];
+    same_as_directly(&h, &steps);
+}

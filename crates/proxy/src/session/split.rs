@@ -1354,7 +1354,10 @@ impl Session {
             // In `information_schema` (or another schema of the server's own), unqualified
             // names are views of the server's state (`SELECT * FROM PROCESSLIST`).
             ReadRoute::Primary
-        } else if read_only_start && self.record.blocker().is_none() && !split.read_only_on_primary
+        } else if read_only_start
+            && self.record.blocker().is_none()
+            && !split.read_only_on_primary
+            && !self.record.read_only_lingers
         {
             split.read_only_start = true;
             ReadRoute::Replica
@@ -1365,6 +1368,10 @@ impl Session {
             // Code holdfast does not see into changed the session (a procedure made a
             // temporary table, say): until a capture tells what, it is the primary's.
             || self.record.opaque_change
+            // MariaDB's read-only state after `SET autocommit = 1` ended a read-only
+            // transaction: the primary's statements end it as the server's would (a
+            // read of a table does; seed 2043 session 976), so all run there.
+            || self.record.read_only_lingers
         {
             // Inside a transaction, or about to open one (autocommit off), or holding what
             // lives on the primary connection; or with next-transaction characteristics
