@@ -1219,3 +1219,107 @@ fn compressed_sessions_are_handed_over() {
     }
     assert_eq!(status(&config)["generation"], 3);
 }
+
+/// The `mariadb` CLI over TLS 1.2 and over TLS 1.3 (OpenSSL on its side), one statement at
+/// a time on its standard input, across two upgrades: the same connection, its state, the
+/// same server thread; it never reconnects (`--skip-reconnect`).
+#[test]
+fn the_mariadb_cli_over_tls_keeps_its_session_across_two_upgrades() {
+    use std::io::{BufRead, Write};
+    let served = Served::start("cli", "1", None);
+    let (config, base, log) = (served.config.clone(), served.base, served.log.clone());
+    let mut procs = served.procs;
+    let dir = config.parent().expect("the lab's directory").to_path_buf();
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    struct Cli {
+        child: Child,
+        stdin: std::process::ChildStdin,
+        lines: std::sync::mpsc::Receiver<String>,
+    }
+    impl Drop for Cli {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+    let spawn = |version: &str| -> Cli {
+        let mut child = std::process::Command::new("mariadb")
+            .args(["--host", "127.0.0.1", "--port", &base.to_string()])
+            .args([
+                "--user",
+                "app",
+                "--password=app_pass",
+                "--database",
+                "sbtest",
+            ])
+            .arg(format!("--ssl-ca={}", dir.join("tls/ca.pem").display()))
+            .arg(format!("--tls-version={version}"))
+            .args([
+                "--batch",
+                "--skip-column-names",
+                "--unbuffered",
+                "--skip-reconnect",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the mariadb CLI");
+        let stdin = child.stdin.take().expect("its stdin");
+        let stdout = child.stdout.take().expect("its stdout");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                match line {
+                    Ok(l) => {
+                        if tx.send(l).is_err() {
+                            return;
+                        }
+                    }
+                    Err(_) => return,
+                }
+            }
+        });
+        Cli {
+            child,
+            stdin,
+            lines,
+        }
+    };
+    let ask = |cli: &mut Cli, sql: &str| -> String {
+        writeln!(cli.stdin, "{sql}").expect("a statement to the CLI");
+        cli.stdin.flush().expect("flush");
+        cli.lines
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|e| panic!("no answer to {sql}: {e}\n{}", read_log()))
+    };
+    let mut clis = [("TLSv1.2", spawn("TLSv1.2")), ("TLSv1.3", spawn("TLSv1.3"))];
+    let mut before = Vec::new();
+    for (version, cli) in clis.iter_mut() {
+        ask(cli, &format!("SET @kept = '{version}'; SELECT 'set';"));
+        before.push(ask(cli, "SELECT CONNECTION_ID(), @kept;"));
+    }
+    let handed = || {
+        read_log()
+            .matches("session handed over from the previous process")
+            .count()
+    };
+    for round in 1..=2usize {
+        upgrade(&config, &mut procs, &log);
+        holdfast_lab::wait_for(
+            "the CLI sessions in the new process",
+            Duration::from_secs(30),
+            || (handed() >= 2 * round).then_some(()),
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", read_log()));
+        for ((_, cli), was) in clis.iter_mut().zip(&before) {
+            assert_eq!(
+                &ask(cli, "SELECT CONNECTION_ID(), @kept;"),
+                was,
+                "{}",
+                read_log()
+            );
+        }
+    }
+    assert_eq!(status(&config)["generation"], 3);
+}
