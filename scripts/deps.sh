@@ -15,6 +15,9 @@ command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || need+=(nftables)
 command -v python3 >/dev/null 2>&1 || need+=(python3 python3-pip)
 # systemd-analyze checks the packaged unit (packaging/holdfast.service).
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+# An idle JDBC connection across upgrades (crates/holdfast/tests/upgrade.rs).
+command -v javac >/dev/null 2>&1 || need+=(default-jdk-headless)
+[ -f /usr/share/java/mariadb-java-client.jar ] || need+=(libmariadb-java)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing OS packages: ${need[*]}"
   SUDO=""

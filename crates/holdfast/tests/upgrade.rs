@@ -1323,3 +1323,92 @@ fn the_mariadb_cli_over_tls_keeps_its_session_across_two_upgrades() {
     }
     assert_eq!(status(&config)["generation"], 3);
 }
+
+/// An idle pooled JDBC connection (MariaDB Connector/J, over TLS, a server-side prepared
+/// statement) across two upgrades: the same connection id, its state, its statement.
+#[test]
+fn an_idle_jdbc_connection_keeps_its_session_across_two_upgrades() {
+    use std::io::{BufRead, Write};
+    let jar = Path::new("/usr/share/java/mariadb-java-client.jar");
+    assert!(
+        jar.exists(),
+        "{} is missing: scripts/deps.sh installs libmariadb-java",
+        jar.display()
+    );
+    let served = Served::start("jdbc", "1", None);
+    let (config, base, log) = (served.config.clone(), served.base, served.log.clone());
+    let mut procs = served.procs;
+    let dir = config.parent().expect("the lab's directory").to_path_buf();
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/java/UpgradeIdle.java");
+    let classes = dir.join("java");
+    std::fs::create_dir_all(&classes).expect("a class directory");
+    let out = run(std::process::Command::new("javac")
+        .arg("-cp")
+        .arg(jar)
+        .arg("-d")
+        .arg(&classes)
+        .arg(&source));
+    assert!(
+        out.status.success(),
+        "javac: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut child = std::process::Command::new("java")
+        .arg("-cp")
+        .arg(format!("{}:{}", classes.display(), jar.display()))
+        .arg("UpgradeIdle")
+        .arg(base.to_string())
+        .arg(dir.join("tls/ca.pem"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("java");
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut stdin = child.stdin.take().expect("stdin");
+    let stdout = child.stdout.take().expect("stdout");
+    let _child = Kill(child);
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let next = || {
+        lines
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("no line from the JDBC client: {e}\n{}", read_log()))
+    };
+    let first = next();
+    assert!(first.ends_with(" jdbc +05:00 42"), "{first}");
+    let handed = || {
+        read_log()
+            .matches("session handed over from the previous process")
+            .count()
+    };
+    for round in 1..=2usize {
+        upgrade(&config, &mut procs, &log);
+        holdfast_lab::wait_for(
+            "the JDBC session in the new process",
+            Duration::from_secs(30),
+            || (handed() >= round).then_some(()),
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", read_log()));
+        writeln!(stdin, "check").expect("to the JDBC client");
+        stdin.flush().expect("flush");
+        assert_eq!(next(), first, "{}", read_log());
+    }
+    assert_eq!(status(&config)["generation"], 3);
+}
