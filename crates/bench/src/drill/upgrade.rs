@@ -62,6 +62,7 @@ pub fn run(args: &DrillArgs, holdfast: &Path) -> Result<()> {
     let writes = sysbench("oltp_read_write", main, args.threads / 2)?;
     let points = sysbench("oltp_point_select", split, args.threads - args.threads / 2)?;
     let connector = Connector::start(&lab, [main, split]);
+    let pingers = [Pinger::start(&lab, main)?, Pinger::start(&lab, split)?];
     let start = Instant::now();
     let mut helpers: Vec<Helper> = Vec::new();
     let mut events = Vec::new();
@@ -89,6 +90,8 @@ pub fn run(args: &DrillArgs, holdfast: &Path) -> Result<()> {
     let writes = writes.wait_with_output()?;
     let points = points.wait_with_output()?;
     let (made, failed, errors) = connector.finish();
+    let pinged: Vec<(u64, Duration, Option<String>)> =
+        pingers.into_iter().map(Pinger::finish).collect();
     let last = admin::status(&admin)?;
     println!();
     println!("listener   test               threads   transactions   errors (ignored/fatal)   reconnects   max latency   longest stall");
@@ -124,6 +127,18 @@ pub fn run(args: &DrillArgs, holdfast: &Path) -> Result<()> {
             None => String::new(),
         }
     );
+    for ((name, _), (statements, longest, error)) in
+        [("main", main), ("split", split)].iter().zip(&pinged)
+    {
+        println!(
+            "a session open throughout ({name} listener, `SELECT 1` every 5 ms): {statements} statements, longest {:.1} ms{}",
+            longest.as_secs_f64() * 1000.0,
+            match error {
+                Some(e) => format!(", failed: {e}"),
+                None => String::new(),
+            }
+        );
+    }
     for e in &events {
         println!("{e}");
     }
@@ -158,7 +173,55 @@ pub fn run(args: &DrillArgs, holdfast: &Path) -> Result<()> {
     if failed > 0 {
         bail!("{failed} new connections failed during the upgrades");
     }
+    if let Some(e) = pinged.iter().find_map(|p| p.2.as_ref()) {
+        bail!("a session open throughout failed: {e}");
+    }
     Ok(())
+}
+
+/// One session open throughout, a `SELECT 1` every 5 ms: the longest any statement took
+/// (the stall a session sees while it is handed over).
+struct Pinger {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<(u64, Duration, Option<String>)>,
+}
+
+impl Pinger {
+    fn start(lab: &LabStatus, port: u16) -> Result<Pinger> {
+        let opts = mysql::OptsBuilder::new()
+            .ip_or_hostname(Some("127.0.0.1"))
+            .tcp_port(port)
+            .user(Some(lab.app_user.clone()))
+            .pass(Some(lab.app_password.clone()))
+            .prefer_socket(false);
+        let mut conn = mysql::Conn::new(opts).context("a session for the pinger")?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let (mut statements, mut longest) = (0u64, Duration::ZERO);
+                while !stop.load(Ordering::Relaxed) {
+                    let t = Instant::now();
+                    match conn.query_first::<u32, _>("SELECT 1") {
+                        Ok(Some(1)) => {}
+                        other => return (statements, longest, Some(format!("{other:?}"))),
+                    }
+                    longest = longest.max(t.elapsed());
+                    statements += 1;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                (statements, longest, None)
+            })
+        };
+        Ok(Pinger { stop, thread })
+    }
+
+    fn finish(self) -> (u64, Duration, Option<String>) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .join()
+            .unwrap_or((0, Duration::ZERO, Some("the pinger panicked".into())))
+    }
 }
 
 /// Puts a copy of `from` at `to` the way a package manager does: a new file renamed over
