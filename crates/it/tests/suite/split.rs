@@ -1946,3 +1946,34 @@ fn the_read_only_state_after_autocommit_ends_where_the_server_ends_it() {
     ];
     same_as_directly(&h, &steps);
 }
+
+/// Found by the fuzzer (seed 2043 session 1872): in a read-only transaction on a replica
+/// that cannot move (a `SET NAMES` since changes a read's answer), a multi-statement whose
+/// write the server refuses (1792) after an `UNLOCK TABLES` that does nothing cost the
+/// transaction (1213), and the writes after went in. The server's answers, whatever
+/// follows the refused statement.
+#[test]
+fn writes_refused_in_a_read_only_transaction_on_a_replica_do_not_cost_it() {
+    use holdfast_it::differential::q;
+    let h = split_harness(|_| {});
+    table_t_everywhere(&h);
+    let steps = vec![
+        // Writes the server refuses in the transaction (1792), after a setting and an
+        // `UNLOCK TABLES` that does nothing (seed 2043 session 1872), and before a text
+        // holdfast cannot read for sure.
+        q("START TRANSACTION READ ONLY"),
+        q("SELECT CONCAT('v', v) FROM t WHERE id = 2"),
+        q("SET NAMES latin1"),
+        q("UNLOCK TABLES; CREATE TEMPORARY TABLE tt (a INT PRIMARY KEY); CREATE TEMPORARY TABLE tt AS SELECT id AS a FROM t"),
+        q("SET @w = 1; INSERT INTO t (id, v) VALUES (33, 1); /*!100000 /* nested? */ SELECT 1 */"),
+        q("SELECT @w, @@in_transaction"),
+        q("SHOW ERRORS"),
+        q("DELETE FROM t WHERE id = 1; SELECT 1"),
+        q("CREATE TEMPORARY TABLE IF NOT EXISTS tt (a INT PRIMARY KEY)"),
+        q("SELECT CONCAT('v', v) FROM t WHERE id = 2"),
+        q("COMMIT"),
+        q("SET NAMES utf8mb4"),
+        q("SELECT id FROM t WHERE id >= 30 ORDER BY id"),
+    ];
+    same_as_directly(&h, &steps);
+}

@@ -502,16 +502,26 @@ fn has_subquery(sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
 /// read it for sure (the statements after may be texts it cannot).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Opening {
-    /// Its first statement is one the server refuses inside any transaction that is not
-    /// XA: the whole stops there, with no effect.
-    Refused,
+    /// Plain settings (or nothing), then (statement `at`) one the server refuses inside
+    /// the read-only transaction: the whole stops there, the settings made.
+    Refused(usize),
     /// Plain settings, then (statement `at`) the end of the transaction: nothing reads in
     /// the transaction before it ends.
     EndsAt(usize),
     Unknown,
 }
 
-fn multi_opening(sql: &[u8], mode: holdfast_sql::SqlMode, server: holdfast_sql::Server) -> Opening {
+/// `no_temporary_tables`: the session has none (nor code that may have made one), so
+/// the server refuses its writes in a read-only transaction (see
+/// [`refused_in_a_read_only_transaction`]). Should that be wrong, the text still runs on
+/// the primary for real, and what it changed is looked at after it
+/// ([`Session::pinned_on_primary`]).
+fn multi_opening(
+    sql: &[u8],
+    mode: holdfast_sql::SqlMode,
+    server: holdfast_sql::Server,
+    no_temporary_tables: bool,
+) -> Opening {
     for (at, r) in holdfast_sql::Statements::for_server(sql, mode, server).enumerate() {
         let stmt = &sql[r];
         let flags = holdfast_sql::classify_for(stmt, mode, server);
@@ -519,28 +529,49 @@ fn multi_opening(sql: &[u8], mode: holdfast_sql::SqlMode, server: holdfast_sql::
         if flags.has(C::UNCERTAIN) {
             return Opening::Unknown;
         }
-        if at == 0 && refused_in_a_transaction(flags, stmt, mode) {
-            return Opening::Refused;
+        if refused_in_a_read_only_transaction(flags, stmt, mode, no_temporary_tables) {
+            return Opening::Refused(at);
         }
         if flags.has(C::END_TXN) {
             return Opening::EndsAt(at);
         }
-        if !plain_setting(flags, stmt, mode) {
+        // (No table is locked in a pinned transaction: `LOCK TABLES` commits it. An
+        // `UNLOCK TABLES` then does nothing.)
+        let unlock = flags.has(C::UNLOCK_TABLES) && !flags.has(C::LOCK_TABLES);
+        if !plain_setting(flags, stmt, mode) && !unlock {
             return Opening::Unknown;
         }
     }
     Opening::Unknown
 }
 
-/// Whether the server refuses `stmt` inside a transaction that is not XA, whatever it
-/// names: every `XA` statement but `XA RECOVER` (1400 `XAER_OUTSIDE`, 1399 `XAER_RMFAIL`;
-/// tried on MariaDB 10.11).
-fn refused_in_a_transaction(flags: C, stmt: &[u8], mode: holdfast_sql::SqlMode) -> bool {
+/// Whether the server refuses `stmt` inside a read-only transaction, with no effect
+/// (tried on MariaDB 10.11): every `XA` statement but `XA RECOVER` (1400 `XAER_OUTSIDE`,
+/// 1399 `XAER_RMFAIL`: inside any transaction that is not XA), `CREATE` and `DROP
+/// TEMPORARY TABLE` (1792), and, in a session without temporary tables, `INSERT`,
+/// `REPLACE`, `UPDATE` and `DELETE` (1792: a temporary table takes writes).
+fn refused_in_a_read_only_transaction(
+    flags: C,
+    stmt: &[u8],
+    mode: holdfast_sql::SqlMode,
+    no_temporary_tables: bool,
+) -> bool {
     let mut words = holdfast_sql::Lexer::with_mode(stmt, mode)
         .filter(|t| t.kind == holdfast_sql::TokenKind::Word);
-    flags.has(C::XA)
-        && words.next().is_some_and(|w| w.is_word("XA"))
-        && !words.next().is_some_and(|w| w.is_word("RECOVER"))
+    let first = words.next();
+    if flags.has(C::XA) {
+        return first.is_some_and(|w| w.is_word("XA"))
+            && !words.next().is_some_and(|w| w.is_word("RECOVER"));
+    }
+    if flags.intersects(C::CREATE_TEMP_TABLE.union(C::DROP_TEMP_TABLE)) {
+        return true;
+    }
+    no_temporary_tables
+        && first.is_some_and(|w| {
+            ["INSERT", "REPLACE", "UPDATE", "DELETE"]
+                .iter()
+                .any(|k| w.is_word(k))
+        })
 }
 
 /// Statements a read-only transaction pinned to a replica is given up for (1213): code
@@ -647,9 +678,13 @@ impl Session {
             // on the primary beside the pinned transaction: the server's answer, and the
             // transaction ends there if it ends (seed 2041 session 177, seed 2042 session
             // 1138).
-            match multi_opening(sql, mode, server) {
-                Opening::Refused => return Some(Pinned::Primary(C::EMPTY)),
-                Opening::EndsAt(_) => return Some(Pinned::Primary(flags)),
+            // A transaction is pinned only without temporary tables, and none can be
+            // made in it (1792) but by code holdfast does not see into. (The record's
+            // flag may say so after a refused `CREATE TEMPORARY TABLE`: it is noted
+            // before it runs.)
+            let no_temporary_tables = !self.record.opaque_change;
+            match multi_opening(sql, mode, server, no_temporary_tables) {
+                Opening::Refused(_) | Opening::EndsAt(_) => return Some(Pinned::Primary(flags)),
                 Opening::Unknown => {}
             }
         }
@@ -870,15 +905,18 @@ impl Session {
             }
             _ => Vec::new(),
         };
-        // Where a multi-statement ends the transaction, if it does before it reads.
-        let ends_at = match query_sql(&request) {
-            Some(sql) if flags.has(C::MULTI) && flags.has(C::END_TXN) => {
+        // Where a multi-statement ends the transaction, if it does before it reads, or
+        // where the server refuses it.
+        let opening = match query_sql(&request) {
+            Some(sql) if flags.has(C::MULTI) => {
                 let mode = self.record.sql_mode.unwrap_or_default();
-                match multi_opening(sql, mode, self.server()) {
-                    Opening::EndsAt(at) => Some(at),
-                    _ => None,
-                }
+                let no_temporary_tables = !self.record.opaque_change;
+                multi_opening(sql, mode, self.server(), no_temporary_tables)
             }
+            _ => Opening::Unknown,
+        };
+        let ends_at = match opening {
+            Opening::EndsAt(at) => Some(at),
             _ => None,
         };
         if !self
@@ -889,6 +927,7 @@ impl Session {
         }
         let version = self.record.state_version;
         let opaque = self.record.opaque_change;
+        let unattributable = self.opaque_unattributable;
         if let Some(split) = self.split.as_mut() {
             split.probing = true;
         }
@@ -907,6 +946,14 @@ impl Session {
         };
         // (`COMMIT AND CHAIN` leaves a read-only transaction open: a new one.)
         let ended = ends_at.is_some_and(|at| at < ran);
+        if matches!(opening, Opening::Refused(at) if at == ran) {
+            // It stopped at the statement the server refuses, as foreseen: what follows
+            // it (code holdfast cannot read for sure, say) did not run, and the state
+            // change the server reported is the settings' before it (made on the
+            // replica's connection below, captured as always).
+            self.record.opaque_change = opaque;
+            self.opaque_unattributable = unattributable;
+        }
         let status = self.record.status;
         let left = status & SERVER_STATUS_IN_TRANS == 0
             || status & SERVER_STATUS_IN_TRANS_READONLY == 0
