@@ -77,18 +77,6 @@ fn sigterm_while_frozen_thaws_the_server() {
         .args(["pause", "--tier", "freeze"]));
     assert!(paused.status.success(), "{paused:?}");
     assert!(status_text(&config).contains("paused (freeze)"));
-    // An upgrade of holdfast is refused with [serverless] (the instance's lifecycle is not
-    // handed over yet), and changes nothing.
-    let upgrade = run(holdfast()
-        .args(["ctl", "--config"])
-        .arg(&config)
-        .arg("upgrade"));
-    assert!(!upgrade.status.success(), "{upgrade:?}");
-    assert!(
-        String::from_utf8_lossy(&upgrade.stderr).contains("not yet possible with [serverless]"),
-        "{upgrade:?}"
-    );
-    assert!(status_text(&config).contains("paused (freeze)"));
 
     let term = run(Command::new("kill").args(["-TERM", &served.id().to_string()]));
     assert!(term.status.success());
