@@ -1836,6 +1836,10 @@ impl Session {
         }
         self.record.status &= !holdfast_wire::caps::SERVER_STATUS_IN_TRANS;
         self.shared.metrics.requests_failed_on_backend_loss.inc();
+        // A transaction lost with its connection and not run again elsewhere, counted as
+        // one lost on the primary is (the chaos drill's checker matches the clients'
+        // 1213s with these counters).
+        self.shared.metrics.replay("not_replayable");
         let seq = super::reply::reply_seq(request);
         self.send_error(seq, &crate::error::ClientError::transaction_rolled_back())
             .await?;
