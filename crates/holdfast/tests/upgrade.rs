@@ -98,6 +98,16 @@ fn upgrade(config: &Path, procs: &mut Processes, log: &Path) -> u32 {
     pid
 }
 
+/// Waits until the processes' shared log names at least `count` sessions taken over
+/// (lines holding `needle`).
+fn wait_handed(log: &Path, needle: &str, count: usize, what: &str) {
+    let read_log = || std::fs::read_to_string(log).unwrap_or_default();
+    holdfast_lab::wait_for(what, Duration::from_secs(30), || {
+        (read_log().matches(needle).count() >= count).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", read_log()));
+}
+
 /// A lab (`replicas` replicas) in a directory of this test's own, and `holdfast serve`
 /// on it (from `exe`, or the built binary), serving once this returns. The lab is stopped
 /// and deleted after the processes.
@@ -1127,19 +1137,14 @@ fn pass_through_sessions_are_handed_over() {
             Ok::<u64, mysql::Error>(done)
         })
     };
-    let handed = || {
-        read_log()
-            .matches("pass-through session handed over from the previous process")
-            .count()
-    };
     for round in 1..=2usize {
         upgrade(&config, &mut procs, &log);
-        holdfast_lab::wait_for(
+        wait_handed(
+            &log,
+            "pass-through session handed over from the previous process",
+            3 * round,
             "the pass-through sessions in the new process",
-            Duration::from_secs(30),
-            || (handed() >= 3 * round).then_some(()),
-        )
-        .unwrap_or_else(|e| panic!("{e}\n{}", read_log()));
+        );
         for (c, was) in idle.iter_mut().zip(&before) {
             assert_eq!(&id_and_state(c), was, "{}", read_log());
         }
@@ -1198,19 +1203,14 @@ fn compressed_sessions_are_handed_over() {
         stmts.push(c.prep("SELECT ? + 1").expect("prepare"));
         before.push(state(c));
     }
-    let handed = || {
-        read_log()
-            .matches("session handed over from the previous process")
-            .count()
-    };
     for round in 1..=2usize {
         upgrade(&config, &mut procs, &log);
-        holdfast_lab::wait_for(
+        wait_handed(
+            &log,
+            "session handed over from the previous process",
+            2 * round,
             "the compressed sessions in the new process",
-            Duration::from_secs(30),
-            || (handed() >= 2 * round).then_some(()),
-        )
-        .unwrap_or_else(|e| panic!("{e}\n{}", read_log()));
+        );
         for ((c, was), stmt) in conns.iter_mut().zip(&before).zip(&stmts) {
             assert_eq!(&state(c), was, "{}", read_log());
             let n: Option<i64> = c.exec_first(stmt, (41,)).expect("the prepared statement");
@@ -1299,19 +1299,14 @@ fn the_mariadb_cli_over_tls_keeps_its_session_across_two_upgrades() {
         ask(cli, &format!("SET @kept = '{version}'; SELECT 'set';"));
         before.push(ask(cli, "SELECT CONNECTION_ID(), @kept;"));
     }
-    let handed = || {
-        read_log()
-            .matches("session handed over from the previous process")
-            .count()
-    };
     for round in 1..=2usize {
         upgrade(&config, &mut procs, &log);
-        holdfast_lab::wait_for(
+        wait_handed(
+            &log,
+            "session handed over from the previous process",
+            2 * round,
             "the CLI sessions in the new process",
-            Duration::from_secs(30),
-            || (handed() >= 2 * round).then_some(()),
-        )
-        .unwrap_or_else(|e| panic!("{e}\n{}", read_log()));
+        );
         for ((_, cli), was) in clis.iter_mut().zip(&before) {
             assert_eq!(
                 &ask(cli, "SELECT CONNECTION_ID(), @kept;"),
@@ -1393,19 +1388,14 @@ fn an_idle_jdbc_connection_keeps_its_session_across_two_upgrades() {
     };
     let first = next();
     assert!(first.ends_with(" jdbc +05:00 42"), "{first}");
-    let handed = || {
-        read_log()
-            .matches("session handed over from the previous process")
-            .count()
-    };
     for round in 1..=2usize {
         upgrade(&config, &mut procs, &log);
-        holdfast_lab::wait_for(
+        wait_handed(
+            &log,
+            "session handed over from the previous process",
+            round,
             "the JDBC session in the new process",
-            Duration::from_secs(30),
-            || (handed() >= round).then_some(()),
-        )
-        .unwrap_or_else(|e| panic!("{e}\n{}", read_log()));
+        );
         writeln!(stdin, "check").expect("to the JDBC client");
         stdin.flush().expect("flush");
         assert_eq!(next(), first, "{}", read_log());
