@@ -196,6 +196,15 @@ impl PacketConn {
         })
     }
 
+    /// Puts a socket taken by [`PacketConn::take_socket`] back in place (it did not go to
+    /// the other process after all): the connection continues on it as it would there.
+    pub fn put_back_socket(&mut self, taken: TakenSocket) -> io::Result<()> {
+        let stream = stream_of(taken.socket, taken.tls, taken.compressed)?;
+        self.replace_stream(stream);
+        self.rbuf.extend_from_slice(&taken.unread);
+        Ok(())
+    }
+
     /// Writes what the stream takes of `bytes` right now, without waiting (best effort,
     /// e.g. a COM_QUIT to a connection about to be dropped). Returns how many bytes went.
     pub fn try_write_now(&mut self, bytes: &[u8]) -> io::Result<usize> {

@@ -25,6 +25,7 @@ use crate::registry::SessionInfo;
 use crate::restore::Captured;
 use crate::state::SessionRecord;
 use crate::Shared;
+use holdfast_client::conn::TakenSocket;
 use holdfast_client::tls_resume::TlsState;
 use holdfast_wire::auth::PasswordHash;
 use holdfast_wire::caps::SERVER_STATUS_IN_TRANS;
@@ -256,30 +257,29 @@ impl Session {
             backend,
             readers,
         } = handed;
-        let put = |conn: &mut PacketConn, socket, tls, compressed, unread: &[u8]| match stream_of(
-            socket, tls, compressed,
-        ) {
-            Ok(stream) => {
-                conn.replace_stream(stream);
-                conn.rbuf.extend_from_slice(unread);
+        let put = |conn: &mut PacketConn, taken| {
+            if let Err(e) = conn.put_back_socket(taken) {
+                tracing::error!(error = %e, "a socket given back could not be used");
             }
-            Err(e) => tracing::error!(error = %e, "a socket given back could not be used"),
         };
         put(
             &mut self.client,
-            client,
-            carried.client_tls.take(),
-            carried.client_compressed.take(),
-            &carried.client_unread,
+            TakenSocket {
+                socket: client,
+                tls: carried.client_tls.take(),
+                compressed: carried.client_compressed.take(),
+                unread: carried.client_unread[..].into(),
+            },
         );
         if let Some(backend) = backend {
-            let tls = carried.backend_tls.take();
             put(
                 &mut self.backend.conn,
-                backend,
-                tls,
-                carried.backend_compressed.take(),
-                &carried.backend_unread,
+                TakenSocket {
+                    socket: backend,
+                    tls: carried.backend_tls.take(),
+                    compressed: carried.backend_compressed.take(),
+                    unread: carried.backend_unread[..].into(),
+                },
             );
         }
         self.backend.quit_on_drop = true;
@@ -321,7 +321,7 @@ impl Session {
             }
             None => (None, Vec::new()),
         };
-        let holdfast_client::conn::TakenSocket {
+        let TakenSocket {
             socket: client,
             tls: client_tls,
             compressed: client_compressed,

@@ -17,6 +17,7 @@ use crate::state::Blocker;
 use crate::upgrade::{HandedRelay, SessionChannel};
 use crate::Shared;
 use holdfast_client::compress::CompressedState;
+use holdfast_client::conn::TakenSocket;
 use holdfast_client::tls_resume::TlsState;
 use serde::{Deserialize, Serialize};
 use std::future::poll_fn;
@@ -187,7 +188,7 @@ async fn hand_over(
         return Err(relay);
     };
     let Some(b) = backend.take_socket() else {
-        put_back(client, c.socket, c.tls, c.compressed, &c.unread);
+        put_back(client, c);
         return Err(relay);
     };
     let handed = HandedRelay {
@@ -209,44 +210,34 @@ async fn hand_over(
             tracing::debug!(session = id, "upgrade: pass-through session handed over");
             Ok(())
         }
-        Err(mut returned) => {
+        Err(returned) => {
             tracing::warn!(
                 session = id,
                 "upgrade: the pass-through session stays in this process"
             );
-            let c = &mut returned.carried;
-            put_back(
-                client,
-                returned.client,
-                c.client_tls.take(),
-                c.client_compressed.take(),
-                &c.client_unread,
-            );
-            put_back(
-                backend,
-                returned.backend,
-                c.backend_tls.take(),
-                c.backend_compressed.take(),
-                &c.backend_unread,
-            );
-            Err(returned.carried.relay)
+            let c = returned.carried;
+            let client_side = TakenSocket {
+                socket: returned.client,
+                tls: c.client_tls,
+                compressed: c.client_compressed,
+                unread: c.client_unread[..].into(),
+            };
+            let backend_side = TakenSocket {
+                socket: returned.backend,
+                tls: c.backend_tls,
+                compressed: c.backend_compressed,
+                unread: c.backend_unread[..].into(),
+            };
+            put_back(client, client_side);
+            put_back(backend, backend_side);
+            Err(c.relay)
         }
     }
 }
 
-fn put_back(
-    conn: &mut PacketConn,
-    socket: std::net::TcpStream,
-    tls: Option<TlsState>,
-    compressed: Option<CompressedState>,
-    unread: &[u8],
-) {
-    match stream_of(socket, tls, compressed) {
-        Ok(stream) => {
-            conn.replace_stream(stream);
-            conn.rbuf.extend_from_slice(unread);
-        }
-        Err(e) => tracing::error!(error = %e, "a socket given back could not be used"),
+fn put_back(conn: &mut PacketConn, taken: TakenSocket) {
+    if let Err(e) = conn.put_back_socket(taken) {
+        tracing::error!(error = %e, "a socket given back could not be used");
     }
 }
 

@@ -356,8 +356,9 @@ pub(super) enum Pinned {
     /// which answers, then on the primary, so that both connections have it.
     Mirror,
     /// Not a plain read: runs on the primary, inside a read-only transaction of its own,
-    /// and the client gets the server's answer (1792 for a write). With its flags.
-    Primary(C),
+    /// and the client gets the server's answer (1792 for a write). With its flags, and
+    /// how it begins when it is a multi-statement.
+    Primary(C, Opening),
     /// The transaction was given up after the last statement: this one gets 1213.
     GivenUp,
     /// The client's ROLLBACK of a transaction given up: it runs on the primary as it is.
@@ -469,9 +470,13 @@ fn keeps_diagnostics_area(flags: C, sql: &[u8], mode: holdfast_sql::SqlMode) -> 
         .union(C::PREPARE_SQL)
         .union(C::DEALLOCATE_SQL);
     // `UNLOCK TABLES` too (`LOCK TABLES` opens its tables: it clears it); tried.
-    let unlock = flags.has(C::UNLOCK_TABLES) && !flags.has(C::LOCK_TABLES);
     !flags.has(C::MULTI)
-        && (settings || unlock || flags.intersects(code) || opens_no_table(sql, mode))
+        && (settings || only_unlocks(flags) || flags.intersects(code) || opens_no_table(sql, mode))
+}
+
+/// Whether a statement is `UNLOCK TABLES` alone (a `LOCK TABLES` statement counts as both).
+fn only_unlocks(flags: C) -> bool {
+    flags.has(C::UNLOCK_TABLES) && !flags.has(C::LOCK_TABLES)
 }
 
 /// Whether `sql` is a `SELECT` or `DO` without tables (`SELECT DATABASE()`, `SELECT
@@ -501,7 +506,7 @@ fn has_subquery(sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
 /// How a multi-statement begins, inside a read-only transaction, as far as holdfast can
 /// read it for sure (the statements after may be texts it cannot).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Opening {
+pub(super) enum Opening {
     /// Plain settings (or nothing), then (statement `at`) one the server refuses inside
     /// the read-only transaction: the whole stops there, the settings made.
     Refused(usize),
@@ -537,8 +542,7 @@ fn multi_opening(
         }
         // (No table is locked in a pinned transaction: `LOCK TABLES` commits it. An
         // `UNLOCK TABLES` then does nothing.)
-        let unlock = flags.has(C::UNLOCK_TABLES) && !flags.has(C::LOCK_TABLES);
-        if !plain_setting(flags, stmt, mode) && !unlock {
+        if !plain_setting(flags, stmt, mode) && !only_unlocks(flags) {
             return Opening::Unknown;
         }
     }
@@ -647,7 +651,7 @@ impl Session {
                     .map(|id| self.statements.resolve(id));
                 // Unknown to holdfast: it answers 1243 itself, as the server does.
                 let Some(s) = id.and_then(|id| self.statements.get(id)) else {
-                    return Some(Pinned::Primary(C::EMPTY));
+                    return Some(Pinned::Primary(C::EMPTY, Opening::Unknown));
                 };
                 let cursor = request
                     .get(HEADER_LEN + 5)
@@ -667,11 +671,12 @@ impl Session {
                 let flags = holdfast_sql::classify_for(sql, mode, server);
                 return match holdfast_sql::read_route(sql, flags, mode, server) {
                     ReadRoute::Replica | ReadRoute::ReplicaWithUserVariables => None,
-                    _ => Some(Pinned::Primary(C::EMPTY)),
+                    _ => Some(Pinned::Primary(C::EMPTY, Opening::Unknown)),
                 };
             }
             _ => return None,
         };
+        let mut opening = Opening::Unknown;
         if flags.has(C::MULTI) {
             // Whatever follows (even a text holdfast cannot read for sure), a text that
             // fails at its first statement, or ends the transaction before it reads, runs
@@ -683,9 +688,9 @@ impl Session {
             // flag may say so after a refused `CREATE TEMPORARY TABLE`: it is noted
             // before it runs.)
             let no_temporary_tables = !self.record.opaque_change;
-            match multi_opening(sql, mode, server, no_temporary_tables) {
-                Opening::Refused(_) | Opening::EndsAt(_) => return Some(Pinned::Primary(flags)),
-                Opening::Unknown => {}
+            opening = multi_opening(sql, mode, server, no_temporary_tables);
+            if opening != Opening::Unknown {
+                return Some(Pinned::Primary(flags, opening));
             }
         }
         if flags.intersects(LEAVES_PINNED) {
@@ -697,7 +702,7 @@ impl Session {
                 return Some(Pinned::Leave);
             }
             if !flags.intersects(SETTINGS) {
-                return Some(Pinned::Primary(flags));
+                return Some(Pinned::Primary(flags, opening));
             }
             // Plain reads and settings only: run on both connections, as one setting.
             let last_here = split.last_on.as_deref() == Some(node);
@@ -722,7 +727,7 @@ impl Session {
                 !f.intersects(SETTINGS) || plain_setting(f, stmt, mode)
             });
             return Some(match apart {
-                true => Pinned::Primary(flags),
+                true => Pinned::Primary(flags, opening),
                 false => Pinned::Leave,
             });
         }
@@ -736,9 +741,9 @@ impl Session {
                 false => Pinned::Commit,
             });
         }
-        if flags.has(C::UNLOCK_TABLES) && !flags.has(C::LOCK_TABLES) && !self.record.table_locks {
+        if only_unlocks(flags) && !self.record.table_locks {
             // Without table locks, UNLOCK TABLES commits nothing.
-            return Some(Pinned::Primary(flags));
+            return Some(Pinned::Primary(flags, opening));
         }
         if flags.has(C::IMPLICIT_COMMIT)
             || flags.has(C::BEGIN_TXN)
@@ -771,12 +776,12 @@ impl Session {
                     && self.record.last_warnings > 0
                     && opens_no_table(sql, mode) =>
             {
-                Some(Pinned::Primary(flags))
+                Some(Pinned::Primary(flags, opening))
             }
             ReadRoute::Replica | ReadRoute::ReplicaWithUserVariables => None,
             // What the last statement left is read where it ran.
             ReadRoute::LastNode if split.last_on.as_deref() == Some(node) => None,
-            _ => Some(Pinned::Primary(flags)),
+            _ => Some(Pinned::Primary(flags, opening)),
         }
     }
 
@@ -793,7 +798,9 @@ impl Session {
                 false => self.leave_pinned_transaction(reply_seq).await,
             },
             Pinned::Mirror => self.mirror_pinned(request).await,
-            Pinned::Primary(flags) => self.pinned_on_primary(request, flags).await,
+            Pinned::Primary(flags, opening) => {
+                self.pinned_on_primary(request, flags, opening).await
+            }
             Pinned::Commit => {
                 self.commit_pinned_on_primary().await;
                 Box::pin(self.forward_request(request)).await
@@ -885,7 +892,12 @@ impl Session {
     /// pinned one): the client gets what the server answers there. Writes fail there as
     /// they would (1792); what succeeds changes nothing the replica must see, or else the
     /// pinned transaction is given up after it (its next statement gets 1213).
-    async fn pinned_on_primary(&mut self, request: BytesMut, flags: C) -> Result<(), End> {
+    async fn pinned_on_primary(
+        &mut self,
+        request: BytesMut,
+        flags: C,
+        opening: Opening,
+    ) -> Result<(), End> {
         let reply_seq = super::reply::reply_seq(&request);
         // A multi-statement's settings (the plan let only plain ones through), made on the
         // replica's connection too once the whole ran.
@@ -904,16 +916,6 @@ impl Session {
                     .collect()
             }
             _ => Vec::new(),
-        };
-        // Where a multi-statement ends the transaction, if it does before it reads, or
-        // where the server refuses it.
-        let opening = match query_sql(&request) {
-            Some(sql) if flags.has(C::MULTI) => {
-                let mode = self.record.sql_mode.unwrap_or_default();
-                let no_temporary_tables = !self.record.opaque_change;
-                multi_opening(sql, mode, self.server(), no_temporary_tables)
-            }
-            _ => Opening::Unknown,
         };
         let ends_at = match opening {
             Opening::EndsAt(at) => Some(at),
