@@ -1402,3 +1402,171 @@ fn an_idle_jdbc_connection_keeps_its_session_across_two_upgrades() {
     }
     assert_eq!(status(&config)["generation"], 3);
 }
+
+/// A read that runs long on a replica.
+const LONG_READ: &str = "SELECT COUNT(*) FROM seq_1_to_100000000000 WHERE seq % 7 = 8";
+
+/// While both processes serve, a `KILL` names a session of the other: a long statement
+/// still running in the old process (on the primary, and a split session's read on the
+/// replica), killed from a new connection (which the new process takes); a session handed
+/// over, killed from a transaction left in the old process. The server's answers, as
+/// without an upgrade: `KILL QUERY` ends the statement and the session goes on; `KILL`
+/// ends the connection, its transaction rolled back; an id nobody holds gets 1094.
+#[test]
+fn a_kill_finds_its_session_in_the_other_process() {
+    let served = Served::start("kill", "1", None);
+    let (config, base, log) = (served.config.clone(), served.base, served.log.clone());
+    let mut procs = served.procs;
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let open = || session(base);
+    let mut setup = open();
+    setup
+        .query_drop("CREATE TABLE sbtest.killed (id INT PRIMARY KEY)")
+        .expect("a table");
+
+    // Stays in the old process: a statement runs across the upgrade.
+    let mut long = open();
+    let long_id = long.connection_id();
+    let sleeping = std::thread::spawn(move || {
+        let slept: Result<Option<u32>, mysql::Error> = long.query_first("SELECT SLEEP(60)");
+        (slept, long)
+    });
+    // And a split session's read on the replica.
+    let mut split_long =
+        mysql::Conn::new(mysql::Opts::from_url(&url(base + 2)).expect("url")).expect("a session");
+    let split_long_id = split_long.connection_id();
+    // (A read of a table of the sequence engine, long enough; `SLEEP` runs on the primary.
+    // The server ends it after a minute whatever happens.)
+    split_long
+        .query_drop("SET max_statement_time = 60")
+        .expect("set");
+    let split_sleeping = std::thread::spawn(move || {
+        let slept: Result<Option<u64>, mysql::Error> = split_long.query_first(LONG_READ);
+        (slept, split_long)
+    });
+    // Stay in the old process too: transactions open.
+    let mut stuck = open();
+    let stuck_id = stuck.connection_id();
+    stuck.query_drop("BEGIN").expect("begin");
+    stuck
+        .query_drop("INSERT INTO sbtest.killed VALUES (1)")
+        .expect("insert");
+    let mut killer_left = open();
+    killer_left.query_drop("BEGIN").expect("begin");
+    killer_left
+        .query_drop("INSERT INTO sbtest.killed VALUES (2)")
+        .expect("insert");
+    // Goes over.
+    let mut idle = open();
+    let idle_id = idle.connection_id();
+    idle.query_drop("SET @v = 'idle'").expect("set");
+    let dir = config.parent().expect("the lab's directory").to_path_buf();
+    let root_on = |node: &str| {
+        mysql::Conn::new(
+            mysql::OptsBuilder::new()
+                .socket(Some(dir.join(format!("{node}.sock")).display().to_string()))
+                .user(Some("root")),
+        )
+        .expect("root on a node's socket")
+    };
+    for (node, sql) in [("node1", "SELECT SLEEP(60)"), ("node2", LONG_READ)] {
+        let mut root = root_on(node);
+        wait_for(
+            "the long statements to run",
+            Duration::from_secs(30),
+            || {
+                let n: Option<u32> = root
+                    .exec_first(
+                        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO = ?",
+                        (sql,),
+                    )
+                    .expect("the processlist");
+                (n == Some(1)).then_some(())
+            },
+        );
+    }
+
+    upgrade(&config, &mut procs, &log);
+    wait_handed(
+        &log,
+        "session handed over from the previous process",
+        1,
+        "the idle session to go over",
+    );
+    assert!(
+        procs.first.try_wait().expect("try_wait").is_none(),
+        "the old process still serves what it holds"
+    );
+
+    // A new connection: the new process's.
+    let mut killer = open();
+    let unknown = killer.query_drop(format!("KILL {}", long_id + 1000));
+    assert!(
+        matches!(&unknown, Err(mysql::Error::MySqlError(e)) if e.code == 1094),
+        "an id nobody holds: {unknown:?}"
+    );
+    killer
+        .query_drop(format!("KILL QUERY {long_id}"))
+        .unwrap_or_else(|e| {
+            panic!(
+                "KILL QUERY of the old process's session: {e}\n{}",
+                read_log()
+            )
+        });
+    let (slept, mut long) = sleeping.join().expect("the sleeping thread");
+    match slept {
+        // MariaDB ends a SLEEP killed by KILL QUERY with 1, or with 1317.
+        Ok(Some(1)) => {}
+        Err(mysql::Error::MySqlError(e)) if e.code == 1317 => {}
+        other => panic!("the long statement was not interrupted: {other:?}"),
+    }
+    let one: Option<u32> = long.query_first("SELECT 1").expect("the session goes on");
+    assert_eq!(one, Some(1));
+    killer
+        .query_drop(format!("KILL QUERY {split_long_id}"))
+        .unwrap_or_else(|e| {
+            panic!(
+                "KILL QUERY of the old process's replica read: {e}\n{}",
+                read_log()
+            )
+        });
+    let (slept, mut split_long) = split_sleeping.join().expect("the sleeping thread");
+    match slept {
+        Err(mysql::Error::MySqlError(e)) if e.code == 1317 => {}
+        other => panic!("the read on the replica was not interrupted: {other:?}"),
+    }
+    let one: Option<u32> = split_long
+        .query_first("SELECT 1")
+        .unwrap_or_else(|e| panic!("the session goes on: {e}\n{}", read_log()));
+    assert_eq!(one, Some(1));
+
+    // Of the old process's session, its connection.
+    killer
+        .query_drop(format!("KILL CONNECTION {stuck_id}"))
+        .unwrap_or_else(|e| panic!("KILL of the old process's session: {e}\n{}", read_log()));
+    assert!(
+        stuck.query_drop("COMMIT").is_err(),
+        "a killed session's connection is closed"
+    );
+
+    // From the old process, the session handed over.
+    killer_left
+        .query_drop(format!("KILL {idle_id}"))
+        .unwrap_or_else(|e| panic!("KILL of the new process's session: {e}\n{}", read_log()));
+    let after = idle.query_drop("SELECT 1");
+    assert!(
+        after.is_err(),
+        "a killed session's connection is closed\n{}",
+        read_log()
+    );
+    killer_left
+        .query_drop("COMMIT")
+        .unwrap_or_else(|e| panic!("commit: {e}\n{}", read_log()));
+
+    // Only the transaction left to commit went in.
+    let rows: Vec<u32> = killer
+        .query("SELECT id FROM sbtest.killed ORDER BY id")
+        .expect("rows");
+    assert_eq!(rows, vec![2]);
+    assert!(!read_log().contains("panicked"), "{}", read_log());
+}

@@ -438,12 +438,25 @@ fn global_consistency_reads_what_other_sessions_committed() {
     assert!(on_replicas > 200.0, "{m}");
 }
 
+/// The CLI's Ctrl-C of a read running on a replica: the read stops with the server's
+/// 1317, the session goes on, and nothing runs the read again (on the primary, where the
+/// statement before it ran: a server stops such a read once).
 #[test]
 fn kill_query_through_holdfast_stops_a_read_on_a_replica() {
     let h = split_harness(|_| {});
     let (primary, replicas) = server_ids(&h);
     let mut c = connect_to(&h.url());
     c.query_drop("SELECT 1").unwrap();
+    // (The server ends the read after that whatever happens; counted on the node.)
+    c.query_drop("SET max_statement_time = 20").unwrap();
+    let timed_out = || -> u64 {
+        h.root_sql("SHOW GLOBAL STATUS LIKE 'Max_statement_time_exceeded'")[0][1]
+            .parse()
+            .unwrap()
+    };
+    let before = timed_out();
+    // The statement before the read runs on the primary (a function with effects).
+    c.query_drop("DO RELEASE_ALL_LOCKS()").unwrap();
     // holdfast's id, from the greeting: what the CLI's Ctrl-C kills.
     let id = c.connection_id();
     let (mut c, result) = std::thread::scope(|s| {
@@ -470,6 +483,9 @@ fn kill_query_through_holdfast_stops_a_read_on_a_replica() {
         Node::Replica,
         "the session goes on"
     );
+    // (Before: the read ran again on the primary, and the session's next statement
+    // waited for its time limit.)
+    assert_eq!(timed_out(), before, "the read ran again on the primary");
 }
 
 /// The `Command` column of every row of a processlist answer (`SHOW [FULL] PROCESSLIST`,
@@ -1888,6 +1904,29 @@ fn a_failed_read_leaves_its_error_on_its_replica_connection() {
         for _ in 0..3 {
             steps.extend([q("SELECT @@tx_read_only"), q("SHOW COUNT(*) WARNINGS")]);
         }
+    }
+    same_as_directly(&h, &steps);
+}
+
+/// MariaDB skips the executable comments of MySQL 5.7 and later (`/*!50700 ... */`, tried
+/// on 10.11): a `SELECT` whose tables or sequences are only in one opens none, and keeps
+/// the diagnostics area as the statement before left it (seed 2045 session 513: it was
+/// read on a replica, whose area was empty).
+#[test]
+fn a_read_whose_tables_are_in_a_skipped_executable_comment_keeps_the_diagnostics_area() {
+    use holdfast_it::differential::q;
+    let h = split_harness(|_| {});
+    table_t_everywhere(&h);
+    let mut steps = Vec::new();
+    // (Reads without tables are balanced over the nodes: repeated, one lands on a replica.)
+    for _ in 0..3 {
+        steps.extend([
+            q("XA COMMIT 'x' ONE PHASE"),
+            q("SELECT 3 /*!50700 , NEXTVAL(s) */"),
+            q("SHOW COUNT(*) WARNINGS"),
+            q("SELECT 4 /*!50700 FROM t */"),
+            q("SHOW WARNINGS"),
+        ]);
     }
     same_as_directly(&h, &steps);
 }

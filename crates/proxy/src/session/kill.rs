@@ -5,6 +5,11 @@
 //! session (on the killer's node: a session elsewhere is unknown there, 1094 as the server
 //! would say), and a `KILL` of a server thread id passes as it is.
 //!
+//! While an upgrade's two processes both serve, one of holdfast's ids this process does
+//! not hold is asked of the other ([`crate::upgrade::peer`]): the session may be there
+//! (still running in the old process, or handed over to the new one). The `KILL` of its
+//! thread runs as below, on the killer's connection.
+//!
 //! A `KILL QUERY` of a split session whose statement runs on a replica is run on that
 //! replica instead, on a connection of the killer's account (the server checks the
 //! killer's right to it).
@@ -98,11 +103,28 @@ pub(super) struct ByValue {
     value: Option<u64>,
 }
 
+/// Whose session a `KILL` names.
+enum Victim {
+    Here(Arc<SessionInfo>),
+    /// The other process's, while both serve.
+    Elsewhere(crate::upgrade::peer::Located),
+    Unknown,
+}
+
 /// A session marked as the victim of a `KILL` in flight: unmarked again if the `KILL`
 /// fails.
 pub(super) struct KillMark {
-    victim: Arc<SessionInfo>,
+    victim: Marked,
     thread: u32,
+}
+
+enum Marked {
+    Here(Arc<SessionInfo>),
+    /// A session of the other process while an upgrade's two both serve: marked there.
+    Elsewhere {
+        id: u32,
+        peer: Arc<crate::upgrade::peer::Peer>,
+    },
 }
 
 impl Session {
@@ -180,11 +202,25 @@ impl Session {
         let victim = if id >= u64::from(SESSION_ID_BASE) {
             let unknown =
                 || ClientError::new(ErrorKind::UnknownThread, format!("Unknown thread id: {id}"));
-            let victim = u32::try_from(id)
+            let here = u32::try_from(id)
                 .ok()
-                .and_then(|id| self.shared.sessions.get(id))
-                .filter(|v| v.is_on(own_node))
-                .ok_or_else(unknown)?;
+                .and_then(|id| self.shared.sessions.get(id));
+            if here.is_none() && self.shared.upgrader.peer().is_some() {
+                // Perhaps the other process's: asked when the `KILL` runs.
+                let head = match span {
+                    Some(span) => request
+                        .get(HEADER_LEN + 1..HEADER_LEN + 1 + span.start)
+                        .unwrap_or_default()
+                        .to_vec(),
+                    None => b"KILL CONNECTION ".to_vec(),
+                };
+                return Ok(KillPlan::ByValue(ByValue {
+                    head,
+                    query: !ends_connection,
+                    value: Some(id),
+                }));
+            }
+            let victim = here.filter(|v| v.is_on(own_node)).ok_or_else(unknown)?;
             if !ends_connection {
                 if let Some(read) = victim.replica_read.load_full() {
                     return Ok(KillPlan::OnReplica(read));
@@ -274,7 +310,9 @@ impl Session {
         self.exchange.begin();
         let id = match kill.value {
             Some(id) => {
-                self.execute_not_forwarded(request);
+                if request.get(HEADER_LEN) == Some(&COM_STMT_EXECUTE) {
+                    self.execute_not_forwarded(request);
+                }
                 id
             }
             None => {
@@ -290,21 +328,36 @@ impl Session {
         let unknown =
             || ClientError::new(ErrorKind::UnknownThread, format!("Unknown thread id: {id}"));
         let own_node = self.backend_name.clone();
-        let victim = u32::try_from(id)
+        let here = u32::try_from(id)
             .ok()
-            .and_then(|id| self.shared.sessions.get(id))
-            .filter(|v| v.is_on(&own_node));
-        let Some(victim) = victim else {
-            tracing::debug!(session = self.info.id, id, node = %own_node, "KILL by value: no session of that id on this node");
-            self.exchange.error = Some(ErrorKind::UnknownThread.code());
-            return self.send_error(reply_seq, &unknown()).await;
+            .and_then(|id| self.shared.sessions.get(id));
+        let victim = match here {
+            Some(v) => Victim::Here(v),
+            None => match self.elsewhere(id, !kill.query).await {
+                Some(at) => Victim::Elsewhere(at),
+                None => Victim::Unknown,
+            },
+        };
+        let (thread, read) = match &victim {
+            Victim::Here(v) if v.is_on(&own_node) => (
+                v.backend_thread.load(Ordering::Acquire),
+                v.replica_read.load_full(),
+            ),
+            Victim::Elsewhere(at) if at.node == own_node => (
+                at.thread,
+                at.replica_read.clone().map(|r| Arc::new(r.into())),
+            ),
+            _ => {
+                tracing::debug!(session = self.info.id, id, node = %own_node, "KILL by value: no session of that id on this node");
+                self.exchange.error = Some(ErrorKind::UnknownThread.code());
+                return self.send_error(reply_seq, &unknown()).await;
+            }
         };
         if kill.query {
-            if let Some(read) = victim.replica_read.load_full() {
+            if let Some(read) = read {
                 return self.answer_kill_of_replica_read(&read, reply_seq).await;
             }
         }
-        let thread = victim.backend_thread.load(Ordering::Acquire);
         if thread == 0 {
             tracing::debug!(
                 session = self.info.id,
@@ -314,7 +367,19 @@ impl Session {
             self.exchange.error = Some(ErrorKind::UnknownThread.code());
             return self.send_error(reply_seq, &unknown()).await;
         }
-        let mark = (!kill.query).then(|| self.mark(victim));
+        // (A session of the other process was marked there as it was found.)
+        let mark = match victim {
+            _ if kill.query => None,
+            Victim::Here(v) => Some(self.mark(v)),
+            Victim::Elsewhere(_) => self.shared.upgrader.peer().map(|peer| KillMark {
+                victim: Marked::Elsewhere {
+                    id: id as u32,
+                    peer,
+                },
+                thread,
+            }),
+            Victim::Unknown => None,
+        };
         let mut sql = vec![COM_QUERY];
         sql.extend_from_slice(&kill.head);
         if !kill.head.last().is_some_and(u8::is_ascii_whitespace) {
@@ -337,6 +402,20 @@ impl Session {
             }
         };
         self.relay_kill_answer(&answer, reply_seq, mark).await
+    }
+
+    /// Where the other process (while an upgrade's two both serve) has the session `id`;
+    /// `mark`: it is marked there as the victim of a `KILL` about to end its connection.
+    async fn elsewhere(&self, id: u64, mark: bool) -> Option<crate::upgrade::peer::Located> {
+        let peer = self.shared.upgrader.peer()?;
+        let located = peer.locate(u32::try_from(id).ok()?, mark).await;
+        tracing::debug!(
+            session = self.info.id,
+            id,
+            ?located,
+            "KILL: asked the other process"
+        );
+        located
     }
 
     /// A prepared `KILL ?` run as a text `KILL` instead: the backend never saw this
@@ -471,7 +550,10 @@ impl Session {
     fn mark(&self, victim: Arc<SessionInfo>) -> KillMark {
         let thread = victim.backend_thread.load(Ordering::Acquire);
         victim.kill_requested.store(thread, Ordering::Release);
-        KillMark { victim, thread }
+        KillMark {
+            victim: Marked::Here(victim),
+            thread,
+        }
     }
 
     /// After the `KILL` ran, the mark stands only where a connection was ended: another
@@ -482,15 +564,20 @@ impl Session {
     pub(super) fn settle_kill(&self, mark: KillMark, error: Option<u16>) {
         let ended = match error {
             Some(code) => code == ER_CONNECTION_KILLED,
-            None => !Arc::ptr_eq(&mark.victim, &self.info),
+            None => !matches!(&mark.victim, Marked::Here(v) if Arc::ptr_eq(v, &self.info)),
         };
         if !ended {
-            let _ = mark.victim.kill_requested.compare_exchange(
-                mark.thread,
-                0,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            );
+            match mark.victim {
+                Marked::Here(victim) => {
+                    let _ = victim.kill_requested.compare_exchange(
+                        mark.thread,
+                        0,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    );
+                }
+                Marked::Elsewhere { id, peer } => peer.unmark(id, mark.thread),
+            }
         }
     }
 

@@ -331,7 +331,7 @@ impl Session {
         let mode = self.record.sql_mode.unwrap_or_default();
         if stmt.long_data
             || !mentions_row_count(&stmt.sql)
-            || !super::split::opens_no_table(&stmt.sql, mode)
+            || !super::split::opens_no_table(&stmt.sql, mode, self.server())
         {
             return None;
         }

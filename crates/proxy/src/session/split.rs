@@ -450,7 +450,12 @@ fn query_sql(request: &[u8]) -> Option<&[u8]> {
 /// control, a `SELECT` or `DO` without tables (`SELECT @@in_transaction`), a `CALL`, SQL
 /// `PREPARE`, `EXECUTE`, `DEALLOCATE`. Saying so of a statement that does open one only
 /// costs a read run again.
-fn keeps_diagnostics_area(flags: C, sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
+fn keeps_diagnostics_area(
+    flags: C,
+    sql: &[u8],
+    mode: holdfast_sql::SqlMode,
+    server: holdfast_sql::Server,
+) -> bool {
     let quiet = SETTINGS
         .union(C::AUTOCOMMIT)
         .union(C::SET_TRANSACTION)
@@ -469,9 +474,28 @@ fn keeps_diagnostics_area(flags: C, sql: &[u8], mode: holdfast_sql::SqlMode) -> 
         .union(C::EXECUTE_SQL)
         .union(C::PREPARE_SQL)
         .union(C::DEALLOCATE_SQL);
-    // `UNLOCK TABLES` too (`LOCK TABLES` opens its tables: it clears it); tried.
+    // `UNLOCK TABLES` too (`LOCK TABLES` opens its tables: it clears it); tried. And the
+    // statements that read the area: `SHOW [COUNT(*)] WARNINGS|ERRORS` (tried).
     !flags.has(C::MULTI)
-        && (settings || only_unlocks(flags) || flags.intersects(code) || opens_no_table(sql, mode))
+        && (settings
+            || only_unlocks(flags)
+            || shows_diagnostics(sql, mode, server)
+            || flags.intersects(code)
+            || opens_no_table(sql, mode, server))
+}
+
+/// Whether `sql` is `SHOW [COUNT(*)] WARNINGS|ERRORS [LIMIT ...]`.
+fn shows_diagnostics(
+    sql: &[u8],
+    mode: holdfast_sql::SqlMode,
+    server: holdfast_sql::Server,
+) -> bool {
+    let mut words = holdfast_sql::Lexer::for_server(sql, mode, server)
+        .filter(|t| t.kind == holdfast_sql::TokenKind::Word);
+    words.next().is_some_and(|w| w.is_word("SHOW"))
+        && words
+            .next()
+            .is_some_and(|w| w.is_word("WARNINGS") || w.is_word("ERRORS") || w.is_word("COUNT"))
 }
 
 /// Whether a statement is `UNLOCK TABLES` alone (a `LOCK TABLES` statement counts as both).
@@ -480,9 +504,15 @@ fn only_unlocks(flags: C) -> bool {
 }
 
 /// Whether `sql` is a `SELECT` or `DO` without tables (`SELECT DATABASE()`, `SELECT
-/// @@x`): MariaDB leaves the diagnostics area as the statement before it left it.
-pub(super) fn opens_no_table(sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
-    let mut words = holdfast_sql::Lexer::with_mode(sql, mode)
+/// @@x`): MariaDB leaves the diagnostics area as the statement before it left it. Read as
+/// `server` runs its executable comments (MariaDB skips `/*!50700 , NEXTVAL(s) */`: seed
+/// 2045 session 513).
+pub(super) fn opens_no_table(
+    sql: &[u8],
+    mode: holdfast_sql::SqlMode,
+    server: holdfast_sql::Server,
+) -> bool {
+    let mut words = holdfast_sql::Lexer::for_server(sql, mode, server)
         .filter(|t| t.kind == holdfast_sql::TokenKind::Word);
     words
         .next()
@@ -501,6 +531,63 @@ pub(super) fn opens_no_table(sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
 fn has_subquery(sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
     holdfast_sql::Lexer::with_mode(sql, mode)
         .any(|t| t.is_word("SELECT") || t.is_word("TABLE") || t.is_word("VALUES"))
+}
+
+/// Errors of the statement itself: MariaDB gives them before it reads a row (it cannot be
+/// parsed, names what does not exist or is ambiguous, lacks a privilege, gives a function
+/// the wrong arguments), or for a value it read (a subquery's second row, a value out of
+/// range). The same text fails the same way on any node with the same schema, grants and
+/// data. Not: an interruption (`KILL QUERY` 1317, `max_statement_time` 1969), a lock wait,
+/// the server's resources: running the read again would not fail alike, and would run it
+/// in full (what a `KILL QUERY` stopped, too).
+fn fails_alike_everywhere(code: u16) -> bool {
+    matches!(
+        code,
+        1044 // ER_DBACCESS_DENIED_ERROR
+            | 1046 // ER_NO_DB_ERROR
+            | 1049 // ER_BAD_DB_ERROR
+            | 1052 // ER_NON_UNIQ_ERROR
+            | 1054 // ER_BAD_FIELD_ERROR
+            | 1055 // ER_WRONG_FIELD_WITH_GROUP
+            | 1056 // ER_WRONG_GROUP_FIELD
+            | 1064 // ER_PARSE_ERROR
+            | 1066 // ER_NONUNIQ_TABLE
+            | 1109 // ER_UNKNOWN_TABLE
+            | 1111 // ER_INVALID_GROUP_FUNC_USE
+            | 1142 // ER_TABLEACCESS_DENIED_ERROR
+            | 1143 // ER_COLUMNACCESS_DENIED_ERROR
+            | 1146 // ER_NO_SUCH_TABLE
+            | 1149 // ER_SYNTAX_ERROR
+            | 1176 // ER_KEY_DOES_NOT_EXISTS
+            | 1210 // ER_WRONG_ARGUMENTS
+            | 1221 // ER_WRONG_USAGE
+            | 1222 // ER_WRONG_NUMBER_OF_COLUMNS_IN_SELECT
+            | 1235 // ER_NOT_SUPPORTED_YET
+            | 1241 // ER_OPERAND_COLUMNS
+            | 1247 // ER_ILLEGAL_REFERENCE
+            | 1248 // ER_DERIVED_MUST_HAVE_ALIAS
+            | 1250 // ER_TABLENAME_NOT_ALLOWED_HERE
+            | 1267 // ER_CANT_AGGREGATE_2COLLATIONS
+            | 1270 // ER_CANT_AGGREGATE_3COLLATIONS
+            | 1271 // ER_CANT_AGGREGATE_NCOLLATIONS
+            | 1305 // ER_SP_DOES_NOT_EXIST
+            | 1318 // ER_SP_WRONG_NO_OF_ARGS
+            | 1582 // ER_WRONG_PARAMCOUNT_TO_NATIVE_FCT
+            | 1583 // ER_WRONG_PARAMETERS_TO_NATIVE_FCT
+            | 1584 // ER_WRONG_PARAMETERS_TO_STORED_FCT
+            | 1630 // ER_FUNC_INEXISTENT_NAME_COLLISION
+            | 4078 // ER_ILLEGAL_PARAMETER_DATA_TYPES2_FOR_OPERATION
+            | 4079 // ER_ILLEGAL_PARAMETER_DATA_TYPE_FOR_OPERATION
+            // Of the values read.
+            | 1172 // ER_TOO_MANY_ROWS
+            | 1242 // ER_SUBQUERY_NO_1_ROW
+            | 1264 // ER_WARN_DATA_OUT_OF_RANGE
+            | 1292 // ER_TRUNCATED_WRONG_VALUE
+            | 1365 // ER_DIVISION_BY_ZERO
+            | 1366 // ER_TRUNCATED_WRONG_VALUE_FOR_FIELD
+            | 1406 // ER_DATA_TOO_LONG
+            | 1690 // ER_DATA_OUT_OF_RANGE
+    )
 }
 
 /// How a multi-statement begins, inside a read-only transaction, as far as holdfast can
@@ -774,7 +861,7 @@ impl Session {
             ReadRoute::Replica | ReadRoute::ReplicaWithUserVariables
                 if split.last_on.is_none()
                     && self.record.last_warnings > 0
-                    && opens_no_table(sql, mode) =>
+                    && opens_no_table(sql, mode, server) =>
             {
                 Some(Pinned::Primary(flags, opening))
             }
@@ -1221,18 +1308,21 @@ impl Session {
         true
     }
 
-    /// Runs `request` on the primary without passing its answer on (what it leaves there
-    /// is the point: settings, diagnostics), as a replay runs a statement.
     /// After a read on a replica that failed, when the statement before it ran on the
     /// primary: a statement that fails leaves `FOUND_ROWS()` as the one before it left
     /// it, which is the primary's. The read runs again there, its answer dropped (it only
     /// read); when it fails there the same way, the primary's diagnostics area holds the
     /// same error, and the session's last statement counts as the primary's (what the
-    /// next statement reads of it is read there). True when so.
+    /// next statement reads of it is read there). True when so. Only for errors the server
+    /// gives any node alike ([`fails_alike_everywhere`]): a read stopped by a `KILL QUERY`
+    /// or a time limit would run again in full.
     async fn failed_read_follows_the_primary(&mut self, request: &BytesMut) -> bool {
         let Some(code) = self.exchange.error else {
             return false;
         };
+        if !fails_alike_everywhere(code) {
+            return false;
+        }
         let before_on_primary = self.split.as_ref().is_some_and(|s| s.last_on.is_none());
         if !before_on_primary || self.backend_dead || !self.can_run_again(request) {
             return false;
@@ -1255,6 +1345,8 @@ impl Session {
         same
     }
 
+    /// Runs `request` on the primary without passing its answer on (what it leaves there
+    /// is the point: settings, diagnostics), as a replay runs a statement.
     async fn run_discarded(&mut self, mut request: BytesMut) -> Result<(), End> {
         let checksum = self.exchange.checksum.take();
         let replaying = std::mem::replace(&mut self.exchange.replaying, true);
@@ -1463,11 +1555,11 @@ impl Session {
         split.tableless = matches!(target, Some(Target::Balanced))
             && (split.read_only_start
                 || match command {
-                    Some(COM_QUERY) => opens_no_table(&request[HEADER_LEN + 1..], mode),
+                    Some(COM_QUERY) => opens_no_table(&request[HEADER_LEN + 1..], mode, server),
                     Some(COM_STMT_EXECUTE) => packets::statement_id(&request[HEADER_LEN..])
                         .map(|id| self.statements.resolve(id))
                         .and_then(|id| self.statements.get(id))
-                        .is_some_and(|s| opens_no_table(&s.sql, mode)),
+                        .is_some_and(|s| opens_no_table(&s.sql, mode, server)),
                     _ => false,
                 });
         let target = match (target, split.tableless) {
@@ -1495,7 +1587,7 @@ impl Session {
             (_, Some((sql, flags))) => {
                 holdfast_sql::read_route(sql, flags, mode, server) == ReadRoute::LastNode
                     || ((split.primary_warned || split.read_warned)
-                        && keeps_diagnostics_area(flags, sql, mode))
+                        && keeps_diagnostics_area(flags, sql, mode, server))
             }
             _ => false,
         };
@@ -1503,15 +1595,16 @@ impl Session {
         let kept = (split.primary_warned || split.read_warned)
             && match (command, query) {
                 (Some(COM_QUERY), Some(flags)) => {
-                    keeps_diagnostics_area(flags, &request[HEADER_LEN + 1..], mode)
+                    keeps_diagnostics_area(flags, &request[HEADER_LEN + 1..], mode, server)
                 }
                 (Some(COM_STMT_EXECUTE), _) => packets::statement_id(&request[HEADER_LEN..])
                     .map(|id| self.statements.resolve(id))
                     .and_then(|id| self.statements.get(id))
-                    .is_some_and(|s| keeps_diagnostics_area(s.flags, &s.sql, mode)),
+                    .is_some_and(|s| keeps_diagnostics_area(s.flags, &s.sql, mode, server)),
                 // The prepare of a statement that opens no table keeps it too (seed 2038
                 // session 144).
-                _ => prepared.is_some_and(|(sql, flags)| keeps_diagnostics_area(flags, sql, mode)),
+                _ => prepared
+                    .is_some_and(|(sql, flags)| keeps_diagnostics_area(flags, sql, mode, server)),
             };
         // (A COM_STMT_CLOSE runs nothing and has no answer: what the primary's area holds,
         // and whether the statement before kept it, stay as they were: seed 2041 session

@@ -1,6 +1,10 @@
 //! The hand-over channel between an old and a new holdfast process: a unix stream socket
 //! carrying framed messages (a little-endian `u32` length, then a JSON body), each with
 //! the file descriptors it hands over riding on its first byte (`SCM_RIGHTS`).
+//!
+//! Both take the stream by shared reference: one task may read while another writes (the
+//! overlap's questions go both ways, see [`super::peer`]). At most one task reads, and
+//! writers take turns (a message is several writes).
 
 use rustix::net::{
     recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
@@ -9,7 +13,7 @@ use rustix::net::{
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{BorrowedFd, OwnedFd};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::io::Interest;
 use tokio::net::UnixStream;
 
 /// The most descriptors one message carries (a session: its client socket, the primary's
@@ -27,11 +31,7 @@ pub struct Received {
 }
 
 /// Sends one message: `body` framed, `fds` on its first byte.
-pub async fn send(
-    stream: &mut UnixStream,
-    body: &[u8],
-    fds: &[BorrowedFd<'_>],
-) -> std::io::Result<()> {
+pub async fn send(stream: &UnixStream, body: &[u8], fds: &[BorrowedFd<'_>]) -> std::io::Result<()> {
     if fds.len() > MAX_FDS || body.len() > MAX_BODY {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
@@ -51,20 +51,46 @@ pub async fn send(
                 return Err(std::io::Error::other("no room for the descriptors"));
             }
             let iov = [IoSlice::new(&len), IoSlice::new(body)];
-            sendmsg(&*stream, &iov, &mut control, SendFlags::NOSIGNAL).map_err(std::io::Error::from)
+            sendmsg(stream, &iov, &mut control, SendFlags::NOSIGNAL).map_err(std::io::Error::from)
         })
         .await?;
     // The descriptors went with the first byte; the rest is plain bytes.
     let frame_len = len.len() + body.len();
     if sent < frame_len {
         let rest: Vec<u8> = len.iter().chain(body.iter()).skip(sent).copied().collect();
-        stream.write_all(&rest).await?;
+        write_all(stream, &rest).await?;
+    }
+    Ok(())
+}
+
+async fn write_all(stream: &UnixStream, mut bytes: &[u8]) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        stream.writable().await?;
+        match stream.try_write(bytes) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+async fn read_exact(stream: &UnixStream, mut into: &mut [u8]) -> std::io::Result<()> {
+    while !into.is_empty() {
+        stream.readable().await?;
+        match stream.try_read(into) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => into = &mut into[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
     }
     Ok(())
 }
 
 /// Receives one message; `None` at the end of the stream before one began.
-pub async fn recv(stream: &mut UnixStream) -> std::io::Result<Option<Received>> {
+pub async fn recv(stream: &UnixStream) -> std::io::Result<Option<Received>> {
     let mut len = [0u8; 4];
     let mut fds = Vec::new();
     // The first byte, with whatever descriptors ride on it.
@@ -73,7 +99,7 @@ pub async fn recv(stream: &mut UnixStream) -> std::io::Result<Option<Received>> 
             let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
             let mut control = RecvAncillaryBuffer::new(&mut space);
             let mut iov = [IoSliceMut::new(&mut len[..1])];
-            let got = recvmsg(&*stream, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)
+            let got = recvmsg(stream, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)
                 .map_err(std::io::Error::from)?;
             for message in control.drain() {
                 if let RecvAncillaryMessage::ScmRights(received) = message {
@@ -92,7 +118,7 @@ pub async fn recv(stream: &mut UnixStream) -> std::io::Result<Option<Received>> 
             "a hand-over message carried more descriptors than expected",
         ));
     }
-    stream.read_exact(&mut len[1..]).await?;
+    read_exact(stream, &mut len[1..]).await?;
     let n = u32::from_le_bytes(len) as usize;
     if n > MAX_BODY {
         return Err(std::io::Error::new(
@@ -101,7 +127,7 @@ pub async fn recv(stream: &mut UnixStream) -> std::io::Result<Option<Received>> 
         ));
     }
     let mut body = vec![0u8; n];
-    stream.read_exact(&mut body).await?;
+    read_exact(stream, &mut body).await?;
     Ok(Some(Received { body, fds }))
 }
 
@@ -113,21 +139,19 @@ mod tests {
 
     #[tokio::test]
     async fn messages_carry_their_descriptors() {
-        let (mut a, mut b) = UnixStream::pair().expect("pair");
+        let (a, b) = UnixStream::pair().expect("pair");
         let (mut left, right) = std::os::unix::net::UnixStream::pair().expect("pair");
         let big = vec![7u8; 300_000];
         let sent = big.clone();
         // (Larger than the socket's buffer: sent while the other side reads.)
         let sender = tokio::spawn(async move {
             let fd = right.as_fd();
-            send(&mut a, b"first", &[fd]).await.expect("send");
-            send(&mut a, b"", &[]).await.expect("send");
+            send(&a, b"first", &[fd]).await.expect("send");
+            send(&a, b"", &[]).await.expect("send");
             let other = dup(&right);
-            send(&mut a, &sent, &[other.as_fd(), fd])
-                .await
-                .expect("send");
+            send(&a, &sent, &[other.as_fd(), fd]).await.expect("send");
         });
-        let m = recv(&mut b).await.expect("recv").expect("a message");
+        let m = recv(&b).await.expect("recv").expect("a message");
         assert_eq!(m.body, b"first");
         assert_eq!(m.fds.len(), 1);
         // The descriptor received is the same socket.
@@ -137,13 +161,13 @@ mod tests {
         let mut got = [0u8; 1];
         left.read_exact(&mut got).expect("read");
         assert_eq!(&got, b"x");
-        let m = recv(&mut b).await.expect("recv").expect("a message");
+        let m = recv(&b).await.expect("recv").expect("a message");
         assert!(m.body.is_empty() && m.fds.is_empty());
-        let m = recv(&mut b).await.expect("recv").expect("a message");
+        let m = recv(&b).await.expect("recv").expect("a message");
         assert_eq!(m.body, big);
         assert_eq!(m.fds.len(), 2);
         sender.await.expect("the sender");
-        assert!(recv(&mut b).await.expect("recv").is_none());
+        assert!(recv(&b).await.expect("recv").is_none());
     }
 
     fn dup(s: &std::os::unix::net::UnixStream) -> OwnedFd {

@@ -19,11 +19,13 @@
 //!    again ([`Upgrader::serve_again`]).
 //!
 //! Sessions that cannot be handed over stay on the old process until they end, or until
-//! the drain window (`[proxy] cooldown_ms`) closes them; then it exits. A new process that
+//! the drain window (`[proxy] cooldown_ms`) closes them; then it exits. Meanwhile a `KILL`
+//! of a session the other process holds is found there ([`peer`], format 4). A new process that
 //! speaks no format the old one knows is refused cleanly: the old one keeps serving, and
 //! the upgrade fails with why. A new process of format 1 gets no sessions.
 
 pub mod channel;
+pub mod peer;
 
 use crate::session::handover::{CarriedSession, HandedSession};
 use crate::session::passthrough::CarriedRelay;
@@ -39,12 +41,14 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 
 /// The hand-over format this build speaks (2: sessions are handed over; 3: pass-through
-/// sessions too).
-pub const FORMAT: u32 = 3;
+/// sessions too; 4: each asks the other where a session is, for a `KILL`).
+pub const FORMAT: u32 = 4;
 /// The first format whose processes take sessions over.
 const SESSIONS_FORMAT: u32 = 2;
 /// The first format whose processes take pass-through sessions over.
 const RELAYS_FORMAT: u32 = 3;
+/// The first format whose processes answer [`Message::Where`].
+pub const PEER_FORMAT: u32 = 4;
 /// The oldest format it accepts from the process it takes over from.
 pub const OLDEST_FORMAT: u32 = 1;
 
@@ -91,6 +95,22 @@ pub enum Message {
     Session { session: Box<CarriedSession> },
     /// Old → new: a pass-through session, with its client's socket and its backend's.
     Relay { relay: Box<CarriedRelay> },
+    /// Either way, while both serve: where the session `id` is, if the other has it;
+    /// `mark`: as the victim of a `KILL` of its connection about to run.
+    Where {
+        question: u64,
+        id: u32,
+        #[serde(default)]
+        mark: bool,
+    },
+    /// The answer to [`Message::Where`] number `question`.
+    Here {
+        question: u64,
+        at: Option<peer::Located>,
+    },
+    /// Either way: the `KILL` the session `id` was marked for (`Where` with `mark`) failed;
+    /// its backend connection `thread` is not to be ended.
+    Unmark { id: u32, thread: u32 },
     /// Either way: the other side gives up, and why.
     Refused { reason: String },
 }
@@ -182,6 +202,8 @@ pub struct Upgrader {
     handed_over: watch::Sender<Option<u32>>,
     /// Where sessions give themselves up once the new process takes them.
     session_sink: watch::Sender<Option<Arc<SessionChannel>>>,
+    /// The other process while both serve (this one's predecessor or successor).
+    peer: arc_swap::ArcSwapOption<peer::Peer>,
 }
 
 impl Default for Upgrader {
@@ -194,6 +216,7 @@ impl Default for Upgrader {
             sockets: Mutex::new(Vec::new()),
             handed_over: watch::Sender::new(None),
             session_sink: watch::Sender::new(None),
+            peer: arc_swap::ArcSwapOption::empty(),
         }
     }
 }
@@ -253,6 +276,12 @@ impl Upgrader {
         self.session_sink.subscribe()
     }
 
+    /// The other process while both serve after an upgrade: asked where a session of
+    /// holdfast's id is when this one has none of it (a `KILL`).
+    pub fn peer(&self) -> Option<Arc<peer::Peer>> {
+        self.peer.load_full()
+    }
+
     /// The process this one handed over to exited while this one still runs: the
     /// sessions it took went with it; this one accepts again, runs HA again, keeps the
     /// sessions it still holds, and can be upgraded again.
@@ -260,6 +289,7 @@ impl Upgrader {
         let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
         tracing::error!(%status, handed_over = shared.metrics.sessions_handed_over.get(), "upgrade: the new process exited; this one serves again (the sessions it took are lost with it)");
         self.session_sink.send_replace(None);
+        self.peer.store(None);
         self.handed_over.send_replace(None);
         shared.ha.take_charge();
         if let Some(lc) = &shared.serverless {
@@ -346,7 +376,7 @@ impl Upgrader {
         listener: &UnixListener,
         child: &mut tokio::process::Child,
     ) -> Result<UpgradeReport, UpgradeError> {
-        let mut stream = tokio::select! {
+        let stream = tokio::select! {
             accepted = tokio::time::timeout(STEP_TIMEOUT, listener.accept()) => match accepted {
                 Ok(Ok((stream, _))) => stream,
                 Ok(Err(e)) => return Err(UpgradeError::Channel(e.to_string())),
@@ -356,7 +386,7 @@ impl Upgrader {
                 return Err(UpgradeError::Exited(status.map_or_else(|e| e.to_string(), |s| s.to_string())));
             }
         };
-        let (pid, version, format) = match receive(&mut stream, "say hello").await?.0 {
+        let (pid, version, format) = match receive(&stream, "say hello").await?.0 {
             Message::Hello {
                 format,
                 version,
@@ -366,7 +396,7 @@ impl Upgrader {
                     let reason = format!(
                         "this process speaks hand-over format {FORMAT} (and from {OLDEST_FORMAT}), not {format}"
                     );
-                    let _ = send(&mut stream, &Message::Refused { reason }, &[]).await;
+                    let _ = send(&stream, &Message::Refused { reason }, &[]).await;
                     return Err(UpgradeError::Format(format));
                 }
                 (pid, version, format)
@@ -395,9 +425,9 @@ impl Upgrader {
             members,
         };
         let borrowed: Vec<_> = fds.iter().map(|fd| fd.as_fd()).collect();
-        send(&mut stream, &listeners, &borrowed).await?;
+        send(&stream, &listeners, &borrowed).await?;
         drop(fds);
-        match receive(&mut stream, "start serving").await?.0 {
+        match receive(&stream, "start serving").await?.0 {
             Message::Ready { .. } => {}
             Message::Refused { reason } => return Err(UpgradeError::Refused(reason)),
             other => return Err(unexpected(other)),
@@ -418,14 +448,17 @@ impl Upgrader {
             }
             None => None,
         };
-        if let Err(e) = send(&mut stream, &Message::HaReleased { ha, serverless }, &[]).await {
+        if let Err(e) = send(&stream, &Message::HaReleased { ha, serverless }, &[]).await {
             tracing::warn!(error = %e, "upgrade: the new process did not hear that HA is its own (it takes charge when this process exits)");
         }
         let sessions_left = shared.open_connections();
         tracing::info!(pid, %version, generation, sessions_left, "upgrade: the new process serves; this one hands its sessions over or drains them");
+        let peer = peer::Peer::new(stream, format >= PEER_FORMAT);
+        self.peer.store(Some(peer.clone()));
+        tokio::spawn(read_from_successor(peer.clone(), shared.clone()));
         if format >= SESSIONS_FORMAT {
             self.session_sink
-                .send_replace(Some(Arc::new(SessionChannel::new(stream, format))));
+                .send_replace(Some(Arc::new(SessionChannel::new(peer, format))));
         }
         Ok(UpgradeReport {
             pid,
@@ -457,7 +490,7 @@ const SESSION_SEND_TIMEOUT: Duration = Duration::from_secs(5);
 /// The old process's end of the hand-over channel, once the new process takes sessions:
 /// each session at a safe point sends itself, one at a time.
 pub struct SessionChannel {
-    stream: tokio::sync::Mutex<UnixStream>,
+    peer: Arc<peer::Peer>,
     /// A send failed (the new process went, or stopped reading): sessions stay here.
     broken: AtomicBool,
     /// The new process's hand-over format.
@@ -465,9 +498,9 @@ pub struct SessionChannel {
 }
 
 impl SessionChannel {
-    fn new(stream: UnixStream, format: u32) -> Self {
+    fn new(peer: Arc<peer::Peer>, format: u32) -> Self {
         SessionChannel {
-            stream: tokio::sync::Mutex::new(stream),
+            peer,
             broken: AtomicBool::new(false),
             format,
         }
@@ -515,10 +548,7 @@ impl SessionChannel {
         mut body: Vec<u8>,
         fds: &[std::os::fd::BorrowedFd<'_>],
     ) -> Result<(), String> {
-        let sent = {
-            let mut stream = self.stream.lock().await;
-            tokio::time::timeout(SESSION_SEND_TIMEOUT, channel::send(&mut stream, &body, fds)).await
-        };
+        let sent = tokio::time::timeout(SESSION_SEND_TIMEOUT, self.peer.send(&body, fds)).await;
         zeroize::Zeroize::zeroize(&mut body);
         match sent {
             Ok(Ok(())) => Ok(()),
@@ -566,6 +596,8 @@ impl SessionChannel {
 /// The new process's side, from start until it serves.
 pub struct TakeOver {
     stream: UnixStream,
+    /// The old process's hand-over format.
+    format: u32,
     pub generation: u64,
     pub counters: Counters,
     sockets: Vec<(Socket, OwnedFd)>,
@@ -575,7 +607,7 @@ pub struct TakeOver {
 impl TakeOver {
     /// Calls the old process back at `path` and receives its listening sockets.
     pub async fn connect(path: &Path) -> Result<TakeOver, UpgradeError> {
-        let mut stream = tokio::time::timeout(STEP_TIMEOUT, UnixStream::connect(path))
+        let stream = tokio::time::timeout(STEP_TIMEOUT, UnixStream::connect(path))
             .await
             .map_err(|_| UpgradeError::Timeout("answer", STEP_TIMEOUT))?
             .map_err(|e| UpgradeError::Channel(format!("{}: {e}", path.display())))?;
@@ -584,11 +616,11 @@ impl TakeOver {
             version: env!("CARGO_PKG_VERSION").to_owned(),
             pid: std::process::id(),
         };
-        send(&mut stream, &hello, &[]).await?;
-        let (message, fds) = receive(&mut stream, "hand its listeners over").await?;
+        send(&stream, &hello, &[]).await?;
+        let (message, fds) = receive(&stream, "hand its listeners over").await?;
         match message {
             Message::Listeners {
-                format: _,
+                format,
                 generation,
                 sockets,
                 counters,
@@ -603,6 +635,7 @@ impl TakeOver {
                 }
                 Ok(TakeOver {
                     stream,
+                    format,
                     generation,
                     counters,
                     sockets: sockets.into_iter().zip(fds).collect(),
@@ -648,9 +681,9 @@ impl TakeOver {
         let ready = Message::Ready {
             pid: std::process::id(),
         };
-        send(&mut self.stream, &ready, &[]).await?;
+        send(&self.stream, &ready, &[]).await?;
         tokio::spawn(async move {
-            match receive(&mut self.stream, "let go of HA").await {
+            match receive(&self.stream, "let go of HA").await {
                 Ok((Message::HaReleased { ha, serverless }, _)) => {
                     shared.ha.adopt(*ha).await;
                     if let (Some(lc), Some(carried)) = (&shared.serverless, &serverless) {
@@ -669,17 +702,49 @@ impl TakeOver {
                 lc.take_charge();
             }
             tracing::info!("upgrade: in charge of HA");
-            receive_sessions(&mut self.stream, &shared).await;
+            let peer = peer::Peer::new(self.stream, self.format >= PEER_FORMAT);
+            shared.upgrader.peer.store(Some(peer.clone()));
+            receive_sessions(&peer, &shared).await;
+            peer.went();
+            // (A newer process may have taken this one's place as the other one's peer.)
+            let _ = shared.upgrader.peer.compare_and_swap(&Some(peer), None);
         });
         Ok(())
     }
 }
 
-/// Goes on with each session the old process hands over, until it closes the channel (it
-/// exits).
-async fn receive_sessions(stream: &mut UnixStream, shared: &Arc<Shared>) {
+/// The old process's reading of the channel once the new one serves: the new process's
+/// questions (a `KILL`), until it closes the channel (it exits).
+async fn read_from_successor(peer: Arc<peer::Peer>, shared: Arc<Shared>) {
     loop {
-        let received = match channel::recv(stream).await {
+        let received = match peer.recv().await {
+            Ok(Some(r)) => r,
+            Ok(None) => break,
+            Err(e) => {
+                tracing::debug!(error = %e, "upgrade: the channel to the new process failed");
+                break;
+            }
+        };
+        match serde_json::from_slice::<Message>(&received.body) {
+            Ok(message) => {
+                if let Some(other) = peer.take(&shared, message) {
+                    tracing::warn!(message = ?other, "upgrade: unexpected message from the new process");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "upgrade: an unreadable message from the new process")
+            }
+        }
+    }
+    peer.went();
+    let _ = shared.upgrader.peer.compare_and_swap(&Some(peer), None);
+}
+
+/// Goes on with each session the old process hands over, and answers its questions,
+/// until it closes the channel (it exits).
+async fn receive_sessions(peer: &Arc<peer::Peer>, shared: &Arc<Shared>) {
+    loop {
+        let received = match peer.recv().await {
             Ok(Some(r)) => r,
             Ok(None) => return,
             Err(e) => {
@@ -706,7 +771,9 @@ async fn receive_sessions(stream: &mut UnixStream, shared: &Arc<Shared>) {
                 continue;
             }
             Ok(other) => {
-                tracing::warn!(message = ?other, "upgrade: unexpected message after the hand-over");
+                if let Some(other) = peer.take(shared, other) {
+                    tracing::warn!(message = ?other, "upgrade: unexpected message after the hand-over");
+                }
                 continue;
             }
             Err(e) => {
@@ -767,7 +834,7 @@ fn private_dir() -> Result<PrivateDir, UpgradeError> {
 }
 
 async fn send(
-    stream: &mut UnixStream,
+    stream: &UnixStream,
     message: &Message,
     fds: &[std::os::fd::BorrowedFd<'_>],
 ) -> Result<(), UpgradeError> {
@@ -778,7 +845,7 @@ async fn send(
 }
 
 async fn receive(
-    stream: &mut UnixStream,
+    stream: &UnixStream,
     what: &'static str,
 ) -> Result<(Message, Vec<OwnedFd>), UpgradeError> {
     let received = tokio::time::timeout(STEP_TIMEOUT, channel::recv(stream))
