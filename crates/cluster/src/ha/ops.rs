@@ -410,8 +410,8 @@ pub async fn switchover(
 
     // 1. Fence.
     let fence_start = Instant::now();
-    old_s.exec("SET GLOBAL read_only=ON").await?;
     let fenced = async {
+        old_s.exec("SET GLOBAL read_only=ON").await?;
         let killed = if ha.kill_old_primary_connections {
             old_s.kill_clients().await?
         } else {
@@ -444,7 +444,7 @@ pub async fn switchover(
     let (killed, fenced_at) = match fenced {
         Ok(x) => x,
         Err(e) => {
-            unfence(&mut old_s).await;
+            unfence(cfg, old_cfg, old_s, ha).await;
             return Err(HaError::Fence {
                 node: old.name.clone(),
                 detail: e.to_string(),
@@ -464,7 +464,7 @@ pub async fn switchover(
                 .await
                 .map(|r| r.gtid_slave_pos)
                 .unwrap_or_default();
-            unfence(&mut old_s).await;
+            unfence(cfg, old_cfg, old_s, ha).await;
             caught_up?;
             return Err(HaError::CatchupTimeout {
                 node: target_cfg.name.clone(),
@@ -484,7 +484,7 @@ pub async fn switchover(
         if let Err(e2) = target_s.repoint(old_cfg, ha).await {
             warnings.push(format!("re-pointing {} back failed: {e2}", target_cfg.name));
         }
-        unfence(&mut old_s).await;
+        unfence(cfg, old_cfg, old_s, ha).await;
         return Err(e);
     }
     let writes_blocked = fence_start.elapsed();
@@ -545,14 +545,40 @@ pub async fn switchover(
     Ok(report)
 }
 
-/// Undoes the fence on the old primary after an aborted switchover.
-async fn unfence(s: &mut NodeSession) {
-    tracing::warn!(node = %s.name, "ha: switchover aborted; unfencing the old primary");
-    if let Err(e) = s.exec("UNLOCK TABLES").await {
-        tracing::error!(node = %s.name, error = %e, "ha: UNLOCK TABLES failed");
-    }
-    if let Err(e) = s.exec("SET GLOBAL read_only=OFF").await {
-        tracing::error!(node = %s.name, error = %e, "ha: cannot make the old primary writable again");
+/// Undoes the fence on the old primary after an aborted switchover, from a connection of
+/// its own: the fence's connection is ended first (its read lock goes with it), and once
+/// it is gone the primary is made writable. A fence statement that did not answer in time
+/// (`read_only=ON` waits for the statements running) is still pending on the server and
+/// would take effect later, leaving no node writable (chaos seed 83): ending its
+/// connection stops it.
+async fn unfence(cfg: &Config, node: &BackendConfig, fence: NodeSession, ha: &HaConfig) {
+    tracing::warn!(node = %node.name, "ha: switchover aborted; unfencing the old primary");
+    let thread = fence.thread();
+    drop(fence);
+    let undone = async {
+        let mut s = NodeSession::connect(cfg, node, ha.statement_timeout()).await?;
+        match s.exec(&format!("KILL CONNECTION {thread}")).await {
+            Ok(()) => {}
+            Err(HaError::Sql { source, .. }) if matches!(*source, BackendError::Server { code, .. } if code == ER_NO_SUCH_THREAD) =>
+                {}
+            Err(e) => return Err(e),
+        }
+        let deadline = Instant::now() + ha.statement_timeout();
+        let gone =
+            format!("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = {thread}");
+        while s.value(&gone).await?.as_deref() != Some("0") {
+            if Instant::now() >= deadline {
+                return Err(HaError::Fence {
+                    node: node.name.clone(),
+                    detail: format!("the fence's connection {thread} did not end"),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        s.exec("SET GLOBAL read_only=OFF").await
+    };
+    if let Err(e) = undone.await {
+        tracing::error!(node = %node.name, error = %e, "ha: cannot make the old primary writable again");
     }
 }
 

@@ -69,6 +69,11 @@ impl NodeSession {
         })
     }
 
+    /// This connection's thread id on the node.
+    pub fn thread(&self) -> u32 {
+        self.conn.greeting.connection_id
+    }
+
     /// Runs a statement that changes state, logged.
     pub async fn exec(&mut self, sql: &str) -> Result<(), HaError> {
         tracing::info!(node = %self.name, sql = %redact(sql), "ha: executing");

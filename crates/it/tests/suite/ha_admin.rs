@@ -171,6 +171,58 @@ fn operations_while_one_runs_get_409() {
     assert_eq!(rows[0][0], "1");
 }
 
+/// A switchover whose fence does not answer in time: `SET GLOBAL read_only=ON` waits for
+/// the statements running on the primary (an `UPDATE` that sleeps, run on the node
+/// itself). The switchover fails, and the primary stays the writable primary: the fence
+/// statement left pending on the server is stopped, not left to take effect once the
+/// `UPDATE` ends (chaos seed 83: no node was writable after such a switchover).
+#[test]
+fn a_fence_that_does_not_answer_in_time_leaves_the_primary_writable() {
+    let h = Harness::start_with(
+        Options::default()
+            .replicas(1)
+            .config(|c| c.ha.statement_timeout_ms = 1_000),
+    );
+    h.root_sql(
+        "CREATE TABLE sbtest.fence_t (id INT PRIMARY KEY, v INT); \
+         INSERT INTO sbtest.fence_t VALUES (1, 0)",
+    );
+    let primary = h.lab.primary().clone();
+    let pending = |sql: &str| -> String {
+        h.root_sql(&format!(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO = '{sql}'"
+        ))[0][0]
+            .clone()
+    };
+    std::thread::scope(|s| {
+        let long = s.spawn(|| {
+            holdfast_lab::node_sql(
+                &primary,
+                "UPDATE sbtest.fence_t SET v = SLEEP(5) WHERE id = 1",
+            )
+        });
+        wait_for("the UPDATE to run", WAIT, || {
+            (pending("UPDATE sbtest.fence_t SET v = SLEEP(5) WHERE id = 1") == "1").then_some(())
+        });
+        let (code, body) = h.admin_post("/switchover?to=node2", None);
+        assert_eq!(code, 500, "{body}");
+        println!("switchover with a fence that waits: {body}");
+        // Answered while the UPDATE still runs: the fence statement is no longer pending.
+        assert_eq!(
+            pending("UPDATE sbtest.fence_t SET v = SLEEP(5) WHERE id = 1"),
+            "1"
+        );
+        assert_eq!(pending("SET GLOBAL read_only=ON"), "0");
+        long.join()
+            .expect("the UPDATE's thread")
+            .expect("the UPDATE");
+    });
+    assert_eq!(h.root_sql("SELECT @@global.read_only")[0][0], "0");
+    wait_primary(&h, "node1");
+    let out = h.mariadb(h.proxy, &["-e", "INSERT INTO sbtest.fence_t VALUES (2, 0)"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+}
+
 #[test]
 fn external_mode_refuses_operations() {
     let h = Harness::start_with(
