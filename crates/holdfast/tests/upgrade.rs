@@ -1071,6 +1071,63 @@ fn a_paused_serverless_instance_and_its_pool_are_handed_over() {
     );
 }
 
+/// With `[serverless]`, while the old process still serves a session in a transaction
+/// (the new one does not see it), the new process does not pause the instance under it,
+/// however long it has been idle: the transaction commits; once the old process is gone,
+/// the instance pauses.
+#[test]
+fn the_instance_is_not_paused_under_a_transaction_left_in_the_old_process() {
+    let served = Served::start_lab("serverless-txn", &["--serverless"], None, |config| {
+        let text = std::fs::read_to_string(config).expect("the lab's config");
+        let text = text
+            .replace("idle_pause_secs = 60", "idle_pause_secs = 1")
+            .replace("stop_after_secs = 300", "stop_after_secs = 0");
+        std::fs::write(config, text).expect("the edited config");
+    });
+    let (config, base, log) = (served.config.clone(), served.base, served.log.clone());
+    let mut procs = served.procs;
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let instance = |key: &str| status(&config)["serverless"][key].clone();
+    let mut txn = session(base);
+    txn.query_drop("CREATE TABLE sbtest.left_txn (id INT PRIMARY KEY)")
+        .expect("a table");
+    txn.query_drop("BEGIN").expect("begin");
+    txn.query_drop("INSERT INTO sbtest.left_txn VALUES (1)")
+        .expect("insert");
+    let pauses = instance("pauses").as_u64().expect("pauses");
+
+    upgrade(&config, &mut procs, &log);
+    // The new process would pause the idle instance now, but for the old one's session
+    // (before: it paused it).
+    holdfast_lab::wait_for(
+        "the new process to pause or hold the pause back",
+        Duration::from_secs(30),
+        || {
+            (read_log().contains("the previous process still serves sessions")
+                || instance("phase") != "running")
+                .then_some(())
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", read_log()));
+    assert_eq!(instance("phase"), "running", "{}", read_log());
+    assert_eq!(instance("pauses").as_u64(), Some(pauses));
+    txn.query_drop("COMMIT")
+        .unwrap_or_else(|e| panic!("commit: {e}\n{}", read_log()));
+    let n: Option<u32> = txn
+        .query_first("SELECT COUNT(*) FROM sbtest.left_txn")
+        .expect("a read");
+    assert_eq!(n, Some(1));
+    // The session goes over; the old process exits; idle, the instance pauses.
+    let exit = wait_for("the old process to exit", Duration::from_secs(30), || {
+        procs.first.try_wait().expect("try_wait")
+    });
+    assert!(exit.success(), "{exit}\n{}", read_log());
+    holdfast_lab::wait_for("the instance paused", Duration::from_secs(60), || {
+        (instance("pauses").as_u64() > Some(pauses)).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", read_log()));
+}
+
 /// Pass-through sessions (a `mode = "passthrough"` listener) go to the new process too:
 /// the relay stops reading, writes out what it holds, and hands both sockets over (with
 /// their TLS state, from the client and to the node), idle or under statements. Two

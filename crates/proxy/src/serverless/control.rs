@@ -189,9 +189,15 @@ fn escalation_deadline(lc: &Lifecycle, tier: PauseTier) -> Option<Instant> {
         .then(|| Instant::now() + Duration::from_secs(lc.config().stop_after_secs))
 }
 
-/// Sessions and connections that keep the instance from pausing to `tier`.
+/// Sessions and connections that keep the instance from pausing to `tier`. While an
+/// upgrade's two processes both serve, the other one's sessions are not seen here (one may
+/// be inside a transaction): no pause until it is gone.
 fn blockers(shared: &Shared, tier: PauseTier) -> Vec<String> {
-    shared.sessions.pause_blockers(tier == PauseTier::Stop)
+    let mut blocked = shared.sessions.pause_blockers(tier == PauseTier::Stop);
+    if shared.upgrader.peer().is_some() {
+        blocked.push("the previous process still serves sessions (an upgrade)".into());
+    }
+    blocked
 }
 
 /// Pauses the instance unless something keeps it busy. Returns whether it paused.

@@ -697,13 +697,15 @@ impl TakeOver {
                     tracing::warn!(error = %e, "upgrade: the old process went before it let go of HA; taking charge of it")
                 }
             }
+            // (The peer first: while it is there, the instance is not paused under the
+            // old process's sessions.)
+            let peer = peer::Peer::new(self.stream, self.format >= PEER_FORMAT);
+            shared.upgrader.peer.store(Some(peer.clone()));
             shared.ha.take_charge();
             if let Some(lc) = &shared.serverless {
                 lc.take_charge();
             }
             tracing::info!("upgrade: in charge of HA");
-            let peer = peer::Peer::new(self.stream, self.format >= PEER_FORMAT);
-            shared.upgrader.peer.store(Some(peer.clone()));
             receive_sessions(&peer, &shared).await;
             peer.went();
             // (A newer process may have taken this one's place as the other one's peer.)
