@@ -484,14 +484,23 @@ fn keeps_diagnostics_area(
             || opens_no_table(sql, mode, server))
 }
 
+/// The words of `sql`, read as `server` runs its executable comments.
+fn words_of(
+    sql: &[u8],
+    mode: holdfast_sql::SqlMode,
+    server: holdfast_sql::Server,
+) -> impl Iterator<Item = holdfast_sql::Token<'_>> {
+    holdfast_sql::Lexer::for_server(sql, mode, server)
+        .filter(|t| t.kind == holdfast_sql::TokenKind::Word)
+}
+
 /// Whether `sql` is `SHOW [COUNT(*)] WARNINGS|ERRORS [LIMIT ...]`.
 fn shows_diagnostics(
     sql: &[u8],
     mode: holdfast_sql::SqlMode,
     server: holdfast_sql::Server,
 ) -> bool {
-    let mut words = holdfast_sql::Lexer::for_server(sql, mode, server)
-        .filter(|t| t.kind == holdfast_sql::TokenKind::Word);
+    let mut words = words_of(sql, mode, server);
     words.next().is_some_and(|w| w.is_word("SHOW"))
         && words
             .next()
@@ -512,8 +521,7 @@ pub(super) fn opens_no_table(
     mode: holdfast_sql::SqlMode,
     server: holdfast_sql::Server,
 ) -> bool {
-    let mut words = holdfast_sql::Lexer::for_server(sql, mode, server)
-        .filter(|t| t.kind == holdfast_sql::TokenKind::Word);
+    let mut words = words_of(sql, mode, server);
     words
         .next()
         .is_some_and(|w| w.is_word("SELECT") || w.is_word("DO"))
