@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what holdfast's demo, tests and benchmarks run against: MariaDB server and client,
-# sysbench, HAProxy, openssl, nftables (the chaos drill's network cuts) and systemd (its
-# unit checker) from the OS packages, and the Python drivers used by the tests.
+# sysbench, HAProxy, openssl, nftables (the chaos drill's network cuts), systemd (its
+# unit checker), etcd and protoc (the fleet) from the OS packages, and the Python drivers used by the tests.
 # Idempotent: skips what is already there.
 set -euo pipefail
 
@@ -18,6 +18,10 @@ command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 # An idle JDBC connection across upgrades (crates/holdfast/tests/upgrade.rs).
 command -v javac >/dev/null 2>&1 || need+=(default-jdk-headless)
 [ -f /usr/share/java/mariadb-java-client.jar ] || need+=(libmariadb-java)
+# A fleet of holdfast processes coordinates through etcd (crates/fleet); the etcd client's
+# protocol files are compiled at build time (protoc).
+command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing OS packages: ${need[*]}"
   SUDO=""

@@ -73,6 +73,22 @@ pub struct Status {
     /// The configuration file in force (`POST /reload` reads it again).
     #[serde(default)]
     pub config: ConfigView,
+    /// This process as a member of a fleet (`[cluster]`), if it is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<FleetView>,
+}
+
+/// A member's standing in its fleet.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FleetView {
+    /// The fleet's name (`[cluster] name`).
+    pub name: String,
+    /// This member's name.
+    pub member: String,
+    /// This member leads the fleet: it runs HA.
+    pub leader: bool,
+    /// The leader's election revision, while this member leads.
+    pub epoch: i64,
 }
 
 /// The configuration file in force: which, its SHA-256 (what `sha256sum` prints), when it
@@ -217,6 +233,15 @@ pub fn status(shared: &Shared) -> Status {
         pid: std::process::id(),
         generation: shared.upgrader.generation(),
         handed_over_to: *shared.upgrader.handed_over().borrow(),
+        fleet: shared.fleet.as_ref().map(|f| {
+            let standing = *f.leadership().borrow();
+            FleetView {
+                name: f.name().to_string(),
+                member: f.member().to_string(),
+                leader: standing.leader,
+                epoch: standing.epoch,
+            }
+        }),
         listen: config.proxy.listen.clone(),
         topology: topology_view(&topo),
         verifiers_loaded: shared.verifiers.is_loaded(),
@@ -649,6 +674,20 @@ pub fn render_status(s: &Status) -> String {
             "upgraded: process {pid} serves; this one drains its {} sessions",
             s.counters.sessions_open
         );
+    }
+    if let Some(f) = &s.fleet {
+        let _ = match f.leader {
+            true => writeln!(
+                o,
+                "fleet {}: member {} leads (epoch {}): it runs HA",
+                f.name, f.member, f.epoch
+            ),
+            false => writeln!(
+                o,
+                "fleet {}: member {} does not lead: another member runs HA",
+                f.name, f.member
+            ),
+        };
     }
     let _ = writeln!(
         o,

@@ -14,6 +14,7 @@
 //! * [`reload`]: what a reload changes, applies now or leaves for a restart.
 
 pub mod admin;
+pub mod cluster;
 pub mod ha;
 pub mod locate;
 pub mod log;
@@ -25,6 +26,7 @@ pub mod split;
 pub mod tls;
 
 pub use admin::{AdminConfig, AdminToken, TokenSource};
+pub use cluster::ClusterConfig;
 pub use ha::{Durability, HaConfig, HaMode};
 pub use locate::Location;
 pub use log::LogConfig;
@@ -90,6 +92,10 @@ pub struct Config {
     /// connect, scaled in place, metered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serverless: Option<ServerlessConfig>,
+    /// This process is one member of a fleet of holdfast processes (`[cluster]`),
+    /// coordinated through etcd: one of them, the leader, runs HA.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterConfig>,
     /// TLS offered to clients (`[tls]`). Written out only when set, so that a config
     /// without TLS reads in builds from before it.
     #[serde(default, skip_serializing_if = "is_default")]
@@ -530,6 +536,15 @@ impl Config {
                 ));
             }
             sl.validate()?;
+        }
+        if let Some(c) = &self.cluster {
+            c.validate()?;
+            if self.serverless.is_some() {
+                return Err(invalid_key(
+                    "cluster",
+                    "a fleet in front of a [serverless] instance is not supported yet",
+                ));
+            }
         }
         self.ha.validate()
     }

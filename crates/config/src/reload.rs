@@ -83,6 +83,8 @@ fn keep_restart_settings(running: &Config, file: &Config) -> Config {
     eff.proxy.worker_threads = running.proxy.worker_threads;
     eff.proxy.backend_source_address = running.proxy.backend_source_address;
     eff.admin = running.admin.clone();
+    // The fleet's membership is started at start.
+    eff.cluster = running.cluster.clone();
     eff.driver.kind = running.driver.kind;
     eff.driver.lab_dir = running.driver.lab_dir.clone();
     // The failure detector, the semi-sync keeper and the marker table are started (or

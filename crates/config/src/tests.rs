@@ -605,3 +605,25 @@ fn errors_name_the_file_line_and_key() {
         assert!(!err.contains('\n'), "one line: {err}");
     }
 }
+
+#[test]
+fn a_cluster_section_names_its_fleet_and_etcd() {
+    let with = |section: &str| Config::parse(&format!("{EXAMPLE}\n[cluster]\n{section}"), "t");
+    let cfg = with("name = \"prod\"\netcd = [\"http://127.0.0.1:2379\"]\n").unwrap();
+    let c = cfg.cluster.expect("[cluster]");
+    assert_eq!((c.name.as_str(), c.lease_ttl_secs), ("prod", 3));
+    assert_eq!(c.member, None);
+    // Each refusal names its key.
+    for (section, key) in [
+        ("name = \"a/b\"\netcd = [\"http://127.0.0.1:2379\"]\n", "cluster.name"),
+        ("name = \"prod\"\netcd = []\n", "cluster.etcd"),
+        ("name = \"prod\"\netcd = [\"127.0.0.1:2379\"]\n", "cluster.etcd[0]"),
+        (
+            "name = \"prod\"\netcd = [\"http://127.0.0.1:2379\"]\nlease_ttl_secs = 1\n",
+            "cluster.lease_ttl_secs",
+        ),
+    ] {
+        let e = with(section).expect_err(section).to_string();
+        assert!(e.contains(key), "{section}: {e}");
+    }
+}

@@ -633,6 +633,7 @@ pub fn lab_config(lab: &TestLab) -> Config {
         },
         listeners: Vec::new(),
         serverless: None,
+        cluster: None,
         tls,
         backend_tls,
         split: Default::default(),

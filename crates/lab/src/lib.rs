@@ -26,6 +26,7 @@
 
 mod certs;
 mod cli;
+pub mod etcd;
 mod lab;
 pub mod mysql_client;
 mod node_driver;

@@ -100,7 +100,36 @@ pub struct Shared {
     /// Admin API connections being served (an upgraded process answers them before it
     /// exits).
     pub admin_connections: Arc<std::sync::atomic::AtomicUsize>,
+    /// This process as a member of a fleet (`[cluster]`): HA is run by the fleet's leader
+    /// only.
+    pub fleet: Option<holdfast_fleet::Fleet>,
     next_session_id: AtomicU32,
+}
+
+/// Runs HA while this process leads its fleet: in charge when elected, letting go (an
+/// operation under way finishes first) when it no longer leads.
+async fn follow_the_fleet(
+    shared: Arc<Shared>,
+    mut leadership: watch::Receiver<holdfast_fleet::Leadership>,
+) {
+    let mut leading = false;
+    loop {
+        let now = *leadership.borrow_and_update();
+        if now.leader && !leading {
+            tracing::info!(
+                epoch = now.epoch,
+                "fleet: this member leads; in charge of HA"
+            );
+            shared.ha.take_charge();
+        } else if !now.leader && leading {
+            tracing::warn!("fleet: this member no longer leads; HA is left to the leader");
+            shared.ha.release().await;
+        }
+        leading = now.leader;
+        if leadership.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// What an embedder or a test puts in place of the drivers the configuration names.
@@ -178,6 +207,7 @@ impl Shared {
             monitor_links: watch::channel(Default::default()).1,
             upgrader: upgrade::Upgrader::default(),
             admin_connections: Arc::default(),
+            fleet: None,
             next_session_id: AtomicU32::new(0),
         }
     }
@@ -369,7 +399,25 @@ impl Proxy {
                 .map_err(|e| std::io::Error::other(e.to_string()))?;
             shared.ledger = Some(Arc::new(ledger));
         }
+        if let Some(cluster) = &config.cluster {
+            // HA is the fleet leader's: this process runs it only while it leads.
+            shared.ha.stand_by();
+            let me = holdfast_fleet::MemberInfo {
+                member: cluster
+                    .member
+                    .clone()
+                    .unwrap_or_else(|| config.admin.listen.clone()),
+                listen: config.proxy.listen.clone(),
+                admin: config.admin.listen.clone(),
+                version: env!("CARGO_PKG_VERSION").to_string(),
+                pid: std::process::id(),
+            };
+            shared.fleet = Some(holdfast_fleet::Fleet::join(cluster.clone(), me));
+        }
         let shared = Arc::new(shared);
+        if let Some(fleet) = &shared.fleet {
+            tokio::spawn(follow_the_fleet(shared.clone(), fleet.leadership()));
+        }
         shared
             .upgrader
             .register(upgrade::Role::Proxy, &config.proxy.listen, &listener)?;

@@ -390,7 +390,7 @@ impl HaController {
     fn check_managed(&self) -> Result<(), HaError> {
         if !*self.in_charge.borrow() {
             return Err(HaError::NotInCharge(
-                "this process is handing over to, or taking over from, another in an upgrade",
+                "this process is handing over to, or taking over from, another in an upgrade, or another member of its fleet leads: ask the leader",
             ));
         }
         match self.cfg.load().ha.mode {
@@ -627,7 +627,7 @@ impl HaController {
                 // Another process runs the detector: from scratch once this one is back
                 // in charge.
                 tracing::info!(
-                    "ha: not in charge (an upgrade hands HA over); the failure detector waits"
+                    "ha: not in charge (an upgrade hands HA over, or another fleet member leads); the failure detector waits"
                 );
                 if in_charge.wait_for(|c| *c).await.is_err() {
                     return;

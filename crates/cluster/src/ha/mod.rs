@@ -132,7 +132,8 @@ pub enum HaError {
     #[error("ha.mode is \"external\": replication is managed elsewhere and holdfast only follows the writable node; set ha.mode = \"managed\" to let holdfast run switchovers and failovers")]
     NotManaged,
     /// Another holdfast process is in charge of HA: this one is handing over to it during
-    /// an upgrade, or taking over and not yet in charge.
+    /// an upgrade, or taking over and not yet in charge, or another member of its fleet
+    /// leads.
     #[error("another holdfast process is in charge of HA now ({0})")]
     NotInCharge(&'static str),
     /// The operation's task ended without a result (it panicked).

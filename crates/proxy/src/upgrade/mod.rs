@@ -291,7 +291,14 @@ impl Upgrader {
         self.session_sink.send_replace(None);
         self.peer.store(None);
         self.handed_over.send_replace(None);
-        shared.ha.take_charge();
+        // (In a fleet, only while this member still leads it.)
+        if shared
+            .fleet
+            .as_ref()
+            .is_none_or(|f| f.leadership().borrow().leader)
+        {
+            shared.ha.take_charge();
+        }
         if let Some(lc) = &shared.serverless {
             lc.take_charge();
         }
@@ -701,11 +708,17 @@ impl TakeOver {
             // old process's sessions.)
             let peer = peer::Peer::new(self.stream, self.format >= PEER_FORMAT);
             shared.upgrader.peer.store(Some(peer.clone()));
-            shared.ha.take_charge();
+            if shared.fleet.is_none() {
+                shared.ha.take_charge();
+                tracing::info!("upgrade: in charge of HA");
+            } else {
+                // In a fleet, HA is the elected leader's (the old process leads until its
+                // lease runs out once it exits).
+                tracing::info!("upgrade: HA is the fleet leader's");
+            }
             if let Some(lc) = &shared.serverless {
                 lc.take_charge();
             }
-            tracing::info!("upgrade: in charge of HA");
             receive_sessions(&peer, &shared).await;
             peer.went();
             // (A newer process may have taken this one's place as the other one's peer.)

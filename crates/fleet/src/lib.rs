@@ -1,0 +1,195 @@
+//! A fleet of holdfast processes in front of one database cluster (`[cluster]`),
+//! coordinated through etcd, as Patroni coordinates PostgreSQL nodes: each member keeps a
+//! lease (`lease_ttl_secs`), registers itself under it, and campaigns in an etcd election;
+//! the one elected is the leader, the only member that makes cluster decisions (HA). The
+//! election key's creation revision is the leader's epoch.
+//!
+//! A leader that cannot renew its lease stops leading before the lease can expire at etcd
+//! (after two thirds of the TTL without a renewal), so two members never both lead; it
+//! then starts over with a new lease and campaigns again. A member that cannot reach etcd
+//! keeps serving its sessions and makes no cluster decision.
+//!
+//! Keys, under `/holdfast/<name>/`: `members/<member>` (JSON: [`MemberInfo`], under the
+//! member's lease) and the election `leader`.
+
+use etcd_client::{Client, ConnectOptions, PutOptions};
+use holdfast_config::ClusterConfig;
+use serde::{Deserialize, Serialize};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// What a member says of itself in etcd.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberInfo {
+    /// Its name in the fleet (`[cluster] member`).
+    pub member: String,
+    /// Where clients connect (`[proxy] listen`).
+    pub listen: String,
+    /// Its admin API (`[admin] listen`).
+    pub admin: String,
+    pub version: String,
+    pub pid: u32,
+}
+
+/// This member's standing in the fleet now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Leadership {
+    /// It leads: it makes the cluster decisions.
+    pub leader: bool,
+    /// The leader's election revision (when this member leads): a later leader's is
+    /// higher.
+    pub epoch: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    #[error("etcd: {0}")]
+    Etcd(#[from] etcd_client::Error),
+    #[error("the lease was not renewed within {0:?}")]
+    LeaseLost(Duration),
+    #[error("etcd elected no leader")]
+    NoLeader,
+}
+
+/// This member of the fleet: its standing, kept up to date by a task of its own.
+pub struct Fleet {
+    name: String,
+    member: String,
+    leadership: watch::Receiver<Leadership>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Fleet {
+    /// Joins the fleet `cfg` names as `me`: from now on, in the background, it keeps a
+    /// lease, registers and campaigns (retrying while etcd cannot be reached). Not the
+    /// leader until etcd elects it.
+    pub fn join(cfg: ClusterConfig, me: MemberInfo) -> Fleet {
+        let (tx, rx) = watch::channel(Leadership::default());
+        let name = cfg.name.clone();
+        let member = me.member.clone();
+        let task = tokio::spawn(run(cfg, me, tx));
+        Fleet {
+            name,
+            member,
+            leadership: rx,
+            task,
+        }
+    }
+
+    /// The fleet's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// This member's name.
+    pub fn member(&self) -> &str {
+        &self.member
+    }
+
+    /// This member's standing, as it changes.
+    pub fn leadership(&self) -> watch::Receiver<Leadership> {
+        self.leadership.clone()
+    }
+}
+
+/// The key prefix of the fleet `name`.
+fn prefix(name: &str) -> String {
+    format!("/holdfast/{name}/")
+}
+
+/// Keeps the member in the fleet for as long as the process runs.
+async fn run(cfg: ClusterConfig, me: MemberInfo, tx: watch::Sender<Leadership>) {
+    let mut backoff = Duration::from_millis(250);
+    loop {
+        let started = Instant::now();
+        let ended = serve(&cfg, &me, &tx).await;
+        if tx.borrow().leader {
+            tracing::warn!(fleet = %cfg.name, member = %me.member, "fleet: no longer the leader");
+        }
+        tx.send_replace(Leadership::default());
+        match ended {
+            Ok(()) => {}
+            Err(e) => {
+                tracing::warn!(fleet = %cfg.name, member = %me.member, error = %e, "fleet: out of touch with etcd; trying again")
+            }
+        }
+        if started.elapsed() > cfg.lease_ttl() {
+            backoff = Duration::from_millis(250);
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(cfg.lease_ttl());
+    }
+}
+
+/// One life of the member in etcd: a lease, the member key, the campaign, the lease kept
+/// until it cannot be.
+async fn serve(
+    cfg: &ClusterConfig,
+    me: &MemberInfo,
+    tx: &watch::Sender<Leadership>,
+) -> Result<(), FleetError> {
+    let ttl = cfg.lease_ttl();
+    let options = ConnectOptions::new()
+        .with_connect_timeout(ttl)
+        .with_timeout(ttl);
+    let mut client = Client::connect(&cfg.etcd, Some(options)).await?;
+    let lease = client.lease_grant(ttl.as_secs() as i64, None).await?.id();
+    let (mut keeper, mut renewals) = client.lease_keep_alive(lease).await?;
+    let prefix = prefix(&cfg.name);
+    let info = serde_json::to_vec(me).unwrap_or_default();
+    client
+        .put(
+            format!("{prefix}members/{}", me.member),
+            info,
+            Some(PutOptions::new().with_lease(lease)),
+        )
+        .await?;
+    tracing::info!(fleet = %cfg.name, member = %me.member, lease, "fleet: joined; campaigning");
+    let mut election = client.clone();
+    let campaign = election.campaign(format!("{prefix}leader"), me.member.as_bytes(), lease);
+    tokio::pin!(campaign);
+    let mut campaigning = true;
+    // Renewed three times per TTL; a leader stops leading after two thirds of it without
+    // a renewal (the lease still holds at etcd then: no other member can lead yet).
+    let every = ttl / 3;
+    let demote_after = ttl * 2 / 3;
+    let mut renewed = Instant::now();
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tokio::select! {
+            won = &mut campaign, if campaigning => {
+                campaigning = false;
+                let won = won?;
+                let key = won.leader().ok_or(FleetError::NoLeader)?;
+                if renewed.elapsed() >= demote_after {
+                    return Err(FleetError::LeaseLost(demote_after));
+                }
+                tracing::info!(fleet = %cfg.name, member = %me.member, epoch = key.rev(), "fleet: elected leader");
+                tx.send_replace(Leadership { leader: true, epoch: key.rev() });
+            }
+            _ = tick.tick() => {
+                if renewed.elapsed() >= demote_after {
+                    return Err(FleetError::LeaseLost(demote_after));
+                }
+                // A renewal answered within the tick counts; a lease etcd says is gone
+                // (TTL 0) ends this life.
+                let answer = async {
+                    keeper.keep_alive().await?;
+                    renewals.message().await
+                };
+                match tokio::time::timeout(every, answer).await {
+                    Ok(Ok(Some(r))) if r.ttl() > 0 => renewed = Instant::now(),
+                    Ok(Ok(_)) => return Err(FleetError::LeaseLost(ttl)),
+                    Ok(Err(e)) => return Err(e.into()),
+                    Err(_) => {}
+                }
+            }
+        }
+    }
+}

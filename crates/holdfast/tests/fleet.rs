@@ -1,0 +1,181 @@
+//! Two `holdfast serve` processes in front of one lab, members of one fleet (`[cluster]`)
+//! through a real etcd: one of them leads and runs HA; the primary killed, exactly one
+//! failover is made, by the leader, and both members' sessions move; the leader killed,
+//! the other member leads within the lease's TTL.
+
+mod common;
+
+use common::{holdfast, lab_up, run, Lab};
+use holdfast_lab::etcd::Etcd;
+use mysql::prelude::*;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+/// A `holdfast serve` killed when dropped.
+struct Serving(Child);
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn status(config: &Path) -> Option<serde_json::Value> {
+    let out = run(holdfast()
+        .args(["ctl", "--config"])
+        .arg(config)
+        .args(["status", "--json"]));
+    out.status
+        .success()
+        .then(|| serde_json::from_slice(&out.stdout).ok())
+        .flatten()
+}
+
+fn wait_for<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    holdfast_lab::wait_for(what, Duration::from_secs(30), f).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn serve(config: &Path, log: &Path) -> Serving {
+    Serving(
+        holdfast()
+            .args(["serve", "--config"])
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).expect("a log"))
+            .spawn()
+            .expect("holdfast serve"),
+    )
+}
+
+fn session(port: u16) -> mysql::Conn {
+    let url = format!("mysql://app:app_pass@127.0.0.1:{port}/sbtest?prefer_socket=false");
+    mysql::Conn::new(mysql::Opts::from_url(&url).expect("url")).expect("a session")
+}
+
+#[test]
+fn one_member_leads_fails_over_once_and_the_lead_moves_when_it_dies() {
+    let dir: PathBuf = std::env::temp_dir().join(format!("holdfast-fleet-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let base = lab_up(&dir, &["--replicas", "1"]);
+    let _lab = Lab(dir.clone());
+    let etcd = Etcd::start(&dir.join("etcd")).expect("etcd");
+    let lab_config = std::fs::read_to_string(dir.join("holdfast.toml")).expect("the lab's config");
+    let cluster = |member: &str| {
+        format!(
+            "\n[cluster]\nname = \"lab\"\netcd = [\"{}\"]\nmember = \"{member}\"\nlease_ttl_secs = 2\n",
+            etcd.endpoint
+        )
+    };
+    // Member a on the lab's ports; member b on others.
+    let a_config = dir.join("a.toml");
+    std::fs::write(&a_config, format!("{lab_config}{}", cluster("a"))).expect("a's config");
+    let b_port = free_port();
+    let mut b_text = lab_config.clone();
+    for (i, port) in [b_port, free_port(), free_port()].iter().enumerate() {
+        let from = format!("\"127.0.0.1:{}\"", base + i as u16);
+        assert!(b_text.contains(&from), "the lab's config listens on {from}");
+        b_text = b_text.replace(&from, &format!("\"127.0.0.1:{port}\""));
+    }
+    let b_config = dir.join("b.toml");
+    std::fs::write(&b_config, format!("{b_text}{}", cluster("b"))).expect("b's config");
+    let (a_log, b_log) = (dir.join("a.log"), dir.join("b.log"));
+    let logs = || {
+        format!(
+            "a:\n{}\nb:\n{}",
+            std::fs::read_to_string(&a_log).unwrap_or_default(),
+            std::fs::read_to_string(&b_log).unwrap_or_default()
+        )
+    };
+    let mut a = Some(serve(&a_config, &a_log));
+    let _b = serve(&b_config, &b_log);
+
+    // One leader, the same fleet on both.
+    let leaders = || -> Option<(bool, bool)> {
+        let (sa, sb) = (status(&a_config)?, status(&b_config)?);
+        let (la, lb) = (
+            sa["fleet"]["leader"].as_bool()?,
+            sb["fleet"]["leader"].as_bool()?,
+        );
+        (la || lb).then_some((la, lb))
+    };
+    let (a_leads, b_leads) = wait_for("a leader", leaders);
+    assert!(a_leads != b_leads, "two leaders\n{}", logs());
+    // `ctl status` says so to an operator.
+    let out = run(holdfast()
+        .args(["ctl", "--config"])
+        .arg(&a_config)
+        .arg("status"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let said = match a_leads {
+        true => "fleet lab: member a leads",
+        false => "fleet lab: member a does not lead",
+    };
+    assert!(text.contains(said), "{text}");
+    let (leader, follower) = match a_leads {
+        true => (&a_config, &b_config),
+        false => (&b_config, &a_config),
+    };
+
+    // A session on each member, with state.
+    let mut on_a = session(base);
+    let mut on_b = session(b_port);
+    on_a.query_drop("SET @who = 'a'").expect("set");
+    on_b.query_drop("SET @who = 'b'").expect("set");
+
+    // (What the sessions set is captured first, as an idle session's is within moments.)
+    for config in [&a_config, &b_config] {
+        wait_for("the sessions' state captured", || {
+            let sessions = status(config)?["sessions"].as_array()?.clone();
+            (!sessions.is_empty() && sessions.iter().all(|s| s["capture_due"] == false))
+                .then_some(())
+        });
+    }
+    // The primary killed: one failover, the leader's.
+    holdfast_lab::kill_node(&dir, "node1").expect("kill node1");
+    for config in [&a_config, &b_config] {
+        wait_for("node2 the primary on both members", || {
+            (status(config)?["topology"]["primary"] == "node2").then_some(())
+        });
+    }
+    let failovers = |config: &Path| {
+        status(config).expect("a status")["ha"]["counters"]["failovers"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    assert_eq!(failovers(leader), 1, "{}", logs());
+    assert_eq!(failovers(follower), 0, "{}", logs());
+    // Both members' sessions went on, on the new primary.
+    for (c, who) in [(&mut on_a, "a"), (&mut on_b, "b")] {
+        let v: Option<Option<String>> = c
+            .query_first("SELECT @who")
+            .unwrap_or_else(|e| panic!("the session goes on: {e}\n{}", logs()));
+        let v = v.flatten();
+        assert_eq!(v.as_deref(), Some(who), "{}", logs());
+    }
+
+    // The leader killed (SIGKILL: its lease runs out): the other member leads.
+    if a_leads {
+        drop(a.take());
+    } else {
+        drop(_b);
+    }
+    let survivor = match a_leads {
+        true => &b_config,
+        false => &a_config,
+    };
+    wait_for("the other member to lead", || {
+        status(survivor)?["fleet"]["leader"]
+            .as_bool()?
+            .then_some(())
+    });
+    drop(etcd);
+}

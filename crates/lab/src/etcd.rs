@@ -1,0 +1,81 @@
+//! An etcd of its own for a fleet of holdfast processes (`[cluster]`): Debian's
+//! `etcd-server`, one member, on loopback ports, its data in a directory given. Stopped
+//! (killed) when dropped.
+
+use anyhow::{Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+pub struct Etcd {
+    child: Child,
+    dir: PathBuf,
+    /// Where clients connect: `http://127.0.0.1:PORT`.
+    pub endpoint: String,
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+impl Etcd {
+    /// Starts etcd with its data under `dir` (created), on free loopback ports, and waits
+    /// until it answers.
+    pub fn start(dir: &Path) -> Result<Etcd> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let client = format!("http://127.0.0.1:{}", free_port()?);
+        let peer = format!("http://127.0.0.1:{}", free_port()?);
+        let log = std::fs::File::create(dir.join("etcd.log"))?;
+        let child = Command::new("etcd")
+            .args(["--name", "lab", "--data-dir"])
+            .arg(dir.join("etcd-data"))
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args(["--initial-cluster", &format!("lab={peer}")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("starting etcd (Debian's etcd-server package)")?;
+        let etcd = Etcd {
+            child,
+            dir: dir.to_path_buf(),
+            endpoint: client,
+        };
+        let address = etcd.endpoint.trim_start_matches("http://").to_string();
+        crate::wait_for("etcd to listen", Duration::from_secs(30), || {
+            std::net::TcpStream::connect(&address).ok()
+        })?;
+        Ok(etcd)
+    }
+
+    /// Stops it now (a test of a fleet without etcd).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Its data directory's parent, as given.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
