@@ -615,9 +615,15 @@ fn a_cluster_section_names_its_fleet_and_etcd() {
     assert_eq!(c.member, None);
     // Each refusal names its key.
     for (section, key) in [
-        ("name = \"a/b\"\netcd = [\"http://127.0.0.1:2379\"]\n", "cluster.name"),
+        (
+            "name = \"a/b\"\netcd = [\"http://127.0.0.1:2379\"]\n",
+            "cluster.name",
+        ),
         ("name = \"prod\"\netcd = []\n", "cluster.etcd"),
-        ("name = \"prod\"\netcd = [\"127.0.0.1:2379\"]\n", "cluster.etcd[0]"),
+        (
+            "name = \"prod\"\netcd = [\"127.0.0.1:2379\"]\n",
+            "cluster.etcd[0]",
+        ),
         (
             "name = \"prod\"\netcd = [\"http://127.0.0.1:2379\"]\nlease_ttl_secs = 1\n",
             "cluster.lease_ttl_secs",
