@@ -15,6 +15,7 @@
 use etcd_client::{Client, ConnectOptions, PutOptions};
 use holdfast_config::ClusterConfig;
 use serde::{Deserialize, Serialize};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
@@ -56,7 +57,18 @@ pub struct Fleet {
     name: String,
     member: String,
     leadership: watch::Receiver<Leadership>,
+    /// While this member leads: its election key, to ask etcd again.
+    proof: Arc<Mutex<Option<Proof>>>,
+    ttl: Duration,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// What a leader shows etcd to confirm it still leads: its election key and revision.
+#[derive(Clone)]
+struct Proof {
+    client: Client,
+    key: Vec<u8>,
+    epoch: i64,
 }
 
 impl Drop for Fleet {
@@ -73,12 +85,38 @@ impl Fleet {
         let (tx, rx) = watch::channel(Leadership::default());
         let name = cfg.name.clone();
         let member = me.member.clone();
-        let task = tokio::spawn(run(cfg, me, tx));
+        let proof = Arc::new(Mutex::new(None));
+        let ttl = cfg.lease_ttl();
+        let task = tokio::spawn(run(cfg, me, tx, proof.clone()));
         Fleet {
             name,
             member,
             leadership: rx,
+            proof,
+            ttl,
             task,
+        }
+    }
+
+    /// Whether this member still leads, as etcd says now (its election key is there, of
+    /// its revision): asked before a cluster decision, so that a leader that lost its
+    /// lease without noticing yet (paused, cut off) makes none. False when etcd does not
+    /// answer within a third of the lease's TTL.
+    pub async fn confirm_leading(&self) -> bool {
+        if !self.leadership.borrow().leader {
+            return false;
+        }
+        let Some(proof) = self.proof.lock().ok().and_then(|p| p.clone()) else {
+            return false;
+        };
+        let mut client = proof.client.clone();
+        let asked = tokio::time::timeout(self.ttl / 3, client.get(proof.key.clone(), None)).await;
+        match asked {
+            Ok(Ok(r)) => r
+                .kvs()
+                .first()
+                .is_some_and(|kv| kv.create_revision() == proof.epoch),
+            _ => false,
         }
     }
 
@@ -104,11 +142,19 @@ fn prefix(name: &str) -> String {
 }
 
 /// Keeps the member in the fleet for as long as the process runs.
-async fn run(cfg: ClusterConfig, me: MemberInfo, tx: watch::Sender<Leadership>) {
+async fn run(
+    cfg: ClusterConfig,
+    me: MemberInfo,
+    tx: watch::Sender<Leadership>,
+    proof: Arc<Mutex<Option<Proof>>>,
+) {
     let mut backoff = Duration::from_millis(250);
     loop {
         let started = Instant::now();
-        let ended = serve(&cfg, &me, &tx).await;
+        let ended = serve(&cfg, &me, &tx, &proof).await;
+        if let Ok(mut p) = proof.lock() {
+            *p = None;
+        }
         if tx.borrow().leader {
             tracing::warn!(fleet = %cfg.name, member = %me.member, "fleet: no longer the leader");
         }
@@ -133,6 +179,7 @@ async fn serve(
     cfg: &ClusterConfig,
     me: &MemberInfo,
     tx: &watch::Sender<Leadership>,
+    proof: &Mutex<Option<Proof>>,
 ) -> Result<(), FleetError> {
     let ttl = cfg.lease_ttl();
     let options = ConnectOptions::new()
@@ -171,6 +218,9 @@ async fn serve(
                     return Err(FleetError::LeaseLost(demote_after));
                 }
                 tracing::info!(fleet = %cfg.name, member = %me.member, epoch = key.rev(), "fleet: elected leader");
+                if let Ok(mut p) = proof.lock() {
+                    *p = Some(Proof { client: client.clone(), key: key.key().to_vec(), epoch: key.rev() });
+                }
                 tx.send_replace(Leadership { leader: true, epoch: key.rev() });
             }
             _ = tick.tick() => {

@@ -88,7 +88,10 @@ async fn a_leader_that_loses_etcd_stops_leading() {
     let a = Fleet::join(config(&etcd), member("a"));
     let limit = Duration::from_secs(20);
     wait_until("a leader", limit, || standing(&a).leader).await;
+    assert!(a.confirm_leading().await, "etcd confirms the leader");
     etcd.kill();
+    // Asked before a decision: etcd cannot confirm it, whatever the member believes yet.
+    assert!(!a.confirm_leading().await);
     // Within the lease's TTL (2 s), with room for a loaded machine.
     wait_until("the leader to stop leading", limit, || !standing(&a).leader).await;
     let _ = std::fs::remove_dir_all(dir);

@@ -61,54 +61,102 @@ fn session(port: u16) -> mysql::Conn {
     mysql::Conn::new(mysql::Opts::from_url(&url).expect("url")).expect("a session")
 }
 
-#[test]
-fn one_member_leads_fails_over_once_and_the_lead_moves_when_it_dies() {
-    let dir: PathBuf = std::env::temp_dir().join(format!("holdfast-fleet-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let base = lab_up(&dir, &["--replicas", "1"]);
-    let _lab = Lab(dir.clone());
-    let etcd = Etcd::start(&dir.join("etcd")).expect("etcd");
-    let lab_config = std::fs::read_to_string(dir.join("holdfast.toml")).expect("the lab's config");
-    let cluster = |member: &str| {
-        format!(
-            "\n[cluster]\nname = \"lab\"\netcd = [\"{}\"]\nmember = \"{member}\"\nlease_ttl_secs = 2\n",
-            etcd.endpoint
-        )
-    };
-    // Member a on the lab's ports; member b on others.
-    let a_config = dir.join("a.toml");
-    std::fs::write(&a_config, format!("{lab_config}{}", cluster("a"))).expect("a's config");
-    let b_port = free_port();
-    let mut b_text = lab_config.clone();
-    for (i, port) in [b_port, free_port(), free_port()].iter().enumerate() {
-        let from = format!("\"127.0.0.1:{}\"", base + i as u16);
-        assert!(b_text.contains(&from), "the lab's config listens on {from}");
-        b_text = b_text.replace(&from, &format!("\"127.0.0.1:{port}\""));
+/// A lab of `replicas` replicas, an etcd, and two members' configs: `a` on the lab's
+/// ports, `b` on others.
+struct Fleet {
+    dir: PathBuf,
+    base: u16,
+    b_port: u16,
+    a_config: PathBuf,
+    b_config: PathBuf,
+    a_log: PathBuf,
+    b_log: PathBuf,
+    // (Dropped last: the members first, then etcd, then the lab.)
+    _etcd: Etcd,
+    _lab: Lab,
+}
+
+impl Fleet {
+    fn new(name: &str, replicas: &str) -> Fleet {
+        let dir: PathBuf =
+            std::env::temp_dir().join(format!("holdfast-fleet-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let base = lab_up(&dir, &["--replicas", replicas]);
+        let lab = Lab(dir.clone());
+        let etcd = Etcd::start(&dir.join("etcd")).expect("etcd");
+        let lab_config =
+            std::fs::read_to_string(dir.join("holdfast.toml")).expect("the lab's config");
+        let cluster = |member: &str| {
+            format!(
+                "\n[cluster]\nname = \"lab\"\netcd = [\"{}\"]\nmember = \"{member}\"\nlease_ttl_secs = 2\n",
+                etcd.endpoint
+            )
+        };
+        let a_config = dir.join("a.toml");
+        std::fs::write(&a_config, format!("{lab_config}{}", cluster("a"))).expect("a's config");
+        let b_port = free_port();
+        let mut b_text = lab_config.clone();
+        for (i, port) in [b_port, free_port(), free_port()].iter().enumerate() {
+            let from = format!("\"127.0.0.1:{}\"", base + i as u16);
+            assert!(b_text.contains(&from), "the lab's config listens on {from}");
+            b_text = b_text.replace(&from, &format!("\"127.0.0.1:{port}\""));
+        }
+        let b_config = dir.join("b.toml");
+        std::fs::write(&b_config, format!("{b_text}{}", cluster("b"))).expect("b's config");
+        Fleet {
+            a_log: dir.join("a.log"),
+            b_log: dir.join("b.log"),
+            dir,
+            base,
+            b_port,
+            a_config,
+            b_config,
+            _etcd: etcd,
+            _lab: lab,
+        }
     }
-    let b_config = dir.join("b.toml");
-    std::fs::write(&b_config, format!("{b_text}{}", cluster("b"))).expect("b's config");
-    let (a_log, b_log) = (dir.join("a.log"), dir.join("b.log"));
-    let logs = || {
+
+    fn logs(&self) -> String {
         format!(
             "a:\n{}\nb:\n{}",
-            std::fs::read_to_string(&a_log).unwrap_or_default(),
-            std::fs::read_to_string(&b_log).unwrap_or_default()
+            std::fs::read_to_string(&self.a_log).unwrap_or_default(),
+            std::fs::read_to_string(&self.b_log).unwrap_or_default()
         )
-    };
-    let mut a = Some(serve(&a_config, &a_log));
-    let _b = serve(&b_config, &b_log);
+    }
+
+    /// Waits for a leader; whether it is `a`.
+    fn a_leads(&self) -> bool {
+        let leaders = || -> Option<(bool, bool)> {
+            let (sa, sb) = (status(&self.a_config)?, status(&self.b_config)?);
+            let (la, lb) = (
+                sa["fleet"]["leader"].as_bool()?,
+                sb["fleet"]["leader"].as_bool()?,
+            );
+            (la || lb).then_some((la, lb))
+        };
+        let (a, b) = wait_for("a leader", leaders);
+        assert!(a != b, "two leaders\n{}", self.logs());
+        a
+    }
+}
+
+fn failovers(config: &Path) -> u64 {
+    status(config).expect("a status")["ha"]["counters"]["failovers"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+#[test]
+fn one_member_leads_fails_over_once_and_the_lead_moves_when_it_dies() {
+    let f = Fleet::new("failover", "1");
+    let (dir, base, b_port) = (f.dir.clone(), f.base, f.b_port);
+    let (a_config, b_config) = (f.a_config.clone(), f.b_config.clone());
+    let logs = || f.logs();
+    let mut a = Some(serve(&a_config, &f.a_log));
+    let _b = serve(&b_config, &f.b_log);
 
     // One leader, the same fleet on both.
-    let leaders = || -> Option<(bool, bool)> {
-        let (sa, sb) = (status(&a_config)?, status(&b_config)?);
-        let (la, lb) = (
-            sa["fleet"]["leader"].as_bool()?,
-            sb["fleet"]["leader"].as_bool()?,
-        );
-        (la || lb).then_some((la, lb))
-    };
-    let (a_leads, b_leads) = wait_for("a leader", leaders);
-    assert!(a_leads != b_leads, "two leaders\n{}", logs());
+    let a_leads = f.a_leads();
     // `ctl status` says so to an operator.
     let out = run(holdfast()
         .args(["ctl", "--config"])
@@ -146,11 +194,6 @@ fn one_member_leads_fails_over_once_and_the_lead_moves_when_it_dies() {
             (status(config)?["topology"]["primary"] == "node2").then_some(())
         });
     }
-    let failovers = |config: &Path| {
-        status(config).expect("a status")["ha"]["counters"]["failovers"]
-            .as_u64()
-            .unwrap_or(0)
-    };
     assert_eq!(failovers(leader), 1, "{}", logs());
     assert_eq!(failovers(follower), 0, "{}", logs());
     // Both members' sessions went on, on the new primary.
@@ -177,5 +220,53 @@ fn one_member_leads_fails_over_once_and_the_lead_moves_when_it_dies() {
             .as_bool()?
             .then_some(())
     });
-    drop(etcd);
+}
+
+/// The leader frozen (SIGSTOP) past its lease: the other member leads and fails the
+/// killed primary over; thawed, the old leader makes no decision (it asks etcd before
+/// any: it no longer leads), and the new leader's promotion stands.
+#[test]
+fn a_frozen_leader_thawed_after_its_lease_makes_no_promotion() {
+    let f = Fleet::new("frozen", "2");
+    let a = serve(&f.a_config, &f.a_log);
+    let b = serve(&f.b_config, &f.b_log);
+    let a_leads = f.a_leads();
+    let (leader, follower, leader_pid, leader_log) = match a_leads {
+        true => (&f.a_config, &f.b_config, a.0.id(), &f.a_log),
+        false => (&f.b_config, &f.a_config, b.0.id(), &f.b_log),
+    };
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &leader_pid.to_string()])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill {sig}");
+    };
+    signal("-STOP");
+    wait_for("the other member to lead", || {
+        status(follower)?["fleet"]["leader"]
+            .as_bool()?
+            .then_some(())
+    });
+    holdfast_lab::kill_node(&f.dir, "node1").expect("kill node1");
+    let promoted = wait_for("the new leader's failover", || {
+        let s = status(follower)?;
+        (s["ha"]["counters"]["failovers"].as_u64()? == 1)
+            .then(|| s["topology"]["primary"].as_str().map(str::to_string))
+            .flatten()
+    });
+    signal("-CONT");
+    // Thawed, it answers again, says it does not lead, and follows the new primary.
+    wait_for("the old leader to say it does not lead", || {
+        (!status(leader)?["fleet"]["leader"].as_bool()?).then_some(())
+    });
+    wait_for("the old leader to see the new primary", || {
+        (status(leader)?["topology"]["primary"] == promoted.as_str()).then_some(())
+    });
+    assert_eq!(failovers(leader), 0, "{}", f.logs());
+    assert_eq!(failovers(follower), 1, "{}", f.logs());
+    let log = std::fs::read_to_string(leader_log).unwrap_or_default();
+    assert!(!log.contains("ha: failover promoting"), "{}", f.logs());
+    drop((a, b));
 }

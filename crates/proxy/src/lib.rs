@@ -102,8 +102,19 @@ pub struct Shared {
     pub admin_connections: Arc<std::sync::atomic::AtomicUsize>,
     /// This process as a member of a fleet (`[cluster]`): HA is run by the fleet's leader
     /// only.
-    pub fleet: Option<holdfast_fleet::Fleet>,
+    pub fleet: Option<Arc<holdfast_fleet::Fleet>>,
     next_session_id: AtomicU32,
+}
+
+/// An HA operation asks etcd first whether this member still leads.
+struct FleetCharge(Arc<holdfast_fleet::Fleet>);
+
+impl holdfast_cluster::ha::controller::ChargeCheck for FleetCharge {
+    fn still_in_charge(
+        &self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>> {
+        Box::pin(self.0.confirm_leading())
+    }
 }
 
 /// Runs HA while this process leads its fleet: in charge when elected, letting go (an
@@ -412,7 +423,11 @@ impl Proxy {
                 version: env!("CARGO_PKG_VERSION").to_string(),
                 pid: std::process::id(),
             };
-            shared.fleet = Some(holdfast_fleet::Fleet::join(cluster.clone(), me));
+            let fleet = Arc::new(holdfast_fleet::Fleet::join(cluster.clone(), me));
+            shared
+                .ha
+                .set_charge_check(Arc::new(FleetCharge(fleet.clone())));
+            shared.fleet = Some(fleet);
         }
         let shared = Arc::new(shared);
         if let Some(fleet) = &shared.fleet {

@@ -227,6 +227,18 @@ pub struct HaController {
     /// during an upgrade the old one hands it to the new one ([`HaController::release`],
     /// [`HaController::take_charge`]).
     in_charge: watch::Sender<bool>,
+    /// Asked as each operation starts, when set: whether this process may still decide
+    /// (a fleet member that still leads, as etcd says now).
+    charge_check: std::sync::OnceLock<Arc<dyn ChargeCheck>>,
+}
+
+/// Whether this process may still make cluster decisions, asked of what grants it (the
+/// fleet's election) as each operation starts: a process that was in charge and lost it
+/// (paused, partitioned) without noticing yet does not act on it.
+pub trait ChargeCheck: Send + Sync {
+    fn still_in_charge(
+        &self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>>;
 }
 
 fn unix_ms() -> u64 {
@@ -249,6 +261,7 @@ impl HaController {
             nudge: Arc::new(Notify::new()),
             state,
             in_charge: watch::Sender::new(true),
+            charge_check: std::sync::OnceLock::new(),
         })
     }
 
@@ -256,6 +269,11 @@ impl HaController {
     /// another during an upgrade, before that one has let go.
     pub fn stand_by(&self) {
         self.in_charge.send_replace(false);
+    }
+
+    /// What each operation asks first from now on (once; a second is ignored).
+    pub fn set_charge_check(&self, check: Arc<dyn ChargeCheck>) {
+        let _ = self.charge_check.set(check);
     }
 
     /// In charge from now on.
@@ -461,6 +479,13 @@ impl HaController {
     }
 
     async fn execute(&self, ops: &mut Ops, req: Request) -> Result<Report, HaError> {
+        if let Some(check) = self.charge_check.get() {
+            if !check.still_in_charge().await {
+                return Err(HaError::NotInCharge(
+                    "this member no longer leads its fleet (its lease was not renewed in time)",
+                ));
+            }
+        }
         let cfg = self.config();
         let cfg = &*cfg;
         let ha = &cfg.ha;
