@@ -1952,6 +1952,29 @@ fn a_read_only_transaction_moves_to_the_primary_after_a_change_of_sql_mode() {
     same_as_directly(&h, &steps);
 }
 
+/// `COMMIT AND CHAIN` in a read-only transaction on a replica ends it and opens the next
+/// one there: the reads that move a transaction to the primary are the new one's only
+/// (seed 2047 session 138: the first one's reads ran again in the second on the primary,
+/// holding their tables; one that answered otherwise by then cost the transaction).
+#[test]
+fn a_chained_read_only_transaction_moves_with_its_own_reads_only() {
+    use holdfast_it::differential::q;
+    let h = split_harness(|_| {});
+    table_t_everywhere(&h);
+    let steps = vec![
+        q("SET @n = 1"),
+        q("START TRANSACTION READ ONLY"),
+        q("SELECT @n, v FROM t WHERE id = 1"),
+        q("COMMIT AND CHAIN"),
+        q("SET @n = 2"),
+        // A setting from a query: the transaction moves to the primary.
+        q("SET @m = (SELECT v FROM t WHERE id = 1)"),
+        q("SELECT @m, @n, @@in_transaction"),
+        q("COMMIT"),
+    ];
+    same_as_directly(&h, &steps);
+}
+
 /// A text whose last statement is only a comment is two statements to MariaDB (tried):
 /// through the split listener too, answered as the server answers it.
 #[test]

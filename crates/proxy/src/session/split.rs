@@ -1850,6 +1850,14 @@ impl Session {
                         }));
                 if ended {
                     self.end_shadow().await;
+                    if open {
+                        // A new transaction began with the end of the last one (`COMMIT
+                        // AND CHAIN`, `BEGIN`): its reads start over (seed 2047 session
+                        // 138).
+                        if let Some(split) = self.split.as_mut() {
+                            split.pinned_reads = PinnedReads::default();
+                        }
+                    }
                 } else if pinned && open {
                     let sql = client_statement
                         .map(|id| self.statements.resolve(id))
