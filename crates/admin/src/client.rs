@@ -17,14 +17,28 @@ pub struct AdminClient {
     /// `host:port`.
     pub addr: String,
     token: Option<AdminToken>,
+    /// Requests say they were forwarded by another member of the fleet
+    /// ([`FORWARDED_HEADER`]).
+    forwarded: bool,
 }
+
+/// The header a fleet member adds to an operation it forwards to the leader: a member that
+/// gets one and does not lead answers instead of forwarding it again.
+pub const FORWARDED_HEADER: &str = "x-holdfast-forwarded";
 
 impl AdminClient {
     pub fn new(addr: impl Into<String>, token: Option<AdminToken>) -> Self {
         AdminClient {
             addr: addr.into(),
             token,
+            forwarded: false,
         }
+    }
+
+    /// The same client, its requests marked as forwarded by a fleet member.
+    pub fn forwarding(mut self) -> Self {
+        self.forwarded = true;
+        self
     }
 
     /// Whether requests carry a token.
@@ -50,7 +64,13 @@ impl AdminClient {
         json: Option<&str>,
     ) -> io::Result<(u16, String)> {
         let mut stream = tokio::net::TcpStream::connect(&self.addr).await?;
-        let text = request_text(&self.addr, self.token.as_ref(), method, path, json);
+        let mut text = request_text(&self.addr, self.token.as_ref(), method, path, json);
+        if self.forwarded {
+            // (Before the blank line that ends the headers.)
+            if let Some(at) = text.find("Connection: close\r\n") {
+                text.insert_str(at, &format!("{FORWARDED_HEADER}: 1\r\n"));
+            }
+        }
         stream.write_all(text.as_bytes()).await?;
         let mut answer = Vec::new();
         stream.read_to_end(&mut answer).await?;

@@ -31,6 +31,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 pub mod client;
+mod fleet;
 mod guard;
 pub mod serverless;
 
@@ -626,20 +627,27 @@ async fn post_restart(
 /// The API with its checks: `token` is the bearer token; `Host` may name the host of
 /// `[admin] listen`, `[admin] allowed_hosts`, `localhost` or an IP literal.
 pub fn router(shared: Arc<Shared>, token: AdminToken) -> Router {
-    let guard = Arc::new(guard::Guard::new(token, &shared.config().admin));
+    let guard = Arc::new(guard::Guard::new(token.clone(), &shared.config().admin));
+    // The fleet leader's operations: a member that does not lead forwards them to it.
+    let leaders = Router::new()
+        .route("/switchover", post(post_switchover))
+        .route("/failover", post(post_failover))
+        .route("/rejoin", post(post_rejoin))
+        .route("/restart", post(post_restart))
+        .route("/resize", post(post_restart))
+        .route_layer(axum::middleware::from_fn_with_state(
+            (shared.clone(), token),
+            fleet::to_the_leader,
+        ));
     Router::new()
         .route("/health", get(get_health))
         .route("/status", get(get_status))
         .route("/metrics", get(get_metrics))
-        .route("/switchover", post(post_switchover))
-        .route("/failover", post(post_failover))
-        .route("/rejoin", post(post_rejoin))
+        .merge(leaders)
         .route("/nodes/add", post(post_node_add))
         .route("/nodes/remove", post(post_node_remove))
         .route("/reload", post(post_reload))
         .route("/upgrade", post(post_upgrade))
-        .route("/restart", post(post_restart))
-        .route("/resize", post(post_restart))
         .route("/pause", post(serverless::post_pause))
         .route("/resume", post(serverless::post_resume))
         .route("/scale", post(serverless::post_scale))

@@ -59,6 +59,8 @@ pub struct Fleet {
     leadership: watch::Receiver<Leadership>,
     /// While this member leads: its election key, to ask etcd again.
     proof: Arc<Mutex<Option<Proof>>>,
+    /// The connection to etcd, while there is one.
+    client: Arc<Mutex<Option<Client>>>,
     ttl: Duration,
     task: tokio::task::JoinHandle<()>,
 }
@@ -86,16 +88,36 @@ impl Fleet {
         let name = cfg.name.clone();
         let member = me.member.clone();
         let proof = Arc::new(Mutex::new(None));
+        let client = Arc::new(Mutex::new(None));
         let ttl = cfg.lease_ttl();
-        let task = tokio::spawn(run(cfg, me, tx, proof.clone()));
+        let task = tokio::spawn(run(cfg, me, tx, proof.clone(), client.clone()));
         Fleet {
             name,
             member,
             leadership: rx,
             proof,
+            client,
             ttl,
             task,
         }
+    }
+
+    /// The member that leads the fleet now, as it registered itself; `None` when etcd
+    /// does not say within half the lease's TTL, or no member leads.
+    pub async fn leader(&self) -> Option<MemberInfo> {
+        let mut client = self.client.lock().ok()?.clone()?;
+        let prefix = prefix(&self.name);
+        let wait = self.ttl / 2;
+        let elected = tokio::time::timeout(wait, client.leader(format!("{prefix}leader")))
+            .await
+            .ok()?
+            .ok()?;
+        let member = elected.kv()?.value_str().ok()?.to_string();
+        let got = tokio::time::timeout(wait, client.get(format!("{prefix}members/{member}"), None))
+            .await
+            .ok()?
+            .ok()?;
+        serde_json::from_slice(got.kvs().first()?.value()).ok()
     }
 
     /// Whether this member still leads, as etcd says now (its election key is there, of
@@ -147,13 +169,17 @@ async fn run(
     me: MemberInfo,
     tx: watch::Sender<Leadership>,
     proof: Arc<Mutex<Option<Proof>>>,
+    client: Arc<Mutex<Option<Client>>>,
 ) {
     let mut backoff = Duration::from_millis(250);
     loop {
         let started = Instant::now();
-        let ended = serve(&cfg, &me, &tx, &proof).await;
+        let ended = serve(&cfg, &me, &tx, &proof, &client).await;
         if let Ok(mut p) = proof.lock() {
             *p = None;
+        }
+        if let Ok(mut c) = client.lock() {
+            *c = None;
         }
         if tx.borrow().leader {
             tracing::warn!(fleet = %cfg.name, member = %me.member, "fleet: no longer the leader");
@@ -180,12 +206,16 @@ async fn serve(
     me: &MemberInfo,
     tx: &watch::Sender<Leadership>,
     proof: &Mutex<Option<Proof>>,
+    shared_client: &Mutex<Option<Client>>,
 ) -> Result<(), FleetError> {
     let ttl = cfg.lease_ttl();
     let options = ConnectOptions::new()
         .with_connect_timeout(ttl)
         .with_timeout(ttl);
     let mut client = Client::connect(&cfg.etcd, Some(options)).await?;
+    if let Ok(mut c) = shared_client.lock() {
+        *c = Some(client.clone());
+    }
     let lease = client.lease_grant(ttl.as_secs() as i64, None).await?.id();
     let (mut keeper, mut renewals) = client.lease_keep_alive(lease).await?;
     let prefix = prefix(&cfg.name);

@@ -67,6 +67,10 @@ async fn one_leader_at_a_time_and_the_lead_moves_when_the_leader_goes() {
     let (leader, other) = if standing(&a).leader { (a, b) } else { (b, a) };
     let first = standing(&leader).epoch;
     assert!(first > 0);
+    // Any member finds the leader's registration (where its admin API answers).
+    let found = other.leader().await.expect("the leader's registration");
+    assert_eq!(found.member, leader.member());
+    assert_eq!(found.admin, "127.0.0.1:8080");
     // The leader's process goes (its task stops; its lease runs out at etcd).
     drop(leader);
     wait_until("the other member to lead", limit, || {

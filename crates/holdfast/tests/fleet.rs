@@ -270,3 +270,40 @@ fn a_frozen_leader_thawed_after_its_lease_makes_no_promotion() {
     assert!(!log.contains("ha: failover promoting"), "{}", f.logs());
     drop((a, b));
 }
+
+/// A switchover asked of the member that does not lead runs on the leader (forwarded to
+/// its admin API): one switchover, counted by the leader; both members follow the new
+/// primary.
+#[test]
+fn a_switchover_asked_of_a_member_that_does_not_lead_runs_on_the_leader() {
+    let f = Fleet::new("forward", "1");
+    let _a = serve(&f.a_config, &f.a_log);
+    let _b = serve(&f.b_config, &f.b_log);
+    let (leader, follower) = match f.a_leads() {
+        true => (&f.a_config, &f.b_config),
+        false => (&f.b_config, &f.a_config),
+    };
+    let out = run(holdfast().args(["ctl", "--config"]).arg(follower).args([
+        "switchover",
+        "--to",
+        "node2",
+    ]));
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        f.logs()
+    );
+    let switchovers = |config: &Path| {
+        status(config).expect("a status")["ha"]["counters"]["switchovers"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    assert_eq!(switchovers(leader), 1, "{}", f.logs());
+    assert_eq!(switchovers(follower), 0, "{}", f.logs());
+    for config in [leader, follower] {
+        wait_for("node2 the primary on both members", || {
+            (status(config)?["topology"]["primary"] == "node2").then_some(())
+        });
+    }
+}
