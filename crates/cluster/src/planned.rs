@@ -23,6 +23,20 @@ pub trait SessionDrain: Send + Sync {
     fn quiescent(&self) -> bool;
 }
 
+/// The other holdfast processes of a fleet, in a planned switchover: their sessions are
+/// held at safe points too before the fence, and let go after.
+pub trait FleetBarrier: Send + Sync {
+    /// Tells the members a switchover starts; an epoch to wait for (`None`: it could not
+    /// be said: the switchover goes ahead with this process's sessions alone).
+    fn begin(&self) -> BoxFuture<'_, Option<i64>>;
+    /// Whether every other member holds its sessions for the switchover of `epoch`.
+    fn all_parked(&self, epoch: i64) -> BoxFuture<'_, bool>;
+    /// Tells the members it is over: `new_primary` (none: it failed).
+    fn end(&self, new_primary: Option<String>) -> BoxFuture<'_, ()>;
+}
+
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
 /// What a planned operation works with, borrowed from the proxy's shared state.
 pub struct Planned<'a> {
     pub config: &'a Config,
@@ -35,6 +49,8 @@ pub struct Planned<'a> {
     pub sessions: &'a dyn SessionDrain,
     /// How nodes are restarted; none means restart/resize are refused.
     pub node_driver: Option<&'a Arc<dyn NodeDriver>>,
+    /// The fleet's other members (`[cluster]`), held too.
+    pub fleet: Option<&'a dyn FleetBarrier>,
 }
 
 impl Planned<'_> {
@@ -119,8 +135,31 @@ impl Planned<'_> {
         self.switching.send_replace(true);
         let drain = Duration::from_millis(self.config.proxy.switchover_drain_ms);
         let start = Instant::now();
+        let fleet_epoch = match self.fleet {
+            Some(f) => f.begin().await,
+            None => None,
+        };
         while !self.sessions.quiescent() && start.elapsed() < drain {
             tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        if let (Some(f), Some(epoch)) = (self.fleet, fleet_epoch) {
+            loop {
+                if f.all_parked(epoch).await {
+                    tracing::info!(
+                        ms = start.elapsed().as_millis() as u64,
+                        "switchover: every member of the fleet holds its sessions"
+                    );
+                    break;
+                }
+                if start.elapsed() >= drain {
+                    tracing::warn!(
+                        drain_ms = drain.as_millis() as u64,
+                        "switchover: some members of the fleet did not say their sessions are held in time; going ahead"
+                    );
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         }
         if !self.sessions.quiescent() {
             tracing::warn!(
@@ -134,6 +173,10 @@ impl Planned<'_> {
             );
         }
         let result = self.ha.switchover(target).await;
+        if let (Some(f), Some(_)) = (self.fleet, fleet_epoch) {
+            f.end(result.as_ref().ok().map(|r| r.new_primary.clone()))
+                .await;
+        }
         if let Ok(report) = &result {
             // Let sessions resume only once the topology shows the new primary.
             let mut topo = self.topology.clone();

@@ -9,10 +9,16 @@
 //! then starts over with a new lease and campaigns again. A member that cannot reach etcd
 //! keeps serving its sessions and makes no cluster decision.
 //!
+//! A switchover is the fleet's: the leader says so (`switching`, under its lease), every
+//! member holds its sessions at their next safe point and says when they all are
+//! (`parked/<member>`, under its lease), the leader switches once all are (or its drain
+//! window passed), then says which node is the primary now; each member lets its
+//! sessions go once its own monitor sees that node writable ([`Switching`]).
+//!
 //! Keys, under `/holdfast/<name>/`: `members/<member>` (JSON: [`MemberInfo`], under the
-//! member's lease) and the election `leader`.
+//! member's lease), the election `leader`, `switching` and `parked/<member>`.
 
-use etcd_client::{Client, ConnectOptions, PutOptions};
+use etcd_client::{Client, ConnectOptions, GetOptions, PutOptions};
 use holdfast_config::ClusterConfig;
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex};
@@ -42,6 +48,18 @@ pub struct Leadership {
     pub epoch: i64,
 }
 
+/// A switchover the leader runs, as every member sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Switching {
+    /// The leader that runs it, and its epoch.
+    pub by: String,
+    pub epoch: i64,
+    /// Over: members let their sessions go once their monitor sees `new_primary` (none:
+    /// the switchover failed, nothing changed).
+    pub done: bool,
+    pub new_primary: Option<String>,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum FleetError {
     #[error("etcd: {0}")]
@@ -59,8 +77,10 @@ pub struct Fleet {
     leadership: watch::Receiver<Leadership>,
     /// While this member leads: its election key, to ask etcd again.
     proof: Arc<Mutex<Option<Proof>>>,
-    /// The connection to etcd, while there is one.
-    client: Arc<Mutex<Option<Client>>>,
+    /// The connection to etcd and this member's lease, while there are.
+    client: Arc<Mutex<Option<(Client, i64)>>>,
+    switching: watch::Receiver<Option<Switching>>,
+    watcher: tokio::task::JoinHandle<()>,
     ttl: Duration,
     task: tokio::task::JoinHandle<()>,
 }
@@ -76,6 +96,7 @@ struct Proof {
 impl Drop for Fleet {
     fn drop(&mut self) {
         self.task.abort();
+        self.watcher.abort();
     }
 }
 
@@ -90,6 +111,8 @@ impl Fleet {
         let proof = Arc::new(Mutex::new(None));
         let client = Arc::new(Mutex::new(None));
         let ttl = cfg.lease_ttl();
+        let (switching_tx, switching) = watch::channel(None);
+        let watcher = tokio::spawn(watch_switching(prefix(&name), client.clone(), switching_tx));
         let task = tokio::spawn(run(cfg, me, tx, proof.clone(), client.clone()));
         Fleet {
             name,
@@ -97,15 +120,137 @@ impl Fleet {
             leadership: rx,
             proof,
             client,
+            switching,
+            watcher,
             ttl,
             task,
+        }
+    }
+
+    /// The leader's switchover, as it is now (`None`: none runs).
+    pub fn switching(&self) -> watch::Receiver<Option<Switching>> {
+        self.switching.clone()
+    }
+
+    fn connection(&self) -> Option<(Client, i64)> {
+        self.client.lock().ok()?.clone()
+    }
+
+    /// The leader tells the members that a switchover starts: they hold their sessions
+    /// at safe points. False when this member does not lead (it is not said).
+    pub async fn begin_switching(&self) -> bool {
+        let Some(proof) = self.proof.lock().ok().and_then(|p| p.clone()) else {
+            return false;
+        };
+        let switching = Switching {
+            by: self.member.clone(),
+            epoch: proof.epoch,
+            done: false,
+            new_primary: None,
+        };
+        self.put_switching(&switching).await
+    }
+
+    /// The leader tells the members that the switchover is over (`new_primary`: the node
+    /// that is the primary now; none: it failed).
+    pub async fn end_switching(&self, new_primary: Option<String>) -> bool {
+        let Some(proof) = self.proof.lock().ok().and_then(|p| p.clone()) else {
+            return false;
+        };
+        let switching = Switching {
+            by: self.member.clone(),
+            epoch: proof.epoch,
+            done: true,
+            new_primary,
+        };
+        self.put_switching(&switching).await
+    }
+
+    async fn put_switching(&self, switching: &Switching) -> bool {
+        let Some((mut client, lease)) = self.connection() else {
+            return false;
+        };
+        let Ok(value) = serde_json::to_vec(switching) else {
+            return false;
+        };
+        let key = format!("{}switching", prefix(&self.name));
+        let put = client.put(key, value, Some(PutOptions::new().with_lease(lease)));
+        matches!(tokio::time::timeout(self.ttl, put).await, Ok(Ok(_)))
+    }
+
+    /// Whether every other member said its sessions are held for the switchover of
+    /// `epoch`.
+    pub async fn all_parked(&self, epoch: i64) -> bool {
+        let Some((mut client, _)) = self.connection() else {
+            return false;
+        };
+        let prefix = prefix(&self.name);
+        let names = |r: &etcd_client::GetResponse, under: &str| -> Vec<(String, Vec<u8>)> {
+            r.kvs()
+                .iter()
+                .filter_map(|kv| {
+                    let key = kv.key_str().ok()?;
+                    let name = key.strip_prefix(&format!("{prefix}{under}"))?;
+                    Some((name.to_string(), kv.value().to_vec()))
+                })
+                .collect()
+        };
+        let asked = async {
+            let members = client
+                .get(
+                    format!("{prefix}members/"),
+                    Some(GetOptions::new().with_prefix()),
+                )
+                .await
+                .ok()?;
+            let parked = client
+                .get(
+                    format!("{prefix}parked/"),
+                    Some(GetOptions::new().with_prefix()),
+                )
+                .await
+                .ok()?;
+            Some((names(&members, "members/"), names(&parked, "parked/")))
+        };
+        let Ok(Some((members, parked))) = tokio::time::timeout(self.ttl, asked).await else {
+            return false;
+        };
+        let mark = epoch.to_string().into_bytes();
+        members
+            .iter()
+            .filter(|(m, _)| *m != self.member)
+            .all(|(m, _)| parked.iter().any(|(p, v)| p == m && *v == mark))
+    }
+
+    /// This member's sessions are held for the switchover of `epoch` (`true`), or let go
+    /// (`false`).
+    pub async fn say_parked(&self, epoch: i64, parked: bool) {
+        let Some((mut client, lease)) = self.connection() else {
+            return;
+        };
+        let key = format!("{}parked/{}", prefix(&self.name), self.member);
+        let said = async {
+            match parked {
+                true => client
+                    .put(
+                        key,
+                        epoch.to_string(),
+                        Some(PutOptions::new().with_lease(lease)),
+                    )
+                    .await
+                    .map(|_| ()),
+                false => client.delete(key, None).await.map(|_| ()),
+            }
+        };
+        if !matches!(tokio::time::timeout(self.ttl, said).await, Ok(Ok(()))) {
+            tracing::warn!(fleet = %self.name, member = %self.member, parked, "fleet: could not say whether this member's sessions are held");
         }
     }
 
     /// The member that leads the fleet now, as it registered itself; `None` when etcd
     /// does not say within half the lease's TTL, or no member leads.
     pub async fn leader(&self) -> Option<MemberInfo> {
-        let mut client = self.client.lock().ok()?.clone()?;
+        let (mut client, _) = self.connection()?;
         let prefix = prefix(&self.name);
         let wait = self.ttl / 2;
         let elected = tokio::time::timeout(wait, client.leader(format!("{prefix}leader")))
@@ -169,7 +314,7 @@ async fn run(
     me: MemberInfo,
     tx: watch::Sender<Leadership>,
     proof: Arc<Mutex<Option<Proof>>>,
-    client: Arc<Mutex<Option<Client>>>,
+    client: Arc<Mutex<Option<(Client, i64)>>>,
 ) {
     let mut backoff = Duration::from_millis(250);
     loop {
@@ -206,17 +351,17 @@ async fn serve(
     me: &MemberInfo,
     tx: &watch::Sender<Leadership>,
     proof: &Mutex<Option<Proof>>,
-    shared_client: &Mutex<Option<Client>>,
+    shared_client: &Mutex<Option<(Client, i64)>>,
 ) -> Result<(), FleetError> {
     let ttl = cfg.lease_ttl();
     let options = ConnectOptions::new()
         .with_connect_timeout(ttl)
         .with_timeout(ttl);
     let mut client = Client::connect(&cfg.etcd, Some(options)).await?;
-    if let Ok(mut c) = shared_client.lock() {
-        *c = Some(client.clone());
-    }
     let lease = client.lease_grant(ttl.as_secs() as i64, None).await?.id();
+    if let Ok(mut c) = shared_client.lock() {
+        *c = Some((client.clone(), lease));
+    }
     let (mut keeper, mut renewals) = client.lease_keep_alive(lease).await?;
     let prefix = prefix(&cfg.name);
     let info = serde_json::to_vec(me).unwrap_or_default();
@@ -271,5 +416,40 @@ async fn serve(
                 }
             }
         }
+    }
+}
+
+/// How often a member looks at the `switching` key.
+const SWITCHING_POLL: Duration = Duration::from_millis(50);
+
+/// Keeps `tx` as the `switching` key says (read every [`SWITCHING_POLL`] while connected;
+/// what cannot be read leaves it as it was).
+async fn watch_switching(
+    prefix: String,
+    client: Arc<Mutex<Option<(Client, i64)>>>,
+    tx: watch::Sender<Option<Switching>>,
+) {
+    let key = format!("{prefix}switching");
+    loop {
+        tokio::time::sleep(SWITCHING_POLL).await;
+        let Some((mut c, _)) = client.lock().ok().and_then(|c| c.clone()) else {
+            continue;
+        };
+        let Ok(Ok(got)) =
+            tokio::time::timeout(Duration::from_secs(1), c.get(key.as_str(), None)).await
+        else {
+            continue;
+        };
+        let now: Option<Switching> = got
+            .kvs()
+            .first()
+            .and_then(|kv| serde_json::from_slice(kv.value()).ok());
+        tx.send_if_modified(|was| {
+            let changed = *was != now;
+            if changed {
+                *was = now.clone();
+            }
+            changed
+        });
     }
 }

@@ -307,3 +307,73 @@ fn a_switchover_asked_of_a_member_that_does_not_lead_runs_on_the_leader() {
         });
     }
 }
+
+/// A planned switchover holds every member's sessions at safe points before the fence:
+/// a session in a transaction on the member that does not lead finishes it on the old
+/// primary (its connection is not killed under it, nothing is replayed), and its next
+/// statement waits for the new primary.
+#[test]
+fn a_switchover_holds_the_sessions_of_every_member() {
+    let f = Fleet::new("park", "1");
+    let _a = serve(&f.a_config, &f.a_log);
+    let _b = serve(&f.b_config, &f.b_log);
+    let a_leads = f.a_leads();
+    let (leader, follower, follower_port, follower_log) = match a_leads {
+        true => (&f.a_config, &f.b_config, f.b_port, &f.b_log),
+        false => (&f.b_config, &f.a_config, f.base, &f.a_log),
+    };
+    let mut s = session(follower_port);
+    s.query_drop("CREATE TABLE sbtest.parked (id INT PRIMARY KEY)")
+        .expect("a table");
+    s.query_drop("BEGIN").expect("begin");
+    s.query_drop("INSERT INTO sbtest.parked VALUES (1)")
+        .expect("insert");
+    let leader_config = leader.clone();
+    let switchover = std::thread::spawn(move || {
+        run(holdfast()
+            .args(["ctl", "--config"])
+            .arg(&leader_config)
+            .args(["switchover", "--to", "node2"]))
+    });
+    wait_for("the member to hold its sessions", || {
+        std::fs::read_to_string(follower_log)
+            .ok()?
+            .contains("fleet: the leader switches over")
+            .then_some(())
+    });
+    // The transaction ends on the old primary; the next statement waits for the new one.
+    s.query_drop("COMMIT")
+        .unwrap_or_else(|e| panic!("commit: {e}\n{}", f.logs()));
+    s.query_drop("INSERT INTO sbtest.parked VALUES (2)")
+        .unwrap_or_else(|e| panic!("insert after: {e}\n{}", f.logs()));
+    let out = switchover.join().expect("the switchover");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        f.logs()
+    );
+    let port: u16 = s
+        .query_first("SELECT @@port")
+        .expect("a read")
+        .expect("a row");
+    let lab = holdfast_lab::status(&f.dir).expect("the lab");
+    let node2 = lab.nodes.iter().find(|n| n.name == "node2").expect("node2");
+    assert_eq!(port, node2.port, "the session is on the new primary");
+    let rows: Vec<u32> = s
+        .query("SELECT id FROM sbtest.parked ORDER BY id")
+        .expect("rows");
+    assert_eq!(rows, vec![1, 2]);
+    // Nothing was replayed: the transaction was not cut.
+    let out = run(holdfast()
+        .args(["ctl", "--config"])
+        .arg(follower)
+        .arg("metrics"));
+    let metrics = String::from_utf8_lossy(&out.stdout);
+    let replays: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("holdfast_transaction_replays_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(replays, 0.0, "{metrics}\n{}", f.logs());
+}

@@ -103,17 +103,104 @@ pub struct Shared {
     /// This process as a member of a fleet (`[cluster]`): HA is run by the fleet's leader
     /// only.
     pub fleet: Option<Arc<holdfast_fleet::Fleet>>,
+    /// The same, as planned switchovers and HA operations ask it.
+    fleet_link: Option<FleetLink>,
     next_session_id: AtomicU32,
 }
 
-/// An HA operation asks etcd first whether this member still leads.
-struct FleetCharge(Arc<holdfast_fleet::Fleet>);
+/// The fleet as HA asks it: an operation asks etcd first whether this member still
+/// leads; a planned switchover holds the other members' sessions too.
+struct FleetLink(Arc<holdfast_fleet::Fleet>);
 
-impl holdfast_cluster::ha::controller::ChargeCheck for FleetCharge {
+impl holdfast_cluster::ha::controller::ChargeCheck for FleetLink {
     fn still_in_charge(
         &self,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>> {
         Box::pin(self.0.confirm_leading())
+    }
+}
+
+impl holdfast_cluster::planned::FleetBarrier for FleetLink {
+    fn begin(&self) -> holdfast_cluster::planned::BoxFuture<'_, Option<i64>> {
+        Box::pin(async move {
+            let epoch = self.0.leadership().borrow().epoch;
+            self.0.begin_switching().await.then_some(epoch)
+        })
+    }
+
+    fn all_parked(&self, epoch: i64) -> holdfast_cluster::planned::BoxFuture<'_, bool> {
+        Box::pin(self.0.all_parked(epoch))
+    }
+
+    fn end(&self, new_primary: Option<String>) -> holdfast_cluster::planned::BoxFuture<'_, ()> {
+        Box::pin(async move {
+            self.0.end_switching(new_primary).await;
+        })
+    }
+}
+
+/// A member's share of the leader's switchover: its sessions hold their requests at safe
+/// points once the leader says one starts, it says so when they all do (or its drain
+/// window passed), and it lets them go once the leader says it is over and this member's
+/// monitor sees the new primary (or the leader is gone).
+async fn hold_for_the_fleet(shared: Arc<Shared>, fleet: Arc<holdfast_fleet::Fleet>) {
+    let mut switching = fleet.switching();
+    let mut held: Option<i64> = None;
+    let release = |shared: &Shared| {
+        shared.switching_now.store(false, Ordering::SeqCst);
+        shared.switching.send_replace(false);
+    };
+    loop {
+        let now = switching.borrow_and_update().clone();
+        match now {
+            Some(s) if s.by != fleet.member() && !s.done && held != Some(s.epoch) => {
+                tracing::info!(leader = %s.by, "fleet: the leader switches over; sessions hold at safe points");
+                shared.switching_now.store(true, Ordering::SeqCst);
+                shared.switching.send_replace(true);
+                held = Some(s.epoch);
+                let drain = Duration::from_millis(shared.config().proxy.switchover_drain_ms);
+                let start = std::time::Instant::now();
+                while !shared.sessions.quiescent() && start.elapsed() < drain {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                tracing::info!(
+                    ms = start.elapsed().as_millis() as u64,
+                    parked = shared.sessions.quiescent(),
+                    "fleet: this member's sessions are held for the switchover"
+                );
+                fleet.say_parked(s.epoch, true).await;
+            }
+            Some(s) if s.done && held == Some(s.epoch) => {
+                if let Some(primary) = &s.new_primary {
+                    let mut topology = shared.topology.clone();
+                    let seen = async {
+                        loop {
+                            let now = topology
+                                .borrow_and_update()
+                                .primary_node()
+                                .is_some_and(|n| &n.name == primary);
+                            if now || topology.changed().await.is_err() {
+                                return;
+                            }
+                        }
+                    };
+                    let _ = tokio::time::timeout(Duration::from_secs(5), seen).await;
+                }
+                release(&shared);
+                fleet.say_parked(s.epoch, false).await;
+                held = None;
+                tracing::info!(primary = ?s.new_primary, "fleet: the switchover is over; sessions go on");
+            }
+            None if held.is_some() => {
+                tracing::warn!("fleet: the leader's switchover went without an end (the leader is gone); sessions go on");
+                release(&shared);
+                held = None;
+            }
+            _ => {}
+        }
+        if switching.changed().await.is_err() {
+            return;
+        }
     }
 }
 
@@ -219,6 +306,7 @@ impl Shared {
             upgrader: upgrade::Upgrader::default(),
             admin_connections: Arc::default(),
             fleet: None,
+            fleet_link: None,
             next_session_id: AtomicU32::new(0),
         }
     }
@@ -250,6 +338,10 @@ impl Shared {
             switching_now: &self.switching_now,
             sessions: &self.sessions,
             node_driver: self.node_driver.as_ref(),
+            fleet: self
+                .fleet_link
+                .as_ref()
+                .map(|l| l as &dyn holdfast_cluster::planned::FleetBarrier),
         }
     }
 
@@ -426,12 +518,14 @@ impl Proxy {
             let fleet = Arc::new(holdfast_fleet::Fleet::join(cluster.clone(), me));
             shared
                 .ha
-                .set_charge_check(Arc::new(FleetCharge(fleet.clone())));
+                .set_charge_check(Arc::new(FleetLink(fleet.clone())));
+            shared.fleet_link = Some(FleetLink(fleet.clone()));
             shared.fleet = Some(fleet);
         }
         let shared = Arc::new(shared);
         if let Some(fleet) = &shared.fleet {
             tokio::spawn(follow_the_fleet(shared.clone(), fleet.leadership()));
+            tokio::spawn(hold_for_the_fleet(shared.clone(), fleet.clone()));
         }
         shared
             .upgrader
