@@ -90,6 +90,13 @@ pub struct FleetView {
     pub leader: bool,
     /// The leader's election revision, while this member leads.
     pub epoch: i64,
+    /// The leader's name, as etcd said last.
+    #[serde(default)]
+    pub leader_member: Option<String>,
+    /// Every member registered, as etcd said last: name, client and admin addresses,
+    /// version, pid.
+    #[serde(default)]
+    pub members: Vec<serde_json::Value>,
 }
 
 /// The configuration file in force: which, its SHA-256 (what `sha256sum` prints), when it
@@ -236,11 +243,18 @@ pub fn status(shared: &Shared) -> Status {
         handed_over_to: *shared.upgrader.handed_over().borrow(),
         fleet: shared.fleet.as_ref().map(|f| {
             let standing = *f.leadership().borrow();
+            let seen = f.seen();
             FleetView {
                 name: f.name().to_string(),
                 member: f.member().to_string(),
                 leader: standing.leader,
                 epoch: standing.epoch,
+                leader_member: seen.leader,
+                members: seen
+                    .members
+                    .iter()
+                    .filter_map(|m| serde_json::to_value(m).ok())
+                    .collect(),
             }
         }),
         listen: config.proxy.listen.clone(),
@@ -692,10 +706,24 @@ pub fn render_status(s: &Status) -> String {
             ),
             false => writeln!(
                 o,
-                "fleet {}: member {} does not lead: another member runs HA",
-                f.name, f.member
+                "fleet {}: member {} does not lead: {} runs HA",
+                f.name,
+                f.member,
+                f.leader_member.as_deref().unwrap_or("another member")
             ),
         };
+        for m in &f.members {
+            let field = |k: &str| m[k].as_str().unwrap_or("?").to_string();
+            let _ = writeln!(
+                o,
+                "  member {}: clients {}, admin {}, holdfast {}, pid {}",
+                field("member"),
+                field("listen"),
+                field("admin"),
+                field("version"),
+                m["pid"].as_u64().unwrap_or(0)
+            );
+        }
     }
     let _ = writeln!(
         o,

@@ -48,6 +48,13 @@ pub struct Leadership {
     pub epoch: i64,
 }
 
+/// The fleet as etcd said last: its registered members and the leader's name.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Seen {
+    pub members: Vec<MemberInfo>,
+    pub leader: Option<String>,
+}
+
 /// A switchover the leader runs, as every member sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Switching {
@@ -80,6 +87,8 @@ pub struct Fleet {
     /// The connection to etcd and this member's lease, while there are.
     client: Arc<Mutex<Option<(Client, i64)>>>,
     switching: watch::Receiver<Option<Switching>>,
+    /// The members and the leader as etcd said last (read every second).
+    seen: Arc<Mutex<Seen>>,
     watcher: tokio::task::JoinHandle<()>,
     ttl: Duration,
     task: tokio::task::JoinHandle<()>,
@@ -112,7 +121,13 @@ impl Fleet {
         let client = Arc::new(Mutex::new(None));
         let ttl = cfg.lease_ttl();
         let (switching_tx, switching) = watch::channel(None);
-        let watcher = tokio::spawn(watch_switching(prefix(&name), client.clone(), switching_tx));
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let watcher = tokio::spawn(watch_switching(
+            prefix(&name),
+            client.clone(),
+            switching_tx,
+            seen.clone(),
+        ));
         let task = tokio::spawn(run(cfg, me, tx, proof.clone(), client.clone()));
         Fleet {
             name,
@@ -121,10 +136,16 @@ impl Fleet {
             proof,
             client,
             switching,
+            seen,
             watcher,
             ttl,
             task,
         }
+    }
+
+    /// The members and the leader as etcd said last (within about a second).
+    pub fn seen(&self) -> Seen {
+        self.seen.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
     /// The leader's switchover, as it is now (`None`: none runs).
@@ -428,13 +449,23 @@ async fn watch_switching(
     prefix: String,
     client: Arc<Mutex<Option<(Client, i64)>>>,
     tx: watch::Sender<Option<Switching>>,
+    seen: Arc<Mutex<Seen>>,
 ) {
     let key = format!("{prefix}switching");
+    let mut round = 0u32;
     loop {
         tokio::time::sleep(SWITCHING_POLL).await;
         let Some((mut c, _)) = client.lock().ok().and_then(|c| c.clone()) else {
             continue;
         };
+        round = round.wrapping_add(1);
+        if round % 20 == 1 {
+            if let Some(now) = read_seen(&mut c, &prefix).await {
+                if let Ok(mut s) = seen.lock() {
+                    *s = now;
+                }
+            }
+        }
         let Ok(Ok(got)) =
             tokio::time::timeout(Duration::from_secs(1), c.get(key.as_str(), None)).await
         else {
@@ -452,4 +483,33 @@ async fn watch_switching(
             changed
         });
     }
+}
+
+/// The members registered and the leader's name, as etcd says now.
+async fn read_seen(client: &mut Client, prefix: &str) -> Option<Seen> {
+    let read = async {
+        let members = client
+            .get(
+                format!("{prefix}members/"),
+                Some(GetOptions::new().with_prefix()),
+            )
+            .await
+            .ok()?;
+        let leader = client
+            .leader(format!("{prefix}leader"))
+            .await
+            .ok()
+            .and_then(|r| r.kv().and_then(|kv| kv.value_str().ok()).map(String::from));
+        let mut members: Vec<MemberInfo> = members
+            .kvs()
+            .iter()
+            .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
+            .collect();
+        members.sort_by(|a: &MemberInfo, b| a.member.cmp(&b.member));
+        Some(Seen { members, leader })
+    };
+    tokio::time::timeout(Duration::from_secs(1), read)
+        .await
+        .ok()
+        .flatten()
 }

@@ -157,6 +157,19 @@ fn one_member_leads_fails_over_once_and_the_lead_moves_when_it_dies() {
 
     // One leader, the same fleet on both.
     let a_leads = f.a_leads();
+    // Each member lists both, and names the leader.
+    let leader_name = if a_leads { "a" } else { "b" };
+    for config in [&a_config, &b_config] {
+        wait_for("both members listed", || {
+            let fleet = status(config)?["fleet"].clone();
+            let names: Vec<&str> = fleet["members"]
+                .as_array()?
+                .iter()
+                .filter_map(|m| m["member"].as_str())
+                .collect();
+            (names == ["a", "b"] && fleet["leader_member"] == leader_name).then_some(())
+        });
+    }
     // `ctl status` says so to an operator.
     let out = run(holdfast()
         .args(["ctl", "--config"])
@@ -168,6 +181,7 @@ fn one_member_leads_fails_over_once_and_the_lead_moves_when_it_dies() {
         false => "fleet lab: member a does not lead",
     };
     assert!(text.contains(said), "{text}");
+    assert!(text.contains("  member b: clients 127.0.0.1:"), "{text}");
     let (leader, follower) = match a_leads {
         true => (&a_config, &b_config),
         false => (&b_config, &a_config),
