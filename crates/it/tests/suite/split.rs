@@ -1945,6 +1945,12 @@ fn a_read_only_transaction_moves_to_the_primary_after_a_change_of_sql_mode() {
         q("SELECT CONCAT('v', v) FROM t WHERE id = 2"),
         q("SET sql_mode = 'NO_BACKSLASH_ESCAPES'"),
         q("SELECT 1; BEGIN"),
+        q("COMMIT"),
+        q("SET sql_mode = 'ANSI_QUOTES'"),
+        q("START TRANSACTION READ ONLY"),
+        q("SELECT `t`.`v` AS `a;b` FROM `t` WHERE `id` = 2 # hash \" ;"),
+        q("SET sql_mode = 'ANSI_QUOTES,NO_BACKSLASH_ESCAPES'"),
+        q("SELECT 2; BEGIN"),
         q("SELECT @@in_transaction, @@sql_mode"),
         q("COMMIT"),
         q("SET sql_mode = DEFAULT"),
@@ -1971,6 +1977,32 @@ fn a_chained_read_only_transaction_moves_with_its_own_reads_only() {
         q("SET @m = (SELECT v FROM t WHERE id = 1)"),
         q("SELECT @m, @n, @@in_transaction"),
         q("COMMIT"),
+    ];
+    same_as_directly(&h, &steps);
+}
+
+/// A multi-statement that begins with `BEGIN` inside a read-only transaction on a replica:
+/// the server commits that transaction first, then opens one that may write, and the text
+/// goes on there (seed 2048 session 262: the transaction was given up, 1213, where the
+/// server answered the `INSERT`'s 1062 and kept the new transaction open).
+#[test]
+fn a_multi_statement_beginning_a_transaction_ends_the_read_only_one_as_the_server_does() {
+    use holdfast_it::differential::q;
+    let h = split_harness(|_| {});
+    table_t_everywhere(&h);
+    let steps = vec![
+        q("SELECT SQL_CALC_FOUND_ROWS id FROM t ORDER BY id LIMIT 1"),
+        q("SET @s = X'41'"),
+        q("START TRANSACTION READ ONLY"),
+        q("SELECT `t`.`v` AS `a;b` FROM `t` WHERE `id` = 2 # hash \" ;"),
+        q("SET sql_mode = 'ANSI_QUOTES'"),
+        q("BEGIN; INSERT INTO t (id, v) VALUES (2, 0), (90, 0); SELECT 1"),
+        q("SHOW WARNINGS"),
+        q("SELECT @@in_transaction, @@tx_read_only"),
+        q("INSERT INTO t (id, v) VALUES (91, 0)"),
+        q("ROLLBACK"),
+        q("SELECT COUNT(*) FROM t WHERE id >= 90"),
+        q("SET sql_mode = DEFAULT"),
     ];
     same_as_directly(&h, &steps);
 }

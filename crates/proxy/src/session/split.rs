@@ -605,8 +605,9 @@ pub(super) enum Opening {
     /// Plain settings (or nothing), then (statement `at`) one the server refuses inside
     /// the read-only transaction: the whole stops there, the settings made.
     Refused(usize),
-    /// Plain settings, then (statement `at`) the end of the transaction: nothing reads in
-    /// the transaction before it ends.
+    /// Plain settings, then (statement `at`) the end of the transaction (`COMMIT`,
+    /// `ROLLBACK`, or the start of the next): nothing reads in the transaction before it
+    /// ends.
     EndsAt(usize),
     Unknown,
 }
@@ -632,7 +633,9 @@ fn multi_opening(
         if refused_in_a_read_only_transaction(flags, stmt, mode, no_temporary_tables) {
             return Opening::Refused(at);
         }
-        if flags.has(C::END_TXN) {
+        // (`BEGIN`, `START TRANSACTION` commit the transaction before they open the next:
+        // seed 2048 session 262.)
+        if flags.intersects(C::END_TXN.union(C::BEGIN_TXN)) {
             return Opening::EndsAt(at);
         }
         // (No table is locked in a pinned transaction: `LOCK TABLES` commits it. An
