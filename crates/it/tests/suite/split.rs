@@ -2007,6 +2007,32 @@ fn a_multi_statement_beginning_a_transaction_ends_the_read_only_one_as_the_serve
     same_as_directly(&h, &steps);
 }
 
+/// A setting inside a read-only transaction on a replica runs on both connections and
+/// keeps each one's diagnostics area as it was: what the next statement reads of the
+/// last is still the area the statement before the setting left (seed 2048 session 320:
+/// the primary's older warning was read).
+#[test]
+fn a_setting_in_a_read_only_transaction_keeps_the_diagnostics_the_client_had() {
+    use holdfast_it::differential::q;
+    let h = split_harness(|_| {});
+    table_t_everywhere(&h);
+    let mut steps = Vec::new();
+    for _ in 0..3 {
+        steps.extend([
+            q("DROP TABLE IF EXISTS nosuch"),
+            q("SELECT v FROM t WHERE id = 1"),
+            q("START TRANSACTION READ ONLY"),
+            q("SET autocommit = 0"),
+            q("SELECT @@warning_count, @@error_count"),
+            q("SET @x = 1"),
+            q("SHOW WARNINGS"),
+            q("COMMIT"),
+            q("SET autocommit = 1"),
+        ]);
+    }
+    same_as_directly(&h, &steps);
+}
+
 /// A text whose last statement is only a comment is two statements to MariaDB (tried):
 /// through the split listener too, answered as the server answers it.
 #[test]

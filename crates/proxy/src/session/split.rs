@@ -939,6 +939,12 @@ impl Session {
             .split
             .as_ref()
             .map_or(0, |s| s.pinned_reads.reads.len());
+        // Where the last statement's diagnostics are now: a setting that raises nothing
+        // leaves each connection's area as it was (seed 2048 session 320).
+        let last_before = self
+            .split
+            .as_ref()
+            .map(|s| (s.last_on.clone(), s.last_read.clone(), s.read_warned));
         match self.read_on_replica(Target::Pinned(node), request).await? {
             ReadOutcome::Done => {}
             ReadOutcome::Primary(request) => {
@@ -964,9 +970,21 @@ impl Session {
             Ok(()) if primary_error == replica_error => {
                 // Both connections ran the setting last and answered alike: it is not a
                 // read to run on the primary again before a statement that runs there.
+                // One that raised nothing kept each connection's area: the last
+                // statement's diagnostics are where they were before it.
+                let kept_areas = replica_error.is_none() && replica_answered == 0;
                 if let Some(split) = self.split.as_mut() {
-                    split.primary_warned = split.read_warned;
-                    split.forget_last();
+                    match (kept_areas, last_before) {
+                        (true, Some((last_on, last_read, read_warned))) => {
+                            split.last_on = last_on;
+                            split.last_read = last_read;
+                            split.read_warned = read_warned;
+                        }
+                        _ => {
+                            split.primary_warned = split.read_warned;
+                            split.forget_last();
+                        }
+                    }
                 }
                 Ok(())
             }
