@@ -314,7 +314,11 @@ fn classify_impl(sql: &[u8], mode: SqlMode, server: Server, history_pure: bool) 
     if statements > 1 {
         result |= Classification::MULTI;
     }
-    if statements == 1 && cursor.ends_in_exec_comment() && cursor.server().mariadb_only() {
+    // (So does a text that ends inside any comment, a skipped versioned one with a comment
+    // nested in it included, or inside a string: `COMMIT /*!99999 /* nested? */` commits
+    // nothing, seed 2048 session 302.)
+    let refused_at_parse = cursor.ends_in_exec_comment() || cursor.is_unterminated();
+    if statements == 1 && refused_at_parse && cursor.server().mariadb_only() {
         // An executable comment never closed: MariaDB refuses the text at parse (1064),
         // whatever is nested in the comment, and nothing of it runs: nothing uncertain
         // about it. It goes to the primary, as a write would (its error is the primary's
@@ -329,6 +333,18 @@ fn classify_impl(sql: &[u8], mode: SqlMode, server: Server, history_pure: bool) 
         result = result.difference(Classification::READ_ONLY);
     }
     result
+}
+
+/// Whether the server refuses `stmt` (one statement) at parse, so that nothing of it runs:
+/// for a MariaDB-only server, a text that ends inside a comment (an executable one, or a
+/// skipped versioned one with a comment nested in it) or inside a string (1064, tried).
+pub fn refused_at_parse(stmt: &[u8], mode: SqlMode, server: Server) -> bool {
+    if !server.mariadb_only() {
+        return false;
+    }
+    let mut cursor = StmtCursor::new(stmt, mode, server);
+    while cursor.advance() {}
+    cursor.ends_in_exec_comment() || cursor.is_unterminated()
 }
 
 /// The first keyword of the first non-empty statement, after any opening parentheses,

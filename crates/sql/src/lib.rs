@@ -46,7 +46,9 @@ mod split;
 #[cfg(test)]
 mod tests;
 
-pub use classify::{classify, classify_for, classify_with, first_keyword, Classification};
+pub use classify::{
+    classify, classify_for, classify_with, first_keyword, refused_at_parse, Classification,
+};
 pub use found_rows::{fails_before_it_runs, found_rows_effect, FoundRowsEffect};
 pub use kill::{parse_kill, parse_kill_head, parse_sql_prepared, Kill, KillHead, SqlPrepared};
 pub use lexer::{Lexer, SqlMode, Token, TokenKind};

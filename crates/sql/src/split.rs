@@ -69,6 +69,11 @@ impl<'a> StmtCursor<'a> {
         self.lexer.ends_in_exec_comment()
     }
 
+    /// See [`Lexer::is_unterminated`] (meaningful once the text is consumed).
+    pub(crate) const fn is_unterminated(&self) -> bool {
+        self.lexer.is_unterminated()
+    }
+
     /// The servers the text is lexed for.
     pub(crate) const fn server(&self) -> Server {
         self.lexer.server()

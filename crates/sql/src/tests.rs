@@ -1590,6 +1590,11 @@ fn a_text_ending_inside_an_executable_comment_is_refused_by_mariadb_at_parse() {
         "/*!101118 /* n */ DELETE FROM t",
         "/*M!100000 SET @x = 1",
         "SELECT 1 /*!101118 + 1",
+        // Skipped, or an ordinary comment, never closed; a string never closed.
+        "COMMIT /*!99999 /* nested? */",
+        "COMMIT /* never closed",
+        "COMMIT /*!110000 work",
+        "SELECT 'never closed",
     ] {
         assert_eq!(
             classify_for(sql.as_bytes(), SqlMode::DEFAULT, maria),

@@ -794,3 +794,30 @@ fn a_comment_after_the_last_semicolon_is_a_statement_of_its_own() {
     ];
     compare(&h, BASE_CAPS, &steps);
 }
+
+/// A `COMMIT` whose text ends inside a comment, a skipped versioned one with a comment
+/// nested in it included, or inside a string: MariaDB refuses it at parse (1064, tried)
+/// and the transaction stays open with what it wrote, nothing more. holdfast took it for a
+/// commit and wrote its commit marker first, in the transaction (seed 2048 session 302).
+#[test]
+fn a_commit_the_server_cannot_parse_writes_nothing_into_the_transaction() {
+    let h = Harness::start();
+    let mut steps = Vec::new();
+    for commit in [
+        "COMMIT /*!99999 /* nested? */",
+        "COMMIT /* never closed",
+        "# hash \" ;\n COMMIT /*!110000 work",
+    ] {
+        steps.extend([
+            q("BEGIN"),
+            q("UPDATE sbtest.dt SET v = 'u' WHERE id = 1"),
+            q(commit),
+            q(
+                "SELECT @@in_transaction, trx_rows_modified FROM information_schema.INNODB_TRX \
+               WHERE trx_mysql_thread_id = CONNECTION_ID()",
+            ),
+            q("ROLLBACK"),
+        ]);
+    }
+    compare(&h, BASE_CAPS, &steps);
+}

@@ -625,6 +625,10 @@ fn multi_opening(
 ) -> Opening {
     for (at, r) in holdfast_sql::Statements::for_server(sql, mode, server).enumerate() {
         let stmt = &sql[r];
+        // The server stops at a statement it cannot parse: nothing of it runs.
+        if holdfast_sql::refused_at_parse(stmt, mode, server) {
+            return Opening::Refused(at);
+        }
         let flags = holdfast_sql::classify_for(stmt, mode, server);
         // (The statements before one holdfast cannot read for sure were split for sure.)
         if flags.has(C::UNCERTAIN) {
