@@ -103,6 +103,8 @@ pub const SERVER_STATUS_CURSOR_EXISTS: u16 = 0x40;
 pub const SERVER_STATUS_LAST_ROW_SENT: u16 = 0x80;
 pub const SERVER_STATUS_DB_DROPPED: u16 = 0x100;
 pub const SERVER_STATUS_NO_BACKSLASH_ESCAPES: u16 = 0x200;
+/// MariaDB: the session's `sql_mode` has `ANSI_QUOTES` (tried on 10.11).
+pub const SERVER_STATUS_ANSI_QUOTES: u16 = 0x8000;
 pub const SERVER_STATUS_METADATA_CHANGED: u16 = 0x400;
 pub const SERVER_QUERY_WAS_SLOW: u16 = 0x800;
 pub const SERVER_PS_OUT_PARAMS: u16 = 0x1000;

@@ -1951,6 +1951,15 @@ fn a_read_only_transaction_moves_to_the_primary_after_a_change_of_sql_mode() {
         q("SELECT `t`.`v` AS `a;b` FROM `t` WHERE `id` = 2 # hash \" ;"),
         q("SET sql_mode = 'ANSI_QUOTES,NO_BACKSLASH_ESCAPES'"),
         q("SELECT 2; BEGIN"),
+        q("COMMIT"),
+        // A read under the default mode, then `ANSI_QUOTES` (its own status flag), then a
+        // setting from a query: the transaction moves (seed 2048 session 547).
+        q("SET sql_mode = DEFAULT"),
+        q("START TRANSACTION READ ONLY"),
+        q("SELECT v FROM t WHERE id = 2"),
+        q("SET sql_mode = 'ANSI_QUOTES'"),
+        q("SELECT @@in_transaction; SET @b = (SELECT COUNT(*) FROM t)"),
+        q("SELECT @b, @@in_transaction"),
         q("SELECT @@in_transaction, @@sql_mode"),
         q("COMMIT"),
         q("SET sql_mode = DEFAULT"),

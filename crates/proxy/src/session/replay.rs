@@ -35,14 +35,16 @@ const NOT_REPLAYABLE: C = C::CHANGES_SESSION
     .union(C::SHUTDOWN);
 
 /// Status flags that describe how the server ran a statement rather than what it
-/// answered: left out of the checksum. So is the session's `NO_BACKSLASH_ESCAPES`: a read
-/// of a pinned read-only transaction runs again after a `SET sql_mode` made since (seed
-/// 2046 session 540); what the mode changes of an answer is in its rows.
+/// answered: left out of the checksum. So are the session's `NO_BACKSLASH_ESCAPES` and
+/// `ANSI_QUOTES`: a read of a pinned read-only transaction runs again after a `SET
+/// sql_mode` made since (seed 2046 session 540, seed 2048 sessions 262 and 547); what the
+/// mode changes of an answer is in its rows.
 const PLAN_FLAGS: u16 = SERVER_STATUS_NO_GOOD_INDEX_USED
     | SERVER_STATUS_NO_INDEX_USED
     | SERVER_QUERY_WAS_SLOW
     | SERVER_SESSION_STATE_CHANGED
-    | SERVER_STATUS_NO_BACKSLASH_ESCAPES;
+    | SERVER_STATUS_NO_BACKSLASH_ESCAPES
+    | SERVER_STATUS_ANSI_QUOTES;
 
 /// Retries of a replay whose own backend was lost too.
 const REPLAY_ATTEMPTS: u32 = 3;
