@@ -44,7 +44,10 @@ impl AckReport {
 pub struct Writers {
     stop: Arc<AtomicBool>,
     thread: std::thread::JoinHandle<Result<Vec<Outcome>>>,
-    addr: String,
+    /// Where the acknowledged rows are looked for: holdfast's main listener, which sends
+    /// every statement to the primary (through a split listener a new session's read goes
+    /// to a replica, which may not have the last rows yet: they looked lost).
+    check_addr: String,
     user: String,
     password: String,
 }
@@ -117,7 +120,7 @@ impl Writers {
         Ok(Writers {
             stop,
             thread,
-            addr: addr.to_string(),
+            check_addr: lab.proxy.clone(),
             user,
             password,
         })
@@ -136,7 +139,7 @@ impl Writers {
             .build()?;
         let present: HashMap<(u32, u32), u64> = rt.block_on(async {
             let mut c = Client::connect_native(
-                &self.addr,
+                &self.check_addr,
                 &self.user,
                 &self.password,
                 Some("sbtest"),
