@@ -179,24 +179,30 @@ impl Planned<'_> {
         }
         if let Ok(report) = &result {
             // Let sessions resume only once the topology shows the new primary.
-            let mut topo = self.topology.clone();
-            let wait = async {
-                loop {
-                    let seen = topo
-                        .borrow_and_update()
-                        .primary_node()
-                        .is_some_and(|n| n.name == report.new_primary);
-                    if seen || topo.changed().await.is_err() {
-                        return;
-                    }
-                }
-            };
-            let _ = tokio::time::timeout(Duration::from_secs(5), wait).await;
+            wait_for_primary(self.topology, &report.new_primary).await;
         }
         self.switching_now.store(false, Ordering::SeqCst);
         self.switching.send_replace(false);
         result
     }
+}
+
+/// Waits (5 s at most) until `topology` shows `primary` as the primary: after a
+/// switchover, before sessions held for it go on.
+pub async fn wait_for_primary(topology: &watch::Receiver<Arc<Topology>>, primary: &str) {
+    let mut topology = topology.clone();
+    let seen = async {
+        loop {
+            let now = topology
+                .borrow_and_update()
+                .primary_node()
+                .is_some_and(|n| n.name == primary);
+            if now || topology.changed().await.is_err() {
+                return;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(5), seen).await;
 }
 
 /// Why a planned restart of a node stopped.

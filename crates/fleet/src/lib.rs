@@ -217,20 +217,8 @@ impl Fleet {
                 .collect()
         };
         let asked = async {
-            let members = client
-                .get(
-                    format!("{prefix}members/"),
-                    Some(GetOptions::new().with_prefix()),
-                )
-                .await
-                .ok()?;
-            let parked = client
-                .get(
-                    format!("{prefix}parked/"),
-                    Some(GetOptions::new().with_prefix()),
-                )
-                .await
-                .ok()?;
+            let members = keys_under(&mut client, &format!("{prefix}members/")).await?;
+            let parked = keys_under(&mut client, &format!("{prefix}parked/")).await?;
             Some((names(&members, "members/"), names(&parked, "parked/")))
         };
         let Ok(Some((members, parked))) = tokio::time::timeout(self.ttl, asked).await else {
@@ -488,13 +476,7 @@ async fn watch_switching(
 /// The members registered and the leader's name, as etcd says now.
 async fn read_seen(client: &mut Client, prefix: &str) -> Option<Seen> {
     let read = async {
-        let members = client
-            .get(
-                format!("{prefix}members/"),
-                Some(GetOptions::new().with_prefix()),
-            )
-            .await
-            .ok()?;
+        let members = keys_under(client, &format!("{prefix}members/")).await?;
         let leader = client
             .leader(format!("{prefix}leader"))
             .await
@@ -512,4 +494,12 @@ async fn read_seen(client: &mut Client, prefix: &str) -> Option<Seen> {
         .await
         .ok()
         .flatten()
+}
+
+/// Every key under `dir` (a prefix ending in `/`).
+async fn keys_under(client: &mut Client, dir: &str) -> Option<etcd_client::GetResponse> {
+    client
+        .get(dir, Some(GetOptions::new().with_prefix()))
+        .await
+        .ok()
 }

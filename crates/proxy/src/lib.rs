@@ -172,19 +172,7 @@ async fn hold_for_the_fleet(shared: Arc<Shared>, fleet: Arc<holdfast_fleet::Flee
             }
             Some(s) if s.done && held == Some(s.epoch) => {
                 if let Some(primary) = &s.new_primary {
-                    let mut topology = shared.topology.clone();
-                    let seen = async {
-                        loop {
-                            let now = topology
-                                .borrow_and_update()
-                                .primary_node()
-                                .is_some_and(|n| &n.name == primary);
-                            if now || topology.changed().await.is_err() {
-                                return;
-                            }
-                        }
-                    };
-                    let _ = tokio::time::timeout(Duration::from_secs(5), seen).await;
+                    holdfast_cluster::planned::wait_for_primary(&shared.topology, primary).await;
                 }
                 release(&shared);
                 fleet.say_parked(s.epoch, false).await;
