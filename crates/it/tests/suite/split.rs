@@ -1469,6 +1469,54 @@ fn a_read_right_after_a_procedure_changed_the_session_runs_on_the_primary() {
     }
 }
 
+/// Found by the fuzzer (seed 2048, session 1402): a procedure made a temporary table, and a
+/// user variable was set before holdfast's capture looked (in the same request, or in the
+/// next one, before the session went quiet). The capture found the user variables changed
+/// and took them for the procedure's whole change: the session was movable again, and the
+/// read of the temporary table ran on a replica (1146). A change of user variables by a
+/// statement holdfast reads does not explain a procedure's.
+#[test]
+fn a_user_variable_set_after_a_procedure_does_not_explain_the_procedures_change() {
+    let h = split_harness(|_| {});
+    h.root_sql(
+        "CREATE PROCEDURE sbtest.p_tmp() CREATE TEMPORARY TABLE IF NOT EXISTS tmp_p (a INT)",
+    );
+    for (round, texts) in [
+        &["CALL p_tmp(); SET @a = 1"][..],
+        &["CALL p_tmp()", "SET @a = 2"][..],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut c = connect_to(&h.url());
+        for text in texts {
+            c.query_drop(*text).unwrap();
+        }
+        // The capture has looked, and the session holds what only the primary has.
+        let unknown = Some("state changed by a procedure or dynamic SQL");
+        let mut last = None;
+        let captured = holdfast_it::poll(Duration::from_secs(10), || {
+            let st = h.status();
+            let s = st.sessions.first()?;
+            last = Some((s.capture_due, s.blocked_by.clone()));
+            (!s.capture_due && s.blocked_by.as_deref() == unknown).then_some(())
+        });
+        assert!(
+            captured.is_some(),
+            "round {round}: /status shows (capture_due, blocked_by) = {last:?}"
+        );
+        let rows: Vec<u32> = c
+            .query("SELECT a FROM tmp_p")
+            .unwrap_or_else(|e| panic!("round {round}: the table is there: {e}"));
+        assert!(rows.is_empty());
+        drop(c);
+        holdfast_it::poll(Duration::from_secs(10), || {
+            h.status().sessions.is_empty().then_some(())
+        })
+        .expect("the session ended");
+    }
+}
+
 /// Found by the fuzzer (seed 2026, sessions 53, 116, 227, 515, 535, 624; seed 8 session 304):
 /// inside a read-only transaction on a replica, a statement the replica's connection cannot
 /// follow (a user variable set from a query, a multi-statement that ends the transaction or
