@@ -2175,3 +2175,29 @@ fn writes_refused_in_a_read_only_transaction_on_a_replica_do_not_cost_it() {
     ];
     same_as_directly(&h, &steps);
 }
+
+/// Found by the fuzzer (seed 2048, session 1296): in a read-only transaction on a replica
+/// with `autocommit` turned off inside it, a procedure that sets a user variable runs on
+/// the primary; the transaction must move there (the replica's connection cannot follow).
+/// The move ran the transaction's reads again and found an answer otherwise: it gave the
+/// transaction up (1213) where the server answers, and the `DELETE` after it went in (the
+/// server: 1792).
+#[test]
+fn a_procedure_in_a_read_only_transaction_with_autocommit_off_moves_it_to_the_primary() {
+    use holdfast_it::differential::q;
+    let h = split_harness(|_| {});
+    table_t_everywhere(&h);
+    h.root_sql("CREATE PROCEDURE sbtest.p_var() SET @pv = (SELECT COUNT(*) FROM t)");
+    let steps = [
+        q("START TRANSACTION READ ONLY"),
+        q("SHOW TABLES"),
+        q("SET autocommit = 0"),
+        q("CALL p_var()"),
+        q("SELECT COUNT(*) FROM t"),
+        q("DELETE FROM t WHERE id = 6"),
+        q("SELECT @pv, @@autocommit, @@in_transaction"),
+        q("ROLLBACK"),
+        q("SET autocommit = 1"),
+    ];
+    same_as_directly(&h, &steps);
+}
