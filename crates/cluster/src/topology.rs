@@ -257,6 +257,37 @@ impl Topology {
         }
     }
 
+    /// With no primary seen: the unreachable node the reachable replicas replicate from
+    /// (the one most of them name), the primary that was. What a failure detector
+    /// starting now (a fleet member that just became the leader) watches, as the one
+    /// that ran before would have.
+    pub fn former_primary(&self) -> Option<&NodeState> {
+        if self.primary.is_some() {
+            return None;
+        }
+        let mut named: Vec<(&NodeState, usize)> = Vec::new();
+        for replica in self.nodes.iter().filter(|n| n.reachable) {
+            let Some(source) = replica.replication.as_ref().map(|r| r.source.as_str()) else {
+                continue;
+            };
+            let Some(node) = self
+                .nodes
+                .iter()
+                .find(|n| !n.reachable && same_address(&n.address, source))
+            else {
+                continue;
+            };
+            match named.iter_mut().find(|(n, _)| n.name == node.name) {
+                Some((_, count)) => *count += 1,
+                None => named.push((node, 1)),
+            }
+        }
+        named
+            .into_iter()
+            .max_by_key(|(_, count)| *count)
+            .map(|(n, _)| n)
+    }
+
     /// The nodes HA operations consider (those being removed left out).
     pub fn backends(&self) -> Vec<BackendConfig> {
         self.nodes
@@ -278,5 +309,74 @@ impl Topology {
     /// The nodes that take reads of split sessions now.
     pub fn read_nodes(&self) -> impl Iterator<Item = &NodeState> {
         self.nodes.iter().filter(|n| n.serves_reads)
+    }
+}
+
+/// Whether two `host:port` addresses name the same server as far as their text tells
+/// (`localhost` and `127.0.0.1` alike, case aside).
+fn same_address(a: &str, b: &str) -> bool {
+    let split = |s: &str| -> (String, String) {
+        let (host, port) = s.rsplit_once(':').unwrap_or((s, "3306"));
+        let host = host.trim_matches(['[', ']']).to_ascii_lowercase();
+        let host = match host.as_str() {
+            "localhost" | "::1" => "127.0.0.1".to_string(),
+            _ => host,
+        };
+        (host, port.to_string())
+    };
+    split(a) == split(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nodes() -> Topology {
+        let members: Vec<Member> = ["node1", "node2", "node3"]
+            .iter()
+            .enumerate()
+            .map(|(i, name)| Member {
+                backend: BackendConfig {
+                    name: name.to_string(),
+                    address: format!("127.0.0.1:{}", 3310 + i),
+                    proxy_protocol: false,
+                },
+                draining: false,
+            })
+            .collect();
+        let mut t = Topology::of_members(&members);
+        t.observed = true;
+        t
+    }
+
+    fn replicating(t: &mut Topology, i: usize, source: &str) {
+        t.nodes[i].reachable = true;
+        t.nodes[i].read_only = Some(true);
+        t.nodes[i].replication = Some(ReplicaHealth {
+            io_running: false,
+            sql_running: true,
+            lag_ms: None,
+            source: source.into(),
+            error: String::new(),
+        });
+    }
+
+    #[test]
+    fn the_former_primary_is_the_unreachable_node_the_replicas_name() {
+        let mut t = nodes();
+        replicating(&mut t, 1, "localhost:3310");
+        replicating(&mut t, 2, "127.0.0.1:3310");
+        assert_eq!(t.former_primary().map(|n| n.name.as_str()), Some("node1"));
+        // A node that answers is not gone: nothing to watch for a failover.
+        t.nodes[0].reachable = true;
+        assert!(t.former_primary().is_none());
+        // Nor while a primary is seen.
+        t.nodes[0].reachable = false;
+        t.primary = Some(1);
+        assert!(t.former_primary().is_none());
+        // A source no node has.
+        let mut t = nodes();
+        replicating(&mut t, 1, "10.0.0.9:3306");
+        assert!(t.former_primary().is_none());
     }
 }

@@ -72,7 +72,7 @@ struct Fleet {
     a_log: PathBuf,
     b_log: PathBuf,
     // (Dropped last: the members first, then etcd, then the lab.)
-    _etcd: Etcd,
+    etcd: Etcd,
     _lab: Lab,
 }
 
@@ -111,7 +111,7 @@ impl Fleet {
             b_port,
             a_config,
             b_config,
-            _etcd: etcd,
+            etcd,
             _lab: lab,
         }
     }
@@ -390,4 +390,73 @@ fn a_switchover_holds_the_sessions_of_every_member() {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     assert_eq!(replays, 0.0, "{metrics}\n{}", f.logs());
+}
+
+/// etcd stopped for 10 s: both members keep serving their sessions (reads and writes);
+/// neither leads, so the primary killed meanwhile is not failed over by anyone; etcd back
+/// (the same data), one member leads again, fails the primary over once, and both
+/// members' sessions go on on the new primary with their state.
+#[test]
+fn with_etcd_stopped_members_serve_and_decide_nothing_until_it_is_back() {
+    let mut f = Fleet::new("etcd-down", "1");
+    let _a = serve(&f.a_config, &f.a_log);
+    let _b = serve(&f.b_config, &f.b_log);
+    f.a_leads();
+    let mut on_a = session(f.base);
+    let mut on_b = session(f.b_port);
+    on_a.query_drop("CREATE TABLE sbtest.kept (who CHAR(1) PRIMARY KEY)")
+        .expect("a table");
+    for (c, who) in [(&mut on_a, "a"), (&mut on_b, "b")] {
+        c.query_drop(format!("SET @who = '{who}'")).expect("set");
+    }
+    for config in [&f.a_config, &f.b_config] {
+        wait_for("the sessions' state captured", || {
+            let sessions = status(config)?["sessions"].as_array()?.clone();
+            (!sessions.is_empty() && sessions.iter().all(|s| s["capture_due"] == false))
+                .then_some(())
+        });
+    }
+
+    f.etcd.kill();
+    let stopped = std::time::Instant::now();
+    // Neither member leads (the leader stops within two thirds of the lease's TTL).
+    for config in [&f.a_config, &f.b_config] {
+        wait_for("no member to lead", || {
+            (!status(config)?["fleet"]["leader"].as_bool()?).then_some(())
+        });
+    }
+    // The sessions are served: reads and writes.
+    for (c, who) in [(&mut on_a, "a"), (&mut on_b, "b")] {
+        c.query_drop(format!("INSERT INTO sbtest.kept VALUES ('{who}')"))
+            .unwrap_or_else(|e| panic!("{who} writes without etcd: {e}\n{}", f.logs()));
+    }
+    // The primary killed: no member may decide; until etcd has been gone 10 s, none does.
+    holdfast_lab::kill_node(&f.dir, "node1").expect("kill node1");
+    while stopped.elapsed() < Duration::from_secs(10) {
+        for config in [&f.a_config, &f.b_config] {
+            let s = status(config).expect("a member answers without etcd");
+            assert_eq!(s["ha"]["counters"]["failovers"], 0, "{}", f.logs());
+            assert_eq!(s["fleet"]["leader"], false, "{}", f.logs());
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+
+    f.etcd.start_again().expect("etcd again");
+    for config in [&f.a_config, &f.b_config] {
+        wait_for("node2 the primary on both members", || {
+            (status(config)?["topology"]["primary"] == "node2").then_some(())
+        });
+    }
+    let total = failovers(&f.a_config) + failovers(&f.b_config);
+    assert_eq!(total, 1, "exactly one failover\n{}", f.logs());
+    for (c, who) in [(&mut on_a, "a"), (&mut on_b, "b")] {
+        let v: Option<Option<String>> = c
+            .query_first("SELECT @who")
+            .unwrap_or_else(|e| panic!("the session goes on: {e}\n{}", f.logs()));
+        assert_eq!(v.flatten().as_deref(), Some(who), "{}", f.logs());
+    }
+    let rows: Vec<String> = on_a
+        .query("SELECT who FROM sbtest.kept ORDER BY who")
+        .expect("rows");
+    assert_eq!(rows, ["a", "b"], "the writes made without etcd are there");
 }

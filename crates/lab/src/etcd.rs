@@ -12,6 +12,7 @@ pub struct Etcd {
     dir: PathBuf,
     /// Where clients connect: `http://127.0.0.1:PORT`.
     pub endpoint: String,
+    peer: String,
 }
 
 impl Drop for Etcd {
@@ -27,6 +28,36 @@ fn free_port() -> Result<u16> {
         .port())
 }
 
+/// etcd with its data under `dir`, listening on `client` and `peer` (its log appended to
+/// `dir/etcd.log`).
+fn spawn(dir: &Path, client: &str, peer: &str) -> Result<Child> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("etcd.log"))?;
+    Command::new("etcd")
+        .args(["--name", "lab", "--data-dir"])
+        .arg(dir.join("etcd-data"))
+        .args([
+            "--listen-client-urls",
+            client,
+            "--advertise-client-urls",
+            client,
+        ])
+        .args([
+            "--listen-peer-urls",
+            peer,
+            "--initial-advertise-peer-urls",
+            peer,
+        ])
+        .args(["--initial-cluster", &format!("lab={peer}")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .context("starting etcd (Debian's etcd-server package)")
+}
+
 impl Etcd {
     /// Starts etcd with its data under `dir` (created), on free loopback ports, and waits
     /// until it answers.
@@ -34,38 +65,29 @@ impl Etcd {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let client = format!("http://127.0.0.1:{}", free_port()?);
         let peer = format!("http://127.0.0.1:{}", free_port()?);
-        let log = std::fs::File::create(dir.join("etcd.log"))?;
-        let child = Command::new("etcd")
-            .args(["--name", "lab", "--data-dir"])
-            .arg(dir.join("etcd-data"))
-            .args([
-                "--listen-client-urls",
-                &client,
-                "--advertise-client-urls",
-                &client,
-            ])
-            .args([
-                "--listen-peer-urls",
-                &peer,
-                "--initial-advertise-peer-urls",
-                &peer,
-            ])
-            .args(["--initial-cluster", &format!("lab={peer}")])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .context("starting etcd (Debian's etcd-server package)")?;
+        let child = spawn(dir, &client, &peer)?;
         let etcd = Etcd {
             child,
             dir: dir.to_path_buf(),
             endpoint: client,
+            peer,
         };
-        let address = etcd.endpoint.trim_start_matches("http://").to_string();
+        etcd.wait_listening()?;
+        Ok(etcd)
+    }
+
+    fn wait_listening(&self) -> Result<()> {
+        let address = self.endpoint.trim_start_matches("http://").to_string();
         crate::wait_for("etcd to listen", Duration::from_secs(30), || {
             std::net::TcpStream::connect(&address).ok()
         })?;
-        Ok(etcd)
+        Ok(())
+    }
+
+    /// Starts it again after [`Etcd::kill`]: the same data, the same ports.
+    pub fn start_again(&mut self) -> Result<()> {
+        self.child = spawn(&self.dir, &self.endpoint, &self.peer)?;
+        self.wait_listening()
     }
 
     /// Stops it now (a test of a fleet without etcd).

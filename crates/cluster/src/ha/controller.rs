@@ -682,9 +682,23 @@ impl HaController {
             };
             let differs = |name: &String| watched.as_ref().is_none_or(|w| w.name != *name);
             let mut switch_to = None;
+            let none_seen = seen.is_none();
             if seen != last_seen {
                 last_seen = seen.clone();
                 switch_to = seen.filter(differs);
+            }
+            if switch_to.is_none() && none_seen && watched.is_none() {
+                // In charge since the primary went (the fleet's new leader, say): the node
+                // the replicas replicate from, as the detector before would have watched.
+                let former = self
+                    .topology
+                    .borrow()
+                    .former_primary()
+                    .map(|n| n.name.clone());
+                if former.is_some() {
+                    tracing::info!(node = ?former, "ha: no primary seen; watching the node the replicas replicate from");
+                }
+                switch_to = former;
             }
             if switch_to.is_none() {
                 // An operation changed the primary before the monitor noticed.
