@@ -36,6 +36,10 @@ pub struct MemberInfo {
     pub admin: String,
     pub version: String,
     pub pid: u32,
+    /// The cluster as this member's config describes it (its nodes and HA mode): every
+    /// member of a fleet must say the same ([`check_fits`]).
+    #[serde(default)]
+    pub shape: String,
 }
 
 /// This member's standing in the fleet now.
@@ -75,6 +79,58 @@ pub enum FleetError {
     LeaseLost(Duration),
     #[error("etcd elected no leader")]
     NoLeader,
+    #[error(
+        "fleet {fleet:?}: member {member:?} is configured for another cluster ({theirs}) than this \
+         config ({ours}); one fleet is one cluster: give this one the same nodes and HA mode, \
+         or another [cluster] name"
+    )]
+    Misfit {
+        fleet: String,
+        member: String,
+        theirs: String,
+        ours: String,
+    },
+}
+
+/// Whether `me` may join the fleet `cfg` names: every other member registered now is
+/// configured for the same cluster ([`MemberInfo::shape`]). `Err(FleetError::Misfit)` when
+/// one is not; another error when etcd does not answer within the lease's TTL.
+pub async fn check_fits(cfg: &ClusterConfig, me: &MemberInfo) -> Result<(), FleetError> {
+    let ttl = cfg.lease_ttl();
+    let asked = async {
+        let options = ConnectOptions::new()
+            .with_connect_timeout(ttl)
+            .with_timeout(ttl);
+        let mut client = Client::connect(&cfg.etcd, Some(options)).await?;
+        fits(&mut client, &cfg.name, me).await
+    };
+    match tokio::time::timeout(ttl, asked).await {
+        Ok(result) => result,
+        Err(_) => Err(FleetError::LeaseLost(ttl)),
+    }
+}
+
+async fn fits(client: &mut Client, fleet: &str, me: &MemberInfo) -> Result<(), FleetError> {
+    let members = client
+        .get(
+            format!("{}members/", prefix(fleet)),
+            Some(GetOptions::new().with_prefix()),
+        )
+        .await?;
+    let misfit = members
+        .kvs()
+        .iter()
+        .filter_map(|kv| serde_json::from_slice::<MemberInfo>(kv.value()).ok())
+        .find(|m| m.member != me.member && !m.shape.is_empty() && m.shape != me.shape);
+    match misfit {
+        Some(m) => Err(FleetError::Misfit {
+            fleet: fleet.to_string(),
+            member: m.member,
+            theirs: m.shape,
+            ours: me.shape.clone(),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// This member of the fleet: its standing, kept up to date by a task of its own.
@@ -341,6 +397,9 @@ async fn run(
         tx.send_replace(Leadership::default());
         match ended {
             Ok(()) => {}
+            Err(e @ FleetError::Misfit { .. }) => {
+                tracing::error!(fleet = %cfg.name, member = %me.member, error = %e, "fleet: not joining; trying again")
+            }
             Err(e) => {
                 tracing::warn!(fleet = %cfg.name, member = %me.member, error = %e, "fleet: out of touch with etcd; trying again")
             }
@@ -367,6 +426,8 @@ async fn serve(
         .with_connect_timeout(ttl)
         .with_timeout(ttl);
     let mut client = Client::connect(&cfg.etcd, Some(options)).await?;
+    // Not registered while another member is configured for another cluster.
+    fits(&mut client, &cfg.name, me).await?;
     let lease = client.lease_grant(ttl.as_secs() as i64, None).await?.id();
     if let Ok(mut c) = shared_client.lock() {
         *c = Some((client.clone(), lease));

@@ -3,7 +3,7 @@
 //! within the lease's TTL, with a higher epoch; with etcd gone, the leader stops leading.
 
 use holdfast_config::ClusterConfig;
-use holdfast_fleet::{Fleet, Leadership, MemberInfo};
+use holdfast_fleet::{check_fits, Fleet, FleetError, Leadership, MemberInfo};
 use holdfast_lab::etcd::Etcd;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -42,6 +42,7 @@ fn member(name: &str) -> MemberInfo {
         admin: "127.0.0.1:8080".into(),
         version: "test".into(),
         pid: std::process::id(),
+        shape: "ha managed; nodes node1=127.0.0.1:3310".into(),
     }
 }
 
@@ -98,5 +99,51 @@ async fn a_leader_that_loses_etcd_stops_leading() {
     assert!(!a.confirm_leading().await);
     // Within the lease's TTL (2 s), with room for a loaded machine.
     wait_until("the leader to stop leading", limit, || !standing(&a).leader).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A member configured for another cluster than the members registered is refused (at
+/// start, by `check_fits`; in the background, it does not register nor campaign); the same
+/// member name (a process replacing itself) and members without a shape are not judged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_configured_for_another_cluster_does_not_join() {
+    let (etcd, dir) = etcd("misfit");
+    let a = Fleet::join(config(&etcd), member("a"));
+    let limit = Duration::from_secs(20);
+    wait_until("a leader", limit, || standing(&a).leader).await;
+    let mut other = member("b");
+    other.shape = "ha managed; nodes node1=127.0.0.1:3399".into();
+    match check_fits(&config(&etcd), &other).await {
+        Err(FleetError::Misfit { member, theirs, .. }) => {
+            assert_eq!(member, "a");
+            assert!(theirs.contains("127.0.0.1:3310"), "{theirs}");
+        }
+        other => panic!("refused as a misfit, not {other:?}"),
+    }
+    check_fits(&config(&etcd), &member("b"))
+        .await
+        .expect("the same cluster fits");
+    let mut itself = member("a");
+    itself.shape = other.shape.clone();
+    check_fits(&config(&etcd), &itself)
+        .await
+        .expect("a member is not judged against its own registration");
+    // Joined anyway (etcd was not there at start, say): not registered while `a` is.
+    let b = Fleet::join(config(&etcd), other);
+    let since = Instant::now();
+    while since.elapsed() < Duration::from_secs(3) {
+        let names: Vec<String> = a.seen().members.into_iter().map(|m| m.member).collect();
+        assert!(names.iter().all(|m| m == "a"), "{names:?}");
+        assert!(!standing(&b).leader);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(a.seen().members.len(), 1, "a lists itself");
+    // Once no member of the old shape is left, the fleet is the one that remains.
+    drop(a);
+    wait_until("the remaining member to lead", limit, || {
+        standing(&b).leader
+    })
+    .await;
+    drop(etcd);
     let _ = std::fs::remove_dir_all(dir);
 }

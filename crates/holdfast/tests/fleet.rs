@@ -64,6 +64,8 @@ fn session(port: u16) -> mysql::Conn {
 /// A lab of `replicas` replicas, an etcd, and two members' configs: `a` on the lab's
 /// ports, `b` on others.
 struct Fleet {
+    /// A third member's config (on ports of its own).
+    c_text: String,
     dir: PathBuf,
     base: u16,
     b_port: u16,
@@ -95,15 +97,16 @@ impl Fleet {
         let a_config = dir.join("a.toml");
         std::fs::write(&a_config, format!("{lab_config}{}", cluster("a"))).expect("a's config");
         let b_port = free_port();
-        let mut b_text = lab_config.clone();
-        for (i, port) in [b_port, free_port(), free_port()].iter().enumerate() {
-            let from = format!("\"127.0.0.1:{}\"", base + i as u16);
-            assert!(b_text.contains(&from), "the lab's config listens on {from}");
-            b_text = b_text.replace(&from, &format!("\"127.0.0.1:{port}\""));
-        }
+        let b_text = on_ports(&lab_config, base, b_port);
         let b_config = dir.join("b.toml");
         std::fs::write(&b_config, format!("{b_text}{}", cluster("b"))).expect("b's config");
+        let c_text = format!(
+            "{}{}",
+            on_ports(&lab_config, base, free_port()),
+            cluster("c")
+        );
         Fleet {
+            c_text,
             a_log: dir.join("a.log"),
             b_log: dir.join("b.log"),
             dir,
@@ -114,6 +117,12 @@ impl Fleet {
             etcd,
             _lab: lab,
         }
+    }
+
+    /// A third member's config, named `member`.
+    fn member_config(&self, member: &str) -> String {
+        self.c_text
+            .replace("member = \"c\"", &format!("member = \"{member}\""))
     }
 
     fn logs(&self) -> String {
@@ -138,6 +147,18 @@ impl Fleet {
         assert!(a != b, "two leaders\n{}", self.logs());
         a
     }
+}
+
+/// The lab's config `text` (listening from port `base` on) moved to free ports, the client
+/// listener on `port`.
+fn on_ports(text: &str, base: u16, port: u16) -> String {
+    let mut text = text.to_string();
+    for (i, port) in [port, free_port(), free_port()].iter().enumerate() {
+        let from = format!("\"127.0.0.1:{}\"", base + i as u16);
+        assert!(text.contains(&from), "the lab's config listens on {from}");
+        text = text.replace(&from, &format!("\"127.0.0.1:{port}\""));
+    }
+    text
 }
 
 fn failovers(config: &Path) -> u64 {
@@ -186,6 +207,38 @@ fn one_member_leads_fails_over_once_and_the_lead_moves_when_it_dies() {
         true => (&a_config, &b_config),
         false => (&b_config, &a_config),
     };
+    // A third member configured for other nodes is refused at start, saying why.
+    let node2 = holdfast_lab::status(&dir)
+        .expect("the lab")
+        .nodes
+        .iter()
+        .find(|n| n.name == "node2")
+        .map(|n| format!("address = \"127.0.0.1:{}\"", n.port))
+        .expect("node2");
+    let c_text = f.member_config("c");
+    assert!(c_text.contains(&node2), "{node2} in c's config");
+    let c_config = dir.join("c.toml");
+    std::fs::write(
+        &c_config,
+        c_text.replace(&node2, "address = \"127.0.0.1:1\""),
+    )
+    .expect("c's config");
+    let mut c = holdfast()
+        .args(["serve", "--config"])
+        .arg(&c_config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("holdfast serve");
+    let exit = wait_for("the misfit member to stop", || c.try_wait().ok().flatten());
+    let mut said = String::new();
+    std::io::Read::read_to_string(&mut c.stderr.take().expect("stderr"), &mut said)
+        .expect("its stderr");
+    assert!(!exit.success(), "{said}");
+    assert!(
+        said.contains("is configured for another cluster") && said.contains("127.0.0.1:1"),
+        "{said}"
+    );
 
     // A session on each member, with state.
     let mut on_a = session(base);

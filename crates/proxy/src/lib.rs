@@ -502,7 +502,21 @@ impl Proxy {
                 admin: config.admin.listen.clone(),
                 version: env!("CARGO_PKG_VERSION").to_string(),
                 pid: std::process::id(),
+                shape: cluster_shape(&config),
             };
+            // A member configured for another cluster than the fleet's is refused here.
+            match holdfast_fleet::check_fits(cluster, &me).await {
+                Ok(()) => {}
+                Err(e @ holdfast_fleet::FleetError::Misfit { .. }) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidInput,
+                        e.to_string(),
+                    ));
+                }
+                Err(e) => {
+                    tracing::warn!(fleet = %cluster.name, error = %e, "fleet: etcd did not answer at start; this member joins (after the same check) once it does");
+                }
+            }
             let fleet = Arc::new(holdfast_fleet::Fleet::join(cluster.clone(), me));
             shared
                 .ha
@@ -797,4 +811,17 @@ async fn refresh_verifiers(shared: Arc<Shared>) {
         })
         .await;
     }
+}
+
+/// The cluster as `config` describes it to a fleet: its nodes (by name and address) and
+/// its HA mode. Members of one fleet must agree on it.
+fn cluster_shape(config: &Config) -> String {
+    let mut nodes: Vec<String> = config
+        .backends
+        .iter()
+        .map(|b| format!("{}={}", b.name, b.address))
+        .collect();
+    nodes.sort();
+    let mode = format!("{:?}", config.ha.mode).to_lowercase();
+    format!("ha {mode}; nodes {}", nodes.join(", "))
 }
