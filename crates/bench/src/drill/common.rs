@@ -47,6 +47,11 @@ pub enum Scenario {
     /// while sysbench runs through the main and the split listener and a client keeps
     /// opening new connections: none may fail. Not part of `all`.
     ProxyUpgrade,
+    /// Two holdfast processes, members of one fleet through a local etcd, sysbench through
+    /// each: a switchover asked of the member that does not lead, the primary killed, the
+    /// leading member killed (kill -9): every surviving connection kept, exactly one
+    /// promotion per cluster event, the lead moved within the lease. Not part of `all`.
+    Fleet,
 }
 
 impl Scenario {
@@ -63,6 +68,7 @@ impl Scenario {
             Scenario::FailoverTimes => "failover-times",
             Scenario::Chaos => "chaos",
             Scenario::ProxyUpgrade => "proxy-upgrade",
+            Scenario::Fleet => "fleet",
         }
     }
 }

@@ -212,7 +212,7 @@ fn recovery_delta(before: &[(String, f64)], after: &[(String, f64)]) -> String {
     }
 }
 
-fn closed_sessions(admin_addr: &holdfast_admin::AdminClient) -> f64 {
+pub(super) fn closed_sessions(admin_addr: &holdfast_admin::AdminClient) -> f64 {
     let Ok(text) = admin::get(admin_addr, "/metrics") else {
         return 0.0;
     };
@@ -427,7 +427,8 @@ fn perform(lab: &LabStatus, scenario: Scenario) -> Result<String> {
         | Scenario::All
         | Scenario::FailoverTimes
         | Scenario::Chaos
-        | Scenario::ProxyUpgrade => Ok(String::new()),
+        | Scenario::ProxyUpgrade
+        | Scenario::Fleet => Ok(String::new()),
     }
 }
 

@@ -9,6 +9,7 @@ mod ack;
 mod chaos;
 mod common;
 mod failover_times;
+mod fleet;
 mod ha;
 mod serverless;
 mod upgrade;
@@ -32,6 +33,7 @@ pub fn run(args: &DrillArgs, holdfast: &Path) -> Result<()> {
         Scenario::FailoverTimes => failover_times::run(args, holdfast),
         Scenario::Chaos => chaos::run(args, holdfast),
         Scenario::ProxyUpgrade => upgrade::run(args, holdfast),
+        Scenario::Fleet => fleet::run(args, holdfast),
         one => ha::run(args, holdfast, &[one]),
     }
 }
