@@ -97,6 +97,17 @@ pub struct FleetView {
     /// version, pid.
     #[serde(default)]
     pub members: Vec<serde_json::Value>,
+    /// How long ago etcd last renewed this member's lease, in milliseconds (none: it holds
+    /// no lease now: etcd cannot be reached).
+    #[serde(default)]
+    pub lease_renewed_ms_ago: Option<u64>,
+    /// How many times etcd elected this member since it started.
+    #[serde(default)]
+    pub times_elected: u64,
+    /// The fleet's last cluster decisions, oldest first, as etcd said last: when
+    /// (`at_unix_ms`), by which member (`by`) under which `epoch`, `what`, `ok`.
+    #[serde(default)]
+    pub decisions: Vec<serde_json::Value>,
 }
 
 /// The configuration file in force: which, its SHA-256 (what `sha256sum` prints), when it
@@ -255,6 +266,13 @@ pub fn status(shared: &Shared) -> Status {
                     .iter()
                     .filter_map(|m| serde_json::to_value(m).ok())
                     .collect(),
+                lease_renewed_ms_ago: f.lease_renewed_ago().map(|d| d.as_millis() as u64),
+                times_elected: f.times_elected(),
+                decisions: seen
+                    .decisions
+                    .iter()
+                    .filter_map(|d| serde_json::to_value(d).ok())
+                    .collect(),
             }
         }),
         listen: config.proxy.listen.clone(),
@@ -309,6 +327,9 @@ async fn get_metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     let mut text = shared.metrics.render();
     let mut nodes = node_metrics(&shared.topology.borrow());
     nodes.push_str(&ha_metrics(&shared.ha.state()));
+    if let Some(f) = &status(&shared).fleet {
+        nodes.push_str(&fleet_metrics(f));
+    }
     match text.rfind("# EOF") {
         Some(at) => text.insert_str(at, &nodes),
         None => text.push_str(&nodes),
@@ -333,6 +354,38 @@ fn ha_metrics(h: &HaState) -> String {
          holdfast_failover_withheld {}\n",
         h.counters.failovers_withheld,
         u8::from(h.failover_withheld.is_some())
+    )
+}
+
+/// This member's standing in its fleet (from what `/status` shows, at each scrape).
+fn fleet_metrics(f: &FleetView) -> String {
+    let renewed = f
+        .lease_renewed_ms_ago
+        .map_or(String::new(), |ms| {
+            format!(
+                "# HELP holdfast_fleet_lease_renewed_seconds_ago How long ago etcd last renewed this member's lease (absent: it holds none)\n\
+                 # TYPE holdfast_fleet_lease_renewed_seconds_ago gauge\n\
+                 holdfast_fleet_lease_renewed_seconds_ago {}\n",
+                ms as f64 / 1000.0
+            )
+        });
+    format!(
+        "# HELP holdfast_fleet_leader 1 while this member leads its fleet (it runs HA)\n\
+         # TYPE holdfast_fleet_leader gauge\n\
+         holdfast_fleet_leader {}\n\
+         # HELP holdfast_fleet_epoch The election revision of this member's lead (0 when it does not lead)\n\
+         # TYPE holdfast_fleet_epoch gauge\n\
+         holdfast_fleet_epoch {}\n\
+         # HELP holdfast_fleet_members Members registered in the fleet, as etcd said last\n\
+         # TYPE holdfast_fleet_members gauge\n\
+         holdfast_fleet_members {}\n\
+         # HELP holdfast_fleet_elections Times etcd elected this member\n\
+         # TYPE holdfast_fleet_elections counter\n\
+         holdfast_fleet_elections_total {}\n{renewed}",
+        u8::from(f.leader),
+        f.epoch,
+        f.members.len(),
+        f.times_elected
     )
 }
 
@@ -722,6 +775,33 @@ pub fn render_status(s: &Status) -> String {
                 field("admin"),
                 field("version"),
                 m["pid"].as_u64().unwrap_or(0)
+            );
+        }
+        let _ = match f.lease_renewed_ms_ago {
+            Some(ms) => writeln!(
+                o,
+                "  this member's lease renewed {ms} ms ago; elected {} times",
+                f.times_elected
+            ),
+            None => writeln!(
+                o,
+                "  this member holds no lease: etcd cannot be reached (it serves its sessions and decides nothing)"
+            ),
+        };
+        let now = unix_ms_now();
+        for d in f.decisions.iter().rev().take(5) {
+            let ago = now.saturating_sub(d["at_unix_ms"].as_u64().unwrap_or(0)) / 1000;
+            let _ = writeln!(
+                o,
+                "  decision {ago} s ago by member {} (epoch {}): {}{}",
+                d["by"].as_str().unwrap_or("?"),
+                d["epoch"].as_i64().unwrap_or(0),
+                d["what"].as_str().unwrap_or("?"),
+                if d["ok"].as_bool() == Some(false) {
+                    " (failed)"
+                } else {
+                    ""
+                }
             );
         }
     }

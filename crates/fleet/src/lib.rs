@@ -16,7 +16,8 @@
 //! sessions go once its own monitor sees that node writable ([`Switching`]).
 //!
 //! Keys, under `/holdfast/<name>/`: `members/<member>` (JSON: [`MemberInfo`], under the
-//! member's lease), the election `leader`, `switching` and `parked/<member>`.
+//! member's lease), the election `leader`, `switching`, `parked/<member>`, and
+//! `decisions/<time>-<member>` (the last cluster decisions, [`Decision`]).
 
 use etcd_client::{Client, ConnectOptions, GetOptions, PutOptions};
 use holdfast_config::ClusterConfig;
@@ -52,12 +53,29 @@ pub struct Leadership {
     pub epoch: i64,
 }
 
-/// The fleet as etcd said last: its registered members and the leader's name.
+/// The fleet as etcd said last: its registered members, the leader's name, the last
+/// cluster decisions (oldest first).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Seen {
     pub members: Vec<MemberInfo>,
     pub leader: Option<String>,
+    #[serde(default)]
+    pub decisions: Vec<Decision>,
 }
+
+/// A cluster decision a leader made (an HA operation, done or failed), as the fleet
+/// keeps it: who, under which epoch, when, what.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    pub at_unix_ms: u64,
+    pub by: String,
+    pub epoch: i64,
+    pub what: String,
+    pub ok: bool,
+}
+
+/// The decisions the fleet keeps (older ones are deleted as new ones come).
+const DECISIONS_KEPT: usize = 20;
 
 /// A switchover the leader runs, as every member sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -147,7 +165,16 @@ pub struct Fleet {
     seen: Arc<Mutex<Seen>>,
     watcher: tokio::task::JoinHandle<()>,
     ttl: Duration,
+    /// When etcd last renewed this member's lease, and how many times it was elected.
+    life: Arc<Life>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// What the member's task tells of its life in etcd.
+#[derive(Default)]
+struct Life {
+    renewed: Mutex<Option<Instant>>,
+    elected: std::sync::atomic::AtomicU64,
 }
 
 /// What a leader shows etcd to confirm it still leads: its election key and revision.
@@ -184,7 +211,15 @@ impl Fleet {
             switching_tx,
             seen.clone(),
         ));
-        let task = tokio::spawn(run(cfg, me, tx, proof.clone(), client.clone()));
+        let life = Arc::new(Life::default());
+        let task = tokio::spawn(run(
+            cfg,
+            me,
+            tx,
+            proof.clone(),
+            client.clone(),
+            life.clone(),
+        ));
         Fleet {
             name,
             member,
@@ -195,8 +230,51 @@ impl Fleet {
             seen,
             watcher,
             ttl,
+            life,
             task,
         }
+    }
+
+    /// How long ago etcd last renewed this member's lease (`None`: it holds none now).
+    pub fn lease_renewed_ago(&self) -> Option<Duration> {
+        let renewed = *self.life.renewed.lock().ok()?;
+        renewed.map(|at| at.elapsed())
+    }
+
+    /// How many times etcd elected this member since it started.
+    pub fn times_elected(&self) -> u64 {
+        self.life.elected.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Keeps `decision` in the fleet's log (the last [`DECISIONS_KEPT`]), where every
+    /// member reads it. False when etcd did not take it.
+    pub async fn record_decision(&self, decision: &Decision) -> bool {
+        let Some((mut client, _)) = self.connection() else {
+            return false;
+        };
+        let Ok(value) = serde_json::to_vec(decision) else {
+            return false;
+        };
+        let dir = format!("{}decisions/", prefix(&self.name));
+        let key = format!("{dir}{:020}-{}", decision.at_unix_ms, decision.by);
+        let kept = async {
+            client.put(key, value, None).await.ok()?;
+            let all = client
+                .get(
+                    dir.as_str(),
+                    Some(GetOptions::new().with_prefix().with_keys_only()),
+                )
+                .await
+                .ok()?;
+            let mut keys: Vec<Vec<u8>> = all.kvs().iter().map(|kv| kv.key().to_vec()).collect();
+            keys.sort();
+            let extra = keys.len().saturating_sub(DECISIONS_KEPT);
+            for old in keys.into_iter().take(extra) {
+                client.delete(old, None).await.ok()?;
+            }
+            Some(())
+        };
+        matches!(tokio::time::timeout(self.ttl, kept).await, Ok(Some(())))
     }
 
     /// The members and the leader as etcd said last (within about a second).
@@ -380,11 +458,15 @@ async fn run(
     tx: watch::Sender<Leadership>,
     proof: Arc<Mutex<Option<Proof>>>,
     client: Arc<Mutex<Option<(Client, i64)>>>,
+    life: Arc<Life>,
 ) {
     let mut backoff = Duration::from_millis(250);
     loop {
         let started = Instant::now();
-        let ended = serve(&cfg, &me, &tx, &proof, &client).await;
+        let ended = serve(&cfg, &me, &tx, &proof, &client, &life).await;
+        if let Ok(mut r) = life.renewed.lock() {
+            *r = None;
+        }
         if let Ok(mut p) = proof.lock() {
             *p = None;
         }
@@ -420,6 +502,7 @@ async fn serve(
     tx: &watch::Sender<Leadership>,
     proof: &Mutex<Option<Proof>>,
     shared_client: &Mutex<Option<(Client, i64)>>,
+    life: &Life,
 ) -> Result<(), FleetError> {
     let ttl = cfg.lease_ttl();
     let options = ConnectOptions::new()
@@ -429,6 +512,13 @@ async fn serve(
     // Not registered while another member is configured for another cluster.
     fits(&mut client, &cfg.name, me).await?;
     let lease = client.lease_grant(ttl.as_secs() as i64, None).await?.id();
+    let mut renewed = Instant::now();
+    let note_renewed = |at: Instant| {
+        if let Ok(mut r) = life.renewed.lock() {
+            *r = Some(at);
+        }
+    };
+    note_renewed(renewed);
     if let Ok(mut c) = shared_client.lock() {
         *c = Some((client.clone(), lease));
     }
@@ -451,7 +541,6 @@ async fn serve(
     // a renewal (the lease still holds at etcd then: no other member can lead yet).
     let every = ttl / 3;
     let demote_after = ttl * 2 / 3;
-    let mut renewed = Instant::now();
     let mut tick = tokio::time::interval(every);
     loop {
         tokio::select! {
@@ -466,6 +555,7 @@ async fn serve(
                 if let Ok(mut p) = proof.lock() {
                     *p = Some(Proof { client: client.clone(), key: key.key().to_vec(), epoch: key.rev() });
                 }
+                life.elected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tx.send_replace(Leadership { leader: true, epoch: key.rev() });
             }
             _ = tick.tick() => {
@@ -479,7 +569,10 @@ async fn serve(
                     renewals.message().await
                 };
                 match tokio::time::timeout(every, answer).await {
-                    Ok(Ok(Some(r))) if r.ttl() > 0 => renewed = Instant::now(),
+                    Ok(Ok(Some(r))) if r.ttl() > 0 => {
+                        renewed = Instant::now();
+                        note_renewed(renewed);
+                    }
                     Ok(Ok(_)) => return Err(FleetError::LeaseLost(ttl)),
                     Ok(Err(e)) => return Err(e.into()),
                     Err(_) => {}
@@ -549,7 +642,26 @@ async fn read_seen(client: &mut Client, prefix: &str) -> Option<Seen> {
             .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
             .collect();
         members.sort_by(|a: &MemberInfo, b| a.member.cmp(&b.member));
-        Some(Seen { members, leader })
+        // (Keys sort by time: a zero-padded timestamp first.)
+        let mut decisions: Vec<(Vec<u8>, Decision)> =
+            keys_under(client, &format!("{prefix}decisions/"))
+                .await
+                .map(|r| {
+                    r.kvs()
+                        .iter()
+                        .filter_map(|kv| {
+                            Some((kv.key().to_vec(), serde_json::from_slice(kv.value()).ok()?))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+        decisions.sort_by(|a, b| a.0.cmp(&b.0));
+        let decisions = decisions.into_iter().map(|(_, d)| d).collect();
+        Some(Seen {
+            members,
+            leader,
+            decisions,
+        })
     };
     tokio::time::timeout(Duration::from_secs(1), read)
         .await

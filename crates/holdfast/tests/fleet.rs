@@ -263,6 +263,46 @@ fn one_member_leads_fails_over_once_and_the_lead_moves_when_it_dies() {
     }
     assert_eq!(failovers(leader), 1, "{}", logs());
     assert_eq!(failovers(follower), 0, "{}", logs());
+    // Every member shows the decision, who made it and under which epoch.
+    let epoch = status(leader).expect("a status")["fleet"]["epoch"].clone();
+    for config in [&a_config, &b_config] {
+        let decision = wait_for("the failover in the fleet's decisions", || {
+            let decisions = status(config)?["fleet"]["decisions"].as_array()?.clone();
+            decisions.last().cloned()
+        });
+        assert_eq!(decision["by"], leader_name, "{decision}");
+        assert_eq!(decision["epoch"], epoch, "{decision}");
+        assert_eq!(decision["ok"], true, "{decision}");
+        assert!(
+            decision["what"]
+                .as_str()
+                .is_some_and(|w| w.starts_with("failover (automatic)")),
+            "{decision}"
+        );
+    }
+    let out = run(holdfast()
+        .args(["ctl", "--config"])
+        .arg(follower)
+        .arg("status"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!(
+            "by member {leader_name} (epoch {epoch}): failover (automatic)"
+        )),
+        "{text}"
+    );
+    let out = run(holdfast()
+        .args(["ctl", "--config"])
+        .arg(leader)
+        .arg("metrics"));
+    let metrics = String::from_utf8_lossy(&out.stdout);
+    for line in [
+        "holdfast_fleet_leader 1",
+        "holdfast_fleet_members 2",
+        "holdfast_fleet_elections_total 1",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
     // Both members' sessions went on, on the new primary.
     for (c, who) in [(&mut on_a, "a"), (&mut on_b, "b")] {
         let v: Option<Option<String>> = c

@@ -218,6 +218,38 @@ async fn follow_the_fleet(
     }
 }
 
+/// Puts each HA operation this member runs while it leads into the fleet's decision log
+/// (who, under which epoch, what came of it), where every member's `ctl status` shows it.
+async fn record_the_fleets_decisions(shared: Arc<Shared>, fleet: Arc<holdfast_fleet::Fleet>) {
+    let mut ha = shared.ha.subscribe();
+    let mut recorded = ha.borrow().last.as_ref().map(|l| l.finished_unix_ms);
+    while ha.changed().await.is_ok() {
+        let Some(last) = ha.borrow_and_update().last.clone() else {
+            continue;
+        };
+        if recorded == Some(last.finished_unix_ms) {
+            continue;
+        }
+        recorded = Some(last.finished_unix_ms);
+        let standing = *fleet.leadership().borrow();
+        let decision = holdfast_fleet::Decision {
+            at_unix_ms: last.finished_unix_ms,
+            by: fleet.member().to_string(),
+            epoch: standing.epoch,
+            what: format!(
+                "{}{}: {}",
+                last.operation,
+                if last.automatic { " (automatic)" } else { "" },
+                last.summary
+            ),
+            ok: last.ok,
+        };
+        if !fleet.record_decision(&decision).await {
+            tracing::warn!(what = %decision.what, "fleet: could not record a decision in etcd");
+        }
+    }
+}
+
 /// What an embedder or a test puts in place of the drivers the configuration names.
 #[derive(Default)]
 pub struct Seams {
@@ -528,6 +560,7 @@ impl Proxy {
         if let Some(fleet) = &shared.fleet {
             tokio::spawn(follow_the_fleet(shared.clone(), fleet.leadership()));
             tokio::spawn(hold_for_the_fleet(shared.clone(), fleet.clone()));
+            tokio::spawn(record_the_fleets_decisions(shared.clone(), fleet.clone()));
         }
         shared
             .upgrader
