@@ -553,3 +553,80 @@ fn with_etcd_stopped_members_serve_and_decide_nothing_until_it_is_back() {
         .expect("rows");
     assert_eq!(rows, ["a", "b"], "the writes made without etcd are there");
 }
+
+/// `lab up --proxies 2` starts an etcd and writes one config per member; `lab status
+/// --json` lists them; both served, they form one fleet with one leader; `lab down` stops
+/// the etcd too, and `lab up` on the stopped lab starts it again.
+#[test]
+fn a_lab_with_two_proxies_is_a_fleet() {
+    let dir: PathBuf =
+        std::env::temp_dir().join(format!("holdfast-fleet-lab-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let base = lab_up(&dir, &["--replicas", "1", "--proxies", "2"]);
+    let lab = Lab(dir.clone());
+    let out = run(holdfast()
+        .args(["lab", "status", "--json", "--dir"])
+        .arg(&dir));
+    let st: serde_json::Value = serde_json::from_slice(&out.stdout).expect("lab status --json");
+    let endpoint = st["etcd"]["endpoint"]
+        .as_str()
+        .expect("an etcd")
+        .to_string();
+    let proxies = st["proxies"].as_array().expect("the proxies").clone();
+    let configs: Vec<PathBuf> = proxies
+        .iter()
+        .map(|p| PathBuf::from(p["config"].as_str().expect("a config")))
+        .collect();
+    assert_eq!(configs.len(), 2, "{st}");
+    assert_eq!(
+        configs[0],
+        PathBuf::from(st["config"].as_str().expect("config"))
+    );
+    let logs: Vec<PathBuf> = (1..=2).map(|i| dir.join(format!("proxy{i}.log"))).collect();
+    let members: Vec<Serving> = configs
+        .iter()
+        .zip(&logs)
+        .map(|(c, l)| serve(c, l))
+        .collect();
+    for config in &configs {
+        wait_for("both members listed, one leading", || {
+            let fleet = status(config)?["fleet"].clone();
+            let names: Vec<&str> = fleet["members"]
+                .as_array()?
+                .iter()
+                .filter_map(|m| m["member"].as_str())
+                .collect();
+            (names == ["proxy1", "proxy2"] && fleet["leader_member"].is_string()).then_some(())
+        });
+    }
+    drop(members);
+    let address = endpoint.trim_start_matches("http://").to_string();
+    let out = run(holdfast().args(["lab", "down", "--dir"]).arg(&dir));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        std::net::TcpStream::connect(&address).is_err(),
+        "etcd stopped with the lab"
+    );
+    let out = run(holdfast()
+        .args([
+            "lab",
+            "up",
+            "--replicas",
+            "1",
+            "--base-port",
+            &base.to_string(),
+            "--dir",
+        ])
+        .arg(&dir));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for("etcd again", || std::net::TcpStream::connect(&address).ok());
+    drop(lab);
+}

@@ -42,6 +42,12 @@ pub enum LabCommand {
         /// Extra mariadbd option for every node (repeatable), e.g. --server-arg=--general-log=ON.
         #[arg(long = "server-arg", allow_hyphen_values = true)]
         server_args: Vec<String>,
+        /// holdfast processes to write configs for: with 2, a fleet (`[cluster]`) through
+        /// an etcd the lab starts (Debian's etcd-server; client port BASE+6, peer BASE+7),
+        /// members proxy1 (DIR/holdfast.toml) and proxy2 (DIR/holdfast-proxy2.toml: proxy
+        /// BASE+3, admin BASE+4, split BASE+5). Serve each with `holdfast serve --config`.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+        proxies: u8,
     },
     /// Show the nodes of a lab, whether they run and their role now (each running node is
     /// asked: writable = primary, read-only with a replication source = replica).
@@ -97,6 +103,7 @@ pub fn run(cmd: LabCommand) -> Result<()> {
             mariadbd,
             server_args,
             serverless,
+            proxies,
         } => {
             let opts = LabOptions {
                 dir,
@@ -105,6 +112,7 @@ pub fn run(cmd: LabCommand) -> Result<()> {
                 mariadbd,
                 extra_server_args: server_args,
                 serverless,
+                proxies: usize::from(proxies),
             };
             let started = std::time::Instant::now();
             let st = lab::up(&opts)?;
@@ -235,6 +243,29 @@ fn describe_up(st: &LabStatus, took: std::time::Duration) -> String {
             out,
             "split:    {split} (holdfast's listener with routing = \"split\": reads to the replicas)"
         );
+    }
+    if let Some(etcd) = &st.etcd {
+        let _ = writeln!(
+            out,
+            "fleet:    {} members through etcd at {} (data in {})",
+            st.proxies.len(),
+            etcd.endpoint,
+            etcd.datadir.display()
+        );
+        for p in &st.proxies {
+            let _ = writeln!(
+                out,
+                "  {}: clients {}, admin {}{}: holdfast serve --config {}",
+                p.member,
+                p.proxy,
+                p.admin,
+                p.split
+                    .as_deref()
+                    .map(|s| format!(", split {s}"))
+                    .unwrap_or_default(),
+                p.config.display()
+            );
+        }
     }
     let _ = writeln!(out, "config:   {}", st.config.display());
     let _ = writeln!(

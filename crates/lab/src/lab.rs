@@ -34,12 +34,19 @@ pub const ADMIN_PORT_OFFSET: u16 = 1;
 /// Port of holdfast's read/write-split listener (`routing = "split"`), as an offset from
 /// the base port (not for serverless labs).
 pub const SPLIT_PORT_OFFSET: u16 = 2;
+/// With `--proxies 2`: the second member's proxy, admin and split listeners, from this
+/// offset on (3, 4, 5).
+pub const SECOND_PROXY_PORT_OFFSET: u16 = 3;
+/// With `--proxies 2`: the lab's etcd, its client port (6) and its peer port (7).
+pub const ETCD_PORT_OFFSET: u16 = 6;
 /// Port of `node1`, as an offset from the base port; node *i* (1-based) listens on
 /// `base + NODE_PORT_OFFSET + i - 1`, and a node added later ([`add_replica`]) on the first
 /// free port from its own slot on (from `node1`'s for a name that is not `nodeK`). Offsets
-/// 3..=9 stay free for helpers (the benchmark picks free ports for HAProxy instead, so they
-/// are unused today).
+/// 8 and 9 stay free for helpers (the benchmark picks free ports for HAProxy instead, so
+/// they are unused today).
 pub const NODE_PORT_OFFSET: u16 = 10;
+/// The most holdfast members a lab writes configs for (`--proxies`).
+pub const MAX_PROXIES: usize = 2;
 /// The default base port of `holdfast lab up`: proxy 3310, admin 3311, split 3312, node1
 /// 3320, node2 3321, …
 pub const DEFAULT_BASE_PORT: u16 = 3310;
@@ -119,6 +126,9 @@ pub struct LabOptions {
     /// Make the lab a serverless instance: `holdfast.toml` gets a `[serverless]` section
     /// whose process driver runs node1 (replicas make no sense there and are refused).
     pub serverless: bool,
+    /// holdfast processes the lab writes configs for (1 or 2): with 2, a fleet through an
+    /// etcd the lab starts (`[cluster]` in each member's config).
+    pub proxies: usize,
 }
 
 impl LabOptions {
@@ -131,6 +141,7 @@ impl LabOptions {
             mariadbd: None,
             extra_server_args: Vec::new(),
             serverless: false,
+            proxies: 1,
         }
     }
 }
@@ -186,7 +197,40 @@ pub struct LabStatus {
     /// ([`LabStatus::tls`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca: Option<PathBuf>,
+    /// With `--proxies 2`: every holdfast member of the lab's fleet, the first being the
+    /// one `proxy`, `admin`, `split` and `config` above describe.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub proxies: Vec<LabProxy>,
+    /// With `--proxies 2`: the etcd the members coordinate through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<LabEtcd>,
 }
+
+/// One holdfast member of a lab's fleet.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct LabProxy {
+    /// Its name in the fleet (`[cluster] member`): `proxy1`, `proxy2`.
+    pub member: String,
+    pub proxy: String,
+    pub admin: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<String>,
+    /// Its config (`holdfast serve --config` it).
+    pub config: PathBuf,
+}
+
+/// The lab's etcd (Debian's `etcd-server`), one member on loopback.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct LabEtcd {
+    /// Where clients connect (`http://127.0.0.1:PORT`).
+    pub endpoint: String,
+    /// Its peer address (one member: only etcd itself uses it).
+    pub peer: String,
+    pub datadir: PathBuf,
+}
+
+/// The fleet name the lab's members share.
+pub const LAB_FLEET: &str = "lab";
 
 /// One MariaDB server of a lab.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -1474,8 +1518,14 @@ fn fresh_lab(dir: &Path, opts: &LabOptions) -> Result<LabStatus> {
     let started = Instant::now();
     let mariadbd = resolve_mariadbd(opts.mariadbd.as_deref())?;
     let n_nodes = opts.replicas + 1;
+    if !(1..=MAX_PROXIES).contains(&opts.proxies) {
+        bail!("--proxies is 1 or {MAX_PROXIES}");
+    }
+    if opts.serverless && opts.proxies > 1 {
+        bail!("a serverless lab has one holdfast ([serverless] and a fleet do not combine yet)");
+    }
     if let Some(base) = opts.base_port {
-        ports_free(base, n_nodes)?;
+        ports_free(base, n_nodes, opts.proxies)?;
     }
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let longest_socket = dir.join(format!("node{n_nodes}.sock"));
@@ -1574,11 +1624,47 @@ fn fresh_lab(dir: &Path, opts: &LabOptions) -> Result<LabStatus> {
         nodes,
         serverless: opts.serverless,
         ca: Some(tls.ca),
+        proxies: Vec::new(),
+        etcd: None,
     };
+    let mut etcd_guard = KillGuard(Vec::new());
+    if opts.proxies > 1 {
+        let ports = match opts.base_port {
+            Some(base) => (0..5)
+                .map(|i| base + SECOND_PROXY_PORT_OFFSET + i)
+                .collect::<Vec<_>>(),
+            None => procs::free_ports(5)?,
+        };
+        st.proxies = vec![
+            LabProxy {
+                member: "proxy1".into(),
+                proxy: st.proxy.clone(),
+                admin: st.admin.clone(),
+                split: st.split.clone(),
+                config: st.config.clone(),
+            },
+            LabProxy {
+                member: "proxy2".into(),
+                proxy: format!("127.0.0.1:{}", ports[0]),
+                admin: format!("127.0.0.1:{}", ports[1]),
+                split: Some(format!("127.0.0.1:{}", ports[2])),
+                config: dir.join("holdfast-proxy2.toml"),
+            },
+        ];
+        let etcd = LabEtcd {
+            endpoint: format!("http://127.0.0.1:{}", ports[3]),
+            peer: format!("http://127.0.0.1:{}", ports[4]),
+            datadir: dir.join("etcd"),
+        };
+        // (Its own guard: `forget_starting` is for the nodes' entries only.)
+        etcd_guard.0.push(start_etcd(dir, &etcd)?);
+        st.etcd = Some(etcd);
+    }
     write_config(&st)?;
     write_status(&st)?;
     forget_starting(&st, &guard.0);
     guard.0.clear();
+    etcd_guard.0.clear();
     probe_live_roles(&mut st);
     Ok(st)
 }
@@ -1632,10 +1718,15 @@ fn restart_existing(dir: &Path, opts: &LabOptions) -> Result<LabStatus> {
     }
     let mut guard = KillGuard(Vec::new());
     start_nodes(&launch, &mut st.nodes, false, &mut guard)?;
+    let mut etcd_guard = KillGuard(Vec::new());
+    if let Some(etcd) = &st.etcd {
+        etcd_guard.0.push(start_etcd(dir, etcd)?);
+    }
     wait_replicas_caught_up(&st.nodes)?;
     write_status(&st)?;
     forget_starting(&st, &guard.0);
     guard.0.clear();
+    etcd_guard.0.clear();
     probe_live_roles(&mut st);
     Ok(st)
 }
@@ -1692,12 +1783,26 @@ fn start_nodes(
 
 /// Every port of the layout of `base` is free on 127.0.0.1, or an error that names the
 /// port taken and what to do (two labs on the default base port is the usual case).
-fn ports_free(base: u16, n_nodes: usize) -> Result<()> {
+fn ports_free(base: u16, n_nodes: usize, proxies: usize) -> Result<()> {
     let mut layout = vec![
         (PROXY_PORT_OFFSET, "holdfast's proxy listener".to_string()),
         (ADMIN_PORT_OFFSET, "holdfast's admin listener".to_string()),
         (SPLIT_PORT_OFFSET, "holdfast's split listener".to_string()),
     ];
+    if proxies > 1 {
+        for (i, what) in [
+            "proxy2's proxy listener",
+            "proxy2's admin listener",
+            "proxy2's split listener",
+        ]
+        .iter()
+        .enumerate()
+        {
+            layout.push((SECOND_PROXY_PORT_OFFSET + i as u16, what.to_string()));
+        }
+        layout.push((ETCD_PORT_OFFSET, "etcd's client port".into()));
+        layout.push((ETCD_PORT_OFFSET + 1, "etcd's peer port".into()));
+    }
     layout.extend((0..n_nodes).map(|i| (NODE_PORT_OFFSET + i as u16, format!("node{}", i + 1))));
     for (offset, what) in layout {
         let Some(port) = base.checked_add(offset) else {
@@ -2381,14 +2486,75 @@ fn write_config(st: &LabStatus) -> Result<()> {
                 .with_context(|| format!("writing {}", file.display()))?;
         }
     }
-    let out = config_text(st, &cfg)?;
+    let Some(etcd) = &st.etcd else {
+        return write_config_file(st, &cfg, &st.config);
+    };
+    // A fleet: one config per member, each on its own listeners.
+    for p in &st.proxies {
+        let mut member = cfg.clone();
+        member.cluster = Some(holdfast_config::ClusterConfig {
+            name: LAB_FLEET.into(),
+            etcd: vec![etcd.endpoint.clone()],
+            member: Some(p.member.clone()),
+            lease_ttl_secs: 3,
+        });
+        member.proxy.listen = p.proxy.clone();
+        member.admin.listen = p.admin.clone();
+        if let Some(split) = &p.split {
+            for l in member
+                .listeners
+                .iter_mut()
+                .filter(|l| l.routing == holdfast_config::Routing::Split)
+            {
+                l.listen = split.clone();
+            }
+        }
+        write_config_file(st, &member, &p.config)?;
+    }
+    Ok(())
+}
+
+/// Writes `cfg` to `path`, having checked that it reads back as it is.
+fn write_config_file(st: &LabStatus, cfg: &Config, path: &Path) -> Result<()> {
+    let out = config_text(st, cfg)?;
     // Fail here, not in holdfast, if we ever write something holdfast would not read back.
     let mut back = Config::parse(&out, "generated holdfast.toml")?;
     back.read_password_files(Some(&st.dir))?;
-    if back != cfg {
+    if back != *cfg {
         bail!("generated holdfast.toml does not read back to the config it was written from");
     }
-    write_atomic(&st.config, &out)
+    write_atomic(path, &out)
+}
+
+/// Starts the lab's etcd (detached, its log in `DIR/etcd.log`), registered as a helper
+/// that `down` stops; waits until it answers. Returns its pid.
+fn start_etcd(dir: &Path, etcd: &LabEtcd) -> Result<u32> {
+    let program = procs::require_program(&["etcd"], "etcd-server")?;
+    let mut cmd = Command::new(program);
+    cmd.args(["--name", "lab", "--data-dir"])
+        .arg(&etcd.datadir)
+        .args(["--listen-client-urls", &etcd.endpoint])
+        .args(["--advertise-client-urls", &etcd.endpoint])
+        .args(["--listen-peer-urls", &etcd.peer])
+        .args(["--initial-advertise-peer-urls", &etcd.peer])
+        .args(["--initial-cluster", &format!("lab={}", etcd.peer)]);
+    let pid = procs::spawn_detached(&mut cmd, Some(&dir.join("etcd.log")))?;
+    register_aux(
+        dir,
+        AuxProcess {
+            name: "etcd".into(),
+            pid,
+            start_time: procs::start_time(pid).unwrap_or(0),
+        },
+    )?;
+    let address: std::net::SocketAddr = etcd
+        .endpoint
+        .trim_start_matches("http://")
+        .parse()
+        .with_context(|| format!("etcd endpoint {}", etcd.endpoint))?;
+    procs::wait_tcp(&address, Duration::from_secs(30), || procs::is_alive(pid))
+        .with_context(|| format!("etcd did not start: see {}", dir.join("etcd.log").display()))?;
+    Ok(pid)
 }
 
 /// Undoes the escaping of `mariadb --batch` output.
@@ -2513,6 +2679,8 @@ mod tests {
                 .collect(),
             serverless,
             ca: Some("/tmp/lab/tls/ca.pem".into()),
+            proxies: Vec::new(),
+            etcd: None,
         }
     }
 
