@@ -155,7 +155,8 @@ async fn fits(client: &mut Client, fleet: &str, me: &MemberInfo) -> Result<(), F
 pub struct Fleet {
     name: String,
     member: String,
-    leadership: watch::Receiver<Leadership>,
+    /// This member's standing, set by its task (and by [`Fleet::leave`]).
+    standing: Arc<watch::Sender<Leadership>>,
     /// While this member leads: its election key, to ask etcd again.
     proof: Arc<Mutex<Option<Proof>>>,
     /// The connection to etcd and this member's lease, while there are.
@@ -183,6 +184,8 @@ struct Proof {
     client: Client,
     key: Vec<u8>,
     epoch: i64,
+    /// To resign with ([`Fleet::leave`]).
+    leader_key: etcd_client::LeaderKey,
 }
 
 impl Drop for Fleet {
@@ -197,7 +200,7 @@ impl Fleet {
     /// lease, registers and campaigns (retrying while etcd cannot be reached). Not the
     /// leader until etcd elects it.
     pub fn join(cfg: ClusterConfig, me: MemberInfo) -> Fleet {
-        let (tx, rx) = watch::channel(Leadership::default());
+        let standing = Arc::new(watch::Sender::new(Leadership::default()));
         let name = cfg.name.clone();
         let member = me.member.clone();
         let proof = Arc::new(Mutex::new(None));
@@ -215,7 +218,7 @@ impl Fleet {
         let task = tokio::spawn(run(
             cfg,
             me,
-            tx,
+            standing.clone(),
             proof.clone(),
             client.clone(),
             life.clone(),
@@ -223,7 +226,7 @@ impl Fleet {
         Fleet {
             name,
             member,
-            leadership: rx,
+            standing,
             proof,
             client,
             switching,
@@ -233,6 +236,30 @@ impl Fleet {
             life,
             task,
         }
+    }
+
+    /// Leaves the fleet for good (this process stops, or hands over to its successor in
+    /// an upgrade): it stops leading at once, resigns (another member, or the successor,
+    /// is elected without waiting for the lease to run out) and gives its lease back (its
+    /// keys go; a key a successor of the same name has put since is the successor's).
+    pub async fn leave(&self) {
+        self.task.abort();
+        let proof = self.proof.lock().ok().and_then(|mut p| p.take());
+        let connection = self.client.lock().ok().and_then(|mut c| c.take());
+        self.standing.send_replace(Leadership::default());
+        let wait = self.ttl / 2;
+        if let Some(mut p) = proof {
+            let resign = p.client.resign(Some(
+                etcd_client::ResignOptions::new().with_leader(p.leader_key.clone()),
+            ));
+            if !matches!(tokio::time::timeout(wait, resign).await, Ok(Ok(_))) {
+                tracing::warn!(fleet = %self.name, member = %self.member, "fleet: resigning did not answer; the lead moves when the lease runs out");
+            }
+        }
+        if let Some((mut client, lease)) = connection {
+            let _ = tokio::time::timeout(wait, client.lease_revoke(lease)).await;
+        }
+        tracing::info!(fleet = %self.name, member = %self.member, "fleet: left");
     }
 
     /// How long ago etcd last renewed this member's lease (`None`: it holds none now).
@@ -413,7 +440,7 @@ impl Fleet {
     /// lease without noticing yet (paused, cut off) makes none. False when etcd does not
     /// answer within a third of the lease's TTL.
     pub async fn confirm_leading(&self) -> bool {
-        if !self.leadership.borrow().leader {
+        if !self.standing.borrow().leader {
             return false;
         }
         let Some(proof) = self.proof.lock().ok().and_then(|p| p.clone()) else {
@@ -442,7 +469,7 @@ impl Fleet {
 
     /// This member's standing, as it changes.
     pub fn leadership(&self) -> watch::Receiver<Leadership> {
-        self.leadership.clone()
+        self.standing.subscribe()
     }
 }
 
@@ -455,7 +482,7 @@ fn prefix(name: &str) -> String {
 async fn run(
     cfg: ClusterConfig,
     me: MemberInfo,
-    tx: watch::Sender<Leadership>,
+    tx: Arc<watch::Sender<Leadership>>,
     proof: Arc<Mutex<Option<Proof>>>,
     client: Arc<Mutex<Option<(Client, i64)>>>,
     life: Arc<Life>,
@@ -553,7 +580,12 @@ async fn serve(
                 }
                 tracing::info!(fleet = %cfg.name, member = %me.member, epoch = key.rev(), "fleet: elected leader");
                 if let Ok(mut p) = proof.lock() {
-                    *p = Some(Proof { client: client.clone(), key: key.key().to_vec(), epoch: key.rev() });
+                    *p = Some(Proof {
+                        client: client.clone(),
+                        key: key.key().to_vec(),
+                        epoch: key.rev(),
+                        leader_key: key.clone(),
+                    });
                 }
                 life.elected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tx.send_replace(Leadership { leader: true, epoch: key.rev() });

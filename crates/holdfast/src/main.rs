@@ -584,6 +584,10 @@ async fn serve(
         r = admin_task => bail!("admin listener stopped: {r:?}"),
         r = proxy_task => bail!("proxy listener stopped: {r:?}"),
     }
+    if let Some(fleet) = &shared.fleet {
+        // Another member leads at once, not when this one's lease runs out.
+        fleet.leave().await;
+    }
     if let Some(lc) = &shared.serverless {
         if let Err(e) = lc.thaw_on_shutdown().await {
             tracing::error!(error = %e, "could not thaw the frozen instance on the way out: it stays suspended (kill -CONT its server)");

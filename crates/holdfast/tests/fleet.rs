@@ -80,6 +80,11 @@ struct Fleet {
 
 impl Fleet {
     fn new(name: &str, replicas: &str) -> Fleet {
+        Fleet::with_ttl(name, replicas, 2)
+    }
+
+    /// [`Fleet::new`] with a lease of `ttl` seconds.
+    fn with_ttl(name: &str, replicas: &str, ttl: u64) -> Fleet {
         let dir: PathBuf =
             std::env::temp_dir().join(format!("holdfast-fleet-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -90,7 +95,7 @@ impl Fleet {
             std::fs::read_to_string(dir.join("holdfast.toml")).expect("the lab's config");
         let cluster = |member: &str| {
             format!(
-                "\n[cluster]\nname = \"lab\"\netcd = [\"{}\"]\nmember = \"{member}\"\nlease_ttl_secs = 2\n",
+                "\n[cluster]\nname = \"lab\"\netcd = [\"{}\"]\nmember = \"{member}\"\nlease_ttl_secs = {ttl}\n",
                 etcd.endpoint
             )
         };
@@ -629,4 +634,64 @@ fn a_lab_with_two_proxies_is_a_fleet() {
     );
     wait_for("etcd again", || std::net::TcpStream::connect(&address).ok());
     drop(lab);
+}
+
+/// A process killed after the test (an upgrade's successor, not a child of the test).
+struct Pid(u32);
+
+impl Drop for Pid {
+    fn drop(&mut self) {
+        let _ = holdfast_lab::procs::kill_now(self.0);
+    }
+}
+
+/// A member that leaves on purpose hands the lead on at once, not when its lease runs
+/// out (60 s here, longer than any wait below): upgraded (`ctl upgrade`: the old process
+/// resigns as it lets go), or stopped (SIGTERM).
+#[test]
+fn a_member_that_upgrades_or_stops_hands_the_lead_on_at_once() {
+    let f = Fleet::with_ttl("leave", "1", 60);
+    let a = serve(&f.a_config, &f.a_log);
+    let b = serve(&f.b_config, &f.b_log);
+    let leader = match f.a_leads() {
+        true => &f.a_config,
+        false => &f.b_config,
+    };
+    let old_pid = status(leader).expect("a status")["pid"].clone();
+    let out = run(holdfast()
+        .args(["ctl", "--config"])
+        .arg(leader)
+        .args(["upgrade", "--json"]));
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        f.logs()
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a report");
+    let successor = Pid(report["pid"].as_u64().expect("pid") as u32);
+    // The old process resigned: a member leads (the other, first in line, or the
+    // successor), long before the old lease could run out.
+    let leads = |config: &Path| -> Option<bool> { status(config)?["fleet"]["leader"].as_bool() };
+    wait_for("a member to lead after the upgrade", || {
+        let (la, lb) = (leads(&f.a_config)?, leads(&f.b_config)?);
+        let upgraded = status(leader)?["pid"] != old_pid;
+        (upgraded && la != lb).then_some(())
+    });
+    // The one that leads now stops (SIGTERM): the other leads at once.
+    let (stopping, other) = match leads(&f.a_config) == Some(true) {
+        true => (&f.a_config, &f.b_config),
+        false => (&f.b_config, &f.a_config),
+    };
+    let pid = status(stopping).expect("a status")["pid"]
+        .as_u64()
+        .expect("pid");
+    let ok = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill")
+        .success();
+    assert!(ok);
+    wait_for("the other member to lead", || leads(other)?.then_some(()));
+    drop((a, b, successor));
 }

@@ -442,6 +442,11 @@ impl Upgrader {
         // From here the new process serves: this one stops accepting and lets go of HA.
         self.handed_over.send_replace(Some(pid));
         shared.ha.release().await;
+        if let Some(fleet) = &shared.fleet {
+            // The successor (a member of the same name) is elected at once, not when
+            // this process's lease runs out.
+            fleet.leave().await;
+        }
         let ha = Box::new(shared.ha.carried().await);
         // The serverless lifecycle goes with HA: the action under way finishes, the open
         // usage period is written, and the new process continues from there.
@@ -712,8 +717,8 @@ impl TakeOver {
                 shared.ha.take_charge();
                 tracing::info!("upgrade: in charge of HA");
             } else {
-                // In a fleet, HA is the elected leader's (the old process leads until its
-                // lease runs out once it exits).
+                // In a fleet, HA is the elected leader's (the old process left the fleet
+                // as it let go: this one, campaigning under the same name, may be it).
                 tracing::info!("upgrade: HA is the fleet leader's");
             }
             if let Some(lc) = &shared.serverless {
