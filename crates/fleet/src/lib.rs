@@ -16,8 +16,9 @@
 //! sessions go once its own monitor sees that node writable ([`Switching`]).
 //!
 //! Keys, under `/holdfast/<name>/`: `members/<member>` (JSON: [`MemberInfo`], under the
-//! member's lease), the election `leader`, `switching`, `parked/<member>`, and
-//! `decisions/<time>-<member>` (the last cluster decisions, [`Decision`]).
+//! member's lease), the election `leader`, `switching`, `parked/<member>`, `primary`
+//! ([`PrimarySaid`]) and `decisions/<time>-<member>` (the last cluster decisions,
+//! [`Decision`]). Members follow `switching` and `primary` through an etcd watch.
 
 use etcd_client::{Client, ConnectOptions, GetOptions, PutOptions};
 use holdfast_config::ClusterConfig;
@@ -87,6 +88,15 @@ pub struct Switching {
     /// the switchover failed, nothing changed).
     pub done: bool,
     pub new_primary: Option<String>,
+}
+
+/// The primary as the leader said after its last promotion (failover or switchover):
+/// members probe their nodes again when it changes, and so see the new primary at once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrimarySaid {
+    pub node: String,
+    pub by: String,
+    pub epoch: i64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -162,6 +172,7 @@ pub struct Fleet {
     /// The connection to etcd and this member's lease, while there are.
     client: Arc<Mutex<Option<(Client, i64)>>>,
     switching: watch::Receiver<Option<Switching>>,
+    primary: watch::Receiver<Option<PrimarySaid>>,
     /// The members and the leader as etcd said last (read every second).
     seen: Arc<Mutex<Seen>>,
     watcher: tokio::task::JoinHandle<()>,
@@ -207,11 +218,13 @@ impl Fleet {
         let client = Arc::new(Mutex::new(None));
         let ttl = cfg.lease_ttl();
         let (switching_tx, switching) = watch::channel(None);
+        let (primary_tx, primary) = watch::channel(None);
         let seen = Arc::new(Mutex::new(Seen::default()));
         let watcher = tokio::spawn(watch_switching(
             prefix(&name),
             client.clone(),
             switching_tx,
+            primary_tx,
             seen.clone(),
         ));
         let life = Arc::new(Life::default());
@@ -230,6 +243,7 @@ impl Fleet {
             proof,
             client,
             switching,
+            primary,
             seen,
             watcher,
             ttl,
@@ -312,6 +326,35 @@ impl Fleet {
     /// The leader's switchover, as it is now (`None`: none runs).
     pub fn switching(&self) -> watch::Receiver<Option<Switching>> {
         self.switching.clone()
+    }
+
+    /// The primary as the leader said last (see [`PrimarySaid`]).
+    pub fn primary_said(&self) -> watch::Receiver<Option<PrimarySaid>> {
+        self.primary.clone()
+    }
+
+    /// The leader says which node it made the primary. False when this member does not
+    /// lead or etcd did not take it.
+    pub async fn say_primary(&self, node: &str) -> bool {
+        let Some(proof) = self.proof.lock().ok().and_then(|p| p.clone()) else {
+            return false;
+        };
+        let Some((mut client, _)) = self.connection() else {
+            return false;
+        };
+        let said = PrimarySaid {
+            node: node.to_string(),
+            by: self.member.clone(),
+            epoch: proof.epoch,
+        };
+        let Ok(value) = serde_json::to_vec(&said) else {
+            return false;
+        };
+        let key = format!("{}primary", prefix(&self.name));
+        matches!(
+            tokio::time::timeout(self.ttl, client.put(key, value, None)).await,
+            Ok(Ok(_))
+        )
     }
 
     fn connection(&self) -> Option<(Client, i64)> {
@@ -614,49 +657,107 @@ async fn serve(
     }
 }
 
-/// How often a member looks at the `switching` key.
-const SWITCHING_POLL: Duration = Duration::from_millis(50);
+/// How often a member reads the fleet's members, leader and decisions.
+const SEEN_EVERY: Duration = Duration::from_secs(1);
 
-/// Keeps `tx` as the `switching` key says (read every [`SWITCHING_POLL`] while connected;
-/// what cannot be read leaves it as it was).
+/// Keeps `switching` and `primary` as their keys say, through an etcd watch (a fresh
+/// read, then a watch from the revision after it, again whenever the watch breaks), and
+/// `seen` as etcd says every [`SEEN_EVERY`]. What cannot be read leaves them as they were.
 async fn watch_switching(
     prefix: String,
     client: Arc<Mutex<Option<(Client, i64)>>>,
     tx: watch::Sender<Option<Switching>>,
+    primary: watch::Sender<Option<PrimarySaid>>,
     seen: Arc<Mutex<Seen>>,
 ) {
-    let key = format!("{prefix}switching");
-    let mut round = 0u32;
+    let switching_key = format!("{prefix}switching");
+    let primary_key = format!("{prefix}primary");
+    let mut refresh = tokio::time::interval(SEEN_EVERY);
     loop {
-        tokio::time::sleep(SWITCHING_POLL).await;
         let Some((mut c, _)) = client.lock().ok().and_then(|c| c.clone()) else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
-        round = round.wrapping_add(1);
-        if round % 20 == 1 {
-            if let Some(now) = read_seen(&mut c, &prefix).await {
-                if let Ok(mut s) = seen.lock() {
-                    *s = now;
-                }
-            }
-        }
-        let Ok(Ok(got)) =
-            tokio::time::timeout(Duration::from_secs(1), c.get(key.as_str(), None)).await
+        // Where things stand, then every change after it.
+        let read = async {
+            let got = c
+                .get(prefix.as_str(), Some(GetOptions::new().with_prefix()))
+                .await
+                .ok()?;
+            let revision = got.header()?.revision();
+            let value = |key: &str| {
+                got.kvs()
+                    .iter()
+                    .find(|kv| kv.key() == key.as_bytes())
+                    .map(|kv| kv.value().to_vec())
+            };
+            Some((revision, value(&switching_key), value(&primary_key)))
+        };
+        let Ok(Some((revision, s, p))) = tokio::time::timeout(Duration::from_secs(1), read).await
+        else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        set(&tx, s.and_then(|v| serde_json::from_slice(&v).ok()));
+        set(&primary, p.and_then(|v| serde_json::from_slice(&v).ok()));
+        let options = etcd_client::WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(revision + 1);
+        let Ok(Ok(mut stream)) = tokio::time::timeout(
+            Duration::from_secs(1),
+            c.watch(prefix.as_str(), Some(options)),
+        )
+        .await
         else {
             continue;
         };
-        let now: Option<Switching> = got
-            .kvs()
-            .first()
-            .and_then(|kv| serde_json::from_slice(kv.value()).ok());
-        tx.send_if_modified(|was| {
-            let changed = *was != now;
-            if changed {
-                *was = now.clone();
+        loop {
+            tokio::select! {
+                message = stream.message() => {
+                    let Ok(Some(response)) = message else {
+                        break;
+                    };
+                    if response.canceled() {
+                        break;
+                    }
+                    for event in response.events() {
+                        let Some(kv) = event.kv() else {
+                            continue;
+                        };
+                        let put = event.event_type() == etcd_client::EventType::Put;
+                        if kv.key() == switching_key.as_bytes() {
+                            set(&tx, put.then(|| serde_json::from_slice(kv.value()).ok()).flatten());
+                        } else if kv.key() == primary_key.as_bytes() {
+                            set(&primary, put.then(|| serde_json::from_slice(kv.value()).ok()).flatten());
+                        }
+                    }
+                }
+                _ = refresh.tick() => {
+                    if let Some(now) = read_seen(&mut c, &prefix).await {
+                        if let Ok(mut s) = seen.lock() {
+                            *s = now;
+                        }
+                    }
+                    // The connection was replaced (a new life): watch through the new one.
+                    let current = client.lock().ok().and_then(|c| c.clone()).map(|(_, lease)| lease);
+                    if current.is_none() {
+                        break;
+                    }
+                }
             }
-            changed
-        });
+        }
     }
+}
+
+/// Sets `tx` to `now` when it differs.
+fn set<T: PartialEq>(tx: &watch::Sender<Option<T>>, now: Option<T>) {
+    tx.send_if_modified(|was| {
+        let changed = *was != now;
+        if changed {
+            *was = now;
+        }
+        changed
+    });
 }
 
 /// The members registered and the leader's name, as etcd says now.

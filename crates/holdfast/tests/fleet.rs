@@ -268,6 +268,17 @@ fn one_member_leads_fails_over_once_and_the_lead_moves_when_it_dies() {
     }
     assert_eq!(failovers(leader), 1, "{}", logs());
     assert_eq!(failovers(follower), 0, "{}", logs());
+    // The member that does not lead heard from the leader which node it promoted.
+    let follower_log = match a_leads {
+        true => &f.b_log,
+        false => &f.a_log,
+    };
+    wait_for("the follower to hear of the new primary", || {
+        std::fs::read_to_string(follower_log)
+            .ok()?
+            .contains("fleet: the leader made a new primary")
+            .then_some(())
+    });
     // Every member shows the decision, who made it and under which epoch.
     let epoch = status(leader).expect("a status")["fleet"]["epoch"].clone();
     for config in [&a_config, &b_config] {

@@ -224,7 +224,11 @@ async fn record_the_fleets_decisions(shared: Arc<Shared>, fleet: Arc<holdfast_fl
     let mut ha = shared.ha.subscribe();
     let mut recorded = ha.borrow().last.as_ref().map(|l| l.finished_unix_ms);
     while ha.changed().await.is_ok() {
-        let Some(last) = ha.borrow_and_update().last.clone() else {
+        let (last, primary) = {
+            let state = ha.borrow_and_update();
+            (state.last.clone(), state.watching.clone())
+        };
+        let Some(last) = last else {
             continue;
         };
         if recorded == Some(last.finished_unix_ms) {
@@ -244,8 +248,27 @@ async fn record_the_fleets_decisions(shared: Arc<Shared>, fleet: Arc<holdfast_fl
             ),
             ok: last.ok,
         };
+        if last.ok {
+            if let Some(node) = primary {
+                // The other members probe their nodes at once and see it.
+                fleet.say_primary(&node).await;
+            }
+        }
         if !fleet.record_decision(&decision).await {
             tracing::warn!(what = %decision.what, "fleet: could not record a decision in etcd");
+        }
+    }
+}
+
+/// When the leader says it made a node the primary, this member's monitor probes the
+/// nodes at once instead of at its next round.
+async fn follow_the_primary_said(shared: Arc<Shared>, fleet: Arc<holdfast_fleet::Fleet>) {
+    let mut said = fleet.primary_said();
+    while said.changed().await.is_ok() {
+        let node = said.borrow_and_update().as_ref().map(|p| p.node.clone());
+        if let Some(node) = node {
+            tracing::info!(%node, "fleet: the leader made a new primary; probing the nodes");
+            shared.ha.topology_nudge().notify_one();
         }
     }
 }
@@ -561,6 +584,7 @@ impl Proxy {
             tokio::spawn(follow_the_fleet(shared.clone(), fleet.leadership()));
             tokio::spawn(hold_for_the_fleet(shared.clone(), fleet.clone()));
             tokio::spawn(record_the_fleets_decisions(shared.clone(), fleet.clone()));
+            tokio::spawn(follow_the_primary_said(shared.clone(), fleet.clone()));
         }
         shared
             .upgrader
