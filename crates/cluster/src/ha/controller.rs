@@ -21,8 +21,8 @@
 use super::detect::replicas_confirm_loss;
 use super::probe::{probe_all, NodeSession};
 use super::{
-    failover, rejoin, switchover, FailoverGuard, FailoverReport, HaError, HaMode, LossDetector,
-    RejoinReport, SwitchoverReport,
+    failover_checked, rejoin, switchover, FailoverGuard, FailoverReport, HaError, HaMode,
+    LossDetector, RejoinReport, SwitchoverReport,
 };
 use crate::config::{BackendConfig, Config};
 use crate::topology::Topology;
@@ -510,7 +510,9 @@ impl HaController {
                 self.state
                     .send_modify(|s| s.failing_over_from = Some(lost.clone()));
                 self.nudge.notify_one();
-                let result = failover(cfg, &self.backends(), &lost, None, force, ha).await;
+                let charge = self.charge_check.get().map(|c| &**c);
+                let result =
+                    failover_checked(cfg, &self.backends(), &lost, None, force, ha, charge).await;
                 // A refusal (the primary answers after all) changed nothing: no cool-off.
                 // Neither did a withheld failover, which the detector must try again (a
                 // replica may catch up). Anything else starts one, a failed attempt included.

@@ -44,7 +44,8 @@ pub use detect::{
 };
 pub use gtid::{Gtid, GtidParseError, GtidPos};
 pub use ops::{
-    failover, rejoin, switchover, FailoverReport, Phase, RejoinReport, SwitchoverReport,
+    failover, failover_checked, rejoin, switchover, FailoverReport, Phase, RejoinReport,
+    SwitchoverReport,
 };
 pub use probe::{probe_all, probe_node, NodeReplication, SlaveStatus};
 

@@ -600,6 +600,22 @@ pub async fn failover(
     force: bool,
     ha: &HaConfig,
 ) -> Result<FailoverReport, HaError> {
+    failover_checked(cfg, nodes, lost, prefer, force, ha, None).await
+}
+
+/// [`failover`], asking `charge` once more right before the promotion whether this
+/// process may still make the decision: the confirmation and the relay apply before it
+/// take seconds, and a fleet leader that lost its lease meanwhile (paused, cut off) must
+/// not make a node writable after another leader has.
+pub async fn failover_checked(
+    cfg: &Config,
+    nodes: &[BackendConfig],
+    lost: &str,
+    prefer: Option<&str>,
+    force: bool,
+    ha: &HaConfig,
+    charge: Option<&dyn super::controller::ChargeCheck>,
+) -> Result<FailoverReport, HaError> {
     let mut t = Timer::new();
     let mut warnings = Vec::new();
     let lost_cfg = find(nodes, lost)?;
@@ -680,6 +696,14 @@ pub async fn failover(
         .collect();
     let must_have = chosen.executed();
     let new_cfg = find(nodes, &chosen.name)?.clone();
+    if let Some(charge) = charge {
+        if !charge.still_in_charge().await {
+            tracing::warn!(lost = %lost, candidate = %new_cfg.name, "ha: no longer in charge before the promotion; nothing promoted");
+            return Err(HaError::NotInCharge(
+                "this member stopped leading its fleet while it prepared the failover: nothing was promoted",
+            ));
+        }
+    }
     tracing::warn!(lost = %lost, new = %new_cfg.name, position = %must_have, "ha: failover promoting");
     t.mark("choose");
 

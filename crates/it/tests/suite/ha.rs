@@ -438,3 +438,67 @@ fn failover_is_withheld_when_it_would_lose_received_transactions() {
     );
     assert_eq!(value(&replica, "SELECT @@global.read_only"), "0");
 }
+
+/// What grants a fleet leader its decisions, as a test scripts it: in charge for the
+/// first question only (the controller asks as the operation starts; counting from 1, the
+/// failover's own question before the promotion is a second one: the lease ran out while
+/// the failover confirmed the loss and let the replicas apply their relay logs).
+struct LeadLostMidway(std::sync::atomic::AtomicU32);
+
+impl ha::controller::ChargeCheck for LeadLostMidway {
+    fn still_in_charge(
+        &self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>> {
+        let asked = self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(async move { asked == 0 })
+    }
+}
+
+/// A failover asks once more, right before the promotion, whether this process may still
+/// decide: a fleet leader that lost its lease meanwhile promotes nothing (every replica
+/// stays read-only), and says why.
+#[test]
+fn a_failover_whose_leader_lost_the_lead_midway_promotes_nothing() {
+    let (mut lab, cfg, ha, rt) = setup(2);
+    setup_table(&lab, 10);
+    lab.kill_node("node1").expect("kill node1");
+    let charge = LeadLostMidway(std::sync::atomic::AtomicU32::new(1));
+    let result = rt.block_on(ha::failover_checked(
+        &cfg,
+        &cfg.backends,
+        "node1",
+        None,
+        false,
+        &ha,
+        Some(&charge),
+    ));
+    assert!(
+        matches!(&result, Err(HaError::NotInCharge(_))),
+        "refused: {result:?}"
+    );
+    for n in lab.status.nodes.iter().filter(|n| n.name != "node1") {
+        assert_eq!(
+            value(n, "SELECT @@global.read_only"),
+            "1",
+            "{} stays read-only",
+            n.name
+        );
+    }
+    // In charge throughout, the same failover promotes.
+    let charge = LeadLostMidway(std::sync::atomic::AtomicU32::new(0));
+    let report = rt
+        .block_on(ha::failover_checked(
+            &cfg,
+            &cfg.backends,
+            "node1",
+            None,
+            false,
+            &ha,
+            Some(&charge),
+        ))
+        .expect("failover");
+    assert_eq!(
+        value(node(&lab, &report.new_primary), "SELECT @@global.read_only"),
+        "0"
+    );
+}
