@@ -769,12 +769,18 @@ pub fn render_status(s: &Status) -> String {
             let field = |k: &str| m[k].as_str().unwrap_or("?").to_string();
             let _ = writeln!(
                 o,
-                "  member {}: clients {}, admin {}, holdfast {}, pid {}",
+                "  member {}: clients {}, admin {}, holdfast {}, pid {}, {} sessions{}",
                 field("member"),
                 field("listen"),
                 field("admin"),
                 field("version"),
-                m["pid"].as_u64().unwrap_or(0)
+                m["pid"].as_u64().unwrap_or(0),
+                m["sessions"].as_u64().unwrap_or(0),
+                if f.leader_member.as_deref() == m["member"].as_str() {
+                    " (leads)"
+                } else {
+                    ""
+                }
             );
         }
         let _ = match f.lease_renewed_ms_ago {

@@ -42,6 +42,9 @@ pub struct MemberInfo {
     /// member of a fleet must say the same ([`check_fits`]).
     #[serde(default)]
     pub shape: String,
+    /// Client connections it holds, as it said last (within a few seconds).
+    #[serde(default)]
+    pub sessions: u64,
 }
 
 /// This member's standing in the fleet now.
@@ -187,6 +190,8 @@ pub struct Fleet {
 struct Life {
     renewed: Mutex<Option<Instant>>,
     elected: std::sync::atomic::AtomicU64,
+    /// The member's client connections now ([`Fleet::set_sessions`]).
+    sessions: std::sync::atomic::AtomicU64,
 }
 
 /// What a leader shows etcd to confirm it still leads: its election key and revision.
@@ -280,6 +285,14 @@ impl Fleet {
     pub fn lease_renewed_ago(&self) -> Option<Duration> {
         let renewed = *self.life.renewed.lock().ok()?;
         renewed.map(|at| at.elapsed())
+    }
+
+    /// This member holds `n` client connections now: said in its registration at the
+    /// next lease renewal (a third of the TTL) when it changed.
+    pub fn set_sessions(&self, n: u64) {
+        self.life
+            .sessions
+            .store(n, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// How many times etcd elected this member since it started.
@@ -594,10 +607,13 @@ async fn serve(
     }
     let (mut keeper, mut renewals) = client.lease_keep_alive(lease).await?;
     let prefix = prefix(&cfg.name);
-    let info = serde_json::to_vec(me).unwrap_or_default();
+    let member_key = format!("{prefix}members/{}", me.member);
+    let mut said = me.clone();
+    said.sessions = life.sessions.load(std::sync::atomic::Ordering::Relaxed);
+    let info = serde_json::to_vec(&said).unwrap_or_default();
     client
         .put(
-            format!("{prefix}members/{}", me.member),
+            member_key.as_str(),
             info,
             Some(PutOptions::new().with_lease(lease)),
         )
@@ -651,6 +667,20 @@ async fn serve(
                     Ok(Ok(_)) => return Err(FleetError::LeaseLost(ttl)),
                     Ok(Err(e)) => return Err(e.into()),
                     Err(_) => {}
+                }
+                let sessions = life.sessions.load(std::sync::atomic::Ordering::Relaxed);
+                if sessions != said.sessions {
+                    said.sessions = sessions;
+                    let info = serde_json::to_vec(&said).unwrap_or_default();
+                    let put = client.put(
+                        member_key.as_str(),
+                        info,
+                        Some(PutOptions::new().with_lease(lease)),
+                    );
+                    // (Tried again at the next tick when it does not answer in time.)
+                    if !matches!(tokio::time::timeout(every, put).await, Ok(Ok(_))) {
+                        said.sessions = u64::MAX;
+                    }
                 }
             }
         }

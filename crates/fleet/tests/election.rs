@@ -43,6 +43,7 @@ fn member(name: &str) -> MemberInfo {
         version: "test".into(),
         pid: std::process::id(),
         shape: "ha managed; nodes node1=127.0.0.1:3310".into(),
+        sessions: 0,
     }
 }
 

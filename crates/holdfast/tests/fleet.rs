@@ -250,6 +250,17 @@ fn one_member_leads_fails_over_once_and_the_lead_moves_when_it_dies() {
     let mut on_b = session(b_port);
     on_a.query_drop("SET @who = 'a'").expect("set");
     on_b.query_drop("SET @who = 'b'").expect("set");
+    // Each member's session count is in the fleet's listing, on every member.
+    for config in [&a_config, &b_config] {
+        wait_for("each member's session listed", || {
+            let members = status(config)?["fleet"]["members"].as_array()?.clone();
+            let sessions: Vec<u64> = members
+                .iter()
+                .filter_map(|m| m["sessions"].as_u64())
+                .collect();
+            (sessions == [1, 1]).then_some(())
+        });
+    }
 
     // (What the sessions set is captured first, as an idle session's is within moments.)
     for config in [&a_config, &b_config] {

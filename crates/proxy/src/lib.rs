@@ -260,6 +260,16 @@ async fn record_the_fleets_decisions(shared: Arc<Shared>, fleet: Arc<holdfast_fl
     }
 }
 
+/// Keeps this member's session count in its fleet registration (`ctl status` on any
+/// member lists every member's).
+async fn tell_the_fleet_the_sessions(shared: Arc<Shared>, fleet: Arc<holdfast_fleet::Fleet>) {
+    let mut every = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        every.tick().await;
+        fleet.set_sessions(shared.open_connections() as u64);
+    }
+}
+
 /// When the leader says it made a node the primary, this member's monitor probes the
 /// nodes at once instead of at its next round.
 async fn follow_the_primary_said(shared: Arc<Shared>, fleet: Arc<holdfast_fleet::Fleet>) {
@@ -558,6 +568,7 @@ impl Proxy {
                 version: env!("CARGO_PKG_VERSION").to_string(),
                 pid: std::process::id(),
                 shape: cluster_shape(&config),
+                sessions: 0,
             };
             // A member configured for another cluster than the fleet's is refused here.
             match holdfast_fleet::check_fits(cluster, &me).await {
@@ -585,6 +596,7 @@ impl Proxy {
             tokio::spawn(hold_for_the_fleet(shared.clone(), fleet.clone()));
             tokio::spawn(record_the_fleets_decisions(shared.clone(), fleet.clone()));
             tokio::spawn(follow_the_primary_said(shared.clone(), fleet.clone()));
+            tokio::spawn(tell_the_fleet_the_sessions(shared.clone(), fleet.clone()));
         }
         shared
             .upgrader
