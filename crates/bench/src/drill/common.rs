@@ -152,6 +152,16 @@ pub fn sysbench(lab: &LabStatus, args: &DrillArgs) -> Sysbench {
     Sysbench::for_lab("sysbench".into(), lab, args.tables, args.table_size, "")
 }
 
+/// Starts sysbench with `args`, its output kept for `wait_with_output`.
+pub fn start_sysbench(args: &[String]) -> Result<std::process::Child> {
+    Command::new("sysbench")
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("cannot run sysbench (apt-get install sysbench)")
+}
+
 /// Runs sysbench with `args` to its end.
 pub fn run_sysbench(args: &[String]) -> Result<Output> {
     Command::new("sysbench")

@@ -7,7 +7,7 @@
 //! took to move.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -237,12 +237,7 @@ fn run_event(
             let options = common::run_options(args.threads, args.seconds);
             let cmd =
                 common::sysbench(lab, args).command("oltp_read_write", m.port, &options, "run");
-            Command::new("sysbench")
-                .args(&cmd)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .context("cannot run sysbench")
+            common::start_sysbench(&cmd)
         })
         .collect::<Result<_>>()?;
     std::thread::sleep(Duration::from_secs(args.seconds / 3));

@@ -3,7 +3,6 @@
 //! then PolarDB's table: scenario, connections kept, errors seen by sysbench, longest stall.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -244,12 +243,7 @@ fn run_scenario(lab: &LabStatus, args: &DrillArgs, scenario: Scenario) -> Result
     };
     let sb = common::sysbench(lab, args).command("oltp_read_write", port, &options, "run");
     let writers = Writers::start(lab, &format!("127.0.0.1:{port}"))?;
-    let child = Command::new("sysbench")
-        .args(&sb)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("cannot run sysbench")?;
+    let child = common::start_sysbench(&sb)?;
     let readers = match scenario {
         Scenario::AddNode | Scenario::RemoveNode => {
             let options = [
@@ -260,14 +254,7 @@ fn run_scenario(lab: &LabStatus, args: &DrillArgs, scenario: Scenario) -> Result
                 "--report-interval=1".into(),
             ];
             let cmd = common::sysbench(lab, args).command("oltp_read_only", port, &options, "run");
-            Some(
-                Command::new("sysbench")
-                    .args(&cmd)
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .context("cannot run sysbench")?,
-            )
+            Some(common::start_sysbench(&cmd)?)
         }
         _ => None,
     };

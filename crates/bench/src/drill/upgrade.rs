@@ -8,7 +8,6 @@
 //! sessions open at each upgrade ended up.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -52,12 +51,7 @@ pub fn run(args: &DrillArgs, holdfast: &Path) -> Result<()> {
     let sysbench = |test: &str, port: u16, threads: u32| -> Result<std::process::Child> {
         let options = common::run_options(threads, args.seconds);
         let cmd = common::sysbench(&lab, args).command(test, port, &options, "run");
-        Command::new("sysbench")
-            .args(&cmd)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("cannot run sysbench")
+        common::start_sysbench(&cmd)
     };
     let writes = sysbench("oltp_read_write", main, args.threads / 2)?;
     let points = sysbench("oltp_point_select", split, args.threads - args.threads / 2)?;
