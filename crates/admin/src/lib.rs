@@ -104,6 +104,10 @@ pub struct FleetView {
     /// How many times etcd elected this member since it started.
     #[serde(default)]
     pub times_elected: u64,
+    /// How many times this member joined the fleet since it started (more than once:
+    /// it lost touch with etcd in between).
+    #[serde(default)]
+    pub times_joined: u64,
     /// The fleet's last cluster decisions, oldest first, as etcd said last: when
     /// (`at_unix_ms`), by which member (`by`) under which `epoch`, `what`, `ok`.
     #[serde(default)]
@@ -268,6 +272,7 @@ pub fn status(shared: &Shared) -> Status {
                     .collect(),
                 lease_renewed_ms_ago: f.lease_renewed_ago().map(|d| d.as_millis() as u64),
                 times_elected: f.times_elected(),
+                times_joined: f.times_joined(),
                 decisions: seen
                     .decisions
                     .iter()
@@ -381,11 +386,15 @@ fn fleet_metrics(f: &FleetView) -> String {
          holdfast_fleet_members {}\n\
          # HELP holdfast_fleet_elections Times etcd elected this member\n\
          # TYPE holdfast_fleet_elections counter\n\
-         holdfast_fleet_elections_total {}\n{renewed}",
+         holdfast_fleet_elections_total {}\n\
+         # HELP holdfast_fleet_joins Times this member joined its fleet (again after each loss of touch with etcd)\n\
+         # TYPE holdfast_fleet_joins counter\n\
+         holdfast_fleet_joins_total {}\n{renewed}",
         u8::from(f.leader),
         f.epoch,
         f.members.len(),
-        f.times_elected
+        f.times_elected,
+        f.times_joined
     )
 }
 
@@ -786,8 +795,8 @@ pub fn render_status(s: &Status) -> String {
         let _ = match f.lease_renewed_ms_ago {
             Some(ms) => writeln!(
                 o,
-                "  this member's lease renewed {ms} ms ago; elected {} times",
-                f.times_elected
+                "  this member's lease renewed {ms} ms ago; joined {} times, elected {} times",
+                f.times_joined, f.times_elected
             ),
             None => writeln!(
                 o,

@@ -192,6 +192,9 @@ struct Life {
     elected: std::sync::atomic::AtomicU64,
     /// The member's client connections now ([`Fleet::set_sessions`]).
     sessions: std::sync::atomic::AtomicU64,
+    /// Times it joined (a lease, its registration, a campaign): once, unless etcd was
+    /// out of reach for a while.
+    joined: std::sync::atomic::AtomicU64,
 }
 
 /// What a leader shows etcd to confirm it still leads: its election key and revision.
@@ -293,6 +296,12 @@ impl Fleet {
         self.life
             .sessions
             .store(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// How many times this member joined the fleet since it started (again after each
+    /// time it lost touch with etcd).
+    pub fn times_joined(&self) -> u64 {
+        self.life.joined.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// How many times etcd elected this member since it started.
@@ -588,13 +597,19 @@ async fn serve(
     life: &Life,
 ) -> Result<(), FleetError> {
     let ttl = cfg.lease_ttl();
+    // No timeout on every request: the campaign waits as long as another member leads
+    // (a per-request timeout cancelled it after a TTL, and the member joined again and
+    // again). Each request that must answer soon has its own; HTTP/2 pings find a dead
+    // connection.
     let options = ConnectOptions::new()
         .with_connect_timeout(ttl)
-        .with_timeout(ttl);
+        .with_keep_alive(ttl / 3, ttl / 3);
     let mut client = Client::connect(&cfg.etcd, Some(options)).await?;
     // Not registered while another member is configured for another cluster.
-    fits(&mut client, &cfg.name, me).await?;
-    let lease = client.lease_grant(ttl.as_secs() as i64, None).await?.id();
+    soon(ttl, fits(&mut client, &cfg.name, me)).await??;
+    let lease = soon(ttl, client.lease_grant(ttl.as_secs() as i64, None))
+        .await??
+        .id();
     let mut renewed = Instant::now();
     let note_renewed = |at: Instant| {
         if let Ok(mut r) = life.renewed.lock() {
@@ -605,19 +620,23 @@ async fn serve(
     if let Ok(mut c) = shared_client.lock() {
         *c = Some((client.clone(), lease));
     }
-    let (mut keeper, mut renewals) = client.lease_keep_alive(lease).await?;
+    let (mut keeper, mut renewals) = soon(ttl, client.lease_keep_alive(lease)).await??;
     let prefix = prefix(&cfg.name);
     let member_key = format!("{prefix}members/{}", me.member);
     let mut said = me.clone();
     said.sessions = life.sessions.load(std::sync::atomic::Ordering::Relaxed);
     let info = serde_json::to_vec(&said).unwrap_or_default();
-    client
-        .put(
+    soon(
+        ttl,
+        client.put(
             member_key.as_str(),
             info,
             Some(PutOptions::new().with_lease(lease)),
-        )
-        .await?;
+        ),
+    )
+    .await??;
+    life.joined
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     tracing::info!(fleet = %cfg.name, member = %me.member, lease, "fleet: joined; campaigning");
     let mut election = client.clone();
     let campaign = election.campaign(format!("{prefix}leader"), me.member.as_bytes(), lease);
@@ -685,6 +704,16 @@ async fn serve(
             }
         }
     }
+}
+
+/// `what`, if it answers within `ttl` (else: as if the lease were lost).
+async fn soon<T>(
+    ttl: Duration,
+    what: impl std::future::Future<Output = T>,
+) -> Result<T, FleetError> {
+    tokio::time::timeout(ttl, what)
+        .await
+        .map_err(|_| FleetError::LeaseLost(ttl))
 }
 
 /// How often a member reads the fleet's members, leader and decisions.
