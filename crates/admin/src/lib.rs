@@ -256,30 +256,7 @@ pub fn status(shared: &Shared) -> Status {
         pid: std::process::id(),
         generation: shared.upgrader.generation(),
         handed_over_to: *shared.upgrader.handed_over().borrow(),
-        fleet: shared.fleet.as_ref().map(|f| {
-            let standing = *f.leadership().borrow();
-            let seen = f.seen();
-            FleetView {
-                name: f.name().to_string(),
-                member: f.member().to_string(),
-                leader: standing.leader,
-                epoch: standing.epoch,
-                leader_member: seen.leader,
-                members: seen
-                    .members
-                    .iter()
-                    .filter_map(|m| serde_json::to_value(m).ok())
-                    .collect(),
-                lease_renewed_ms_ago: f.lease_renewed_ago().map(|d| d.as_millis() as u64),
-                times_elected: f.times_elected(),
-                times_joined: f.times_joined(),
-                decisions: seen
-                    .decisions
-                    .iter()
-                    .filter_map(|d| serde_json::to_value(d).ok())
-                    .collect(),
-            }
-        }),
+        fleet: fleet_view(shared),
         listen: config.proxy.listen.clone(),
         topology: topology_view(&topo),
         verifiers_loaded: shared.verifiers.is_loaded(),
@@ -332,8 +309,8 @@ async fn get_metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     let mut text = shared.metrics.render();
     let mut nodes = node_metrics(&shared.topology.borrow());
     nodes.push_str(&ha_metrics(&shared.ha.state()));
-    if let Some(f) = &status(&shared).fleet {
-        nodes.push_str(&fleet_metrics(f));
+    if let Some(f) = fleet_view(&shared) {
+        nodes.push_str(&fleet_metrics(&f));
     }
     match text.rfind("# EOF") {
         Some(at) => text.insert_str(at, &nodes),
@@ -360,6 +337,33 @@ fn ha_metrics(h: &HaState) -> String {
         h.counters.failovers_withheld,
         u8::from(h.failover_withheld.is_some())
     )
+}
+
+/// This member's standing in its fleet, as `/status` and `/metrics` show it.
+fn fleet_view(shared: &Shared) -> Option<FleetView> {
+    let f = shared.fleet.as_ref()?;
+    let standing = *f.leadership().borrow();
+    let seen = f.seen();
+    Some(FleetView {
+        name: f.name().to_string(),
+        member: f.member().to_string(),
+        leader: standing.leader,
+        epoch: standing.epoch,
+        leader_member: seen.leader,
+        members: seen
+            .members
+            .iter()
+            .filter_map(|m| serde_json::to_value(m).ok())
+            .collect(),
+        lease_renewed_ms_ago: f.lease_renewed_ago().map(|d| d.as_millis() as u64),
+        times_elected: f.times_elected(),
+        times_joined: f.times_joined(),
+        decisions: seen
+            .decisions
+            .iter()
+            .filter_map(|d| serde_json::to_value(d).ok())
+            .collect(),
+    })
 }
 
 /// This member's standing in its fleet (from what `/status` shows, at each scrape).

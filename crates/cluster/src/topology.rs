@@ -315,16 +315,15 @@ impl Topology {
 /// Whether two `host:port` addresses name the same server as far as their text tells
 /// (`localhost` and `127.0.0.1` alike, case aside).
 fn same_address(a: &str, b: &str) -> bool {
-    let split = |s: &str| -> (String, String) {
-        let (host, port) = s.rsplit_once(':').unwrap_or((s, "3306"));
-        let host = host.trim_matches(['[', ']']).to_ascii_lowercase();
-        let host = match host.as_str() {
+    let normal = |s: &str| {
+        let (host, port) = crate::ha::split_address(s).ok()?;
+        let host = match host.to_ascii_lowercase().as_str() {
             "localhost" | "::1" => "127.0.0.1".to_string(),
-            _ => host,
+            other => other.to_string(),
         };
-        (host, port.to_string())
+        Some((host, port))
     };
-    split(a) == split(b)
+    normal(a).is_some_and(|x| normal(b) == Some(x))
 }
 
 #[cfg(test)]

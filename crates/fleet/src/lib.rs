@@ -182,7 +182,11 @@ pub struct Fleet {
     ttl: Duration,
     /// When etcd last renewed this member's lease, and how many times it was elected.
     life: Arc<Life>,
-    task: tokio::task::JoinHandle<()>,
+    /// The member's life in etcd (none after [`Fleet::leave`]), and what starts it again
+    /// ([`Fleet::rejoin`]).
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    cfg: ClusterConfig,
+    me: MemberInfo,
 }
 
 /// What the member's task tells of its life in etcd.
@@ -209,7 +213,9 @@ struct Proof {
 
 impl Drop for Fleet {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(task) = self.task.lock().ok().and_then(|mut t| t.take()) {
+            task.abort();
+        }
         self.watcher.abort();
     }
 }
@@ -236,15 +242,7 @@ impl Fleet {
             seen.clone(),
         ));
         let life = Arc::new(Life::default());
-        let task = tokio::spawn(run(
-            cfg,
-            me,
-            standing.clone(),
-            proof.clone(),
-            client.clone(),
-            life.clone(),
-        ));
-        Fleet {
+        let fleet = Fleet {
             name,
             member,
             standing,
@@ -256,16 +254,42 @@ impl Fleet {
             watcher,
             ttl,
             life,
-            task,
-        }
+            task: Mutex::new(None),
+            cfg,
+            me,
+        };
+        fleet.rejoin();
+        fleet
     }
 
-    /// Leaves the fleet for good (this process stops, or hands over to its successor in
-    /// an upgrade): it stops leading at once, resigns (another member, or the successor,
+    /// Starts this member's life in etcd (a lease, its registration, a campaign), unless
+    /// it runs: after [`Fleet::leave`], when the process serves again (the successor an
+    /// upgrade handed over to exited).
+    pub fn rejoin(&self) {
+        let Ok(mut task) = self.task.lock() else {
+            return;
+        };
+        if task.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        *task = Some(tokio::spawn(run(
+            self.cfg.clone(),
+            self.me.clone(),
+            self.standing.clone(),
+            self.proof.clone(),
+            self.client.clone(),
+            self.life.clone(),
+        )));
+    }
+
+    /// Leaves the fleet (this process stops, or hands over to its successor in an
+    /// upgrade; [`Fleet::rejoin`] if that one goes): it stops leading at once, resigns (another member, or the successor,
     /// is elected without waiting for the lease to run out) and gives its lease back (its
     /// keys go; a key a successor of the same name has put since is the successor's).
     pub async fn leave(&self) {
-        self.task.abort();
+        if let Some(task) = self.task.lock().ok().and_then(|mut t| t.take()) {
+            task.abort();
+        }
         let proof = self.proof.lock().ok().and_then(|mut p| p.take());
         let connection = self.client.lock().ok().and_then(|mut c| c.take());
         self.standing.send_replace(Leadership::default());

@@ -462,16 +462,20 @@ fn a_failover_whose_leader_lost_the_lead_midway_promotes_nothing() {
     let (mut lab, cfg, ha, rt) = setup(2);
     setup_table(&lab, 10);
     lab.kill_node("node1").expect("kill node1");
-    let charge = LeadLostMidway(std::sync::atomic::AtomicU32::new(1));
-    let result = rt.block_on(ha::failover_checked(
-        &cfg,
-        &cfg.backends,
-        "node1",
-        None,
-        false,
-        &ha,
-        Some(&charge),
-    ));
+    // `asked`: the questions asked before this failover's own.
+    let fail_over = |asked: u32| {
+        let charge = LeadLostMidway(std::sync::atomic::AtomicU32::new(asked));
+        rt.block_on(ha::failover_checked(
+            &cfg,
+            &cfg.backends,
+            "node1",
+            None,
+            false,
+            &ha,
+            Some(&charge),
+        ))
+    };
+    let result = fail_over(1);
     assert!(
         matches!(&result, Err(HaError::NotInCharge(_))),
         "refused: {result:?}"
@@ -485,18 +489,7 @@ fn a_failover_whose_leader_lost_the_lead_midway_promotes_nothing() {
         );
     }
     // In charge throughout, the same failover promotes.
-    let charge = LeadLostMidway(std::sync::atomic::AtomicU32::new(0));
-    let report = rt
-        .block_on(ha::failover_checked(
-            &cfg,
-            &cfg.backends,
-            "node1",
-            None,
-            false,
-            &ha,
-            Some(&charge),
-        ))
-        .expect("failover");
+    let report = fail_over(0).expect("failover");
     assert_eq!(
         value(node(&lab, &report.new_primary), "SELECT @@global.read_only"),
         "0"

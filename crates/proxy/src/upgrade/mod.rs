@@ -291,6 +291,10 @@ impl Upgrader {
         self.session_sink.send_replace(None);
         self.peer.store(None);
         self.handed_over.send_replace(None);
+        // It left the fleet as it handed over: back in, campaigning again.
+        if let Some(fleet) = &shared.fleet {
+            fleet.rejoin();
+        }
         // (In a fleet, only while this member still leads it.)
         if shared
             .fleet
