@@ -589,7 +589,24 @@ fn a_lab_with_two_proxies_is_a_fleet() {
     let dir: PathBuf =
         std::env::temp_dir().join(format!("holdfast-fleet-lab-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let base = lab_up(&dir, &["--replicas", "1", "--proxies", "2"]);
+    // Ports below the ephemeral range (32768 and up): the second member binds its
+    // listeners only when served, and a port another test takes from the ephemeral range
+    // meanwhile (a free port for its own member) would keep it from starting.
+    let mut base = 0;
+    for attempt in 0..20u32 {
+        let try_base = 20_000 + (std::process::id().wrapping_mul(7919) + attempt * 613) % 12_000;
+        let out = run(holdfast()
+            .args(["lab", "up", "--replicas", "1", "--proxies", "2", "--dir"])
+            .arg(&dir)
+            .args(["--base-port", &try_base.to_string()]));
+        if out.status.success() {
+            base = try_base as u16;
+            break;
+        }
+        let why = String::from_utf8_lossy(&out.stderr);
+        assert!(why.contains("is in use"), "lab up failed: {why}");
+    }
+    assert!(base > 0, "no free base port for the lab");
     let lab = Lab(dir.clone());
     let out = run(holdfast()
         .args(["lab", "status", "--json", "--dir"])
@@ -615,16 +632,27 @@ fn a_lab_with_two_proxies_is_a_fleet() {
         .zip(&logs)
         .map(|(c, l)| serve(c, l))
         .collect();
+    let member_logs = || {
+        logs.iter()
+            .map(|l| std::fs::read_to_string(l).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n---\n")
+    };
     for config in &configs {
-        wait_for("both members listed, one leading", || {
-            let fleet = status(config)?["fleet"].clone();
-            let names: Vec<&str> = fleet["members"]
-                .as_array()?
-                .iter()
-                .filter_map(|m| m["member"].as_str())
-                .collect();
-            (names == ["proxy1", "proxy2"] && fleet["leader_member"].is_string()).then_some(())
-        });
+        holdfast_lab::wait_for(
+            "both members listed, one leading",
+            Duration::from_secs(30),
+            || {
+                let fleet = status(config)?["fleet"].clone();
+                let names: Vec<&str> = fleet["members"]
+                    .as_array()?
+                    .iter()
+                    .filter_map(|m| m["member"].as_str())
+                    .collect();
+                (names == ["proxy1", "proxy2"] && fleet["leader_member"].is_string()).then_some(())
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", member_logs()));
     }
     drop(members);
     let address = endpoint.trim_start_matches("http://").to_string();
