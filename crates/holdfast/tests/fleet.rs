@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{holdfast, lab_up, run, Lab};
+use common::{holdfast, lab_up, low_port, run, Lab};
 use holdfast_lab::etcd::Etcd;
 use mysql::prelude::*;
 use std::path::{Path, PathBuf};
@@ -22,11 +22,10 @@ impl Drop for Serving {
     }
 }
 
+/// A port for a member's listener: below the ephemeral range, as the lab's (see
+/// [`low_port`]).
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    low_port(0)
 }
 
 fn status(config: &Path) -> Option<serde_json::Value> {
@@ -90,7 +89,7 @@ impl Fleet {
         let _ = std::fs::remove_dir_all(&dir);
         let base = lab_up(&dir, &["--replicas", replicas]);
         let lab = Lab(dir.clone());
-        let etcd = Etcd::start(&dir.join("etcd")).expect("etcd");
+        let etcd = Etcd::start_on(&dir.join("etcd"), low_port(0), low_port(0)).expect("etcd");
         let lab_config =
             std::fs::read_to_string(dir.join("holdfast.toml")).expect("the lab's config");
         let cluster = |member: &str| {
@@ -132,9 +131,10 @@ impl Fleet {
 
     fn logs(&self) -> String {
         format!(
-            "a:\n{}\nb:\n{}",
+            "a:\n{}\nb:\n{}\netcd (its last 40 lines):\n{}",
             std::fs::read_to_string(&self.a_log).unwrap_or_default(),
-            std::fs::read_to_string(&self.b_log).unwrap_or_default()
+            std::fs::read_to_string(&self.b_log).unwrap_or_default(),
+            tail(&self.etcd.dir().join("etcd.log"), 40)
         )
     }
 
@@ -148,10 +148,18 @@ impl Fleet {
             );
             (la || lb).then_some((la, lb))
         };
-        let (a, b) = wait_for("a leader", leaders);
+        let (a, b) = holdfast_lab::wait_for("a leader", Duration::from_secs(30), leaders)
+            .unwrap_or_else(|e| panic!("{e}\n{}", self.logs()));
         assert!(a != b, "two leaders\n{}", self.logs());
         a
     }
+}
+
+/// The last `n` lines of the file at `path`.
+fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// The lab's config `text` (listening from port `base` on) moved to free ports, the client
@@ -589,18 +597,17 @@ fn a_lab_with_two_proxies_is_a_fleet() {
     let dir: PathBuf =
         std::env::temp_dir().join(format!("holdfast-fleet-lab-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    // Ports below the ephemeral range (32768 and up): the second member binds its
-    // listeners only when served, and a port another test takes from the ephemeral range
-    // meanwhile (a free port for its own member) would keep it from starting.
+    // Ports below the ephemeral range: the second member binds its listeners only when
+    // served (see `low_port`).
     let mut base = 0;
-    for attempt in 0..20u32 {
-        let try_base = 20_000 + (std::process::id().wrapping_mul(7919) + attempt * 613) % 12_000;
+    for _ in 0..20 {
+        let try_base = low_port(64);
         let out = run(holdfast()
             .args(["lab", "up", "--replicas", "1", "--proxies", "2", "--dir"])
             .arg(&dir)
             .args(["--base-port", &try_base.to_string()]));
         if out.status.success() {
-            base = try_base as u16;
+            base = try_base;
             break;
         }
         let why = String::from_utf8_lossy(&out.stderr);

@@ -62,9 +62,15 @@ impl Etcd {
     /// Starts etcd with its data under `dir` (created), on free loopback ports, and waits
     /// until it answers.
     pub fn start(dir: &Path) -> Result<Etcd> {
+        Etcd::start_on(dir, free_port()?, free_port()?)
+    }
+
+    /// [`Etcd::start`] on the loopback ports given: a test that stops etcd and starts it
+    /// again picks ports no connection can take from the ephemeral range meanwhile.
+    pub fn start_on(dir: &Path, client_port: u16, peer_port: u16) -> Result<Etcd> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let client = format!("http://127.0.0.1:{}", free_port()?);
-        let peer = format!("http://127.0.0.1:{}", free_port()?);
+        let client = format!("http://127.0.0.1:{client_port}");
+        let peer = format!("http://127.0.0.1:{peer_port}");
         let child = spawn(dir, &client, &peer)?;
         let etcd = Etcd {
             child,

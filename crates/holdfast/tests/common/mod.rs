@@ -18,17 +18,35 @@ pub fn run(cmd: &mut Command) -> Output {
     cmd.output().expect("running a command")
 }
 
-/// `holdfast lab up --dir DIR ARGS` on a base port whose layout is free (a few tries);
-/// returns the base port.
-pub fn lab_up(dir: &Path, args: &[&str]) -> u16 {
-    for _ in 0..10 {
-        let base = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        if base > 65_000 {
-            continue;
+/// A loopback port below the ephemeral range (32768 and up), free now, and different on
+/// each call in this process. A port from the ephemeral range, freed and bound again
+/// later, can be taken meanwhile as the local port of any connection another test opens;
+/// below it, only another test's explicit choice can take it (and its bind then fails
+/// loudly). `room` ports above the one returned stay below the range too.
+pub fn low_port(room: u16) -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let span = 12_000 - u32::from(room);
+    for _ in 0..1_000 {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let offset = std::process::id()
+            .wrapping_mul(7_919)
+            .wrapping_add(n.wrapping_mul(613))
+            % span;
+        let port = 20_000 + offset as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
         }
+    }
+    panic!("no free loopback port below 32000")
+}
+
+/// `holdfast lab up --dir DIR ARGS` on a base port below the ephemeral range whose layout
+/// is free (a few tries); returns the base port. (The lab checks its proxies' ports but
+/// binds them only when a test serves them, seconds later.)
+pub fn lab_up(dir: &Path, args: &[&str]) -> u16 {
+    for _ in 0..20 {
+        let base = low_port(64);
         let out = run(holdfast()
             .args(["lab", "up"])
             .args(args)
