@@ -715,6 +715,9 @@ pub fn router(shared: Arc<Shared>, token: AdminToken) -> Router {
         .route("/rejoin", post(post_rejoin))
         .route("/restart", post(post_restart))
         .route("/resize", post(post_restart))
+        .route("/pause", post(serverless::post_pause))
+        .route("/resume", post(serverless::post_resume))
+        .route("/scale", post(serverless::post_scale))
         .route_layer(axum::middleware::from_fn_with_state(
             (shared.clone(), token),
             fleet::to_the_leader,
@@ -728,9 +731,6 @@ pub fn router(shared: Arc<Shared>, token: AdminToken) -> Router {
         .route("/nodes/remove", post(post_node_remove))
         .route("/reload", post(post_reload))
         .route("/upgrade", post(post_upgrade))
-        .route("/pause", post(serverless::post_pause))
-        .route("/resume", post(serverless::post_resume))
-        .route("/scale", post(serverless::post_scale))
         .route("/usage", get(serverless::get_usage))
         .fallback(guard::not_found)
         .with_state(shared)

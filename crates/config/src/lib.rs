@@ -539,12 +539,6 @@ impl Config {
         }
         if let Some(c) = &self.cluster {
             c.validate()?;
-            if self.serverless.is_some() {
-                return Err(invalid_key(
-                    "cluster",
-                    "a fleet in front of a [serverless] instance is not supported yet",
-                ));
-            }
         }
         self.ha.validate()
     }

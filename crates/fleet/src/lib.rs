@@ -20,6 +20,10 @@
 //! ([`PrimarySaid`]) and `decisions/<time>-<member>` (the last cluster decisions,
 //! [`Decision`]). Members follow `switching` and `primary` through an etcd watch.
 
+mod board;
+
+pub use board::{Board, Posted, Poster};
+
 use etcd_client::{Client, ConnectOptions, GetOptions, PutOptions};
 use holdfast_config::ClusterConfig;
 use serde::{Deserialize, Serialize};
@@ -176,6 +180,8 @@ pub struct Fleet {
     client: Arc<Mutex<Option<(Client, i64)>>>,
     switching: watch::Receiver<Option<Switching>>,
     primary: watch::Receiver<Option<PrimarySaid>>,
+    /// The board's keys as etcd said last ([`board`]).
+    board: watch::Receiver<Board>,
     /// The members and the leader as etcd said last (read every second).
     seen: Arc<Mutex<Seen>>,
     watcher: tokio::task::JoinHandle<()>,
@@ -233,13 +239,17 @@ impl Fleet {
         let ttl = cfg.lease_ttl();
         let (switching_tx, switching) = watch::channel(None);
         let (primary_tx, primary) = watch::channel(None);
+        let (board_tx, board) = watch::channel(Board::default());
         let seen = Arc::new(Mutex::new(Seen::default()));
         let watcher = tokio::spawn(watch_switching(
-            prefix(&name),
+            name.clone(),
             client.clone(),
-            switching_tx,
-            primary_tx,
-            seen.clone(),
+            Mirrors {
+                switching: switching_tx,
+                primary: primary_tx,
+                board: board_tx,
+                seen: seen.clone(),
+            },
         ));
         let life = Arc::new(Life::default());
         let fleet = Fleet {
@@ -250,6 +260,7 @@ impl Fleet {
             client,
             switching,
             primary,
+            board,
             seen,
             watcher,
             ttl,
@@ -743,16 +754,21 @@ async fn soon<T>(
 /// How often a member reads the fleet's members, leader and decisions.
 const SEEN_EVERY: Duration = Duration::from_secs(1);
 
-/// Keeps `switching` and `primary` as their keys say, through an etcd watch (a fresh
-/// read, then a watch from the revision after it, again whenever the watch breaks), and
-/// `seen` as etcd says every [`SEEN_EVERY`]. What cannot be read leaves them as they were.
-async fn watch_switching(
-    prefix: String,
-    client: Arc<Mutex<Option<(Client, i64)>>>,
-    tx: watch::Sender<Option<Switching>>,
+/// What a member mirrors of etcd: `switching`, `primary` and the board through an etcd
+/// watch, `seen` by a read every [`SEEN_EVERY`].
+struct Mirrors {
+    switching: watch::Sender<Option<Switching>>,
     primary: watch::Sender<Option<PrimarySaid>>,
+    board: watch::Sender<Board>,
     seen: Arc<Mutex<Seen>>,
-) {
+}
+
+/// Keeps the [`Mirrors`] as etcd says: a fresh read of the fleet's prefix, then a watch
+/// from the revision after it, again whenever the watch breaks. What cannot be read
+/// leaves them as they were.
+async fn watch_switching(name: String, client: Arc<Mutex<Option<(Client, i64)>>>, m: Mirrors) {
+    let prefix = prefix(&name);
+    let board_dir = board::board_dir(&name);
     let switching_key = format!("{prefix}switching");
     let primary_key = format!("{prefix}primary");
     let mut refresh = tokio::time::interval(SEEN_EVERY);
@@ -768,21 +784,25 @@ async fn watch_switching(
                 .await
                 .ok()?;
             let revision = got.header()?.revision();
-            let value = |key: &str| {
-                got.kvs()
-                    .iter()
-                    .find(|kv| kv.key() == key.as_bytes())
-                    .map(|kv| kv.value().to_vec())
-            };
-            Some((revision, value(&switching_key), value(&primary_key)))
+            Some((revision, got))
         };
-        let Ok(Some((revision, s, p))) = tokio::time::timeout(Duration::from_secs(1), read).await
+        let Ok(Some((revision, got))) = tokio::time::timeout(Duration::from_secs(1), read).await
         else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
-        set(&tx, s.and_then(|v| serde_json::from_slice(&v).ok()));
-        set(&primary, p.and_then(|v| serde_json::from_slice(&v).ok()));
+        fn value<T: serde::de::DeserializeOwned>(
+            got: &etcd_client::GetResponse,
+            key: &str,
+        ) -> Option<T> {
+            got.kvs()
+                .iter()
+                .find(|kv| kv.key() == key.as_bytes())
+                .and_then(|kv| serde_json::from_slice(kv.value()).ok())
+        }
+        set(&m.switching, value(&got, &switching_key));
+        set(&m.primary, value(&got, &primary_key));
+        board::mirror_all(&m.board, &board_dir, got.kvs());
         let options = etcd_client::WatchOptions::new()
             .with_prefix()
             .with_start_revision(revision + 1);
@@ -809,15 +829,17 @@ async fn watch_switching(
                         };
                         let put = event.event_type() == etcd_client::EventType::Put;
                         if kv.key() == switching_key.as_bytes() {
-                            set(&tx, put.then(|| serde_json::from_slice(kv.value()).ok()).flatten());
+                            set(&m.switching, put.then(|| serde_json::from_slice(kv.value()).ok()).flatten());
                         } else if kv.key() == primary_key.as_bytes() {
-                            set(&primary, put.then(|| serde_json::from_slice(kv.value()).ok()).flatten());
+                            set(&m.primary, put.then(|| serde_json::from_slice(kv.value()).ok()).flatten());
+                        } else {
+                            board::mirror_event(&m.board, &board_dir, event);
                         }
                     }
                 }
                 _ = refresh.tick() => {
                     if let Some(now) = read_seen(&mut c, &prefix).await {
-                        if let Ok(mut s) = seen.lock() {
+                        if let Ok(mut s) = m.seen.lock() {
                             *s = now;
                         }
                     }

@@ -588,7 +588,13 @@ async fn serve(
         // Another member leads at once, not when this one's lease runs out.
         fleet.leave().await;
     }
-    if let Some(lc) = &shared.serverless {
+    // (In a fleet with other members, the instance is the next leader's to run: left as
+    // it is.)
+    let alone = shared
+        .fleet
+        .as_ref()
+        .is_none_or(|f| f.seen().members.iter().all(|m| m.member == f.member()));
+    if let (Some(lc), true) = (&shared.serverless, alone) {
         if let Err(e) = lc.thaw_on_shutdown().await {
             tracing::error!(error = %e, "could not thaw the frozen instance on the way out: it stays suspended (kill -CONT its server)");
         }

@@ -1521,9 +1521,6 @@ fn fresh_lab(dir: &Path, opts: &LabOptions) -> Result<LabStatus> {
     if !(1..=MAX_PROXIES).contains(&opts.proxies) {
         bail!("--proxies is 1 or {MAX_PROXIES}");
     }
-    if opts.serverless && opts.proxies > 1 {
-        bail!("a serverless lab has one holdfast ([serverless] and a fleet do not combine yet)");
-    }
     if let Some(base) = opts.base_port {
         ports_free(base, n_nodes, opts.proxies)?;
     }
@@ -1647,7 +1644,8 @@ fn fresh_lab(dir: &Path, opts: &LabOptions) -> Result<LabStatus> {
                 member: "proxy2".into(),
                 proxy: format!("127.0.0.1:{}", ports[0]),
                 admin: format!("127.0.0.1:{}", ports[1]),
-                split: Some(format!("127.0.0.1:{}", ports[2])),
+                // (A serverless instance has no replicas to split reads to.)
+                split: (!opts.serverless).then(|| format!("127.0.0.1:{}", ports[2])),
                 config: dir.join("holdfast-proxy2.toml"),
             },
         ];
@@ -2500,6 +2498,11 @@ fn write_config(st: &LabStatus) -> Result<()> {
         });
         member.proxy.listen = p.proxy.clone();
         member.admin.listen = p.admin.clone();
+        if let (Some(sl), true) = (member.serverless.as_mut(), p.config != st.config) {
+            // Each member keeps its own copy of the fleet's usage ledger.
+            let name = format!("usage-{}.db", p.member);
+            sl.ledger = sl.ledger.with_file_name(name);
+        }
         if let Some(split) = &p.split {
             for l in member
                 .listeners

@@ -207,9 +207,15 @@ async fn follow_the_fleet(
                 "fleet: this member leads; in charge of HA"
             );
             shared.ha.take_charge();
+            if let Some(lc) = &shared.serverless {
+                lc.take_charge();
+            }
         } else if !now.leader && leading {
             tracing::warn!("fleet: this member no longer leads; HA is left to the leader");
             shared.ha.release().await;
+            if let Some(lc) = &shared.serverless {
+                lc.release().await;
+            }
         }
         leading = now.leader;
         if leadership.changed().await.is_err() {
@@ -556,8 +562,12 @@ impl Proxy {
             shared.ledger = Some(Arc::new(ledger));
         }
         if let Some(cluster) = &config.cluster {
-            // HA is the fleet leader's: this process runs it only while it leads.
+            // HA (and a serverless instance's lifecycle) is the fleet leader's: this
+            // process runs it only while it leads.
             shared.ha.stand_by();
+            if let Some(lc) = &shared.serverless {
+                lc.stand_by();
+            }
             let me = holdfast_fleet::MemberInfo {
                 member: cluster
                     .member
@@ -642,15 +652,7 @@ impl Proxy {
         tokio::spawn(refresh_verifiers(shared.clone()));
         tokio::spawn(run_preflight(shared.clone()));
         if let Some(lc) = &shared.serverless {
-            tokio::spawn(serverless::run_lifecycle(shared.clone(), lc.clone()));
-            tokio::spawn(serverless::run_autoscaler(shared.clone(), lc.clone()));
-            if let Some(ledger) = &shared.ledger {
-                tokio::spawn(serverless::run_meter(
-                    shared.clone(),
-                    lc.clone(),
-                    ledger.clone(),
-                ));
-            }
+            serverless::spawn_tasks(&shared, lc);
         }
         Ok(Proxy {
             shared,

@@ -1,6 +1,7 @@
 //! The lifecycle task: notices idleness, pauses the instance (freeze, then stop after a
 //! while), resumes it when a client needs it, and retries failed resumes with backoff.
 
+use super::fleet::{members_blockers, members_drained, members_idle, say_phase};
 use super::{Lifecycle, PauseError, PauseTier, Phase};
 use crate::Shared;
 use holdfast_serverless::driver::PowerState;
@@ -14,7 +15,7 @@ const TICK: Duration = Duration::from_secs(1);
 /// tell cheaply (process driver: a /proc read).
 const HEALTH_CHECK: Duration = Duration::from_secs(2);
 /// How long a pause waits for requests and logins in flight to finish before giving up.
-const PAUSE_DRAIN: Duration = Duration::from_secs(2);
+pub(super) const PAUSE_DRAIN: Duration = Duration::from_secs(2);
 /// Longest pause between failed resume attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// When a frozen instance cannot be stopped yet (sessions that could not survive it), try
@@ -27,7 +28,7 @@ pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>) {
     // sessions see the instance as it is; the other process still runs it.)
     let mut initial = adopt_initial_state(&shared, &lc).await;
     if !lc.is_in_charge() {
-        lc.wait_in_charge().await;
+        wait_in_charge(&shared, &lc).await;
         initial = adopt_initial_state(&shared, &lc).await;
     }
     let mut activity = Activity::default();
@@ -36,7 +37,7 @@ pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>) {
     loop {
         if !lc.is_in_charge() {
             tracing::info!(instance = %lc.config().instance, "serverless: the lifecycle is another process's now; this one no longer pauses, resumes, scales or meters the instance");
-            lc.wait_in_charge().await;
+            wait_in_charge(&shared, &lc).await;
             // In charge again (the process it handed over to went): from the instance as
             // it is now.
             let tier = adopt_initial_state(&shared, &lc).await;
@@ -82,6 +83,7 @@ pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>) {
                     last_health_check = Instant::now();
                     if let Ok(PowerState::Stopped) = lc.driver.status().await {
                         crashed(&shared, &lc);
+                        say_phase(&shared, &lc, 0).await;
                         continue;
                     }
                 }
@@ -89,7 +91,9 @@ pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>) {
                     lc.touch();
                 }
                 let idle_limit = lc.config().idle_pause_secs;
+                // The fleet's members' clients keep it awake too.
                 let idle = lc.lock().last_activity.elapsed();
+                let idle = members_idle(&shared).map_or(idle, |theirs| idle.min(theirs));
                 if idle_limit > 0 && idle >= Duration::from_secs(idle_limit) {
                     let tier = first_tier(&lc);
                     if pause(&shared, &lc, tier).await {
@@ -146,9 +150,27 @@ pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>) {
     }
 }
 
-/// Asks the driver what the server is doing at start-up: a stopped or frozen server starts
-/// out paused, so the first client wakes it. Returns the tier it is paused in, if any.
+/// Waits until this process is in charge: in a fleet, following the leader's lifecycle
+/// meanwhile.
+async fn wait_in_charge(shared: &Shared, lc: &Lifecycle) {
+    match &shared.fleet {
+        Some(fleet) => super::fleet::follow(shared, lc, fleet).await,
+        None => lc.wait_in_charge().await,
+    }
+}
+
+/// Asks the driver what the server is doing at start-up (or when this process takes
+/// charge): a stopped or frozen server starts out paused, so the first client wakes it.
+/// Returns the tier it is paused in, if any. In charge of a fleet's instance, it says so.
 async fn adopt_initial_state(shared: &Shared, lc: &Lifecycle) -> Option<PauseTier> {
+    let tier = read_initial_state(shared, lc).await;
+    if lc.is_in_charge() {
+        say_phase(shared, lc, 0).await;
+    }
+    tier
+}
+
+async fn read_initial_state(shared: &Shared, lc: &Lifecycle) -> Option<PauseTier> {
     let state = match lc.driver.status().await {
         Ok(s) => s,
         Err(e) => PowerState::Unknown(e.to_string()),
@@ -189,15 +211,42 @@ fn escalation_deadline(lc: &Lifecycle, tier: PauseTier) -> Option<Instant> {
         .then(|| Instant::now() + Duration::from_secs(lc.config().stop_after_secs))
 }
 
-/// Sessions and connections that keep the instance from pausing to `tier`. While an
-/// upgrade's two processes both serve, the other one's sessions are not seen here (one may
-/// be inside a transaction): no pause until it is gone.
-fn blockers(shared: &Shared, tier: PauseTier) -> Vec<String> {
+/// Sessions and connections of this process that keep the instance from pausing to
+/// `tier`. While an upgrade's two processes both serve, the other one's sessions are not
+/// seen here (one may be inside a transaction): no pause until it is gone.
+pub(super) fn local_blockers(shared: &Shared, tier: PauseTier) -> Vec<String> {
     let mut blocked = shared.sessions.pause_blockers(tier == PauseTier::Stop);
     if shared.upgrader.peer().is_some() {
         blocked.push("the previous process still serves sessions (an upgrade)".into());
     }
     blocked
+}
+
+/// What keeps the instance from pausing to `tier`: this process's sessions, and, in a
+/// fleet, the other members' as they said.
+fn blockers(shared: &Shared, tier: PauseTier) -> Vec<String> {
+    let mut blocked = local_blockers(shared, tier);
+    blocked.extend(members_blockers(shared, tier));
+    blocked
+}
+
+/// Waits, with the gate closed, for the requests and logins that got through it to
+/// finish. `Some(why)` when the pause must be abandoned: a client arrived, or requests are
+/// still in flight after [`PAUSE_DRAIN`].
+pub(super) async fn drain(shared: &Shared, lc: &Lifecycle) -> Option<&'static str> {
+    let drained = Instant::now() + PAUSE_DRAIN;
+    loop {
+        if lc.wake_requested.load(Ordering::SeqCst) {
+            return Some("a client arrived");
+        }
+        if shared.sessions.none_busy() && lc.logins_in_flight.load(Ordering::SeqCst) == 0 {
+            return None;
+        }
+        if Instant::now() >= drained {
+            return Some("requests still in flight");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
 
 /// Pauses the instance unless something keeps it busy. Returns whether it paused.
@@ -234,24 +283,22 @@ async fn pause(shared: &Shared, lc: &Lifecycle, tier: PauseTier) -> bool {
     lc.running.store(false, Ordering::SeqCst);
     lc.set_phase(Phase::Pausing, Some(tier));
     set_metrics_phase(shared, Phase::Pausing);
-    let drained = Instant::now() + PAUSE_DRAIN;
-    let abort = loop {
-        if lc.wake_requested.load(Ordering::SeqCst) {
-            break Some("a client arrived");
-        }
-        if shared.sessions.none_busy() && lc.logins_in_flight.load(Ordering::SeqCst) == 0 {
-            break None;
-        }
-        if Instant::now() >= drained {
-            break Some("requests still in flight");
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
+    let abort = drain(shared, lc)
+        .await
+        .or_else(|| {
+            (!local_blockers(shared, tier).is_empty()).then_some("a session became unmovable")
+        })
+        .map(String::from);
+    // In a fleet, every member closes its gate and drains too.
+    let pause_number = super::unix_ms();
+    let abort = match abort {
+        Some(why) => Some(why),
+        None => members_drained(shared, lc, pause_number).await.err(),
     };
-    let abort = abort
-        .or_else(|| (!blockers(shared, tier).is_empty()).then_some("a session became unmovable"));
     if let Some(why) = abort {
-        tracing::info!(instance = %lc.config().instance, why, "pause abandoned");
+        tracing::info!(instance = %lc.config().instance, %why, "pause abandoned");
         reopen(shared, lc);
+        say_phase(shared, lc, 0).await;
         return false;
     }
     let t = Instant::now();
@@ -271,12 +318,14 @@ async fn pause(shared: &Shared, lc: &Lifecycle, tier: PauseTier) -> bool {
                 .metrics
                 .instance_transition("running", tier_state(tier));
             tracing::info!(instance = %lc.config().instance, tier = tier.name(), ms = t.elapsed().as_millis() as u64, sessions_kept = shared.sessions.len(), "instance paused");
+            say_phase(shared, lc, 0).await;
             true
         }
         Err(e) => {
             tracing::warn!(instance = %lc.config().instance, tier = tier.name(), error = %e, "pause failed; the instance keeps running");
             lc.lock().last_error = Some(format!("pause ({}) failed: {e}", tier.name()));
             reopen(shared, lc);
+            say_phase(shared, lc, 0).await;
             false
         }
     }
@@ -342,6 +391,7 @@ async fn escalate(shared: &Shared, lc: &Lifecycle) -> Option<Instant> {
             lc.set_phase(Phase::Paused, Some(PauseTier::Stop));
             shared.metrics.instance_transition("frozen", "stopped");
             tracing::info!(instance = %lc.config().instance, "frozen instance stopped to free its memory");
+            say_phase(shared, lc, 0).await;
             None
         }
         Err(e) => {
@@ -379,6 +429,7 @@ async fn resume(shared: &Shared, lc: &Lifecycle) {
     let started = Instant::now();
     lc.set_phase(Phase::Resuming, Some(tier));
     set_metrics_phase(shared, Phase::Resuming);
+    say_phase(shared, lc, 0).await;
     let mut backoff = Duration::from_millis(lc.config().retry_backoff_ms.max(1));
     loop {
         let result = match tier {
@@ -403,13 +454,16 @@ async fn resume(shared: &Shared, lc: &Lifecycle) {
                         lc.epoch.fetch_add(1, Ordering::SeqCst);
                     }
                 }
-                if lc.waiters.load(Ordering::SeqCst) == 0 {
+                let waiting =
+                    lc.waiters.load(Ordering::SeqCst) + lc.remote_waiters.load(Ordering::SeqCst);
+                if waiting == 0 {
                     // Nobody waits any more: stay paused; the next client tries again, or,
                     // after repeated failures, the first after the breaker's open time.
                     open_breaker_if_due(lc);
                     lc.wake_requested.store(false, Ordering::SeqCst);
                     lc.set_phase(Phase::Paused, Some(tier));
                     set_metrics_phase(shared, Phase::Paused);
+                    say_phase(shared, lc, 0).await;
                     return;
                 }
                 tokio::time::sleep(backoff).await;
@@ -437,9 +491,10 @@ async fn resume(shared: &Shared, lc: &Lifecycle) {
         .instance_transition(tier_state(tier), "running");
     shared.ha.topology_nudge().notify_one();
     tracing::info!(instance = %lc.config().instance, tier = tier.name(), ms = took.as_secs_f64() * 1e3, "instance resumed");
+    say_phase(shared, lc, 0).await;
 }
 
-fn set_metrics_phase(shared: &Shared, phase: Phase) {
+pub(super) fn set_metrics_phase(shared: &Shared, phase: Phase) {
     shared.metrics.set_instance_phase(phase.name());
 }
 
@@ -454,12 +509,12 @@ async fn sleep_until_opt(at: Option<Instant>) {
 /// it compares counters the sessions keep anyway. A connection that does not log in (a
 /// port scan, a health check, garbage) is not activity.
 #[derive(Default)]
-struct Activity {
+pub(super) struct Activity {
     last: Option<(u64, u64)>,
 }
 
 impl Activity {
-    fn changed(&mut self, shared: &Shared) -> bool {
+    pub(super) fn changed(&mut self, shared: &Shared) -> bool {
         let (commands, busy) = shared.sessions.activity();
         let now = (commands, shared.metrics.logins.get());
         let changed = self.last != Some(now) || busy;

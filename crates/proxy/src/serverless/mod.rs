@@ -8,6 +8,7 @@
 //! with the stop tier they are recreated by the keep-alive moves (`session::relocate`).
 
 mod control;
+mod fleet;
 mod meter;
 mod scale;
 
@@ -20,13 +21,14 @@ use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify};
 
 pub use control::run as run_lifecycle;
+pub use fleet::{InstanceSaid, MemberUse};
 pub use meter::{flush_usage, run as run_meter, usage_lines, UsageError};
 pub use scale::run as run_autoscaler;
 
 pub use holdfast_config::serverless::{PauseTier, ServerlessConfig};
 
 /// Where the instance is in its lifecycle.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
     Running,
@@ -177,6 +179,8 @@ pub struct Lifecycle {
     wake_notify: Notify,
     /// Clients waiting in [`Lifecycle::wake`] right now.
     waiters: AtomicUsize,
+    /// In a fleet, while this process leads: the other members that want the instance.
+    remote_waiters: AtomicUsize,
     /// Logins between the wake check and their backend connection.
     logins_in_flight: AtomicUsize,
     /// Bumped when the server stops: backend connections opened before are gone.
@@ -227,6 +231,7 @@ impl Lifecycle {
             wake_requested: AtomicBool::new(false),
             wake_notify: Notify::new(),
             waiters: AtomicUsize::new(0),
+            remote_waiters: AtomicUsize::new(0),
             logins_in_flight: AtomicUsize::new(0),
             epoch: AtomicU64::new(0),
             pauses: AtomicU64::new(0),
@@ -536,6 +541,26 @@ impl crate::gate::BackendGate for Lifecycle {
 
     fn wakes_on_login(&self) -> bool {
         true
+    }
+}
+
+/// Milliseconds since the unix epoch (0 if the clock is before it).
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Starts the lifecycle's tasks: the lifecycle, the autoscaler, the meter (with a
+/// ledger), and in a fleet the leader's ear for the members' wakes.
+pub fn spawn_tasks(shared: &Arc<crate::Shared>, lc: &Arc<Lifecycle>) {
+    tokio::spawn(run_lifecycle(shared.clone(), lc.clone()));
+    tokio::spawn(run_autoscaler(shared.clone(), lc.clone()));
+    if let Some(ledger) = &shared.ledger {
+        tokio::spawn(run_meter(shared.clone(), lc.clone(), ledger.clone()));
+    }
+    if let Some(f) = &shared.fleet {
+        tokio::spawn(fleet::hear_wakes(lc.clone(), f.clone()));
     }
 }
 

@@ -302,9 +302,9 @@ impl Upgrader {
             .is_none_or(|f| f.leadership().borrow().leader)
         {
             shared.ha.take_charge();
-        }
-        if let Some(lc) = &shared.serverless {
-            lc.take_charge();
+            if let Some(lc) = &shared.serverless {
+                lc.take_charge();
+            }
         }
     }
 
@@ -446,6 +446,11 @@ impl Upgrader {
         // From here the new process serves: this one stops accepting and lets go of HA.
         self.handed_over.send_replace(Some(pid));
         shared.ha.release().await;
+        if let Some(lc) = &shared.serverless {
+            // (Before leaving a fleet: no pause of this process's starts once another
+            // member leads.)
+            lc.release().await;
+        }
         if let Some(fleet) = &shared.fleet {
             // The successor (a member of the same name) is elected at once, not when
             // this process's lease runs out.
@@ -456,7 +461,6 @@ impl Upgrader {
         // usage period is written, and the new process continues from there.
         let serverless = match &shared.serverless {
             Some(lc) => {
-                lc.release().await;
                 if let Err(e) = crate::serverless::flush_usage(shared).await {
                     tracing::warn!(error = %e, "upgrade: writing the open usage period failed (the new process meters from the ledger as it is)");
                 }
@@ -719,14 +723,15 @@ impl TakeOver {
             shared.upgrader.peer.store(Some(peer.clone()));
             if shared.fleet.is_none() {
                 shared.ha.take_charge();
+                if let Some(lc) = &shared.serverless {
+                    lc.take_charge();
+                }
                 tracing::info!("upgrade: in charge of HA");
             } else {
-                // In a fleet, HA is the elected leader's (the old process left the fleet
-                // as it let go: this one, campaigning under the same name, may be it).
+                // In a fleet, HA (and a serverless lifecycle) is the elected leader's (the
+                // old process left the fleet as it let go: this one, campaigning under the
+                // same name, may be it).
                 tracing::info!("upgrade: HA is the fleet leader's");
-            }
-            if let Some(lc) = &shared.serverless {
-                lc.take_charge();
             }
             receive_sessions(&peer, &shared).await;
             peer.went();
