@@ -262,8 +262,29 @@ fn the_fleet_pauses_its_instance_only_when_every_member_is_idle_and_any_member_w
     // An operator's stop asked of the member that does not lead: the leader stops the
     // server; every member's idle sessions move to it when it starts again.
     drop(busy);
+    // (A temporary table on a session of the other member could not survive it:
+    // refused, and the answer names that member's session.)
+    let mut scratch = other.session();
+    scratch
+        .query_drop("CREATE TEMPORARY TABLE sbtest.scratch (a INT)")
+        .expect("a temporary table");
     let out = other.ctl(&["pause", "--tier", "stop"]);
-    assert!(out.status.success(), "{out:?}\n{}", f.logs());
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("member proxy") && said.contains("temporary table"),
+        "{said}"
+    );
+    assert_eq!(instance(leader)["phase"], "running", "{}", f.logs());
+    drop(scratch);
+    // (Its session closed, the stop goes ahead.)
+    wait_for(&f, "the stop to go ahead", || {
+        other
+            .ctl(&["pause", "--tier", "stop"])
+            .status
+            .success()
+            .then_some(())
+    });
     f.phase_everywhere("paused");
     assert_eq!(instance(other)["tier"], "stop", "{}", f.logs());
     for (c, who) in kept.iter_mut().zip(["leader", "other"]) {
@@ -273,6 +294,32 @@ fn the_fleet_pauses_its_instance_only_when_every_member_is_idle_and_any_member_w
         assert_eq!(v.as_deref(), Some(who));
     }
     f.phase_everywhere("running");
+
+    // One ledger line per period, the same on both members (the leader's, copied).
+    let periods = |m: &Member| -> Vec<(i64, bool)> {
+        let lines = ctl_json(&m.config, &["usage", "--json"]).expect("usage");
+        lines
+            .as_array()
+            .expect("lines")
+            .iter()
+            .map(|l| {
+                (
+                    l["period_start"].as_i64().unwrap_or(-1),
+                    l["settled"] == true,
+                )
+            })
+            .collect()
+    };
+    let (on_leader, on_other) = (periods(leader), periods(other));
+    assert!(!on_leader.is_empty());
+    let mut starts: Vec<i64> = on_leader.iter().map(|(s, _)| *s).collect();
+    starts.dedup();
+    assert_eq!(
+        starts.len(),
+        on_leader.len(),
+        "one line per period: {on_leader:?}"
+    );
+    assert_eq!(on_leader, on_other, "the same lines on both members");
 }
 
 /// The sum of the running and paused seconds the member's ledger has (its live open

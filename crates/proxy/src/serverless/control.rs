@@ -1,7 +1,7 @@
 //! The lifecycle task: notices idleness, pauses the instance (freeze, then stop after a
 //! while), resumes it when a client needs it, and retries failed resumes with backoff.
 
-use super::fleet::{members_blockers, members_drained, members_idle, say_phase};
+use super::fleet::{members_blockers, members_drained, members_idle, say_phase, NotDrained};
 use super::{Lifecycle, PauseError, PauseTier, Phase};
 use crate::Shared;
 use holdfast_serverless::driver::PowerState;
@@ -65,7 +65,7 @@ pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>) {
                     } else {
                         PauseTier::Stop
                     };
-                    let outcome = if pause(&shared, &lc, tier).await {
+                    let outcome = if pause(&shared, &lc, tier, Asked::ByOperator).await {
                         escalate_at = escalation_deadline(&lc, tier);
                         Ok(())
                     } else {
@@ -96,7 +96,7 @@ pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>) {
                 let idle = members_idle(&shared).map_or(idle, |theirs| idle.min(theirs));
                 if idle_limit > 0 && idle >= Duration::from_secs(idle_limit) {
                     let tier = first_tier(&lc);
-                    if pause(&shared, &lc, tier).await {
+                    if pause(&shared, &lc, tier, Asked::ByIdleness).await {
                         escalate_at = escalation_deadline(&lc, tier);
                     }
                 } else {
@@ -249,9 +249,22 @@ pub(super) async fn drain(shared: &Shared, lc: &Lifecycle) -> Option<&'static st
     }
 }
 
+/// Who asked for a pause.
+#[derive(Clone, Copy)]
+enum Asked {
+    ByOperator,
+    ByIdleness,
+}
+
 /// Pauses the instance unless something keeps it busy. Returns whether it paused.
-async fn pause(shared: &Shared, lc: &Lifecycle, tier: PauseTier) -> bool {
-    let blocked = blockers(shared, tier);
+async fn pause(shared: &Shared, lc: &Lifecycle, tier: PauseTier, asked: Asked) -> bool {
+    // An operator's pause asks the fleet's members at its barrier, where they answer as
+    // their sessions are now; the idle timer first reads what they said within the last
+    // second (no gates closed on every member each second while one is blocked).
+    let blocked = match asked {
+        Asked::ByOperator => local_blockers(shared, tier),
+        Asked::ByIdleness => blockers(shared, tier),
+    };
     if !blocked.is_empty() {
         let mut inner = lc.lock();
         if inner.pause_blocked_by != blocked {
@@ -293,7 +306,15 @@ async fn pause(shared: &Shared, lc: &Lifecycle, tier: PauseTier) -> bool {
     let pause_number = super::unix_ms();
     let abort = match abort {
         Some(why) => Some(why),
-        None => members_drained(shared, lc, pause_number).await.err(),
+        None => match members_drained(shared, lc, pause_number).await {
+            Ok(()) => None,
+            Err(NotDrained::Abandoned(why)) => Some(why),
+            Err(NotDrained::Blocked(why)) => {
+                // (Said to whoever asked for the pause.)
+                lc.lock().pause_blocked_by = vec![why.clone()];
+                Some(why)
+            }
+        },
     };
     if let Some(why) = abort {
         tracing::info!(instance = %lc.config().instance, %why, "pause abandoned");

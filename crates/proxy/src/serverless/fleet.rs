@@ -151,6 +151,14 @@ pub(super) fn members_blockers(shared: &Shared, tier: PauseTier) -> Vec<String> 
     out
 }
 
+/// Why the members did not let a pause go ahead.
+pub(super) enum NotDrained {
+    /// A member's session could not survive it (the member's answer).
+    Blocked(String),
+    /// Anything else: a client arrived, a member did not answer, the lead was lost.
+    Abandoned(String),
+}
+
 /// The leader's share of a pause beyond its own sessions: it says `pausing` (pause
 /// number `pause`) and waits until every other member drained for it; then asks etcd
 /// once more whether it still leads. `Err`: why the pause must be abandoned.
@@ -158,26 +166,27 @@ pub(super) async fn members_drained(
     shared: &Shared,
     lc: &Lifecycle,
     pause: u64,
-) -> Result<(), String> {
+) -> Result<(), NotDrained> {
+    use NotDrained::Abandoned;
     let Some(fleet) = &shared.fleet else {
         return Ok(());
     };
     if !say_phase(shared, lc, pause).await {
-        return Err(
+        return Err(Abandoned(
             "the fleet was not told (etcd did not answer, or this member no longer leads)".into(),
-        );
+        ));
     }
     let deadline = Instant::now() + PAUSE_DRAIN + MEMBERS_DRAIN;
     let mut board = fleet.board();
     loop {
         if lc.wake_requested.load(Ordering::SeqCst) {
-            return Err("a client arrived".into());
+            return Err(Abandoned("a client arrived".into()));
         }
         let mut waiting = Vec::new();
         for (name, said) in members_use(fleet) {
             match said {
                 Some((u, _)) if u.wants_wake => {
-                    return Err(format!("a client of member {name} arrived"));
+                    return Err(Abandoned(format!("a client of member {name} arrived")));
                 }
                 Some((u, _)) if u.drained == Some(pause) => {}
                 Some((
@@ -186,7 +195,9 @@ pub(super) async fn members_drained(
                         ..
                     },
                     _,
-                )) if p == pause => return Err(format!("member {name}: {why}")),
+                )) if p == pause => {
+                    return Err(NotDrained::Blocked(format!("member {name}: {why}")))
+                }
                 _ => waiting.push(name),
             }
         }
@@ -194,11 +205,11 @@ pub(super) async fn members_drained(
             break;
         }
         if Instant::now() >= deadline {
-            return Err(format!(
+            return Err(Abandoned(format!(
                 "members still draining after {} ms: {}",
                 (PAUSE_DRAIN + MEMBERS_DRAIN).as_millis(),
                 waiting.join(", ")
-            ));
+            )));
         }
         tokio::select! {
             _ = board.changed() => {}
@@ -206,7 +217,7 @@ pub(super) async fn members_drained(
         }
     }
     if !fleet.confirm_leading().await {
-        return Err("this member no longer leads the fleet".into());
+        return Err(Abandoned("this member no longer leads the fleet".into()));
     }
     Ok(())
 }
