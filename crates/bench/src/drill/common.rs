@@ -52,6 +52,12 @@ pub enum Scenario {
     /// leading member killed (kill -9): every surviving connection kept, exactly one
     /// promotion per cluster event, the lead moved within the lease. Not part of `all`.
     Fleet,
+    /// A serverless instance behind two fleet members (`lab up --serverless --proxies 2`),
+    /// a pool of idle connections on each: it pauses when the fleet is idle; a burst of
+    /// logins on both members wakes it once; the leading member killed while it is paused,
+    /// a client of the other wakes it, and the usage meter counts every second once. Not
+    /// part of `all`.
+    FleetServerless,
 }
 
 impl Scenario {
@@ -69,6 +75,7 @@ impl Scenario {
             Scenario::Chaos => "chaos",
             Scenario::ProxyUpgrade => "proxy-upgrade",
             Scenario::Fleet => "fleet",
+            Scenario::FleetServerless => "fleet-serverless",
         }
     }
 }

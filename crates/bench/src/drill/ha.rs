@@ -415,7 +415,8 @@ fn perform(lab: &LabStatus, scenario: Scenario) -> Result<String> {
         | Scenario::FailoverTimes
         | Scenario::Chaos
         | Scenario::ProxyUpgrade
-        | Scenario::Fleet => Ok(String::new()),
+        | Scenario::Fleet
+        | Scenario::FleetServerless => Ok(String::new()),
     }
 }
 

@@ -10,6 +10,7 @@ mod chaos;
 mod common;
 mod failover_times;
 mod fleet;
+mod fleet_serverless;
 mod ha;
 mod serverless;
 mod upgrade;
@@ -34,6 +35,7 @@ pub fn run(args: &DrillArgs, holdfast: &Path) -> Result<()> {
         Scenario::Chaos => chaos::run(args, holdfast),
         Scenario::ProxyUpgrade => upgrade::run(args, holdfast),
         Scenario::Fleet => fleet::run(args, holdfast),
+        Scenario::FleetServerless => fleet_serverless::run(args, holdfast),
         one => ha::run(args, holdfast, &[one]),
     }
 }
