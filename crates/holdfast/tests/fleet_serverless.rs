@@ -374,3 +374,39 @@ fn a_leader_change_loses_no_second_of_usage_and_counts_none_twice() {
         f.logs()
     );
 }
+
+/// The server frozen while the fleet's leader says it runs (what a former leader that
+/// lost the lead between its last check and its freeze would leave): the leader thaws
+/// it, and a client's statement, waiting meanwhile, is answered.
+#[test]
+fn a_server_frozen_behind_the_leaders_back_is_thawed() {
+    let f = ServerlessFleet::new("frozen", |text| text);
+    let _served: Vec<Serving> = f.members.iter().map(Member::serve).collect();
+    let (leader, other) = f.leader();
+    f.phase_everywhere("running");
+    // (A client that would wait forever on a frozen server gives up after 20 s.)
+    let url = format!(
+        "mysql://app:app_pass@127.0.0.1:{}/sbtest?prefer_socket=false",
+        other.port
+    );
+    let opts = mysql::OptsBuilder::from_opts(mysql::Opts::from_url(&url).expect("url"))
+        .read_timeout(Some(Duration::from_secs(20)));
+    let mut c = mysql::Conn::new(opts).expect("a session");
+    c.query_drop("SELECT 1").expect("a statement");
+    let datadir = format!("--datadir={}/node1", f._lab.0.display());
+    let stopped = std::process::Command::new("pkill")
+        .args(["-STOP", "-f", "--", &datadir])
+        .status()
+        .expect("pkill");
+    assert!(stopped.success(), "the server frozen");
+    let t = Instant::now();
+    let answer = std::thread::spawn(move || c.query_first::<u64, _>("SELECT 2"));
+    let answered = answer.join().expect("the client thread");
+    assert_eq!(answered.ok().flatten(), Some(2), "{}", f.logs());
+    assert!(
+        t.elapsed() < Duration::from_secs(30),
+        "answered after {:?}",
+        t.elapsed()
+    );
+    assert_eq!(instance(leader)["phase"], "running", "{}", f.logs());
+}

@@ -82,15 +82,13 @@ fn member_config(path: &Path) -> Result<PathBuf> {
 
 fn wait_leader(members: &[Member]) -> Result<usize> {
     wait_for("a member to lead", TIMEOUT, || {
-        members
-            .iter()
-            .position(|m| {
-                m.process.is_some()
-                    && admin::status(&m.admin)
-                        .ok()
-                        .and_then(|s| s.fleet)
-                        .is_some_and(|f| f.leader)
-            })
+        members.iter().position(|m| {
+            m.process.is_some()
+                && admin::status(&m.admin)
+                    .ok()
+                    .and_then(|s| s.fleet)
+                    .is_some_and(|f| f.leader)
+        })
     })
 }
 

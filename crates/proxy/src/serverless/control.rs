@@ -81,10 +81,24 @@ pub async fn run(shared: Arc<Shared>, lc: Arc<Lifecycle>) {
                 // or a probe connection every few seconds would load the server's host.
                 if lc.driver.status_is_cheap() && last_health_check.elapsed() >= HEALTH_CHECK {
                     last_health_check = Instant::now();
-                    if let Ok(PowerState::Stopped) = lc.driver.status().await {
-                        crashed(&shared, &lc);
-                        say_phase(&shared, &lc, 0).await;
-                        continue;
+                    match lc.driver.status().await {
+                        Ok(PowerState::Stopped) => {
+                            crashed(&shared, &lc);
+                            say_phase(&shared, &lc, 0).await;
+                            continue;
+                        }
+                        Ok(PowerState::Frozen) if shared.fleet.is_some() => {
+                            // Not by this leader: a former one that lost the lead between
+                            // its last check and the freeze (paused, cut off). Clients
+                            // would wait on it: thawed.
+                            tracing::warn!(instance = %lc.config().instance, "the instance's server is frozen, not by this leader (a former one?); thawing it");
+                            if let Err(e) = lc.driver.thaw().await {
+                                lc.lock().last_error = Some(format!(
+                                    "thawing a server frozen outside this leader failed: {e}"
+                                ));
+                            }
+                        }
+                        _ => {}
                     }
                 }
                 if activity.changed(&shared) {

@@ -48,6 +48,9 @@ pub struct InstanceSaid {
     /// The server's run, bumped when it stopped: backend connections opened before are
     /// gone.
     pub server_epoch: u64,
+    /// The instance's size.
+    #[serde(default)]
+    pub ccu: f64,
     pub by: String,
 }
 
@@ -74,11 +77,16 @@ pub(super) async fn say_phase(shared: &Shared, lc: &Lifecycle, pause: u64) -> bo
     let Some(fleet) = &shared.fleet else {
         return true;
     };
+    let (tier, ccu) = {
+        let i = lc.lock();
+        (i.tier, i.ccu)
+    };
     let said = InstanceSaid {
         phase: lc.phase(),
-        tier: lc.lock().tier,
+        tier,
         pause,
         server_epoch: lc.epoch(),
+        ccu,
         by: fleet.member().to_string(),
     };
     let ok = fleet.post(INSTANCE_KEY, &said, Poster::Leader).await;
@@ -325,6 +333,8 @@ async fn follow_phase(
         // The server stopped since: this member's backend connections are gone too.
         lc.epoch.fetch_add(1, Ordering::SeqCst);
     }
+    lc.lock().ccu = said.ccu;
+    shared.metrics.instance_ccu.set(said.ccu);
     match said.phase {
         Phase::Running => {
             mine.drained = None;

@@ -153,6 +153,8 @@ async fn apply(shared: &Shared, lc: &Lifecycle, ccu: f64, why: &'static str) {
     }
     shared.metrics.instance_ccu.set(ccu);
     tracing::info!(instance = %lc.config().instance, from, to = ccu, why, applied = %notes.join("; "), "instance scaled");
+    // (The fleet's members show the size too.)
+    super::fleet::say_phase(shared, lc, 0).await;
 }
 
 /// The driver's limits (CPU, memory cap) for `ccu`.
