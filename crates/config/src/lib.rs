@@ -166,6 +166,18 @@ pub enum ListenerMode {
     Passthrough,
 }
 
+/// Whether pass-through connections are relayed in the kernel (`[proxy] kernel_relay`).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum KernelRelayMode {
+    /// In a BPF sockmap when the kernel lets holdfast load one (root), with plain TCP on
+    /// both sides; else in user space, the reason logged at start.
+    #[default]
+    Auto,
+    /// Always in user space.
+    Off,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ProxyConfig {
@@ -224,6 +236,9 @@ pub struct ProxyConfig {
     /// `proxy_protocol_networks`. Read at start.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub backend_source_address: Option<std::net::IpAddr>,
+    /// Pass-through listeners: relay a connection's bytes in the kernel (see
+    /// [`KernelRelayMode`]). Read at start.
+    pub kernel_relay: KernelRelayMode,
 }
 
 impl Default for ProxyConfig {
@@ -250,6 +265,7 @@ impl Default for ProxyConfig {
             routing: Routing::Primary,
             trusted_proxies: Vec::new(),
             backend_source_address: None,
+            kernel_relay: KernelRelayMode::Auto,
         }
     }
 }

@@ -1134,12 +1134,33 @@ fn the_instance_is_not_paused_under_a_transaction_left_in_the_old_process() {
 /// upgrades; the same server threads, the state kept, no statement failed.
 #[test]
 fn pass_through_sessions_are_handed_over() {
+    pass_through_handed_over(false);
+}
+
+/// The same with plain TCP to the node: the plain sessions are relayed in the kernel (a
+/// BPF sockmap), and go over with the map itself, relayed in the kernel all along; the
+/// TLS ones are copied in user space, as before.
+#[test]
+fn pass_through_sessions_relayed_in_the_kernel_are_handed_over() {
+    pass_through_handed_over(true);
+}
+
+fn pass_through_handed_over(plain_backend: bool) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
         .port();
-    let served = Served::start_with("passthrough", "1", None, |config| {
+    let name = if plain_backend {
+        "passthrough-kernel"
+    } else {
+        "passthrough"
+    };
+    let served = Served::start_with(name, "1", None, |config| {
         let mut text = std::fs::read_to_string(config).expect("the lab's config");
+        if plain_backend {
+            assert!(text.contains("mode = \"verify-full\""), "{text}");
+            text = text.replace("mode = \"verify-full\"", "mode = \"disabled\"");
+        }
         text.push_str(&format!(
             "\n[[listener]]\nlisten = \"127.0.0.1:{port}\"\nmode = \"passthrough\"\n"
         ));
@@ -1170,6 +1191,16 @@ fn pass_through_sessions_are_handed_over() {
             .expect("a row")
     };
     let mut idle: Vec<mysql::Conn> = vec![open(false), open(true)];
+    let in_kernel = || {
+        let metrics = run(holdfast()
+            .args(["ctl", "--config"])
+            .arg(&config)
+            .arg("metrics"));
+        String::from_utf8_lossy(&metrics.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix("holdfast_sessions_kernel_relayed "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
     let mut before = Vec::new();
     for (i, c) in idle.iter_mut().enumerate() {
         c.query_drop(format!("SET @kept = 'relay{i}'"))
@@ -1205,6 +1236,10 @@ fn pass_through_sessions_are_handed_over() {
         for (c, was) in idle.iter_mut().zip(&before) {
             assert_eq!(&id_and_state(c), was, "{}", read_log());
         }
+        // The plain client's session (and none of the TLS ones) relayed in the kernel,
+        // in the new process too.
+        let want = if plain_backend { 1.0 } else { 0.0 };
+        assert_eq!(in_kernel(), Some(want), "{}", read_log());
     }
     stop.store(true, Ordering::Relaxed);
     let done = client

@@ -12,6 +12,7 @@ pub use holdfast_config as config;
 pub mod conn;
 pub mod error;
 pub mod gate;
+pub mod kernel_relay;
 pub mod logging;
 pub mod metrics;
 pub mod registry;
@@ -105,6 +106,8 @@ pub struct Shared {
     pub fleet: Option<Arc<holdfast_fleet::Fleet>>,
     /// The same, as planned switchovers and HA operations ask it.
     fleet_link: Option<FleetLink>,
+    /// Pass-through sessions relayed in the kernel (`[proxy] kernel_relay`).
+    pub kernel_relays: kernel_relay::KernelRelays,
     next_session_id: AtomicU32,
 }
 
@@ -366,6 +369,7 @@ impl Shared {
             admin_connections: Arc::default(),
             fleet: None,
             fleet_link: None,
+            kernel_relays: kernel_relay::KernelRelays::start(config.proxy.kernel_relay),
             next_session_id: AtomicU32::new(0),
         }
     }
@@ -468,11 +472,12 @@ pub(crate) fn resume_relay(
     carried: session::passthrough::CarriedRelay,
     client: std::net::TcpStream,
     backend: std::net::TcpStream,
+    kernel_map: Option<std::os::fd::OwnedFd>,
 ) {
     let slot = shared.connections.take(usize::MAX);
     let ticket = shared.admission.admit_handed_over(carried.relay.peer.ip());
     tokio::spawn(async move {
-        session::passthrough::resume(shared, carried, client, backend).await;
+        session::passthrough::resume(shared, carried, client, backend, kernel_map).await;
         drop(ticket);
         drop(slot);
     });
@@ -601,6 +606,13 @@ impl Proxy {
             shared.fleet = Some(fleet);
         }
         let shared = Arc::new(shared);
+        shared.kernel_relays.log(
+            config
+                .listeners
+                .iter()
+                .filter(|l| l.mode == ListenerMode::Passthrough)
+                .count(),
+        );
         if let Some(fleet) = &shared.fleet {
             tokio::spawn(follow_the_fleet(shared.clone(), fleet.leadership()));
             tokio::spawn(hold_for_the_fleet(shared.clone(), fleet.clone()));

@@ -16,6 +16,7 @@ mod floods;
 mod ha;
 mod ha_admin;
 mod keepalive;
+mod kernel_relay;
 mod kill;
 mod lost_statements;
 mod mariadb_caps;

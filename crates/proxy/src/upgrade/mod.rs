@@ -42,13 +42,15 @@ use tokio::sync::watch;
 
 /// The hand-over format this build speaks (2: sessions are handed over; 3: pass-through
 /// sessions too; 4: each asks the other where a session is, for a `KILL`).
-pub const FORMAT: u32 = 4;
+pub const FORMAT: u32 = 5;
 /// The first format whose processes take sessions over.
 const SESSIONS_FORMAT: u32 = 2;
 /// The first format whose processes take pass-through sessions over.
 const RELAYS_FORMAT: u32 = 3;
 /// The first format whose processes answer [`Message::Where`].
 pub const PEER_FORMAT: u32 = 4;
+/// Pass-through sessions relayed in the kernel go over with their sockmap.
+const KERNEL_RELAYS_FORMAT: u32 = 5;
 /// The oldest format it accepts from the process it takes over from.
 pub const OLDEST_FORMAT: u32 = 1;
 
@@ -502,6 +504,8 @@ pub struct HandedRelay {
     pub carried: CarriedRelay,
     pub client: std::net::TcpStream,
     pub backend: std::net::TcpStream,
+    /// The sockmap the pair is spliced in, when it is relayed in the kernel.
+    pub kernel_map: Option<std::os::fd::OwnedFd>,
 }
 
 /// How long sending one session to the new process may take: it reads them as they come.
@@ -535,6 +539,12 @@ impl SessionChannel {
         self.format >= RELAYS_FORMAT
     }
 
+    /// Whether the new process takes pass-through sessions relayed in the kernel (with
+    /// their sockmap).
+    pub fn takes_kernel_relays(&self) -> bool {
+        self.format >= KERNEL_RELAYS_FORMAT
+    }
+
     /// Sends a pass-through session; given back when it did not go.
     pub async fn send_relay(&self, handed: HandedRelay) -> Result<(), HandedRelay> {
         if self.is_broken() {
@@ -549,9 +559,9 @@ impl SessionChannel {
                 return Err(handed);
             }
         };
-        let sent = self
-            .send_body(body, &[handed.client.as_fd(), handed.backend.as_fd()])
-            .await;
+        let mut fds = vec![handed.client.as_fd(), handed.backend.as_fd()];
+        fds.extend(handed.kernel_map.as_ref().map(|m| m.as_fd()));
+        let sent = self.send_body(body, &fds).await;
         match sent {
             Ok(()) => Ok(()),
             Err(why) => {
@@ -787,10 +797,15 @@ async fn receive_sessions(peer: &Arc<peer::Peer>, shared: &Arc<Shared>) {
         let session = match message {
             Ok(Message::Session { session }) => session,
             Ok(Message::Relay { relay }) => {
-                let mut fds = received.fds.into_iter().map(std::net::TcpStream::from);
-                match (fds.next(), fds.next(), fds.next()) {
-                    (Some(client), Some(backend), None) => {
-                        crate::resume_relay(shared.clone(), *relay, client, backend);
+                let mut fds = received.fds.into_iter();
+                let map = match relay.in_kernel {
+                    true => fds.next_back(),
+                    false => None,
+                };
+                let mut fds = fds.map(std::net::TcpStream::from);
+                match (fds.next(), fds.next(), fds.next(), relay.in_kernel == map.is_some()) {
+                    (Some(client), Some(backend), None, true) => {
+                        crate::resume_relay(shared.clone(), *relay, client, backend, map);
                     }
                     _ => tracing::error!(
                         session = relay.relay.id,

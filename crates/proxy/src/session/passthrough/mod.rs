@@ -8,6 +8,11 @@
 //! has anything in flight (and each TLS stream is between records) it sends both sockets,
 //! with their TLS state and the bytes read from them and not relayed yet ([`CarriedRelay`]).
 //! The new process relays on. Nothing is said on either connection.
+//!
+//! With both connections plain TCP and the kernel relay loaded ([`crate::kernel_relay`]),
+//! the bytes do not pass through user space at all ([`kernel`]).
+
+mod kernel;
 
 use super::handover::stream_of;
 use super::LoggedIn;
@@ -50,7 +55,7 @@ pub(super) async fn run(
         backend_name: logged_in.backend_name,
         thread,
     };
-    relay.run(shared, client, backend).await;
+    relay.run(shared, Streams::User(client, backend)).await;
 }
 
 /// What a pass-through session is, as registered and as handed over.
@@ -78,6 +83,33 @@ pub struct CarriedRelay {
     client_compressed: Option<CompressedState>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     backend_compressed: Option<CompressedState>,
+    /// The pair is relayed in the kernel: its sockmap comes with the sockets.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_kernel: bool,
+}
+
+impl CarriedRelay {
+    /// A relay whose sockets are spliced in the kernel (plain TCP, nothing buffered).
+    fn in_kernel(relay: Relay) -> CarriedRelay {
+        CarriedRelay {
+            relay,
+            client_tls: None,
+            backend_tls: None,
+            client_unread: Vec::new(),
+            backend_unread: Vec::new(),
+            client_compressed: None,
+            backend_compressed: None,
+            in_kernel: true,
+        }
+    }
+}
+
+/// Where a relay's bytes go through.
+enum Streams {
+    /// User space: read here, written there.
+    User(PacketConn, PacketConn),
+    /// The kernel (a pair handed over by the previous process, already spliced).
+    Kernel(kernel::Spliced),
 }
 
 impl std::fmt::Debug for CarriedRelay {
@@ -89,7 +121,7 @@ impl std::fmt::Debug for CarriedRelay {
 }
 
 impl Relay {
-    async fn run(self, shared: Arc<Shared>, mut client: PacketConn, mut backend: PacketConn) {
+    async fn run(self, shared: Arc<Shared>, streams: Streams) {
         let info = Arc::new(SessionInfo::new(self.id, self.peer));
         info.set_user(&self.user);
         info.set_backend(&self.backend_name, self.thread);
@@ -97,7 +129,12 @@ impl Relay {
         shared.sessions.insert(info.clone());
         shared.metrics.sessions_active.inc();
         let id = self.id;
-        let result = self.relay(&shared, &mut client, &mut backend).await;
+        let result = match streams {
+            Streams::User(mut client, mut backend) => {
+                self.relay(&shared, &mut client, &mut backend).await
+            }
+            Streams::Kernel(spliced) => spliced.run(&shared, self).await,
+        };
         match result {
             Ok(Some((up, down))) => {
                 shared.metrics.requests.bytes_from_client(up);
@@ -130,6 +167,11 @@ impl Relay {
             client.stream.write_all(&backend.rbuf).await?;
             client.stream.flush().await?;
             backend.rbuf.clear();
+        }
+        if let Some(k) = shared.kernel_relays.own() {
+            if let Some(spliced) = kernel::splice(k, client, backend) {
+                return spliced.run(shared, self).await;
+            }
         }
         let mut sink = shared.upgrader.session_sink();
         let mut pump = Pump::default();
@@ -200,9 +242,11 @@ async fn hand_over(
             backend_unread: b.unread.to_vec(),
             client_compressed: c.compressed,
             backend_compressed: b.compressed,
+            in_kernel: false,
         },
         client: c.socket,
         backend: b.socket,
+        kernel_map: None,
     };
     let id = handed.carried.relay.id;
     match channel.send_relay(handed).await {
@@ -247,7 +291,27 @@ pub(crate) async fn resume(
     carried: CarriedRelay,
     client: std::net::TcpStream,
     backend: std::net::TcpStream,
+    kernel_map: Option<std::os::fd::OwnedFd>,
 ) {
+    if let Some(map) = kernel_map {
+        let (id, peer) = (carried.relay.id, carried.relay.peer);
+        let spliced = shared
+            .kernel_relays
+            .adopt(map)
+            .map_err(io::Error::other)
+            .and_then(|k| kernel::resume(k, client, backend));
+        match spliced {
+            Ok(s) => {
+                shared.metrics.sessions_taken_over.inc();
+                tracing::info!(session = id, client = %peer, "pass-through session handed over from the previous process, relayed in the kernel");
+                carried.relay.run(shared, Streams::Kernel(s)).await;
+            }
+            Err(e) => {
+                tracing::error!(session = id, client = %peer, error = %e, "a pass-through session handed over could not go on; its connections close");
+            }
+        }
+        return;
+    }
     let CarriedRelay {
         relay,
         client_tls,
@@ -256,6 +320,7 @@ pub(crate) async fn resume(
         backend_unread,
         client_compressed,
         backend_compressed,
+        in_kernel: _,
     } = carried;
     let (id, peer) = (relay.id, relay.peer);
     let conns = stream_of(client, client_tls, client_compressed)
@@ -273,7 +338,7 @@ pub(crate) async fn resume(
     backend.rbuf.extend_from_slice(&backend_unread);
     shared.metrics.sessions_taken_over.inc();
     tracing::info!(session = id, client = %peer, "pass-through session handed over from the previous process");
-    relay.run(shared, client, backend).await;
+    relay.run(shared, Streams::User(client, backend)).await;
 }
 
 /// Why the pump stopped.
