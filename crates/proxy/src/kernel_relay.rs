@@ -5,10 +5,10 @@
 //! stay in their map until they end).
 
 use holdfast_config::KernelRelayMode;
-use holdfast_sockmap::{KernelRelay, SockmapError};
+use holdfast_sockmap::{HangupWatcher, KernelRelay, SockmapError};
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 pub struct KernelRelays {
     own: Option<Arc<KernelRelay>>,
@@ -16,6 +16,9 @@ pub struct KernelRelays {
     why_not: Option<String>,
     /// Maps handed over by earlier processes, by the kernel's map id.
     adopted: Mutex<HashMap<u32, Arc<KernelRelay>>>,
+    /// Hears the end of spliced sockets (started with the first relay; `None` when it
+    /// could not be: then nothing is spliced).
+    watcher: OnceLock<Option<HangupWatcher>>,
 }
 
 impl KernelRelays {
@@ -32,6 +35,7 @@ impl KernelRelays {
             own,
             why_not,
             adopted: Mutex::new(HashMap::new()),
+            watcher: OnceLock::new(),
         }
     }
 
@@ -41,6 +45,7 @@ impl KernelRelays {
             own: None,
             why_not: Some("not loaded".into()),
             adopted: Mutex::new(HashMap::new()),
+            watcher: OnceLock::new(),
         }
     }
 
@@ -59,6 +64,19 @@ impl KernelRelays {
     /// This process's relay, when it has one.
     pub fn own(&self) -> Option<&Arc<KernelRelay>> {
         self.own.as_ref()
+    }
+
+    /// The thread that hears spliced sockets end (started on first use).
+    pub fn watcher(&self) -> Option<&HangupWatcher> {
+        self.watcher
+            .get_or_init(|| match HangupWatcher::start() {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the kernel relay's hang-up watcher did not start: pass-through sessions are relayed in user space");
+                    None
+                }
+            })
+            .as_ref()
     }
 
     /// Why pass-through connections are not relayed in the kernel (`None`: they are).

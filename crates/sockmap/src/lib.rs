@@ -19,7 +19,10 @@
 //! matter to root. [`KernelRelay::new`] says why when it cannot.
 
 pub mod bpf;
+pub mod hangup;
 pub mod program;
+
+pub use hangup::{HangupWatcher, OnHangup, Watched};
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};

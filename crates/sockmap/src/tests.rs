@@ -3,6 +3,7 @@
 use super::*;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A client's connection to a "proxy" and the proxy's connection to a "server":
@@ -91,4 +92,42 @@ fn an_adopted_map_relays_the_pairs_it_holds() {
     // A descriptor that is not a sockhash is refused.
     let not_a_map: OwnedFd = a.try_clone().expect("dup").into();
     assert!(KernelRelay::adopt(not_a_map).is_err());
+}
+
+#[test]
+fn the_watcher_hears_the_end_and_not_the_bytes() {
+    let relay = KernelRelay::new().expect("a kernel relay (run as root)");
+    let watcher = HangupWatcher::start().expect("a watcher");
+    let (mut client, a, b, mut server) = two_connections();
+    let _pair = relay.splice(a.as_fd(), b.as_fd()).expect("spliced");
+    let heard = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let on = {
+        let heard = heard.clone();
+        Arc::new(move || {
+            heard.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }) as OnHangup
+    };
+    let _wa = watcher.watch(a.as_fd(), on.clone()).expect("watch");
+    let _wb = watcher.watch(b.as_fd(), on).expect("watch");
+    let mut buf = [0u8; 8];
+    for _ in 0..200 {
+        client.write_all(b"ping").expect("write");
+        server.read_exact(&mut buf[..4]).expect("read");
+        server.write_all(b"pong").expect("write");
+        client.read_exact(&mut buf[..4]).expect("read");
+    }
+    assert_eq!(
+        heard.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "no call for bytes"
+    );
+    drop(client);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while heard.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the end was not heard"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }

@@ -101,6 +101,55 @@ pub fn sample(pid: u32) -> Result<ProcSample> {
     Ok(s)
 }
 
+/// The whole machine's CPU time from `/proc/stat` (the `cpu` line), clock ticks: what
+/// user space ran, and what the kernel ran (system, irq and softirq time: kernel threads
+/// such as the sockmap's workers included, which no process's figures show).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MachineSample {
+    pub user_ticks: u64,
+    pub kernel_ticks: u64,
+}
+
+/// Parses the `cpu` line of `/proc/stat`: user + nice, and system + irq + softirq.
+pub fn parse_machine(stat: &str) -> Option<MachineSample> {
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    let at = |i: usize| f.get(i).copied();
+    Some(MachineSample {
+        user_ticks: at(0)? + at(1)?,
+        kernel_ticks: at(2)? + at(5)? + at(6)?,
+    })
+}
+
+/// What the machine ran between two readings: (user, kernel) seconds.
+pub struct MachineWatch {
+    before: Option<MachineSample>,
+}
+
+impl MachineWatch {
+    pub fn start() -> MachineWatch {
+        MachineWatch {
+            before: fs::read_to_string("/proc/stat")
+                .ok()
+                .and_then(|s| parse_machine(&s)),
+        }
+    }
+
+    pub fn finish(self) -> Option<(f64, f64)> {
+        let after = parse_machine(&fs::read_to_string("/proc/stat").ok()?)?;
+        let before = self.before?;
+        let t = ticks_per_sec();
+        Some((
+            after.user_ticks.saturating_sub(before.user_ticks) as f64 / t,
+            after.kernel_ticks.saturating_sub(before.kernel_ticks) as f64 / t,
+        ))
+    }
+}
+
 /// A process watched over a run: [`Watch::start`] before, [`Watch::finish`] after. Any
 /// failure to read /proc (no pid, the process gone) yields no figure rather than an error.
 pub struct Watch {
@@ -134,6 +183,19 @@ pub fn usage(before: ProcSample, after: ProcSample, ticks_per_sec: f64) -> Usage
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parses_the_machine_cpu_line() {
+        let stat = "cpu  100 5 40 900 7 1 2 0 0 0\ncpu0 50 2 20 450 3 0 1 0 0 0\n";
+        assert_eq!(
+            parse_machine(stat),
+            Some(MachineSample {
+                user_ticks: 105,
+                kernel_ticks: 43
+            })
+        );
+        assert_eq!(parse_machine("cpu0 1 2 3"), None);
+    }
 
     #[test]
     fn parses_stat_cpu_fields() {

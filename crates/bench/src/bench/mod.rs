@@ -36,6 +36,14 @@ pub enum Target {
     /// handled by holdfast, then bytes are relayed unparsed.
     #[value(name = "holdfast_passthrough", alias = "holdfast-passthrough")]
     HoldfastPassthrough,
+    /// The same pass-through listener, relayed in user space: a second process of the same
+    /// binary with `[proxy] kernel_relay = "off"`, on its own ports (the kernel relay's
+    /// A/B in one run).
+    #[value(
+        name = "holdfast_passthrough_user",
+        alias = "holdfast-passthrough-user"
+    )]
+    HoldfastPassthroughUser,
     /// Through a second holdfast process run from `--baseline PATH` (e.g. the previous
     /// release), session mode, with the same configuration on other ports: an A/B
     /// comparison in one interleaved run.
@@ -55,6 +63,7 @@ impl Target {
             Target::Haproxy => "haproxy",
             Target::Holdfast => "holdfast",
             Target::HoldfastPassthrough => "holdfast_passthrough",
+            Target::HoldfastPassthroughUser => "holdfast_passthrough_user",
             Target::HoldfastBaseline => "holdfast_baseline",
             Target::HoldfastSplit => "holdfast_split",
         }
@@ -64,6 +73,7 @@ impl Target {
     fn label(self) -> &'static str {
         match self {
             Target::HoldfastPassthrough => "holdfast (pass-through)",
+            Target::HoldfastPassthroughUser => "holdfast (pass-through, user space)",
             Target::HoldfastBaseline => "holdfast (baseline)",
             Target::HoldfastSplit => "holdfast (split)",
             other => other.name(),
@@ -76,6 +86,7 @@ impl Target {
             self,
             Target::Holdfast
                 | Target::HoldfastPassthrough
+                | Target::HoldfastPassthroughUser
                 | Target::HoldfastBaseline
                 | Target::HoldfastSplit
         )
@@ -203,6 +214,8 @@ struct Run {
     proxy: Option<cpu::Usage>,
     /// mariadbd's (the primary's) CPU and context switches over the run.
     server: Option<cpu::Usage>,
+    /// The whole machine's (user, kernel) CPU seconds over the run.
+    machine: Option<(f64, f64)>,
 }
 
 impl Run {
@@ -218,6 +231,14 @@ impl Run {
             voluntary: switches.map(|s| s.0),
             involuntary: switches.map(|s| s.1),
             server_us: self.server.and_then(|u| u.cpu_us_per(m.queries)),
+            machine_user_us: self
+                .machine
+                .filter(|_| m.queries > 0)
+                .map(|(u, _)| u * 1e6 / m.queries as f64),
+            machine_kernel_us: self
+                .machine
+                .filter(|_| m.queries > 0)
+                .map(|(_, k)| k * 1e6 / m.queries as f64),
         }
     }
 }
@@ -340,6 +361,17 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
     if let Ok((helper, _)) = &baseline {
         pids.push((Target::HoldfastBaseline, helper.pid));
     }
+    let user_space = if args.targets.contains(&Target::HoldfastPassthroughUser) {
+        start_user_space_relay(holdfast_exe, args, &st).map_err(|e| {
+            eprintln!("bench: the user-space pass-through holdfast unavailable: {e:#}");
+            format!("{e:#}")
+        })
+    } else {
+        Err("not started".to_string())
+    };
+    if let Ok((helper, _)) = &user_space {
+        pids.push((Target::HoldfastPassthroughUser, helper.pid));
+    }
     let holdfast = if args.targets.iter().any(|t| {
         matches!(
             t,
@@ -429,6 +461,10 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
                 Ok((_, port)) => ports.push((target, *port)),
                 Err(e) => unavailable.push((target, e.clone())),
             },
+            Target::HoldfastPassthroughUser => match &user_space {
+                Ok((_, port)) => ports.push((target, *port)),
+                Err(e) => unavailable.push((target, e.clone())),
+            },
             Target::HoldfastSplit => {
                 let split = crate::serve::split_port(&st).ok();
                 match (&holdfast, split) {
@@ -446,6 +482,9 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
         }
     }
     if let Ok((helper, _)) = baseline {
+        helpers.push(helper);
+    }
+    if let Ok((helper, _)) = user_space {
         helpers.push(helper);
     }
 
@@ -467,8 +506,10 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
                 let proxy_pid = pid_of(&pids, target).filter(|_| target != Target::Direct);
                 let proxy_watch = cpu::Watch::start(proxy_pid);
                 let server_watch = cpu::Watch::start(primary.pid);
+                let machine_watch = cpu::MachineWatch::start();
                 let result = sb.run(workload, port, args.threads, args.time, &log)?;
                 let (proxy, server) = (proxy_watch.finish(), server_watch.finish());
+                let machine = machine_watch.finish();
                 match &result {
                     Ok(m) => eprintln!(
                         "{:.0} tps, {:.0} qps, avg {:.2} ms, p95 {:.2} ms",
@@ -483,6 +524,7 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
                     result,
                     proxy,
                     server,
+                    machine,
                 });
             }
         }
@@ -513,6 +555,7 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
             Target::Holdfast,
             Target::HoldfastBaseline,
             Target::HoldfastPassthrough,
+            Target::HoldfastPassthroughUser,
             Target::Haproxy,
             Target::Direct,
         ] {
@@ -864,6 +907,38 @@ fn start_baseline(args: &BenchArgs, st: &LabStatus) -> Result<(Helper, u16)> {
     start_holdfast(exe, st, &config, &st.dir.join("holdfast-baseline.log"), &[])
 }
 
+/// A second process of the holdfast under test with a pass-through listener relayed in
+/// user space (`kernel_relay = "off"`), on ports of its own; its pass-through port.
+fn start_user_space_relay(exe: &Path, args: &BenchArgs, st: &LabStatus) -> Result<(Helper, u16)> {
+    let p = procs::free_ports(3)?;
+    let config = config_variant(
+        st,
+        "bench-holdfast-user-space.toml",
+        "a pass-through listener relayed in user space, on its own ports",
+        |c| {
+            c.proxy.listen = format!("127.0.0.1:{}", p[0]);
+            c.admin.listen = format!("127.0.0.1:{}", p[1]);
+            c.proxy.kernel_relay = holdfast_config::KernelRelayMode::Off;
+            c.listeners = vec![ListenerConfig {
+                listen: format!("127.0.0.1:{}", p[2]),
+                mode: ListenerMode::Passthrough,
+                routing: Default::default(),
+                trusted_proxies: None,
+            }];
+            set_transport(c, args.tls);
+            Ok(())
+        },
+    )?;
+    let (helper, _) = start_holdfast(
+        exe,
+        st,
+        &config,
+        &st.dir.join("holdfast-user-space.log"),
+        &[p[2]],
+    )?;
+    Ok((helper, p[2]))
+}
+
 /// Caps every node of the lab at `cpus` CPUs (see `--node-cpus`).
 fn limit_node_cpus(st: &LabStatus, cpus: f64) -> Result<()> {
     for node in &st.nodes {
@@ -992,24 +1067,32 @@ struct PerQuery {
     involuntary: Option<f64>,
     /// mariadbd's CPU µs per query.
     server_us: Option<f64>,
+    /// The whole machine's user and kernel CPU µs per query (sysbench, the proxy,
+    /// mariadbd and the kernel's own threads together).
+    machine_user_us: Option<f64>,
+    machine_kernel_us: Option<f64>,
 }
 
 /// Header cells of [`PerQuery::cells`].
-const PER_QUERY_HEADERS: [&str; 4] = [
+const PER_QUERY_HEADERS: [&str; 6] = [
     "proxy CPU µs/q",
     "vol cs/q",
     "invol cs/q",
     "mariadbd CPU µs/q",
+    "machine user µs/q",
+    "machine kernel µs/q",
 ];
 
 impl PerQuery {
     /// Report cells (see [`PER_QUERY_HEADERS`]).
-    fn cells(&self) -> [String; 4] {
+    fn cells(&self) -> [String; 6] {
         [
             fmt_opt(self.proxy_us, 1),
             fmt_opt(self.voluntary, 2),
             fmt_opt(self.involuntary, 3),
             fmt_opt(self.server_us, 1),
+            fmt_opt(self.machine_user_us, 1),
+            fmt_opt(self.machine_kernel_us, 1),
         ]
     }
 
@@ -1021,6 +1104,8 @@ impl PerQuery {
             voluntary: pick(|q| q.voluntary),
             involuntary: pick(|q| q.involuntary),
             server_us: pick(|q| q.server_us),
+            machine_user_us: pick(|q| q.machine_user_us),
+            machine_kernel_us: pick(|q| q.machine_kernel_us),
         }
     }
 }
@@ -1135,7 +1220,10 @@ impl Report<'_> {
             "CPU µs/q: utime+stime from /proc/PID/stat over the run divided by the queries \
              sysbench reports (clock-tick resolution); the proxy's (HAProxy's or holdfast's) \
              process, and mariadbd's as context. cs/q: the proxy's voluntary/involuntary \
-             context switches (summed over its threads) per query.",
+             context switches (summed over its threads) per query. machine µs/q: the whole \
+             machine's CPU from /proc/stat (user: user+nice; kernel: system+irq+softirq, \
+             the kernel's own threads included, such as the sockmap's workers that no \
+             process's figure shows) per query: sysbench, the proxy and mariadbd together.",
         );
 
         let proxied: Vec<Target> = self
@@ -1227,6 +1315,7 @@ impl Report<'_> {
                     Target::Haproxy => "haproxy",
                     Target::Holdfast => "holdfast",
                     Target::HoldfastPassthrough => "holdfast (pass-through)",
+                    Target::HoldfastPassthroughUser => "holdfast (pass-through, user space)",
                     Target::HoldfastBaseline => "holdfast (baseline)",
                     Target::HoldfastSplit => "holdfast (split)",
                 };

@@ -1,19 +1,22 @@
 //! A pass-through session relayed in the kernel: both connections plain TCP, the client's
 //! socket and its backend socket spliced in a BPF sockmap ([`holdfast_sockmap`]). The
-//! session's task only waits for either side to end (or for bytes the kernel left to it:
-//! those that arrived before the splice), keeps the session registered and counted, and
-//! hands the pair to the process that replaces this one with the map itself (the bytes
-//! keep flowing in the kernel meanwhile).
+//! sockets leave the async runtime (registered there, the kernel's wake-up for every
+//! redirected message would wake a worker thread for nothing): the session's task waits
+//! for the process-wide hang-up watcher to say either side ended, keeps the session
+//! registered and counted, and hands the pair to the process that replaces this one with
+//! the map itself (the bytes keep flowing in the kernel meanwhile).
 
 use super::{CarriedRelay, Relay, RETRY};
 use crate::conn::PacketConn;
 use crate::upgrade::{HandedRelay, SessionChannel};
 use crate::Shared;
-use holdfast_sockmap::{bytes_received, KernelRelay};
-use std::io;
+use holdfast_sockmap::{bytes_received, KernelRelay, OnHangup, Watched};
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
-use tokio::net::TcpStream;
+use std::time::Duration;
+use tokio::sync::Notify;
 
 /// Two sockets relayed to each other by the kernel.
 pub(crate) struct Spliced {
@@ -21,12 +24,12 @@ pub(crate) struct Spliced {
     pair: holdfast_sockmap::Spliced,
     client: TcpStream,
     backend: TcpStream,
-    /// Each socket's `tcpi_bytes_received` when the pair was spliced.
+    /// Each socket's `tcpi_bytes_received` when the pair was spliced (or taken over).
     received_before: (u64, u64),
 }
 
 /// Splices the two plain TCP connections in `kernel`; `None` (the connections left as they
-/// were) when either is not plain TCP or the kernel refused them.
+/// were) when either is not plain TCP, something is buffered, or the kernel refused them.
 pub(super) fn splice(
     kernel: &Arc<KernelRelay>,
     client: &mut PacketConn,
@@ -45,26 +48,18 @@ pub(super) fn splice(
         bytes_received(c.as_fd()).unwrap_or(0),
         bytes_received(b.as_fd()).unwrap_or(0),
     );
-    let pair = match kernel.splice(c.as_fd(), b.as_fd()) {
-        Ok(p) => p,
+    match kernel.splice(c.as_fd(), b.as_fd()) {
+        Ok(pair) => Some(Spliced {
+            kernel: kernel.clone(),
+            pair,
+            client: c,
+            backend: b,
+            received_before,
+        }),
         Err(e) => {
             tracing::debug!(error = %e, "pass-through session relayed in user space");
             put_back(client, c);
             put_back(backend, b);
-            return None;
-        }
-    };
-    match (tokio_stream(c), tokio_stream(b)) {
-        (Ok(client), Ok(backend)) => Some(Spliced {
-            kernel: kernel.clone(),
-            pair,
-            client,
-            backend,
-            received_before,
-        }),
-        _ => {
-            // (Sockets the runtime cannot take: the session ends.)
-            kernel.unsplice(pair);
             None
         }
     }
@@ -73,8 +68,8 @@ pub(super) fn splice(
 /// A pair handed over by the process this one replaced: already in `kernel`'s map.
 pub(super) fn resume(
     kernel: Arc<KernelRelay>,
-    client: std::net::TcpStream,
-    backend: std::net::TcpStream,
+    client: TcpStream,
+    backend: TcpStream,
 ) -> io::Result<Spliced> {
     let pair = kernel
         .pair_of(client.as_fd(), backend.as_fd())
@@ -86,91 +81,141 @@ pub(super) fn resume(
             bytes_received(client.as_fd()).unwrap_or(0),
             bytes_received(backend.as_fd()).unwrap_or(0),
         ),
-        client: tokio_stream(client)?,
-        backend: tokio_stream(backend)?,
+        client,
+        backend,
     })
 }
 
-fn tokio_stream(s: std::net::TcpStream) -> io::Result<TcpStream> {
-    s.set_nonblocking(true)?;
-    TcpStream::from_std(s)
-}
-
-fn put_back(conn: &mut PacketConn, s: std::net::TcpStream) {
-    match tokio_stream(s) {
+fn put_back(conn: &mut PacketConn, s: TcpStream) {
+    let stream = s
+        .set_nonblocking(true)
+        .and_then(|()| tokio::net::TcpStream::from_std(s));
+    match stream {
         Ok(tcp) => drop(conn.replace_stream(Box::new(tcp))),
         Err(e) => tracing::error!(error = %e, "a socket given back could not be used"),
     }
 }
 
+/// The end of either socket, as the hang-up watcher hears it.
+struct Ends {
+    heard: Arc<Notify>,
+    _watched: (Watched, Watched),
+}
+
 impl Spliced {
     /// Waits until a side ends (the bytes each way), or the session went to the process
     /// that replaces this one (`None`).
-    pub(super) async fn run(
-        mut self,
-        shared: &Shared,
-        relay: Relay,
-    ) -> io::Result<Option<(u64, u64)>> {
+    pub(super) async fn run(self, shared: &Shared, relay: Relay) -> io::Result<Option<(u64, u64)>> {
         shared.metrics.sessions_kernel_relayed.inc();
         let _counted = Counted(shared);
+        let ends = match self.watch(shared) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!(session = relay.id, error = %e, "pass-through session: its end cannot be heard; closed");
+                return Ok(Some(self.finish()));
+            }
+        };
+        // Bytes that arrived before the splice were not redirected: relayed here, once.
+        if self.forward_leftovers().await.is_err() {
+            drop(ends);
+            return Ok(Some(self.finish()));
+        }
         let mut sink = shared.upgrader.session_sink();
         let mut relay = Some(relay);
-        let mut buf = vec![0u8; 16 * 1024];
+        let mut this = self;
+        let mut ends = Some(ends);
         loop {
             let channel = sink
                 .borrow_and_update()
                 .clone()
                 .filter(|c| !c.is_broken() && c.takes_kernel_relays());
             if let Some((channel, r)) = channel.and_then(|c| Some((c, relay.take()?))) {
-                match self.hand_over(r, &channel).await {
+                // (Out of the watcher's set before the sockets go.)
+                let heard = ends.take().map(|e| e.heard);
+                match this.hand_over(r, &channel).await {
                     Ok(()) => {
                         shared.metrics.sessions_handed_over.inc();
                         return Ok(None);
                     }
                     Err((back, r)) => {
-                        self = back;
+                        this = back;
                         relay = Some(r);
-                        tokio::select! {
-                            ended = self.wait() => if ended { break },
-                            _ = tokio::time::sleep(RETRY) => {}
-                        }
+                        ends = Some(this.watch(shared)?);
+                        // (An end heard meanwhile is heard again: the new registration
+                        // reports a socket that has ended at once.)
+                        drop(heard);
+                        tokio::time::sleep(RETRY).await;
                         continue;
                     }
                 }
             }
+            let Some(e) = ends.as_ref() else {
+                break;
+            };
             tokio::select! {
-                ended = self.forward_leftovers(&mut buf) => if ended { break },
+                _ = e.heard.notified() => break,
                 _ = sink.changed() => {}
             }
         }
+        drop(ends);
+        Ok(Some(this.finish()))
+    }
+
+    /// Registers both sockets with the hang-up watcher.
+    fn watch(&self, shared: &Shared) -> io::Result<Ends> {
+        let watcher = shared
+            .kernel_relays
+            .watcher()
+            .ok_or_else(|| io::Error::other("no hang-up watcher"))?;
+        let heard = Arc::new(Notify::new());
+        let on: OnHangup = {
+            let heard = heard.clone();
+            Arc::new(move || heard.notify_one())
+        };
+        let a = watcher.watch(self.client.as_fd(), on.clone())?;
+        let b = watcher.watch(self.backend.as_fd(), on)?;
+        Ok(Ends {
+            heard,
+            _watched: (a, b),
+        })
+    }
+
+    /// Out of the map, both sockets closed: the bytes each way since the splice.
+    fn finish(self) -> (u64, u64) {
         self.kernel.unsplice(self.pair);
         let up = bytes_received(self.client.as_fd()).unwrap_or(0);
         let down = bytes_received(self.backend.as_fd()).unwrap_or(0);
-        // (Both sockets close as the pair is dropped.)
-        Ok(Some((
+        (
             up.saturating_sub(self.received_before.0),
             down.saturating_sub(self.received_before.1),
-        )))
+        )
     }
 
-    /// Whether a side ended, polled for a moment (bytes left to user space forwarded).
-    async fn wait(&mut self) -> bool {
-        let mut buf = vec![0u8; 16 * 1024];
-        self.forward_leftovers(&mut buf).await
-    }
-
-    /// Waits until either socket has something for user space: the end (true), or bytes
-    /// the kernel did not redirect (those that arrived before the splice), written to the
-    /// other side here (false).
-    async fn forward_leftovers(&mut self, buf: &mut [u8]) -> bool {
-        tokio::select! {
-            r = self.client.readable() => r.is_err() || !forward(&self.client, &self.backend, buf).await,
-            r = self.backend.readable() => r.is_err() || !forward(&self.backend, &self.client, buf).await,
+    /// Relays what each socket had received before the splice (the kernel redirects only
+    /// what arrives after it). `Err` when a side ended.
+    async fn forward_leftovers(&self) -> io::Result<()> {
+        for (from, to) in [(&self.client, &self.backend), (&self.backend, &self.client)] {
+            from.set_nonblocking(true)?;
+            to.set_nonblocking(true)?;
+            let mut buf = [0u8; 4096];
+            loop {
+                match (&*from).read(&mut buf) {
+                    Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                    Ok(n) => write_all(to, &buf[..n]).await?,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => return Err(e),
+                }
+            }
         }
+        Ok(())
     }
 
     /// Sends the pair, with the map, to the new process; gives it back when it did not go.
     async fn hand_over(self, relay: Relay, channel: &SessionChannel) -> Result<(), (Self, Relay)> {
+        let map: Option<OwnedFd> = self.kernel.map_fd().try_clone_to_owned().ok();
+        let Some(map) = map else {
+            return Err((self, relay));
+        };
         let Spliced {
             kernel,
             pair,
@@ -178,27 +223,6 @@ impl Spliced {
             backend,
             received_before,
         } = self;
-        let back = |client: std::net::TcpStream, backend: std::net::TcpStream| {
-            Ok::<_, io::Error>(Spliced {
-                kernel: kernel.clone(),
-                pair,
-                client: tokio_stream(client)?,
-                backend: tokio_stream(backend)?,
-                received_before,
-            })
-        };
-        let (client, backend) = match (client.into_std(), backend.into_std()) {
-            (Ok(c), Ok(b)) => (c, b),
-            // (Not expected: a tokio stream always gives its socket back.)
-            _ => return Ok(()),
-        };
-        let map: Option<OwnedFd> = kernel.map_fd().try_clone_to_owned().ok();
-        let Some(map) = map else {
-            return match back(client, backend) {
-                Ok(s) => Err((s, relay)),
-                Err(_) => Ok(()),
-            };
-        };
         let handed = HandedRelay {
             carried: CarriedRelay::in_kernel(relay),
             client,
@@ -219,39 +243,31 @@ impl Spliced {
                     session = id,
                     "upgrade: the pass-through session stays in this process"
                 );
-                let relay = returned.carried.relay;
-                match back(returned.client, returned.backend) {
-                    Ok(s) => Err((s, relay)),
-                    // (Its sockets could not be used again: the session ends.)
-                    Err(_) => Ok(()),
-                }
+                Err((
+                    Spliced {
+                        kernel,
+                        pair,
+                        client: returned.client,
+                        backend: returned.backend,
+                        received_before,
+                    },
+                    returned.carried.relay,
+                ))
             }
         }
     }
 }
 
-/// Forwards what `from` has for user space to `to`; false when `from` ended (or failed).
-async fn forward(from: &TcpStream, to: &TcpStream, buf: &mut [u8]) -> bool {
-    loop {
-        match from.try_read(buf) {
-            Ok(0) => return false,
-            Ok(n) => {
-                if write_all(to, &buf[..n]).await.is_err() {
-                    return false;
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
-            Err(_) => return false,
-        }
-    }
-}
-
+/// Writes all of `data` to the non-blocking socket `to`, waiting a moment when it is full
+/// (only bytes that arrived before the splice go this way: a request at most).
 async fn write_all(to: &TcpStream, mut data: &[u8]) -> io::Result<()> {
     while !data.is_empty() {
-        to.writable().await?;
-        match to.try_write(data) {
+        match (&*to).write(data) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => data = &data[n..],
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                tokio::time::sleep(Duration::from_millis(1)).await
+            }
             Err(e) => return Err(e),
         }
     }

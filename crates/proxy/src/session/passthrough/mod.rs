@@ -168,7 +168,8 @@ impl Relay {
             client.stream.flush().await?;
             backend.rbuf.clear();
         }
-        if let Some(k) = shared.kernel_relays.own() {
+        // (Only where the end of a spliced pair can be heard.)
+        if let (Some(k), Some(_)) = (shared.kernel_relays.own(), shared.kernel_relays.watcher()) {
             if let Some(spliced) = kernel::splice(k, client, backend) {
                 return spliced.run(shared, self).await;
             }
