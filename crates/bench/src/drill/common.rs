@@ -153,6 +153,20 @@ pub fn run_options(threads: u32, seconds: u64) -> Vec<String> {
     ]
 }
 
+/// Kills the holdfast `process` now (kill -9), leaving its registration for the lab's
+/// `down` to see it gone; its pid.
+pub fn kill_holdfast(process: &mut Option<crate::serve::Helper>) -> Result<u32> {
+    let pid = process
+        .as_ref()
+        .map(|p| p.pid)
+        .context("the member's process")?;
+    holdfast_lab::procs::kill_now(pid)?;
+    if let Some(p) = process.take() {
+        p.keep();
+    }
+    Ok(pid)
+}
+
 /// sysbench (from PATH) against `lab` with the drill's table sizes.
 pub fn sysbench(lab: &LabStatus, args: &DrillArgs) -> Sysbench {
     // The drills leave --mysql-ignore-errors at sysbench's default (deadlocks retried).

@@ -285,16 +285,8 @@ fn run_event(
             )
         }
         Event::LeaderKilled => {
-            let victim = members[leader]
-                .process
-                .as_ref()
-                .map(|p| p.pid)
-                .context("the leader's process")?;
-            holdfast_lab::procs::kill_now(victim)?;
+            let victim = common::kill_holdfast(&mut members[leader].process)?;
             killed = Some(leader);
-            if let Some(p) = members[leader].process.take() {
-                p.keep();
-            }
             let next = wait_leader(members, Some(leader))?;
             format!(
                 "killed member {} (pid {victim}); member {} leads after {} ms (lease {LEASE_TTL_SECS} s)",

@@ -17,7 +17,7 @@ use holdfast_config::Config;
 use holdfast_lab::mysql_client::Conn;
 use holdfast_lab::{wait_for, LabStatus};
 
-use super::common::DrillArgs;
+use super::common::{self, DrillArgs};
 use crate::admin;
 use crate::serve::{self, Helper};
 
@@ -230,12 +230,7 @@ pub fn run(args: &DrillArgs, holdfast: &Path) -> Result<()> {
         };
         println!(
             "   paused ({tier}): {} logins on both members at once, {} failed, longest {:.1} ms; resumes: {}; pools {}/{} kept",
-            b.logins,
-            b.failed,
-            b.longest_ms,
-            b.resumes,
-            b.kept,
-            2 * pool_size
+            b.logins, b.failed, b.longest_ms, b.resumes, b.kept, 2 * pool_size
         );
         bursts.push(b);
     }
@@ -247,15 +242,7 @@ pub fn run(args: &DrillArgs, holdfast: &Path) -> Result<()> {
     let other = 1 - leader;
     let before = metered_secs(&members[other].admin)?;
     let t0 = Instant::now();
-    let victim = members[leader]
-        .process
-        .as_ref()
-        .map(|p| p.pid)
-        .context("the leader's process")?;
-    holdfast_lab::procs::kill_now(victim)?;
-    if let Some(p) = members[leader].process.take() {
-        p.keep();
-    }
+    common::kill_holdfast(&mut members[leader].process)?;
     let t = Instant::now();
     let mut c = rt.block_on(login(members[other].proxy.clone()))?;
     rt.block_on(c.query("SELECT 1"))?;
