@@ -77,6 +77,20 @@ pub struct Status {
     /// This process as a member of a fleet (`[cluster]`), if it is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fleet: Option<FleetView>,
+    /// Pass-through listeners' relay in the kernel (`[proxy] kernel_relay`), when the
+    /// configuration has a pass-through listener.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_relay: Option<KernelRelayView>,
+}
+
+/// Whether pass-through sessions are relayed in the kernel, and how many are now.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KernelRelayView {
+    pub on: bool,
+    /// Why not, when it is off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why_not: Option<String>,
+    pub sessions: u64,
 }
 
 /// A member's standing in its fleet.
@@ -257,6 +271,15 @@ pub fn status(shared: &Shared) -> Status {
         generation: shared.upgrader.generation(),
         handed_over_to: *shared.upgrader.handed_over().borrow(),
         fleet: fleet_view(shared),
+        kernel_relay: config
+            .listeners
+            .iter()
+            .any(|l| l.mode == holdfast_proxy::config::ListenerMode::Passthrough)
+            .then(|| KernelRelayView {
+                on: shared.kernel_relays.own().is_some(),
+                why_not: shared.kernel_relays.why_not().map(String::from),
+                sessions: m.sessions_kernel_relayed.get().max(0) as u64,
+            }),
         listen: config.proxy.listen.clone(),
         topology: topology_view(&topo),
         verifiers_loaded: shared.verifiers.is_loaded(),
@@ -887,6 +910,17 @@ pub fn render_status(s: &Status) -> String {
         "keep-alive: sessions moved: {} (mean {:.0} ms)  requests held: {}  retried: {}  failed on backend loss: {}",
         c.sessions_moved, c.mean_move_ms, c.requests_held, c.requests_retried, c.requests_failed_on_backend_loss
     );
+    if let Some(k) = &s.kernel_relay {
+        let _ = match (&k.why_not, k.on) {
+            (_, true) => writeln!(
+                o,
+                "pass-through relayed in the kernel (BPF sockmap): {} sessions now",
+                k.sessions
+            ),
+            (Some(why), false) => writeln!(o, "pass-through relayed in user space: {why}"),
+            (None, false) => writeln!(o, "pass-through relayed in user space"),
+        };
+    }
     let _ = writeln!(
         o,
         "password verifiers: {} accounts{}",

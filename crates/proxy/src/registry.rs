@@ -195,9 +195,40 @@ pub struct SessionRegistry {
     inner: Mutex<HashMap<u32, Arc<SessionInfo>>>,
     /// Commands of sessions that have ended, so [`SessionRegistry::activity`] never goes back.
     closed_commands: AtomicU64,
+    /// Ids of logins under way: the client may have its OK (and so its id) a moment before
+    /// its session is registered, and another connection's `KILL` of it waits for it.
+    logging_in: Mutex<std::collections::HashSet<u32>>,
+}
+
+/// A login under way (see [`SessionRegistry::begin_login`]); over when dropped.
+pub struct LoggingIn<'a> {
+    registry: &'a SessionRegistry,
+    id: u32,
+}
+
+impl Drop for LoggingIn<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut l) = self.registry.logging_in.lock() {
+            l.remove(&self.id);
+        }
+    }
 }
 
 impl SessionRegistry {
+    /// Marks session `id`'s login as under way until the guard is dropped (after the
+    /// session is registered).
+    pub fn begin_login(&self, id: u32) -> LoggingIn<'_> {
+        if let Ok(mut l) = self.logging_in.lock() {
+            l.insert(id);
+        }
+        LoggingIn { registry: self, id }
+    }
+
+    /// Whether session `id` is logging in (not registered yet).
+    pub fn is_logging_in(&self, id: u32) -> bool {
+        self.logging_in.lock().is_ok_and(|l| l.contains(&id))
+    }
+
     pub fn insert(&self, info: Arc<SessionInfo>) {
         if let Ok(mut m) = self.inner.lock() {
             m.insert(info.id, info);

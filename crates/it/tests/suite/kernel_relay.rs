@@ -68,9 +68,12 @@ fn a_pass_through_session_is_relayed_in_the_kernel_and_answers_as_the_server_doe
     c.query_drop("SET @kept = 'in the kernel'").expect("set");
     let kept: Option<String> = c.query_first("SELECT @kept").expect("select");
     assert_eq!(kept.as_deref(), Some("in the kernel"));
-    // Listed, and a blocker of a pause as a pass-through session always is.
-    let sessions = h.status_json()["sessions"].clone();
+    // Listed; `/status` says the kernel relays it.
+    let status = h.status_json();
+    let sessions = status["sessions"].clone();
     assert_eq!(sessions.as_array().map(Vec::len), Some(1), "{sessions}");
+    assert_eq!(status["kernel_relay"]["on"], true, "{status}");
+    assert_eq!(status["kernel_relay"]["sessions"], 1, "{status}");
     drop(c);
     wait_for("the session to end", WAIT, || {
         (gauge(&h, "holdfast_sessions_kernel_relayed") == 0.0
@@ -112,4 +115,92 @@ fn with_the_kernel_relay_off_sessions_copy_in_user_space() {
     assert_eq!(v, Some(7));
     assert_eq!(gauge(&h, "holdfast_sessions_kernel_relayed"), 0.0);
     assert_eq!(gauge(&h, "holdfast_sessions"), 1.0);
+    // `/status` says so, and why.
+    let status = h.status_json();
+    assert_eq!(status["kernel_relay"]["on"], false, "{status}");
+    let why = status["kernel_relay"]["why_not"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(why.contains("kernel_relay = \"off\""), "{status}");
+}
+
+/// As a pass-through session copied in user space: it keeps a serverless instance from
+/// pausing (and says why), and once it is gone the instance pauses.
+#[test]
+fn a_session_relayed_in_the_kernel_keeps_the_instance_from_pausing() {
+    let h = Harness::start_with(
+        Options::default()
+            .serverless(|s| s.idle_pause_secs = 1)
+            .config(|c| {
+                c.backend_tls = BackendTlsConfig::default();
+                c.listeners.push(ListenerConfig {
+                    listen: "127.0.0.1:0".into(),
+                    mode: ListenerMode::Passthrough,
+                    routing: Default::default(),
+                    trusted_proxies: None,
+                });
+            }),
+    );
+    let mut c = connect(&h);
+    wait_for("the session relayed in the kernel", WAIT, || {
+        (gauge(&h, "holdfast_sessions_kernel_relayed") == 1.0).then_some(())
+    });
+    let v: Option<i64> = c.query_first("SELECT 3").expect("select");
+    assert_eq!(v, Some(3));
+    let why = wait_for("the pause to be blocked", WAIT, || {
+        let s = h.status_json()["serverless"].clone();
+        let list = s["pause_blocked_by"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        (!list.is_empty()).then_some(list)
+    });
+    assert!(format!("{why:?}").contains("pass-through"), "{why:?}");
+    assert_eq!(h.status_json()["serverless"]["phase"], "running");
+    drop(c);
+    wait_for("the instance to pause", WAIT, || {
+        (h.status_json()["serverless"]["phase"] == "paused").then_some(())
+    });
+}
+
+/// As a pass-through session copied in user space: it cannot move, so a switchover ends
+/// it with its backend connection (the client's next statement finds its connection
+/// lost); a new pass-through connection reaches the new primary, relayed in the kernel.
+#[test]
+fn a_switchover_ends_a_session_relayed_in_the_kernel_as_any_pass_through_session() {
+    let h = Harness::start_with(Options::default().replicas(1).config(|c| {
+        c.backend_tls = BackendTlsConfig::default();
+        c.listeners.push(ListenerConfig {
+            listen: "127.0.0.1:0".into(),
+            mode: ListenerMode::Passthrough,
+            routing: Default::default(),
+            trusted_proxies: None,
+        });
+    }));
+    let mut c = connect(&h);
+    wait_for("the session relayed in the kernel", WAIT, || {
+        (gauge(&h, "holdfast_sessions_kernel_relayed") == 1.0).then_some(())
+    });
+    let before: Option<u64> = c.query_first("SELECT @@server_id").expect("server id");
+    let status = h.status();
+    let primary = status.topology.primary.clone().expect("a primary");
+    let replica = status
+        .topology
+        .nodes
+        .iter()
+        .find(|n| n.name != primary)
+        .map(|n| n.name.clone())
+        .expect("a replica");
+    h.switch_over_to(&replica);
+    assert!(
+        c.query_first::<u64, _>("SELECT @@server_id").is_err(),
+        "the pass-through session ended with its backend connection"
+    );
+    wait_for("the session to end", WAIT, || {
+        (gauge(&h, "holdfast_sessions_kernel_relayed") == 0.0).then_some(())
+    });
+    let mut fresh = connect(&h);
+    let after: Option<u64> = fresh.query_first("SELECT @@server_id").expect("server id");
+    assert_ne!(after, before, "a new connection reaches the new primary");
+    assert_eq!(gauge(&h, "holdfast_sessions_kernel_relayed"), 1.0);
 }

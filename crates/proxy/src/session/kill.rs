@@ -205,8 +205,11 @@ impl Session {
             let here = u32::try_from(id)
                 .ok()
                 .and_then(|id| self.shared.sessions.get(id));
-            if here.is_none() && self.shared.upgrader.peer().is_some() {
-                // Perhaps the other process's: asked when the `KILL` runs.
+            let logging_in =
+                u32::try_from(id).is_ok_and(|id| self.shared.sessions.is_logging_in(id));
+            if here.is_none() && (logging_in || self.shared.upgrader.peer().is_some()) {
+                // Perhaps the other process's, or one whose login is finishing: asked
+                // when the `KILL` runs.
                 let head = match span {
                     Some(span) => request
                         .get(HEADER_LEN + 1..HEADER_LEN + 1 + span.start)
@@ -328,9 +331,7 @@ impl Session {
         let unknown =
             || ClientError::new(ErrorKind::UnknownThread, format!("Unknown thread id: {id}"));
         let own_node = self.backend_name.clone();
-        let here = u32::try_from(id)
-            .ok()
-            .and_then(|id| self.shared.sessions.get(id));
+        let here = self.registered_soon(id).await;
         let victim = match here {
             Some(v) => Victim::Here(v),
             None => match self.elsewhere(id, !kill.query).await {
@@ -406,6 +407,22 @@ impl Session {
 
     /// Where the other process (while an upgrade's two both serve) has the session `id`;
     /// `mark`: it is marked there as the victim of a `KILL` about to end its connection.
+    /// Session `id` of this process: at once, or, while its login is finishing (its
+    /// client may know its id a moment before it is registered), once it is (up to 5 s).
+    async fn registered_soon(&self, id: u64) -> Option<Arc<SessionInfo>> {
+        let id = u32::try_from(id).ok()?;
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            if let Some(v) = self.shared.sessions.get(id) {
+                return Some(v);
+            }
+            if !self.shared.sessions.is_logging_in(id) || tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+    }
+
     async fn elsewhere(&self, id: u64, mark: bool) -> Option<crate::upgrade::peer::Located> {
         let peer = self.shared.upgrader.peer()?;
         let located = peer.locate(u32::try_from(id).ok()?, mark).await;

@@ -279,6 +279,10 @@ pub async fn run_routed(
     // What the load balancer sent after its header (a client that did not wait for the
     // greeting).
     client.rbuf.extend_from_slice(&early);
+    // Until the session is registered, a `KILL` of its id (which the client may know as
+    // soon as it has its OK) waits for it.
+    let shared_for_guard = shared.clone();
+    let logging_in = shared_for_guard.sessions.begin_login(id);
     // Boxed: the login's future is large and lives only until the session starts.
     let login = Box::pin(authenticate(&shared, &mut client, peer, id, mode));
     let Some(logged_in) = login.await else {
@@ -292,11 +296,13 @@ pub async fn run_routed(
         holdfast_client::compress::start(&mut client, holdfast_client::compress::Role::Server);
     }
     if mode == ListenerMode::Passthrough {
-        passthrough::run(shared, client, logged_in, peer, id).await;
+        passthrough::run(shared, client, logged_in, peer, id, logging_in).await;
         return;
     }
     let start = Box::pin(Session::start(shared, client, logged_in, peer, id, routing));
-    let Some(mut session) = start.await else {
+    let started = start.await;
+    drop(logging_in);
+    let Some(mut session) = started else {
         return;
     };
     let end = session.serve().await;

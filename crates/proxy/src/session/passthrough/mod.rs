@@ -45,6 +45,7 @@ pub(super) async fn run(
     logged_in: LoggedIn,
     peer: SocketAddr,
     id: u32,
+    logging_in: crate::registry::LoggingIn<'_>,
 ) {
     let thread = logged_in.backend.greeting.connection_id;
     let backend = logged_in.backend.into_conn();
@@ -55,7 +56,9 @@ pub(super) async fn run(
         backend_name: logged_in.backend_name,
         thread,
     };
-    relay.run(shared, Streams::User(client, backend)).await;
+    relay
+        .run(shared, Streams::User(client, backend), Some(logging_in))
+        .await;
 }
 
 /// What a pass-through session is, as registered and as handed over.
@@ -121,12 +124,18 @@ impl std::fmt::Debug for CarriedRelay {
 }
 
 impl Relay {
-    async fn run(self, shared: Arc<Shared>, streams: Streams) {
+    async fn run(
+        self,
+        shared: Arc<Shared>,
+        streams: Streams,
+        logging_in: Option<crate::registry::LoggingIn<'_>>,
+    ) {
         let info = Arc::new(SessionInfo::new(self.id, self.peer));
         info.set_user(&self.user);
         info.set_backend(&self.backend_name, self.thread);
         info.set_blocker(Some(Blocker::PassThrough));
         shared.sessions.insert(info.clone());
+        drop(logging_in);
         shared.metrics.sessions_active.inc();
         let id = self.id;
         let result = match streams {
@@ -305,7 +314,7 @@ pub(crate) async fn resume(
             Ok(s) => {
                 shared.metrics.sessions_taken_over.inc();
                 tracing::info!(session = id, client = %peer, "pass-through session handed over from the previous process, relayed in the kernel");
-                carried.relay.run(shared, Streams::Kernel(s)).await;
+                carried.relay.run(shared, Streams::Kernel(s), None).await;
             }
             Err(e) => {
                 tracing::error!(session = id, client = %peer, error = %e, "a pass-through session handed over could not go on; its connections close");
@@ -339,7 +348,9 @@ pub(crate) async fn resume(
     backend.rbuf.extend_from_slice(&backend_unread);
     shared.metrics.sessions_taken_over.inc();
     tracing::info!(session = id, client = %peer, "pass-through session handed over from the previous process");
-    relay.run(shared, Streams::User(client, backend)).await;
+    relay
+        .run(shared, Streams::User(client, backend), None)
+        .await;
 }
 
 /// Why the pump stopped.
