@@ -600,7 +600,7 @@ fn a_lab_with_two_proxies_is_a_fleet() {
     // Ports below the ephemeral range: the second member binds its listeners only when
     // served (see `low_port`).
     let mut base = 0;
-    for _ in 0..20 {
+    for _ in 0..3 {
         let try_base = low_port(64);
         let out = run(holdfast()
             .args(["lab", "up", "--replicas", "1", "--proxies", "2", "--dir"])

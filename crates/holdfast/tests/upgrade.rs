@@ -177,8 +177,14 @@ impl Served {
             log,
             _lab: lab,
         };
-        wait_for("holdfast to serve", Duration::from_secs(30), || {
+        holdfast_lab::wait_for("holdfast to serve", Duration::from_secs(30), || {
             mysql::Conn::new(mysql::Opts::from_url(&url(base)).ok()?).ok()
+        })
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e}\n{}",
+                std::fs::read_to_string(&served.log).unwrap_or_default()
+            )
         });
         served
     }

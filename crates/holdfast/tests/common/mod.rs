@@ -18,34 +18,54 @@ pub fn run(cmd: &mut Command) -> Output {
     cmd.output().expect("running a command")
 }
 
-/// A loopback port below the ephemeral range (32768 and up), free now, and different on
-/// each call in this process. A port from the ephemeral range, freed and bound again
-/// later, can be taken meanwhile as the local port of any connection another test opens;
-/// below it, only another test's explicit choice can take it (and its bind then fails
-/// loudly). `room` ports above the one returned stay below the range too.
+/// The first port of this test process's own block of [`BLOCK`] loopback ports below the
+/// ephemeral range (32768 and up). A port from the ephemeral range, freed and bound again
+/// later, can be taken meanwhile as the local port of any connection another test
+/// opens; below it, only another test's explicit choice could take it, and no two test
+/// processes share a block: each holds a listener on its block's first port for as long
+/// as it runs (the block's lock), and takes the first block whose lock it can bind.
+fn block() -> u16 {
+    static HELD: std::sync::OnceLock<(u16, std::net::TcpListener)> = std::sync::OnceLock::new();
+    HELD.get_or_init(|| {
+        let blocks = (32_000 - 20_000) / BLOCK;
+        let first = (std::process::id() % u32::from(blocks)) as u16;
+        for i in 0..blocks {
+            let start = 20_000 + ((first + i) % blocks) * BLOCK;
+            if let Ok(lock) = std::net::TcpListener::bind(("127.0.0.1", start)) {
+                return (start, lock);
+            }
+        }
+        panic!("no free block of loopback ports below 32000")
+    })
+    .0
+}
+
+/// Ports in a test process's block (see [`block`]).
+const BLOCK: u16 = 256;
+
+/// A loopback port of this test process's block, free now, and different on each call;
+/// `room` ports above it are this process's too.
 pub fn low_port(room: u16) -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let span = 12_000 - u32::from(room);
-    for _ in 0..1_000 {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let offset = std::process::id()
-            .wrapping_mul(7_919)
-            .wrapping_add(n.wrapping_mul(613))
-            % span;
-        let port = 20_000 + offset as u16;
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(1);
+    loop {
+        let offset = NEXT.fetch_add(room + 1, Ordering::Relaxed);
+        assert!(
+            offset + room < BLOCK,
+            "this test took more than its block of {BLOCK} ports"
+        );
+        let port = block() + offset;
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return port;
         }
     }
-    panic!("no free loopback port below 32000")
 }
 
 /// `holdfast lab up --dir DIR ARGS` on a base port below the ephemeral range whose layout
 /// is free (a few tries); returns the base port. (The lab checks its proxies' ports but
 /// binds them only when a test serves them, seconds later.)
 pub fn lab_up(dir: &Path, args: &[&str]) -> u16 {
-    for _ in 0..20 {
+    for _ in 0..3 {
         let base = low_port(64);
         let out = run(holdfast()
             .args(["lab", "up"])
