@@ -271,15 +271,11 @@ pub fn status(shared: &Shared) -> Status {
         generation: shared.upgrader.generation(),
         handed_over_to: *shared.upgrader.handed_over().borrow(),
         fleet: fleet_view(shared),
-        kernel_relay: config
-            .listeners
-            .iter()
-            .any(|l| l.mode == holdfast_proxy::config::ListenerMode::Passthrough)
-            .then(|| KernelRelayView {
-                on: shared.kernel_relays.own().is_some(),
-                why_not: shared.kernel_relays.why_not().map(String::from),
-                sessions: m.sessions_kernel_relayed.get().max(0) as u64,
-            }),
+        kernel_relay: config.has_passthrough_listener().then(|| KernelRelayView {
+            on: shared.kernel_relays.own().is_some(),
+            why_not: shared.kernel_relays.why_not().map(String::from),
+            sessions: m.sessions_kernel_relayed.get().max(0) as u64,
+        }),
         listen: config.proxy.listen.clone(),
         topology: topology_view(&topo),
         verifiers_loaded: shared.verifiers.is_loaded(),

@@ -425,6 +425,12 @@ pub struct BackendConfig {
 }
 
 impl Config {
+    /// Whether a `[[listener]]` relays connections unparsed after login.
+    pub fn has_passthrough_listener(&self) -> bool {
+        self.listeners
+            .iter()
+            .any(|l| l.mode == ListenerMode::Passthrough)
+    }
     /// Reads, parses and validates the file at `path`, with the passwords its
     /// `*_password_file` keys name.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {

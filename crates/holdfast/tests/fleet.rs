@@ -174,6 +174,17 @@ fn on_ports(text: &str, base: u16, port: u16) -> String {
     text
 }
 
+/// The members a `/status` fleet view lists, by name.
+fn member_names(fleet: &serde_json::Value) -> Option<Vec<String>> {
+    Some(
+        fleet["members"]
+            .as_array()?
+            .iter()
+            .filter_map(|m| m["member"].as_str().map(String::from))
+            .collect(),
+    )
+}
+
 fn failovers(config: &Path) -> u64 {
     status(config).expect("a status")["ha"]["counters"]["failovers"]
         .as_u64()
@@ -196,12 +207,8 @@ fn one_member_leads_fails_over_once_and_the_lead_moves_when_it_dies() {
     for config in [&a_config, &b_config] {
         wait_for("both members listed", || {
             let fleet = status(config)?["fleet"].clone();
-            let names: Vec<&str> = fleet["members"]
-                .as_array()?
-                .iter()
-                .filter_map(|m| m["member"].as_str())
-                .collect();
-            (names == ["a", "b"] && fleet["leader_member"] == leader_name).then_some(())
+            (member_names(&fleet)? == ["a", "b"] && fleet["leader_member"] == leader_name)
+                .then_some(())
         });
     }
     // `ctl status` says so to an operator.
@@ -651,12 +658,9 @@ fn a_lab_with_two_proxies_is_a_fleet() {
             Duration::from_secs(30),
             || {
                 let fleet = status(config)?["fleet"].clone();
-                let names: Vec<&str> = fleet["members"]
-                    .as_array()?
-                    .iter()
-                    .filter_map(|m| m["member"].as_str())
-                    .collect();
-                (names == ["proxy1", "proxy2"] && fleet["leader_member"].is_string()).then_some(())
+                (member_names(&fleet)? == ["proxy1", "proxy2"]
+                    && fleet["leader_member"].is_string())
+                .then_some(())
             },
         )
         .unwrap_or_else(|e| panic!("{e}\n{}", member_logs()));

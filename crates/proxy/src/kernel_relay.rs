@@ -22,11 +22,15 @@ pub struct KernelRelays {
 }
 
 impl KernelRelays {
-    /// Loads the relay as `mode` says; says in the log what pass-through connections use.
-    pub fn start(mode: KernelRelayMode) -> KernelRelays {
-        let (own, why_not) = match mode {
-            KernelRelayMode::Off => (None, Some("[proxy] kernel_relay = \"off\"".to_string())),
-            KernelRelayMode::Auto => match KernelRelay::new() {
+    /// Loads the relay as `mode` says, when the configuration has a pass-through
+    /// listener (`passthrough`; adding one needs a restart): nothing is loaded otherwise.
+    pub fn start(mode: KernelRelayMode, passthrough: bool) -> KernelRelays {
+        let (own, why_not) = match (mode, passthrough) {
+            (_, false) => (None, Some("no pass-through listener".to_string())),
+            (KernelRelayMode::Off, true) => {
+                (None, Some("[proxy] kernel_relay = \"off\"".to_string()))
+            }
+            (KernelRelayMode::Auto, true) => match KernelRelay::new() {
                 Ok(k) => (Some(Arc::new(k)), None),
                 Err(e) => (None, Some(e.to_string())),
             },
@@ -39,19 +43,9 @@ impl KernelRelays {
         }
     }
 
-    /// No kernel relay (tests and embedders that want none).
-    pub fn none() -> KernelRelays {
-        KernelRelays {
-            own: None,
-            why_not: Some("not loaded".into()),
-            adopted: Mutex::new(HashMap::new()),
-            watcher: OnceLock::new(),
-        }
-    }
-
     /// Logs once, at start, whether pass-through listeners relay in the kernel.
-    pub fn log(&self, passthrough_listeners: usize) {
-        if passthrough_listeners == 0 {
+    pub fn log(&self, passthrough: bool) {
+        if !passthrough {
             return;
         }
         match (&self.own, &self.why_not) {

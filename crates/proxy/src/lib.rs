@@ -369,7 +369,10 @@ impl Shared {
             admin_connections: Arc::default(),
             fleet: None,
             fleet_link: None,
-            kernel_relays: kernel_relay::KernelRelays::start(config.proxy.kernel_relay),
+            kernel_relays: kernel_relay::KernelRelays::start(
+                config.proxy.kernel_relay,
+                config.has_passthrough_listener(),
+            ),
             next_session_id: AtomicU32::new(0),
         }
     }
@@ -606,13 +609,7 @@ impl Proxy {
             shared.fleet = Some(fleet);
         }
         let shared = Arc::new(shared);
-        shared.kernel_relays.log(
-            config
-                .listeners
-                .iter()
-                .filter(|l| l.mode == ListenerMode::Passthrough)
-                .count(),
-        );
+        shared.kernel_relays.log(config.has_passthrough_listener());
         if let Some(fleet) = &shared.fleet {
             tokio::spawn(follow_the_fleet(shared.clone(), fleet.leadership()));
             tokio::spawn(hold_for_the_fleet(shared.clone(), fleet.clone()));

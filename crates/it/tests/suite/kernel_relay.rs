@@ -5,26 +5,33 @@
 //! of either side ends it.
 
 use holdfast_it::{metric, wait_for, Harness, Options};
-use holdfast_proxy::config::{BackendTlsConfig, KernelRelayMode, ListenerConfig, ListenerMode};
+use holdfast_proxy::config::{
+    BackendTlsConfig, Config, KernelRelayMode, ListenerConfig, ListenerMode,
+};
 use mysql::prelude::*;
 use mysql::{Conn, Opts, OptsBuilder};
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(20);
 
-/// A harness with a pass-through listener and plain TCP to the node (the kernel relays
-/// only plain TCP on both sides), the relay as `mode` says.
+/// A harness with [`plain_passthrough`], the relay as `mode` says.
 fn harness(mode: KernelRelayMode) -> Harness {
     Harness::start_with(Options::default().config(move |c| {
-        c.backend_tls = BackendTlsConfig::default();
+        plain_passthrough(c);
         c.proxy.kernel_relay = mode;
-        c.listeners.push(ListenerConfig {
-            listen: "127.0.0.1:0".into(),
-            mode: ListenerMode::Passthrough,
-            routing: Default::default(),
-            trusted_proxies: None,
-        });
     }))
+}
+
+/// A pass-through listener, and plain TCP to the node (the kernel relays only plain TCP
+/// on both sides).
+fn plain_passthrough(c: &mut Config) {
+    c.backend_tls = BackendTlsConfig::default();
+    c.listeners.push(ListenerConfig {
+        listen: "127.0.0.1:0".into(),
+        mode: ListenerMode::Passthrough,
+        routing: Default::default(),
+        trusted_proxies: None,
+    });
 }
 
 fn connect(h: &Harness) -> Conn {
@@ -131,15 +138,7 @@ fn a_session_relayed_in_the_kernel_keeps_the_instance_from_pausing() {
     let h = Harness::start_with(
         Options::default()
             .serverless(|s| s.idle_pause_secs = 1)
-            .config(|c| {
-                c.backend_tls = BackendTlsConfig::default();
-                c.listeners.push(ListenerConfig {
-                    listen: "127.0.0.1:0".into(),
-                    mode: ListenerMode::Passthrough,
-                    routing: Default::default(),
-                    trusted_proxies: None,
-                });
-            }),
+            .config(plain_passthrough),
     );
     let mut c = connect(&h);
     wait_for("the session relayed in the kernel", WAIT, || {
@@ -168,15 +167,7 @@ fn a_session_relayed_in_the_kernel_keeps_the_instance_from_pausing() {
 /// lost); a new pass-through connection reaches the new primary, relayed in the kernel.
 #[test]
 fn a_switchover_ends_a_session_relayed_in_the_kernel_as_any_pass_through_session() {
-    let h = Harness::start_with(Options::default().replicas(1).config(|c| {
-        c.backend_tls = BackendTlsConfig::default();
-        c.listeners.push(ListenerConfig {
-            listen: "127.0.0.1:0".into(),
-            mode: ListenerMode::Passthrough,
-            routing: Default::default(),
-            trusted_proxies: None,
-        });
-    }));
+    let h = Harness::start_with(Options::default().replicas(1).config(plain_passthrough));
     let mut c = connect(&h);
     wait_for("the session relayed in the kernel", WAIT, || {
         (gauge(&h, "holdfast_sessions_kernel_relayed") == 1.0).then_some(())

@@ -273,6 +273,9 @@ pub(super) async fn follow(shared: &Shared, lc: &Lifecycle, fleet: &Fleet) {
     let mut said_at: Option<(MemberUse, Instant)> = None;
     let mut applied: Option<InstanceSaid> = None;
     let key = format!("{USE_DIR}{}", fleet.member());
+    // The sessions are looked at once a second (the board changes several times a
+    // second: every member's use, the leader's meter).
+    let mut ticked = true;
     loop {
         if lc.is_in_charge() {
             return;
@@ -293,12 +296,14 @@ pub(super) async fn follow(shared: &Shared, lc: &Lifecycle, fleet: &Fleet) {
         } else {
             mine.wants_wake = lc.wake_requested.load(Ordering::SeqCst);
         }
-        if activity.changed(shared) {
-            lc.touch();
+        if ticked {
+            if activity.changed(shared) {
+                lc.touch();
+            }
+            mine.idle_ms = lc.lock().last_activity.elapsed().as_millis() as u64;
+            mine.blocks_freeze = local_blockers(shared, PauseTier::Freeze);
+            mine.blocks_stop = local_blockers(shared, PauseTier::Stop);
         }
-        mine.idle_ms = lc.lock().last_activity.elapsed().as_millis() as u64;
-        mine.blocks_freeze = local_blockers(shared, PauseTier::Freeze);
-        mine.blocks_stop = local_blockers(shared, PauseTier::Stop);
         // Said when something other than the idle clock changed, else every second.
         let due = said_at.as_ref().is_none_or(|(was, at)| {
             at.elapsed() >= SAY_EVERY
@@ -310,12 +315,12 @@ pub(super) async fn follow(shared: &Shared, lc: &Lifecycle, fleet: &Fleet) {
         if due && fleet.post(&key, &mine, Poster::Member).await {
             said_at = Some((mine.clone(), Instant::now()));
         }
-        tokio::select! {
-            _ = board.changed() => {}
-            _ = tick.tick() => {}
-            _ = lc.wake_notify.notified() => {}
-            _ = in_charge.changed() => {}
-        }
+        ticked = tokio::select! {
+            _ = board.changed() => false,
+            _ = tick.tick() => true,
+            _ = lc.wake_notify.notified() => false,
+            _ = in_charge.changed() => false,
+        };
     }
 }
 
