@@ -52,8 +52,25 @@ impl HaController {
         let mut sessions: HashMap<String, NodeSession> = HashMap::new();
         let mut tick = tokio::time::interval(CHECK_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // A primary newly watched (at start, when this member comes to lead, after an
+        // operation) is checked at once: until its waiting side is on, it acknowledges
+        // commits that no replica has.
+        let mut state = self.subscribe();
+        let mut checked_watching = None;
         loop {
-            tick.tick().await;
+            tokio::select! {
+                _ = tick.tick() => {}
+                changed = state.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let watching = state.borrow_and_update().watching.clone();
+                    if watching.is_none() || watching == checked_watching {
+                        continue;
+                    }
+                }
+            }
+            checked_watching = self.state().watching;
             cfg = self.config();
             if self.state().in_progress.is_some() {
                 // Operations repoint replicas and fence nodes; look again afterwards.
