@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what holdfast's demo, tests and benchmarks run against: MariaDB server and client,
 # sysbench, HAProxy, openssl, nftables (the chaos drill's network cuts), systemd (its
-# unit checker), etcd and protoc (the fleet) from the OS packages, and the Python drivers used by the tests.
+# unit checker), etcd and protoc (the fleet), Chromium (the dashboard's test) from the OS packages, and the Python drivers used by the tests.
 # Idempotent: skips what is already there.
 set -euo pipefail
 
@@ -22,6 +22,8 @@ command -v javac >/dev/null 2>&1 || need+=(default-jdk-headless)
 # protocol files are compiled at build time (protoc).
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
+# The dashboard is tested in a real browser (crates/holdfast/tests/dashboard.rs).
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing OS packages: ${need[*]}"
   SUDO=""

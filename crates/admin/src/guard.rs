@@ -42,19 +42,29 @@ const MAX_HEAD: usize = 16 * 1024;
 /// The checks' configuration: the token and the host names `Host` may carry.
 pub(crate) struct Guard {
     token: AdminToken,
+    /// Browsers logged in to the dashboard (GET requests with their cookie).
+    logins: Arc<crate::dashboard::Logins>,
     /// Lower-case host names besides `localhost` and IP literals.
     hosts: Vec<String>,
 }
 
 impl Guard {
-    pub(crate) fn new(token: AdminToken, admin: &AdminConfig) -> Guard {
+    pub(crate) fn new(
+        token: AdminToken,
+        admin: &AdminConfig,
+        logins: Arc<crate::dashboard::Logins>,
+    ) -> Guard {
         let mut hosts: Vec<String> = admin
             .allowed_hosts
             .iter()
             .map(|h| normalise_host(h))
             .collect();
         hosts.push(normalise_host(admin.listen_host()));
-        Guard { token, hosts }
+        Guard {
+            token,
+            logins,
+            hosts,
+        }
     }
 
     /// Whether a `Host` header value (`name[:port]`, `[v6][:port]`) names this API.
@@ -168,9 +178,15 @@ pub(crate) async fn check(State(guard): State<Arc<Guard>>, req: Request, next: N
             );
         }
     }
-    // Who sends it.
-    let open = method == Method::GET && path == "/health";
-    if !open && !guard.token_ok(headers) {
+    // Who sends it. The dashboard's page and its login link are open (the page shows
+    // nothing until it may read `/status`); a logged-in browser may read, never change.
+    let open = method == Method::GET
+        && matches!(
+            path.as_str(),
+            "/health" | "/login" | "/" | "/dashboard.js" | "/dashboard.css"
+        );
+    let browser = method == Method::GET && guard.logins.cookie_ok(headers);
+    if !open && !browser && !guard.token_ok(headers) {
         return refuse(
             StatusCode::UNAUTHORIZED,
             "missing or wrong admin token: send Authorization: Bearer <token> (holdfast ctl: \
@@ -327,7 +343,11 @@ mod tests {
             allowed_hosts: vec!["Admin.Example".into()],
             ..AdminConfig::default()
         };
-        Guard::new(AdminToken::new("0123456789abcdef0123"), &admin)
+        Guard::new(
+            AdminToken::new("0123456789abcdef0123"),
+            &admin,
+            Default::default(),
+        )
     }
 
     #[test]

@@ -31,6 +31,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 pub mod client;
+pub mod dashboard;
 mod fleet;
 mod guard;
 pub mod serverless;
@@ -726,7 +727,19 @@ async fn post_restart(
 /// The API with its checks: `token` is the bearer token; `Host` may name the host of
 /// `[admin] listen`, `[admin] allowed_hosts`, `localhost` or an IP literal.
 pub fn router(shared: Arc<Shared>, token: AdminToken) -> Router {
-    let guard = Arc::new(guard::Guard::new(token.clone(), &shared.config().admin));
+    let logins = Arc::new(dashboard::Logins::default());
+    let guard = Arc::new(guard::Guard::new(
+        token.clone(),
+        &shared.config().admin,
+        logins.clone(),
+    ));
+    let dashboard = Router::new()
+        .route("/", get(dashboard::get_page))
+        .route("/dashboard.js", get(dashboard::get_script))
+        .route("/dashboard.css", get(dashboard::get_style))
+        .route("/login", get(dashboard::get_login))
+        .route("/dashboard/link", post(dashboard::post_link))
+        .with_state(logins);
     // The fleet leader's operations: a member that does not lead forwards them to it.
     let leaders = Router::new()
         .route("/switchover", post(post_switchover))
@@ -753,6 +766,7 @@ pub fn router(shared: Arc<Shared>, token: AdminToken) -> Router {
         .route("/usage", get(serverless::get_usage))
         .fallback(guard::not_found)
         .with_state(shared)
+        .merge(dashboard)
         .layer(axum::middleware::from_fn_with_state(guard, guard::check))
 }
 

@@ -2,6 +2,7 @@
 //! `holdfast` binary (started as `holdfast serve`), so the server binary carries none of it.
 
 mod admin;
+mod bare_relay;
 mod bench;
 mod demo;
 mod drill;
@@ -66,18 +67,24 @@ enum Command {
     ///
     /// Example: holdfast-bench fuzz --seed 1 --duration 3600
     Fuzz(fuzz::FuzzArgs),
+    /// A bare tokio relay (accept, connect, copy_bidirectional) to one server: the
+    /// `bare_relay` target of `bench`, the floor of any user-space proxy. Runs until killed.
+    ///
+    /// Example: holdfast-bench bare-relay --listen 127.0.0.1:7000 --to 127.0.0.1:3306
+    BareRelay(bare_relay::BareRelayArgs),
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    let holdfast = holdfast_exe(cli.holdfast.as_deref())?;
+    let holdfast = || holdfast_exe(cli.holdfast.as_deref());
     match cli.command {
-        Command::Bench(args) => bench::run_bench(&args, &holdfast),
-        Command::BenchResume(args) => resume::run_resume_bench(&args, &holdfast),
-        Command::BenchReplayMemory(args) => replay_memory::run(&args, &holdfast),
-        Command::Drill(args) => drill::run(&args, &holdfast),
-        Command::Demo(args) => demo::run(&args, &holdfast),
-        Command::Fuzz(args) => fuzz::run(&args, &holdfast),
+        Command::Bench(args) => bench::run_bench(&args, &holdfast()?),
+        Command::BenchResume(args) => resume::run_resume_bench(&args, &holdfast()?),
+        Command::BenchReplayMemory(args) => replay_memory::run(&args, &holdfast()?),
+        Command::Drill(args) => drill::run(&args, &holdfast()?),
+        Command::Demo(args) => demo::run(&args, &holdfast()?),
+        Command::Fuzz(args) => fuzz::run(&args, &holdfast()?),
+        Command::BareRelay(args) => bare_relay::run(&args),
     }
 }
 

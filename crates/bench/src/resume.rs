@@ -824,7 +824,7 @@ impl Report<'_> {
         let mut row = vec![a.sysbench_threads.to_string(), a.sysbench_time.to_string()];
         match &b.result {
             Ok(m) => row.extend(m.cells()),
-            Err(_) => row.extend(std::iter::repeat_n("-".to_string(), 6)),
+            Err(_) => row.extend(std::iter::repeat_n("-".to_string(), METRIC_HEADERS.len())),
         }
         row.extend([
             b.accepted.to_string(),

@@ -34,23 +34,32 @@ pub struct Metrics {
     /// Queries served in the run (the total, not per second).
     pub queries: u64,
     pub lat_avg_ms: f64,
+    /// The median and the 99th percentile, from sysbench's latency histogram (absent
+    /// from a report printed without `--histogram`).
+    pub lat_p50_ms: Option<f64>,
     pub lat_p95_ms: f64,
+    pub lat_p99_ms: Option<f64>,
     pub lat_max_ms: f64,
     pub errors: u64,
     pub reconnects: u64,
 }
 
 /// Column headers of [`Metrics::cells`].
-pub const METRIC_HEADERS: [&str; 6] = ["tps", "qps", "avg ms", "p95 ms", "max ms", "errors"];
+pub const METRIC_HEADERS: [&str; 8] = [
+    "tps", "qps", "avg ms", "p50 ms", "p95 ms", "p99 ms", "max ms", "errors",
+];
 
 impl Metrics {
     /// Throughput, latencies and errors as report cells (see [`METRIC_HEADERS`]).
-    pub fn cells(&self) -> [String; 6] {
+    pub fn cells(&self) -> [String; 8] {
+        let opt = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}"));
         [
             format!("{:.0}", self.tps),
             format!("{:.0}", self.qps),
             format!("{:.2}", self.lat_avg_ms),
+            opt(self.lat_p50_ms),
             format!("{:.2}", self.lat_p95_ms),
+            opt(self.lat_p99_ms),
             format!("{:.2}", self.lat_max_ms),
             self.errors.to_string(),
         ]
@@ -129,6 +138,8 @@ impl Sysbench {
             format!("--time={time}"),
             "--db-ps-mode=auto".into(),
             "--report-interval=0".into(),
+            // The latency histogram, for the median and the 99th percentile.
+            "--histogram=on".into(),
             format!("--mysql-ignore-errors={}", self.ignore_errors),
         ];
         if workload == "oltp_point_select" {
@@ -285,7 +296,58 @@ pub fn parse_report(out: &str) -> Result<Metrics> {
     if !seen_tps || !seen_lat {
         bail!("no transactions/latency figures in sysbench output");
     }
+    let histogram = parse_histogram(out);
+    m.lat_p50_ms = percentile(&histogram, 0.50);
+    m.lat_p99_ms = percentile(&histogram, 0.99);
     Ok(m)
+}
+
+/// The rows of sysbench's `Latency histogram (values are in milliseconds)`: each
+/// bucket's value and count, e.g. `       0.412 |****        1234`.
+fn parse_histogram(out: &str) -> Vec<(f64, u64)> {
+    let mut rows = Vec::new();
+    let mut inside = false;
+    for line in out.lines() {
+        if line.trim_start().starts_with("Latency histogram") {
+            inside = true;
+            continue;
+        }
+        if !inside {
+            continue;
+        }
+        let Some((value, rest)) = line.split_once('|') else {
+            if line.trim().is_empty() && !rows.is_empty() {
+                break;
+            }
+            continue;
+        };
+        let value = value.trim().parse::<f64>();
+        let count = rest
+            .split_whitespace()
+            .last()
+            .and_then(|c| c.parse::<u64>().ok());
+        if let (Ok(value), Some(count)) = (value, count) {
+            rows.push((value, count));
+        }
+    }
+    rows
+}
+
+/// The bucket value under which a fraction `q` of the events fell.
+fn percentile(histogram: &[(f64, u64)], q: f64) -> Option<f64> {
+    let total: u64 = histogram.iter().map(|(_, c)| c).sum();
+    if total == 0 {
+        return None;
+    }
+    let wanted = (total as f64 * q).ceil() as u64;
+    let mut seen = 0;
+    for &(value, count) in histogram {
+        seen += count;
+        if seen >= wanted {
+            return Some(value);
+        }
+    }
+    histogram.last().map(|(v, _)| *v)
 }
 
 /// `12345  (617.11 per sec.)` → 617.11
@@ -364,6 +426,20 @@ Threads fairness:
         assert_eq!(m.lat_max_ms, 20.11);
         assert_eq!(m.errors, 0);
         assert_eq!(m.reconnects, 0);
+    }
+
+    #[test]
+    fn reads_the_median_and_p99_from_the_histogram() {
+        let with = SAMPLE.replace(
+            "SQL statistics:",
+            "Latency histogram (values are in milliseconds)\n       value  ------------- distribution ------------- count\n          0.300 |*                                        10\n          0.400 |****************************************  80\n          0.800 |***                                       9\n         20.110 |*                                        1\n \nSQL statistics:",
+        );
+        let m = parse_report(&with).unwrap();
+        assert_eq!(m.lat_p50_ms, Some(0.4));
+        assert_eq!(m.lat_p99_ms, Some(0.8));
+        assert_eq!(m.lat_p95_ms, 0.81);
+        let without = parse_report(SAMPLE).unwrap();
+        assert_eq!((without.lat_p50_ms, without.lat_p99_ms), (None, None));
     }
 
     #[test]

@@ -149,6 +149,16 @@ enum CtlCommand {
     },
     /// The Prometheus metrics text.
     Metrics,
+    /// A one-time link that logs a browser in to the live dashboard (topology, sessions,
+    /// commands/s, moves, the event log), served by the admin listener at `/`.
+    ///
+    /// The link is good once, for two minutes; the browser then keeps a cookie (HttpOnly,
+    /// SameSite=Strict) that lets it read for 12 hours, never change anything. The admin
+    /// token never goes into a URL. Open the link on the machine, or through an SSH tunnel
+    /// to the admin address.
+    ///
+    /// Example: holdfast ctl dashboard
+    Dashboard,
     /// Planned change of primary (needs `[ha] mode = "managed"`).
     ///
     /// Fences the current primary (read_only=ON, client connections killed, FLUSH TABLES WITH
@@ -727,6 +737,19 @@ async fn ctl(client: &AdminClient, command: CtlCommand) -> Result<()> {
             }
         }
         CtlCommand::Metrics => print!("{}", get(client, "/metrics").await?),
+        CtlCommand::Dashboard => {
+            let (code, body) = post(client, "/dashboard/link").await?;
+            if code != 200 {
+                return Err(refused(client, "no dashboard link", code, body));
+            }
+            let link: holdfast_admin::dashboard::Link =
+                serde_json::from_str(&body).context("unexpected /dashboard/link body")?;
+            println!("http://{}{}", client.addr, link.path);
+            eprintln!(
+                "open it within {} s; it works once, then the browser stays logged in",
+                link.expires_in_secs
+            );
+        }
         CtlCommand::Switchover { to, json } => {
             let path = match &to {
                 Some(node) => format!("/switchover?to={}", query_escape(node)),

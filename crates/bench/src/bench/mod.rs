@@ -30,6 +30,10 @@ pub enum Target {
     Direct,
     /// Through HAProxy in TCP mode (a plain byte pump: the floor for any proxy).
     Haproxy,
+    /// Through a bare tokio relay (`holdfast-bench bare-relay`: accept, connect,
+    /// copy_bidirectional) with holdfast's worker threads: the user-space limit.
+    #[value(name = "bare_relay", alias = "bare-relay")]
+    BareRelay,
     /// Through `holdfast serve` (its `[proxy] listen`, session mode).
     Holdfast,
     /// Through a `[[listener]]` of the same holdfast with `mode = "passthrough"`: login is
@@ -61,6 +65,7 @@ impl Target {
         match self {
             Target::Direct => "direct",
             Target::Haproxy => "haproxy",
+            Target::BareRelay => "bare_relay",
             Target::Holdfast => "holdfast",
             Target::HoldfastPassthrough => "holdfast_passthrough",
             Target::HoldfastPassthroughUser => "holdfast_passthrough_user",
@@ -72,6 +77,7 @@ impl Target {
     /// Name shown in reports.
     fn label(self) -> &'static str {
         match self {
+            Target::BareRelay => "bare tokio relay",
             Target::HoldfastPassthrough => "holdfast (pass-through)",
             Target::HoldfastPassthroughUser => "holdfast (pass-through, user space)",
             Target::HoldfastBaseline => "holdfast (baseline)",
@@ -128,9 +134,11 @@ pub struct BenchArgs {
         default_value = "oltp_point_select,oltp_read_write"
     )]
     pub workloads: Vec<String>,
-    /// Targets to compare, comma-separated: direct, haproxy, holdfast, holdfast_passthrough
-    /// (a pass-through `[[listener]]` of the same holdfast process), holdfast_baseline (the
-    /// binary given with --baseline).
+    /// Targets to compare, comma-separated: direct, haproxy, bare_relay (a bare tokio
+    /// copy_bidirectional relay), holdfast, holdfast_passthrough (a pass-through
+    /// `[[listener]]` of the same holdfast process), holdfast_passthrough_user (the same,
+    /// relayed in user space by a second process), holdfast_baseline (the binary given with
+    /// --baseline), holdfast_split.
     #[arg(
         long,
         value_enum,
@@ -465,6 +473,17 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
                 Ok((_, port)) => ports.push((target, *port)),
                 Err(e) => unavailable.push((target, e.clone())),
             },
+            Target::BareRelay => match start_bare_relay(&dir, primary.port) {
+                Ok((helper, port)) => {
+                    pids.push((target, helper.pid));
+                    ports.push((target, port));
+                    helpers.push(helper);
+                }
+                Err(e) => {
+                    eprintln!("bench: the bare relay unavailable: {e:#}");
+                    unavailable.push((target, format!("{e:#}")));
+                }
+            },
             Target::HoldfastSplit => {
                 let split = crate::serve::split_port(&st).ok();
                 match (&holdfast, split) {
@@ -512,8 +531,13 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
                 let machine = machine_watch.finish();
                 match &result {
                     Ok(m) => eprintln!(
-                        "{:.0} tps, {:.0} qps, avg {:.2} ms, p95 {:.2} ms",
-                        m.tps, m.qps, m.lat_avg_ms, m.lat_p95_ms
+                        "{:.0} tps, {:.0} qps, avg {:.2} ms, p95 {:.2} ms, p99 {} ms",
+                        m.tps,
+                        m.qps,
+                        m.lat_avg_ms,
+                        m.lat_p95_ms,
+                        m.lat_p99_ms
+                            .map_or_else(|| "-".into(), |v| format!("{v:.2}"))
                     ),
                     Err(e) => eprintln!("FAILED: {e}"),
                 }
@@ -881,7 +905,33 @@ fn start_haproxy(exe: &Path, dir: &Path, backend_port: u16) -> Result<(Helper, u
     Ok((helper, port))
 }
 
-/// The lab's config plus a pass-through `[[listener]]` on 127.0.0.1:`port`.
+/// Starts `holdfast-bench bare-relay` (this executable) to the primary on a free port, with
+/// the worker threads holdfast runs by default.
+fn start_bare_relay(dir: &Path, backend_port: u16) -> Result<(Helper, u16)> {
+    let port = procs::free_ports(1)?[0];
+    let me = std::env::current_exe().context("this executable's path")?;
+    let threads = holdfast_config::ProxyConfig::default().effective_worker_threads();
+    let mut cmd = Command::new(me);
+    cmd.arg("bare-relay")
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--to")
+        .arg(format!("127.0.0.1:{backend_port}"))
+        .arg("--threads")
+        .arg(threads.to_string());
+    let log = dir.join("bare-relay.log");
+    let pid = procs::spawn_detached(&mut cmd, Some(&log))?;
+    let helper = Helper::register(dir, "bare-relay", pid)?;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    procs::wait_tcp(&addr, LISTEN_TIMEOUT, || procs::is_alive(helper.pid)).with_context(|| {
+        format!(
+            "the bare relay did not listen on {addr}; see {}",
+            log.display()
+        )
+    })?;
+    Ok((helper, port))
+}
+
 /// Starts the `--baseline` binary with the lab's configuration on two free ports (proxy and
 /// admin).
 fn start_baseline(args: &BenchArgs, st: &LabStatus) -> Result<(Helper, u16)> {
@@ -1047,9 +1097,13 @@ struct Report<'a> {
 #[derive(Clone, Copy, Default)]
 struct Summary {
     tps: Option<f64>,
+    /// The lowest and highest tps of the runs.
+    tps_range: Option<(f64, f64)>,
     qps: Option<f64>,
     avg: Option<f64>,
+    p50: Option<f64>,
     p95: Option<f64>,
+    p99: Option<f64>,
     errors: u64,
     reconnects: u64,
     ok: usize,
@@ -1119,11 +1173,21 @@ impl Report<'_> {
             .collect();
         let ok: Vec<&Metrics> = runs.iter().filter_map(|r| r.result.as_ref().ok()).collect();
         let pick = |f: fn(&Metrics) -> f64| median(ok.iter().map(|m| f(m)).collect());
+        let pick_opt =
+            |f: fn(&Metrics) -> Option<f64>| median(ok.iter().filter_map(|m| f(m)).collect());
+        let tps: Vec<f64> = ok.iter().map(|m| m.tps).collect();
         Summary {
             tps: pick(|m| m.tps),
+            tps_range: tps
+                .iter()
+                .copied()
+                .reduce(f64::min)
+                .zip(tps.iter().copied().reduce(f64::max)),
             qps: pick(|m| m.qps),
             avg: pick(|m| m.lat_avg_ms),
+            p50: pick_opt(|m| m.lat_p50_ms),
             p95: pick(|m| m.lat_p95_ms),
+            p99: pick_opt(|m| m.lat_p99_ms),
             errors: ok.iter().map(|m| m.errors).sum(),
             reconnects: ok.iter().map(|m| m.reconnects).sum(),
             ok: ok.len(),
@@ -1186,9 +1250,12 @@ impl Report<'_> {
                     "workload",
                     "target",
                     "tps",
+                    "tps min-max",
                     "qps",
                     "avg ms",
+                    "p50 ms",
                     "p95 ms",
+                    "p99 ms",
                     "errors",
                     "reconnects",
                     "ok/runs",
@@ -1204,9 +1271,13 @@ impl Report<'_> {
                     w.clone(),
                     target.label().into(),
                     fmt_opt(s.tps, 0),
+                    s.tps_range
+                        .map_or_else(|| "-".into(), |(lo, hi)| format!("{lo:.0}-{hi:.0}")),
                     fmt_opt(s.qps, 0),
                     fmt_opt(s.avg, 2),
+                    fmt_opt(s.p50, 2),
                     fmt_opt(s.p95, 2),
+                    fmt_opt(s.p99, 2),
                     s.errors.to_string(),
                     s.reconnects.to_string(),
                     format!("{}/{}", s.ok, s.runs),
@@ -1230,7 +1301,7 @@ impl Report<'_> {
             .targets
             .iter()
             .map(|(t, _)| *t)
-            .filter(|t| t.is_holdfast())
+            .filter(|t| t.is_holdfast() || *t == Target::BareRelay)
             .collect();
         if !proxied.is_empty() {
             out.heading("Ratios (medians)");
@@ -1239,13 +1310,19 @@ impl Report<'_> {
                 "target",
                 "tps /direct",
                 "tps /haproxy",
+                "tps /bare relay",
                 "p95 /direct",
                 "p95 /haproxy",
+                "p99 /haproxy",
                 "CPU/q /haproxy",
+                "machine CPU/q /haproxy",
             ]);
+            let machine =
+                |s: &Summary| Some(s.per_query.machine_user_us? + s.per_query.machine_kernel_us?);
             for w in &a.workloads {
                 let d = self.summary(w, Target::Direct);
                 let hp = self.summary(w, Target::Haproxy);
+                let bare = self.summary(w, Target::BareRelay);
                 for &target in &proxied {
                     let hf = self.summary(w, target);
                     t.row(vec![
@@ -1253,9 +1330,12 @@ impl Report<'_> {
                         target.label().into(),
                         ratio(hf.tps, d.tps),
                         ratio(hf.tps, hp.tps),
+                        ratio(hf.tps, bare.tps),
                         ratio(hf.p95, d.p95),
                         ratio(hf.p95, hp.p95),
+                        ratio(hf.p99, hp.p99),
                         ratio(hf.per_query.proxy_us, hp.per_query.proxy_us),
+                        ratio(machine(&hf), machine(&hp)),
                     ]);
                 }
             }
@@ -1288,7 +1368,7 @@ impl Report<'_> {
                     row.push(format!("FAILED: {e}"));
                     row.extend(std::iter::repeat_n(
                         String::new(),
-                        6 + PER_QUERY_HEADERS.len(),
+                        METRIC_HEADERS.len() + PER_QUERY_HEADERS.len(),
                     ));
                 }
             }
@@ -1312,12 +1392,7 @@ impl Report<'_> {
             for (target, r) in &self.idle {
                 let process = match target {
                     Target::Direct => "mariadbd (direct)",
-                    Target::Haproxy => "haproxy",
-                    Target::Holdfast => "holdfast",
-                    Target::HoldfastPassthrough => "holdfast (pass-through)",
-                    Target::HoldfastPassthroughUser => "holdfast (pass-through, user space)",
-                    Target::HoldfastBaseline => "holdfast (baseline)",
-                    Target::HoldfastSplit => "holdfast (split)",
+                    other => other.label(),
                 };
                 match r {
                     Ok(r) => t.row(vec![

@@ -1,0 +1,243 @@
+// holdfast's dashboard: reads /status once a second (the browser's login cookie) and draws
+// it. Everything from the server is put into the page as text, never as markup.
+"use strict";
+
+const POLL_MS = 1000;
+const KEEP = 300; // samples: five minutes at one a second
+const samples = [];
+const events = [];
+let previous = null;
+let failures = 0;
+
+const CHARTS = [
+  { key: "commands", title: "commands/s", rate: true, pick: s => s.counters.commands },
+  { key: "sessions", title: "sessions open", pick: s => s.counters.sessions_open },
+  { key: "moved", title: "sessions moved/s", rate: true, pick: s => s.counters.sessions_moved },
+  { key: "held", title: "requests held/s", rate: true, pick: s => s.counters.requests_held },
+  { key: "blocked", title: "sessions that cannot move", pick: s => s.sessions.filter(x => !x.movable).length },
+  { key: "move_ms", title: "mean move ms", pick: s => s.counters.mean_move_ms },
+  { key: "ccu", title: "size (CCU)", pick: s => s.serverless ? s.serverless.ccu : null, only: s => !!s.serverless },
+  { key: "resume_ms", title: "last resume ms", pick: s => s.serverless ? s.serverless.last_resume_ms : null, only: s => !!s.serverless },
+];
+
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") e.className = v; else e.setAttribute(k, v);
+  }
+  for (const c of children) e.append(c instanceof Node ? c : document.createTextNode(String(c ?? "")));
+  return e;
+}
+
+function clock(ms) {
+  return new Date(ms).toLocaleTimeString([], { hour12: false });
+}
+
+function ago(secs) {
+  if (secs < 60) return secs + " s";
+  if (secs < 3600) return Math.floor(secs / 60) + " min";
+  return Math.floor(secs / 3600) + " h " + Math.floor((secs % 3600) / 60) + " min";
+}
+
+function note(text, failed) {
+  events.push({ at: Date.now(), text, failed: !!failed });
+  if (events.length > 200) events.shift();
+  const li = el("li", failed ? { class: "failed" } : {}, el("time", {}, clock(Date.now())), text);
+  const list = document.getElementById("events");
+  list.prepend(li);
+  while (list.children.length > 200) list.lastChild.remove();
+}
+
+// What changed between two statuses, as events.
+function compare(before, now) {
+  const p0 = before.topology.primary, p1 = now.topology.primary;
+  if (p0 !== p1) note(`primary ${p0 || "none"} → ${p1 || "none"}`);
+  const r0 = before.ha.in_progress, r1 = now.ha.in_progress;
+  if (r1 && (!r0 || r0.started_unix_ms !== r1.started_unix_ms)) {
+    note(`${r1.operation} started${r1.automatic ? " (automatic)" : ""}`);
+  }
+  const l0 = before.ha.last, l1 = now.ha.last;
+  if (l1 && (!l0 || l0.finished_unix_ms !== l1.finished_unix_ms)) {
+    const how = l1.ok ? "done" : "failed";
+    note(`${l1.operation} ${how} in ${Math.round(l1.duration_ms)} ms: ${l1.ok ? l1.summary : l1.error}`, !l1.ok);
+  }
+  const byName = new Map(before.topology.nodes.map(n => [n.name, n]));
+  for (const n of now.topology.nodes) {
+    const b = byName.get(n.name);
+    if (!b) { note(`node ${n.name} added`); continue; }
+    if (b.reachable !== n.reachable) note(`node ${n.name} ${n.reachable ? "reachable again" : "unreachable"}`, !n.reachable);
+    if (b.draining !== n.draining && n.draining) note(`node ${n.name} draining`);
+  }
+  for (const b of before.topology.nodes) {
+    if (!now.topology.nodes.some(n => n.name === b.name)) note(`node ${b.name} removed`);
+  }
+  const s0 = before.serverless, s1 = now.serverless;
+  if (s1 && (!s0 || s0.phase !== s1.phase)) {
+    note(`instance ${s1.phase}${s1.tier ? " (" + s1.tier + ")" : ""}`);
+  }
+  if (s0 && s1 && s0.ccu !== s1.ccu) note(`instance scaled ${s0.ccu} → ${s1.ccu} CCU`);
+  const moved = now.counters.sessions_moved - before.counters.sessions_moved;
+  if (moved > 0) note(`${moved} session${moved > 1 ? "s" : ""} moved`);
+}
+
+function header(s) {
+  document.getElementById("primary").textContent = s.topology.primary || "none";
+  const about = document.getElementById("about");
+  about.textContent = `${s.version} · up ${ago(s.uptime_secs)} · ${s.listen} · pid ${s.pid}`;
+  const fleet = document.getElementById("fleet");
+  fleet.hidden = !s.fleet;
+  if (s.fleet) {
+    fleet.textContent = s.fleet.leader
+      ? `fleet ${s.fleet.name}: ${s.fleet.member} leads`
+      : `fleet ${s.fleet.name}: ${s.fleet.leader_member || "no member"} leads`;
+  }
+  const phase = document.getElementById("serverless-phase");
+  phase.hidden = !s.serverless;
+  if (s.serverless) phase.textContent = `instance ${s.serverless.phase}, ${s.serverless.ccu} CCU`;
+  const op = document.getElementById("operation");
+  op.hidden = !s.ha.in_progress;
+  if (s.ha.in_progress) op.textContent = `${s.ha.in_progress.operation} running`;
+}
+
+function nodes(s) {
+  const body = document.querySelector("#nodes tbody");
+  body.replaceChildren(...s.topology.nodes.map(n => {
+    const role = n.name === s.topology.primary ? "primary" : (n.replication ? "replica" : (n.read_only ? "read-only" : "—"));
+    const lag = n.replication && n.replication.lag_ms != null ? (n.replication.lag_ms / 1000) + " s" : "—";
+    const notes = [];
+    if (n.draining) notes.push("draining");
+    if (n.deposed) notes.push("deposed");
+    if (n.replication && (!n.replication.io_running || !n.replication.sql_running)) notes.push("replication stopped");
+    if (n.replication && n.replication.error) notes.push(n.replication.error);
+    if (n.last_error && !n.reachable) notes.push(n.last_error);
+    if ((s.ha.needs_rejoin || []).includes(n.name)) notes.push("needs rejoin");
+    return el("tr", { "data-node": n.name },
+      el("td", {}, n.name),
+      el("td", { class: role === "primary" ? "yes" : "" }, role),
+      el("td", { class: n.reachable ? "yes" : "no" }, n.reachable ? "yes" : "no"),
+      el("td", {}, lag),
+      el("td", {}, n.serves_reads ? "yes" : "no"),
+      el("td", {}, n.active_requests),
+      el("td", { class: notes.length ? "warn" : "" }, notes.join("; ")));
+  }));
+}
+
+function sessions(s) {
+  const find = document.getElementById("find").value.trim().toLowerCase();
+  const rows = s.sessions.filter(x => !find || [x.id, x.user, x.client, x.backend, x.blocked_by || ""]
+    .some(v => String(v).toLowerCase().includes(find)));
+  document.getElementById("session-count").textContent = `(${s.sessions.length})`;
+  const body = document.querySelector("#sessions tbody");
+  body.replaceChildren(...rows.slice(0, 500).map(x => el("tr", {},
+    el("td", {}, x.id), el("td", {}, x.user), el("td", {}, x.client), el("td", {}, x.backend),
+    el("td", {}, ago(x.age_secs)), el("td", {}, x.commands), el("td", {}, x.moves),
+    el("td", { class: x.movable ? "yes" : "warn" }, x.movable ? "movable" : (x.blocked_by || "not movable")))));
+}
+
+function charts() {
+  const host = document.getElementById("charts");
+  const last = samples[samples.length - 1];
+  for (const c of CHARTS) {
+    let box = document.getElementById("chart-" + c.key);
+    const shown = !c.only || c.only(last.status);
+    if (!shown) { if (box) box.remove(); continue; }
+    if (!box) {
+      box = el("div", { class: "chart", id: "chart-" + c.key },
+        el("div", { class: "title" }, el("span", {}, c.title), el("span", { class: "now" }, "")));
+      box.append(document.createElementNS("http://www.w3.org/2000/svg", "svg"));
+      host.append(box);
+    }
+    const points = [];
+    for (let i = 0; i < samples.length; i++) {
+      const v = samples[i].values[c.key];
+      if (v != null && isFinite(v)) points.push([samples[i].t, v]);
+    }
+    const now = points.length ? points[points.length - 1][1] : null;
+    box.querySelector(".now").textContent = now == null ? "—" : (Math.round(now * 10) / 10).toLocaleString();
+    draw(box.querySelector("svg"), points);
+  }
+}
+
+function draw(svg, points) {
+  const W = 300, H = 70, end = Date.now(), start = end - KEEP * POLL_MS;
+  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  svg.setAttribute("preserveAspectRatio", "none");
+  const max = Math.max(1, ...points.map(p => p[1])) * 1.1;
+  const x = t => ((t - start) / (end - start)) * W;
+  const y = v => H - (v / max) * (H - 4) - 2;
+  const ns = "http://www.w3.org/2000/svg";
+  const parts = [];
+  for (const e of events) {
+    if (e.at < start) continue;
+    const line = document.createElementNS(ns, "line");
+    line.setAttribute("class", "event");
+    line.setAttribute("x1", x(e.at)); line.setAttribute("x2", x(e.at));
+    line.setAttribute("y1", 0); line.setAttribute("y2", H);
+    parts.push(line);
+  }
+  const poly = document.createElementNS(ns, "polyline");
+  poly.setAttribute("points", points.map(p => `${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join(" "));
+  parts.push(poly);
+  svg.replaceChildren(...parts);
+}
+
+function sample(s) {
+  const t = Date.now();
+  const values = {};
+  const prev = samples[samples.length - 1];
+  for (const c of CHARTS) {
+    const v = c.pick(s);
+    if (c.rate) {
+      values[c.key] = prev && prev.raw[c.key] != null && v != null
+        ? Math.max(0, (v - prev.raw[c.key]) / ((t - prev.t) / 1000)) : null;
+    } else {
+      values[c.key] = v;
+    }
+  }
+  const raw = {};
+  for (const c of CHARTS) raw[c.key] = c.pick(s);
+  samples.push({ t, values, raw, status: s });
+  if (samples.length > KEEP) samples.shift();
+  // Only the newest sample keeps its whole status.
+  if (prev) prev.status = null;
+}
+
+async function poll() {
+  const live = document.getElementById("live");
+  try {
+    const r = await fetch("/status", { credentials: "same-origin", cache: "no-store" });
+    if (r.status === 401) {
+      live.textContent = "logged out: run `holdfast ctl dashboard` for a new link";
+      live.classList.add("stale");
+      return;
+    }
+    if (!r.ok) throw new Error("HTTP " + r.status);
+    const s = await r.json();
+    if (previous) compare(previous, s);
+    else if (s.ha.last) {
+      const l = s.ha.last;
+      events.push({ at: l.finished_unix_ms, text: "", failed: false });
+      const li = el("li", l.ok ? {} : { class: "failed" }, el("time", {}, clock(l.finished_unix_ms)),
+        `${l.operation} ${l.ok ? "done" : "failed"} in ${Math.round(l.duration_ms)} ms: ${l.ok ? l.summary : l.error}`);
+      document.getElementById("events").prepend(li);
+    }
+    previous = s;
+    failures = 0;
+    sample(s);
+    header(s);
+    nodes(s);
+    sessions(s);
+    charts();
+    live.textContent = "live · " + clock(Date.now());
+    live.classList.remove("stale");
+  } catch (e) {
+    failures += 1;
+    live.textContent = `no answer from holdfast (${failures}): ${e.message}`;
+    live.classList.add("stale");
+  } finally {
+    setTimeout(poll, POLL_MS);
+  }
+}
+
+document.getElementById("find").addEventListener("input", () => { if (previous) sessions(previous); });
+poll();
