@@ -347,7 +347,46 @@ async fn get_metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
 
 /// The HA figures an alert needs (from the controller's state at each scrape).
 fn ha_metrics(h: &HaState) -> String {
-    format!(
+    let c = &h.counters;
+    let semi_sync = h.semi_sync.as_ref().map_or(String::new(), |s| {
+        format!(
+            "# HELP holdfast_semi_sync_active 1 while the primary waits for a replica's acknowledgement of each commit (semi-sync), 0 after a fallback to asynchronous replication\n\
+             # TYPE holdfast_semi_sync_active gauge\n\
+             holdfast_semi_sync_active {}\n\
+             # HELP holdfast_semi_sync_fallbacks Times holdfast saw the primary fall back to asynchronous replication\n\
+             # TYPE holdfast_semi_sync_fallbacks counter\n\
+             holdfast_semi_sync_fallbacks_total {}\n",
+            u8::from(s.active),
+            s.fallbacks
+        )
+    });
+    let operations = format!(
+        "# HELP holdfast_ha_operations HA operations that completed, by kind (switchover, failover, rejoin)\n\
+         # TYPE holdfast_ha_operations counter\n\
+         holdfast_ha_operations_total{{operation=\"switchover\"}} {}\n\
+         holdfast_ha_operations_total{{operation=\"failover\"}} {}\n\
+         holdfast_ha_operations_total{{operation=\"rejoin\"}} {}\n\
+         # HELP holdfast_automatic_failovers Failovers the failure detector started (a subset of the failovers)\n\
+         # TYPE holdfast_automatic_failovers counter\n\
+         holdfast_automatic_failovers_total {}\n\
+         # HELP holdfast_ha_operations_failed HA operations that failed (refusals not counted)\n\
+         # TYPE holdfast_ha_operations_failed counter\n\
+         holdfast_ha_operations_failed_total {}\n\
+         # HELP holdfast_ha_operation_running 1 while an HA operation runs\n\
+         # TYPE holdfast_ha_operation_running gauge\n\
+         holdfast_ha_operation_running {}\n\
+         # HELP holdfast_primary_failed_probes Failed probes in a row of the primary the failure detector watches\n\
+         # TYPE holdfast_primary_failed_probes gauge\n\
+         holdfast_primary_failed_probes {}\n",
+        c.switchovers,
+        c.failovers,
+        c.rejoins,
+        c.automatic_failovers,
+        c.failed_operations,
+        u8::from(h.in_progress.is_some()),
+        h.failed_probes
+    );
+    operations + &semi_sync + &format!(
         "# HELP holdfast_failovers_withheld Failovers not done because no replica had applied everything the replicas received (acknowledged writes would be lost)\n\
          # TYPE holdfast_failovers_withheld counter\n\
          holdfast_failovers_withheld_total {}\n\
@@ -428,6 +467,14 @@ fn node_metrics(t: &Topology) -> String {
     use std::fmt::Write as _;
     let label = |name: &str| name.replace('\\', "\\\\").replace('"', "\\\"");
     let mut out = String::new();
+    let _ = write!(
+        out,
+        "# HELP holdfast_primary_known 1 while holdfast knows a writable primary (0: writes wait or fail)\n\
+         # TYPE holdfast_primary_known gauge\n\
+         holdfast_primary_known {}\n",
+        u8::from(t.primary.is_some())
+    );
+    let primary = t.primary;
     let mut family =
         |name: &str,
          kind: &str,
@@ -446,6 +493,21 @@ fn node_metrics(t: &Topology) -> String {
                 }
             }
         };
+    family(
+        "node_primary",
+        "gauge",
+        "1 for the node holdfast sends writes to",
+        &|n| {
+            let is = primary.and_then(|i| t.nodes.get(i)).map(|p| &p.name) == Some(&n.name);
+            Some(f64::from(u8::from(is)))
+        },
+    );
+    family(
+        "node_reachable",
+        "gauge",
+        "1 while the monitor reaches the node",
+        &|n| Some(f64::from(u8::from(n.reachable))),
+    );
     family(
         "node_active_requests",
         "gauge",
@@ -1286,10 +1348,95 @@ mod tests {
         assert!(render_reload(&unchanged).ends_with("unchanged)\nno setting changed\n"));
     }
 
+    /// Every metric the Grafana dashboard and the Prometheus rules in `deploy/` name is one
+    /// `/metrics` shows (rendered here by the same code, with every optional family on: a
+    /// replica, semi-sync, a fleet), and of the type the name says (`_total` a counter,
+    /// `_bucket` a histogram).
     #[test]
-    fn ha_line() {
+    fn deploy_files_name_only_metrics_holdfast_exposes() {
+        let cfg = holdfast_config::Config::parse(
+            "[proxy]\nlisten = \"127.0.0.1:1\"\n[[backend]]\nname = \"node1\"\naddress = \"127.0.0.1:2\"\n\
+             [[backend]]\nname = \"node2\"\naddress = \"127.0.0.1:3\"\n",
+            "test",
+        )
+        .expect("a config");
+        let mut topology = Topology::from_config(&cfg);
+        topology.primary = Some(0);
+        topology.nodes[1].replication = Some(holdfast_cluster::topology::ReplicaHealth {
+            io_running: true,
+            sql_running: true,
+            lag_ms: Some(2000),
+            source: "127.0.0.1:2".into(),
+            error: String::new(),
+        });
+        let fleet = FleetView {
+            name: "lab".into(),
+            member: "a".into(),
+            leader: true,
+            epoch: 7,
+            leader_member: Some("a".into()),
+            members: vec![],
+            lease_renewed_ms_ago: Some(100),
+            times_elected: 1,
+            times_joined: 1,
+            decisions: vec![],
+        };
+        let metrics = holdfast_proxy::metrics::Metrics::new();
+        let text = metrics.render()
+            + &node_metrics(&topology)
+            + &ha_metrics(&sample_ha_state())
+            + &fleet_metrics(&fleet);
+        let type_of = |base: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("# TYPE {base} ")))
+                .map(str::to_string)
+        };
+        for file in [
+            include_str!("../../../deploy/grafana-dashboard.json"),
+            include_str!("../../../deploy/prometheus-rules.yml"),
+        ] {
+            let mut named = 0;
+            for (at, _) in file.match_indices("holdfast_") {
+                let word_start = file[..at]
+                    .chars()
+                    .next_back()
+                    .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_'));
+                if !word_start {
+                    continue;
+                }
+                let name: String = file[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+                    .collect();
+                named += 1;
+                let (base, wants) = [("_total", "counter"), ("_bucket", "histogram")]
+                    .into_iter()
+                    .find_map(|(suffix, kind)| Some((name.strip_suffix(suffix)?, Some(kind))))
+                    .unwrap_or((name.as_str(), None));
+                let found = type_of(base).or_else(|| type_of(&name));
+                let Some(found) = found else {
+                    panic!("{name} is not a metric holdfast exposes");
+                };
+                if let Some(wants) = wants {
+                    assert_eq!(found, wants, "{name}: a {found}");
+                } else {
+                    assert!(
+                        !matches!(found.as_str(), "counter" | "histogram"),
+                        "{name} is a {found}: name its _total or _bucket"
+                    );
+                }
+            }
+            assert!(named > 10, "the file names holdfast's metrics");
+        }
+        let dashboard: serde_json::Value =
+            serde_json::from_str(include_str!("../../../deploy/grafana-dashboard.json"))
+                .expect("the dashboard is JSON");
+        assert!(dashboard["panels"].as_array().is_some_and(|p| p.len() > 10));
+    }
+
+    fn sample_ha_state() -> HaState {
         use holdfast_cluster::ha::controller::{HaCounters, LastOp, OpKind};
-        let h = HaState {
+        HaState {
             mode: holdfast_config::HaMode::Managed,
             in_progress: None,
             last: Some(LastOp {
@@ -1319,7 +1466,12 @@ mod tests {
                 fallbacks: 1,
                 ..Default::default()
             }),
-        };
+        }
+    }
+
+    #[test]
+    fn ha_line() {
+        let h = sample_ha_state();
         let text = render_ha(&h, 12_000);
         assert!(
             text.contains("semi-sync: NOT ACTIVE (asynchronous"),
