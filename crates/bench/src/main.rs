@@ -4,6 +4,7 @@
 mod admin;
 mod bare_relay;
 mod bench;
+mod chart;
 mod demo;
 mod drill;
 mod fuzz;

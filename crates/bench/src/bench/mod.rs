@@ -651,7 +651,14 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
                 }),
         ),
     };
-    crate::report::publish(|md| report.render(md), args.out.as_deref(), "bench")
+    crate::report::publish(|md| report.render(md), args.out.as_deref(), "bench")?;
+    if let Some(out) = &args.out {
+        let html = out.with_extension("html");
+        fs::write(&html, report.render_html())
+            .with_context(|| format!("writing {}", html.display()))?;
+        eprintln!("bench: report with charts written to {}", html.display());
+    }
+    Ok(())
 }
 
 fn pid_of(pids: &[(Target, u32)], target: Target) -> Option<u32> {
@@ -1194,6 +1201,65 @@ impl Report<'_> {
             runs: runs.len(),
             per_query: PerQuery::medians(&runs.iter().map(|r| r.per_query()).collect::<Vec<_>>()),
         }
+    }
+
+    /// The medians as pictures: per workload, bars of tps (with the ratio to HAProxy), of
+    /// p99 latency and of the whole machine's CPU per query, one bar per target.
+    fn render_html(&self) -> String {
+        use crate::chart;
+        let a = self.args;
+        let mut sections = Vec::new();
+        for w in &a.workloads {
+            let hp = self.summary(w, Target::Haproxy);
+            let machine =
+                |s: &Summary| Some(s.per_query.machine_user_us? + s.per_query.machine_kernel_us?);
+            let mut tps = Vec::new();
+            let mut p99 = Vec::new();
+            let mut cpu = Vec::new();
+            for &(target, _) in &self.targets {
+                let s = self.summary(w, target);
+                let vs = |v: Option<f64>, base: Option<f64>| match (v, base) {
+                    (Some(v), Some(b)) if b > 0.0 && target != Target::Haproxy => {
+                        format!("{:.2}x HAProxy", v / b)
+                    }
+                    _ => String::new(),
+                };
+                if let Some(v) = s.tps {
+                    let spread = s
+                        .tps_range
+                        .map_or(String::new(), |(lo, hi)| format!(" ({lo:.0}-{hi:.0})"));
+                    tps.push((
+                        target.label().to_string(),
+                        v,
+                        format!("{}{spread}", vs(s.tps, hp.tps)),
+                    ));
+                }
+                if let Some(v) = s.p99 {
+                    p99.push((target.label().to_string(), v, vs(s.p99, hp.p99)));
+                }
+                if let Some(v) = machine(&s) {
+                    cpu.push((target.label().to_string(), v, vs(Some(v), machine(&hp))));
+                }
+            }
+            sections.push((
+                w.clone(),
+                [
+                    chart::bar_chart("transactions per second, median", "tps", &tps),
+                    chart::bar_chart("99th percentile latency, median", "ms", &p99),
+                    chart::bar_chart("the whole machine's CPU per query, median", "µs", &cpu),
+                ]
+                .join("\n"),
+            ));
+        }
+        let context = vec![
+            format!(
+                "{} round(s) x {} s, {} threads, {} tables x {} rows, nproc {}, targets interleaved",
+                a.rounds, a.time, a.threads, a.tables, a.table_size, self.provenance.nproc
+            ),
+            format!("mariadbd {}; {}; {}", self.versions.mariadbd, self.versions.sysbench, self.versions.haproxy),
+            "in parentheses: the lowest and highest tps of the rounds".into(),
+        ];
+        chart::page("holdfast benchmark", &context, &sections)
     }
 
     fn render(&self, md: bool) -> String {

@@ -48,6 +48,10 @@ struct Row {
     /// The readers beside sysbench in the node scenarios (reads outside transactions,
     /// which the split listener sends to the replicas).
     readers: Option<Readers>,
+    /// sysbench's seconds (second, tps, p95 ms), and when the event began and ended, in
+    /// seconds since sysbench started: for the report's chart.
+    intervals: Vec<(f64, f64, f64)>,
+    event_span: (f64, f64),
 }
 
 /// What the readers of a node scenario did.
@@ -146,6 +150,11 @@ pub fn run(args: &DrillArgs, holdfast: &Path, scenarios: &[Scenario]) -> Result<
         super::ack::WRITERS
     );
     println!("holdfast log: {}", log.display());
+    let report = args.dir.join("drill-report.html");
+    match write_report(&report, args, &rows) {
+        Ok(()) => println!("report with charts: {}", report.display()),
+        Err(e) => println!("no report with charts: {e:#}"),
+    }
     drop(server);
     if !args.keep {
         holdfast_lab::down(&args.dir)?;
@@ -221,6 +230,74 @@ pub(super) fn closed_sessions(admin_addr: &holdfast_admin::AdminClient) -> f64 {
         .sum()
 }
 
+/// The drill as pictures: per scenario, sysbench's transactions per second and its 95th
+/// percentile latency per second, the event marked and the seconds below half the run's
+/// median throughput shaded (the stall); each throughput chart also as
+/// `drill-<scenario>.svg`.
+fn write_report(path: &Path, args: &DrillArgs, rows: &[Row]) -> Result<()> {
+    use crate::chart::{self, Marks, Series};
+    let mut sections = Vec::new();
+    for r in rows {
+        let marks = Marks {
+            events: vec![(r.event_span.0, r.scenario.to_string())],
+            shaded: chart::slow_seconds(&r.intervals),
+        };
+        let x_max = args.seconds as f64;
+        let throughput = chart::time_chart(
+            &format!("{}: transactions per second", r.scenario),
+            "seconds",
+            "tps",
+            x_max,
+            &[Series {
+                name: "tps".into(),
+                points: r.intervals.iter().map(|i| (i.0, i.1)).collect(),
+            }],
+            &marks,
+        );
+        let latency = chart::time_chart(
+            &format!("{}: 95th percentile latency per second", r.scenario),
+            "seconds",
+            "ms",
+            x_max,
+            &[Series {
+                name: "p95 ms".into(),
+                points: r.intervals.iter().map(|i| (i.0, i.2)).collect(),
+            }],
+            &marks,
+        );
+        std::fs::write(
+            path.with_file_name(format!("drill-{}.svg", r.scenario)),
+            &throughput,
+        )?;
+        let summary = format!(
+            "<p>{} of {} connections kept; {} transactions; {} errors ignored{}; max latency {:.0} ms, {} s without a transaction; the event ({:.1} s to {:.1} s): {}</p>",
+            r.kept,
+            r.threads,
+            r.transactions,
+            r.ignored_errors,
+            if r.fatal { ", FATAL" } else { "" },
+            r.max_latency_ms,
+            r.longest_gap_s,
+            r.event_span.0,
+            r.event_span.1,
+            chart::escape(&r.event)
+        );
+        sections.push((
+            r.scenario.to_string(),
+            format!("{summary}\n{throughput}\n{latency}"),
+        ));
+    }
+    let context = vec![
+        format!(
+            "sysbench oltp_read_write through holdfast, {} threads, {} s per scenario, the event a third of the way in",
+            args.threads, args.seconds
+        ),
+        "dashed line: the event; shaded: seconds below half the run's median throughput".into(),
+    ];
+    std::fs::write(path, chart::page("holdfast drill", &context, &sections))?;
+    Ok(())
+}
+
 fn run_scenario(lab: &LabStatus, args: &DrillArgs, scenario: Scenario) -> Result<Row> {
     let admin = admin::client(lab);
     let name = scenario.name();
@@ -258,8 +335,11 @@ fn run_scenario(lab: &LabStatus, args: &DrillArgs, scenario: Scenario) -> Result
         }
         _ => None,
     };
+    let started = std::time::Instant::now();
     std::thread::sleep(Duration::from_secs(args.seconds / 3));
+    let event_began = started.elapsed().as_secs_f64();
     let event = perform(lab, scenario)?;
+    let event_span = (event_began, started.elapsed().as_secs_f64());
     println!("   {event}");
     let out = child.wait_with_output()?;
     let readers = match readers {
@@ -306,6 +386,8 @@ fn run_scenario(lab: &LabStatus, args: &DrillArgs, scenario: Scenario) -> Result
         reconnects: value_after(&text, "reconnects:"),
         max_latency_ms: value_after(&text, "max:"),
         longest_gap_s: longest_gap(&text),
+        intervals: crate::chart::sysbench_intervals(&text),
+        event_span,
         event,
         ack,
         recovered,
