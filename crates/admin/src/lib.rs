@@ -82,6 +82,9 @@ pub struct Status {
     /// configuration has a pass-through listener.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_relay: Option<KernelRelayView>,
+    /// The last HA and serverless events, oldest first.
+    #[serde(default)]
+    pub events: Vec<holdfast_proxy::events::Event>,
 }
 
 /// Whether pass-through sessions are relayed in the kernel, and how many are now.
@@ -313,6 +316,7 @@ pub fn status(shared: &Shared) -> Status {
             .and_then(|l| serde_json::to_value(l.view()).ok()),
         preflight: shared.preflight.load_full().map(|r| (*r).clone()),
         config: config_view(shared),
+        events: shared.events.recent(),
     }
 }
 

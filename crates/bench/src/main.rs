@@ -8,6 +8,7 @@ mod chart;
 mod demo;
 mod drill;
 mod fuzz;
+mod progress;
 mod replay_memory;
 mod report;
 mod resume;

@@ -319,6 +319,19 @@ fn the_dashboard_shows_a_switchover_live_in_a_browser() {
          document.getElementById('events').innerText.includes('primary node1 → node2')",
         Duration::from_secs(10),
     );
+    // The events are holdfast's, not the page's: a page opened later shows them too.
+    let status: Value =
+        serde_json::from_str(&ctl(&config, &["status", "--json"])).expect("status JSON");
+    let told: Vec<&str> = status["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter_map(|e| e["text"].as_str())
+        .collect();
+    assert!(
+        told.iter().any(|t| t.starts_with("switchover done")),
+        "{told:?}"
+    );
     let who: Option<String> = client
         .query_first("SELECT @who")
         .expect("the session goes on");

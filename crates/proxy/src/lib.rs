@@ -11,6 +11,7 @@ pub mod client_trackers;
 pub use holdfast_config as config;
 pub mod conn;
 pub mod error;
+pub mod events;
 pub mod gate;
 pub mod kernel_relay;
 pub mod logging;
@@ -60,6 +61,8 @@ pub struct Shared {
     /// Client connections open now, against `[proxy] max_connections`.
     connections: Arc<ConnectionSlots>,
     pub metrics: Metrics,
+    /// The HA and serverless events, for `/status` and the dashboard.
+    pub events: events::EventLog,
     pub verifiers: VerifierCache,
     pub topology: watch::Receiver<Arc<Topology>>,
     pub sessions: SessionRegistry,
@@ -352,6 +355,7 @@ impl Shared {
             log_level: std::sync::OnceLock::new(),
             connections: Arc::default(),
             metrics: Metrics::new(),
+            events: Default::default(),
             verifiers: VerifierCache::default(),
             topology,
             sessions: SessionRegistry::default(),
@@ -660,6 +664,7 @@ impl Proxy {
         .spawn();
         tokio::spawn(refresh_verifiers(shared.clone()));
         tokio::spawn(run_preflight(shared.clone()));
+        tokio::spawn(events::follow(shared.clone()));
         if let Some(lc) = &shared.serverless {
             serverless::spawn_tasks(&shared, lc);
         }

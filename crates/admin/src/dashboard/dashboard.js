@@ -39,45 +39,19 @@ function ago(secs) {
   return Math.floor(secs / 3600) + " h " + Math.floor((secs % 3600) / 60) + " min";
 }
 
-function note(text, failed) {
-  events.push({ at: Date.now(), text, failed: !!failed });
-  if (events.length > 200) events.shift();
-  const li = el("li", failed ? { class: "failed" } : {}, el("time", {}, clock(Date.now())), text);
+// The server's event log (the last hundred HA and serverless events), newest first.
+function showEvents(s) {
   const list = document.getElementById("events");
-  list.prepend(li);
-  while (list.children.length > 200) list.lastChild.remove();
-}
-
-// What changed between two statuses, as events.
-function compare(before, now) {
-  const p0 = before.topology.primary, p1 = now.topology.primary;
-  if (p0 !== p1) note(`primary ${p0 || "none"} → ${p1 || "none"}`);
-  const r0 = before.ha.in_progress, r1 = now.ha.in_progress;
-  if (r1 && (!r0 || r0.started_unix_ms !== r1.started_unix_ms)) {
-    note(`${r1.operation} started${r1.automatic ? " (automatic)" : ""}`);
-  }
-  const l0 = before.ha.last, l1 = now.ha.last;
-  if (l1 && (!l0 || l0.finished_unix_ms !== l1.finished_unix_ms)) {
-    const how = l1.ok ? "done" : "failed";
-    note(`${l1.operation} ${how} in ${Math.round(l1.duration_ms)} ms: ${l1.ok ? l1.summary : l1.error}`, !l1.ok);
-  }
-  const byName = new Map(before.topology.nodes.map(n => [n.name, n]));
-  for (const n of now.topology.nodes) {
-    const b = byName.get(n.name);
-    if (!b) { note(`node ${n.name} added`); continue; }
-    if (b.reachable !== n.reachable) note(`node ${n.name} ${n.reachable ? "reachable again" : "unreachable"}`, !n.reachable);
-    if (b.draining !== n.draining && n.draining) note(`node ${n.name} draining`);
-  }
-  for (const b of before.topology.nodes) {
-    if (!now.topology.nodes.some(n => n.name === b.name)) note(`node ${b.name} removed`);
-  }
-  const s0 = before.serverless, s1 = now.serverless;
-  if (s1 && (!s0 || s0.phase !== s1.phase)) {
-    note(`instance ${s1.phase}${s1.tier ? " (" + s1.tier + ")" : ""}`);
-  }
-  if (s0 && s1 && s0.ccu !== s1.ccu) note(`instance scaled ${s0.ccu} → ${s1.ccu} CCU`);
-  const moved = now.counters.sessions_moved - before.counters.sessions_moved;
-  if (moved > 0) note(`${moved} session${moved > 1 ? "s" : ""} moved`);
+  const all = s.events || [];
+  const newest = all.length ? all[all.length - 1].unix_ms + ":" + all.length : "";
+  if (list.dataset.newest === newest) return;
+  list.dataset.newest = newest;
+  events.length = 0;
+  for (const e of all) events.push({ at: e.unix_ms, text: e.text, failed: !!e.bad });
+  list.replaceChildren(...all.slice().reverse().map(e =>
+    el("li", e.bad ? { class: "failed", "data-kind": e.kind } : { "data-kind": e.kind },
+      el("time", {}, clock(e.unix_ms)), e.text)));
+  if (!all.length) list.replaceChildren(el("li", { class: "none" }, "nothing has happened since holdfast started"));
 }
 
 function header(s) {
@@ -213,18 +187,11 @@ async function poll() {
     }
     if (!r.ok) throw new Error("HTTP " + r.status);
     const s = await r.json();
-    if (previous) compare(previous, s);
-    else if (s.ha.last) {
-      const l = s.ha.last;
-      events.push({ at: l.finished_unix_ms, text: "", failed: false });
-      const li = el("li", l.ok ? {} : { class: "failed" }, el("time", {}, clock(l.finished_unix_ms)),
-        `${l.operation} ${l.ok ? "done" : "failed"} in ${Math.round(l.duration_ms)} ms: ${l.ok ? l.summary : l.error}`);
-      document.getElementById("events").prepend(li);
-    }
     previous = s;
     failures = 0;
     sample(s);
     header(s);
+    showEvents(s);
     nodes(s);
     sessions(s);
     charts();

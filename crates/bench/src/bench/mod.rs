@@ -508,6 +508,7 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
     }
 
     // Rounds.
+    let rounds_started = Instant::now();
     let mut runs = Vec::new();
     let total = args.rounds * args.workloads.len() * ports.len();
     let mut n = 0;
@@ -517,8 +518,16 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
                 let (target, port) = ports[(i + round) % ports.len()];
                 n += 1;
                 let log = logs.join(format!("r{}-{workload}-{}.log", round + 1, target.name()));
+                // What is left, at the pace of the runs so far (the first: its length).
+                let per_run = match n {
+                    1 => Duration::from_secs(u64::from(args.time) + 3),
+                    _ => rounds_started.elapsed() / (n as u32 - 1),
+                };
+                let left = per_run * (total - n + 1) as u32;
                 eprint!(
-                    "bench: [{n}/{total}] round {} {workload} {:<23} … ",
+                    "bench: [{n}/{total}, {}m{:02}s left] round {} {workload} {:<23} … ",
+                    left.as_secs() / 60,
+                    left.as_secs() % 60,
                     round + 1,
                     target.label()
                 );

@@ -320,7 +320,7 @@ fn run_scenario(lab: &LabStatus, args: &DrillArgs, scenario: Scenario) -> Result
     };
     let sb = common::sysbench(lab, args).command("oltp_read_write", port, &options, "run");
     let writers = Writers::start(lab, &format!("127.0.0.1:{port}"))?;
-    let child = common::start_sysbench(&sb)?;
+    let child = crate::progress::Watched::new(common::start_sysbench(&sb)?, name, args.seconds);
     let readers = match scenario {
         Scenario::AddNode | Scenario::RemoveNode => {
             let options = [
@@ -341,7 +341,7 @@ fn run_scenario(lab: &LabStatus, args: &DrillArgs, scenario: Scenario) -> Result
     let event = perform(lab, scenario)?;
     let event_span = (event_began, started.elapsed().as_secs_f64());
     println!("   {event}");
-    let out = child.wait_with_output()?;
+    let out = child.wait()?;
     let readers = match readers {
         Some(r) => {
             let out = r.wait_with_output()?;
