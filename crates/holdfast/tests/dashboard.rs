@@ -332,6 +332,11 @@ fn the_dashboard_shows_a_switchover_live_in_a_browser() {
         told.iter().any(|t| t.starts_with("switchover done")),
         "{told:?}"
     );
+    // Holdfast's own start is no event: the nodes were reachable all along.
+    assert!(
+        !told.iter().any(|t| t.contains("reachable again")),
+        "{told:?}"
+    );
     let who: Option<String> = client
         .query_first("SELECT @who")
         .expect("the session goes on");
@@ -351,6 +356,21 @@ fn the_dashboard_shows_a_switchover_live_in_a_browser() {
     browser.screenshot(&shot);
     eprintln!("screenshot: {}", shot.display());
     assert!(std::fs::metadata(&shot).expect("a screenshot").len() > 10_000);
+    // On a phone's screen: nothing wider than the screen but the tables, which scroll.
+    let session = browser.session.clone();
+    browser.call(
+        Some(&session),
+        "Emulation.setDeviceMetricsOverride",
+        json!({ "width": 390, "height": 844, "deviceScaleFactor": 2, "mobile": true }),
+    );
+    browser.wait_until(
+        "the page within a phone's width",
+        "document.documentElement.scrollWidth <= window.innerWidth + 1",
+        Duration::from_secs(5),
+    );
+    let phone = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard-phone.png");
+    browser.screenshot(&phone);
+    eprintln!("screenshot on a phone's screen: {}", phone.display());
     // A last look for errors the page logged.
     browser.eval("1");
     assert!(

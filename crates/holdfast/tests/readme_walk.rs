@@ -79,6 +79,11 @@ const NOT_RUN: &[(&str, &str)] = &[
         "cargo install --locked --path crates/bench",
         "as above: checked that the path is the package that builds `holdfast-bench`",
     ),
+    (
+        "holdfast ctl -c /tmp/hf-lab/holdfast.toml dashboard",
+        "its link is for a browser: tests/dashboard.rs runs `ctl dashboard` against a lab \
+         and opens the link in headless Chromium",
+    ),
 ];
 
 /// The sections the walks below follow command by command.

@@ -13,6 +13,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// Events remembered.
 pub const KEPT: usize = 100;
 const LOOK_EVERY: Duration = Duration::from_millis(500);
+/// How long the events wait for the monitor's first look at the nodes.
+const FIRST_LOOK_WITHIN: Duration = Duration::from_secs(10);
 
 /// One event.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -178,6 +180,10 @@ fn compare(log: &EventLog, before: &Seen, now: &Seen) {
 
 /// Follows holdfast's state for as long as the process runs.
 pub async fn follow(shared: Arc<Shared>) {
+    // From the monitor's first look at the nodes on: before it, every node counts as
+    // unreachable and no primary is known, which is no event.
+    let mut topology = shared.topology.clone();
+    let _ = tokio::time::timeout(FIRST_LOOK_WITHIN, topology.changed()).await;
     let mut before = look(&shared);
     let mut tick = tokio::time::interval(LOOK_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
