@@ -325,8 +325,41 @@ async fn get_health() -> Response {
     (StatusCode::OK, Json(serde_json::json!({"status": "ok"}))).into_response()
 }
 
-async fn get_status(State(shared): State<Arc<Shared>>) -> Json<Status> {
-    Json(status(&shared))
+/// `GET /status?sessions_max=N&find=TEXT`: the sessions whose id, user, client address,
+/// node or blocker holds TEXT (any case), the first N of them by id (the dashboard asks
+/// for a page's worth; `counters.sessions_open` still counts them all).
+#[derive(Debug, Default, Deserialize)]
+struct StatusQuery {
+    sessions_max: Option<usize>,
+    find: Option<String>,
+}
+
+async fn get_status(
+    State(shared): State<Arc<Shared>>,
+    axum::extract::Query(q): axum::extract::Query<StatusQuery>,
+) -> Json<Status> {
+    let mut s = status(&shared);
+    if let Some(find) = q
+        .find
+        .map(|f| f.trim().to_lowercase())
+        .filter(|f| !f.is_empty())
+    {
+        s.sessions.retain(|x| {
+            [
+                x.id.to_string(),
+                x.user.to_lowercase(),
+                x.client.clone(),
+                x.backend.to_lowercase(),
+                x.blocked_by.clone().unwrap_or_default(),
+            ]
+            .iter()
+            .any(|v| v.contains(&find))
+        });
+    }
+    if let Some(max) = q.sessions_max {
+        s.sessions.truncate(max);
+    }
+    Json(s)
 }
 
 async fn get_metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {

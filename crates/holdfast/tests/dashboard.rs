@@ -85,10 +85,15 @@ impl Browser {
             .expect("host:port")
             .to_string();
         let stream = TcpStream::connect(&address).expect("connecting to DevTools");
+        // The handshake may take a while on a busy machine (a timeout here would cut it
+        // short); reads after it wake every 200 ms to check their deadline.
         stream
-            .set_read_timeout(Some(Duration::from_millis(200)))
+            .set_read_timeout(Some(Duration::from_secs(30)))
             .expect("a read timeout");
         let (ws, _) = tungstenite::client(endpoint.as_str(), stream).expect("a DevTools socket");
+        ws.get_ref()
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .expect("a read timeout");
         let mut b = Browser {
             ws,
             session: String::new(),
@@ -200,15 +205,14 @@ impl Browser {
     }
 }
 
-/// A plain HTTP/1.1 GET to the admin listener: its status line and headers, then body.
-fn http_get(admin: &str, path: &str, cookie: Option<&str>) -> String {
+/// A plain HTTP/1.1 GET to the admin listener, with `header` (a whole line, or nothing):
+/// its status line and headers, then body.
+fn http_get(admin: &str, path: &str, header: Option<&str>) -> String {
     let mut s = TcpStream::connect(admin).expect("the admin listener");
-    let cookie = cookie
-        .map(|c| format!("Cookie: {c}\r\n"))
-        .unwrap_or_default();
+    let header = header.map(|h| format!("{h}\r\n")).unwrap_or_default();
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {admin}\r\n{cookie}Connection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {admin}\r\n{header}Connection: close\r\n\r\n"
     )
     .expect("a request");
     let mut answer = String::new();
@@ -305,6 +309,26 @@ fn the_dashboard_shows_a_switchover_live_in_a_browser() {
          document.querySelector('#sessions tbody tr').innerText.includes('app')",
         Duration::from_secs(5),
     );
+    // The page asks the server for the sessions its finder matches, a page's worth.
+    let bearer = format!("Authorization: Bearer {}", token.trim());
+    let found = |query: &str| -> Value {
+        let answer = http_get(&admin, &format!("/status?{query}"), Some(&bearer));
+        let body = answer.split("\r\n\r\n").nth(1).expect("a body");
+        serde_json::from_str(body).expect("status JSON")
+    };
+    let none = found("find=nobody-here");
+    assert_eq!(none["sessions"].as_array().map(Vec::len), Some(0));
+    assert_eq!(none["counters"]["sessions_open"], 1);
+    assert_eq!(
+        found("find=APP&sessions_max=5")["sessions"]
+            .as_array()
+            .map(Vec::len),
+        Some(1)
+    );
+    assert_eq!(
+        found("sessions_max=0")["sessions"].as_array().map(Vec::len),
+        Some(0)
+    );
     // The cookie is out of the page's reach, and the link worked once.
     assert_eq!(browser.eval("document.cookie"), json!(""));
     let path = link.trim_start_matches(&format!("http://{admin}"));
@@ -345,7 +369,8 @@ fn the_dashboard_shows_a_switchover_live_in_a_browser() {
     browser.wait_until(
         "the session moved",
         "(() => { const c = document.querySelector('#sessions tbody tr').children; \
-           return c[3].innerText === 'node2' && c[6].innerText === '1'; })()",
+           return c[3].innerText === 'node2' && c[6].innerText === '1' \
+             && c[8].innerText.includes('node1 → node2'); })()",
         Duration::from_secs(5),
     );
     eprintln!(

@@ -61,6 +61,22 @@ pub struct SessionInfo {
     pub replay_held: AtomicU64,
     /// Why the open transaction is not replayable, if it is not.
     pub replay_blocked: Mutex<Option<&'static str>>,
+    /// The session's last moves in this process (at most [`JOURNEY_KEPT`]).
+    pub journey: Mutex<Vec<Move>>,
+}
+
+/// Moves a session remembers.
+pub const JOURNEY_KEPT: usize = 8;
+
+/// One move of a session to a new backend connection: when, from which node to which,
+/// why, and how long it took (log in, restore the state, prepare the statements again).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Move {
+    pub unix_ms: u64,
+    pub from: String,
+    pub to: String,
+    pub why: String,
+    pub ms: f64,
 }
 
 impl SessionInfo {
@@ -91,6 +107,17 @@ impl SessionInfo {
             capture_deferred: AtomicBool::new(false),
             replay_held: AtomicU64::new(0),
             replay_blocked: Mutex::new(None),
+            journey: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Remembers a move (the oldest goes past [`JOURNEY_KEPT`]).
+    pub fn note_move(&self, m: Move) {
+        if let Ok(mut journey) = self.journey.lock() {
+            if journey.len() >= JOURNEY_KEPT {
+                journey.remove(0);
+            }
+            journey.push(m);
         }
     }
 
@@ -161,6 +188,7 @@ impl SessionInfo {
                 .lock()
                 .ok()
                 .and_then(|b| b.map(str::to_string)),
+            journey: self.journey.lock().map(|j| j.clone()).unwrap_or_default(),
         }
     }
 }
@@ -188,6 +216,9 @@ pub struct SessionView {
     /// Why its open transaction would not be replayed, if it would not.
     #[serde(default)]
     pub replay_blocked_by: Option<String>,
+    /// Its last moves in this process, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub journey: Vec<Move>,
 }
 
 #[derive(Default)]

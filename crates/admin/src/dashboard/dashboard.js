@@ -4,6 +4,7 @@
 
 const POLL_MS = 1000;
 const KEEP = 300; // samples: five minutes at one a second
+const SHOWN = 200; // sessions in the table at most (the finder narrows them on the server)
 const samples = [];
 const events = [];
 let previous = null;
@@ -96,16 +97,33 @@ function nodes(s) {
   }));
 }
 
+function finding() {
+  return document.getElementById("find").value.trim().toLowerCase();
+}
+
+function move(m) {
+  return `${clock(m.unix_ms)} ${m.from || "?"} → ${m.to} (${m.why}, ${Math.round(m.ms * 10) / 10} ms)`;
+}
+
+// The sessions the server sent (the first SHOWN that match the finder), filtered again
+// here so typing answers at once.
 function sessions(s) {
-  const find = document.getElementById("find").value.trim().toLowerCase();
+  const find = finding();
   const rows = s.sessions.filter(x => !find || [x.id, x.user, x.client, x.backend, x.blocked_by || ""]
     .some(v => String(v).toLowerCase().includes(find)));
-  document.getElementById("session-count").textContent = `(${s.sessions.length})`;
+  const total = s.counters.sessions_open;
+  document.getElementById("session-count").textContent =
+    rows.length < total ? `(${rows.length} shown of ${total})` : `(${total})`;
   const body = document.querySelector("#sessions tbody");
-  body.replaceChildren(...rows.slice(0, 500).map(x => el("tr", {},
-    el("td", {}, x.id), el("td", {}, x.user), el("td", {}, x.client), el("td", {}, x.backend),
-    el("td", {}, ago(x.age_secs)), el("td", {}, x.commands), el("td", {}, x.moves),
-    el("td", { class: x.movable ? "yes" : "warn" }, x.movable ? "movable" : (x.blocked_by || "not movable")))));
+  body.replaceChildren(...rows.map(x => {
+    const journey = x.journey || [];
+    const last = journey.length ? move(journey[journey.length - 1]) : "";
+    return el("tr", { "data-session": x.id, title: journey.map(move).join("\n") },
+      el("td", {}, x.id), el("td", {}, x.user), el("td", {}, x.client), el("td", {}, x.backend),
+      el("td", {}, ago(x.age_secs)), el("td", {}, x.commands), el("td", {}, x.moves),
+      el("td", { class: x.movable ? "yes" : "warn" }, x.movable ? "movable" : (x.blocked_by || "not movable")),
+      el("td", { class: "journey" }, last));
+  }));
 }
 
 function charts() {
@@ -179,7 +197,8 @@ function sample(s) {
 async function poll() {
   const live = document.getElementById("live");
   try {
-    const r = await fetch("/status", { credentials: "same-origin", cache: "no-store" });
+    const query = `?sessions_max=${SHOWN}&find=${encodeURIComponent(finding())}`;
+    const r = await fetch("/status" + query, { credentials: "same-origin", cache: "no-store" });
     if (r.status === 401) {
       live.textContent = "logged out: run `holdfast ctl dashboard` for a new link";
       live.classList.add("stale");

@@ -603,6 +603,15 @@ impl Session {
         drop(std::mem::replace(&mut self.backend, new));
         let elapsed = started.elapsed();
         tracing::info!(session = self.info.id, from = %self.backend_name, to = %node.name, reason = why, ms = elapsed.as_millis() as u64, "session moved");
+        self.info.note_move(crate::registry::Move {
+            unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            from: std::mem::take(&mut self.backend_name),
+            to: node.name.clone(),
+            why: why.to_string(),
+            ms: elapsed.as_secs_f64() * 1000.0,
+        });
         self.backend_name = node.name.clone();
         self.info
             .set_backend(&node.name, self.backend.greeting.connection_id);
