@@ -309,6 +309,15 @@ fn the_dashboard_shows_a_switchover_live_in_a_browser() {
          document.querySelector('#sessions tbody tr').innerText.includes('app')",
         Duration::from_secs(5),
     );
+    // An error the server sends the client shows, by its code (read from /metrics).
+    assert!(client
+        .query_drop("SELECT * FROM sbtest.no_such_table")
+        .is_err());
+    browser.wait_until(
+        "the error by its code",
+        "document.getElementById('errors').innerText.includes('1146: 1')",
+        Duration::from_secs(12),
+    );
     // The page asks the server for the sessions its finder matches, a page's worth.
     let bearer = format!("Authorization: Bearer {}", token.trim());
     let found = |query: &str| -> Value {

@@ -8,6 +8,10 @@ const SHOWN = 200; // sessions in the table at most (the finder narrows them on 
 const samples = [];
 const events = [];
 let previous = null;
+// From /metrics, every few polls: errors sent to clients by code, sessions holdfast closed
+// by reason (totals since holdfast started).
+const troubles = { errors: new Map(), closed: new Map(), total: null, at: 0, rate: null, polls: 0 };
+const METRICS_EVERY = 5;
 let failures = 0;
 
 const CHARTS = [
@@ -17,6 +21,7 @@ const CHARTS = [
   { key: "held", title: "requests held/s", rate: true, pick: s => s.counters.requests_held },
   { key: "blocked", title: "sessions that cannot move", pick: s => s.sessions.filter(x => !x.movable).length },
   { key: "move_ms", title: "mean move ms", pick: s => s.counters.mean_move_ms },
+  { key: "errors", title: "errors sent/s", pick: () => troubles.rate },
   { key: "ccu", title: "size (CCU)", pick: s => s.serverless ? s.serverless.ccu : null, only: s => !!s.serverless },
   { key: "resume_ms", title: "last resume ms", pick: s => s.serverless ? s.serverless.last_resume_ms : null, only: s => !!s.serverless },
 ];
@@ -194,6 +199,44 @@ function sample(s) {
   if (prev) prev.status = null;
 }
 
+// The counters of one labelled family in the Prometheus text, by label value.
+function family(text, name, label) {
+  const out = new Map();
+  const re = new RegExp("^" + name + "\\{[^}]*" + label + "=\"([^\"]*)\"[^}]*\\} ([0-9.e+]+)$", "gm");
+  for (const m of text.matchAll(re)) out.set(m[1], (out.get(m[1]) || 0) + Number(m[2]));
+  return out;
+}
+
+async function readTroubles() {
+  try {
+    const r = await fetch("/metrics", { credentials: "same-origin", cache: "no-store" });
+    if (!r.ok) return;
+    const text = await r.text();
+    troubles.errors = family(text, "holdfast_errors_total", "code");
+    troubles.closed = family(text, "holdfast_sessions_closed_by_holdfast_total", "reason");
+    // The rate over the time since the last read (every few seconds).
+    const total = [...troubles.errors.values()].reduce((a, b) => a + b, 0);
+    const now = Date.now();
+    if (troubles.total != null && now > troubles.at) {
+      troubles.rate = Math.max(0, (total - troubles.total) / ((now - troubles.at) / 1000));
+    }
+    troubles.total = total;
+    troubles.at = now;
+    showTroubles();
+  } catch (e) {
+    // The next poll says whether holdfast answers.
+  }
+}
+
+function showTroubles() {
+  const list = (map, none) => {
+    const rows = [...map.entries()].filter(([, n]) => n > 0).sort((a, b) => b[1] - a[1]);
+    return rows.length ? rows.map(([k, n]) => el("li", {}, `${k}: ${n}`)) : [el("li", { class: "none" }, none)];
+  };
+  document.getElementById("errors").replaceChildren(...list(troubles.errors, "none"));
+  document.getElementById("closed").replaceChildren(...list(troubles.closed, "none"));
+}
+
 async function poll() {
   const live = document.getElementById("live");
   try {
@@ -206,6 +249,7 @@ async function poll() {
     }
     if (!r.ok) throw new Error("HTTP " + r.status);
     const s = await r.json();
+    if (troubles.polls++ % METRICS_EVERY === 0) await readTroubles();
     previous = s;
     failures = 0;
     sample(s);
