@@ -879,6 +879,30 @@ pub async fn serve(
     guard::serve(listener, router(shared, token), open).await
 }
 
+/// The last events shown by `ctl status`.
+const EVENTS_SHOWN: usize = 5;
+
+/// The last few events, newest last, with how long ago each was (`now_ms`: the time now).
+fn render_events(events: &[holdfast_proxy::events::Event], now_ms: u64) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    if events.is_empty() {
+        return o;
+    }
+    let _ = writeln!(
+        o,
+        "events (the last {} of {}; all in /status and the dashboard):",
+        events.len().min(EVENTS_SHOWN),
+        events.len()
+    );
+    for e in &events[events.len().saturating_sub(EVENTS_SHOWN)..] {
+        let ago = now_ms.saturating_sub(e.unix_ms) / 1000;
+        let mark = if e.bad { "!" } else { " " };
+        let _ = writeln!(o, " {mark} {ago:>5}s ago  {}", e.text);
+    }
+    o
+}
+
 /// Renders a status for a person.
 pub fn render_status(s: &Status) -> String {
     use std::fmt::Write;
@@ -1046,6 +1070,7 @@ pub fn render_status(s: &Status) -> String {
             let _ = writeln!(o, "START-UP CHECK: {}", p.render().replace('\n', "\n  "));
         }
     }
+    o.push_str(&render_events(&s.events, unix_ms_now()));
     if !s.sessions.is_empty() {
         let _ = writeln!(
             o,
@@ -1504,6 +1529,25 @@ mod tests {
                 ..Default::default()
             }),
         }
+    }
+
+    #[test]
+    fn the_last_events_render_newest_last() {
+        use holdfast_proxy::events::Event;
+        let events: Vec<Event> = (0..7)
+            .map(|i| Event {
+                unix_ms: 1_000 * i,
+                kind: "node".into(),
+                text: format!("event {i}"),
+                bad: i == 6,
+            })
+            .collect();
+        let text = render_events(&events, 10_000);
+        assert!(text.starts_with("events (the last 5 of 7;"), "{text}");
+        assert!(!text.contains("event 1\n"), "{text}");
+        assert!(text.contains("    8s ago  event 2"), "{text}");
+        assert!(text.ends_with(" !     4s ago  event 6\n"), "{text}");
+        assert_eq!(render_events(&[], 0), "");
     }
 
     #[test]
