@@ -782,7 +782,7 @@ impl Session {
                 if let Some(stmt) = self.statements.get_mut(client_id) {
                     stmt.cursor_open = wants_cursor && status & SERVER_STATUS_CURSOR_EXISTS != 0;
                 }
-                self.recount_statement_state();
+                self.recount_statement_state_after(wants_cursor);
                 Ok(())
             }
             _ => {
@@ -794,7 +794,7 @@ impl Session {
                         stmt.cursor_open = false;
                     }
                 }
-                self.recount_statement_state();
+                self.recount_statement_state_after(false);
                 Ok(())
             }
         }
@@ -845,6 +845,17 @@ impl Session {
         if let Err(error) = answered {
             tracing::info!(session = self.info.id, node = %self.backend_name, %error, "backend lost while dropping long data");
             self.mark_backend_dead();
+        }
+    }
+
+    /// [`Session::recount_statement_state`] after an execute or a fetch, which changes only
+    /// its own statement's flags: nothing to count when no cursor was open, no long data
+    /// pending and none could open (`could_open_cursor`). The count walks every prepared
+    /// statement (sysbench's sessions hold about 180), the most expensive thing holdfast
+    /// did per execute (2.2% of its CPU in a read_write profile).
+    fn recount_statement_state_after(&mut self, could_open_cursor: bool) {
+        if could_open_cursor || self.record.open_cursors > 0 || self.record.pending_long_data {
+            self.recount_statement_state();
         }
     }
 
