@@ -5,22 +5,13 @@
 
 mod common;
 
-use common::{holdfast, lab_up, run, Lab};
+use common::{holdfast, lab_up, run, Lab, Serving};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn chromium() -> PathBuf {
     ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
@@ -37,7 +28,7 @@ struct Browser {
     next_id: u64,
     /// Exceptions and console errors the page reported.
     errors: Vec<String>,
-    _process: Killed,
+    _process: Serving,
     _profile: PathBuf,
 }
 
@@ -65,7 +56,7 @@ impl Browser {
             .spawn()
             .expect("starting chromium");
         let stderr = child.stderr.take().expect("chromium's stderr");
-        let process = Killed(child);
+        let process = Serving(child);
         // "DevTools listening on ws://127.0.0.1:PORT/devtools/browser/ID"
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -244,7 +235,7 @@ fn the_dashboard_shows_a_switchover_live_in_a_browser() {
         .expect("[admin] listen")
         .to_string();
     let log = dir.join("serve.log");
-    let _served = Killed(
+    let _served = Serving(
         holdfast()
             .args(["serve", "--config"])
             .arg(&config)

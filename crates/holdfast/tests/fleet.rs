@@ -5,22 +5,12 @@
 
 mod common;
 
-use common::{holdfast, lab_up, low_port, run, Lab};
+use common::{holdfast, lab_up, low_port, run, Lab, Serving};
 use holdfast_lab::etcd::Etcd;
 use mysql::prelude::*;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
-
-/// A `holdfast serve` killed when dropped.
-struct Serving(Child);
-
-impl Drop for Serving {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// A port for a member's listener: below the ephemeral range, as the lab's (see
 /// [`low_port`]).

@@ -7,21 +7,11 @@
 
 mod common;
 
-use common::{holdfast, run, Lab};
+use common::{holdfast, run, Lab, Serving};
 use mysql::prelude::*;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
-
-/// A `holdfast serve` killed when dropped.
-struct Serving(Child);
-
-impl Drop for Serving {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// One member of the lab's fleet.
 struct Member {

@@ -17,10 +17,10 @@
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use holdfast_config::AdminToken;
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use zeroize::Zeroizing;
 
 /// How long a printed link can be used.
 pub const CODE_LIFETIME: Duration = Duration::from_secs(120);
@@ -37,9 +37,10 @@ const PAGE: &str = include_str!("index.html");
 const SCRIPT: &str = include_str!("dashboard.js");
 const STYLE: &str = include_str!("dashboard.css");
 
-/// A secret with its expiry.
+/// A secret (made and compared as the admin token is: 32 bytes from the OS's CSPRNG as
+/// hex, compared in constant time, zeroized when dropped) with its expiry.
 struct Secret {
-    value: Zeroizing<String>,
+    value: AdminToken,
     expires: Instant,
 }
 
@@ -52,25 +53,24 @@ pub struct Logins {
 
 impl Logins {
     /// A new one-time code.
-    pub fn issue_code(&self) -> Zeroizing<String> {
-        let code = random_secret();
-        let mut codes = lock(&self.codes);
-        remember(&mut codes, &code, CODE_LIFETIME, MAX_CODES);
+    pub fn issue_code(&self) -> AdminToken {
+        let code = AdminToken::generate();
+        remember(&mut lock(&self.codes), &code, CODE_LIFETIME, MAX_CODES);
         code
     }
 
     /// Takes a code; a cookie value for a new logged-in browser if the code was good.
-    fn redeem(&self, code: &str) -> Option<Zeroizing<String>> {
+    fn redeem(&self, code: &str) -> Option<AdminToken> {
         let now = Instant::now();
         {
             let mut codes = lock(&self.codes);
             codes.retain(|c| c.expires > now);
             let i = codes
                 .iter()
-                .position(|c| same(c.value.as_bytes(), code.as_bytes()))?;
+                .position(|c| c.value.matches(code.as_bytes()))?;
             codes.swap_remove(i);
         }
-        let cookie = random_secret();
+        let cookie = AdminToken::generate();
         remember(
             &mut lock(&self.sessions),
             &cookie,
@@ -88,9 +88,7 @@ impl Logins {
         let now = Instant::now();
         let mut sessions = lock(&self.sessions);
         sessions.retain(|s| s.expires > now);
-        sessions
-            .iter()
-            .any(|s| same(s.value.as_bytes(), value.as_bytes()))
+        sessions.iter().any(|s| s.value.matches(value.as_bytes()))
     }
 }
 
@@ -99,7 +97,7 @@ fn lock(m: &Mutex<Vec<Secret>>) -> std::sync::MutexGuard<'_, Vec<Secret>> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn remember(list: &mut Vec<Secret>, value: &Zeroizing<String>, lifetime: Duration, max: usize) {
+fn remember(list: &mut Vec<Secret>, value: &AdminToken, lifetime: Duration, max: usize) {
     let now = Instant::now();
     list.retain(|s| s.expires > now);
     if list.len() >= max {
@@ -109,25 +107,6 @@ fn remember(list: &mut Vec<Secret>, value: &Zeroizing<String>, lifetime: Duratio
         value: value.clone(),
         expires: now + lifetime,
     });
-}
-
-/// 32 random bytes, hex.
-fn random_secret() -> Zeroizing<String> {
-    let bytes: [u8; 32] = rand::random();
-    let mut s = Zeroizing::new(String::with_capacity(64));
-    for b in bytes {
-        s.push_str(&format!("{b:02x}"));
-    }
-    s
-}
-
-/// Equal bytes, in a time that depends on the lengths only.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    std::hint::black_box(diff) == 0
 }
 
 /// The dashboard cookie's value in a request's `Cookie` headers.
@@ -154,7 +133,7 @@ pub struct Link {
 pub(crate) async fn post_link(State(logins): State<Arc<Logins>>) -> Response {
     let code = logins.issue_code();
     let link = Link {
-        path: format!("/login?code={}", code.as_str()),
+        path: format!("/login?code={}", code.expose()),
         expires_in_secs: CODE_LIFETIME.as_secs(),
     };
     (StatusCode::OK, axum::Json(link)).into_response()
@@ -181,7 +160,7 @@ pub(crate) async fn get_login(
     tracing::info!("admin: a browser logged in to the dashboard");
     let set = format!(
         "{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
-        cookie.as_str(),
+        cookie.expose(),
         SESSION_LIFETIME.as_secs()
     );
     let mut answer = (StatusCode::SEE_OTHER, "logged in").into_response();
@@ -245,11 +224,14 @@ mod tests {
     fn a_code_is_good_once_and_its_cookie_lets_the_browser_in() {
         let logins = Logins::default();
         let code = logins.issue_code();
-        let cookie = logins.redeem(&code).expect("a fresh code");
-        assert!(logins.redeem(&code).is_none(), "a code is good once");
-        assert!(logins.cookie_ok(&with_cookie(&cookie)));
+        let cookie = logins.redeem(code.expose()).expect("a fresh code");
         assert!(
-            !logins.cookie_ok(&with_cookie(&code)),
+            logins.redeem(code.expose()).is_none(),
+            "a code is good once"
+        );
+        assert!(logins.cookie_ok(&with_cookie(cookie.expose())));
+        assert!(
+            !logins.cookie_ok(&with_cookie(code.expose())),
             "a code is not a cookie"
         );
         assert!(!logins.cookie_ok(&with_cookie("")));
@@ -263,11 +245,11 @@ mod tests {
         let cookies: Vec<_> = (0..=MAX_SESSIONS)
             .map(|_| {
                 let code = logins.issue_code();
-                logins.redeem(&code).expect("a fresh code")
+                logins.redeem(code.expose()).expect("a fresh code")
             })
             .collect();
-        assert!(!logins.cookie_ok(&with_cookie(&cookies[0])));
-        assert!(logins.cookie_ok(&with_cookie(&cookies[MAX_SESSIONS])));
+        assert!(!logins.cookie_ok(&with_cookie(cookies[0].expose())));
+        assert!(logins.cookie_ok(&with_cookie(cookies[MAX_SESSIONS].expose())));
         assert_eq!(lock(&logins.sessions).len(), MAX_SESSIONS);
     }
 }

@@ -243,28 +243,22 @@ fn write_report(path: &Path, args: &DrillArgs, rows: &[Row]) -> Result<()> {
             shaded: chart::slow_seconds(&r.intervals),
         };
         let x_max = args.seconds as f64;
-        let throughput = chart::time_chart(
-            &format!("{}: transactions per second", r.scenario),
-            "seconds",
-            "tps",
-            x_max,
-            &[Series {
-                name: "tps".into(),
-                points: r.intervals.iter().map(|i| (i.0, i.1)).collect(),
-            }],
-            &marks,
-        );
-        let latency = chart::time_chart(
-            &format!("{}: 95th percentile latency per second", r.scenario),
-            "seconds",
-            "ms",
-            x_max,
-            &[Series {
-                name: "p95 ms".into(),
-                points: r.intervals.iter().map(|i| (i.0, i.2)).collect(),
-            }],
-            &marks,
-        );
+        // One chart a figure of sysbench's seconds: (what, unit, the figure).
+        let per_second = |what: &str, unit: &str, figure: fn(&(f64, f64, f64)) -> f64| {
+            chart::time_chart(
+                &format!("{}: {what} per second", r.scenario),
+                "seconds",
+                unit,
+                x_max,
+                &[Series {
+                    name: unit.into(),
+                    points: r.intervals.iter().map(|i| (i.0, figure(i))).collect(),
+                }],
+                &marks,
+            )
+        };
+        let throughput = per_second("transactions", "tps", |i| i.1);
+        let latency = per_second("95th percentile latency", "p95 ms", |i| i.2);
         std::fs::write(
             path.with_file_name(format!("drill-{}.svg", r.scenario)),
             &throughput,

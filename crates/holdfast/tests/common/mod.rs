@@ -82,6 +82,17 @@ pub fn lab_up(dir: &Path, args: &[&str]) -> u16 {
     panic!("no free port layout for a lab");
 }
 
+/// A process (`holdfast serve`, a browser) killed and reaped when dropped.
+#[allow(dead_code)] // Not every test binary that shares this module starts one.
+pub struct Serving(pub std::process::Child);
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A lab directory: its servers are thawed (a failed run may leave one frozen, and `lab
 /// down` would wait for it), stopped and deleted when dropped.
 pub struct Lab(pub PathBuf);
