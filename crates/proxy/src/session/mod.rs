@@ -473,7 +473,14 @@ impl Session {
                 record.status = backend.greeting.status;
             }
             Err(e) => {
-                tracing::warn!(session = id, error = %e, "backend lost right after login");
+                // Another connection's `KILL` of the new id may land here, before the
+                // session runs: it ends as any killed session does, counted as killed.
+                if info.killed_on_purpose(backend.greeting.connection_id) {
+                    shared.metrics.session_closed(CloseReason::Killed.label());
+                    tracing::info!(session = id, client = %peer, "closed: a client's KILL ended its backend connection right after login");
+                } else {
+                    tracing::warn!(session = id, error = %e, "backend lost right after login");
+                }
                 shared.sessions.remove(id);
                 shared.metrics.sessions_active.dec();
                 return None;
