@@ -264,9 +264,15 @@ fn topology_view(t: &Topology) -> TopologyView {
 }
 
 pub fn status(shared: &Shared) -> Status {
+    status_of(shared, None, usize::MAX)
+}
+
+/// [`status`] with the first `max` sessions (by id) that `find` (lowercase) matches:
+/// only those sessions' views are built; `counters.sessions_open` counts them all.
+fn status_of(shared: &Shared, find: Option<&str>, max: usize) -> Status {
     let m = &shared.metrics;
     let topo = shared.topology.borrow().clone();
-    let sessions = shared.sessions.snapshot();
+    let (sessions_open, sessions) = shared.sessions.select(find, max);
     let config = shared.config();
     Status {
         version: env!("CARGO_PKG_VERSION").to_string(),
@@ -296,7 +302,7 @@ pub fn status(shared: &Shared) -> Status {
         }
         .into(),
         counters: Counters {
-            sessions_open: sessions.len(),
+            sessions_open,
             connections_accepted: m.connections_accepted.get(),
             logins_failed: m.logins_failed.get(),
             commands: m.requests.latency_count(),
@@ -326,8 +332,9 @@ async fn get_health() -> Response {
 }
 
 /// `GET /status?sessions_max=N&find=TEXT`: the sessions whose id, user, client address,
-/// node or blocker holds TEXT (any case), the first N of them by id (the dashboard asks
-/// for a page's worth; `counters.sessions_open` still counts them all).
+/// node, blocker or long-running statement holds TEXT (any case), the first N of them by
+/// id (the dashboard asks for a page's worth; `counters.sessions_open` still counts them
+/// all).
 #[derive(Debug, Default, Deserialize)]
 struct StatusQuery {
     sessions_max: Option<usize>,
@@ -338,28 +345,15 @@ async fn get_status(
     State(shared): State<Arc<Shared>>,
     axum::extract::Query(q): axum::extract::Query<StatusQuery>,
 ) -> Json<Status> {
-    let mut s = status(&shared);
-    if let Some(find) = q
+    let find = q
         .find
         .map(|f| f.trim().to_lowercase())
-        .filter(|f| !f.is_empty())
-    {
-        s.sessions.retain(|x| {
-            [
-                x.id.to_string(),
-                x.user.to_lowercase(),
-                x.client.clone(),
-                x.backend.to_lowercase(),
-                x.blocked_by.clone().unwrap_or_default(),
-            ]
-            .iter()
-            .any(|v| v.contains(&find))
-        });
-    }
-    if let Some(max) = q.sessions_max {
-        s.sessions.truncate(max);
-    }
-    Json(s)
+        .filter(|f| !f.is_empty());
+    Json(status_of(
+        &shared,
+        find.as_deref(),
+        q.sessions_max.unwrap_or(usize::MAX),
+    ))
 }
 
 async fn get_metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
@@ -741,6 +735,81 @@ async fn post_node_remove(
     membership_answer(shared.membership.remove_node(&name, drain).await)
 }
 
+/// `?id=1073741825[&query=true]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SessionKillRequest {
+    id: Option<u32>,
+    query: Option<bool>,
+}
+
+/// What `POST /sessions/kill` did.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SessionKilled {
+    pub session: u32,
+    pub node: String,
+    pub thread: u32,
+    /// Only the statement it ran was stopped.
+    pub query: bool,
+}
+
+/// `POST /sessions/kill?id=N[&query=true]`: ends a session as the server's `KILL` of its
+/// connection would (its backend connection is killed, and the session closes with it
+/// instead of moving or logging in again), or with `query=true` stops the statement it
+/// runs (its client gets the server's 1317). The `KILL` runs as the monitor account, which
+/// needs CONNECTION ADMIN.
+async fn post_session_kill(
+    State(shared): State<Arc<Shared>>,
+    Query(q): Query<SessionKillRequest>,
+) -> Response {
+    let Some(id) = q.id else {
+        return bad_request("which session? POST /sessions/kill?id=N[&query=true]".into());
+    };
+    let Some(info) = shared.sessions.get(id) else {
+        return error_answer(StatusCode::NOT_FOUND, format!("no session {id} is open"));
+    };
+    let thread = info
+        .backend_thread
+        .load(std::sync::atomic::Ordering::Acquire);
+    let node = info.backend.lock().map(|b| b.clone()).unwrap_or_default();
+    if thread == 0 || node.is_empty() {
+        return error_answer(
+            StatusCode::CONFLICT,
+            format!("session {id} has no backend connection now (it is moving or logging in); try again"),
+        );
+    }
+    let query = q.query.unwrap_or(false);
+    // Marked first: the session sees its connection go and must know it was on purpose.
+    if !query {
+        info.kill_requested
+            .store(thread, std::sync::atomic::Ordering::Release);
+    }
+    match shared.membership.kill_thread(&node, thread, query).await {
+        Ok(()) => {
+            tracing::info!(session = id, node = %node, thread, query, "session killed through the admin API");
+            let killed = SessionKilled {
+                session: id,
+                node,
+                thread,
+                query,
+            };
+            (StatusCode::OK, Json(killed)).into_response()
+        }
+        Err(why) => {
+            if !query {
+                let _ = info.kill_requested.compare_exchange(
+                    thread,
+                    0,
+                    std::sync::atomic::Ordering::AcqRel,
+                    std::sync::atomic::Ordering::Acquire,
+                );
+            }
+            tracing::warn!(session = id, node = %node, thread, error = %why, "a kill through the admin API failed");
+            error_answer(StatusCode::CONFLICT, why)
+        }
+    }
+}
+
 /// `POST /reload`: the configuration file read again and put in force (see
 /// `holdfast_proxy::reload`): 200 with what was applied, what waits for a restart and what
 /// happened to the `[[backend]]` list; 400 with the error (file, line, key) when the file
@@ -860,6 +929,7 @@ pub fn router(shared: Arc<Shared>, token: AdminToken) -> Router {
         .merge(leaders)
         .route("/nodes/add", post(post_node_add))
         .route("/nodes/remove", post(post_node_remove))
+        .route("/sessions/kill", post(post_session_kill))
         .route("/reload", post(post_reload))
         .route("/upgrade", post(post_upgrade))
         .route("/usage", get(serverless::get_usage))
@@ -1087,6 +1157,14 @@ pub fn render_status(s: &Status) -> String {
                 "{:<6} {:<22} {:<12} {:<8} {:<9} {:<8} {}",
                 x.id, x.client, x.user, x.backend, x.commands, x.can_reauthenticate, movable
             );
+            if let (Some(text), Some(ms)) = (&x.statement, x.statement_ms) {
+                let _ = writeln!(
+                    o,
+                    "       {} for {:.1} s: {text}",
+                    x.state,
+                    ms as f64 / 1000.0
+                );
+            }
         }
     }
     o

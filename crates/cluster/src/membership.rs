@@ -421,6 +421,28 @@ impl Membership {
     /// Runs `kill` (`KILL QUERY`, `KILL CONNECTION`) for each thread on the node at
     /// `address`, with the monitor account: how many it stopped (a thread already gone,
     /// 1094, counts) and what the server refused.
+    /// Runs `KILL CONNECTION` (or `KILL QUERY`, `query`) of `thread` on `node` as the monitor
+    /// account (which needs CONNECTION ADMIN): an operator's kill of one session. A thread
+    /// the server no longer knows counts as ended.
+    pub async fn kill_thread(&self, node: &str, thread: u32, query: bool) -> Result<(), String> {
+        let address = self
+            .members
+            .borrow()
+            .iter()
+            .find(|m| m.backend.name == node)
+            .map(|m| m.backend.address.clone())
+            .ok_or_else(|| format!("{node} is not a node holdfast serves"))?;
+        let kill = if query {
+            "KILL QUERY"
+        } else {
+            "KILL CONNECTION"
+        };
+        match self.kill_on(&address, &[thread], kill).await.1.pop() {
+            None => Ok(()),
+            Some(failed) => Err(failed),
+        }
+    }
+
     async fn kill_on(&self, address: &str, threads: &[u32], kill: &str) -> (usize, Vec<String>) {
         if threads.is_empty() {
             return (0, Vec::new());

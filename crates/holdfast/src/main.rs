@@ -196,6 +196,26 @@ enum CtlCommand {
         #[arg(long)]
         json: bool,
     },
+    /// End one client session, as the server's `KILL` of its connection would.
+    ///
+    /// Its backend connection is killed (`KILL CONNECTION` as the monitor account, which
+    /// needs CONNECTION ADMIN) and the session closes with it: its client's connection
+    /// closes, and holdfast does not log it in again elsewhere. With `--query`, only the
+    /// statement it runs is stopped (the client gets the server's 1317) and the session
+    /// goes on. Session ids are those of `ctl status` (and of `CONNECTION_ID()` for the
+    /// client).
+    ///
+    /// Example: holdfast ctl kill 1073741825
+    Kill {
+        /// The session's id.
+        id: u32,
+        /// Stop the statement it runs, not the session.
+        #[arg(long)]
+        query: bool,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Make NODE a replica of the current primary again (needs `[ha] mode = "managed"`).
     ///
     /// For a lost primary that runs again after a failover, or a replica that was down during
@@ -822,6 +842,17 @@ async fn ctl(client: &AdminClient, command: CtlCommand) -> Result<()> {
         CtlCommand::Reload { json } => {
             post_and_print(client, "/reload", "reload refused", json, |r| {
                 holdfast_admin::render_reload(&r)
+            })
+            .await?
+        }
+        CtlCommand::Kill { id, query, json } => {
+            let path = format!("/sessions/kill?id={id}&query={query}");
+            post_and_print(client, &path, "kill refused", json, |k: holdfast_admin::SessionKilled| {
+                let what = if k.query { "its statement stopped" } else { "ended" };
+                format!(
+                    "session {}: {what} (KILL of thread {} on {})\n",
+                    k.session, k.thread, k.node
+                )
             })
             .await?
         }

@@ -334,6 +334,75 @@ fn the_dashboard_shows_a_switchover_live_in_a_browser() {
     let path = link.trim_start_matches(&format!("http://{admin}"));
     assert!(http_get(&admin, path, None).starts_with("HTTP/1.1 401"));
 
+    // A statement that runs for a while shows in its session's row, and the finder finds
+    // it by its text. The operator ends that session from the page, with the admin token
+    // typed in (two clicks): its client's connection is gone, as after a server's KILL.
+    let slow = std::thread::spawn(move || {
+        let mut other =
+            mysql::Conn::new(mysql::Opts::from_url(&url).expect("url")).expect("a session");
+        let slept: mysql::Result<Option<i64>> =
+            other.query_first("SELECT SLEEP(30) AS waiting_for_the_dashboard");
+        slept.map_err(|e| e.to_string())
+    });
+    browser.wait_until(
+        "the slow statement in its session's row",
+        "[...document.querySelectorAll('#sessions tbody tr')].some(r => \
+           r.children[9].innerText.startsWith('running') \
+           && r.children[9].innerText.includes('SELECT SLEEP(30) AS waiting_for_the_dashboard'))",
+        Duration::from_secs(5),
+    );
+    let running = found("find=WAITING_FOR_THE");
+    let rows = running["sessions"].as_array().expect("sessions");
+    assert_eq!(rows.len(), 1, "{running}");
+    assert_eq!(rows[0]["state"], "running");
+    assert!(rows[0]["statement_ms"].as_u64().is_some_and(|ms| ms >= 500));
+    let victim = rows[0]["id"].as_u64().expect("an id");
+    // Without the token the page only says what it needs.
+    let end = format!("document.querySelector('[data-end=\"{victim}\"]').click()");
+    browser.eval(&end);
+    browser.wait_until(
+        "the page asking for the token",
+        "document.getElementById('action-result').innerText.includes('type the admin token')",
+        Duration::from_secs(2),
+    );
+    browser.eval(&format!(
+        "document.getElementById('token').value = {}",
+        json!(token.trim())
+    ));
+    browser.eval(&end);
+    browser.wait_until(
+        "the button asking to be sure",
+        &format!("document.querySelector('[data-end=\"{victim}\"]').innerText === 'sure?'"),
+        Duration::from_secs(2),
+    );
+    browser.eval(&end);
+    browser.wait_until(
+        "the session ended",
+        &format!(
+            "document.getElementById('action-result').innerText \
+               .startsWith('session {victim} ended (KILL of thread ')"
+        ),
+        Duration::from_secs(5),
+    );
+    let answer = slow.join().expect("the slow client");
+    assert!(
+        answer.is_err(),
+        "the client's statement was cut: {answer:?}"
+    );
+    let gone = Instant::now() + Duration::from_secs(10);
+    while found(&format!("find={victim}"))["sessions"]
+        .as_array()
+        .map(Vec::len)
+        != Some(0)
+    {
+        assert!(Instant::now() < gone, "the ended session is still open");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The first client's row says it is idle and shows no statement.
+    let quiet = found("sessions_max=1");
+    assert_eq!(quiet["sessions"][0]["state"], "idle", "{quiet}");
+    assert!(quiet["sessions"][0].get("statement").is_none(), "{quiet}");
+
     let started = Instant::now();
     ctl(&config, &["switchover", "--to", "node2"]);
     browser.wait_until(

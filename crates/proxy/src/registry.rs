@@ -63,6 +63,19 @@ pub struct SessionInfo {
     pub replay_blocked: Mutex<Option<&'static str>>,
     /// The session's last moves in this process (at most [`JOURNEY_KEPT`]).
     pub journey: Mutex<Vec<Move>>,
+    /// The statement of a request that has run for a while (set by the session once the
+    /// request passes its client watch, cleared when it is answered): quick requests
+    /// never store it.
+    pub statement: arc_swap::ArcSwapOption<RunningStatement>,
+}
+
+/// A statement a session has been running for a while, as `/status` shows it.
+#[derive(Debug)]
+pub struct RunningStatement {
+    /// Its text, cut at a few hundred bytes (a prepared statement's text for an execute).
+    pub text: String,
+    /// When its request came.
+    pub since: Instant,
 }
 
 /// Moves a session remembers.
@@ -108,6 +121,7 @@ impl SessionInfo {
             replay_held: AtomicU64::new(0),
             replay_blocked: Mutex::new(None),
             journey: Mutex::new(Vec::new()),
+            statement: arc_swap::ArcSwapOption::empty(),
         }
     }
 
@@ -167,8 +181,36 @@ impl SessionInfo {
         Blocker::from_code(self.blocker.load(Ordering::Relaxed))
     }
 
+    /// What it is doing: held while a switchover runs, running a request, or idle.
+    pub fn state(&self) -> &'static str {
+        if self.parked.load(Ordering::Relaxed) {
+            "held"
+        } else if self.busy.load(Ordering::Relaxed) {
+            "running"
+        } else {
+            "idle"
+        }
+    }
+
+    /// Whether `find` (lowercase) is in its id, user, client address, node, blocker or
+    /// the statement it has been running for a while.
+    pub fn matches(&self, find: &str) -> bool {
+        let text = |m: &Mutex<String>| m.lock().map(|t| t.to_lowercase()).unwrap_or_default();
+        self.id.to_string().contains(find)
+            || text(&self.user).contains(find)
+            || self.client.to_string().contains(find)
+            || text(&self.backend).contains(find)
+            || self.blocker().is_some_and(|b| b.as_str().contains(find))
+            || self
+                .statement
+                .load()
+                .as_ref()
+                .is_some_and(|s| s.text.to_lowercase().contains(find))
+    }
+
     pub fn view(&self) -> SessionView {
         let blocker = self.blocker();
+        let statement = self.statement.load_full();
         SessionView {
             id: self.id,
             client: self.client.to_string(),
@@ -189,6 +231,11 @@ impl SessionInfo {
                 .ok()
                 .and_then(|b| b.map(str::to_string)),
             journey: self.journey.lock().map(|j| j.clone()).unwrap_or_default(),
+            state: self.state().to_string(),
+            statement_ms: statement
+                .as_ref()
+                .map(|s| s.since.elapsed().as_millis() as u64),
+            statement: statement.map(|s| s.text.clone()),
         }
     }
 }
@@ -219,6 +266,15 @@ pub struct SessionView {
     /// Its last moves in this process, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub journey: Vec<Move>,
+    /// `idle`, `running` (a request) or `held` (its next request, while a switchover runs).
+    #[serde(default)]
+    pub state: String,
+    /// The statement of a request it has been running for more than half a second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub statement: Option<String>,
+    /// ...and for how long, in ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub statement_ms: Option<u64>,
 }
 
 #[derive(Default)]
@@ -340,13 +396,24 @@ impl SessionRegistry {
     }
 
     pub fn snapshot(&self) -> Vec<SessionView> {
-        let infos: Vec<Arc<SessionInfo>> = match self.inner.lock() {
+        self.select(None, usize::MAX).1
+    }
+
+    /// The sessions open, and the views of the first `max` by id that `find` (lowercase)
+    /// matches ([`SessionInfo::matches`]): only those are built.
+    pub fn select(&self, find: Option<&str>, max: usize) -> (usize, Vec<SessionView>) {
+        let mut infos: Vec<Arc<SessionInfo>> = match self.inner.lock() {
             Ok(m) => m.values().cloned().collect(),
             Err(_) => Vec::new(),
         };
-        let mut v: Vec<SessionView> = infos.iter().map(|i| i.view()).collect();
-        v.sort_by_key(|s| s.id);
-        v
+        infos.sort_unstable_by_key(|i| i.id);
+        let views = infos
+            .iter()
+            .filter(|i| find.is_none_or(|f| i.matches(f)))
+            .take(max)
+            .map(|i| i.view())
+            .collect();
+        (infos.len(), views)
     }
 
     /// Whether every session is parked or idle outside a transaction with its state

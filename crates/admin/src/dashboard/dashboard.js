@@ -114,7 +114,7 @@ function move(m) {
 // here so typing answers at once.
 function sessions(s) {
   const find = finding();
-  const rows = s.sessions.filter(x => !find || [x.id, x.user, x.client, x.backend, x.blocked_by || ""]
+  const rows = s.sessions.filter(x => !find || [x.id, x.user, x.client, x.backend, x.blocked_by || "", x.statement || ""]
     .some(v => String(v).toLowerCase().includes(find)));
   const total = s.counters.sessions_open;
   document.getElementById("session-count").textContent =
@@ -127,8 +127,56 @@ function sessions(s) {
       el("td", {}, x.id), el("td", {}, x.user), el("td", {}, x.client), el("td", {}, x.backend),
       el("td", {}, ago(x.age_secs)), el("td", {}, x.commands), el("td", {}, x.moves),
       el("td", { class: x.movable ? "yes" : "warn" }, x.movable ? "movable" : (x.blocked_by || "not movable")),
-      el("td", { class: "journey" }, last));
+      el("td", { class: "journey" }, last),
+      now(x),
+      el("td", {}, endButton(x.id)));
   }));
+}
+
+// Ending a session takes two clicks within 4 s and the admin token typed into the page
+// (the login cookie reads only). The token is sent with the request and kept nowhere.
+let armed = null; // { id, until }
+
+function endButton(id) {
+  const sure = armed && armed.id === id && Date.now() < armed.until;
+  const b = el("button", { type: "button", "data-end": id, class: sure ? "armed" : "" }, sure ? "sure?" : "end");
+  b.addEventListener("click", () => endSession(id));
+  return b;
+}
+
+async function endSession(id) {
+  const result = document.getElementById("action-result");
+  const token = document.getElementById("token").value.trim();
+  if (!token) {
+    document.getElementById("actions").open = true;
+    result.textContent = "type the admin token to end a session";
+    return;
+  }
+  if (!(armed && armed.id === id && Date.now() < armed.until)) {
+    armed = { id, until: Date.now() + 4000 };
+    if (previous) sessions(previous);
+    return;
+  }
+  armed = null;
+  try {
+    const r = await fetch(`/sessions/kill?id=${encodeURIComponent(id)}`,
+      { method: "POST", headers: { Authorization: `Bearer ${token}` }, cache: "no-store" });
+    const body = await r.json().catch(() => ({}));
+    result.textContent = r.ok
+      ? `session ${body.session} ended (KILL of thread ${body.thread} on ${body.node})`
+      : `session ${id} not ended: ${body.error || r.status}`;
+  } catch (e) {
+    result.textContent = `session ${id} not ended: ${e}`;
+  }
+  if (previous) sessions(previous);
+}
+
+// What a session is doing: idle, held (a switchover runs), running; a request that has run
+// for over half a second shows its statement and for how long.
+function now(x) {
+  if (!x.statement) return el("td", { class: x.state === "held" ? "warn" : "" }, x.state || "");
+  const secs = (x.statement_ms / 1000).toFixed(1);
+  return el("td", { class: "statement warn", title: x.statement }, `${x.state} ${secs} s: ${x.statement}`);
 }
 
 function charts() {

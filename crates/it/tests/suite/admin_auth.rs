@@ -57,6 +57,7 @@ fn requests_without_the_token_are_refused_and_change_nothing() {
         "/nodes/add?name=x&address=127.0.0.1:1",
         "/reload",
         "/upgrade",
+        "/sessions/kill?id=1073741825",
     ] {
         let a = h.admin_raw("POST", path, &[], None);
         assert_eq!(a.code, 401, "POST {path}: {a:?}");

@@ -156,6 +156,117 @@ fn kill_of_an_unknown_id_gets_the_servers_1094() {
     assert_eq!(run(h.proxy), direct);
 }
 
+/// An operator ends a session (`POST /sessions/kill`, what `holdfast ctl kill` and the
+/// dashboard send): its client sees what a client sees when a `KILL` on the server ends
+/// its connection, and what it held there (a named lock, a temporary table, an open
+/// transaction's write) goes with it. Compared with a root `KILL` of a direct connection.
+#[test]
+fn an_operators_kill_ends_a_session_as_a_kill_on_the_server_does() {
+    let h = Harness::start();
+    let db = h.database().to_string();
+    h.root_sql(&format!(
+        "CREATE TABLE IF NOT EXISTS {db}.op_kill (id INT PRIMARY KEY)"
+    ));
+    let run = |through: bool| -> (Next, Next) {
+        let mut victim = connect(&h, if through { h.proxy } else { h.direct() });
+        victim.query("SET @v = 1").expect("a user variable");
+        victim
+            .query("CREATE TEMPORARY TABLE op_tmp (a INT)")
+            .expect("a temporary table");
+        assert_eq!(
+            victim.query_value("SELECT GET_LOCK('op_kill', 0)").unwrap(),
+            Some("1".into())
+        );
+        victim.query("BEGIN").expect("BEGIN");
+        victim
+            .query("INSERT INTO op_kill VALUES (1)")
+            .expect("a write in the transaction");
+        let id = victim.greeting.connection_id;
+        if through {
+            let (code, body) = h.admin_post(&format!("/sessions/kill?id={id}"), None);
+            assert_eq!(code, 200, "{body}");
+        } else {
+            h.root_sql(&format!("KILL {id}"));
+        }
+        let outcome = (next(&mut victim, "SELECT 1"), next(&mut victim, "SELECT 1"));
+        wait_for("the named lock freed", Duration::from_secs(10), || {
+            let free = h.root_sql("SELECT IS_FREE_LOCK('op_kill')");
+            (free == vec![vec!["1".to_string()]]).then_some(())
+        });
+        let rows = h.root_sql(&format!("SELECT COUNT(*) FROM {db}.op_kill"));
+        assert_eq!(
+            rows,
+            vec![vec!["0".to_string()]],
+            "the transaction rolled back"
+        );
+        outcome
+    };
+    let direct = run(false);
+    assert_eq!(direct.1, Next::Closed, "the connection is gone");
+    assert_eq!(run(true), direct, "through holdfast vs directly");
+    h.wait_sessions(0, Duration::from_secs(10));
+    let killed = metric(
+        &h.metrics(),
+        r#"holdfast_sessions_closed_by_holdfast_total{reason="killed"}"#,
+    );
+    assert_eq!(killed, Some(1.0), "closed as killed, not moved elsewhere");
+    // Ids that name no session are refused with why.
+    let (code, body) = h.admin_post("/sessions/kill?id=7", None);
+    assert_eq!(code, 404, "{body}");
+    assert!(body.contains("no session 7 is open"), "{body}");
+    let (code, body) = h.admin_post("/sessions/kill", None);
+    assert_eq!(code, 400, "{body}");
+}
+
+/// An operator's `kill --query` stops the statement a session runs (shown in `/status`
+/// once it runs for a while): its client gets the server's 1317 and goes on, on the same
+/// backend connection, with its state.
+#[test]
+fn an_operators_kill_query_stops_only_the_statement() {
+    let h = Harness::start();
+    let mut victim = connect(&h, h.proxy);
+    let id = victim.greeting.connection_id;
+    victim.query("SET @kept = 'yes'").expect("a user variable");
+    let thread = victim.query_value("SELECT CONNECTION_ID()").unwrap();
+    let sleeping = std::thread::spawn(move || {
+        let r = victim.query_value("SELECT  SLEEP(60) /* op */");
+        (victim, r.map_err(|e| format!("{e:#}")))
+    });
+    let session = |h: &Harness| {
+        h.status_json()["sessions"]
+            .as_array()
+            .and_then(|v| v.iter().find(|s| s["id"] == id).cloned())
+            .expect("the session in /status")
+    };
+    // Past half a second, /status shows what it runs (whitespace as one space).
+    let shown = wait_for("the statement in /status", Duration::from_secs(10), || {
+        let s = session(&h);
+        s["statement"].is_string().then_some(s)
+    });
+    assert_eq!(shown["statement"], "SELECT SLEEP(60) /* op */", "{shown}");
+    assert_eq!(shown["state"], "running", "{shown}");
+    assert!(
+        shown["statement_ms"].as_u64().is_some_and(|ms| ms >= 500),
+        "{shown}"
+    );
+    let (code, body) = h.admin_post(&format!("/sessions/kill?id={id}&query=true"), None);
+    assert_eq!(code, 200, "{body}");
+    let (mut victim, r) = sleeping.join().unwrap();
+    let e = r.expect_err("interrupted");
+    assert!(e.contains("ERROR 1317 (70100)"), "{e}");
+    assert_eq!(
+        victim.query_value("SELECT CONNECTION_ID()").unwrap(),
+        thread
+    );
+    assert_eq!(
+        next(&mut victim, "SELECT @kept"),
+        Next::Answered(Some("yes".into()))
+    );
+    let after = session(&h);
+    assert_eq!(after["state"], "idle", "{after}");
+    assert!(after.get("statement").is_none(), "{after}");
+}
+
 /// Ctrl-C in the `mariadb` CLI while a statement runs: the CLI opens a second connection and
 /// kills the statement by the id in its greeting. Directly and through holdfast alike, the
 /// statement stops at once and the CLI reports the server's 1317.

@@ -516,6 +516,7 @@ impl Session {
             sql_kills: kill::SqlKills::from_carried(sql_kills),
             scratch: Vec::new(),
             idle_timer: Box::pin(tokio::time::sleep(super::idle::IDLE_PROBE)),
+            running: Default::default(),
             identity,
             can_reauthenticate,
             backend_name,

@@ -50,6 +50,7 @@ mod replay;
 mod reply;
 mod request;
 mod route;
+mod running;
 mod split;
 mod statements;
 mod trackers;
@@ -149,6 +150,8 @@ struct Session {
     scratch: Vec<u8>,
     /// The client's silence that makes the session idle (see `idle.rs`).
     idle_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// The request running now, shown in `/status` once it runs for a while.
+    running: running::Running,
     identity: Identity,
     can_reauthenticate: bool,
     backend_name: String,
@@ -507,6 +510,7 @@ impl Session {
             sql_kills: kill::SqlKills::default(),
             scratch: Vec::new(),
             idle_timer: Box::pin(tokio::time::sleep(idle::IDLE_PROBE)),
+            running: Default::default(),
             identity,
             can_reauthenticate,
             backend_name,
@@ -543,6 +547,7 @@ impl Session {
                 Err(end) => return end,
             };
             let started = Instant::now();
+            self.running.begin(&request, started);
             // SeqCst: a Dekker pair with the gate and `switching_now` loads in the route
             // phase, against a pause or switchover that closes first and then checks `busy`.
             self.info.busy.store(true, Ordering::SeqCst);
@@ -564,6 +569,7 @@ impl Session {
                 return end;
             }
             self.info.set_blocker(self.record.blocker());
+            self.running.end(&self.info);
             self.info.busy.store(false, Ordering::Release);
         }
     }

@@ -104,17 +104,19 @@ enum Watched {
     Interrupted(Interrupt),
 }
 
-/// Once `watch` has fired (a request running that long): resolves when the client goes
-/// away ([`client_gone`]) or the topology says a failover moved away from `node`. The
-/// topology is followed on a clone of the receiver: the session's own still sees the
-/// change afterwards.
+/// Once `watch` has fired (a request running that long): `slow` is called (the request's
+/// statement is shown), then resolves when the client goes away ([`client_gone`]) or the
+/// topology says a failover moved away from `node`. The topology is followed on a clone of
+/// the receiver: the session's own still sees the change afterwards.
 async fn watch_request(
     client: &mut PacketConn,
     topology: &tokio::sync::watch::Receiver<std::sync::Arc<holdfast_cluster::topology::Topology>>,
     node: &str,
     mut watch: std::pin::Pin<&mut tokio::time::Sleep>,
+    slow: impl FnOnce(),
 ) -> Interrupt {
     watch.as_mut().await;
+    slow();
     let mut topology = topology.clone();
     let deposed = async {
         loop {
@@ -245,6 +247,7 @@ impl Session {
                 &self.topology,
                 &self.backend_name,
                 self.idle_timer.as_mut(),
+                || self.running.show(&self.info, &self.statements),
             ) => Err(Watched::Interrupted(gone)),
         };
         let filled = match filled {
@@ -297,6 +300,7 @@ impl Session {
                 &self.topology,
                 &self.backend_name,
                 self.idle_timer.as_mut(),
+                || self.running.show(&self.info, &self.statements),
             ) => Err(Watched::Interrupted(gone)),
         };
         let read = match read {
