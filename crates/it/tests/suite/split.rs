@@ -1931,6 +1931,39 @@ fn a_failed_read_after_a_write_keeps_found_rows() {
     same_as_directly(&h, &steps);
 }
 
+/// Found by the fuzzer (seed 2050 session 116): in a read-only transaction on a replica, a
+/// read sets `FOUND_ROWS()` there; a statement the server refuses in it (an `XA END` with
+/// no XA transaction, 1399; a `CREATE TEMPORARY TABLE`, 1792) runs on the primary beside
+/// the pinned transaction and, refused before it runs, keeps the value. The next
+/// `FOUND_ROWS()` read ran on the primary, where the value had never been carried (1 where
+/// the server answers 2, or 3).
+#[test]
+fn found_rows_after_a_statement_refused_beside_a_read_only_transaction_on_a_replica() {
+    use holdfast_it::differential::q;
+    let h = split_harness(|_| {});
+    table_t_everywhere(&h);
+    let mut steps = Vec::new();
+    for refused in [
+        "XA END 'x'",
+        "CREATE TEMPORARY TABLE tmp_refused (a INT)",
+        "XA START 'y'",
+    ] {
+        for read in ["DESCRIBE t", "SELECT id FROM t WHERE id <= 3"] {
+            steps.extend([
+                q("START TRANSACTION READ ONLY"),
+                q(read),
+                q(refused),
+                q("SELECT FOUND_ROWS(), ROW_COUNT()"),
+                q("SELECT id FROM t WHERE id = 1"),
+                q(refused),
+                q("SELECT FOUND_ROWS()"),
+                q("COMMIT"),
+            ]);
+        }
+    }
+    same_as_directly(&h, &steps);
+}
+
 /// Found by the fuzzer (seed 2042 session 792): a read that fails on a replica after a
 /// write (it ran again on the primary, and failed the same) leaves its error in that
 /// replica connection's diagnostics area: a later read without tables, which keeps the

@@ -188,9 +188,13 @@ impl Session {
             return Ok(true);
         };
         let target = At::of(on.and_then(|i| split.reader_node(i)));
+        // A pinned transaction's reads run on its replica whatever it holds; what runs on
+        // the primary beside it (a statement the server refuses there, a read of what
+        // such a statement left) gets the value carried as any statement on the primary
+        // does (seed 2050 session 116).
         if split.found_rows.at == target
             || split.found_rows.at == At::Nowhere
-            || split.pinned()
+            || (split.pinned() && on.is_some())
             || !self.needs_found_rows(request)
         {
             return Ok(true);
