@@ -749,6 +749,36 @@ fn an_execute_of_a_write_after_use_reports_the_schema_as_the_server_does() {
     }
 }
 
+/// Found by the fuzzer (seed 2050 session 907, main and split): an `EXECUTE` of a statement
+/// prepared under another schema, first in a multi-statement, answers with a result set
+/// whose EOF carries the state-change flag (for clients without CLIENT_SESSION_TRACK
+/// too). holdfast told such an `EXECUTE` apart only as a whole text, and cleared the flag.
+#[test]
+fn an_execute_in_a_multi_statement_reports_its_schema_switch_as_the_server_does() {
+    let h = Harness::start();
+    h.root_sql("CREATE DATABASE IF NOT EXISTS other_db");
+    h.root_sql(&format!("GRANT ALL ON other_db.* TO '{}'@'%'", h.user()));
+    let steps = vec![
+        q("PREPARE ps FROM 'SELECT v FROM dt WHERE id = ?'"),
+        binary("USE other_db"),
+        q("EXECUTE ps USING 1;\nSET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED;\nSELECT 'b', GET_LOCK('ms_a', 0)"),
+        q("SELECT 1; EXECUTE ps USING 1; SELECT 2"),
+        q("SET @x = 1; EXECUTE ps USING 2"),
+        q("SET time_zone = '+01:00'"),
+        // A `USE` in the text: the `EXECUTE` after it runs where it was prepared.
+        q("USE sbtest; EXECUTE ps USING 1; USE other_db"),
+        q("SET time_zone = DEFAULT"),
+        q("DO RELEASE_LOCK('ms_a')"),
+    ];
+    for caps in [
+        BASE_CAPS,
+        BASE_CAPS | CLIENT_SESSION_TRACK,
+        BASE_CAPS | CLIENT_SESSION_TRACK | CLIENT_DEPRECATE_EOF,
+    ] {
+        compare(&h, caps, &steps);
+    }
+}
+
 /// Found by the fuzzer (seed 2040 session 1942, main and split): MariaDB keeps a session
 /// read-only after `SET autocommit = 1` ends its read-only transaction, though its status
 /// says no transaction is open: writes get 1792, a `BEGIN` starts a read-only transaction,

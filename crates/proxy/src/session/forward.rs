@@ -7,7 +7,7 @@
 
 use super::markers::InFlight;
 use super::migrate::Lost;
-use super::relay::WATCH_CLIENT_AFTER;
+use super::relay::{SchemaSwitch, WATCH_CLIENT_AFTER};
 use super::reply::Reply;
 use super::request::{Answer, LossPlan, Plan, Request, Route, Send, TrackerStep};
 use super::route::Routed;
@@ -129,18 +129,58 @@ impl Session {
         {
             self.exchange.owed_schema = None;
         }
-        self.exchange.schema_switch = req.query.is_some_and(|f| f.has(C::EXECUTE_SQL))
-            && match req
-                .sql()
-                .and_then(|sql| holdfast_sql::parse_sql_prepared(sql, req.mode.unwrap_or_default()))
-            {
-                Some(holdfast_sql::SqlPrepared::Execute { name }) => self
-                    .statements
-                    .sql_runs_elsewhere(&name, self.record.schema.as_deref()),
-                _ => false,
-            };
+        self.exchange.schema_switch = self.schema_switch(req);
         self.replay_start(plan.replay.as_mut(), &req.bytes);
         self.note_writes(req.flags());
+    }
+
+    /// Which of a request's statements execute a statement prepared with `PREPARE` under
+    /// another schema than the current one. In a multi-statement (seed 2050 session 907)
+    /// each statement answers once unless it is a `CALL` (then nothing is told apart, as
+    /// before); a `USE` or `PREPARE` in the text changes what the `EXECUTE`s after it
+    /// switch to: those are not told apart either.
+    fn schema_switch(&self, req: &Request) -> SchemaSwitch {
+        let Some(flags) = req.query.filter(|f| f.has(C::EXECUTE_SQL)) else {
+            return SchemaSwitch::None;
+        };
+        let Some(sql) = req.sql() else {
+            return SchemaSwitch::None;
+        };
+        let mode = req.mode.unwrap_or_default();
+        let current = self.record.schema.as_deref();
+        let elsewhere = |stmt: &[u8]| match holdfast_sql::parse_sql_prepared(stmt, mode) {
+            Some(holdfast_sql::SqlPrepared::Execute { name }) => {
+                self.statements.sql_runs_elsewhere(&name, current)
+            }
+            _ => false,
+        };
+        if !flags.has(C::MULTI) {
+            return match elsewhere(sql) {
+                true => SchemaSwitch::Whole,
+                false => SchemaSwitch::None,
+            };
+        }
+        if flags.has(C::CALL) {
+            return SchemaSwitch::None;
+        }
+        let mut bits = 0u64;
+        for (i, r) in holdfast_sql::Statements::for_server(sql, mode, req.server)
+            .enumerate()
+            .take(64)
+        {
+            let stmt = &sql[r];
+            if elsewhere(stmt) {
+                bits |= 1 << i;
+            } else if holdfast_sql::classify_for(stmt, mode, req.server)
+                .intersects(C::USE_DB.union(C::PREPARE_SQL))
+            {
+                break;
+            }
+        }
+        match bits {
+            0 => SchemaSwitch::None,
+            bits => SchemaSwitch::At(bits),
+        }
     }
 
     /// The send phase: the request goes to the primary as the plan says, and its answer
@@ -164,7 +204,7 @@ impl Session {
     /// prepared `KILL`s, the session's own password. Returns what was in flight behind a
     /// marker, for a recovery.
     fn observe(&mut self, req: &Request, plan: &mut Plan, ok: bool) -> Option<InFlight> {
-        self.exchange.schema_switch = false;
+        self.exchange.schema_switch = SchemaSwitch::None;
         match ok {
             true => self.replay_after(plan.replay.take()),
             false => self.exchange.checksum = None,

@@ -39,10 +39,10 @@ pub(super) struct Exchange {
     /// `LOAD DATA|XML LOCAL` (or text holdfast could not classify). Any other file request
     /// is refused ([`Session::refuse_file_request`]).
     pub file_expected: bool,
-    /// The request executes a statement prepared with `PREPARE` under another current
-    /// schema: the server switches to that one and back while it runs, and its schema
-    /// tracker reports a change (see [`OwedSchema`]).
-    pub schema_switch: bool,
+    /// Which of the request's statements execute a statement prepared with `PREPARE`
+    /// under another current schema: the server switches to that one and back while it
+    /// runs, and its schema tracker reports a change (see [`OwedSchema`]).
+    pub schema_switch: SchemaSwitch,
     /// The schema record such a switch left on the server for a later OK.
     pub owed_schema: Option<OwedSchema>,
     /// Results the last answer ended with an OK or EOF: after an ERR, the statements of a
@@ -51,6 +51,31 @@ pub(super) struct Exchange {
     /// What `ROW_COUNT()` reads after the last answer relayed: an OK's affected rows, -1
     /// after a result set or an ERR.
     pub row_count_left: Option<i64>,
+}
+
+/// The statements of a request that switch schemas as they run (see
+/// [`Exchange::schema_switch`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SchemaSwitch {
+    #[default]
+    None,
+    /// The request is one such `EXECUTE`: every answer packet is its.
+    Whole,
+    /// These statements of a multi-statement (bit i: the i-th, the first 64), none a
+    /// `CALL`: each answers with one result.
+    At(u64),
+}
+
+impl SchemaSwitch {
+    /// Whether the answer packet that comes after `results` results ended is a switching
+    /// statement's.
+    pub fn at(self, results: u32) -> bool {
+        match self {
+            SchemaSwitch::None => false,
+            SchemaSwitch::Whole => true,
+            SchemaSwitch::At(bits) => results < 64 && bits & (1 << results) != 0,
+        }
+    }
 }
 
 impl Exchange {
@@ -400,6 +425,8 @@ impl Session {
             let seq = rest[3];
             // Borrow the buffer through the field alone, so the record can be updated below.
             let payload = &self.backend.conn.rbuf[ready + HEADER_LEN..ready + wire_len];
+            // (The statement of a multi-statement this packet answers, when none is a CALL.)
+            let switched = self.exchange.schema_switch.at(m.results());
             let event = m
                 .on_packet(payload)
                 .map_err(|e| End::Protocol(format!("backend sent a malformed response: {e}")))?;
@@ -419,7 +446,7 @@ impl Session {
                         _ => ok.affected_rows as i64,
                     });
                     let client_tracks = self.capabilities & CLIENT_SESSION_TRACK != 0;
-                    if self.exchange.schema_switch {
+                    if switched {
                         // The EXECUTE's own OK reports the switch: nothing waits.
                         self.exchange.owed_schema = None;
                     }
@@ -458,7 +485,7 @@ impl Session {
                     let trackers = &self.record.client_trackers;
                     let flagged = eof.status & SERVER_SESSION_STATE_CHANGED != 0;
                     // (The server sets it for clients without CLIENT_SESSION_TRACK too.)
-                    let schema_switched = self.exchange.schema_switch && trackers.schema();
+                    let schema_switched = switched && trackers.schema();
                     if flagged && schema_switched {
                         // The client's own schema tracker sets the flag here too.
                         self.exchange.owe_schema(self.record.schema.as_deref());
@@ -485,7 +512,7 @@ impl Session {
                     self.record.last_affected_rows = 0;
                 }
                 Event::Err(e) => {
-                    if self.exchange.schema_switch && self.record.client_trackers.schema() {
+                    if switched && self.record.client_trackers.schema() {
                         // It may have failed after the switch (or before it: see
                         // `OwedSchema::settle`).
                         self.exchange.owe_schema(self.record.schema.as_deref());
