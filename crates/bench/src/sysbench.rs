@@ -244,7 +244,20 @@ pub fn prepare_tables(sb: &Sysbench, st: &LabStatus, logs: &Path) -> Result<()> 
         primary,
         &format!("DROP DATABASE IF EXISTS `{db}`; CREATE DATABASE `{db}`"),
     )?;
-    sb.prepare(primary.port, &logs.join("prepare.log"))?;
+    let (node, schema, tables) = (primary.clone(), db.clone(), sb.tables);
+    let ticker = holdfast_lab::progress::Ticker::start("sysbench prepare", move || {
+        let made = holdfast_lab::node_sql_value(
+            &node,
+            &format!(
+                "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA='{schema}'"
+            ),
+        )
+        .ok()??;
+        Some(format!("{made} of {tables} tables made"))
+    });
+    let prepared = sb.prepare(primary.port, &logs.join("prepare.log"));
+    drop(ticker);
+    prepared?;
     eprintln!("prepared in {:.1} s", t.elapsed().as_secs_f64());
     Ok(())
 }

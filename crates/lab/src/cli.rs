@@ -115,7 +115,18 @@ pub fn run(cmd: LabCommand) -> Result<()> {
                 proxies: usize::from(proxies),
             };
             let started = std::time::Instant::now();
-            let st = lab::up(&opts)?;
+            let dir = opts.dir.clone();
+            let nodes = opts.replicas + 1;
+            // (Long on a first start: the server's data directory template is made.)
+            let ticker = crate::progress::Ticker::start("starting the lab", move || {
+                let up = (1..=nodes)
+                    .filter(|i| dir.join(format!("node{i}.sock")).exists())
+                    .count();
+                Some(format!("{up} of {nodes} nodes up"))
+            });
+            let st = lab::up(&opts);
+            drop(ticker);
+            let st = st?;
             print!("{}", describe_up(&st, started.elapsed()));
         }
         LabCommand::Status { dir, json } => {

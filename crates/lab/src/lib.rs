@@ -12,6 +12,7 @@
 //! * [`LabCommand`] / [`run`] are the `holdfast lab` CLI.
 //! * [`wait_for`] / [`poll`]: polling until a condition holds, for tests and tools.
 //! * [`procs`]: process and port helpers (also used by `holdfast-bench`).
+//! * [`progress`]: a long phase shown while it lasts (lab start, sysbench prepare).
 //!
 //! # Port layout
 //! With base port `P` ([`DEFAULT_BASE_PORT`] = 3310 for the CLI): holdfast's proxy
@@ -31,6 +32,7 @@ mod lab;
 pub mod mysql_client;
 mod node_driver;
 pub mod procs;
+pub mod progress;
 mod template;
 mod wait;
 
