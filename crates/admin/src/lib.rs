@@ -756,8 +756,8 @@ pub struct SessionKilled {
 /// `POST /sessions/kill?id=N[&query=true]`: ends a session as the server's `KILL` of its
 /// connection would (its backend connection is killed, and the session closes with it
 /// instead of moving or logging in again), or with `query=true` stops the statement it
-/// runs (its client gets the server's 1317). The `KILL` runs as the monitor account, which
-/// needs CONNECTION ADMIN.
+/// runs (its client gets the server's 1317; a split session's read on a replica is stopped
+/// there). The `KILL` runs as the monitor account, which needs CONNECTION ADMIN.
 async fn post_session_kill(
     State(shared): State<Arc<Shared>>,
     Query(q): Query<SessionKillRequest>,
@@ -779,12 +779,43 @@ async fn post_session_kill(
         );
     }
     let query = q.query.unwrap_or(false);
+    // A split session's read running on a replica: its statement is stopped there (the
+    // statement `query` means; with a whole kill, the session then finds its connection
+    // gone at its next request).
+    let replica_read = info.replica_read.load_full();
+    let stop_replica_read = async {
+        if let Some(read) = &replica_read {
+            if let Err(why) = shared
+                .membership
+                .kill_thread(&read.node, read.thread, true)
+                .await
+            {
+                tracing::warn!(session = id, node = %read.node, thread = read.thread, error = %why, "stopping a session's read on a replica failed");
+            }
+        }
+    };
+    if query && replica_read.is_some() {
+        stop_replica_read.await;
+        let read = replica_read.as_deref();
+        let killed = SessionKilled {
+            session: id,
+            node: read.map(|r| r.node.clone()).unwrap_or_default(),
+            thread: read.map_or(0, |r| r.thread),
+            query,
+        };
+        tracing::info!(session = id, node = %killed.node, thread = killed.thread, "a session's read on a replica stopped through the admin API");
+        return (StatusCode::OK, Json(killed)).into_response();
+    }
     // Marked first: the session sees its connection go and must know it was on purpose.
     if !query {
         info.kill_requested
             .store(thread, std::sync::atomic::Ordering::Release);
     }
-    match shared.membership.kill_thread(&node, thread, query).await {
+    let killed = shared.membership.kill_thread(&node, thread, query).await;
+    if killed.is_ok() && !query {
+        stop_replica_read.await;
+    }
+    match killed {
         Ok(()) => {
             tracing::info!(session = id, node = %node, thread, query, "session killed through the admin API");
             let killed = SessionKilled {

@@ -1931,6 +1931,106 @@ fn a_failed_read_after_a_write_keeps_found_rows() {
     same_as_directly(&h, &steps);
 }
 
+/// An operator's kill of a split session whose statement runs on a replica: `--query`
+/// stops it there and the session goes on (same backend connection); a whole kill stops
+/// it too, and the session's connection is gone at its next statement, as after a
+/// server's `KILL`.
+#[test]
+fn an_operators_kill_reaches_a_read_on_a_replica() {
+    let h = split_harness(|c| c.split.primary_read_weight = 0.0);
+    h.root_sql(
+        "CREATE TABLE sbtest.big (id INT PRIMARY KEY) SELECT seq AS id FROM sbtest.seq_1_to_2000",
+    );
+    for node in ["node2", "node3"] {
+        wait_for("the rows on the replicas", Duration::from_secs(30), || {
+            holdfast_lab::node_sql(h.node(node), "SELECT COUNT(*) FROM sbtest.big")
+                .ok()
+                .filter(|rows| rows[0][0] == "2000")
+                .map(|_| ())
+        });
+    }
+    for whole in [false, true] {
+        let mut c = connect_to(&h.url());
+        let id = c.connection_id();
+        let thread: Option<u64> = c.query_first("SELECT CONNECTION_ID()").expect("an id");
+        let started = std::time::Instant::now();
+        let reading = std::thread::spawn(move || {
+            // A long read (`SLEEP` or `BENCHMARK` has the primary run it).
+            let r: mysql::Result<Option<i64>> =
+                c.query_first("SELECT COUNT(*) FROM big a, big b, big c");
+            (c, r.map_err(|e| e.to_string()))
+        });
+        let ran_on = wait_for("the read on a replica", Duration::from_secs(10), || {
+            ["node1", "node2", "node3"].into_iter().find(|node| {
+                holdfast_lab::node_sql(
+                    h.node(node),
+                    "SELECT ID FROM information_schema.PROCESSLIST WHERE INFO LIKE 'SELECT COUNT(*) FROM big a%'",
+                )
+                .is_ok_and(|rows| !rows.is_empty())
+            })
+        });
+        assert_ne!(ran_on, "node1", "the read runs on a replica");
+        let path = format!("/sessions/kill?id={id}&query={}", !whole);
+        let (code, body) = h.admin_post(&path, None);
+        assert_eq!(code, 200, "{body}");
+        let (mut c, r) = reading.join().expect("the reading client");
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the read was stopped"
+        );
+        let e = r.expect_err("the read was stopped");
+        assert!(e.contains("1317"), "{e}");
+        let next: mysql::Result<Option<u64>> = c.query_first("SELECT CONNECTION_ID()");
+        match whole {
+            false => assert_eq!(next.expect("the session goes on"), thread),
+            true => assert!(next.is_err(), "the session is gone: {next:?}"),
+        }
+        if !whole {
+            // A statement without tables keeps the area the stopped read left, as
+            // directly (the read did not run again on the primary to leave it there: it
+            // would have run for minutes, and the statement above waited for it).
+            let shown: Vec<(String, u32, String)> = c.query("SHOW WARNINGS").expect("warnings");
+            assert_eq!(
+                shown,
+                interrupted_directly(&h),
+                "through holdfast vs directly"
+            );
+        }
+    }
+}
+
+/// The warnings a direct connection shows after its long read was stopped by a `KILL
+/// QUERY` and a statement without tables ran.
+fn interrupted_directly(h: &Harness) -> Vec<(String, u32, String)> {
+    let url = format!(
+        "mysql://{}:{}@{}/sbtest",
+        h.user(),
+        h.password(),
+        h.node("node2").address
+    );
+    let mut c = connect_to(&url);
+    let thread: Option<u64> = c.query_first("SELECT CONNECTION_ID()").expect("an id");
+    let thread = thread.expect("an id");
+    let reading = std::thread::spawn(move || {
+        let r: mysql::Result<Option<i64>> =
+            c.query_first("SELECT COUNT(*) FROM big a, big b, big c");
+        (c, r.is_err())
+    });
+    wait_for("the direct read", Duration::from_secs(10), || {
+        holdfast_lab::node_sql(
+            h.node("node2"),
+            &format!("SELECT ID FROM information_schema.PROCESSLIST WHERE ID = {thread} AND INFO LIKE 'SELECT COUNT(*) FROM big a%'"),
+        )
+        .is_ok_and(|rows| !rows.is_empty())
+        .then_some(())
+    });
+    holdfast_lab::node_sql(h.node("node2"), &format!("KILL QUERY {thread}")).expect("KILL QUERY");
+    let (mut c, failed) = reading.join().expect("the direct reader");
+    assert!(failed, "the direct read was stopped");
+    let _: Option<u64> = c.query_first("SELECT CONNECTION_ID()").expect("an id");
+    c.query("SHOW WARNINGS").expect("warnings")
+}
+
 /// Found by the fuzzer (seed 2050 session 116): in a read-only transaction on a replica, a
 /// read sets `FOUND_ROWS()` there; a statement the server refuses in it (an `XA END` with
 /// no XA transaction, 1399; a `CREATE TEMPORARY TABLE`, 1792) runs on the primary beside

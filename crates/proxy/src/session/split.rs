@@ -541,6 +541,27 @@ fn has_subquery(sql: &[u8], mode: holdfast_sql::SqlMode) -> bool {
         .any(|t| t.is_word("SELECT") || t.is_word("TABLE") || t.is_word("VALUES"))
 }
 
+/// What runs again on the primary in place of a read a `KILL QUERY` or `max_statement_time`
+/// stopped on a replica, when the next statement needs the primary's diagnostics area to
+/// be the read's (see `Split::rerun`): not the read (a server stops it once, and it may
+/// run for minutes), but a `SIGNAL` of the same error, which leaves the area as the read
+/// left the replica's (MariaDB 10.11's English messages).
+fn interrupted_read_stand_in(code: u16) -> Option<BytesMut> {
+    let message = match code {
+        1317 => "Query execution was interrupted",
+        1969 => "Query execution was interrupted (max_statement_time exceeded)",
+        _ => return None,
+    };
+    let sql =
+        format!("SIGNAL SQLSTATE '70100' SET MYSQL_ERRNO = {code}, MESSAGE_TEXT = '{message}'");
+    let mut packet = Vec::with_capacity(sql.len() + HEADER_LEN + 1);
+    holdfast_wire::frame::frame_into(&mut packet, 0, |out| {
+        out.push(COM_QUERY);
+        out.extend_from_slice(sql.as_bytes());
+    });
+    Some(BytesMut::from(&packet[..]))
+}
+
 /// Errors of the statement itself: MariaDB gives them before it reads a row (it cannot be
 /// parsed, names what does not exist or is ambiguous, lacks a privilege, gives a function
 /// the wrong arguments), or for a value it read (a subquery's second row, a value out of
@@ -1923,7 +1944,12 @@ impl Session {
                     }
                     split.txn_on = open.then(|| node.clone());
                     split.last_on = Some(node);
-                    split.last_read = Some(request);
+                    split.last_read = Some(
+                        match self.exchange.error.and_then(interrupted_read_stand_in) {
+                            Some(stand_in) => stand_in,
+                            None => request,
+                        },
+                    );
                     split.read_warned = warned || kept;
                 }
                 Ok(ReadOutcome::Done)
