@@ -194,7 +194,10 @@ pub fn run_sysbench(args: &[String]) -> Result<Output> {
 /// sysbench `cleanup` (errors ignored), then `prepare` of the oltp tables through `port`.
 pub fn prepare(sb: &Sysbench, port: u16) -> Result<()> {
     let _ = run_sysbench(&sb.command("oltp_read_write", port, &[], "cleanup"));
-    let prep = run_sysbench(&sb.command("oltp_read_write", port, &[], "prepare"))?;
+    let ticker = holdfast_lab::progress::Ticker::start("sysbench prepare", || None);
+    let prep = run_sysbench(&sb.command("oltp_read_write", port, &[], "prepare"));
+    drop(ticker);
+    let prep = prep?;
     if !prep.status.success() {
         bail!(
             "sysbench prepare failed: {}",

@@ -849,11 +849,17 @@ fn pending_transaction_characteristics_are_used_up_on_the_primary() {
 fn table_t_everywhere(h: &Harness) {
     h.root_sql("CREATE TABLE sbtest.t (id INT PRIMARY KEY, v INT) ENGINE=InnoDB");
     h.root_sql("INSERT INTO sbtest.t VALUES (1, 1), (2, 2), (3, 3), (4, 4), (5, 5)");
+    rows_on_the_replicas(h, "sbtest.t", 5);
+}
+
+/// Waits until both replicas hold `rows` rows in `table`.
+fn rows_on_the_replicas(h: &Harness, table: &str, rows: u32) {
+    let count = format!("SELECT COUNT(*) FROM {table}");
     for node in ["node2", "node3"] {
         wait_for("the rows on the replicas", Duration::from_secs(30), || {
-            holdfast_lab::node_sql(h.node(node), "SELECT COUNT(*) FROM sbtest.t")
+            holdfast_lab::node_sql(h.node(node), &count)
                 .ok()
-                .filter(|rows| rows[0][0] == "5")
+                .filter(|r| r[0][0] == rows.to_string())
                 .map(|_| ())
         });
     }
@@ -1941,14 +1947,7 @@ fn an_operators_kill_reaches_a_read_on_a_replica() {
     h.root_sql(
         "CREATE TABLE sbtest.big (id INT PRIMARY KEY) SELECT seq AS id FROM sbtest.seq_1_to_2000",
     );
-    for node in ["node2", "node3"] {
-        wait_for("the rows on the replicas", Duration::from_secs(30), || {
-            holdfast_lab::node_sql(h.node(node), "SELECT COUNT(*) FROM sbtest.big")
-                .ok()
-                .filter(|rows| rows[0][0] == "2000")
-                .map(|_| ())
-        });
-    }
+    rows_on_the_replicas(&h, "sbtest.big", 2000);
     for whole in [false, true] {
         let mut c = connect_to(&h.url());
         let id = c.connection_id();
