@@ -439,7 +439,7 @@ fn the_dashboard_shows_a_switchover_live_in_a_browser() {
         "the session moved",
         "(() => { const c = document.querySelector('#sessions tbody tr').children; \
            return c[3].innerText === 'node2' && c[6].innerText === '1' \
-             && c[8].innerText.includes('node1 → node2'); })()",
+             && c[8].innerText.includes('node1 → node2 (primary_changed'); })()",
         Duration::from_secs(5),
     );
     eprintln!(

@@ -103,7 +103,13 @@ impl Session {
             .then(|| lost_while_idle.unwrap_or_else(|| self.lost_conn()));
         if self.backend_dead {
             self.shared.metrics.requests_held.inc();
-            self.relocate("backend_lost").await?;
+            // (Its journey says why: a connection cut by a switchover's fence or lost with
+            // a failed primary is a change of primary to the operator.)
+            let why = match self.primary() {
+                Some(p) if p.name != self.backend_name => "primary_changed",
+                _ => "backend_lost",
+            };
+            self.relocate(why).await?;
         } else if self.move_pending_since.is_some() && self.record.blocker().is_none() {
             self.shared.metrics.requests_held.inc();
             self.relocate("primary_changed").await?;
