@@ -779,6 +779,36 @@ fn an_execute_in_a_multi_statement_reports_its_schema_switch_as_the_server_does(
     }
 }
 
+/// Found by the fuzzer (seed 2051 session 1677, main and split): the schema record an
+/// `EXECUTE` under another schema left owed on the server, held back from an OK the
+/// client's trackers report nothing in, goes out with the next OK they do report in: here
+/// a prepared `SET NAMES`'s.
+#[test]
+fn an_owed_schema_record_goes_out_with_a_prepared_statements_ok() {
+    let h = Harness::start();
+    h.root_sql("CREATE DATABASE IF NOT EXISTS other_db");
+    h.root_sql("CREATE TABLE IF NOT EXISTS other_db.t (k INT PRIMARY KEY, v VARCHAR(20))");
+    h.root_sql(&format!("GRANT ALL ON other_db.* TO '{}'@'%'", h.user()));
+    let steps = vec![
+        q("TRUNCATE TABLE other_db.t"),
+        q("PREPARE ps FROM 'SELECT v FROM dt WHERE id = ?'"),
+        q("USE other_db"),
+        q("EXECUTE ps USING @a"),
+        q("INSERT IGNORE INTO t (k, v) VALUES (7, 'x')"),
+        binary("SET NAMES utf8mb4"),
+        q("EXECUTE ps USING @a"),
+        binary("INSERT IGNORE INTO t (k, v) VALUES (8, 'y')"),
+        binary("SET NAMES latin1"),
+        q("SET NAMES utf8mb4"),
+    ];
+    for caps in [
+        BASE_CAPS | CLIENT_SESSION_TRACK,
+        BASE_CAPS | CLIENT_SESSION_TRACK | CLIENT_DEPRECATE_EOF,
+    ] {
+        compare(&h, caps, &steps);
+    }
+}
+
 /// Found by the fuzzer (seed 2040 session 1942, main and split): MariaDB keeps a session
 /// read-only after `SET autocommit = 1` ends its read-only transaction, though its status
 /// says no transaction is open: writes get 1792, a `BEGIN` starts a read-only transaction,

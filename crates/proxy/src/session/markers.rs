@@ -536,10 +536,29 @@ impl Session {
     async fn read_ok_or_err(&mut self, what: &str) -> Result<Bytes, End> {
         let p = self.read_backend_packet().await?;
         match p.payload.first() {
-            Some(0 | 0xff) => Ok(p.payload),
+            Some(0) => {
+                self.own_ok_seen(&p.payload);
+                Ok(p.payload)
+            }
+            Some(0xff) => Ok(p.payload),
             _ => Err(End::Protocol(format!(
                 "a wrapped autocommit write's {what} was answered with neither OK nor ERR"
             ))),
+        }
+    }
+
+    /// An OK of holdfast's own statements on the session's connection (a wrap's `BEGIN`,
+    /// a marker's write): the server sends a schema record an `EXECUTE` left owed with the
+    /// first OK of a statement that changes what one of holdfast's trackers reports. Seen
+    /// there, it is owed to the client for certain (fuzzer seed 2051 session 1677).
+    fn own_ok_seen(&mut self, payload: &[u8]) {
+        let Some(owed) = self.exchange.owed_schema.as_mut() else {
+            return;
+        };
+        if let Ok(ok) = OkPacket::parse(payload, true) {
+            if !owed.seen_elsewhere(ok.session_state) {
+                self.exchange.owed_schema = None;
+            }
         }
     }
 
@@ -691,7 +710,7 @@ impl Session {
             })?;
         let answer = self.read_backend_packet().await?;
         match answer.payload.first() {
-            Some(0) => {}
+            Some(0) => self.own_ok_seen(&answer.payload),
             Some(0xff) => {
                 // The COMMIT goes on without a marker: its outcome cannot be read back.
                 self.markers.in_flight = None;

@@ -64,6 +64,27 @@ impl OwedSchema {
     }
 }
 
+impl OwedSchema {
+    /// At an OK of holdfast's own statement (none of it goes to the client): a record of
+    /// this schema there is what the server owed, sent now; holdfast owes it to the
+    /// client from here on. A record of another schema means the session's schema
+    /// changed since: nothing is owed. Returns whether it still is.
+    pub fn seen_elsewhere(&mut self, block: &[u8]) -> bool {
+        let sent = items(block).find_map(|item| match item {
+            Ok(TrackItem::Schema(s)) => Some(s),
+            _ => None,
+        });
+        match sent {
+            Some(s) if s != self.schema.as_slice() => false,
+            Some(_) => {
+                self.confirmed = true;
+                true
+            }
+            None => true,
+        }
+    }
+}
+
 /// The records of a session-state block, each as its bytes (type, length, data). Stops at
 /// what cannot be decoded.
 fn records(block: &[u8]) -> impl Iterator<Item = &[u8]> {
@@ -187,6 +208,29 @@ mod tests {
         let mut kept = schema("db3");
         assert!(!owed.settle(&block, &mut kept));
         assert_eq!(kept, schema("db3"));
+    }
+
+    #[test]
+    fn a_record_sent_with_holdfasts_own_ok_is_owed_for_certain() {
+        // A wrap's BEGIN carried it: the next OK the client's trackers report in gets it.
+        let mut owed = OwedSchema::new(b"db2");
+        assert!(owed.seen_elsewhere(&[schema("db2"), state_change()].concat()));
+        let block = [variable("time_zone", "+01:00"), state_change()].concat();
+        let mut kept = variable("time_zone", "+01:00");
+        assert!(!owed.settle(&block, &mut kept));
+        assert_eq!(
+            kept,
+            [variable("time_zone", "+01:00"), schema("db2")].concat()
+        );
+        // Another schema there: the session's schema changed, nothing is owed.
+        let mut owed = OwedSchema::new(b"db2");
+        assert!(!owed.seen_elsewhere(&schema("db3")));
+        // Nothing there: still owed, not yet for certain.
+        let mut owed = OwedSchema::new(b"db2");
+        assert!(owed.seen_elsewhere(&state_change()));
+        let mut kept = variable("time_zone", "+01:00");
+        assert!(!owed.settle(&block, &mut kept));
+        assert_eq!(kept, variable("time_zone", "+01:00"));
     }
 
     #[test]
