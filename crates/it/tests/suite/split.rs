@@ -2063,6 +2063,33 @@ fn found_rows_after_a_statement_refused_beside_a_read_only_transaction_on_a_repl
     same_as_directly(&h, &steps);
 }
 
+/// Found by the fuzzer (seed 2052 session 11): a multi-statement whose statements all keep
+/// the diagnostics area (`SELECT GET_LOCK(...)` opens no table; `START TRANSACTION` is a
+/// setting) keeps it as the read on a replica before it left it; run on the primary, it
+/// showed the primary's older error.
+#[test]
+fn a_multi_statement_that_keeps_the_diagnostics_area_keeps_a_replica_reads() {
+    use holdfast_it::differential::q;
+    let h = split_harness(|_| {});
+    table_t_everywhere(&h);
+    let steps = vec![
+        q("EXECUTE nosuch USING 10"),
+        q("SELECT v FROM t WHERE id = 2"),
+        q("SELECT GET_LOCK('ms_b', 0); START TRANSACTION WITH CONSISTENT SNAPSHOT"),
+        q("SHOW ERRORS"),
+        q("COMMIT"),
+        q("SELECT * FROM nosuch"),
+        q("SELECT v FROM t WHERE id = 3"),
+        q("SET @m = 1; SELECT RELEASE_LOCK('ms_b')"),
+        q("SHOW WARNINGS"),
+        q("SELECT v FROM t WHERE id = 4"),
+        // A statement that opens a table among them clears it.
+        q("DO 1; SELECT v FROM t WHERE id = 5"),
+        q("SHOW WARNINGS"),
+    ];
+    same_as_directly(&h, &steps);
+}
+
 /// Found by the fuzzer (seed 2042 session 792): a read that fails on a replica after a
 /// write (it ran again on the primary, and failed the same) leaves its error in that
 /// replica connection's diagnostics area: a later read without tables, which keeps the

@@ -474,14 +474,25 @@ fn keeps_diagnostics_area(
         .union(C::EXECUTE_SQL)
         .union(C::PREPARE_SQL)
         .union(C::DEALLOCATE_SQL);
+    // A multi-statement keeps it when each of its statements does (seed 2052 session 11);
+    // a piece without a statement (a comment after the last `;`) is answered with an
+    // error of its own.
+    if flags.has(C::MULTI) {
+        return holdfast_sql::Statements::for_server(sql, mode, server).all(|r| {
+            let stmt = &sql[r];
+            let f = holdfast_sql::classify_for(stmt, mode, server);
+            holdfast_sql::first_keyword(stmt).is_some()
+                && !f.has(C::MULTI)
+                && keeps_diagnostics_area(f, stmt, mode, server)
+        });
+    }
     // `UNLOCK TABLES` too (`LOCK TABLES` opens its tables: it clears it); tried. And the
     // statements that read the area: `SHOW [COUNT(*)] WARNINGS|ERRORS` (tried).
-    !flags.has(C::MULTI)
-        && (settings
-            || only_unlocks(flags)
-            || shows_diagnostics(sql, mode, server)
-            || flags.intersects(code)
-            || opens_no_table(sql, mode, server))
+    settings
+        || only_unlocks(flags)
+        || shows_diagnostics(sql, mode, server)
+        || flags.intersects(code)
+        || opens_no_table(sql, mode, server)
 }
 
 /// The words of `sql`, read as `server` runs its executable comments.
