@@ -779,41 +779,28 @@ async fn post_session_kill(
         );
     }
     let query = q.query.unwrap_or(false);
-    // A split session's read running on a replica: its statement is stopped there (the
-    // statement `query` means; with a whole kill, the session then finds its connection
-    // gone at its next request).
+    // A split session's read running on a replica: `query` stops it there; a whole kill
+    // ends the backend connection, then stops the read too (the session finds its
+    // connection gone at its next request).
     let replica_read = info.replica_read.load_full();
-    let stop_replica_read = async {
-        if let Some(read) = &replica_read {
-            if let Err(why) = shared
-                .membership
-                .kill_thread(&read.node, read.thread, true)
-                .await
-            {
-                tracing::warn!(session = id, node = %read.node, thread = read.thread, error = %why, "stopping a session's read on a replica failed");
-            }
-        }
+    let (node, thread) = match (&replica_read, query) {
+        (Some(read), true) => (read.node.clone(), read.thread),
+        _ => (node, thread),
     };
-    if query && replica_read.is_some() {
-        stop_replica_read.await;
-        let read = replica_read.as_deref();
-        let killed = SessionKilled {
-            session: id,
-            node: read.map(|r| r.node.clone()).unwrap_or_default(),
-            thread: read.map_or(0, |r| r.thread),
-            query,
-        };
-        tracing::info!(session = id, node = %killed.node, thread = killed.thread, "a session's read on a replica stopped through the admin API");
-        return (StatusCode::OK, Json(killed)).into_response();
-    }
     // Marked first: the session sees its connection go and must know it was on purpose.
     if !query {
         info.kill_requested
             .store(thread, std::sync::atomic::Ordering::Release);
     }
     let killed = shared.membership.kill_thread(&node, thread, query).await;
-    if killed.is_ok() && !query {
-        stop_replica_read.await;
+    if let (Ok(()), false, Some(read)) = (&killed, query, &replica_read) {
+        if let Err(why) = shared
+            .membership
+            .kill_thread(&read.node, read.thread, true)
+            .await
+        {
+            tracing::warn!(session = id, node = %read.node, thread = read.thread, error = %why, "stopping a session's read on a replica failed");
+        }
     }
     match killed {
         Ok(()) => {

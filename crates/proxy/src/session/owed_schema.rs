@@ -39,10 +39,7 @@ impl OwedSchema {
     /// to what the server would have sent the client. Returns whether the record is still
     /// owed after this OK.
     pub fn settle(&mut self, block: &[u8], kept: &mut Vec<u8>) -> bool {
-        let sent = items(block).find_map(|item| match item {
-            Ok(TrackItem::Schema(s)) => Some(s),
-            _ => None,
-        });
+        let sent = schema_record(block);
         let reports_more = records(kept).any(|r| r.first() != Some(&SESSION_TRACK_SCHEMA));
         match sent {
             // Another schema since: that record is the session's news, nothing is owed.
@@ -70,11 +67,7 @@ impl OwedSchema {
     /// client from here on. A record of another schema means the session's schema
     /// changed since: nothing is owed. Returns whether it still is.
     pub fn seen_elsewhere(&mut self, block: &[u8]) -> bool {
-        let sent = items(block).find_map(|item| match item {
-            Ok(TrackItem::Schema(s)) => Some(s),
-            _ => None,
-        });
-        match sent {
+        match schema_record(block) {
             Some(s) if s != self.schema.as_slice() => false,
             Some(_) => {
                 self.confirmed = true;
@@ -83,6 +76,14 @@ impl OwedSchema {
             None => true,
         }
     }
+}
+
+/// The schema a session-state block reports, if it holds a schema record.
+fn schema_record(block: &[u8]) -> Option<&[u8]> {
+    items(block).find_map(|item| match item {
+        Ok(TrackItem::Schema(s)) => Some(s),
+        _ => None,
+    })
 }
 
 /// The records of a session-state block, each as its bytes (type, length, data). Stops at
