@@ -17,7 +17,7 @@ use crate::server::Server;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FoundRowsEffect {
     /// It never changes it: a write without a query inside, a setting, `USE`, `COMMIT`,
-    /// DDL without a query, `SHOW WARNINGS`...
+    /// DDL without a query, `SHOW WARNINGS` (but `SHOW COUNT(*) WARNINGS` sets it to 1)...
     Keeps,
     /// It sets it whenever it runs: a query at the top level (`SELECT`, `WITH ...
     /// SELECT`, `(SELECT ...) UNION ...`, `INSERT|REPLACE ... SELECT`, `CREATE TABLE ...
@@ -156,9 +156,13 @@ pub fn found_rows_effect(sql: &[u8], mode: SqlMode, server: Server) -> FoundRows
         };
     }
     if is("SHOW") {
-        // What the last statement left (`SHOW WARNINGS`, `SHOW COUNT(*) ERRORS`).
-        return if second_is("WARNINGS") || second_is("ERRORS") || second_is("COUNT") {
+        // `SHOW WARNINGS` and `SHOW ERRORS` leave it as the last statement did;
+        // `SHOW COUNT(*) WARNINGS` answers one row and sets it to 1, like `SELECT
+        // @@warning_count` (seen on MariaDB 10.11).
+        return if second_is("WARNINGS") || second_is("ERRORS") {
             Keeps
+        } else if second_is("COUNT") {
+            Sets
         } else {
             Uncertain
         };
@@ -280,6 +284,8 @@ mod tests {
             "SET STATEMENT max_statement_time=10 FOR SELECT k FROM u",
             "SET STATEMENT max_statement_time=10 FOR INSERT INTO t SELECT k+20,'x' FROM u",
             "/*!40101 SELECT 1 */",
+            "SHOW COUNT(*) WARNINGS",
+            "SHOW COUNT(*) ERRORS",
         ] {
             assert_eq!(effect(sql), FoundRowsEffect::Sets, "{sql}");
         }
@@ -313,7 +319,7 @@ mod tests {
             "COMMIT",
             "USE test",
             "SHOW WARNINGS",
-            "SHOW COUNT(*) ERRORS",
+            "SHOW ERRORS LIMIT 1",
             "FLUSH TABLES",
         ] {
             assert_eq!(effect(sql), FoundRowsEffect::Keeps, "{sql}");

@@ -920,7 +920,7 @@ fn reads_of_the_last_statements_counts_see_that_statement() {
 /// set it left. Queries set it (to the rows they found, not the rows they answered: `LIMIT
 /// ... OFFSET`, `UNION ALL ... LIMIT`), also inside `INSERT ... SELECT` and as they fail
 /// while running (a duplicate key, a subquery of several rows); writes without a query,
-/// `USE`, `COMMIT`, `VALUES`, `CHECKSUM TABLE` and statements that fail before they run
+/// `USE`, `COMMIT`, `VALUES`, `CHECKSUM TABLE`, `SHOW WARNINGS` and statements that fail before they run
 /// (an unknown column) leave it; nested queries, `DESCRIBE`, multi-table updates set it
 /// as the server decides. With statements spread over the nodes it lives on the node of
 /// the statement that set it: it is carried (read there, made so by a `SELECT` of as many
@@ -1011,6 +1011,17 @@ fn found_rows_is_the_servers_wherever_statements_run() {
             q("SELECT FOUND_ROWS(), ROW_COUNT()"),
             q("SELECT id FROM t ORDER BY id LIMIT 3"),
             q("SELECT id FROM t WHERE id = (SELECT id FROM t)"),
+            q("SELECT FOUND_ROWS()"),
+            // `SHOW COUNT(*) WARNINGS` answers one row and sets it to 1; `SHOW WARNINGS`
+            // keeps it (fuzzer, seed 2053 session 499).
+            q("SELECT v FROM t WHERE id = 9"),
+            q("UPDATE t SET v = v WHERE id = 2"),
+            q("SHOW COUNT(*) WARNINGS"),
+            q("SELECT FOUND_ROWS(), ROW_COUNT()"),
+            q("SELECT id FROM t ORDER BY id LIMIT 3"),
+            q("DELETE FROM t WHERE id = 11"),
+            binary("SHOW COUNT(*) ERRORS"),
+            q("SHOW WARNINGS"),
             q("SELECT FOUND_ROWS()"),
         ]);
     }
