@@ -809,6 +809,31 @@ fn an_owed_schema_record_goes_out_with_a_prepared_statements_ok() {
     }
 }
 
+/// An owed schema record can also go out with an OK of holdfast's own statements that
+/// run before the client's (here the `SET` that turns the transaction tracker on before
+/// the session's first `SET TRANSACTION`): there it is owed to the client for certain,
+/// and goes out with the next OK its trackers report in.
+#[test]
+fn an_owed_schema_record_seen_by_holdfasts_own_statement_still_reaches_the_client() {
+    let h = Harness::start();
+    h.root_sql("CREATE DATABASE IF NOT EXISTS other_db");
+    h.root_sql(&format!("GRANT ALL ON other_db.* TO '{}'@'%'", h.user()));
+    let steps = vec![
+        q("PREPARE ps FROM 'SELECT v FROM dt WHERE id = ?'"),
+        q("USE other_db"),
+        q("EXECUTE ps USING @a"),
+        q("SET TRANSACTION ISOLATION LEVEL READ COMMITTED"),
+        q("SET NAMES utf8mb4"),
+        q("SELECT DATABASE()"),
+    ];
+    for caps in [
+        BASE_CAPS | CLIENT_SESSION_TRACK,
+        BASE_CAPS | CLIENT_SESSION_TRACK | CLIENT_DEPRECATE_EOF,
+    ] {
+        compare(&h, caps, &steps);
+    }
+}
+
 /// Found by the fuzzer (seed 2040 session 1942, main and split): MariaDB keeps a session
 /// read-only after `SET autocommit = 1` ends its read-only transaction, though its status
 /// says no transaction is open: writes get 1792, a `BEGIN` starts a read-only transaction,

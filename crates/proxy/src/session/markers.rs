@@ -547,21 +547,6 @@ impl Session {
         }
     }
 
-    /// An OK of holdfast's own statements on the session's connection (a wrap's `BEGIN`,
-    /// a marker's write): the server sends a schema record an `EXECUTE` left owed with the
-    /// first OK of a statement that changes what one of holdfast's trackers reports. Seen
-    /// there, it is owed to the client for certain (fuzzer seed 2051 session 1677).
-    fn own_ok_seen(&mut self, payload: &[u8]) {
-        let Some(owed) = self.exchange.owed_schema.as_mut() else {
-            return;
-        };
-        if let Ok(ok) = OkPacket::parse(payload, true) {
-            if !owed.seen_elsewhere(ok.session_state) {
-                self.exchange.owed_schema = None;
-            }
-        }
-    }
-
     /// Answers the client for a wrapped write: the statement's ERR; its OK with the
     /// status and session state after the transaction's end (`end`: the COMMIT's answer,
     /// `None` when the statement ran by itself); the COMMIT's ERR if it failed.
@@ -812,8 +797,7 @@ impl Session {
                 // The new connection has the session's LAST_INSERT_ID() from before it.
                 if ok.last_insert_id != 0 {
                     let set = format!("SET last_insert_id = {}", ok.last_insert_id);
-                    if let Err(e) = crate::restore::execute(&mut self.backend, set.as_bytes()).await
-                    {
+                    if let Err(e) = self.run_own(set.as_bytes()).await {
                         tracing::warn!(session = self.info.id, error = %e, "could not set LAST_INSERT_ID() after a recovered write");
                     }
                     self.record.last_insert_id = ok.last_insert_id;
@@ -931,10 +915,7 @@ impl Session {
         let start = self.txn_log.as_ref().map_or(0, |l| l.start_last_insert_id);
         if start != self.record.last_insert_id {
             let sql = format!("SELECT LAST_INSERT_ID({start}){}", crate::restore::NO_LIMIT);
-            if crate::restore::execute(&mut self.backend, sql.as_bytes())
-                .await
-                .is_err()
-            {
+            if self.run_own(sql.as_bytes()).await.is_err() {
                 return Ok(false);
             }
             self.record.last_insert_id = start;

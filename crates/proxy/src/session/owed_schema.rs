@@ -14,7 +14,11 @@
 //! trackers report something there too; otherwise holdfast leaves it out and keeps it, and
 //! puts it into the first OK where they do.
 
+use super::Session;
+use crate::backend::BackendError;
+use crate::restore::Executed;
 use holdfast_wire::codec::{put_lenenc_bytes, Reader};
+use holdfast_wire::packets::OkPacket;
 use holdfast_wire::session_track::{items, TrackItem, SESSION_TRACK_SCHEMA};
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -75,6 +79,39 @@ impl OwedSchema {
             }
             None => true,
         }
+    }
+}
+
+impl Session {
+    /// An OK of holdfast's own statements on the session's connection (a wrap's `BEGIN`,
+    /// a marker's write): the server sends a schema record an `EXECUTE` left owed with the
+    /// first OK of a statement that changes what one of holdfast's trackers reports. Seen
+    /// there, it is owed to the client for certain (fuzzer seed 2051 session 1677).
+    pub(super) fn own_ok_seen(&mut self, payload: &[u8]) {
+        if self.exchange.owed_schema.is_none() {
+            return;
+        }
+        if let Ok(ok) = OkPacket::parse(payload, true) {
+            self.own_session_state_seen(ok.session_state);
+        }
+    }
+
+    fn own_session_state_seen(&mut self, block: &[u8]) {
+        if let Some(owed) = self.exchange.owed_schema.as_mut() {
+            if !owed.seen_elsewhere(block) {
+                self.exchange.owed_schema = None;
+            }
+        }
+    }
+
+    /// Runs one of holdfast's own statements on the session's connection (see
+    /// [`crate::restore::execute`]), minding a schema record its OKs carry.
+    pub(super) async fn run_own(&mut self, sql: &[u8]) -> Result<Executed, BackendError> {
+        let done = crate::restore::execute(&mut self.backend, sql).await?;
+        for ok in &done.oks {
+            self.own_session_state_seen(&ok.session_state);
+        }
+        Ok(done)
     }
 }
 

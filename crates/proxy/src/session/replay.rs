@@ -495,7 +495,7 @@ impl Session {
     /// Ends a replay that diverged: its transaction is rolled back on the new backend.
     async fn roll_back_replay(&mut self) {
         self.txn_log = None;
-        if let Err(e) = crate::restore::execute(&mut self.backend, b"ROLLBACK").await {
+        if let Err(e) = self.run_own(b"ROLLBACK").await {
             tracing::info!(session = self.info.id, error = %e, "rolling back a diverged replay failed");
             if matches!(e, BackendError::Conn(_)) {
                 self.mark_backend_dead();

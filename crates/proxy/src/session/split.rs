@@ -1309,7 +1309,7 @@ impl Session {
         if self.split.as_ref().is_some_and(|s| s.shadow) {
             return true;
         }
-        match restore::execute(&mut self.backend, b"START TRANSACTION READ ONLY").await {
+        match self.run_own(b"START TRANSACTION READ ONLY").await {
             Ok(_) => {
                 if let Some(split) = self.split.as_mut() {
                     split.shadow = true;
@@ -1455,7 +1455,7 @@ impl Session {
         if !std::mem::take(&mut split.shadow) || self.backend_dead {
             return;
         }
-        if let Err(e) = restore::execute(&mut self.backend, b"ROLLBACK").await {
+        if let Err(e) = self.run_own(b"ROLLBACK").await {
             tracing::info!(session = self.info.id, error = %e, "rolling back the primary's read-only transaction failed");
             if matches!(e, crate::backend::BackendError::Conn(_)) {
                 self.mark_backend_dead();
@@ -2086,7 +2086,7 @@ impl Session {
                 .cloned(),
             Consistency::Global => {
                 let sql = format!("SELECT @@global.gtid_binlog_pos{}", restore::NO_LIMIT);
-                match restore::execute(&mut self.backend, sql.as_bytes()).await {
+                match self.run_own(sql.as_bytes()).await {
                     Ok(r) => r
                         .text_rows()
                         .first()

@@ -28,11 +28,9 @@ impl Session {
         if self.tracks_transactions || self.record.untracked || self.backend_dead {
             return Ok(());
         }
-        match crate::restore::execute(
-            &mut self.backend,
-            crate::restore::TRACK_TRANSACTIONS.as_bytes(),
-        )
-        .await
+        match self
+            .run_own(crate::restore::TRACK_TRANSACTIONS.as_bytes())
+            .await
         {
             Ok(_) => self.tracks_transactions = true,
             Err(BackendError::Conn(error)) => {
@@ -63,7 +61,7 @@ impl Session {
             .await
             .map_err(lost)?;
         let set = self.record.client_trackers.set_statement();
-        crate::restore::execute(&mut self.backend, set.as_bytes())
+        self.run_own(set.as_bytes())
             .await
             .map_err(|e| lost(e.into()))?;
         crate::restore::put_back_diagnostics(&mut self.backend, before)
@@ -98,7 +96,8 @@ impl Session {
             names.join(", @@session."),
             crate::restore::NO_LIMIT
         );
-        let values = crate::restore::execute(&mut self.backend, select.as_bytes())
+        let values = self
+            .run_own(select.as_bytes())
             .await
             .map_err(|e| lost(e.into()))?;
         // A value that differs from holdfast's own is the client's; one that does not was
@@ -121,7 +120,7 @@ impl Session {
             statements.push(crate::restore::TRACK_TRANSACTIONS);
         }
         for sql in statements {
-            crate::restore::execute(&mut self.backend, sql.as_bytes())
+            self.run_own(sql.as_bytes())
                 .await
                 .map_err(|e| lost(e.into()))?;
         }
