@@ -1534,6 +1534,54 @@ fn a_user_variable_set_after_a_procedure_does_not_explain_the_procedures_change(
     }
 }
 
+/// Found by the fuzzer (seed 2054 session 51): a read-only transaction on a replica whose
+/// reads include one that opens no table (`SELECT @@warning_count`) could not move to the
+/// primary for a statement the replica cannot follow (a multi-statement that ends it with
+/// `LOCK TABLES`): that read answered otherwise there, where the diagnostics area is
+/// another statement's, and the client got 1213 where the server answers. So did one
+/// that read the time. Such a read says nothing of the snapshot: it runs again (for what
+/// it leaves: `FOUND_ROWS()`), its answer not compared.
+#[test]
+fn a_read_only_transaction_that_read_no_table_moves_to_the_primary() {
+    use holdfast_it::differential::q;
+    let h = split_harness(|c| c.split.primary_read_weight = 0.0);
+    table_t_everywhere(&h);
+    let steps = vec![
+        q("START TRANSACTION READ ONLY"),
+        q("SELECT v FROM t WHERE id = 2"),
+        q("SELECT @@warning_count, @@error_count"),
+        q("SELECT NOW() > '2000-01-01', CONNECTION_ID() > 0"),
+        // Fails at its first statement: runs on the primary beside the pinned
+        // transaction, and leaves its error in the primary's diagnostics area.
+        q("SELECT nosuchcol FROM t; SELECT 1"),
+        q("SELECT id FROM t ORDER BY id LIMIT 3; LOCK TABLES t READ"),
+        q("SELECT @@in_transaction, FOUND_ROWS()"),
+        q("INSERT INTO t VALUES (200, 1)"),
+        q("UNLOCK TABLES"),
+    ];
+    same_as_directly(&h, &steps);
+    // A read whose answer the primary cannot repeat (the time, to the microsecond).
+    let mut c = connect_to(&h.url());
+    c.query_drop("START TRANSACTION READ ONLY").expect("start");
+    c.query_drop("SELECT v FROM t WHERE id = 2")
+        .expect("a read");
+    let _: Vec<String> = c.query("SELECT NOW(6)").expect("the time");
+    let ids: Vec<u32> = c
+        .query("SELECT id FROM t ORDER BY id LIMIT 3; LOCK TABLES t READ")
+        .expect("the server's answer, not 1213");
+    assert_eq!(ids, [1, 2, 3]);
+    let left: Vec<(u8, u8)> = c
+        .query("SELECT @@in_transaction, @@tx_read_only")
+        .expect("after the lock");
+    assert_eq!(left, [(0, 0)], "LOCK TABLES committed the transaction");
+    let m = h.metrics();
+    let moved = metric(
+        &m,
+        "holdfast_reads_fallback_total{reason=\"replica_transaction_moved\"}",
+    );
+    assert!(moved.is_some_and(|n| n >= 1.0), "{m}");
+}
+
 /// Found by the fuzzer (seed 2026, sessions 53, 116, 227, 515, 535, 624; seed 8 session 304):
 /// inside a read-only transaction on a replica, a statement the replica's connection cannot
 /// follow (a user variable set from a query, a multi-statement that ends the transaction or
