@@ -53,7 +53,9 @@ pub use found_rows::{fails_before_it_runs, found_rows_effect, FoundRowsEffect};
 pub use kill::{parse_kill, parse_kill_head, parse_sql_prepared, Kill, KillHead, SqlPrepared};
 pub use lexer::{Lexer, SqlMode, Token, TokenKind};
 pub use password::{own_password_change, PasswordChange};
-pub use route::{read_only_transaction, read_route, reads_last_statement, ReadRoute};
+pub use route::{
+    names_system_variables, read_only_transaction, read_route, reads_last_statement, ReadRoute,
+};
 pub use server::Server;
 pub use split::Statements;
 

@@ -196,6 +196,14 @@ fn diagnostics(text: &[u8]) -> bool {
     )
 }
 
+/// Whether `sql` names a system variable other than the diagnostics counts
+/// (`@@warning_count`, `@@error_count`): a setting, or a value of the node that answers
+/// (`@@server_id`, a global).
+pub fn names_system_variables(sql: &[u8], mode: SqlMode, server: Server) -> bool {
+    Lexer::for_server(sql, mode, server)
+        .any(|t| t.kind == TokenKind::SysVar && !diagnostics(t.text))
+}
+
 /// Whether `sql` reads what the connection's previous statement left: `FOUND_ROWS()`,
 /// `ROW_COUNT()`, `@@warning_count`, `@@error_count`, `SHOW WARNINGS|ERRORS|COUNT(*) ...`,
 /// `GET DIAGNOSTICS`. Such a statement must run on the connection that ran the previous
@@ -510,6 +518,27 @@ mod tests {
         }
         assert_eq!(route("SELECT @x := 1"), ReadRoute::Primary);
         assert_eq!(route("SELECT @@x"), ReadRoute::Replica);
+    }
+
+    #[test]
+    fn system_variables_named_beyond_the_diagnostics_counts() {
+        let named = |sql: &str| {
+            names_system_variables(sql.as_bytes(), SqlMode::default(), Server::default())
+        };
+        for sql in [
+            "SELECT @@server_id",
+            "SELECT @@warning_count, @@GLOBAL.max_connections",
+            "SELECT @@session.autocommit",
+        ] {
+            assert!(named(sql), "{sql}");
+        }
+        for sql in [
+            "SELECT @@warning_count, @@session.error_count",
+            "SELECT NOW(6), '@@server_id'",
+            "SELECT 1 /* @@server_id */",
+        ] {
+            assert!(!named(sql), "{sql}");
+        }
     }
 
     #[test]

@@ -103,10 +103,12 @@ struct PinnedRead {
     /// The session's schema when it ran: it runs again in that one (a `USE` since, made
     /// on both connections, changed the current one).
     schema: Option<String>,
-    /// It opens no table (`SELECT @@warning_count`, `SELECT NOW()`): its answer says
-    /// nothing of the snapshot, and may differ on the primary (the diagnostics area there
+    /// It opens no table and names no system variable but the diagnostics counts
+    /// (`SELECT @@warning_count`, `SELECT NOW(6)`): its answer says nothing of the
+    /// snapshot or of the node, and may differ on the primary (the diagnostics area there
     /// is another statement's). It runs again for what it leaves (`FOUND_ROWS()`), its
-    /// answer not compared (seed 2054 session 51).
+    /// answer not compared (seed 2054 session 51). (`@@server_id`, a global, are still
+    /// compared: the client would see the node change inside its transaction.)
     reads_no_table: bool,
 }
 
@@ -1930,8 +1932,11 @@ impl Session {
                         .map(|s| s.sql.clone());
                     let text = sql.as_deref().or_else(|| query_sql(&request));
                     let mode = self.record.sql_mode.unwrap_or_default();
-                    let reads_no_table =
-                        text.is_some_and(|t| opens_no_table(t, mode, self.server()));
+                    let server = self.server();
+                    let reads_no_table = text.is_some_and(|t| {
+                        opens_no_table(t, mode, server)
+                            && !holdfast_sql::names_system_variables(t, mode, server)
+                    });
                     let read = checksum.map(|checksum| PinnedRead {
                         request: self.kept_copy(request[HEADER_LEN], &request),
                         checksum,
