@@ -52,6 +52,18 @@ fn compare(h: &Harness, caps: u32, steps: &[Step]) -> Vec<Outcome> {
     direct
 }
 
+/// Clients that track session state, with and without `CLIENT_DEPRECATE_EOF`.
+const TRACKING: [u32; 2] = [
+    BASE_CAPS | CLIENT_SESSION_TRACK,
+    BASE_CAPS | CLIENT_SESSION_TRACK | CLIENT_DEPRECATE_EOF,
+];
+
+/// A second schema, `other_db`, the lab's client account may use.
+fn other_db(h: &Harness) {
+    h.root_sql("CREATE DATABASE IF NOT EXISTS other_db");
+    h.root_sql(&format!("GRANT ALL ON other_db.* TO '{}'@'%'", h.user()));
+}
+
 /// Statements after which holdfast reads the session's user variables (and
 /// LAST_INSERT_ID), each followed by what would show that holdfast ran something.
 fn diagnostics_script() -> Vec<Step> {
@@ -208,10 +220,7 @@ fn tracking_script() -> Vec<Step> {
 fn clients_with_session_track_see_their_own_trackers_only() {
     let h = Harness::start();
     let steps = tracking_script();
-    for caps in [
-        BASE_CAPS | CLIENT_SESSION_TRACK,
-        BASE_CAPS | CLIENT_SESSION_TRACK | CLIENT_DEPRECATE_EOF,
-    ] {
+    for caps in TRACKING {
         let direct = compare(&h, caps, &steps);
         assert!(
             format!("{:?}", direct[4]).contains("variable time_zone=+01:00"),
@@ -444,10 +453,7 @@ fn prepared_transaction_statements_leave_the_session_state_records_alone() {
         binary("COMMIT"),
         q("SET @s = 'a'"),
     ];
-    for caps in [
-        BASE_CAPS | CLIENT_SESSION_TRACK,
-        BASE_CAPS | CLIENT_SESSION_TRACK | CLIENT_DEPRECATE_EOF,
-    ] {
+    for caps in TRACKING {
         compare(&h, caps, &steps);
     }
 }
@@ -622,8 +628,7 @@ fn a_comment_nested_in_an_executable_one_is_not_read_as_one_statement() {
 #[test]
 fn an_execute_after_use_reports_the_state_change_as_the_server_does() {
     let h = Harness::start();
-    h.root_sql("CREATE DATABASE IF NOT EXISTS other_db");
-    h.root_sql(&format!("GRANT ALL ON other_db.* TO '{}'@'%'", h.user()));
+    other_db(&h);
     let steps =
         vec![
         q("SET TRANSACTION READ ONLY; PREPARE ps FROM 'SELECT v FROM sbtest.dt WHERE id = ?'; \
@@ -703,8 +708,7 @@ fn row_count_is_not_changed_by_holdfasts_own_tracker_settings() {
 #[test]
 fn an_execute_of_a_write_after_use_reports_the_schema_as_the_server_does() {
     let h = Harness::start();
-    h.root_sql("CREATE DATABASE IF NOT EXISTS other_db");
-    h.root_sql(&format!("GRANT ALL ON other_db.* TO '{}'@'%'", h.user()));
+    other_db(&h);
     let steps = vec![
         q("PREPARE ps FROM 'INSERT INTO dt (id, v) VALUES (?, ''ps'')'"),
         q("START TRANSACTION; SET @a = 1; INSERT INTO dt (v) VALUES ('f')"),
@@ -741,10 +745,7 @@ fn an_execute_of_a_write_after_use_reports_the_schema_as_the_server_does() {
         q("SET time_zone = DEFAULT"),
         q("SET sql_mode = DEFAULT"),
     ];
-    for caps in [
-        BASE_CAPS | CLIENT_SESSION_TRACK,
-        BASE_CAPS | CLIENT_SESSION_TRACK | CLIENT_DEPRECATE_EOF,
-    ] {
+    for caps in TRACKING {
         compare(&h, caps, &steps);
     }
 }
@@ -756,8 +757,7 @@ fn an_execute_of_a_write_after_use_reports_the_schema_as_the_server_does() {
 #[test]
 fn an_execute_in_a_multi_statement_reports_its_schema_switch_as_the_server_does() {
     let h = Harness::start();
-    h.root_sql("CREATE DATABASE IF NOT EXISTS other_db");
-    h.root_sql(&format!("GRANT ALL ON other_db.* TO '{}'@'%'", h.user()));
+    other_db(&h);
     let steps = vec![
         q("PREPARE ps FROM 'SELECT v FROM dt WHERE id = ?'"),
         binary("USE other_db"),
@@ -786,9 +786,8 @@ fn an_execute_in_a_multi_statement_reports_its_schema_switch_as_the_server_does(
 #[test]
 fn an_owed_schema_record_goes_out_with_a_prepared_statements_ok() {
     let h = Harness::start();
-    h.root_sql("CREATE DATABASE IF NOT EXISTS other_db");
+    other_db(&h);
     h.root_sql("CREATE TABLE IF NOT EXISTS other_db.t (k INT PRIMARY KEY, v VARCHAR(20))");
-    h.root_sql(&format!("GRANT ALL ON other_db.* TO '{}'@'%'", h.user()));
     let steps = vec![
         q("TRUNCATE TABLE other_db.t"),
         q("PREPARE ps FROM 'SELECT v FROM dt WHERE id = ?'"),
@@ -801,10 +800,7 @@ fn an_owed_schema_record_goes_out_with_a_prepared_statements_ok() {
         binary("SET NAMES latin1"),
         q("SET NAMES utf8mb4"),
     ];
-    for caps in [
-        BASE_CAPS | CLIENT_SESSION_TRACK,
-        BASE_CAPS | CLIENT_SESSION_TRACK | CLIENT_DEPRECATE_EOF,
-    ] {
+    for caps in TRACKING {
         compare(&h, caps, &steps);
     }
 }
@@ -816,8 +812,7 @@ fn an_owed_schema_record_goes_out_with_a_prepared_statements_ok() {
 #[test]
 fn an_owed_schema_record_seen_by_holdfasts_own_statement_still_reaches_the_client() {
     let h = Harness::start();
-    h.root_sql("CREATE DATABASE IF NOT EXISTS other_db");
-    h.root_sql(&format!("GRANT ALL ON other_db.* TO '{}'@'%'", h.user()));
+    other_db(&h);
     let steps = vec![
         q("PREPARE ps FROM 'SELECT v FROM dt WHERE id = ?'"),
         q("USE other_db"),
@@ -826,10 +821,7 @@ fn an_owed_schema_record_seen_by_holdfasts_own_statement_still_reaches_the_clien
         q("SET NAMES utf8mb4"),
         q("SELECT DATABASE()"),
     ];
-    for caps in [
-        BASE_CAPS | CLIENT_SESSION_TRACK,
-        BASE_CAPS | CLIENT_SESSION_TRACK | CLIENT_DEPRECATE_EOF,
-    ] {
+    for caps in TRACKING {
         compare(&h, caps, &steps);
     }
 }
