@@ -196,8 +196,10 @@ pub struct ProxyConfig {
     /// their statement) and hold their next request; the switchover waits this long for all
     /// of them, then goes ahead anyway.
     pub switchover_drain_ms: u64,
-    /// Runtime worker threads; 0 means half the CPU cores, at least one (see
-    /// [`ProxyConfig::effective_worker_threads`]).
+    /// Threads that run client sessions, each a current-thread runtime with its sessions'
+    /// sockets; 0 means half the CPU cores, at least one (see
+    /// [`ProxyConfig::effective_worker_threads`]). With one, sessions run on the main
+    /// thread beside the control tasks.
     pub worker_threads: usize,
     /// Connections open at once from one client address; 0: no limit but `max_connections`.
     pub max_connections_per_ip: usize,

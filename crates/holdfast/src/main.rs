@@ -369,11 +369,20 @@ fn main() -> Result<()> {
                     log.set(&cfg.log.level)?;
                 }
             }
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(cfg.proxy.effective_worker_threads())
+            // The main thread runs the control tasks and the acceptors; sessions run on
+            // it too with one worker, else on that many threads of their own.
+            let workers = cfg.proxy.effective_worker_threads();
+            let session_threads = match workers {
+                0 | 1 => None,
+                n => Some(std::sync::Arc::new(
+                    holdfast_proxy::session_threads::SessionThreads::start(n)
+                        .context("cannot start the session threads")?,
+                )),
+            };
+            tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?
-                .block_on(serve(cfg, &config, &text, log))
+                .block_on(serve(cfg, &config, &text, log, session_threads))
         }
         Command::Ctl {
             admin,
@@ -486,6 +495,7 @@ async fn serve(
     config_path: &Path,
     text: &str,
     log: Option<Arc<LogLevel>>,
+    session_threads: Option<Arc<holdfast_proxy::session_threads::SessionThreads>>,
 ) -> Result<()> {
     // A serverless server that cannot start is said now, not as a 3032 at the first login.
     if let Some(holdfast_config::serverless::InstanceDriverConfig::Process(p)) =
@@ -528,6 +538,7 @@ async fn serve(
     let seams = holdfast_proxy::Seams {
         node_driver,
         take_over,
+        session_threads,
         ..Default::default()
     };
     let mut proxy = holdfast_proxy::Proxy::start_with(cfg, seams)

@@ -98,6 +98,18 @@ fn upgrade(config: &Path, procs: &mut Processes, log: &Path) -> u32 {
     pid
 }
 
+/// The session threads (`holdfast-sessions-N`, cut to 15 bytes by the kernel) of process
+/// `pid`.
+fn session_threads(pid: u32) -> usize {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.starts_with("holdfast-sessio"))
+        .count()
+}
+
 /// Waits until the processes' shared log names at least `count` sessions taken over
 /// (lines holding `needle`).
 fn wait_handed(log: &Path, needle: &str, count: usize, what: &str) {
@@ -484,6 +496,14 @@ const STATE: &str = "SELECT @kept, @@time_zone, LAST_INSERT_ID(), @@sql_mode";
 fn idle_sessions_are_handed_over(plain_backend: bool) {
     let name = if plain_backend { "plain" } else { "tls" };
     let served = Served::start_with(name, "1", None, |config| {
+        if !plain_backend {
+            // Sessions on threads of their own (`[proxy] worker_threads` above one): each
+            // handed-over session joins one in the new process.
+            let text = std::fs::read_to_string(config).expect("the lab's config");
+            assert!(text.contains("worker_threads = 0"), "{text}");
+            let edited = text.replace("worker_threads = 0", "worker_threads = 3");
+            std::fs::write(config, edited).expect("the edited config");
+        }
         if plain_backend {
             let text = std::fs::read_to_string(config).expect("the lab's config");
             let start = text.find("[backend_tls]").expect("a [backend_tls] section");
@@ -584,9 +604,12 @@ fn idle_sessions_are_handed_over(plain_backend: bool) {
     // (The three sessions above logged in through holdfast: the count works.)
     assert!(logins_before >= 3, "{logins_before} logins of 'app'");
     let mut pids = vec![status(&config)["pid"].as_u64().expect("pid") as u32];
+    let threads_wanted = if plain_backend { 0 } else { 3 };
+    assert_eq!(session_threads(pids[0]), threads_wanted);
     for round in 1..=2usize {
         let new_pid = upgrade(&config, &mut procs, &log);
         pids.push(new_pid);
+        assert_eq!(session_threads(new_pid), threads_wanted);
 
         // The idle sessions go over by themselves.
         wait_for(

@@ -21,6 +21,7 @@ pub mod reload;
 pub mod restore;
 pub mod serverless;
 pub mod session;
+pub mod session_threads;
 pub mod state;
 pub mod tls;
 pub mod upgrade;
@@ -112,6 +113,9 @@ pub struct Shared {
     /// Pass-through sessions relayed in the kernel (`[proxy] kernel_relay`).
     pub kernel_relays: kernel_relay::KernelRelays,
     next_session_id: AtomicU32,
+    /// Where accepted sessions run ([`Seams::session_threads`]); on the accepting runtime
+    /// without.
+    session_threads: Option<Arc<session_threads::SessionThreads>>,
 }
 
 /// The fleet as HA asks it: an operation asks etcd first whether this member still
@@ -309,6 +313,9 @@ pub struct Seams {
     /// This process takes over from another (an upgrade): its listening sockets, instead
     /// of binding; HA waits until the other lets go.
     pub take_over: Option<upgrade::TakeOver>,
+    /// Runs client sessions on these threads (see [`session_threads`]) instead of on the
+    /// runtime that accepts them.
+    pub session_threads: Option<Arc<session_threads::SessionThreads>>,
 }
 
 impl Shared {
@@ -328,6 +335,7 @@ impl Shared {
             node_driver,
             backend_connector,
             take_over: _,
+            session_threads,
         } = seams;
         let live = holdfast_cluster::live::live(config.clone());
         let serverless = config.serverless.as_ref().and_then(|sl| {
@@ -378,6 +386,7 @@ impl Shared {
                 config.has_passthrough_listener(),
             ),
             next_session_id: AtomicU32::new(0),
+            session_threads,
         }
     }
 
@@ -466,11 +475,24 @@ pub(crate) fn resume_session(
 ) {
     let slot = shared.connections.take(usize::MAX);
     let ticket = shared.admission.admit_handed_over(carried.peer.ip());
-    tokio::spawn(async move {
+    let threads = shared.session_threads.clone();
+    let session = async move {
         session::run_resumed(shared, carried, client, backend, readers).await;
         drop(ticket);
         drop(slot);
-    });
+    };
+    spawn_session(threads, session);
+}
+
+/// Runs a session on the session threads, or on this runtime without them.
+fn spawn_session(
+    threads: Option<Arc<session_threads::SessionThreads>>,
+    session: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    match threads {
+        Some(threads) => threads.spawn(session),
+        None => drop(tokio::spawn(session)),
+    }
 }
 
 /// Goes on with a pass-through session the process this one replaces handed over.
@@ -483,7 +505,8 @@ pub(crate) fn resume_relay(
 ) {
     let slot = shared.connections.take(usize::MAX);
     let ticket = shared.admission.admit_handed_over(carried.relay.peer.ip());
-    tokio::spawn(async move {
+    let threads = shared.session_threads.clone();
+    spawn_session(threads, async move {
         session::passthrough::resume(shared, carried, client, backend, kernel_map).await;
         drop(ticket);
         drop(slot);
@@ -810,19 +833,24 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, listen: Option<
                 config.proxy.max_connections,
             )
         };
-        let stream: conn::BoxedIo = Box::new(stream);
         shared.metrics.connections_accepted.inc();
         let shared = shared.clone();
         match shared.connections.take(limit) {
             Some(slot) => {
                 let (mode, routing, trusted) = settings;
-                tokio::spawn(async move {
+                let threads = shared.session_threads.clone();
+                let session = move |stream: tokio::net::TcpStream| async move {
+                    let stream: conn::BoxedIo = Box::new(stream);
                     session::run_routed(shared, stream, peer, mode, routing, &trusted).await;
                     drop(slot);
-                });
+                };
+                match threads {
+                    Some(threads) => threads.spawn_with(stream, session),
+                    None => drop(tokio::spawn(session(stream))),
+                }
             }
             None => {
-                tokio::spawn(session::refuse_too_many(shared, stream, peer));
+                tokio::spawn(session::refuse_too_many(shared, Box::new(stream), peer));
             }
         }
     }

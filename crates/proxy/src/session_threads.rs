@@ -1,0 +1,182 @@
+//! Threads that run client sessions, each a tokio current-thread runtime of its own.
+//!
+//! A session's client socket and the backend connections it opens are registered with the
+//! reactor of the thread it runs on, so each of its wake-ups stays on that thread: no task
+//! is stolen by another worker and no worker is woken to steal (issue 22, "thread per
+//! core"). The acceptor hands each new connection to the thread with the fewest sessions;
+//! the control tasks (monitor, HA, admin, the acceptors) stay on the main runtime.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use tokio::net::TcpStream;
+use tokio::runtime::Handle;
+
+pub struct SessionThreads {
+    threads: Vec<SessionThread>,
+}
+
+struct SessionThread {
+    handle: Handle,
+    /// Sessions running on it now.
+    sessions: Arc<AtomicUsize>,
+}
+
+/// Counts a session off its thread when it ends, however it ends.
+struct Running(Arc<AtomicUsize>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl SessionThreads {
+    /// Starts `count` threads (named `holdfast-sessions-N`). They run until the process
+    /// exits.
+    pub fn start(count: usize) -> std::io::Result<SessionThreads> {
+        let mut threads = Vec::with_capacity(count);
+        for i in 0..count {
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::Builder::new()
+                .name(format!("holdfast-sessions-{i}"))
+                .spawn(move || {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build();
+                    match runtime {
+                        Ok(runtime) => {
+                            let _ = tx.send(Ok(runtime.handle().clone()));
+                            runtime.block_on(std::future::pending::<()>());
+                        }
+                        Err(e) => {
+                            let _ = tx.send(Err(e));
+                        }
+                    }
+                })?;
+            let handle = rx.recv().map_err(|_| {
+                std::io::Error::other(format!("session thread {i} ended as it started"))
+            })??;
+            threads.push(SessionThread {
+                handle,
+                sessions: Arc::default(),
+            });
+        }
+        Ok(SessionThreads { threads })
+    }
+
+    /// Runs `session` on the thread with the fewest sessions, `stream` registered with
+    /// that thread's reactor. A stream that cannot move there is closed (logged).
+    pub fn spawn_with<F, Fut>(&self, stream: TcpStream, session: F)
+    where
+        F: FnOnce(TcpStream) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        // Leaves this runtime's reactor (the socket stays non-blocking) for the other's.
+        let stream = match stream.into_std() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "a new connection could not leave the acceptor's thread");
+                return;
+            }
+        };
+        self.spawn(async move {
+            match TcpStream::from_std(stream) {
+                Ok(stream) => session(stream).await,
+                Err(e) => {
+                    tracing::warn!(error = %e, "a new connection could not join its session thread")
+                }
+            }
+        });
+    }
+
+    /// Runs `session` on the thread with the fewest sessions: sockets it registers (a
+    /// session handed over by an upgrade brings them as std sockets) are that thread's.
+    pub fn spawn(&self, session: impl Future<Output = ()> + Send + 'static) {
+        let Some(thread) = self
+            .threads
+            .iter()
+            .min_by_key(|t| t.sessions.load(Ordering::Relaxed))
+        else {
+            return;
+        };
+        thread.sessions.fetch_add(1, Ordering::Relaxed);
+        let running = Running(thread.sessions.clone());
+        thread.handle.spawn(async move {
+            let _running = running;
+            session.await
+        });
+    }
+
+    /// Sessions running on each thread now.
+    pub fn sessions(&self) -> Vec<usize> {
+        self.threads
+            .iter()
+            .map(|t| t.sessions.load(Ordering::Relaxed))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn sessions_run_on_the_least_loaded_thread_and_are_counted_off() {
+        let threads = SessionThreads::start(2).expect("threads");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (names_tx, mut names_rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut clients = Vec::new();
+        for _ in 0..4 {
+            let mut client = TcpStream::connect(addr).await.expect("connect");
+            let (stream, _) = listener.accept().await.expect("accept");
+            let names = names_tx.clone();
+            threads.spawn_with(stream, move |mut stream| async move {
+                let name = std::thread::current().name().map(str::to_owned);
+                let _ = names.send(name);
+                // An echo (the socket works on the thread it moved to), then on until
+                // the client goes.
+                let mut byte = [0u8; 1];
+                if stream.read_exact(&mut byte).await.is_ok() {
+                    let _ = stream.write_all(&byte).await;
+                    let _ = stream.read(&mut byte).await;
+                }
+            });
+            client.write_all(b"x").await.expect("write");
+            let mut back = [0u8; 1];
+            client.read_exact(&mut back).await.expect("echo");
+            assert_eq!(&back, b"x");
+            clients.push(client);
+        }
+        let mut names = Vec::new();
+        for _ in 0..4 {
+            names.push(names_rx.recv().await.flatten().unwrap_or_default());
+        }
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "holdfast-sessions-0",
+                "holdfast-sessions-0",
+                "holdfast-sessions-1",
+                "holdfast-sessions-1"
+            ]
+        );
+        assert_eq!(threads.sessions(), [2, 2]);
+        // Each session ends with its client.
+        drop(clients);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while threads.sessions() != [0, 0] {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{:?}",
+                threads.sessions()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+}
