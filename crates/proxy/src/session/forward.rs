@@ -108,7 +108,11 @@ impl Session {
     /// Answers a request holdfast does not send (see [`Answer`]).
     async fn answer_request(&mut self, answer: Answer, reply_seq: u8) -> Result<(), End> {
         match answer {
-            Answer::KillOnReplica(read) => self.answer_kill_of_replica_read(&read, reply_seq).await,
+            // Boxed, as the rare kill below: inline, its future would grow every
+            // session's by kilobytes.
+            Answer::KillOnReplica(read) => {
+                Box::pin(self.answer_kill_of_replica_read(&read, reply_seq)).await
+            }
             Answer::Refuse(error) => self.send_error(reply_seq, &error).await,
         }
     }
@@ -194,7 +198,10 @@ impl Session {
         match std::mem::replace(&mut plan.send, Send::Command) {
             Send::MarkedCommit => self.commit_with_marker(&req.bytes).await,
             Send::WrappedAutocommit => self.autocommit_with_marker(&req.bytes).await,
-            Send::KillByValue(kill) => self.kill_by_value(&req.bytes, kill, req.reply_seq).await,
+            // Boxed: rare, and its future is large (it looks the target up on the server).
+            Send::KillByValue(kill) => {
+                Box::pin(self.kill_by_value(&req.bytes, kill, req.reply_seq)).await
+            }
             Send::Command => self.command(&mut req.bytes).await,
         }
     }

@@ -299,7 +299,11 @@ pub async fn run_routed(
         holdfast_client::compress::start(&mut client, holdfast_client::compress::Role::Server);
     }
     if mode == ListenerMode::Passthrough {
-        passthrough::run(shared, client, logged_in, peer, id, logging_in).await;
+        // Boxed: its future (7 KiB) would otherwise be part of every session's.
+        Box::pin(passthrough::run(
+            shared, client, logged_in, peer, id, logging_in,
+        ))
+        .await;
         return;
     }
     let start = Box::pin(Session::start(shared, client, logged_in, peer, id, routing));
@@ -628,5 +632,49 @@ impl Session {
         message: String,
     ) -> Result<(), End> {
         self.send_error(seq, &ClientError::new(kind, message)).await
+    }
+}
+
+/// Every idle session holds its request loop's future: rare, large phases (login, a move,
+/// an operator's kill) run boxed, so that it stays small (issue 22: memory per idle
+/// session). Sizes as the test profile builds them; a phase inlined by mistake adds
+/// kilobytes (the two kill paths did, and the pass-through relay: 9.1 KiB a session).
+#[cfg(test)]
+mod future_sizes {
+    use super::*;
+
+    /// The size of the future `f` returns, without calling it.
+    fn future_size<Fut>(_: impl FnOnce(&'static mut Session) -> Fut) -> usize {
+        std::mem::size_of::<Fut>()
+    }
+
+    /// The size of the future `f` returns, without calling it.
+    fn free_size<Fut>(_: impl FnOnce() -> Fut) -> usize {
+        std::mem::size_of::<Fut>()
+    }
+
+    #[test]
+    fn the_request_loop_stays_small() {
+        let serve = future_size(|s| s.serve());
+        let session = std::mem::size_of::<Session>();
+        assert!(serve <= 2560, "the request loop's future is {serve} bytes");
+        assert!(session <= 2048, "a session is {session} bytes");
+    }
+
+    /// The whole session's task: the login, the start and a pass-through relay are boxed.
+    #[test]
+    #[allow(unreachable_code, clippy::diverging_sub_expression)]
+    fn a_sessions_task_stays_small() {
+        let task = free_size(|| {
+            run_routed(
+                unreachable!(),
+                unreachable!(),
+                unreachable!(),
+                unreachable!(),
+                unreachable!(),
+                unreachable!(),
+            )
+        });
+        assert!(task <= 5632, "a session's future is {task} bytes");
     }
 }
