@@ -218,6 +218,21 @@ impl PacketConn {
         }
     }
 
+    /// Waits for the next byte without a read buffer (an idle connection's was released)
+    /// and buffers it; 0 at end of stream. Cancel-safe: a byte read is kept.
+    pub async fn read_one(&mut self) -> io::Result<usize> {
+        let mut byte = [0u8; 1];
+        let n = self.stream.read(&mut byte).await?;
+        if n > 0 {
+            if self.rbuf.capacity() == 0 {
+                // A small buffer, as `fill` takes after a release.
+                self.rbuf.reserve(IDLE_READ_BUFFER);
+            }
+            self.rbuf.extend_from_slice(&byte[..n]);
+        }
+        Ok(n)
+    }
+
     /// Reads more bytes into the buffer; `Closed` at end of stream.
     pub async fn fill(&mut self) -> Result<usize, ConnError> {
         if self.rbuf.capacity() == 0 {

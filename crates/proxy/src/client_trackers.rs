@@ -13,6 +13,8 @@
 //! while holdfast already has it on gets no initial `transaction state` record; the
 //! defaults are MariaDB's built-in ones, not a server's configured `session_track_*`.
 
+use std::borrow::Cow;
+
 use holdfast_wire::caps::{
     CLIENT_SESSION_TRACK, SERVER_SESSION_STATE_CHANGED, SERVER_STATUS_AUTOCOMMIT,
 };
@@ -61,23 +63,33 @@ enum TransactionInfo {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ClientTrackers {
     /// `session_track_system_variables`, lower-case names; `None`: `*`, every variable.
-    variables: Option<Vec<Vec<u8>>>,
+    /// (Borrowed while they are the defaults: every session starts with them, and most
+    /// keep them.)
+    variables: Option<Cow<'static, [Cow<'static, [u8]>]>>,
     /// `session_track_system_variables` as the server showed it.
-    variables_text: String,
+    variables_text: Cow<'static, str>,
     schema: bool,
     state_change: bool,
     transaction_info: TransactionInfo,
 }
 
 /// MariaDB 10.11's defaults (and 10.5 to 11.x's).
-const DEFAULT_VARIABLES: &[u8] =
-    b"autocommit,character_set_client,character_set_connection,character_set_results,time_zone";
+const DEFAULT_VARIABLES: &str =
+    "autocommit,character_set_client,character_set_connection,character_set_results,time_zone";
+/// [`DEFAULT_VARIABLES`], parsed.
+const DEFAULT_NAMES: &[Cow<'static, [u8]>] = &[
+    Cow::Borrowed(b"autocommit"),
+    Cow::Borrowed(b"character_set_client"),
+    Cow::Borrowed(b"character_set_connection"),
+    Cow::Borrowed(b"character_set_results"),
+    Cow::Borrowed(b"time_zone"),
+];
 
 impl Default for ClientTrackers {
     fn default() -> Self {
         ClientTrackers {
-            variables: parse_variables(DEFAULT_VARIABLES),
-            variables_text: String::from_utf8_lossy(DEFAULT_VARIABLES).into_owned(),
+            variables: Some(Cow::Borrowed(DEFAULT_NAMES)),
+            variables_text: Cow::Borrowed(DEFAULT_VARIABLES),
             schema: true,
             state_change: false,
             transaction_info: TransactionInfo::Off,
@@ -85,7 +97,7 @@ impl Default for ClientTrackers {
     }
 }
 
-fn parse_variables(list: &[u8]) -> Option<Vec<Vec<u8>>> {
+fn parse_variables(list: &[u8]) -> Option<Cow<'static, [Cow<'static, [u8]>]>> {
     let mut names = Vec::new();
     for name in list.split(|&b| b == b',') {
         let name = name.trim_ascii();
@@ -93,10 +105,10 @@ fn parse_variables(list: &[u8]) -> Option<Vec<Vec<u8>>> {
             return None;
         }
         if !name.is_empty() {
-            names.push(name.to_ascii_lowercase());
+            names.push(Cow::Owned(name.to_ascii_lowercase()));
         }
     }
-    Some(names)
+    Some(Cow::Owned(names))
 }
 
 fn on(value: &[u8]) -> bool {
@@ -111,7 +123,7 @@ impl ClientTrackers {
         match name.as_slice() {
             b"session_track_system_variables" => {
                 self.variables = parse_variables(value);
-                self.variables_text = String::from_utf8_lossy(value).into_owned();
+                self.variables_text = Cow::Owned(String::from_utf8_lossy(value).into_owned());
             }
             b"session_track_schema" => self.schema = on(value),
             b"session_track_state_change" => self.state_change = on(value),
@@ -209,6 +221,26 @@ mod tests {
         let mut v = vec![0];
         put_lenenc_bytes(&mut v, &body);
         v
+    }
+
+    /// The defaults are borrowed, not parsed per session; a session handed to (or from) a
+    /// process whose trackers were owned carries the same bytes.
+    #[test]
+    fn the_borrowed_defaults_are_the_list_parsed_and_carry_as_owned_ones() {
+        let parsed = parse_variables(DEFAULT_VARIABLES.as_bytes());
+        assert_eq!(parsed.as_deref(), Some(DEFAULT_NAMES));
+        let owned = ClientTrackers {
+            variables: parsed,
+            variables_text: Cow::Owned(DEFAULT_VARIABLES.to_string()),
+            ..ClientTrackers::default()
+        };
+        let (borrowed, owned) = (
+            serde_json::to_string(&ClientTrackers::default()).unwrap(),
+            serde_json::to_string(&owned).unwrap(),
+        );
+        assert_eq!(borrowed, owned);
+        let back: ClientTrackers = serde_json::from_str(&borrowed).unwrap();
+        assert_eq!(back, ClientTrackers::default());
     }
 
     #[test]

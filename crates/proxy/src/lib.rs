@@ -13,8 +13,10 @@ pub mod conn;
 pub mod error;
 pub mod events;
 pub mod gate;
+pub mod idle_wake;
 pub mod kernel_relay;
 pub mod logging;
+pub mod memory;
 pub mod metrics;
 pub mod registry;
 pub mod reload;
@@ -102,6 +104,11 @@ pub struct Shared {
     pub monitor_links: watch::Receiver<Arc<holdfast_cluster::monitor::MonitorLinks>>,
     /// This process's upgrades: what it hands over, its generation.
     pub upgrader: upgrade::Upgrader,
+    /// What wakes idle sessions: the topology, `switching` and the upgrader's hand-over,
+    /// as one watch.
+    pub idle_wake: idle_wake::IdleWake,
+    /// Gives what idle sessions freed back to the system.
+    pub memory: memory::Trim,
     /// Admin API connections being served (an upgraded process answers them before it
     /// exits).
     pub admin_connections: Arc<std::sync::atomic::AtomicUsize>,
@@ -378,6 +385,8 @@ impl Shared {
             client_tls: None,
             monitor_links: watch::channel(Default::default()).1,
             upgrader: upgrade::Upgrader::default(),
+            idle_wake: Default::default(),
+            memory: Default::default(),
             admin_connections: Arc::default(),
             fleet: None,
             fleet_link: None,
@@ -688,6 +697,10 @@ impl Proxy {
         tokio::spawn(refresh_verifiers(shared.clone()));
         tokio::spawn(run_preflight(shared.clone()));
         tokio::spawn(events::follow(shared.clone()));
+        tokio::spawn({
+            let shared = shared.clone();
+            async move { shared.memory.run().await }
+        });
         if let Some(lc) = &shared.serverless {
             serverless::spawn_tasks(&shared, lc);
         }

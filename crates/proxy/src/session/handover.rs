@@ -216,18 +216,28 @@ impl Session {
         None
     }
 
-    /// When the process that replaces this one takes sessions and this one is at a safe
-    /// point: gives it up (the session ends here with [`End::HandedOver`]). `news`: the
-    /// hand-over just began (a session that stays says why, once).
-    pub(super) async fn hand_over_if_asked(&mut self, news: bool) -> Option<End> {
-        // (An atomic load on every request; the watch's lock only when it changed.)
+    /// The process that replaces this one takes sessions: where to send this one (it is at
+    /// a safe point). `news`: the hand-over just began. (An atomic load on every request;
+    /// the watch's lock only when it changed.)
+    pub(super) fn hand_over_asked(
+        &mut self,
+        news: bool,
+    ) -> Option<Arc<crate::upgrade::SessionChannel>> {
         if news || self.hand_over_to.has_changed().unwrap_or(false) {
             self.hand_over_channel = self.hand_over_to.borrow_and_update().clone();
         }
         let sink = self.hand_over_channel.clone()?;
-        if sink.is_broken() {
-            return None;
-        }
+        (!sink.is_broken()).then_some(sink)
+    }
+
+    /// Gives the session up to `sink` (the session ends here with [`End::HandedOver`]), or
+    /// goes on here if the new process does not take it. `news`: the hand-over just began
+    /// (a session that stays says why, once).
+    pub(super) async fn hand_over(
+        &mut self,
+        sink: Arc<crate::upgrade::SessionChannel>,
+        news: bool,
+    ) -> Option<End> {
         if !self.backend.conn.can_take_socket() {
             // The new process logs in again: what only a capture reads goes with the session.
             self.capture_if_due(true).await;
@@ -350,7 +360,7 @@ impl Session {
             user: self.user.clone(),
             secret: self.secret.as_ref().map(|s| CarriedSecret(s.to_bytes())),
             scramble: self.scramble,
-            identity: self.identity.clone(),
+            identity: (*self.identity).clone(),
             can_reauthenticate: self.can_reauthenticate,
             backend_name: self.backend_name.clone(),
             backend_age_ms: self.backend_since.elapsed().as_millis() as u64,
@@ -403,7 +413,7 @@ impl Session {
         client: std::net::TcpStream,
         backend: Option<std::net::TcpStream>,
         readers: Vec<std::net::TcpStream>,
-    ) -> std::io::Result<Session> {
+    ) -> std::io::Result<Box<Session>> {
         let CarriedSession {
             id,
             peer,
@@ -503,7 +513,7 @@ impl Session {
         let mode = record.sql_mode.unwrap_or_default();
         shared.metrics.sessions_taken_over.inc();
         tracing::info!(session = id, client = %peer, user = %user, backend = %backend_name, thread = backend.greeting.connection_id, client_tls = tls.0, backend_tls = tls.1, backend_kept = !backend_dead, replicas, "session handed over from the previous process");
-        Ok(Session {
+        Ok(Box::new(Session {
             info,
             client,
             backend,
@@ -517,7 +527,7 @@ impl Session {
             scratch: Vec::new(),
             idle_timer: Box::pin(tokio::time::sleep(super::idle::IDLE_PROBE)),
             running: Default::default(),
-            identity,
+            identity: Box::new(identity),
             can_reauthenticate,
             backend_name,
             backend_dead,
@@ -550,7 +560,8 @@ impl Session {
             },
             hand_over_channel: None,
             hand_over_to: shared.upgrader.session_sink(),
+            idle_wake: shared.idle_ticks(),
             shared,
-        })
+        }))
     }
 }

@@ -8,20 +8,14 @@ use crate::conn::{ConnError, PacketConn};
 use crate::error::ErrorKind;
 use crate::state::Blocker;
 use bytes::BytesMut;
-use holdfast_cluster::topology::Topology;
-use std::pin::Pin;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::AsyncReadExt;
-use tokio::sync::watch;
-use tokio::time::Sleep;
 
 /// How long a client must be silent before its session watches for idle-time events.
 pub(super) const IDLE_PROBE: Duration = Duration::from_millis(20);
 
 enum IdleEvent {
-    /// The client has been silent for [`IDLE_PROBE`]: the session is idle from now on.
-    Quiet,
+    /// The process that replaces this one takes sessions.
+    HandOver(std::sync::Arc<crate::upgrade::SessionChannel>),
     /// The topology changed (false: the monitor is gone).
     Topology(bool),
     /// A planned switchover starts (or ends).
@@ -33,12 +27,17 @@ enum IdleEvent {
     Deadline,
 }
 
+/// How long the client may stay silent, counted from the end of its last answer
+/// (`client_idle_timeout_secs`; `None`: no limit).
+pub(super) type IdleDeadline = Option<Instant>;
+
 impl Session {
-    /// The client's next request (the whole logical packet, headers included), dealing
-    /// with idle-time events while waiting for it.
-    pub(super) async fn next_request(&mut self) -> Result<BytesMut, End> {
+    /// The client's next request (the whole logical packet, headers included), or `None`
+    /// once the client has been silent for [`IDLE_PROBE`]: the session is idle then, and
+    /// waits in [`Session::idle`] (with the deadline returned) rather than here, so that a
+    /// busy session's large futures are not kept while it idles.
+    pub(super) async fn next_request(&mut self) -> Result<Result<BytesMut, IdleDeadline>, End> {
         let max = self.shared.config().proxy.max_packet_size;
-        let mut quiet = false;
         // One timer for the session's life, moved forward per request rather than a new
         // one registered and cancelled each time.
         self.idle_timer
@@ -47,78 +46,24 @@ impl Session {
         let idle_timeout = self.shared.config().proxy.client_idle_timeout_secs;
         let idle_deadline =
             (idle_timeout > 0).then(|| Instant::now() + Duration::from_secs(idle_timeout));
-        if let Some(end) = self.hand_over_if_asked(false).await {
-            return Err(end);
+        if let Some(sink) = self.hand_over_asked(false) {
+            if let Some(end) = Box::pin(self.hand_over(sink, false)).await {
+                return Err(end);
+            }
         }
         loop {
-            let cooldown_end = self
-                .move_pending_since
-                .map(|t| t + self.shared.config().proxy.cooldown());
             let read = tokio::select! {
                 biased;
                 r = self.client.buffer_packet(max) => r,
                 Ok(()) = self.hand_over_to.changed() => {
-                    if let Some(end) = self.hand_over_if_asked(true).await {
-                        return Err(end);
+                    if let Some(sink) = self.hand_over_asked(true) {
+                        if let Some(end) = Box::pin(self.hand_over(sink, true)).await {
+                            return Err(end);
+                        }
                     }
                     continue;
                 }
-                event = idle_watch(
-                    &mut self.backend.conn,
-                    &mut self.topology,
-                    &mut self.switching,
-                    self.backend_dead,
-                    cooldown_end.into_iter().chain(idle_deadline).min(),
-                    self.idle_timer.as_mut(),
-                    quiet,
-                ) => {
-                    match event {
-                        IdleEvent::Quiet => {
-                            quiet = true;
-                            self.capture_if_due(false).await;
-                            self.release_buffers();
-                        }
-                        IdleEvent::Topology(false) => {
-                            return Err(End::Protocol("topology monitor stopped".into()));
-                        }
-                        IdleEvent::Topology(true) => self.on_topology_change().await?,
-                        IdleEvent::Switching => {
-                            // The session moves next, its diagnostics lost anyway: what
-                            // only the old primary knows is read before it is fenced (if
-                            // the switchover fails, the client could tell; rare).
-                            if *self.switching.borrow() {
-                                self.capture_if_due(true).await;
-                            }
-                        }
-                        IdleEvent::BackendGone(_) if self.killed_on_purpose() => {
-                            return Err(self.end_killed_while_idle().await);
-                        }
-                        IdleEvent::BackendGone(error) => {
-                            tracing::info!(session = self.info.id, node = %self.backend_name, error = ?error, "backend connection lost while idle");
-                            // Whose loss it was is told now, while a cut may still be in
-                            // place: the move comes with the next request.
-                            let lost = match error {
-                                Some(e) => self.lost_conn_after(&ConnError::Io(e), "idle").await,
-                                None => {
-                                    self.shared.metrics.backend_lost("idle");
-                                    self.lost_conn()
-                                }
-                            };
-                            self.mark_backend_dead();
-                            self.lost_while_idle = Some(lost);
-                        }
-                        IdleEvent::Deadline if idle_deadline.is_some_and(|d| Instant::now() >= d) => {
-                            return Err(End::Closed {
-                                reason: CloseReason::IdleTimeout,
-                                message: format!(
-                                    "closed: the client sent nothing for client_idle_timeout_secs = {idle_timeout}"
-                                ),
-                            });
-                        }
-                        IdleEvent::Deadline => return Err(self.cooldown_expired()),
-                    }
-                    continue;
-                }
+                () = self.idle_timer.as_mut() => return Ok(Err(idle_deadline)),
             };
             let wire_len = match read {
                 Ok(n) => n,
@@ -135,12 +80,125 @@ impl Session {
                 .metrics
                 .requests
                 .bytes_from_client(wire_len as u64);
-            return Ok(self.client.rbuf.split_to(wire_len));
+            return Ok(Ok(self.client.rbuf.split_to(wire_len)));
         }
     }
 
-    /// An idle session keeps no read buffers: they are most of its memory, and the next
-    /// read allocates them again.
+    /// The idle session: waits for the client's next byte while dealing with what can
+    /// happen to an idle session, then returns (the caller reads the request). Its future
+    /// is small, and what it rarely runs (a capture, a move, a hand-over) is boxed: this is
+    /// what an idle session's task holds.
+    pub(super) async fn idle(&mut self, idle_deadline: IdleDeadline) -> Result<(), End> {
+        Box::pin(self.capture_if_due(false)).await;
+        self.release_buffers();
+        loop {
+            // What changed before the session began to wait, or woke it.
+            let event = match self.idle_news() {
+                Some(event) => event,
+                None => {
+                    let cooldown_end = self
+                        .move_pending_since
+                        .map(|t| t + self.shared.config().proxy.cooldown());
+                    let deadline = cooldown_end.into_iter().chain(idle_deadline).min();
+                    if let Some(deadline) = deadline {
+                        self.idle_timer.as_mut().reset(deadline.into());
+                    }
+                    let alive = !self.backend_dead;
+                    // One select of small futures: this is what an idle session's task holds.
+                    tokio::select! {
+                        biased;
+                        r = first_byte(&mut self.client) => return r.map_err(End::Client),
+                        Ok(()) = self.idle_wake.changed() => continue,
+                        error = backend_gone(&mut self.backend.conn), if alive => IdleEvent::BackendGone(error),
+                        () = self.idle_timer.as_mut(), if deadline.is_some() => IdleEvent::Deadline,
+                    }
+                }
+            };
+            if let IdleEvent::HandOver(sink) = event {
+                if let Some(end) = Box::pin(self.hand_over(sink, true)).await {
+                    return Err(end);
+                }
+                continue;
+            }
+            match event {
+                IdleEvent::Topology(false) => {
+                    return Err(End::Protocol("topology monitor stopped".into()));
+                }
+                IdleEvent::Topology(true) => Box::pin(self.on_topology_change()).await?,
+                IdleEvent::Switching => {
+                    // The session moves next, its diagnostics lost anyway: what only the
+                    // old primary knows is read before it is fenced (if the switchover
+                    // fails, the client could tell; rare).
+                    if *self.switching.borrow() {
+                        Box::pin(self.capture_if_due(true)).await;
+                    }
+                }
+                IdleEvent::BackendGone(_) if self.killed_on_purpose() => {
+                    return Err(Box::pin(self.end_killed_while_idle()).await);
+                }
+                IdleEvent::BackendGone(error) => {
+                    Box::pin(self.backend_lost_while_idle(error)).await
+                }
+                IdleEvent::Deadline if idle_deadline.is_some_and(|d| Instant::now() >= d) => {
+                    let idle_timeout = self.shared.config().proxy.client_idle_timeout_secs;
+                    return Err(End::Closed {
+                        reason: CloseReason::IdleTimeout,
+                        message: format!(
+                            "closed: the client sent nothing for client_idle_timeout_secs = {idle_timeout}"
+                        ),
+                    });
+                }
+                IdleEvent::Deadline => return Err(self.cooldown_expired()),
+                IdleEvent::HandOver(_) => {}
+            }
+        }
+    }
+
+    /// What changed of the broadcasts an idle session watches, each asked without waiting,
+    /// the hand-over first: `None` when nothing did. Seen once asked, as a `changed()`
+    /// that completes marks it. (A node whose connection is dead is not watched: the
+    /// session moves with its next request.)
+    fn idle_news(&mut self) -> Option<IdleEvent> {
+        if self.hand_over_to.has_changed().unwrap_or(false) {
+            if let Some(sink) = self.hand_over_asked(true) {
+                return Some(IdleEvent::HandOver(sink));
+            }
+        }
+        if self.backend_dead {
+            return None;
+        }
+        match self.topology.has_changed() {
+            Ok(true) => {
+                self.topology.mark_unchanged();
+                return Some(IdleEvent::Topology(true));
+            }
+            Ok(false) => {}
+            Err(_) => return Some(IdleEvent::Topology(false)),
+        }
+        if self.switching.has_changed().unwrap_or(false) {
+            self.switching.mark_unchanged();
+            return Some(IdleEvent::Switching);
+        }
+        None
+    }
+
+    async fn backend_lost_while_idle(&mut self, error: Option<std::io::Error>) {
+        tracing::info!(session = self.info.id, node = %self.backend_name, error = ?error, "backend connection lost while idle");
+        // Whose loss it was is told now, while a cut may still be in place: the move comes
+        // with the next request.
+        let lost = match error {
+            Some(e) => self.lost_conn_after(&ConnError::Io(e), "idle").await,
+            None => {
+                self.shared.metrics.backend_lost("idle");
+                self.lost_conn()
+            }
+        };
+        self.mark_backend_dead();
+        self.lost_while_idle = Some(Box::new(lost));
+    }
+
+    /// An idle session keeps no read buffers (nor what it keeps of a request in the
+    /// client's): they are most of its memory, and the next read allocates them again.
     fn release_buffers(&mut self) {
         for buf in [&mut self.client.rbuf, &mut self.backend.conn.rbuf] {
             if buf.is_empty() {
@@ -148,6 +206,11 @@ impl Session {
             }
         }
         self.scratch = Vec::new();
+        self.running.release();
+        if let Some(split) = self.split.as_mut() {
+            split.release_buffers();
+        }
+        self.shared.memory.released();
     }
 
     fn cooldown_expired(&mut self) -> End {
@@ -162,51 +225,20 @@ impl Session {
     }
 }
 
-/// What can happen to an idle session. Until the session is `quiet`, only the
-/// [`IDLE_PROBE`] of client silence that makes it so.
-async fn idle_watch(
-    conn: &mut PacketConn,
-    topology: &mut watch::Receiver<Arc<Topology>>,
-    switching: &mut watch::Receiver<bool>,
-    backend_dead: bool,
-    deadline: Option<Instant>,
-    probe: Pin<&mut Sleep>,
-    quiet: bool,
-) -> IdleEvent {
-    if !quiet {
-        probe.await;
-        return IdleEvent::Quiet;
-    }
-    tokio::select! {
-        r = topology.changed(), if !backend_dead => IdleEvent::Topology(r.is_ok()),
-        Ok(()) = switching.changed(), if !backend_dead => IdleEvent::Switching,
-        error = backend_gone(conn), if !backend_dead => IdleEvent::BackendGone(error),
-        _ = sleep_until_opt(deadline), if deadline.is_some() => IdleEvent::Deadline,
-        else => std::future::pending().await,
+/// Resolves when the client sends its next byte, which is buffered for the read of the
+/// request (see [`PacketConn::read_one`]: the released `rbuf` is not allocated again while
+/// the session idles).
+async fn first_byte(client: &mut PacketConn) -> Result<(), ConnError> {
+    match client.read_one().await {
+        Ok(0) => Err(ConnError::Closed),
+        Ok(_) => Ok(()),
+        Err(e) => Err(e.into()),
     }
 }
 
 /// Resolves when the backend connection of an idle session closes or sends something on its
-/// own (servers send an ERR before they close a connection on shutdown or KILL).
-///
-/// A read of one byte into a buffer of its own: cancel-safe (a read that completes keeps
-/// its byte, in `rbuf`, where the next packet read would find it), works on any stream,
-/// and needs no read buffer while the session idles (a `read_buf` into the released
-/// `rbuf` would allocate one).
+/// own (servers send an ERR before they close a connection on shutdown or KILL). A byte
+/// read is kept, in `rbuf`, where the next packet read finds it.
 async fn backend_gone(conn: &mut PacketConn) -> Option<std::io::Error> {
-    let mut byte = [0u8; 1];
-    match conn.stream.read(&mut byte).await {
-        Ok(n) => {
-            conn.rbuf.extend_from_slice(&byte[..n]);
-            None
-        }
-        Err(e) => Some(e),
-    }
-}
-
-async fn sleep_until_opt(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d.into()).await,
-        None => std::future::pending().await,
-    }
+    conn.read_one().await.err()
 }

@@ -65,25 +65,50 @@ pub(super) enum KillPlan {
 /// The SQL-level prepared statements (`PREPARE k FROM 'KILL ?'`) of a session that are a
 /// `KILL` of a value: their heads and whether they are `KILL QUERY`, by name (in lower
 /// case). An `EXECUTE` of one runs as a [`KillPlan::ByValue`].
+/// (Boxed when there is one: most sessions have none, and every session holds the field.)
 #[derive(Default)]
-pub(super) struct SqlKills(HashMap<Vec<u8>, (Vec<u8>, bool)>);
+pub(super) struct SqlKills(Option<Box<KillsByName>>);
+
+/// A `KILL` statement's head and whether it is `KILL QUERY`, by statement name.
+type KillsByName = HashMap<Vec<u8>, (Vec<u8>, bool)>;
 
 impl SqlKills {
     /// As a process hands the session to the one that replaces it.
     pub(super) fn carry(&self) -> Vec<(Vec<u8>, Vec<u8>, bool)> {
         self.0
             .iter()
+            .flat_map(|kills| kills.iter())
             .map(|(name, (text, flag))| (name.clone(), text.clone(), *flag))
             .collect()
     }
 
     pub(super) fn from_carried(carried: Vec<(Vec<u8>, Vec<u8>, bool)>) -> SqlKills {
-        SqlKills(
-            carried
-                .into_iter()
-                .map(|(name, text, flag)| (name, (text, flag)))
-                .collect(),
-        )
+        let mut kills = SqlKills::default();
+        for (name, text, flag) in carried {
+            kills.insert(name, (text, flag));
+        }
+        kills
+    }
+
+    fn get(&self, name: &[u8]) -> Option<&(Vec<u8>, bool)> {
+        self.0.as_ref()?.get(name)
+    }
+
+    fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |kills| kills.len())
+    }
+
+    fn insert(&mut self, name: Vec<u8>, head: (Vec<u8>, bool)) {
+        self.0.get_or_insert_default().insert(name, head);
+    }
+
+    fn remove(&mut self, name: &[u8]) {
+        if let Some(kills) = self.0.as_mut() {
+            kills.remove(name);
+            if kills.is_empty() {
+                self.0 = None;
+            }
+        }
     }
 }
 
@@ -179,7 +204,7 @@ impl Session {
                 let sql = &request[HEADER_LEN + 1..];
                 let mode = self.record.sql_mode.unwrap_or_default();
                 let kill = match parse_sql_prepared(sql, mode) {
-                    Some(SqlPrepared::Execute { name }) => self.sql_kills.0.get(&name),
+                    Some(SqlPrepared::Execute { name }) => self.sql_kills.get(&name),
                     _ => None,
                 };
                 return Ok(match kill {
@@ -259,16 +284,16 @@ impl Session {
                         .map(|h| (text.get(..h.target).unwrap_or_default().to_vec(), h.query))
                 });
                 match head {
-                    Some(head) if self.sql_kills.0.len() < MAX_SQL_KILLS => {
-                        self.sql_kills.0.insert(name, head);
+                    Some(head) if self.sql_kills.len() < MAX_SQL_KILLS => {
+                        self.sql_kills.insert(name, head);
                     }
                     _ => {
-                        self.sql_kills.0.remove(&name);
+                        self.sql_kills.remove(&name);
                     }
                 }
             }
             Some(SqlPrepared::Deallocate { name }) => {
-                self.sql_kills.0.remove(&name);
+                self.sql_kills.remove(&name);
             }
             _ => {}
         }

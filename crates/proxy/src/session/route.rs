@@ -98,9 +98,11 @@ impl Session {
         // had it cut (someone's KILL, `KILL USER`...), and then the session ends as the
         // server ended it, instead of being logged in again.
         let lost_while_idle = self.lost_while_idle.take();
-        let lost_from = self
-            .backend_dead
-            .then(|| lost_while_idle.unwrap_or_else(|| self.lost_conn()));
+        let lost_from = self.backend_dead.then(|| {
+            lost_while_idle
+                .map(|l| *l)
+                .unwrap_or_else(|| self.lost_conn())
+        });
         if self.backend_dead {
             self.shared.metrics.requests_held.inc();
             // (Its journey says why: a connection cut by a switchover's fence or lost with

@@ -1,8 +1,9 @@
 //! The statement a request runs, shown in `/status` (and so on the dashboard) once the
 //! request has run past [`super::relay::WATCH_CLIENT_AFTER`], the moment holdfast starts
 //! watching its client anyway. A quick request pays for copying at most [`SHOWN_MAX`]
-//! bytes into a buffer the session owns: no allocation, no lock, nothing other threads
-//! read. Only a slow one publishes its text, and takes it back when answered.
+//! bytes into a buffer the session owns (allocated once, and let go while the session
+//! idles): no lock, nothing other threads read. Only a slow one publishes its text, and
+//! takes it back when answered.
 
 use super::statements::Statements;
 use crate::registry::{RunningStatement, SessionInfo};
@@ -17,9 +18,7 @@ pub(super) const SHOWN_MAX: usize = 256;
 /// The request running now, as far as showing it goes.
 pub(super) struct Running {
     /// The start of a COM_QUERY's text.
-    head: [u8; SHOWN_MAX],
-    /// Bytes of `head` in use.
-    len: usize,
+    head: Vec<u8>,
     /// The text went on past `head`.
     cut: bool,
     /// Its command.
@@ -35,8 +34,7 @@ pub(super) struct Running {
 impl Default for Running {
     fn default() -> Self {
         Running {
-            head: [0; SHOWN_MAX],
-            len: 0,
+            head: Vec::new(),
             cut: false,
             command: 0,
             statement: None,
@@ -51,14 +49,14 @@ impl Running {
     pub fn begin(&mut self, request: &[u8], since: Instant) {
         self.command = request.get(HEADER_LEN).copied().unwrap_or_default();
         self.since = since;
-        self.len = 0;
+        self.head.clear();
         self.cut = false;
         self.statement = None;
         let body = request.get(HEADER_LEN + 1..).unwrap_or_default();
         match self.command {
             COM_QUERY => {
-                self.len = body.len().min(SHOWN_MAX);
-                self.head[..self.len].copy_from_slice(&body[..self.len]);
+                self.head
+                    .extend_from_slice(&body[..body.len().min(SHOWN_MAX)]);
                 self.cut = body.len() > SHOWN_MAX;
             }
             COM_STMT_EXECUTE | COM_STMT_BULK_EXECUTE => {
@@ -78,7 +76,7 @@ impl Running {
         }
         self.shown = true;
         let text = match (self.command, self.statement) {
-            (COM_QUERY, _) => shown(&self.head[..self.len], self.cut),
+            (COM_QUERY, _) => shown(&self.head, self.cut),
             (_, Some(id)) => match statements.get(statements.resolve(id)) {
                 Some(stmt) => {
                     let sql = &stmt.sql[..stmt.sql.len().min(SHOWN_MAX)];
@@ -92,6 +90,11 @@ impl Running {
             text,
             since: self.since,
         })));
+    }
+
+    /// The session idles: its buffer goes.
+    pub fn release(&mut self) {
+        self.head = Vec::new();
     }
 
     /// The request is answered: a text shown is taken back.

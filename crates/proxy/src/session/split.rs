@@ -159,6 +159,19 @@ impl Drop for Reader {
 }
 
 impl Split {
+    /// The session idles: the replica connections' empty read buffers go, and the kept
+    /// requests are copied out of the client's read buffer (a slice of it keeps all of it).
+    pub(super) fn release_buffers(&mut self) {
+        for reader in &mut self.readers {
+            if reader.conn.conn.rbuf.is_empty() {
+                reader.conn.conn.rbuf = BytesMut::new();
+            }
+        }
+        for kept in [&mut self.last_read, &mut self.rerun].into_iter().flatten() {
+            *kept = BytesMut::from(&kept[..]);
+        }
+    }
+
     pub(super) fn new(watch: watch::Receiver<Arc<Topology>>) -> Box<Split> {
         let topology = watch.borrow().clone();
         Box::new(Split {
