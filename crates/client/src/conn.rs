@@ -235,12 +235,14 @@ impl PacketConn {
 
     /// Reads more bytes into the buffer; `Closed` at end of stream.
     pub async fn fill(&mut self) -> Result<usize, ConnError> {
-        if self.rbuf.capacity() == 0 {
+        let (capacity, free) = (self.rbuf.capacity(), self.rbuf.capacity() - self.rbuf.len());
+        if capacity == 0 {
             // A buffer released while idle. An idle connection waits here, so a small one:
             // it takes the next request's first bytes (a short query whole), and a longer
             // request grows it on the next read.
             self.rbuf.reserve(IDLE_READ_BUFFER);
-        } else if self.rbuf.capacity() - self.rbuf.len() < 1024 {
+        } else if free == 0 || (capacity > IDLE_READ_BUFFER && free < 1024) {
+            // (A small buffer with room left, as `read_one` leaves it, is read into first.)
             self.rbuf.reserve(16 * 1024);
         }
         let n = self.stream.read_buf(&mut self.rbuf).await?;

@@ -235,3 +235,27 @@ fn server_error_display() {
     let s = ServerError::parse(&err_payload(1045, "28000", "Access denied")).unwrap();
     assert_eq!(s.to_string(), "ERROR 1045 (28000): Access denied");
 }
+
+/// An idle connection's released buffer: the byte that ends the wait and the rest of a
+/// short request are read into a small buffer, not a full-size one; a longer request
+/// grows it.
+#[tokio::test]
+async fn a_released_buffer_stays_small_for_a_short_request() {
+    let (ours, mut theirs) = tokio::io::duplex(64 * 1024);
+    let mut conn = PacketConn::new(Box::new(ours));
+    conn.rbuf = bytes::BytesMut::new();
+    let short = holdfast_wire::frame::packet(&[3; 100], 0);
+    theirs.write_all(&short).await.unwrap();
+    assert_eq!(conn.read_one().await.unwrap(), 1);
+    assert_eq!(conn.buffer_packet(1 << 20).await.unwrap(), short.len());
+    assert!(
+        conn.rbuf.capacity() < 1024,
+        "a short request after an idle spell took {} bytes",
+        conn.rbuf.capacity()
+    );
+    let _ = conn.rbuf.split_to(short.len());
+    let long = holdfast_wire::frame::packet(&[4; 3000], 1);
+    theirs.write_all(&long).await.unwrap();
+    assert_eq!(conn.buffer_packet(1 << 20).await.unwrap(), long.len());
+    assert_eq!(&conn.rbuf[..], &long[..]);
+}
