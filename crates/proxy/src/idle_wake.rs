@@ -4,7 +4,7 @@
 //! watch's `changed()` future is about 120 bytes, and every idle session holds what it waits
 //! on: one in place of three is about a tenth of an idle session (issue 22).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 
 use holdfast_cluster::topology::Topology;
@@ -19,24 +19,32 @@ pub struct Sources {
 }
 
 /// One watch that ticks when any of [`Sources`] changes (or closes), fed by a small task
-/// started with the first subscriber (inside the runtime, where sessions run).
+/// started with the first subscriber (inside the runtime, where sessions run), and again
+/// if that task is gone (its runtime ended, as a test's does).
 #[derive(Default)]
 pub struct IdleWake {
-    ticks: OnceLock<watch::Receiver<u64>>,
+    /// (Locked once per session start, never per request.)
+    ticks: Mutex<Option<watch::Receiver<u64>>>,
 }
 
 impl IdleWake {
-    /// A receiver that has seen the ticks so far; `sources` feed the ticks when this is the
-    /// first call (later calls' are dropped: they are the same broadcasts).
+    /// A receiver that has seen the ticks so far; `sources` feed the ticks when no task
+    /// does (otherwise they are not asked for: they are the same broadcasts).
     pub fn subscribe(&self, sources: impl FnOnce() -> Sources) -> watch::Receiver<u64> {
-        let mut rx = self
-            .ticks
-            .get_or_init(|| {
+        let mut ticks = self.ticks.lock().unwrap_or_else(|e| e.into_inner());
+        let fed = ticks
+            .as_ref()
+            .filter(|rx| rx.has_changed().is_ok())
+            .cloned();
+        let mut rx = match fed {
+            Some(rx) => rx,
+            None => {
                 let (tx, rx) = watch::channel(0);
                 tokio::spawn(forward(sources(), tx));
+                *ticks = Some(rx.clone());
                 rx
-            })
-            .clone();
+            }
+        };
         rx.mark_unchanged();
         rx
     }
@@ -130,5 +138,36 @@ mod tests {
         assert!(ticked(&mut rx).await);
         switching.send_replace(false);
         assert!(ticked(&mut rx).await, "the others still wake");
+    }
+
+    /// The task that feeds the ticks ran in a runtime that ended: the next subscriber
+    /// starts another.
+    #[test]
+    fn a_subscriber_after_the_feeding_task_is_gone_starts_another() {
+        let (topology, switching, hand_over) = channels();
+        let sources = || Sources {
+            topology: topology.subscribe(),
+            switching: switching.subscribe(),
+            hand_over: hand_over.subscribe(),
+        };
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let wake = IdleWake::default();
+        let first = runtime();
+        let mut gone = first.block_on(async { wake.subscribe(sources) });
+        drop(first);
+        runtime().block_on(async {
+            assert!(
+                gone.changed().await.is_err(),
+                "its task went with its runtime"
+            );
+            let mut rx = wake.subscribe(sources);
+            switching.send_replace(true);
+            assert!(ticked(&mut rx).await, "a new task feeds the ticks");
+        });
     }
 }
