@@ -393,26 +393,25 @@ impl Pump {
     }
 }
 
-/// One direction: read into the buffer, write it all out, flush, read again.
+/// Bytes a direction reads onto its stack when it holds no buffer: a request or a short
+/// answer whole.
+const STACK_READ: usize = 2048;
+/// The buffer of a direction that streams (a read filled [`STACK_READ`]) or holds bytes
+/// its peer has not taken yet (as `copy_bidirectional`'s).
+const STREAM_BUF: usize = 8 * 1024;
+
+/// One direction: read, write it all out, flush, read again. A direction that waits holds
+/// no buffer (an idle session would keep two of 8 KiB): it reads onto the stack and writes
+/// from there; a buffer is taken only for what the peer does not take at once, or while
+/// the direction streams, and let go when it waits again.
+#[derive(Default)]
 struct Half {
-    buf: Box<[u8]>,
+    /// Bytes read and not yet written are `buf[pos..len]`.
+    buf: Option<Box<[u8]>>,
     pos: usize,
     len: usize,
     flush: bool,
     bytes: u64,
-}
-
-impl Default for Half {
-    fn default() -> Self {
-        Half {
-            // (As `copy_bidirectional`.)
-            buf: vec![0u8; 8 * 1024].into_boxed_slice(),
-            pos: 0,
-            len: 0,
-            flush: false,
-            bytes: 0,
-        }
-    }
 }
 
 impl Half {
@@ -424,13 +423,15 @@ impl Half {
         stop: bool,
     ) -> Poll<io::Result<Stopped>> {
         loop {
-            while self.pos < self.len {
-                let n = ready!(Pin::new(&mut *to).poll_write(cx, &self.buf[self.pos..self.len]))?;
-                if n == 0 {
-                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            if let Some(buf) = &self.buf {
+                while self.pos < self.len {
+                    let n = ready!(Pin::new(&mut *to).poll_write(cx, &buf[self.pos..self.len]))?;
+                    if n == 0 {
+                        return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                    }
+                    self.pos += n;
+                    self.bytes += n as u64;
                 }
-                self.pos += n;
-                self.bytes += n as u64;
             }
             if self.flush {
                 ready!(Pin::new(&mut *to).poll_flush(cx))?;
@@ -439,9 +440,21 @@ impl Half {
             if stop {
                 return Poll::Ready(Ok(Stopped::Idle));
             }
-            let mut read = ReadBuf::new(&mut self.buf);
-            ready!(Pin::new(&mut *from).poll_read(cx, &mut read))?;
-            let n = read.filled().len();
+            let n = match self.buf.as_mut() {
+                Some(buf) => {
+                    let mut read = ReadBuf::new(buf);
+                    if Pin::new(&mut *from).poll_read(cx, &mut read)?.is_pending() {
+                        // Waits, nothing held: the buffer goes.
+                        self.buf = None;
+                        return Poll::Pending;
+                    }
+                    read.filled().len()
+                }
+                None => match ready!(self.relay_from_stack(cx, from, to))? {
+                    Some(stopped) => return Poll::Ready(Ok(stopped)),
+                    None => continue,
+                },
+            };
             if n == 0 {
                 return Poll::Ready(Ok(Stopped::Ended));
             }
@@ -449,5 +462,141 @@ impl Half {
             self.len = n;
             self.flush = true;
         }
+    }
+
+    /// Reads onto the stack and writes what was read straight on (`None`: all of it, the
+    /// caller goes on); what the peer does not take goes into a buffer, and waits for it
+    /// (so does what follows a full read: the direction streams).
+    fn relay_from_stack(
+        &mut self,
+        cx: &mut Context<'_>,
+        from: &mut BoxedIo,
+        to: &mut BoxedIo,
+    ) -> Poll<io::Result<Option<Stopped>>> {
+        let mut stack = [0u8; STACK_READ];
+        let mut read = ReadBuf::new(&mut stack);
+        ready!(Pin::new(&mut *from).poll_read(cx, &mut read))?;
+        let n = read.filled().len();
+        if n == 0 {
+            return Poll::Ready(Ok(Some(Stopped::Ended)));
+        }
+        let mut pos = 0;
+        let mut blocked = false;
+        while pos < n {
+            match Pin::new(&mut *to).poll_write(cx, &stack[pos..n]) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(w)) => {
+                    pos += w;
+                    self.bytes += w as u64;
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => {
+                    blocked = true;
+                    break;
+                }
+            }
+        }
+        self.flush = true;
+        if blocked || n == STACK_READ {
+            let mut buf = vec![0u8; STREAM_BUF].into_boxed_slice();
+            buf[..n - pos].copy_from_slice(&stack[pos..n]);
+            (self.pos, self.len) = (0, n - pos);
+            self.buf = Some(buf);
+        }
+        if blocked {
+            // The write that waits wakes the task.
+            return Poll::Pending;
+        }
+        Poll::Ready(Ok(None))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::poll_fn;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A pump between two duplex pipes of `capacity` bytes: (pump, client end, backend end,
+    /// the far ends a test writes and reads).
+    fn pipes(
+        capacity: usize,
+    ) -> (
+        BoxedIo,
+        BoxedIo,
+        tokio::io::DuplexStream,
+        tokio::io::DuplexStream,
+    ) {
+        let (client, client_far) = tokio::io::duplex(capacity);
+        let (backend, backend_far) = tokio::io::duplex(capacity);
+        (Box::new(client), Box::new(backend), client_far, backend_far)
+    }
+
+    #[tokio::test]
+    async fn a_request_and_a_long_answer_arrive_whole_and_in_order() {
+        let (mut client, mut backend, mut client_far, mut backend_far) = pipes(1024);
+        let mut pump = Pump::default();
+        let relay = async { poll_fn(|cx| pump.poll(cx, &mut client, &mut backend, false)).await };
+        let script = async {
+            // A request and its answer, each smaller than the stack read.
+            client_far.write_all(b"SELECT 1").await.unwrap();
+            let mut got = [0u8; 8];
+            backend_far.read_exact(&mut got).await.unwrap();
+            assert_eq!(&got, b"SELECT 1");
+            // An answer far larger than the pipe: written in parts, in order.
+            let answer: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+            let writer = async {
+                backend_far.write_all(&answer).await.unwrap();
+                backend_far.shutdown().await.unwrap();
+            };
+            let reader = async {
+                let mut got = vec![0u8; answer.len()];
+                client_far.read_exact(&mut got).await.unwrap();
+                got
+            };
+            let ((), got) = tokio::join!(writer, reader);
+            assert!(got == answer, "the stream arrived whole and in order");
+        };
+        let (stopped, ()) = tokio::join!(relay, script);
+        assert_eq!(stopped.unwrap(), Stopped::Ended);
+        assert_eq!(pump.up.bytes, 8);
+        assert_eq!(pump.down.bytes, 200_000);
+    }
+
+    #[tokio::test]
+    async fn between_messages_neither_direction_keeps_a_buffer() {
+        let (mut client, mut backend, mut client_far, mut backend_far) = pipes(64 * 1024);
+        let mut pump = Pump::default();
+        // Both directions relay a message larger than the stack read (they stream), then
+        // wait: polled once more with nothing to read, they let their buffers go.
+        let big = vec![7u8; 3 * STACK_READ];
+        client_far.write_all(&big).await.unwrap();
+        backend_far.write_all(&big).await.unwrap();
+        let mut got = vec![0u8; big.len()];
+        let relayed = async {
+            tokio::join!(backend_far.read_exact(&mut got), async {
+                let mut back = vec![0u8; big.len()];
+                client_far.read_exact(&mut back).await.map(|_| back)
+            })
+        };
+        tokio::select! {
+            r = poll_fn(|cx| pump.poll(cx, &mut client, &mut backend, false)) => panic!("the pump stopped: {r:?}"),
+            (sent, back) = relayed => {
+                sent.unwrap();
+                assert_eq!(back.unwrap(), big);
+            }
+        }
+        assert_eq!(got, big);
+        let waiting =
+            poll_fn(|cx| Poll::Ready(pump.poll(cx, &mut client, &mut backend, false).is_pending()))
+                .await;
+        assert!(waiting, "nothing to relay");
+        assert!(
+            pump.up.buf.is_none() && pump.down.buf.is_none(),
+            "a waiting pump holds no buffer"
+        );
+        // Asked to stop with nothing in flight: it stops at once.
+        let stopped = poll_fn(|cx| pump.poll(cx, &mut client, &mut backend, true)).await;
+        assert_eq!(stopped.unwrap(), Stopped::Idle);
     }
 }
