@@ -116,7 +116,9 @@ impl Spliced {
             }
         };
         // Bytes that arrived before the splice were not redirected: relayed here, once.
-        if self.forward_leftovers().await.is_err() {
+        // (Boxed, as the hand-over below: an idle relay's future keeps neither, and this
+        // one reads through a 4 KiB buffer.)
+        if Box::pin(self.forward_leftovers()).await.is_err() {
             drop(ends);
             return Ok(Some(self.finish()));
         }
@@ -132,7 +134,7 @@ impl Spliced {
             if let Some((channel, r)) = channel.and_then(|c| Some((c, relay.take()?))) {
                 // (Out of the watcher's set before the sockets go.)
                 let heard = ends.take().map(|e| e.heard);
-                match this.hand_over(r, &channel).await {
+                match Box::pin(this.hand_over(r, &channel)).await {
                     Ok(()) => {
                         shared.metrics.sessions_handed_over.inc();
                         return Ok(None);
