@@ -218,6 +218,14 @@ impl PacketConn {
         }
     }
 
+    /// Lets the read buffer go when nothing is buffered (an idle connection's): the next
+    /// read takes a small one.
+    pub fn release_buffer(&mut self) {
+        if self.rbuf.is_empty() {
+            self.rbuf = BytesMut::new();
+        }
+    }
+
     /// Waits for the next byte without a read buffer (an idle connection's was released)
     /// and buffers it; 0 at end of stream. Cancel-safe: a byte read is kept.
     pub async fn read_one(&mut self) -> io::Result<usize> {

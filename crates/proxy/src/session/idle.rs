@@ -31,12 +31,20 @@ enum IdleEvent {
 /// (`client_idle_timeout_secs`; `None`: no limit).
 pub(super) type IdleDeadline = Option<Instant>;
 
+/// What a busy session's wait for the client ends with.
+pub(super) enum Next {
+    /// The client's request: the whole logical packet, headers included.
+    Request(BytesMut),
+    /// The client was silent for [`IDLE_PROBE`]: the session idles in [`Session::idle`]
+    /// until this deadline at most.
+    Quiet(IdleDeadline),
+}
+
 impl Session {
-    /// The client's next request (the whole logical packet, headers included), or `None`
-    /// once the client has been silent for [`IDLE_PROBE`]: the session is idle then, and
-    /// waits in [`Session::idle`] (with the deadline returned) rather than here, so that a
-    /// busy session's large futures are not kept while it idles.
-    pub(super) async fn next_request(&mut self) -> Result<Result<BytesMut, IdleDeadline>, End> {
+    /// The client's next request, or [`Next::Quiet`] once the client has been silent for
+    /// [`IDLE_PROBE`]: the session waits in [`Session::idle`] then rather than here, so
+    /// that a busy session's large futures are not kept while it idles.
+    pub(super) async fn next_request(&mut self) -> Result<Next, End> {
         let max = self.shared.config().proxy.max_packet_size;
         // One timer for the session's life, moved forward per request rather than a new
         // one registered and cancelled each time.
@@ -63,7 +71,7 @@ impl Session {
                     }
                     continue;
                 }
-                () = self.idle_timer.as_mut() => return Ok(Err(idle_deadline)),
+                () = self.idle_timer.as_mut() => return Ok(Next::Quiet(idle_deadline)),
             };
             let wire_len = match read {
                 Ok(n) => n,
@@ -80,7 +88,7 @@ impl Session {
                 .metrics
                 .requests
                 .bytes_from_client(wire_len as u64);
-            return Ok(Ok(self.client.rbuf.split_to(wire_len)));
+            return Ok(Next::Request(self.client.rbuf.split_to(wire_len)));
         }
     }
 
@@ -114,13 +122,12 @@ impl Session {
                     }
                 }
             };
-            if let IdleEvent::HandOver(sink) = event {
-                if let Some(end) = Box::pin(self.hand_over(sink, true)).await {
-                    return Err(end);
-                }
-                continue;
-            }
             match event {
+                IdleEvent::HandOver(sink) => {
+                    if let Some(end) = Box::pin(self.hand_over(sink, true)).await {
+                        return Err(end);
+                    }
+                }
                 IdleEvent::Topology(false) => {
                     return Err(End::Protocol("topology monitor stopped".into()));
                 }
@@ -149,7 +156,6 @@ impl Session {
                     });
                 }
                 IdleEvent::Deadline => return Err(self.cooldown_expired()),
-                IdleEvent::HandOver(_) => {}
             }
         }
     }
@@ -200,11 +206,8 @@ impl Session {
     /// An idle session keeps no read buffers (nor what it keeps of a request in the
     /// client's): they are most of its memory, and the next read allocates them again.
     fn release_buffers(&mut self) {
-        for buf in [&mut self.client.rbuf, &mut self.backend.conn.rbuf] {
-            if buf.is_empty() {
-                *buf = BytesMut::new();
-            }
-        }
+        self.client.release_buffer();
+        self.backend.conn.release_buffer();
         self.scratch = Vec::new();
         self.running.release();
         if let Some(split) = self.split.as_mut() {

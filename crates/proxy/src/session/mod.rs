@@ -585,8 +585,8 @@ impl Session {
     async fn serve_busy(&mut self) -> Result<idle::IdleDeadline, End> {
         loop {
             let request = match self.next_request().await? {
-                Ok(r) => r,
-                Err(idle_deadline) => return Ok(idle_deadline),
+                idle::Next::Request(r) => r,
+                idle::Next::Quiet(idle_deadline) => return Ok(idle_deadline),
             };
             let started = Instant::now();
             self.running.begin(&request, started);

@@ -163,9 +163,7 @@ impl Split {
     /// requests are copied out of the client's read buffer (a slice of it keeps all of it).
     pub(super) fn release_buffers(&mut self) {
         for reader in &mut self.readers {
-            if reader.conn.conn.rbuf.is_empty() {
-                reader.conn.conn.rbuf = BytesMut::new();
-            }
+            reader.conn.conn.release_buffer();
         }
         for kept in [&mut self.last_read, &mut self.rerun].into_iter().flatten() {
             *kept = BytesMut::from(&kept[..]);

@@ -21,7 +21,6 @@ use crate::registry::SessionInfo;
 use crate::state::Blocker;
 use crate::upgrade::{HandedRelay, SessionChannel};
 use crate::Shared;
-use bytes::BytesMut;
 use holdfast_client::compress::CompressedState;
 use holdfast_client::conn::TakenSocket;
 use holdfast_client::tls_resume::TlsState;
@@ -176,9 +175,12 @@ impl Relay {
             client.stream.write_all(&backend.rbuf).await?;
             client.stream.flush().await?;
         }
-        // The relay reads the streams itself: the login's read buffers (4 KiB each) go.
-        client.rbuf = BytesMut::new();
-        backend.rbuf = BytesMut::new();
+        // Delivered; the relay reads the streams itself: the login's read buffers (4 KiB
+        // each) go.
+        for conn in [&mut *client, &mut *backend] {
+            conn.rbuf.clear();
+            conn.release_buffer();
+        }
         // (Only where the end of a spliced pair can be heard.)
         if let (Some(k), Some(_)) = (shared.kernel_relays.own(), shared.kernel_relays.watcher()) {
             if let Some(spliced) = kernel::splice(k, client, backend) {
