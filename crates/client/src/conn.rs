@@ -12,7 +12,7 @@ use bytes::{Bytes, BytesMut};
 use holdfast_wire::frame::{self, Scan};
 use std::io;
 use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
+use std::task::{ready, Context, Poll, Waker};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use crate::compress::{Compressed, CompressedState};
@@ -229,8 +229,17 @@ impl PacketConn {
     /// Waits for the next byte without a read buffer (an idle connection's was released)
     /// and buffers it; 0 at end of stream. Cancel-safe: a byte read is kept.
     pub async fn read_one(&mut self) -> io::Result<usize> {
+        std::future::poll_fn(|cx| self.poll_read_one(cx)).await
+    }
+
+    /// [`PacketConn::read_one`] as a poll, for a wait that keeps no state of its own.
+    pub fn poll_read_one(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         let mut byte = [0u8; 1];
-        let n = self.stream.read(&mut byte).await?;
+        let mut buf = ReadBuf::new(&mut byte);
+        if let Err(e) = ready!(Pin::new(&mut self.stream).poll_read(cx, &mut buf)) {
+            return Poll::Ready(Err(e));
+        }
+        let n = buf.filled().len();
         if n > 0 {
             if self.rbuf.capacity() == 0 {
                 // A small buffer, as `fill` takes after a release.
@@ -238,7 +247,7 @@ impl PacketConn {
             }
             self.rbuf.extend_from_slice(&byte[..n]);
         }
-        Ok(n)
+        Poll::Ready(Ok(n))
     }
 
     /// Reads more bytes into the buffer; `Closed` at end of stream.

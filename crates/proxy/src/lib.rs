@@ -68,7 +68,7 @@ pub struct Shared {
     pub events: events::EventLog,
     pub verifiers: VerifierCache,
     pub topology: watch::Receiver<Arc<Topology>>,
-    pub sessions: SessionRegistry,
+    pub sessions: Arc<SessionRegistry>,
     pub started: Instant,
     /// Switchover / failover / rejoin, one at a time; the failure detector in managed mode.
     pub ha: Arc<HaController>,
@@ -373,7 +373,7 @@ impl Shared {
             events: Default::default(),
             verifiers: VerifierCache::default(),
             topology,
-            sessions: SessionRegistry::default(),
+            sessions: Arc::default(),
             started: Instant::now(),
             switching: watch::channel(false).0,
             switching_now: std::sync::atomic::AtomicBool::new(false),
@@ -424,7 +424,7 @@ impl Shared {
             topology: &self.topology,
             switching: &self.switching,
             switching_now: &self.switching_now,
-            sessions: &self.sessions,
+            sessions: &*self.sessions,
             node_driver: self.node_driver.as_ref(),
             fleet: self
                 .fleet_link
@@ -852,14 +852,17 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, listen: Option<
             Some(slot) => {
                 let (mode, routing, trusted) = settings;
                 let threads = shared.session_threads.clone();
-                let session = move |stream: tokio::net::TcpStream| async move {
+                let session = move |stream: tokio::net::TcpStream, held| {
                     let stream: conn::BoxedIo = Box::new(stream);
-                    session::run_routed(shared, stream, peer, mode, routing, &trusted).await;
-                    drop(slot);
+                    session::run_routed(shared, stream, peer, mode, routing, trusted, held)
                 };
+                // The connection's slot (and its session thread's count) go with the
+                // session's future: its task holds nothing else.
                 match threads {
-                    Some(threads) => threads.spawn_with(stream, session),
-                    None => drop(tokio::spawn(session(stream))),
+                    Some(threads) => threads.spawn_with(stream, |stream, counted| {
+                        session(stream, (slot, Some(counted)))
+                    }),
+                    None => drop(tokio::spawn(session(stream, (slot, None)))),
                 }
             }
             None => {

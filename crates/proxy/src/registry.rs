@@ -67,6 +67,9 @@ pub struct SessionInfo {
     /// request passes its client watch, cleared when it is answered): quick requests
     /// never store it.
     pub statement: arc_swap::ArcSwapOption<RunningStatement>,
+    /// The session's task while it idles, for [`SessionRegistry::wake_idle`] (see
+    /// `idle_wake.rs`).
+    pub idle_waker: atomic_waker::AtomicWaker,
 }
 
 /// A statement a session has been running for a while, as `/status` shows it.
@@ -122,6 +125,19 @@ impl SessionInfo {
             replay_blocked: Mutex::new(None),
             journey: Mutex::new(Vec::new()),
             statement: arc_swap::ArcSwapOption::empty(),
+            idle_waker: atomic_waker::AtomicWaker::new(),
+        }
+    }
+
+    /// Whether the session's task left a waker to be woken by (a test sees it wait).
+    #[cfg(test)]
+    pub fn idle_waker_registered(&self) -> bool {
+        match self.idle_waker.take() {
+            Some(waker) => {
+                self.idle_waker.register(&waker);
+                true
+            }
+            None => false,
         }
     }
 
@@ -332,6 +348,17 @@ impl SessionRegistry {
         m.values()
             .find(|s| s.backend_thread.load(Ordering::Acquire) == thread && s.is_on(node))
             .cloned()
+    }
+
+    /// Wakes each session that waits while idle (see `idle_wake.rs`): a busy one has no
+    /// waker there, or an old one, and is polled once for nothing.
+    pub fn wake_idle(&self) {
+        let Ok(m) = self.inner.lock() else {
+            return;
+        };
+        for s in m.values() {
+            s.idle_waker.wake();
+        }
     }
 
     pub fn remove(&self, id: u32) {

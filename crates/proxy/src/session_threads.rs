@@ -22,10 +22,18 @@ struct SessionThread {
     sessions: Arc<AtomicUsize>,
 }
 
-/// Counts a session off its thread when it ends, however it ends.
-struct Running(Arc<AtomicUsize>);
+impl SessionThread {
+    /// One more session on this thread, until the count is dropped.
+    fn count_in(&self) -> Counted {
+        self.sessions.fetch_add(1, Ordering::Relaxed);
+        Counted(self.sessions.clone())
+    }
+}
 
-impl Drop for Running {
+/// Counts a session off its thread when it ends, however it ends.
+pub struct Counted(Arc<AtomicUsize>);
+
+impl Drop for Counted {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
@@ -65,47 +73,55 @@ impl SessionThreads {
         Ok(SessionThreads { threads })
     }
 
-    /// Runs `session` on the thread with the fewest sessions, `stream` registered with
-    /// that thread's reactor. A stream that cannot move there is closed (logged).
-    pub fn spawn_with<F, Fut>(&self, stream: TcpStream, session: F)
-    where
-        F: FnOnce(TcpStream) -> Fut + Send + 'static,
+    /// Runs the future `session` makes of `stream` on the thread with the fewest
+    /// sessions, `stream` registered with that thread's reactor. A stream that cannot move
+    /// there is closed (logged). The future is made here and holds the count of its
+    /// thread's sessions, so that the task holds it alone: an idle session's task is a
+    /// good part of what it costs (issue 22).
+    pub fn spawn_with<Fut>(
+        &self,
+        stream: TcpStream,
+        session: impl FnOnce(TcpStream, Counted) -> Fut,
+    ) where
         Fut: Future<Output = ()> + Send + 'static,
     {
-        // Leaves this runtime's reactor (the socket stays non-blocking) for the other's.
-        let stream = match stream.into_std() {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "a new connection could not leave the acceptor's thread");
-                return;
-            }
+        let Some(thread) = self.least_loaded() else {
+            return;
         };
-        self.spawn(async move {
-            match TcpStream::from_std(stream) {
-                Ok(stream) => session(stream).await,
-                Err(e) => {
-                    tracing::warn!(error = %e, "a new connection could not join its session thread")
-                }
-            }
+        // Leaves this runtime's reactor (the socket stays non-blocking) for the thread's:
+        // a socket made inside the thread's runtime context registers with its driver,
+        // from whichever thread.
+        let moved = stream.into_std().and_then(|stream| {
+            let _inside = thread.handle.enter();
+            TcpStream::from_std(stream)
         });
+        match moved {
+            Ok(stream) => {
+                let counted = thread.count_in();
+                thread.handle.spawn(session(stream, counted));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "a new connection could not move to its session thread")
+            }
+        }
     }
 
     /// Runs `session` on the thread with the fewest sessions: sockets it registers (a
     /// session handed over by an upgrade brings them as std sockets) are that thread's.
     pub fn spawn(&self, session: impl Future<Output = ()> + Send + 'static) {
-        let Some(thread) = self
-            .threads
+        if let Some(thread) = self.least_loaded() {
+            let counted = thread.count_in();
+            thread.handle.spawn(async move {
+                let _counted = counted;
+                session.await
+            });
+        }
+    }
+
+    fn least_loaded(&self) -> Option<&SessionThread> {
+        self.threads
             .iter()
             .min_by_key(|t| t.sessions.load(Ordering::Relaxed))
-        else {
-            return;
-        };
-        thread.sessions.fetch_add(1, Ordering::Relaxed);
-        let running = Running(thread.sessions.clone());
-        thread.handle.spawn(async move {
-            let _running = running;
-            session.await
-        });
     }
 
     /// Sessions running on each thread now.
@@ -135,7 +151,8 @@ mod tests {
             let mut client = TcpStream::connect(addr).await.expect("connect");
             let (stream, _) = listener.accept().await.expect("accept");
             let names = names_tx.clone();
-            threads.spawn_with(stream, move |mut stream| async move {
+            threads.spawn_with(stream, move |mut stream, counted| async move {
+                let _counted = counted;
                 let name = std::thread::current().name().map(str::to_owned);
                 let _ = names.send(name);
                 // An echo (the socket works on the thread it moved to), then on until

@@ -1293,7 +1293,6 @@ impl Session {
         self.can_reauthenticate = can;
         self.secret = secret;
         self.info.set_user(&user);
-        self.user = user;
         self.info.can_reauthenticate.store(can, Ordering::Relaxed);
         self.restore_trackers().await?;
         // The server's OK: a tracking client gets the new schema's record.

@@ -30,8 +30,7 @@ impl Session {
         // Between requests the timer is the idle probe; during one, the wait after which
         // holdfast watches for the client going away.
         self.idle_timer
-            .as_mut()
-            .reset(tokio::time::Instant::now() + WATCH_CLIENT_AFTER);
+            .arm(tokio::time::Instant::now() + WATCH_CLIENT_AFTER);
         let mut req = self.classify(request)?;
         let mut plan = self.plan(&mut req);
         if self.route_request(&mut req, &mut plan).await? == Routed::Answered {
@@ -438,7 +437,7 @@ impl Session {
         if !maybe {
             return;
         }
-        let Some(change) = own_password_change(sql, mode, self.user.as_bytes()) else {
+        let Some(change) = own_password_change(sql, mode, &self.identity.user) else {
             return;
         };
         let can = match change {

@@ -357,7 +357,7 @@ impl Session {
             peer: self.info.client,
             age_ms: self.info.started.elapsed().as_millis() as u64,
             capabilities: self.capabilities,
-            user: self.user.clone(),
+            user: String::from_utf8_lossy(&self.identity.user).into_owned(),
             secret: self.secret.as_ref().map(|s| CarriedSecret(s.to_bytes())),
             scramble: self.scramble,
             identity: (*self.identity).clone(),
@@ -513,19 +513,19 @@ impl Session {
         let mode = record.sql_mode.unwrap_or_default();
         shared.metrics.sessions_taken_over.inc();
         tracing::info!(session = id, client = %peer, user = %user, backend = %backend_name, thread = backend.greeting.connection_id, client_tls = tls.0, backend_tls = tls.1, backend_kept = !backend_dead, replicas, "session handed over from the previous process");
+        shared.feed_idle_wake();
         Ok(Box::new(Session {
             info,
             client,
             backend,
             capabilities,
-            user,
             secret: secret.as_ref().map(|s| PasswordHash::from_bytes(s.0)),
             scramble,
             record,
             statements: statements::Statements::from_carried(statements, mode, server),
             sql_kills: kill::SqlKills::from_carried(sql_kills),
             scratch: Vec::new(),
-            idle_timer: Box::pin(tokio::time::sleep(super::idle::IDLE_PROBE)),
+            idle_timer: Default::default(),
             running: Default::default(),
             identity: Box::new(identity),
             can_reauthenticate,
@@ -560,7 +560,6 @@ impl Session {
             },
             hand_over_channel: None,
             hand_over_to: shared.upgrader.session_sink(),
-            idle_wake: shared.idle_ticks(),
             shared,
         }))
     }

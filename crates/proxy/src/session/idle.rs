@@ -8,7 +8,10 @@ use crate::conn::{ConnError, PacketConn};
 use crate::error::ErrorKind;
 use crate::state::Blocker;
 use bytes::BytesMut;
+use std::future::Future;
+use std::pin::Pin;
 use std::time::{Duration, Instant};
+use tokio::time::Sleep;
 
 /// How long a client must be silent before its session watches for idle-time events.
 pub(super) const IDLE_PROBE: Duration = Duration::from_millis(20);
@@ -25,6 +28,48 @@ enum IdleEvent {
     BackendGone(Option<std::io::Error>),
     /// The earlier of the cool-down's end and the idle timeout.
     Deadline,
+}
+
+/// The session's one timer: the idle probe between requests, the client watch during one,
+/// the idle deadline or cool-down while the session idles. An idle session with neither
+/// holds none (issue 22: memory per idle session); the next request makes it again.
+#[derive(Default)]
+pub(super) struct Timer(Option<Pin<Box<Sleep>>>);
+
+impl Timer {
+    /// Due at `at`: the timer moved, or made if the session had let it go.
+    pub(super) fn arm(&mut self, at: tokio::time::Instant) {
+        match &mut self.0 {
+            Some(timer) => timer.as_mut().reset(at),
+            None => self.0 = Some(Box::pin(tokio::time::sleep_until(at))),
+        }
+    }
+
+    /// The timer as last armed; one made here is due at once (a wait cut short is
+    /// harmless where this is asked: it only starts a watch earlier).
+    pub(super) fn armed(&mut self) -> Pin<&mut Sleep> {
+        self.0
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(Duration::ZERO)))
+            .as_mut()
+    }
+
+    /// Completes when the timer is due; never while there is none.
+    pub(super) async fn due(&mut self) {
+        match &mut self.0 {
+            Some(timer) => timer.as_mut().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Lets the timer go.
+    pub(super) fn release(&mut self) {
+        self.0 = None;
+    }
+
+    #[cfg(test)]
+    pub(super) fn is_held(&self) -> bool {
+        self.0.is_some()
+    }
 }
 
 /// How long the client may stay silent, counted from the end of its last answer
@@ -46,11 +91,10 @@ impl Session {
     /// that a busy session's large futures are not kept while it idles.
     pub(super) async fn next_request(&mut self) -> Result<Next, End> {
         let max = self.shared.config().proxy.max_packet_size;
-        // One timer for the session's life, moved forward per request rather than a new
-        // one registered and cancelled each time.
+        // One timer, moved forward per request rather than a new one registered and
+        // cancelled each time.
         self.idle_timer
-            .as_mut()
-            .reset(tokio::time::Instant::now() + IDLE_PROBE);
+            .arm(tokio::time::Instant::now() + IDLE_PROBE);
         let idle_timeout = self.shared.config().proxy.client_idle_timeout_secs;
         let idle_deadline =
             (idle_timeout > 0).then(|| Instant::now() + Duration::from_secs(idle_timeout));
@@ -71,7 +115,7 @@ impl Session {
                     }
                     continue;
                 }
-                () = self.idle_timer.as_mut() => return Ok(Next::Quiet(idle_deadline)),
+                () = self.idle_timer.due() => return Ok(Next::Quiet(idle_deadline)),
             };
             let wire_len = match read {
                 Ok(n) => n,
@@ -100,6 +144,9 @@ impl Session {
         Box::pin(self.capture_if_due(false)).await;
         self.release_buffers();
         loop {
+            // The rings seen before the sources are asked: a change after this point rings
+            // again and wakes the wait below.
+            let seen = self.shared.idle_wake.rings();
             // What changed before the session began to wait, or woke it.
             let event = match self.idle_news() {
                 Some(event) => event,
@@ -107,18 +154,18 @@ impl Session {
                     let cooldown_end = self
                         .move_pending_since
                         .map(|t| t + self.shared.config().proxy.cooldown());
-                    let deadline = cooldown_end.into_iter().chain(idle_deadline).min();
-                    if let Some(deadline) = deadline {
-                        self.idle_timer.as_mut().reset(deadline.into());
+                    match cooldown_end.into_iter().chain(idle_deadline).min() {
+                        Some(deadline) => self.idle_timer.arm(deadline.into()),
+                        None => self.idle_timer.release(),
                     }
                     let alive = !self.backend_dead;
                     // One select of small futures: this is what an idle session's task holds.
                     tokio::select! {
                         biased;
                         r = first_byte(&mut self.client) => return r.map_err(End::Client),
-                        Ok(()) = self.idle_wake.changed() => continue,
+                        () = self.shared.idle_wake.rung_since(&self.info, seen) => continue,
                         error = backend_gone(&mut self.backend.conn), if alive => IdleEvent::BackendGone(error),
-                        () = self.idle_timer.as_mut(), if deadline.is_some() => IdleEvent::Deadline,
+                        () = self.idle_timer.due() => IdleEvent::Deadline,
                     }
                 }
             };
@@ -229,19 +276,57 @@ impl Session {
 }
 
 /// Resolves when the client sends its next byte, which is buffered for the read of the
-/// request (see [`PacketConn::read_one`]: the released `rbuf` is not allocated again while
-/// the session idles).
-async fn first_byte(client: &mut PacketConn) -> Result<(), ConnError> {
-    match client.read_one().await {
-        Ok(0) => Err(ConnError::Closed),
-        Ok(_) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+/// request (see [`PacketConn::poll_read_one`]: the released `rbuf` is not allocated again
+/// while the session idles). A reference in place of an async fn's state: an idle
+/// session's task holds it.
+fn first_byte(client: &mut PacketConn) -> impl Future<Output = Result<(), ConnError>> + '_ {
+    std::future::poll_fn(move |cx| {
+        client.poll_read_one(cx).map(|read| match read {
+            Ok(0) => Err(ConnError::Closed),
+            Ok(_) => Ok(()),
+            Err(e) => Err(e.into()),
+        })
+    })
 }
 
 /// Resolves when the backend connection of an idle session closes or sends something on its
 /// own (servers send an ERR before they close a connection on shutdown or KILL). A byte
 /// read is kept, in `rbuf`, where the next packet read finds it.
-async fn backend_gone(conn: &mut PacketConn) -> Option<std::io::Error> {
-    conn.read_one().await.err()
+fn backend_gone(conn: &mut PacketConn) -> impl Future<Output = Option<std::io::Error>> + '_ {
+    std::future::poll_fn(move |cx| conn.poll_read_one(cx).map(Result::err))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Timer;
+    use std::time::Duration;
+
+    /// The timer an idle session with no deadline lets go, and makes again when it is armed.
+    #[tokio::test]
+    async fn a_released_timer_holds_nothing_and_never_fires_until_armed_again() {
+        let mut timer = Timer::default();
+        assert!(!timer.is_held(), "a new session holds no timer");
+        timer.arm(tokio::time::Instant::now() + Duration::from_millis(10));
+        assert!(timer.is_held());
+        tokio::time::timeout(Duration::from_secs(5), timer.due())
+            .await
+            .expect("an armed timer fires");
+        timer.release();
+        assert!(!timer.is_held(), "released");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), timer.due())
+                .await
+                .is_err(),
+            "a released timer never fires"
+        );
+        timer.arm(tokio::time::Instant::now() + Duration::from_millis(10));
+        tokio::time::timeout(Duration::from_secs(5), timer.due())
+            .await
+            .expect("armed again, it fires");
+        // Asked for without being armed, it is due at once (a watch starts early).
+        timer.release();
+        tokio::time::timeout(Duration::from_secs(5), timer.armed())
+            .await
+            .expect("due at once");
+    }
 }

@@ -139,7 +139,6 @@ struct Session {
     client: PacketConn,
     backend: BackendConn,
     capabilities: u32,
-    user: String,
     secret: Option<PasswordHash>,
     scramble: [u8; 20],
     record: SessionRecord,
@@ -148,8 +147,8 @@ struct Session {
     sql_kills: kill::SqlKills,
     /// Reused for the packets holdfast rewrites on their way to the client.
     scratch: Vec<u8>,
-    /// The client's silence that makes the session idle (see `idle.rs`).
-    idle_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// The idle probe, the client watch or the idle deadline (see [`idle::Timer`]).
+    idle_timer: idle::Timer,
     /// The request running now, shown in `/status` once it runs for a while.
     running: running::Running,
     /// Boxed, as other rarely read parts: every idle session holds a `Session`.
@@ -196,9 +195,6 @@ struct Session {
     /// `hand_over_channel` is its last value seen (read without the watch's lock).
     hand_over_channel: Option<Arc<crate::upgrade::SessionChannel>>,
     hand_over_to: watch::Receiver<Option<Arc<crate::upgrade::SessionChannel>>>,
-    /// Ticks when `topology`, `switching` or `hand_over_to` changes: what an idle session
-    /// waits on (see `idle_wake.rs`).
-    idle_wake: watch::Receiver<u64>,
 }
 
 /// Answers a connection over the limit with ERR 1040 and closes it.
@@ -236,27 +232,41 @@ async fn refuse_at_accept(
 /// passes accepted sockets; a test or an embedder may pass any stream, e.g. one end of
 /// `tokio::io::duplex`). No connection limit applies here: that is the accept loop's.
 pub async fn run(shared: Arc<Shared>, stream: BoxedIo, peer: SocketAddr, mode: ListenerMode) {
-    run_routed(shared, stream, peer, mode, Routing::Primary, &[]).await
+    run_routed(
+        shared,
+        stream,
+        peer,
+        mode,
+        Routing::Primary,
+        Arc::new([]),
+        (),
+    )
+    .await
 }
 
 /// [`run`] with the listener's routing (`split` sends reads to the replicas) and the load
-/// balancers it takes PROXY protocol headers from.
-pub fn run_routed<'a>(
+/// balancers it takes PROXY protocol headers from; `held` (the accept loop's connection
+/// slot) is dropped when the session ends. The future is what a session's task holds
+/// (issue 22: memory per idle session), so it keeps little: the way to a started session
+/// runs boxed and takes the arguments with it.
+pub fn run_routed(
     shared: Arc<Shared>,
     stream: BoxedIo,
     peer: SocketAddr,
     mode: ListenerMode,
     routing: Routing,
-    trusted_proxies: &'a [IpNet],
-) -> impl std::future::Future<Output = ()> + 'a {
-    // Boxed at once, outside the session's future: the way to a started session is long,
-    // and an idle session's task should keep neither its future nor these arguments. The
-    // ticket counts the session against its address's limits until it ends.
+    trusted_proxies: Arc<[IpNet]>,
+    held: impl Send + 'static,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
     let opened = Box::pin(open(shared, stream, peer, mode, routing, trusted_proxies));
     async move {
-        if let Some((session, _ticket)) = opened.await {
-            session.run().await;
-        }
+        // The ticket counts the session against its address's limits until it ends. (A
+        // `let else`, not an `if let`: the answer, a temporary, is not kept beside them.)
+        let Some((session, ticket)) = opened.await else {
+            return drop(held);
+        };
+        session.run().await;
+        drop((ticket, held));
     }
 }
 
@@ -268,7 +278,7 @@ async fn open(
     peer: SocketAddr,
     mode: ListenerMode,
     routing: Routing,
-    trusted_proxies: &[IpNet],
+    trusted_proxies: Arc<[IpNet]>,
 ) -> Option<(Box<Session>, crate::admission::Ticket)> {
     // From a trusted load balancer the connection starts with the client's address, and
     // from then on that address is the client's.
@@ -515,6 +525,8 @@ impl Session {
         let mut topology = shared.topology.clone();
         // Changes before this point are already reflected in where the session logged in.
         topology.borrow_and_update();
+        // An idle session is woken through its info (see `idle_wake.rs`).
+        shared.feed_idle_wake();
         // Boxed: the task then holds a pointer, not a second copy beside the one moved
         // out of this future's answer.
         Some(Box::new(Session {
@@ -522,14 +534,13 @@ impl Session {
             client,
             backend,
             capabilities,
-            user,
             secret,
             scramble,
             record,
             statements: Statements::default(),
             sql_kills: kill::SqlKills::default(),
             scratch: Vec::new(),
-            idle_timer: Box::pin(tokio::time::sleep(idle::IDLE_PROBE)),
+            idle_timer: Default::default(),
             running: Default::default(),
             identity: Box::new(identity),
             can_reauthenticate,
@@ -553,7 +564,6 @@ impl Session {
             split: (routing == Routing::Split).then(|| split::Split::new(shared.topology.clone())),
             hand_over_channel: None,
             hand_over_to: shared.upgrader.session_sink(),
-            idle_wake: shared.idle_ticks(),
             shared,
         }))
     }
@@ -637,6 +647,8 @@ impl Session {
             e => tracing::info!(session = id, client = %peer, reason = %e, "session closed"),
         }
         self.shared.sessions.remove(id);
+        // (Its info may outlive it: the waker would keep the task's memory.)
+        drop(self.info.idle_waker.take());
         self.shared.metrics.sessions_active.dec();
         if !self.can_reauthenticate {
             self.shared.metrics.sessions_passthrough_auth.dec();
@@ -690,13 +702,15 @@ mod future_sizes {
         let idle = future_size(|s| s.idle(None));
         let serve = future_size(|s| s.serve());
         let session = std::mem::size_of::<Session>();
-        // 592 with a watch future for each of the three broadcasts (idle_wake.rs), 800
-        // with nested selects and a timer of its own, 1,760 before the busy loop was
-        // boxed apart.
-        assert!(idle <= 448, "the idle phase's future is {idle} bytes");
-        assert!(serve <= 480, "the session's loop is {serve} bytes");
-        // 1,504 with the running statement's text inline.
-        assert!(session <= 1152, "a session is {session} bytes");
+        // 448 with a watch's `changed()` and async fns for the one-byte reads (now a
+        // reference each: idle_wake.rs), 592 with a watch future for each of the three
+        // broadcasts, 800 with nested selects and a timer of its own, 1,760 before the busy
+        // loop was boxed apart.
+        assert!(idle <= 192, "the idle phase's future is {idle} bytes");
+        assert!(serve <= 224, "the session's loop is {serve} bytes");
+        // 1,504 with the running statement's text inline, 1,128 with the user's name and
+        // the wake-up watch's receiver.
+        assert!(session <= 1112, "a session is {session} bytes");
         // What a busy session holds besides (boxed, and freed when it goes idle).
         let busy = future_size(|s| s.serve_busy());
         assert!(busy <= 2560, "the request loop's future is {busy} bytes");
@@ -716,9 +730,13 @@ mod future_sizes {
                 unreachable!(),
                 unreachable!(),
                 unreachable!(),
+                (),
             )
         });
-        // 3,448 with the session inline (twice: the start's answer and the one served).
-        assert!(task <= 640, "a session's future is {task} bytes");
+        // tokio keeps a task's future in a 128-byte-aligned cell with 104 bytes of its own
+        // (tokio 1.54): up to 280 bytes the cell is 384 (it was 768 at 520 bytes, with
+        // the accept loop's closure around it). 3,448 with the session inline (twice: the
+        // start's answer and the one served).
+        assert!(task <= 280, "a session's future is {task} bytes");
     }
 }

@@ -271,7 +271,7 @@ impl Session {
                 &mut self.client,
                 &self.topology,
                 &self.backend_name,
-                self.idle_timer.as_mut(),
+                self.idle_timer.armed(),
                 || self.running.show(&self.info, &self.statements),
             ) => Err(Watched::Interrupted(gone)),
         };
@@ -324,7 +324,7 @@ impl Session {
                 &mut self.client,
                 &self.topology,
                 &self.backend_name,
-                self.idle_timer.as_mut(),
+                self.idle_timer.armed(),
                 || self.running.show(&self.info, &self.statements),
             ) => Err(Watched::Interrupted(gone)),
         };
