@@ -485,22 +485,30 @@ pub(crate) fn resume_session(
     let slot = shared.connections.take(usize::MAX);
     let ticket = shared.admission.admit_handed_over(carried.peer.ip());
     let threads = shared.session_threads.clone();
-    let session = async move {
-        session::run_resumed(shared, carried, client, backend, readers).await;
-        drop(ticket);
-        drop(slot);
-    };
-    spawn_session(threads, session);
+    spawn_session(threads, move |counted| {
+        session::run_resumed(
+            shared,
+            carried,
+            client,
+            backend,
+            readers,
+            (slot, ticket, counted),
+        )
+    });
 }
 
-/// Runs a session on the session threads, or on this runtime without them.
-fn spawn_session(
+/// Runs the session `make` makes on the session threads (made inside the runtime of the
+/// thread it runs on), or on this runtime without them. What `make` is given is held until
+/// the session ends.
+fn spawn_session<Fut>(
     threads: Option<Arc<session_threads::SessionThreads>>,
-    session: impl std::future::Future<Output = ()> + Send + 'static,
-) {
+    make: impl FnOnce(Option<session_threads::Counted>) -> Fut,
+) where
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     match threads {
-        Some(threads) => threads.spawn(session),
-        None => drop(tokio::spawn(session)),
+        Some(threads) => threads.spawn(|counted| make(Some(counted))),
+        None => drop(tokio::spawn(make(None))),
     }
 }
 
@@ -515,10 +523,15 @@ pub(crate) fn resume_relay(
     let slot = shared.connections.take(usize::MAX);
     let ticket = shared.admission.admit_handed_over(carried.relay.peer.ip());
     let threads = shared.session_threads.clone();
-    spawn_session(threads, async move {
-        session::passthrough::resume(shared, carried, client, backend, kernel_map).await;
-        drop(ticket);
-        drop(slot);
+    spawn_session(threads, move |counted| {
+        // Set up here, so that the task holds the relay (boxed) and not what it was made of.
+        let relay = session::passthrough::resume(shared, carried, client, backend, kernel_map);
+        async move {
+            if let Some(relay) = relay {
+                relay.await;
+            }
+            drop((ticket, slot, counted));
+        }
     });
 }
 
@@ -771,6 +784,10 @@ struct ConnectionSlots {
 /// One open client connection; its slot is freed when dropped.
 struct Slot(Arc<ConnectionSlots>);
 
+/// What an accepted connection's session holds until it ends: its slot, and its session
+/// thread's count (see [`session::run_routed`]).
+type Accepted = (Slot, Option<session_threads::Counted>);
+
 impl ConnectionSlots {
     fn take(self: &Arc<Self>, limit: usize) -> Option<Slot> {
         self.open
@@ -852,7 +869,7 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, listen: Option<
             Some(slot) => {
                 let (mode, routing, trusted) = settings;
                 let threads = shared.session_threads.clone();
-                let session = move |stream: tokio::net::TcpStream, held| {
+                let session = move |stream: tokio::net::TcpStream, held: Accepted| {
                     let stream: conn::BoxedIo = Box::new(stream);
                     session::run_routed(shared, stream, peer, mode, routing, trusted, held)
                 };

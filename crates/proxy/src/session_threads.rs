@@ -106,15 +106,21 @@ impl SessionThreads {
         }
     }
 
-    /// Runs `session` on the thread with the fewest sessions: sockets it registers (a
-    /// session handed over by an upgrade brings them as std sockets) are that thread's.
-    pub fn spawn(&self, session: impl Future<Output = ()> + Send + 'static) {
+    /// Runs the future `make` makes on the thread with the fewest sessions. It is made
+    /// inside that thread's runtime context, so that the sockets it registers (a session
+    /// handed over by an upgrade brings them as std sockets) are that thread's, and it holds
+    /// the count of the thread's sessions.
+    pub fn spawn<Fut>(&self, make: impl FnOnce(Counted) -> Fut)
+    where
+        Fut: Future<Output = ()> + Send + 'static,
+    {
         if let Some(thread) = self.least_loaded() {
             let counted = thread.count_in();
-            thread.handle.spawn(async move {
-                let _counted = counted;
-                session.await
-            });
+            let session = {
+                let _inside = thread.handle.enter();
+                make(counted)
+            };
+            thread.handle.spawn(session);
         }
     }
 

@@ -300,14 +300,16 @@ fn put_back(conn: &mut PacketConn, taken: TakenSocket) {
     }
 }
 
-/// The pass-through session handed over by the process this one replaces: it relays on.
-pub(crate) async fn resume(
+/// The pass-through session handed over by the process this one replaces, set up to relay
+/// on (inside the runtime it runs on): the relay, boxed (its task then holds it, not what
+/// the old process sent), or `None` if it cannot go on.
+pub(crate) fn resume(
     shared: Arc<Shared>,
     carried: CarriedRelay,
     client: std::net::TcpStream,
     backend: std::net::TcpStream,
     kernel_map: Option<std::os::fd::OwnedFd>,
-) {
+) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
     if let Some(map) = kernel_map {
         let (id, peer) = (carried.relay.id, carried.relay.peer);
         let spliced = shared
@@ -315,17 +317,21 @@ pub(crate) async fn resume(
             .adopt(map)
             .map_err(io::Error::other)
             .and_then(|k| kernel::resume(k, client, backend));
-        match spliced {
+        return match spliced {
             Ok(s) => {
                 shared.metrics.sessions_taken_over.inc();
                 tracing::info!(session = id, client = %peer, "pass-through session handed over from the previous process, relayed in the kernel");
-                carried.relay.run(shared, Streams::Kernel(s), None).await;
+                Some(Box::pin(carried.relay.run(
+                    shared,
+                    Streams::Kernel(s),
+                    None,
+                )))
             }
             Err(e) => {
                 tracing::error!(session = id, client = %peer, error = %e, "a pass-through session handed over could not go on; its connections close");
+                None
             }
-        }
-        return;
+        };
     }
     let CarriedRelay {
         relay,
@@ -344,7 +350,7 @@ pub(crate) async fn resume(
         Ok(c) => c,
         Err(e) => {
             tracing::error!(session = id, client = %peer, error = %e, "a pass-through session handed over could not go on; its connections close");
-            return;
+            return None;
         }
     };
     let mut client = PacketConn::new(client);
@@ -353,9 +359,11 @@ pub(crate) async fn resume(
     backend.rbuf.extend_from_slice(&backend_unread);
     shared.metrics.sessions_taken_over.inc();
     tracing::info!(session = id, client = %peer, "pass-through session handed over from the previous process");
-    relay
-        .run(shared, Streams::User(client, backend), None)
-        .await;
+    Some(Box::pin(relay.run(
+        shared,
+        Streams::User(client, backend),
+        None,
+    )))
 }
 
 /// Why the pump stopped.
