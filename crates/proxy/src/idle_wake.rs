@@ -133,6 +133,25 @@ mod tests {
         )
     }
 
+    /// What a test's [`IdleWake::start`] is fed: receivers of the senders, and `sessions`.
+    fn feed<'a>(
+        topology: &'a watch::Sender<Arc<Topology>>,
+        switching: &'a watch::Sender<bool>,
+        hand_over: &'a watch::Sender<Option<Arc<SessionChannel>>>,
+        sessions: &'a Arc<SessionRegistry>,
+    ) -> impl Fn() -> (Sources, Arc<SessionRegistry>) + 'a {
+        move || {
+            (
+                Sources {
+                    topology: topology.subscribe(),
+                    switching: switching.subscribe(),
+                    hand_over: hand_over.subscribe(),
+                },
+                sessions.clone(),
+            )
+        }
+    }
+
     /// A session registered in `sessions`, as an idle one waits.
     fn session(sessions: &SessionRegistry, id: u32) -> Arc<SessionInfo> {
         let info = Arc::new(SessionInfo::new(id, "127.0.0.1:1".parse().expect("addr")));
@@ -154,16 +173,7 @@ mod tests {
         let (topology, switching, hand_over) = channels();
         let wake = IdleWake::default();
         let sessions = Arc::new(SessionRegistry::default());
-        let feed = || {
-            (
-                Sources {
-                    topology: topology.subscribe(),
-                    switching: switching.subscribe(),
-                    hand_over: hand_over.subscribe(),
-                },
-                sessions.clone(),
-            )
-        };
+        let feed = feed(&topology, &switching, &hand_over, &sessions);
         wake.start(feed);
         let info = session(&sessions, 1);
         let mut seen = wake.rings();
@@ -207,16 +217,7 @@ mod tests {
         let (topology, switching, hand_over) = channels();
         let wake = Arc::new(IdleWake::default());
         let sessions = Arc::new(SessionRegistry::default());
-        wake.start(|| {
-            (
-                Sources {
-                    topology: topology.subscribe(),
-                    switching: switching.subscribe(),
-                    hand_over: hand_over.subscribe(),
-                },
-                sessions.clone(),
-            )
-        });
+        wake.start(feed(&topology, &switching, &hand_over, &sessions));
         let info = session(&sessions, 7);
         let seen = wake.rings();
         let waiting = tokio::spawn({
@@ -247,16 +248,7 @@ mod tests {
     fn a_session_after_the_feeding_task_is_gone_starts_another() {
         let (topology, switching, hand_over) = channels();
         let sessions = Arc::new(SessionRegistry::default());
-        let feed = || {
-            (
-                Sources {
-                    topology: topology.subscribe(),
-                    switching: switching.subscribe(),
-                    hand_over: hand_over.subscribe(),
-                },
-                sessions.clone(),
-            )
-        };
+        let feed = feed(&topology, &switching, &hand_over, &sessions);
         let runtime = || {
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -265,7 +257,7 @@ mod tests {
         };
         let wake = IdleWake::default();
         let first = runtime();
-        first.block_on(async { wake.start(feed) });
+        first.block_on(async { wake.start(&feed) });
         drop(first);
         let info = session(&sessions, 1);
         runtime().block_on(async {
@@ -277,7 +269,7 @@ mod tests {
                     .is_err(),
                 "its task went with its runtime"
             );
-            wake.start(feed);
+            wake.start(&feed);
             switching.send_replace(false);
             assert!(
                 rung(&wake, &info, seen).await.is_some(),
