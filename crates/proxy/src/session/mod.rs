@@ -246,7 +246,7 @@ pub async fn run(shared: Arc<Shared>, stream: BoxedIo, peer: SocketAddr, mode: L
 
 /// [`run`] with the listener's routing (`split` sends reads to the replicas) and the load
 /// balancers it takes PROXY protocol headers from; `held` (the accept loop's connection
-/// slot) is dropped when the session ends. The future is what a session's task holds
+/// slot and session thread's count) is dropped when the session ends. The future is what a session's task holds
 /// (issue 22: memory per idle session), so it keeps little: the way to a started session
 /// runs boxed and takes the arguments with it.
 pub fn run_routed(
