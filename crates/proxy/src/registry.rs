@@ -60,7 +60,8 @@ pub struct SessionInfo {
     /// Bytes the replay log of the open transaction holds (0: none kept).
     pub replay_held: AtomicU64,
     /// Why the open transaction is not replayable, if it is not.
-    pub replay_blocked: Mutex<Option<&'static str>>,
+    /// (Compared on each request, stored only when it changes: no lock on the way.)
+    pub replay_blocked: arc_swap::ArcSwapOption<&'static str>,
     /// The session's last moves in this process (at most [`JOURNEY_KEPT`]).
     pub journey: Mutex<Vec<Move>>,
     /// The statement of a request that has run for a while (set by the session once the
@@ -122,7 +123,7 @@ impl SessionInfo {
             replica_read: arc_swap::ArcSwapOption::empty(),
             capture_deferred: AtomicBool::new(false),
             replay_held: AtomicU64::new(0),
-            replay_blocked: Mutex::new(None),
+            replay_blocked: arc_swap::ArcSwapOption::empty(),
             journey: Mutex::new(Vec::new()),
             statement: arc_swap::ArcSwapOption::empty(),
             idle_waker: atomic_waker::AtomicWaker::new(),
@@ -181,10 +182,11 @@ impl SessionInfo {
         thread != 0 && self.kill_requested.load(Ordering::Acquire) == thread
     }
 
+    /// The replay log's account (after each request of a session with replay on).
     pub fn set_replay(&self, held: u64, blocked: Option<&'static str>) {
         self.replay_held.store(held, Ordering::Relaxed);
-        if let Ok(mut b) = self.replay_blocked.lock() {
-            *b = blocked;
+        if self.replay_blocked.load().as_deref().copied() != blocked {
+            self.replay_blocked.store(blocked.map(Arc::new));
         }
     }
 
@@ -241,11 +243,7 @@ impl SessionInfo {
             capture_due: self.capture_due.load(Ordering::Relaxed)
                 || self.capture_deferred.load(Ordering::Relaxed),
             replay_held_bytes: self.replay_held.load(Ordering::Relaxed),
-            replay_blocked_by: self
-                .replay_blocked
-                .lock()
-                .ok()
-                .and_then(|b| b.map(str::to_string)),
+            replay_blocked_by: self.replay_blocked.load().as_deref().map(|b| b.to_string()),
             journey: self.journey.lock().map(|j| j.clone()).unwrap_or_default(),
             state: self.state().to_string(),
             statement_ms: statement
@@ -479,6 +477,26 @@ mod tests {
         s.set_user("app");
         s.can_reauthenticate.store(true, Ordering::Relaxed);
         s
+    }
+
+    /// The replay account as `/status` shows it, after each request's `set_replay`.
+    #[test]
+    fn the_replay_account_shows_the_last_reason_given() {
+        let s = session(1);
+        let shown = |s: &SessionInfo| (s.view().replay_held_bytes, s.view().replay_blocked_by);
+        s.set_replay(0, None);
+        assert_eq!(shown(&s), (0, None));
+        s.set_replay(120, Some("a temporary table"));
+        assert_eq!(shown(&s), (120, Some("a temporary table".to_string())));
+        s.set_replay(160, Some("a temporary table"));
+        assert_eq!(shown(&s), (160, Some("a temporary table".to_string())));
+        s.set_replay(160, Some("larger than replay_max_bytes"));
+        assert_eq!(
+            shown(&s),
+            (160, Some("larger than replay_max_bytes".to_string()))
+        );
+        s.set_replay(0, None);
+        assert_eq!(shown(&s), (0, None));
     }
 
     #[test]
