@@ -870,8 +870,15 @@ async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, listen: Option<
                 let (mode, routing, trusted) = settings;
                 let threads = shared.session_threads.clone();
                 let session = move |stream: tokio::net::TcpStream, held: Accepted| {
-                    let stream: conn::BoxedIo = Box::new(stream);
-                    session::run_routed(shared, stream, peer, mode, routing, trusted, held)
+                    let arrival = session::Arrival {
+                        shared,
+                        stream: Box::new(stream),
+                        peer,
+                        mode,
+                        routing,
+                        trusted_proxies: trusted,
+                    };
+                    session::run_routed(arrival, held)
                 };
                 // The connection's slot (and its session thread's count) go with the
                 // session's future: its task holds nothing else.

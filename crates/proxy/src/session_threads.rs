@@ -75,9 +75,7 @@ impl SessionThreads {
 
     /// Runs the future `session` makes of `stream` on the thread with the fewest
     /// sessions, `stream` registered with that thread's reactor. A stream that cannot move
-    /// there is closed (logged). The future is made here and holds the count of its
-    /// thread's sessions, so that the task holds it alone: an idle session's task is a
-    /// good part of what it costs (issue 22).
+    /// there is closed (logged).
     pub fn spawn_with<Fut>(
         &self,
         stream: TcpStream,
@@ -85,24 +83,15 @@ impl SessionThreads {
     ) where
         Fut: Future<Output = ()> + Send + 'static,
     {
-        let Some(thread) = self.least_loaded() else {
-            return;
-        };
         // Leaves this runtime's reactor (the socket stays non-blocking) for the thread's:
-        // a socket made inside the thread's runtime context registers with its driver,
-        // from whichever thread.
-        let moved = stream.into_std().and_then(|stream| {
-            let _inside = thread.handle.enter();
-            TcpStream::from_std(stream)
+        // made inside the thread's runtime context, it registers with its driver.
+        let made = stream.into_std().map(|stream| {
+            self.spawn_made(|counted| {
+                TcpStream::from_std(stream).map(|stream| session(stream, counted))
+            })
         });
-        match moved {
-            Ok(stream) => {
-                let counted = thread.count_in();
-                thread.handle.spawn(session(stream, counted));
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "a new connection could not move to its session thread")
-            }
+        if let Err(e) = made.and_then(|made| made) {
+            tracing::warn!(error = %e, "a new connection could not move to its session thread");
         }
     }
 
@@ -114,14 +103,26 @@ impl SessionThreads {
     where
         Fut: Future<Output = ()> + Send + 'static,
     {
-        if let Some(thread) = self.least_loaded() {
-            let counted = thread.count_in();
-            let session = {
-                let _inside = thread.handle.enter();
-                make(counted)
-            };
-            thread.handle.spawn(session);
-        }
+        let _ = self.spawn_made(|counted| Ok::<_, std::convert::Infallible>(make(counted)));
+    }
+
+    /// [`SessionThreads::spawn`] of a future that may not be made (`Err`: nothing runs, the
+    /// count is given back). The future is spawned as made, so that the task holds it
+    /// alone: an idle session's task is a good part of what it costs (issue 22).
+    fn spawn_made<Fut, E>(&self, make: impl FnOnce(Counted) -> Result<Fut, E>) -> Result<(), E>
+    where
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let Some(thread) = self.least_loaded() else {
+            return Ok(());
+        };
+        let counted = thread.count_in();
+        let session = {
+            let _inside = thread.handle.enter();
+            make(counted)?
+        };
+        thread.handle.spawn(session);
+        Ok(())
     }
 
     fn least_loaded(&self) -> Option<&SessionThread> {

@@ -232,33 +232,37 @@ async fn refuse_at_accept(
 /// passes accepted sockets; a test or an embedder may pass any stream, e.g. one end of
 /// `tokio::io::duplex`). No connection limit applies here: that is the accept loop's.
 pub async fn run(shared: Arc<Shared>, stream: BoxedIo, peer: SocketAddr, mode: ListenerMode) {
-    run_routed(
+    let arrival = Arrival {
         shared,
         stream,
         peer,
         mode,
-        Routing::Primary,
-        Arc::new([]),
-        (),
-    )
-    .await
+        routing: Routing::Primary,
+        trusted_proxies: Arc::new([]),
+    };
+    run_routed(arrival, ()).await
 }
 
-/// [`run`] with the listener's routing (`split` sends reads to the replicas) and the load
-/// balancers it takes PROXY protocol headers from; `held` (the accept loop's connection
-/// slot and session thread's count) is dropped when the session ends. The future is what a session's task holds
-/// (issue 22: memory per idle session), so it keeps little: the way to a started session
-/// runs boxed and takes the arguments with it.
+/// An accepted connection and how its listener treats it: its routing (`split` sends
+/// reads to the replicas) and the load balancers it takes PROXY protocol headers from.
+pub struct Arrival {
+    pub shared: Arc<Shared>,
+    pub stream: BoxedIo,
+    pub peer: SocketAddr,
+    pub mode: ListenerMode,
+    pub routing: Routing,
+    pub trusted_proxies: Arc<[IpNet]>,
+}
+
+/// [`run`] with the listener's settings; `held` (the accept loop's connection slot and
+/// session thread's count) is dropped when the session ends. The future is what a
+/// session's task holds (issue 22: memory per idle session), so it keeps little: the way
+/// to a started session runs boxed and takes the arrival with it.
 pub fn run_routed(
-    shared: Arc<Shared>,
-    stream: BoxedIo,
-    peer: SocketAddr,
-    mode: ListenerMode,
-    routing: Routing,
-    trusted_proxies: Arc<[IpNet]>,
+    arrival: Arrival,
     held: impl Send + 'static,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let opened = Box::pin(open(shared, stream, peer, mode, routing, trusted_proxies));
+    let opened = Box::pin(open(arrival));
     async move {
         // The ticket counts the session against its address's limits until it ends. (A
         // `let else`, not an `if let`: the answer, a temporary, is not kept beside them.)
@@ -275,14 +279,15 @@ pub fn run_routed(
 
 /// From an accepted connection to a started session. `None`: the connection was turned
 /// away or its login failed, or (pass-through) it was relayed to its end.
-async fn open(
-    shared: Arc<Shared>,
-    stream: BoxedIo,
-    peer: SocketAddr,
-    mode: ListenerMode,
-    routing: Routing,
-    trusted_proxies: Arc<[IpNet]>,
-) -> Option<(Box<Session>, crate::admission::Ticket)> {
+async fn open(arrival: Arrival) -> Option<(Box<Session>, crate::admission::Ticket)> {
+    let Arrival {
+        shared,
+        stream,
+        peer,
+        mode,
+        routing,
+        trusted_proxies,
+    } = arrival;
     // From a trusted load balancer the connection starts with the client's address, and
     // from then on that address is the client's.
     let (stream, peer, early) = if trusted_proxies.iter().any(|n| n.contains(peer.ip())) {
@@ -733,17 +738,7 @@ mod future_sizes {
     /// not hold a copy of it beside the one the start returned.
     #[test]
     fn a_sessions_task_stays_small() {
-        let task = free_size(|| {
-            run_routed(
-                never(),
-                never(),
-                never(),
-                never(),
-                never(),
-                never(),
-                never::<crate::Accepted>(),
-            )
-        });
+        let task = free_size(|| run_routed(never(), never::<crate::Accepted>()));
         // tokio keeps a task's future in a 128-byte-aligned cell with 104 bytes of its own
         // (tokio 1.54): up to 280 bytes the cell is 384 (it was 768 at 520 bytes, with
         // the accept loop's closure around it). 3,448 with the session inline (twice: the
