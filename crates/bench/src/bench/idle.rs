@@ -16,15 +16,25 @@ use holdfast_lab::procs;
 pub struct IdleResult {
     pub clients: usize,
     pub rss_before_kib: u64,
+    /// After the first half of the clients logged in.
+    pub rss_half_kib: u64,
     pub rss_after_kib: u64,
     /// Whether RSS settled (else the last reading was used).
     pub stable: bool,
 }
 
 impl IdleResult {
-    /// (after − before) / clients, in KiB.
+    /// (after − before) / clients, in KiB: with what the process takes once (the logins'
+    /// working set left as free chunks, tables grown) spread over the clients.
     pub fn per_session_kib(&self) -> f64 {
         (self.rss_after_kib as f64 - self.rss_before_kib as f64) / self.clients.max(1) as f64
+    }
+
+    /// (after − half) / the second half's clients, in KiB: what one more idle session
+    /// costs once the process holds many.
+    pub fn per_added_session_kib(&self) -> f64 {
+        let added = self.clients - self.clients / 2;
+        (self.rss_after_kib as f64 - self.rss_half_kib as f64) / added.max(1) as f64
     }
 }
 
@@ -44,8 +54,9 @@ pub struct IdleClients<'a> {
 }
 
 impl IdleClients<'_> {
-    /// Measures `pid`'s RSS, opens `clients` connections to `addr` that log in and run
-    /// `SELECT 1`, waits for RSS to settle, measures again, then closes them.
+    /// Measures `pid`'s RSS, opens half of `clients` connections to `addr` that log in and
+    /// run `SELECT 1`, waits for RSS to settle and measures, opens the other half, measures
+    /// again, then closes them.
     ///
     /// Runs its own Tokio runtime on a dedicated thread, so it may be called from anywhere
     /// (including from inside another runtime).
@@ -65,17 +76,39 @@ impl IdleClients<'_> {
     }
 
     async fn measure_async(&self) -> Result<IdleResult> {
+        let (pid, clients) = (self.pid, self.clients);
+        let (rss_before_kib, _) = stable_rss(pid).await?;
+        let half = clients / 2;
+        let mut conns = self.open(0..half).await?;
+        let (rss_half_kib, half_stable) = stable_rss(pid).await?;
+        conns.append(&mut self.open(half..clients).await?);
+        let (rss_after_kib, stable) = stable_rss(pid).await?;
+        // Close politely so servers free the sessions promptly.
+        for c in conns {
+            let _ = c.quit().await;
+        }
+        Ok(IdleResult {
+            clients,
+            rss_before_kib,
+            rss_half_kib,
+            rss_after_kib,
+            stable: stable && half_stable,
+        })
+    }
+
+    /// Opens the clients numbered `which` (logged in, `SELECT 1` run), at most
+    /// [`LOGIN_CONCURRENCY`] logins at once.
+    async fn open(&self, which: std::ops::Range<usize>) -> Result<Vec<Conn>> {
         let IdleClients {
             addr,
-            pid,
-            clients,
             user,
             password,
+            clients,
+            ..
         } = *self;
-        let (rss_before_kib, _) = stable_rss(pid).await?;
         let sem = Arc::new(Semaphore::new(LOGIN_CONCURRENCY));
         let mut set = JoinSet::new();
-        for i in 0..clients {
+        for i in which.clone() {
             let sem = sem.clone();
             let (addr, user, password) = (addr.to_string(), user.to_string(), password.to_string());
             set.spawn(async move {
@@ -89,7 +122,7 @@ impl IdleClients<'_> {
                 anyhow::Ok(conn)
             });
         }
-        let mut conns = Vec::with_capacity(clients);
+        let mut conns = Vec::with_capacity(which.len());
         let mut first_error = None;
         while let Some(joined) = set.join_next().await {
             match joined {
@@ -108,24 +141,15 @@ impl IdleClients<'_> {
                 }
             }
         }
-        if let Some(e) = first_error {
-            let opened = conns.len();
-            drop(conns);
-            return Err(e.context(format!(
-                "{opened} of {clients} idle clients had logged in to {addr} when one failed"
-            )));
+        match first_error {
+            Some(e) => Err(e.context(format!(
+                "{} of clients {}..{} of {clients} had logged in to {addr} when one failed",
+                conns.len(),
+                which.start + 1,
+                which.end
+            ))),
+            None => Ok(conns),
         }
-        let (rss_after_kib, stable) = stable_rss(pid).await?;
-        // Close politely so servers free the sessions promptly.
-        for c in conns {
-            let _ = c.quit().await;
-        }
-        Ok(IdleResult {
-            clients,
-            rss_before_kib,
-            rss_after_kib,
-            stable,
-        })
     }
 }
 
@@ -152,5 +176,23 @@ async fn stable_rss(pid: u32) -> Result<(u64, bool)> {
             return Ok((rss, false));
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_added_session_is_measured_from_the_half_way_reading() {
+        let r = IdleResult {
+            clients: 1000,
+            rss_before_kib: 10_000,
+            rss_half_kib: 12_500,
+            rss_after_kib: 14_000,
+            stable: true,
+        };
+        assert_eq!(r.per_session_kib(), 4.0);
+        assert_eq!(r.per_added_session_kib(), 3.0);
     }
 }

@@ -612,7 +612,11 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
             }
             .measure();
             match &r {
-                Ok(r) => eprintln!("{:.1} KiB per session", r.per_session_kib()),
+                Ok(r) => eprintln!(
+                    "{:.1} KiB per session, {:.1} per added session",
+                    r.per_session_kib(),
+                    r.per_added_session_kib()
+                ),
                 Err(e) => eprintln!("FAILED: {e:#}"),
             }
             idle.push((target, r.map_err(|e| format!("{e:#}"))));
@@ -1460,8 +1464,10 @@ impl Report<'_> {
                 "process",
                 "clients",
                 "RSS before KiB",
+                "RSS half-way KiB",
                 "RSS after KiB",
                 "KiB per session",
+                "KiB per added session",
                 "note",
             ]);
             for (target, r) in &self.idle {
@@ -1474,8 +1480,10 @@ impl Report<'_> {
                         process.into(),
                         r.clients.to_string(),
                         r.rss_before_kib.to_string(),
+                        r.rss_half_kib.to_string(),
                         r.rss_after_kib.to_string(),
                         format!("{:.1}", r.per_session_kib()),
+                        format!("{:.1}", r.per_added_session_kib()),
                         if r.stable {
                             ""
                         } else {
@@ -1488,15 +1496,21 @@ impl Report<'_> {
                         self.args.idle_clients.to_string(),
                         String::new(),
                         String::new(),
+                        String::new(),
                         "FAILED".into(),
+                        String::new(),
                         e.replace('\n', " / "),
                     ]),
                 }
             }
             out.table(&t);
             out.paragraph(
-                "Each client logs in (app, mysql_native_password), runs SELECT 1 and stays idle. \
-                 For haproxy and holdfast the server-side sessions live in mariadbd, not in the proxy.",
+                "Each client logs in (app, mysql_native_password), runs SELECT 1 and stays idle; \
+                 the clients come in two halves, RSS read after each. Per session: the whole rise \
+                 over all clients (what the process takes once, such as the logins' working set \
+                 left as free chunks, is spread over them); per added session: the second half's \
+                 rise over its clients. For haproxy and holdfast the server-side sessions live in \
+                 mariadbd, not in the proxy.",
             );
         }
         if !md {
