@@ -19,10 +19,25 @@ pub struct BareRelayArgs {
     /// Runtime worker threads (the bench gives it holdfast's default: half the cores).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    /// How bytes are moved: `tokio` (copy_bidirectional per connection) or `uring` (one
+    /// thread, one io_uring, the system calls of all connections batched; `--threads` is
+    /// not used).
+    #[arg(long, value_enum, default_value_t = Engine::Tokio)]
+    pub engine: Engine,
+}
+
+/// How the bare relay moves bytes.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    Tokio,
+    Uring,
 }
 
 /// Relays until killed.
 pub fn run(args: &BareRelayArgs) -> Result<()> {
+    if args.engine == Engine::Uring {
+        return crate::uring_relay::run(args.listen, args.to);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.threads.max(1))
         .enable_all()

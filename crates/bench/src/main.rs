@@ -14,6 +14,7 @@ mod report;
 mod resume;
 mod serve;
 mod sysbench;
+mod uring_relay;
 
 use std::path::{Path, PathBuf};
 

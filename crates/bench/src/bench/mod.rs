@@ -34,6 +34,11 @@ pub enum Target {
     /// copy_bidirectional) with holdfast's worker threads: the user-space limit.
     #[value(name = "bare_relay", alias = "bare-relay")]
     BareRelay,
+    /// Through the bare relay on io_uring (`holdfast-bench bare-relay --engine uring`: one
+    /// thread, each turn submits and reaps the system calls of all connections at once):
+    /// what batching takes off a relay's cost.
+    #[value(name = "bare_uring_relay", alias = "bare-uring-relay")]
+    BareUringRelay,
     /// Through `holdfast serve` (its `[proxy] listen`, session mode).
     Holdfast,
     /// Through a `[[listener]]` of the same holdfast with `mode = "passthrough"`: login is
@@ -66,6 +71,7 @@ impl Target {
             Target::Direct => "direct",
             Target::Haproxy => "haproxy",
             Target::BareRelay => "bare_relay",
+            Target::BareUringRelay => "bare_uring_relay",
             Target::Holdfast => "holdfast",
             Target::HoldfastPassthrough => "holdfast_passthrough",
             Target::HoldfastPassthroughUser => "holdfast_passthrough_user",
@@ -78,6 +84,7 @@ impl Target {
     fn label(self) -> &'static str {
         match self {
             Target::BareRelay => "bare tokio relay",
+            Target::BareUringRelay => "bare io_uring relay",
             Target::HoldfastPassthrough => "holdfast (pass-through)",
             Target::HoldfastPassthroughUser => "holdfast (pass-through, user space)",
             Target::HoldfastBaseline => "holdfast (baseline)",
@@ -473,17 +480,19 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
                 Ok((_, port)) => ports.push((target, *port)),
                 Err(e) => unavailable.push((target, e.clone())),
             },
-            Target::BareRelay => match start_bare_relay(&dir, primary.port) {
-                Ok((helper, port)) => {
-                    pids.push((target, helper.pid));
-                    ports.push((target, port));
-                    helpers.push(helper);
+            Target::BareRelay | Target::BareUringRelay => {
+                match start_bare_relay(&dir, primary.port, target == Target::BareUringRelay) {
+                    Ok((helper, port)) => {
+                        pids.push((target, helper.pid));
+                        ports.push((target, port));
+                        helpers.push(helper);
+                    }
+                    Err(e) => {
+                        eprintln!("bench: the bare relay unavailable: {e:#}");
+                        unavailable.push((target, format!("{e:#}")));
+                    }
                 }
-                Err(e) => {
-                    eprintln!("bench: the bare relay unavailable: {e:#}");
-                    unavailable.push((target, format!("{e:#}")));
-                }
-            },
+            }
             Target::HoldfastSplit => {
                 let split = crate::serve::split_port(&st).ok();
                 match (&holdfast, split) {
@@ -927,7 +936,7 @@ fn start_haproxy(exe: &Path, dir: &Path, backend_port: u16) -> Result<(Helper, u
 
 /// Starts `holdfast-bench bare-relay` (this executable) to the primary on a free port, with
 /// the worker threads holdfast runs by default.
-fn start_bare_relay(dir: &Path, backend_port: u16) -> Result<(Helper, u16)> {
+fn start_bare_relay(dir: &Path, backend_port: u16, uring: bool) -> Result<(Helper, u16)> {
     let port = procs::free_ports(1)?[0];
     let me = std::env::current_exe().context("this executable's path")?;
     let threads = holdfast_config::ProxyConfig::default().effective_worker_threads();
@@ -939,9 +948,15 @@ fn start_bare_relay(dir: &Path, backend_port: u16) -> Result<(Helper, u16)> {
         .arg(format!("127.0.0.1:{backend_port}"))
         .arg("--threads")
         .arg(threads.to_string());
-    let log = dir.join("bare-relay.log");
+    let name = if uring {
+        cmd.args(["--engine", "uring"]);
+        "bare-uring-relay"
+    } else {
+        "bare-relay"
+    };
+    let log = dir.join(format!("{name}.log"));
     let pid = procs::spawn_detached(&mut cmd, Some(&log))?;
-    let helper = Helper::register(dir, "bare-relay", pid)?;
+    let helper = Helper::register(dir, name, pid)?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     procs::wait_tcp(&addr, LISTEN_TIMEOUT, || procs::is_alive(helper.pid)).with_context(|| {
         format!(
@@ -1380,7 +1395,7 @@ impl Report<'_> {
             .targets
             .iter()
             .map(|(t, _)| *t)
-            .filter(|t| t.is_holdfast() || *t == Target::BareRelay)
+            .filter(|t| t.is_holdfast() || matches!(t, Target::BareRelay | Target::BareUringRelay))
             .collect();
         if !proxied.is_empty() {
             out.heading("Ratios (medians)");
