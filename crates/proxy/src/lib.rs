@@ -18,6 +18,7 @@ pub mod kernel_relay;
 pub mod logging;
 pub mod memory;
 pub mod metrics;
+pub mod parking;
 pub mod registry;
 pub mod reload;
 pub mod restore;
@@ -109,6 +110,8 @@ pub struct Shared {
     pub idle_wake: idle_wake::IdleWake,
     /// Gives what idle sessions freed back to the system.
     pub memory: memory::Trim,
+    /// Where long-idle sessions park their sockets (see `parking.rs`).
+    pub parking: parking::Parking,
     /// Admin API connections being served (an upgraded process answers them before it
     /// exits).
     pub admin_connections: Arc<std::sync::atomic::AtomicUsize>,
@@ -387,6 +390,7 @@ impl Shared {
             upgrader: upgrade::Upgrader::default(),
             idle_wake: Default::default(),
             memory: Default::default(),
+            parking: Default::default(),
             admin_connections: Arc::default(),
             fleet: None,
             fleet_link: None,

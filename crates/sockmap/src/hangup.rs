@@ -7,6 +7,10 @@
 //! are filtered out by epoll itself, while the end of the connection (a FIN, a reset:
 //! a state change, which wakes without a filter) still reports. One thread per process
 //! waits on such a set for every spliced socket and calls the callback given for it.
+//!
+//! The same set serves sockets no runtime watches for a while, such as those of an idle
+//! session parked out of the async runtime's reactor ([`HangupWatcher::watch_readable`]):
+//! the first byte or the end calls the callback, once.
 
 use std::collections::HashMap;
 use std::io;
@@ -14,7 +18,8 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// What to call when a watched socket ends (possibly once per socket of a pair).
+/// What to call when a watched socket ends (possibly once per socket of a pair), or, for
+/// [`HangupWatcher::watch_readable`], has something to read.
 pub type OnHangup = Arc<dyn Fn() + Send + Sync>;
 
 /// The epoll set and its thread.
@@ -57,13 +62,27 @@ impl HangupWatcher {
     /// Calls `on_hangup` when `fd` ends (its peer closed or reset it, or it failed), from
     /// the watcher's thread.
     pub fn watch(&self, fd: BorrowedFd<'_>, on_hangup: OnHangup) -> io::Result<Watched> {
+        self.add(fd, libc::EPOLLRDHUP | libc::EPOLLONESHOT, on_hangup)
+    }
+
+    /// Calls `on_ready` once, from the watcher's thread, when `fd` has bytes to read or
+    /// ends (already so when it is added: then at once). Watch it again for another call.
+    pub fn watch_readable(&self, fd: BorrowedFd<'_>, on_ready: OnHangup) -> io::Result<Watched> {
+        self.add(
+            fd,
+            libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLONESHOT,
+            on_ready,
+        )
+    }
+
+    fn add(&self, fd: BorrowedFd<'_>, events: i32, callback: OnHangup) -> io::Result<Watched> {
         let token = self.next.fetch_add(1, Ordering::Relaxed);
         self.callbacks
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(token, on_hangup);
+            .insert(token, callback);
         let mut event = libc::epoll_event {
-            events: (libc::EPOLLRDHUP | libc::EPOLLONESHOT) as u32,
+            events: events as u32,
             u64: token,
         };
         // SAFETY: `event` is a live local the call reads; both descriptors are open.

@@ -131,3 +131,62 @@ fn the_watcher_hears_the_end_and_not_the_bytes() {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// Counts the calls of a callback; waits for a count with a deadline.
+fn counter() -> (Arc<std::sync::atomic::AtomicUsize>, OnHangup) {
+    let heard = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let on = {
+        let heard = heard.clone();
+        Arc::new(move || {
+            heard.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }) as OnHangup
+    };
+    (heard, on)
+}
+
+fn wait_for(heard: &std::sync::atomic::AtomicUsize, n: usize, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while heard.load(std::sync::atomic::Ordering::SeqCst) < n {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_socket_watched_for_reading_calls_once_for_the_first_bytes_and_at_once_if_they_wait() {
+    let watcher = HangupWatcher::start().expect("a watcher");
+    let (mut client, a, _b, _server) = two_connections();
+    let (heard, on) = counter();
+    let watched = watcher
+        .watch_readable(a.as_fd(), on.clone())
+        .expect("watch");
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        heard.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "nothing to read yet"
+    );
+    client.write_all(b"ping").expect("write");
+    wait_for(&heard, 1, "the first bytes were not heard");
+    client.write_all(b"more").expect("write");
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        heard.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "one call until watched again"
+    );
+    drop(watched);
+    // Watched again with bytes unread: the call comes at once.
+    let _again = watcher.watch_readable(a.as_fd(), on).expect("watch");
+    wait_for(&heard, 2, "bytes waiting when watched again were not heard");
+}
+
+#[test]
+fn a_socket_watched_for_reading_calls_when_its_peer_closes() {
+    let watcher = HangupWatcher::start().expect("a watcher");
+    let (client, a, _b, _server) = two_connections();
+    let (heard, on) = counter();
+    let _watched = watcher.watch_readable(a.as_fd(), on).expect("watch");
+    drop(client);
+    wait_for(&heard, 1, "the end was not heard");
+}

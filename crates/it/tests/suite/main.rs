@@ -23,6 +23,7 @@ mod mariadb_caps;
 mod netcut;
 mod nodes;
 mod parity;
+mod parking;
 mod passwords;
 mod proxy_protocol_in;
 mod python;

@@ -30,6 +30,14 @@ enum IdleEvent {
     Deadline,
 }
 
+/// What ended an idle session's wait.
+enum Woke {
+    Client(Result<(), ConnError>),
+    Ring,
+    Backend(Option<std::io::Error>),
+    Timer,
+}
+
 /// The session's one timer: the idle probe between requests, the client watch during one,
 /// the idle deadline or cool-down while the session idles. An idle session with neither
 /// holds none (issue 22: memory per idle session); the next request makes it again.
@@ -59,6 +67,11 @@ impl Timer {
             Some(timer) => timer.as_mut().await,
             None => std::future::pending().await,
         }
+    }
+
+    /// When the timer is due, if the session holds one.
+    pub(super) fn deadline(&self) -> Option<Instant> {
+        self.0.as_ref().map(|timer| timer.deadline().into_std())
     }
 
     /// Lets the timer go.
@@ -143,6 +156,11 @@ impl Session {
     pub(super) async fn idle(&mut self, idle_deadline: IdleDeadline) -> Result<(), End> {
         Box::pin(self.capture_if_due(false)).await;
         self.release_buffers();
+        // Until the session parks its sockets, the timer keeps the moment it does (a bool
+        // held across the wait rather than an instant: what an idle session's task holds).
+        let mut park = false;
+        self.idle_timer
+            .arm(tokio::time::Instant::now() + crate::parking::PARK_AFTER);
         loop {
             // The rings seen before the sources are asked: a change after this point rings
             // again and wakes the wait below.
@@ -151,21 +169,52 @@ impl Session {
             let event = match self.idle_news() {
                 Some(event) => event,
                 None => {
-                    let cooldown_end = self
-                        .move_pending_since
-                        .map(|t| t + self.shared.config().proxy.cooldown());
-                    match cooldown_end.into_iter().chain(idle_deadline).min() {
-                        Some(deadline) => self.idle_timer.arm(deadline.into()),
+                    let due = self.idle_due(idle_deadline);
+                    let park_at = if park {
+                        None
+                    } else {
+                        self.idle_timer.deadline()
+                    };
+                    match due.into_iter().chain(park_at).min() {
+                        Some(at) => self.idle_timer.arm(at.into()),
                         None => self.idle_timer.release(),
+                    }
+                    if park {
+                        // The waker the watcher's call wakes, in place before a socket is
+                        // watched.
+                        let waker =
+                            std::future::poll_fn(|cx| std::task::Poll::Ready(cx.waker().clone()))
+                                .await;
+                        self.park_sockets(&waker);
                     }
                     let alive = !self.backend_dead;
                     // One select of small futures: this is what an idle session's task holds.
-                    tokio::select! {
+                    let woke = tokio::select! {
                         biased;
-                        r = first_byte(&mut self.client) => return r.map_err(End::Client),
-                        () = self.shared.idle_wake.rung_since(&self.info, seen) => continue,
-                        error = backend_gone(&mut self.backend.conn), if alive => IdleEvent::BackendGone(error),
-                        () = self.idle_timer.due() => IdleEvent::Deadline,
+                        r = first_byte(&mut self.client) => Woke::Client(r),
+                        () = self.shared.idle_wake.rung_since(&self.info, seen) => Woke::Ring,
+                        error = backend_gone(&mut self.backend.conn), if alive => Woke::Backend(error),
+                        () = self.idle_timer.due() => Woke::Timer,
+                    };
+                    // Back in the reactor before anything else touches the sockets.
+                    crate::parking::unpark(&mut self.client);
+                    crate::parking::unpark(&mut self.backend.conn);
+                    match woke {
+                        Woke::Client(r) => return r.map_err(End::Client),
+                        Woke::Ring => continue,
+                        Woke::Backend(error) => IdleEvent::BackendGone(error),
+                        Woke::Timer
+                            if self
+                                .idle_due(idle_deadline)
+                                .is_some_and(|d| Instant::now() >= d) =>
+                        {
+                            IdleEvent::Deadline
+                        }
+                        // The moment to park.
+                        Woke::Timer => {
+                            park = true;
+                            continue;
+                        }
                     }
                 }
             };
@@ -204,6 +253,35 @@ impl Session {
                 }
                 IdleEvent::Deadline => return Err(self.cooldown_expired()),
             }
+        }
+    }
+
+    /// The earlier of the cool-down's end (when the session's node is no longer the
+    /// primary) and the idle deadline.
+    fn idle_due(&self, idle_deadline: IdleDeadline) -> Option<Instant> {
+        let cooldown_end = self
+            .move_pending_since
+            .map(|t| t + self.shared.config().proxy.cooldown());
+        cooldown_end.into_iter().chain(idle_deadline).min()
+    }
+
+    /// Hands the plain TCP sockets to the process's watcher of parked sockets (see
+    /// `parking.rs`), which wakes this task through its info when either has something to
+    /// read or ends.
+    fn park_sockets(&mut self, waker: &std::task::Waker) {
+        let backend = !self.backend_dead && self.backend.conn.is_tcp();
+        if !self.client.is_tcp() && !backend {
+            return;
+        }
+        self.info.idle_waker.register(waker);
+        let info = self.info.clone();
+        let wake: holdfast_sockmap::OnHangup = std::sync::Arc::new(move || info.idle_waker.wake());
+        let parked = &self.shared.metrics.idle_sockets_parked;
+        self.shared.parking.park(&mut self.client, &wake, parked);
+        if backend {
+            self.shared
+                .parking
+                .park(&mut self.backend.conn, &wake, parked);
         }
     }
 

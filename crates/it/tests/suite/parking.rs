@@ -1,0 +1,180 @@
+//! Long-idle sessions park their plain TCP sockets out of the async runtime's reactor
+//! (`parking.rs`: less memory per idle session). Parking touches nothing on the server: a
+//! parked session keeps its transaction, row locks, temporary tables, user variables and
+//! prepared statements, answers its next request as before, follows a switchover, and
+//! hears its client or its server leave while parked. (A read-only server, a read-only
+//! transaction, named locks: the same, since nothing is said to the server.) TLS connections are not parked
+//! (the lab's default config has TLS to the nodes: only the client's socket parks).
+
+use holdfast_it::{metric, wait_for, Harness, Options};
+use holdfast_proxy::config::BackendTlsConfig;
+use mysql::prelude::*;
+use mysql::{Conn, Opts, OptsBuilder};
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn connect(h: &Harness) -> Conn {
+    let opts = OptsBuilder::from_opts(Opts::from_url(&h.url()).expect("url")).prefer_socket(false);
+    Conn::new(opts).expect("connect through holdfast")
+}
+
+fn parked(h: &Harness) -> f64 {
+    metric(&h.metrics(), "holdfast_idle_sockets_parked").unwrap_or(-1.0)
+}
+
+fn wait_parked(h: &Harness, n: f64) {
+    wait_for(&format!("{n} idle sockets parked"), WAIT, || {
+        (parked(h) == n).then_some(())
+    });
+}
+
+/// Plain TCP to the nodes: both sockets of a session park.
+fn plain_backend() -> Options {
+    Options::default().config(|c| c.backend_tls = BackendTlsConfig::default())
+}
+
+#[test]
+fn a_parked_session_keeps_its_transaction_locks_and_state_and_answers_as_before() {
+    let h = Harness::start_with(plain_backend());
+    let mut c = connect(&h);
+    c.query_drop("CREATE TABLE sbtest.pk (id INT PRIMARY KEY, v INT)")
+        .expect("create");
+    c.query_drop("INSERT INTO sbtest.pk VALUES (1, 10)")
+        .expect("insert");
+    c.query_drop("CREATE TEMPORARY TABLE sbtest.pk_tmp (v INT)")
+        .expect("temporary table");
+    c.query_drop("INSERT INTO sbtest.pk_tmp VALUES (7)")
+        .expect("insert");
+    c.query_drop("SET @kept = 'parked', autocommit = 0")
+        .expect("set");
+    let stmt = c
+        .prep("SELECT v + ? FROM sbtest.pk WHERE id = 1")
+        .expect("prepare");
+    // An open transaction that holds a row lock and changed the row.
+    c.query_drop("UPDATE sbtest.pk SET v = 11 WHERE id = 1")
+        .expect("update");
+    wait_parked(&h, 2.0);
+
+    // The row lock is held while parked: a connection straight to the server waits for it
+    // and gives up.
+    let mut direct = Conn::new(
+        OptsBuilder::new()
+            .ip_or_hostname(Some("127.0.0.1"))
+            .tcp_port(h.direct().port())
+            .user(Some(h.user()))
+            .pass(Some(h.password()))
+            .prefer_socket(false),
+    )
+    .expect("a connection straight to the server");
+    direct
+        .query_drop("SET SESSION innodb_lock_wait_timeout = 1")
+        .expect("set");
+    let err = direct
+        .query_drop("UPDATE sbtest.pk SET v = 99 WHERE id = 1")
+        .expect_err("the parked session's transaction holds the row");
+    assert!(err.to_string().contains("1205"), "{err}");
+    drop(direct);
+    assert_eq!(
+        parked(&h),
+        2.0,
+        "the wait of another connection woke nothing"
+    );
+
+    // Woken by its next request, the session answers from the same server session.
+    let v: Option<i64> = c.exec_first(&stmt, (1,)).expect("execute");
+    assert_eq!(
+        v,
+        Some(12),
+        "the transaction's own change, through the prepared statement"
+    );
+    let kept: Option<String> = c.query_first("SELECT @kept").expect("select");
+    assert_eq!(kept.as_deref(), Some("parked"));
+    let tmp: Option<i64> = c
+        .query_first("SELECT v FROM sbtest.pk_tmp")
+        .expect("select");
+    assert_eq!(tmp, Some(7));
+    let autocommit: Option<i64> = c.query_first("SELECT @@autocommit").expect("select");
+    assert_eq!(autocommit, Some(0));
+    c.query_drop("COMMIT").expect("commit");
+    let committed: Vec<String> = h
+        .root_sql("SELECT v FROM sbtest.pk WHERE id = 1")
+        .into_iter()
+        .flatten()
+        .collect();
+    assert_eq!(committed, ["11"], "the parked transaction committed");
+    // Idle again, it parks again.
+    wait_parked(&h, 2.0);
+    let sessions = metric(&h.metrics(), "holdfast_sessions").unwrap_or(-1.0);
+    assert_eq!(sessions, 1.0);
+}
+
+fn lost_while_idle(h: &Harness) -> f64 {
+    metric(
+        &h.metrics(),
+        r#"holdfast_backend_connections_lost_total{reason="idle"}"#,
+    )
+    .unwrap_or(0.0)
+}
+
+#[test]
+fn a_parked_session_hears_its_server_end_the_connection_and_its_client_leave() {
+    let h = Harness::start_with(plain_backend());
+    let mut c = connect(&h);
+    let thread: Option<u64> = c.query_first("SELECT CONNECTION_ID()").expect("id");
+    wait_parked(&h, 2.0);
+    // The server ends the session's connection: the parked session hears it at once (its
+    // client's socket parks again alone), and its client's next statement finds its
+    // connection ended, as a direct client's would.
+    h.root_sql(&format!("KILL {}", thread.expect("an id")));
+    wait_for("the loss heard while idle", WAIT, || {
+        (lost_while_idle(&h) == 1.0).then_some(())
+    });
+    wait_parked(&h, 1.0);
+    assert!(
+        c.query_drop("SELECT 1").is_err(),
+        "the connection was killed"
+    );
+    wait_for("the killed session to end", WAIT, || {
+        (metric(&h.metrics(), "holdfast_sessions") == Some(0.0)).then_some(())
+    });
+    assert_eq!(parked(&h), 0.0, "nothing stays parked");
+
+    // A client that leaves while its session is parked.
+    let c2 = connect(&h);
+    wait_parked(&h, 2.0);
+    drop(c2);
+    wait_for("the session to end", WAIT, || {
+        (metric(&h.metrics(), "holdfast_sessions") == Some(0.0)).then_some(())
+    });
+    assert_eq!(parked(&h), 0.0);
+}
+
+/// The lab's default config (TLS to the nodes, replay, markers): the client's socket
+/// parks, the node's TLS connection stays in the reactor, and a switchover moves the
+/// parked session with its state.
+#[test]
+fn a_parked_session_follows_a_switchover_with_its_state() {
+    let h = Harness::start_with(Options::default().replicas(2));
+    let mut c = connect(&h);
+    c.query_drop("SET @i = 42, sql_mode = 'ANSI_QUOTES'")
+        .expect("set");
+    let stmt = c.prep("SELECT ? + 1").expect("prepare");
+    let old: Option<u16> = c.query_first("SELECT @@port").expect("port");
+    h.wait_captured();
+    wait_parked(&h, 1.0);
+    let node2 = h.switch_over_to("node2");
+    // The switchover ended the session's connection to the old primary; the session heard
+    // it while idle, parked its client's socket again, and moves with its next request.
+    wait_for("the loss heard while idle", WAIT, || {
+        (lost_while_idle(&h) >= 1.0).then_some(())
+    });
+    wait_parked(&h, 1.0);
+    let port: Option<u16> = c.query_first("SELECT @@port").expect("port");
+    assert_ne!(port, old);
+    assert_eq!(port, Some(node2), "the session follows the primary");
+    let state: Option<(i64, String)> = c.query_first("SELECT @i, @@sql_mode").expect("state");
+    assert_eq!(state, Some((42, "ANSI_QUOTES".to_string())));
+    let v: Option<i64> = c.exec_first(&stmt, (41,)).expect("execute");
+    assert_eq!(v, Some(42));
+}
