@@ -360,6 +360,7 @@ async fn get_metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     let mut text = shared.metrics.render();
     let mut nodes = node_metrics(&shared.topology.borrow());
     nodes.push_str(&ha_metrics(&shared.ha.state()));
+    nodes.push_str(&heap_metrics());
     if let Some(f) = fleet_view(&shared) {
         nodes.push_str(&fleet_metrics(&f));
     }
@@ -373,6 +374,23 @@ async fn get_metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
         text,
+    )
+}
+
+/// The allocator's figures (glibc), which tell memory in use from memory RSS counts but
+/// the heap holds free.
+fn heap_metrics() -> String {
+    let Some(h) = holdfast_proxy::memory::heap_use() else {
+        return String::new();
+    };
+    format!(
+        "# HELP holdfast_heap_in_use_bytes Bytes in live allocations (glibc's mallinfo2, all arenas)\n\
+         # TYPE holdfast_heap_in_use_bytes gauge\n\
+         holdfast_heap_in_use_bytes {}\n\
+         # HELP holdfast_heap_free_bytes Bytes the allocator holds in free chunks (part of them resident)\n\
+         # TYPE holdfast_heap_free_bytes gauge\n\
+         holdfast_heap_free_bytes {}\n",
+        h.in_use, h.free
     )
 }
 

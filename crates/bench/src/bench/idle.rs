@@ -21,6 +21,9 @@ pub struct IdleResult {
     pub rss_after_kib: u64,
     /// Whether RSS settled (else the last reading was used).
     pub stable: bool,
+    /// The allocator's bytes in use at the same three moments, from holdfast's
+    /// `holdfast_heap_in_use_bytes` (holdfast processes that report it).
+    pub heap_bytes: Option<[u64; 3]>,
 }
 
 impl IdleResult {
@@ -33,8 +36,18 @@ impl IdleResult {
     /// (after − half) / the second half's clients, in KiB: what one more idle session
     /// costs once the process holds many.
     pub fn per_added_session_kib(&self) -> f64 {
-        let added = self.clients - self.clients / 2;
-        (self.rss_after_kib as f64 - self.rss_half_kib as f64) / added.max(1) as f64
+        (self.rss_after_kib as f64 - self.rss_half_kib as f64) / self.added() as f64
+    }
+
+    /// The heap in use's rise over the second half, per session, in bytes: what an idle
+    /// session holds, without the allocator's free chunks that RSS counts.
+    pub fn heap_per_added_session(&self) -> Option<f64> {
+        let [_, half, after] = self.heap_bytes?;
+        Some((after as f64 - half as f64) / self.added() as f64)
+    }
+
+    fn added(&self) -> usize {
+        (self.clients - self.clients / 2).max(1)
     }
 }
 
@@ -51,6 +64,8 @@ pub struct IdleClients<'a> {
     pub clients: usize,
     pub user: &'a str,
     pub password: &'a str,
+    /// The process's admin API, when it reports its heap (`/metrics`).
+    pub heap_from: Option<&'a holdfast_admin::AdminClient>,
 }
 
 impl IdleClients<'_> {
@@ -78,11 +93,14 @@ impl IdleClients<'_> {
     async fn measure_async(&self) -> Result<IdleResult> {
         let (pid, clients) = (self.pid, self.clients);
         let (rss_before_kib, _) = stable_rss(pid).await?;
+        let heap_before = self.heap().await;
         let half = clients / 2;
         let mut conns = self.open(0..half).await?;
         let (rss_half_kib, half_stable) = stable_rss(pid).await?;
+        let heap_half = self.heap().await;
         conns.append(&mut self.open(half..clients).await?);
         let (rss_after_kib, stable) = stable_rss(pid).await?;
+        let heap_after = self.heap().await;
         // Close politely so servers free the sessions promptly.
         for c in conns {
             let _ = c.quit().await;
@@ -93,7 +111,24 @@ impl IdleClients<'_> {
             rss_half_kib,
             rss_after_kib,
             stable: stable && half_stable,
+            heap_bytes: match (heap_before, heap_half, heap_after) {
+                (Some(a), Some(b), Some(c)) => Some([a, b, c]),
+                _ => None,
+            },
         })
+    }
+
+    /// `holdfast_heap_in_use_bytes` from the admin API, if the process has it.
+    async fn heap(&self) -> Option<u64> {
+        let admin = self.heap_from?.clone();
+        let text = tokio::task::spawn_blocking(move || crate::admin::get(&admin, "/metrics"))
+            .await
+            .ok()?
+            .ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("holdfast_heap_in_use_bytes "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map(|v| v as u64)
     }
 
     /// Opens the clients numbered `which` (logged in, `SELECT 1` run), at most
@@ -191,8 +226,10 @@ mod tests {
             rss_half_kib: 12_500,
             rss_after_kib: 14_000,
             stable: true,
+            heap_bytes: Some([1_000_000, 2_000_000, 3_500_000]),
         };
         assert_eq!(r.per_session_kib(), 4.0);
         assert_eq!(r.per_added_session_kib(), 3.0);
+        assert_eq!(r.heap_per_added_session(), Some(3000.0));
     }
 }

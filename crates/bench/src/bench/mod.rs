@@ -612,19 +612,26 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
                 args.idle_clients,
                 target.label()
             );
+            // The holdfast under test serves the lab's admin API (it reports its heap).
+            let lab_admin = crate::admin::client(&st);
+            let heap_from = matches!(target, Target::Holdfast | Target::HoldfastPassthrough)
+                .then_some(&lab_admin);
             let r = idle::IdleClients {
                 addr: &format!("127.0.0.1:{port}"),
                 pid,
                 clients: args.idle_clients,
                 user: &st.app_user,
                 password: &st.app_password,
+                heap_from,
             }
             .measure();
             match &r {
                 Ok(r) => eprintln!(
-                    "{:.1} KiB per session, {:.1} per added session",
+                    "{:.1} KiB per session, {:.1} per added session, heap {} bytes per added session",
                     r.per_session_kib(),
-                    r.per_added_session_kib()
+                    r.per_added_session_kib(),
+                    r.heap_per_added_session()
+                        .map_or("-".to_string(), |b| format!("{b:.0}"))
                 ),
                 Err(e) => eprintln!("FAILED: {e:#}"),
             }
@@ -1483,6 +1490,7 @@ impl Report<'_> {
                 "RSS after KiB",
                 "KiB per session",
                 "KiB per added session",
+                "heap bytes per added session",
                 "note",
             ]);
             for (target, r) in &self.idle {
@@ -1499,6 +1507,8 @@ impl Report<'_> {
                         r.rss_after_kib.to_string(),
                         format!("{:.1}", r.per_session_kib()),
                         format!("{:.1}", r.per_added_session_kib()),
+                        r.heap_per_added_session()
+                            .map_or("-".to_string(), |b| format!("{b:.0}")),
                         if r.stable {
                             ""
                         } else {
@@ -1514,6 +1524,7 @@ impl Report<'_> {
                         String::new(),
                         "FAILED".into(),
                         String::new(),
+                        String::new(),
                         e.replace('\n', " / "),
                     ]),
                 }
@@ -1524,7 +1535,8 @@ impl Report<'_> {
                  the clients come in two halves, RSS read after each. Per session: the whole rise \
                  over all clients (what the process takes once, such as the logins' working set \
                  left as free chunks, is spread over them); per added session: the second half's \
-                 rise over its clients. For haproxy and holdfast the server-side sessions live in \
+                 rise over its clients; heap: the same rise of the allocator's bytes in use \
+                 (holdfast's holdfast_heap_in_use_bytes), without the free chunks RSS counts. For haproxy and holdfast the server-side sessions live in \
                  mariadbd, not in the proxy.",
             );
         }
