@@ -148,15 +148,9 @@ fn recv(
     slot: usize,
     way: usize,
 ) -> Result<()> {
-    let Some(pair) = pairs[slot].as_mut() else {
-        return Ok(());
-    };
-    let d = &mut pair.ways[way];
-    let entry = opcode::Recv::new(types::Fd(d.from), d.buf.as_mut_ptr(), BUFFER as u32)
-        .build()
-        .user_data(user_data(slot, way));
-    d.in_flight = true;
-    push(ring, &entry)
+    submit(ring, pairs, slot, way, |d| {
+        opcode::Recv::new(types::Fd(d.from), d.buf.as_mut_ptr(), BUFFER as u32).build()
+    })
 }
 
 /// Sends what a direction read and has not sent yet.
@@ -166,14 +160,25 @@ fn send(
     slot: usize,
     way: usize,
 ) -> Result<()> {
+    submit(ring, pairs, slot, way, |d| {
+        let rest = &d.buf[d.sent..d.filled];
+        opcode::Send::new(types::Fd(d.to), rest.as_ptr(), rest.len() as u32).build()
+    })
+}
+
+/// Queues the operation `make` builds for a direction of a live pair, marked in flight.
+fn submit(
+    ring: &mut IoUring,
+    pairs: &mut [Option<Box<Pair>>],
+    slot: usize,
+    way: usize,
+    make: impl FnOnce(&mut Direction) -> squeue::Entry,
+) -> Result<()> {
     let Some(pair) = pairs[slot].as_mut() else {
         return Ok(());
     };
     let d = &mut pair.ways[way];
-    let rest = &d.buf[d.sent..d.filled];
-    let entry = opcode::Send::new(types::Fd(d.to), rest.as_ptr(), rest.len() as u32)
-        .build()
-        .user_data(user_data(slot, way));
+    let entry = make(d).user_data(user_data(slot, way));
     d.in_flight = true;
     push(ring, &entry)
 }

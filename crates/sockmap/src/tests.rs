@@ -100,13 +100,7 @@ fn the_watcher_hears_the_end_and_not_the_bytes() {
     let watcher = HangupWatcher::start().expect("a watcher");
     let (mut client, a, b, mut server) = two_connections();
     let _pair = relay.splice(a.as_fd(), b.as_fd()).expect("spliced");
-    let heard = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let on = {
-        let heard = heard.clone();
-        Arc::new(move || {
-            heard.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }) as OnHangup
-    };
+    let (heard, on) = counter();
     let _wa = watcher.watch(a.as_fd(), on.clone()).expect("watch");
     let _wb = watcher.watch(b.as_fd(), on).expect("watch");
     let mut buf = [0u8; 8];
@@ -122,14 +116,7 @@ fn the_watcher_hears_the_end_and_not_the_bytes() {
         "no call for bytes"
     );
     drop(client);
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while heard.load(std::sync::atomic::Ordering::SeqCst) == 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the end was not heard"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for(&heard, 1, "the end was not heard");
 }
 
 /// Counts the calls of a callback; waits for a count with a deadline.
