@@ -600,6 +600,22 @@ fn idle_sessions_are_handed_over(plain_backend: bool) {
         .query_drop("UPDATE sbtest.ho SET c = 'during' WHERE id = 1")
         .expect("update");
 
+    // Idle for a second, the sessions park their plain TCP sockets out of the reactor
+    // (`parking.rs`); the hand-over takes them from there. TLS connections stay: the
+    // first session's client, and every backend connection when the nodes are behind TLS.
+    let parked_wanted = if plain_backend { 5.0 } else { 2.0 };
+    wait_for(
+        "the idle sessions' sockets parked",
+        Duration::from_secs(30),
+        &mut || {
+            let (ok, out, _) = ctl(&config, &["metrics"]);
+            let parked = out
+                .lines()
+                .find_map(|l| l.strip_prefix("holdfast_idle_sockets_parked "))
+                .and_then(|v| v.trim().parse::<f64>().ok());
+            (ok && parked == Some(parked_wanted)).then_some(())
+        },
+    );
     let logins_before = app_logins();
     // (The three sessions above logged in through holdfast: the count works.)
     assert!(logins_before >= 3, "{logins_before} logins of 'app'");
