@@ -1,6 +1,7 @@
 //! Sockets of a long-idle session, parked out of tokio's reactor (issue 22: memory per idle
 //! session). tokio keeps a 256-byte registration (cache-line padded) for each socket it
-//! watches, and a session has two: half of what an idle session holds besides its record.
+//! watches, and a session has two: with the boxed sockets, a fifth of an idle session's
+//! heap.
 //! A session idle for [`PARK_AFTER`] hands its plain TCP sockets to one epoll set of the
 //! process ([`HangupWatcher::watch_readable`]), whose thread wakes the session when either
 //! has something to read or ends; the session takes them back into the reactor before it
@@ -63,9 +64,9 @@ impl Parking {
             Ok(watched) => {
                 parked.inc();
                 conn.replace_stream(Box::new(ParkedTcp {
-                    tcp,
                     watched,
                     counted: Counted(parked.clone()),
+                    tcp,
                 }));
                 true
             }
@@ -88,9 +89,9 @@ pub fn unpark(conn: &mut PacketConn) {
     conn.rbuf = buffered;
     if let Ok(parked) = stream.into_any().downcast::<ParkedTcp>() {
         let ParkedTcp {
-            tcp,
             watched,
             counted,
+            tcp,
         } = *parked;
         // Out of the set first: the watcher's call is no longer wanted.
         drop((watched, counted));
@@ -115,9 +116,11 @@ fn back_in_reactor(conn: &mut PacketConn, tcp: std::net::TcpStream) {
 /// nothing, wait for the watcher's call, which wakes the session (its waker is in the
 /// session's info, registered before it parked). Nothing writes to a parked socket.
 struct ParkedTcp {
-    tcp: std::net::TcpStream,
+    // (Fields drop in this order: out of the set before the socket closes, so that the
+    // set never loses the registration of another socket given the same number.)
     watched: Watched,
     counted: Counted,
+    tcp: std::net::TcpStream,
 }
 
 /// A parked socket in the gauge, until it is taken back or dropped with its session.
