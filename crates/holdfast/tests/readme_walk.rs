@@ -43,6 +43,9 @@
 //! `~/.cargo/bin`; the walk checks the packages it names build those binaries and uses the
 //! binary cargo built): see [`NOT_RUN`].
 
+#[allow(dead_code)] // (the helpers other process tests use)
+mod common;
+
 use holdfast_lab::procs;
 use std::io::Write as _;
 use std::os::unix::fs::PermissionsExt as _;
@@ -608,12 +611,9 @@ impl Drop for LabDir {
 /// starts nothing). Also substitutes the README's ports of that layout in later commands.
 fn lab_up(w: &mut Walk, line: &str) -> (u16, Out) {
     for _ in 0..10 {
-        let Some(port) = procs::free_ports(1).ok().and_then(|p| p.first().copied()) else {
-            continue;
-        };
-        if port > 65_000 {
-            continue;
-        }
+        // Below the ephemeral range: a port chosen there can be taken meanwhile as the
+        // local port of any connection (a CI run saw the admin listener's taken).
+        let port = common::low_port(64);
         let out = w.run_as_is(&format!("{} --base-port {port}", w.adapt(line)), None);
         if out.status.success() {
             w.sub(
@@ -1073,9 +1073,7 @@ impl OwnServer {
             String::from_utf8_lossy(&install.stderr)
         );
         for _ in 0..10 {
-            let Some(port) = procs::free_ports(1).ok().and_then(|p| p.first().copied()) else {
-                continue;
-            };
+            let port = common::low_port(0);
             let socket = dir.join("mysqld.sock");
             let child = Command::new("mariadbd")
                 .arg("--no-defaults")
@@ -1214,8 +1212,7 @@ fn readme_walk_pointing_holdfast_at_an_existing_server() {
         .permissions()
         .mode();
     assert_eq!(mode & 0o777, 0o600);
-    let ports = procs::free_ports(2).expect("two free ports");
-    let (proxy, admin) = (ports[0], ports[1]);
+    let (proxy, admin) = (common::low_port(0), common::low_port(0));
     let mut toml = std::fs::read_to_string(&config).expect("holdfast.toml");
     toml = edit_once(
         &toml,

@@ -51,6 +51,10 @@ impl IdleResult {
     }
 }
 
+/// How long the clients stay idle before each reading: a session counts as idle once it
+/// has settled (holdfast parks an idle session's sockets after a second of silence).
+const IDLE_FOR: Duration = Duration::from_secs(2);
+
 /// Logins that may be in flight at once (keeps accept queues and CPU sane).
 const LOGIN_CONCURRENCY: usize = 32;
 const LOGIN_TIMEOUT: Duration = Duration::from_secs(20);
@@ -70,8 +74,8 @@ pub struct IdleClients<'a> {
 
 impl IdleClients<'_> {
     /// Measures `pid`'s RSS, opens half of `clients` connections to `addr` that log in and
-    /// run `SELECT 1`, waits for RSS to settle and measures, opens the other half, measures
-    /// again, then closes them.
+    /// run `SELECT 1`, lets them idle for [`IDLE_FOR`], waits for RSS to settle and
+    /// measures, opens the other half, measures again the same way, then closes them.
     ///
     /// Runs its own Tokio runtime on a dedicated thread, so it may be called from anywhere
     /// (including from inside another runtime).
@@ -96,9 +100,11 @@ impl IdleClients<'_> {
         let heap_before = self.heap().await;
         let half = clients / 2;
         let mut conns = self.open(0..half).await?;
+        tokio::time::sleep(IDLE_FOR).await;
         let (rss_half_kib, half_stable) = stable_rss(pid).await?;
         let heap_half = self.heap().await;
         conns.append(&mut self.open(half..clients).await?);
+        tokio::time::sleep(IDLE_FOR).await;
         let (rss_after_kib, stable) = stable_rss(pid).await?;
         let heap_after = self.heap().await;
         // Close politely so servers free the sessions promptly.

@@ -1532,7 +1532,8 @@ impl Report<'_> {
             out.table(&t);
             out.paragraph(
                 "Each client logs in (app, mysql_native_password), runs SELECT 1 and stays idle; \
-                 the clients come in two halves, RSS read after each. Per session: the whole rise \
+                 the clients come in two halves, RSS read after each has idled for 2 s and RSS \
+                 has settled. Per session: the whole rise \
                  over all clients (what the process takes once, such as the logins' working set \
                  left as free chunks, is spread over them); per added session: the second half's \
                  rise over its clients; heap: the same rise of the allocator's bytes in use \
