@@ -16,9 +16,6 @@ pub struct KernelRelays {
     why_not: Option<String>,
     /// Maps handed over by earlier processes, by the kernel's map id.
     adopted: Mutex<HashMap<u32, Arc<KernelRelay>>>,
-    /// Hears the end of spliced sockets (started with the first relay; `None` when it
-    /// could not be: then nothing is spliced).
-    watcher: OnceLock<Option<HangupWatcher>>,
 }
 
 impl KernelRelays {
@@ -39,7 +36,6 @@ impl KernelRelays {
             own,
             why_not,
             adopted: Mutex::new(HashMap::new()),
-            watcher: OnceLock::new(),
         }
     }
 
@@ -60,19 +56,6 @@ impl KernelRelays {
         self.own.as_ref()
     }
 
-    /// The thread that hears spliced sockets end (started on first use).
-    pub fn watcher(&self) -> Option<&HangupWatcher> {
-        self.watcher
-            .get_or_init(|| match HangupWatcher::start() {
-                Ok(w) => Some(w),
-                Err(e) => {
-                    tracing::warn!(error = %e, "the kernel relay's hang-up watcher did not start: pass-through sessions are relayed in user space");
-                    None
-                }
-            })
-            .as_ref()
-    }
-
     /// Why pass-through connections are not relayed in the kernel (`None`: they are).
     pub fn why_not(&self) -> Option<&str> {
         self.why_not.as_deref()
@@ -90,5 +73,26 @@ impl KernelRelays {
             .entry(relay.id())
             .or_insert_with(|| Arc::new(relay))
             .clone())
+    }
+}
+
+/// The process's one thread for sockets out of the async runtime's reactor: it hears the
+/// end of spliced pairs (the kernel relays their bytes) and wakes idle sessions whose
+/// sockets are parked (`parking.rs`). Started on first use; `None` when it could not be:
+/// then nothing is spliced and nothing parks.
+#[derive(Default)]
+pub struct SocketWatcher(OnceLock<Option<HangupWatcher>>);
+
+impl SocketWatcher {
+    pub fn get(&self) -> Option<&HangupWatcher> {
+        self.0
+            .get_or_init(|| match HangupWatcher::start() {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the watcher of sockets out of the reactor did not start: pass-through sessions are relayed in user space, idle sessions keep their sockets in the reactor");
+                    None
+                }
+            })
+            .as_ref()
     }
 }

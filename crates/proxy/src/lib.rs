@@ -110,8 +110,8 @@ pub struct Shared {
     pub idle_wake: idle_wake::IdleWake,
     /// Gives what idle sessions freed back to the system.
     pub memory: memory::Trim,
-    /// Where long-idle sessions park their sockets (see `parking.rs`).
-    pub parking: parking::Parking,
+    /// The thread for sockets out of the reactor: spliced pairs' ends, parked idle sockets.
+    pub socket_watcher: kernel_relay::SocketWatcher,
     /// Admin API connections being served (an upgraded process answers them before it
     /// exits).
     pub admin_connections: Arc<std::sync::atomic::AtomicUsize>,
@@ -390,7 +390,7 @@ impl Shared {
             upgrader: upgrade::Upgrader::default(),
             idle_wake: Default::default(),
             memory: Default::default(),
-            parking: Default::default(),
+            socket_watcher: Default::default(),
             admin_connections: Arc::default(),
             fleet: None,
             fleet_link: None,

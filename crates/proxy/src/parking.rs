@@ -2,8 +2,9 @@
 //! session). tokio keeps a 256-byte registration (cache-line padded) for each socket it
 //! watches, and a session has two: with the boxed sockets, a fifth of an idle session's
 //! heap.
-//! A session idle for [`PARK_AFTER`] hands its plain TCP sockets to one epoll set of the
-//! process ([`HangupWatcher::watch_readable`]), whose thread wakes the session when either
+//! A session idle for [`PARK_AFTER`] hands its plain TCP sockets to the process's watcher
+//! of sockets out of the reactor ([`crate::kernel_relay::SocketWatcher`],
+//! [`HangupWatcher::watch_readable`]), whose thread wakes the session when either
 //! has something to read or ends; the session takes them back into the reactor before it
 //! does anything else. A busy session never parks, so requests pay nothing for it; a
 //! session woken after a long silence pays four `epoll_ctl` calls a socket.
@@ -16,7 +17,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use std::io::{self, Read, Write};
 use std::os::fd::AsFd;
 use std::pin::Pin;
-use std::sync::OnceLock;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -24,57 +24,39 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// How long a session idles before it parks its sockets.
 pub const PARK_AFTER: Duration = Duration::from_secs(1);
 
-/// The process's epoll set for parked sockets (its thread starts with the first).
-#[derive(Default)]
-pub struct Parking {
-    watcher: OnceLock<Option<HangupWatcher>>,
-}
-
-impl Parking {
-    fn watcher(&self) -> Option<&HangupWatcher> {
-        self.watcher
-            .get_or_init(|| match HangupWatcher::start() {
-                Ok(w) => Some(w),
-                Err(e) => {
-                    tracing::warn!(error = %e, "the watcher of parked idle sockets did not start: idle sessions keep their sockets in the reactor");
-                    None
-                }
-            })
-            .as_ref()
+/// Parks `conn`'s socket if it is plain TCP with nothing buffered: `wake` is called
+/// (once) when it has something to read or ends; `parked` counts it while it is.
+/// `false` when it stays as it was.
+///
+/// Call [`unpark`] before anything but reading one byte happens on the connection.
+pub fn park(
+    watcher: &HangupWatcher,
+    conn: &mut PacketConn,
+    wake: &OnHangup,
+    parked: &Gauge,
+) -> bool {
+    if !conn.rbuf.is_empty() || !conn.is_tcp() {
+        return false;
     }
-
-    /// Parks `conn`'s socket if it is plain TCP with nothing buffered: `wake` is called
-    /// (once) when it has something to read or ends; `parked` counts it while it is.
-    /// `false` when it stays as it was.
-    ///
-    /// Call [`unpark`] before anything but reading one byte happens on the connection.
-    pub fn park(&self, conn: &mut PacketConn, wake: &OnHangup, parked: &Gauge) -> bool {
-        if !conn.rbuf.is_empty() || !conn.is_tcp() {
-            return false;
+    // (Out of the reactor: a failure here drops the socket, and the connection reads
+    // as lost; `into_std` fails only when epoll does.)
+    let Some((tcp, _)) = conn.take_tcp() else {
+        return false;
+    };
+    match watcher.watch_readable(tcp.as_fd(), wake.clone()) {
+        Ok(watched) => {
+            parked.inc();
+            conn.replace_stream(Box::new(ParkedTcp {
+                watched,
+                counted: Counted(parked.clone()),
+                tcp,
+            }));
+            true
         }
-        let Some(watcher) = self.watcher() else {
-            return false;
-        };
-        // (Out of the reactor: a failure here drops the socket, and the connection reads
-        // as lost; `into_std` fails only when epoll does.)
-        let Some((tcp, _)) = conn.take_tcp() else {
-            return false;
-        };
-        match watcher.watch_readable(tcp.as_fd(), wake.clone()) {
-            Ok(watched) => {
-                parked.inc();
-                conn.replace_stream(Box::new(ParkedTcp {
-                    watched,
-                    counted: Counted(parked.clone()),
-                    tcp,
-                }));
-                true
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "an idle socket could not be parked");
-                back_in_reactor(conn, tcp);
-                false
-            }
+        Err(e) => {
+            tracing::debug!(error = %e, "an idle socket could not be parked");
+            back_in_reactor(conn, tcp);
+            false
         }
     }
 }

@@ -265,23 +265,24 @@ impl Session {
         cooldown_end.into_iter().chain(idle_deadline).min()
     }
 
-    /// Hands the plain TCP sockets to the process's watcher of parked sockets (see
-    /// `parking.rs`), which wakes this task through its info when either has something to
+    /// Hands the plain TCP sockets to the process's watcher of sockets out of the reactor
+    /// (see `parking.rs`), which wakes this task through its info when either has something to
     /// read or ends.
     fn park_sockets(&mut self, waker: &std::task::Waker) {
         let backend = !self.backend_dead && self.backend.conn.is_tcp();
         if !self.client.is_tcp() && !backend {
             return;
         }
+        let Some(watcher) = self.shared.socket_watcher.get() else {
+            return;
+        };
         self.info.idle_waker.register(waker);
         let info = self.info.clone();
         let wake: holdfast_sockmap::OnHangup = std::sync::Arc::new(move || info.idle_waker.wake());
         let parked = &self.shared.metrics.idle_sockets_parked;
-        self.shared.parking.park(&mut self.client, &wake, parked);
+        crate::parking::park(watcher, &mut self.client, &wake, parked);
         if backend {
-            self.shared
-                .parking
-                .park(&mut self.backend.conn, &wake, parked);
+            crate::parking::park(watcher, &mut self.backend.conn, &wake, parked);
         }
     }
 

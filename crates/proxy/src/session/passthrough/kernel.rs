@@ -166,8 +166,8 @@ impl Spliced {
     /// Registers both sockets with the hang-up watcher.
     fn watch(&self, shared: &Shared) -> io::Result<Ends> {
         let watcher = shared
-            .kernel_relays
-            .watcher()
+            .socket_watcher
+            .get()
             .ok_or_else(|| io::Error::other("no hang-up watcher"))?;
         let heard = Arc::new(Notify::new());
         let on: OnHangup = {

@@ -182,7 +182,7 @@ impl Relay {
             conn.release_buffer();
         }
         // (Only where the end of a spliced pair can be heard.)
-        if let (Some(k), Some(_)) = (shared.kernel_relays.own(), shared.kernel_relays.watcher()) {
+        if let (Some(k), Some(_)) = (shared.kernel_relays.own(), shared.socket_watcher.get()) {
             if let Some(spliced) = kernel::splice(k, client, backend) {
                 return spliced.run(shared, self).await;
             }
