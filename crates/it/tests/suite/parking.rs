@@ -2,8 +2,9 @@
 //! (`parking.rs`: less memory per idle session). Parking touches nothing on the server: a
 //! parked session keeps its transaction, row locks, temporary tables, user variables and
 //! prepared statements, answers its next request as before, follows a switchover, and
-//! hears its client or its server leave while parked. (A read-only server, a read-only
-//! transaction, named locks: the same, since nothing is said to the server.) TLS connections are not parked
+//! hears its client or its server leave while parked; a named lock and LOCK TABLES stay
+//! held. (A read-only server, a read-only transaction: the same, since nothing is said to
+//! the server.) TLS connections are not parked
 //! (the lab's default config has TLS to the nodes: only the client's socket parks).
 
 use holdfast_it::{metric, wait_for, Harness, Options};
@@ -74,12 +75,44 @@ fn a_parked_session_keeps_its_transaction_locks_and_state_and_answers_as_before(
         .query_drop("UPDATE sbtest.pk SET v = 99 WHERE id = 1")
         .expect_err("the parked session's transaction holds the row");
     assert!(err.to_string().contains("1205"), "{err}");
-    drop(direct);
     assert_eq!(
         parked(&h),
         2.0,
         "the wait of another connection woke nothing"
     );
+
+    // Another session holds a named lock and LOCK TABLES, and parks too: both stay held,
+    // as the server shows a connection straight to it.
+    let mut locker = connect(&h);
+    locker
+        .query_drop("CREATE TABLE sbtest.pk_locked (v INT)")
+        .expect("create");
+    let got: Option<i64> = locker
+        .query_first("SELECT GET_LOCK('pk_named', 0)")
+        .expect("get_lock");
+    assert_eq!(got, Some(1));
+    locker
+        .query_drop("LOCK TABLES sbtest.pk_locked WRITE")
+        .expect("lock tables");
+    wait_parked(&h, 4.0);
+    let free: Option<i64> = direct
+        .query_first("SELECT IS_FREE_LOCK('pk_named')")
+        .expect("is_free_lock");
+    assert_eq!(free, Some(0), "the parked session's named lock is held");
+    direct
+        .query_drop("SET SESSION lock_wait_timeout = 1")
+        .expect("set");
+    let err = direct
+        .query_drop("SELECT * FROM sbtest.pk_locked")
+        .expect_err("the parked session's table lock is held");
+    assert!(err.to_string().contains("1205"), "{err}");
+    let released: Option<i64> = locker
+        .query_first("SELECT RELEASE_LOCK('pk_named')")
+        .expect("release_lock");
+    assert_eq!(released, Some(1), "woken, it still owns its named lock");
+    locker.query_drop("UNLOCK TABLES").expect("unlock");
+    drop((locker, direct));
+    wait_parked(&h, 2.0);
 
     // Woken by its next request, the session answers from the same server session.
     let v: Option<i64> = c.exec_first(&stmt, (1,)).expect("execute");
