@@ -1,20 +1,30 @@
 //! Sockets of a long-idle session, parked out of tokio's reactor (issue 22: memory per idle
 //! session). tokio keeps a 256-byte registration (cache-line padded) for each socket it
-//! watches, and a session has two: with the boxed sockets, a fifth of an idle session's
-//! heap.
-//! A session idle for [`PARK_AFTER`] hands its plain TCP sockets to the process's watcher
-//! of sockets out of the reactor ([`crate::kernel_relay::SocketWatcher`],
-//! [`HangupWatcher::watch_readable`]), whose thread wakes the session when either
-//! has something to read or ends; the session takes them back into the reactor before it
-//! does anything else. A busy session never parks, so requests pay nothing for it; a
-//! session woken after a long silence pays four `epoll_ctl` calls a socket.
+//! watches, and a session has two; a TLS connection also keeps its rustls state (the
+//! record layer's keys and buffers, the configuration made for it): most of an idle TLS
+//! session's heap.
 //!
-//! TLS and compressed connections are not parked (their streams wrap the socket).
+//! A session idle for [`PARK_AFTER`] takes each socket out of its stream as a hand-over
+//! to another process does ([`PacketConn::take_socket`]: the TCP socket, the TLS record
+//! layer's keys and sequence numbers, the compressed protocol's sequence) and hands the
+//! socket to the process's watcher of sockets out of the reactor
+//! ([`crate::kernel_relay::SocketWatcher`], [`HangupWatcher::watch_readable`]), whose
+//! thread wakes the session when it has something to read or ends. The session takes
+//! them back into the reactor before it does anything else ([`unpark`]); a TLS
+//! connection goes on with holdfast's own record layer
+//! ([`holdfast_client::tls_resume::ResumedTls`], as after a hand-over). A parked stream
+//! that is read (the idle wait's one byte) wakes in place first, so that what it reads
+//! is the stream's bytes (plaintext, decompressed), never the socket's.
+//!
+//! A busy session never parks, so requests pay nothing for it; a session woken after a
+//! long silence pays four `epoll_ctl` calls a socket, and a TLS one two key schedules.
 
-use holdfast_client::conn::PacketConn;
+use holdfast_client::compress::CompressedState;
+use holdfast_client::conn::{stream_of, BoxedIo, PacketConn, TakenSocket};
+use holdfast_client::tls_resume::TlsState;
 use holdfast_sockmap::{HangupWatcher, OnHangup, Watched};
 use prometheus_client::metrics::gauge::Gauge;
-use std::io::{self, Read, Write};
+use std::io;
 use std::os::fd::AsFd;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -24,9 +34,10 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// How long a session idles before it parks its sockets.
 pub const PARK_AFTER: Duration = Duration::from_secs(1);
 
-/// Parks `conn`'s socket if it is plain TCP with nothing buffered: `wake` is called
-/// (once) when it has something to read or ends; `parked` counts it while it is.
-/// `false` when it stays as it was.
+/// Parks `conn`'s socket if its stream can be taken apart (plain TCP, TLS, the compressed
+/// protocol over either) with nothing buffered: `wake` is called (once) when it has
+/// something to read or ends; `parked` counts it while it is. `false` when it stays in the
+/// reactor.
 ///
 /// Call [`unpark`] before anything but reading one byte happens on the connection.
 pub fn park(
@@ -35,58 +46,61 @@ pub fn park(
     wake: &OnHangup,
     parked: &Gauge,
 ) -> bool {
-    if !conn.rbuf.is_empty() || !conn.is_tcp() {
+    if !conn.rbuf.is_empty() || !conn.can_take_socket() {
         return false;
     }
-    // (Out of the reactor: a failure here drops the socket, and the connection reads
-    // as lost; `into_std` fails only when epoll does.)
-    let Some((tcp, _)) = conn.take_tcp() else {
+    // (`None` after `can_take_socket`: taking the TLS state failed half-way, and the
+    // connection reads as lost, as a hand-over's would.)
+    let Some(taken) = conn.take_socket() else {
+        tracing::warn!("an idle connection could not be taken apart to park it: it is lost");
         return false;
     };
-    match watcher.watch_readable(tcp.as_fd(), wake.clone()) {
+    if !taken.unread.is_empty() {
+        // Plaintext nobody read yet (not seen on an idle connection): it stays awake.
+        back_in_reactor(conn, taken);
+        return false;
+    }
+    match watcher.watch_readable(taken.socket.as_fd(), wake.clone()) {
         Ok(watched) => {
             parked.inc();
-            conn.replace_stream(Box::new(ParkedTcp {
+            let TakenSocket {
+                socket,
+                tls,
+                compressed,
+                ..
+            } = taken;
+            let layers = (tls.is_some() || compressed.is_some())
+                .then(|| Box::new(Layers { tls, compressed }));
+            conn.replace_stream(Box::new(Parked::Asleep {
                 watched,
                 counted: Counted(parked.clone()),
-                tcp,
+                socket,
+                layers,
             }));
             true
         }
         Err(e) => {
             tracing::debug!(error = %e, "an idle socket could not be parked");
-            back_in_reactor(conn, tcp);
+            back_in_reactor(conn, taken);
             false
         }
     }
 }
 
-/// Takes `conn`'s socket back into the reactor if it is parked (the byte a wait read
-/// stays buffered). Safe to call on any connection.
+/// Takes `conn`'s socket back into the reactor if it is parked (a byte the wait read stays
+/// buffered). Safe to call on any connection.
 pub fn unpark(conn: &mut PacketConn) {
-    if !conn.stream.as_ref().as_any().is::<ParkedTcp>() {
+    if !conn.stream.as_ref().as_any().is::<Parked>() {
         return;
     }
     let (stream, buffered) = conn.take_stream();
     conn.rbuf = buffered;
-    if let Ok(parked) = stream.into_any().downcast::<ParkedTcp>() {
-        let ParkedTcp {
-            watched,
-            counted,
-            tcp,
-        } = *parked;
-        // Out of the set first: the watcher's call is no longer wanted.
-        drop((watched, counted));
-        back_in_reactor(conn, tcp);
-    }
-}
-
-/// Puts a socket taken out of the reactor back; if the reactor refuses it, the connection
-/// stays detached and reads as lost.
-fn back_in_reactor(conn: &mut PacketConn, tcp: std::net::TcpStream) {
-    match tokio::net::TcpStream::from_std(tcp) {
-        Ok(tcp) => {
-            conn.replace_stream(Box::new(tcp));
+    let Ok(parked) = stream.into_any().downcast::<Parked>() else {
+        return;
+    };
+    match parked.into_stream() {
+        Ok(stream) => {
+            conn.replace_stream(stream);
         }
         Err(e) => {
             tracing::warn!(error = %e, "an idle socket could not return to the reactor: its connection is lost")
@@ -94,15 +108,38 @@ fn back_in_reactor(conn: &mut PacketConn, tcp: std::net::TcpStream) {
     }
 }
 
-/// A parked socket (non-blocking, as tokio left it). Reads try the socket and, when it has
-/// nothing, wait for the watcher's call, which wakes the session (its waker is in the
-/// session's info, registered before it parked). Nothing writes to a parked socket.
-struct ParkedTcp {
-    // (Fields drop in this order: out of the set before the socket closes, so that the
-    // set never loses the registration of another socket given the same number.)
-    watched: Watched,
-    counted: Counted,
-    tcp: std::net::TcpStream,
+/// Puts a socket taken for parking back as it was; if that fails, the connection stays
+/// detached and reads as lost.
+fn back_in_reactor(conn: &mut PacketConn, taken: TakenSocket) {
+    if let Err(e) = conn.put_back_socket(taken) {
+        tracing::warn!(error = %e, "an idle socket could not return to the reactor: its connection is lost");
+    }
+}
+
+/// What the stream was over its socket, besides TCP.
+struct Layers {
+    tls: Option<TlsState>,
+    compressed: Option<CompressedState>,
+}
+
+/// A parked connection's stream. Asleep, it holds the socket (non-blocking, out of the
+/// reactor) and what its layers need to go on; anything done on it wakes it in place: it
+/// rebuilds the stream in the reactor and passes the call on. A read finds out first,
+/// without consuming anything, whether the socket has something (or ended): while it has
+/// not, the read waits for the watcher's call, which wakes the session (its waker is in
+/// the session's info, registered before it parked).
+enum Parked {
+    Asleep {
+        // (Fields drop in this order: out of the set before the socket closes, so that
+        // the set never loses the registration of another socket given the same number.)
+        watched: Watched,
+        counted: Counted,
+        socket: std::net::TcpStream,
+        layers: Option<Box<Layers>>,
+    },
+    Awake(BoxedIo),
+    /// Waking failed; the connection reads as lost.
+    Lost,
 }
 
 /// A parked socket in the gauge, until it is taken back or dropped with its session.
@@ -114,42 +151,109 @@ impl Drop for Counted {
     }
 }
 
-impl AsyncRead for ParkedTcp {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
+impl Parked {
+    /// The stream in the reactor again.
+    fn into_stream(self) -> io::Result<BoxedIo> {
+        match self {
+            Parked::Asleep {
+                watched,
+                counted,
+                socket,
+                layers,
+            } => {
+                // Out of the set first: the watcher's call is no longer wanted.
+                drop((watched, counted));
+                let (tls, compressed) = match layers {
+                    Some(l) => {
+                        let Layers { tls, compressed } = *l;
+                        (tls, compressed)
+                    }
+                    None => (None, None),
+                };
+                stream_of(socket, tls, compressed)
+            }
+            Parked::Awake(stream) => Ok(stream),
+            Parked::Lost => Err(lost()),
+        }
+    }
+
+    /// The stream, woken in place if it was asleep.
+    fn awake(&mut self) -> io::Result<&mut BoxedIo> {
+        if let Parked::Asleep { .. } = self {
+            let asleep = std::mem::replace(self, Parked::Lost);
+            *self = Parked::Awake(asleep.into_stream()?);
+        }
+        match self {
+            Parked::Awake(stream) => Ok(stream),
+            _ => Err(lost()),
+        }
+    }
+
+    /// Whether an asleep socket has nothing to read and has not ended.
+    fn sleeps_on(&self) -> bool {
+        let Parked::Asleep { socket, .. } = self else {
+            return false;
+        };
+        let mut byte = [0u8; 1];
         loop {
-            return match (&self.tcp).read(buf.initialize_unfilled()) {
-                Ok(n) => {
-                    buf.advance(n);
-                    Poll::Ready(Ok(()))
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Poll::Pending,
+            return match socket.peek(&mut byte) {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => Poll::Ready(Err(e)),
+                Err(e) => e.kind() == io::ErrorKind::WouldBlock,
+                // A byte, or the end: the stream reads it.
+                Ok(_) => false,
             };
         }
     }
 }
 
-impl AsyncWrite for ParkedTcp {
+fn lost() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::NotConnected,
+        "an idle connection could not return to the reactor",
+    )
+}
+
+impl AsyncRead for Parked {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.sleeps_on() {
+            return Poll::Pending;
+        }
+        match this.awake() {
+            Ok(stream) => Pin::new(stream).poll_read(cx, buf),
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+}
+
+impl AsyncWrite for Parked {
     fn poll_write(
         self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
+        cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
-        // Not expected (the session takes the socket back first); a write that cannot go
-        // at once fails rather than wait for a wake-up that would not come.
-        Poll::Ready((&self.tcp).write(data))
+        // Not expected (the session takes the socket back first).
+        match self.get_mut().awake() {
+            Ok(stream) => Pin::new(stream).poll_write(cx, data),
+            Err(e) => Poll::Ready(Err(e)),
+        }
     }
 
-    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut().awake() {
+            Ok(stream) => Pin::new(stream).poll_flush(cx),
+            Err(e) => Poll::Ready(Err(e)),
+        }
     }
 
-    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(self.tcp.shutdown(std::net::Shutdown::Write))
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut().awake() {
+            Ok(stream) => Pin::new(stream).poll_shutdown(cx),
+            Err(e) => Poll::Ready(Err(e)),
+        }
     }
 }

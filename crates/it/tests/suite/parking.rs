@@ -1,11 +1,11 @@
-//! Long-idle sessions park their plain TCP sockets out of the async runtime's reactor
-//! (`parking.rs`: less memory per idle session). Parking touches nothing on the server: a
-//! parked session keeps its transaction, row locks, temporary tables, user variables and
-//! prepared statements, answers its next request as before, follows a switchover, and
-//! hears its client or its server leave while parked; a named lock and LOCK TABLES stay
-//! held. (A read-only server, a read-only transaction: the same, since nothing is said to
-//! the server.) TLS connections are not parked
-//! (the lab's default config has TLS to the nodes: only the client's socket parks).
+//! Long-idle sessions park their sockets out of the async runtime's reactor (`parking.rs`:
+//! less memory per idle session), plain TCP, TLS and the compressed protocol alike (a TLS
+//! connection goes on with holdfast's own record layer once woken). Parking touches
+//! nothing on the server: a parked session keeps its transaction, row locks, temporary
+//! tables, user variables and prepared statements, answers its next request as before,
+//! follows a switchover, and hears its client or its server leave while parked; a named
+//! lock and LOCK TABLES stay held. (A read-only server, a read-only transaction: the
+//! same, since nothing is said to the server.)
 
 use holdfast_it::{metric, wait_for, Harness, Options};
 use holdfast_proxy::config::BackendTlsConfig;
@@ -183,9 +183,9 @@ fn a_parked_session_hears_its_server_end_the_connection_and_its_client_leave() {
     assert_eq!(parked(&h), 0.0);
 }
 
-/// The lab's default config (TLS to the nodes, replay, markers): the client's socket
-/// parks, the node's TLS connection stays in the reactor, and a switchover moves the
-/// parked session with its state.
+/// The lab's default config (TLS to the nodes, replay, markers): the client's socket and
+/// the node's TLS connection park, and a switchover moves the parked session with its
+/// state.
 #[test]
 fn a_parked_session_follows_a_switchover_with_its_state() {
     let h = Harness::start_with(Options::default().replicas(2));
@@ -195,7 +195,7 @@ fn a_parked_session_follows_a_switchover_with_its_state() {
     let stmt = c.prep("SELECT ? + 1").expect("prepare");
     let old: Option<u16> = c.query_first("SELECT @@port").expect("port");
     h.wait_captured();
-    wait_parked(&h, 1.0);
+    wait_parked(&h, 2.0);
     let node2 = h.switch_over_to("node2");
     // The switchover ended the session's connection to the old primary; the session heard
     // it while idle, parked its client's socket again, and moves with its next request.
@@ -210,4 +210,127 @@ fn a_parked_session_follows_a_switchover_with_its_state() {
     assert_eq!(state, Some((42, "ANSI_QUOTES".to_string())));
     let v: Option<i64> = c.exec_first(&stmt, (41,)).expect("execute");
     assert_eq!(v, Some(42));
+}
+
+/// A client over TLS, to a node over TLS (the lab's default config): both connections park
+/// with their record layers' keys only, and the session goes on over holdfast's own record
+/// layer once woken: its transaction and row lock held while parked, its state, large
+/// answers and requests (many records each way), a second park and wake from that record
+/// layer. A compressed client over TLS parks too; a TLS client that leaves while parked
+/// ends its session.
+#[test]
+fn a_tls_session_parks_its_record_layers_and_goes_on_as_before() {
+    let h = Harness::start();
+    let ca = h.lab.status.ca.clone().expect("the lab writes a CA");
+    let tls = |compress: bool| {
+        let opts = OptsBuilder::new()
+            .ip_or_hostname(Some(h.proxy.ip().to_string()))
+            .tcp_port(h.proxy.port())
+            .user(Some(h.user()))
+            .pass(Some(h.password()))
+            .db_name(Some(h.database()))
+            .prefer_socket(false)
+            .ssl_opts(Some(
+                mysql::SslOpts::default().with_root_cert_path(Some(ca.clone())),
+            ));
+        let opts = match compress {
+            true => opts.compress(Some(mysql::Compression::default())),
+            false => opts,
+        };
+        Conn::new(opts).expect("a TLS login through holdfast")
+    };
+    let mut c = tls(false);
+    c.query_drop("CREATE TABLE sbtest.tp (id INT PRIMARY KEY, v LONGTEXT)")
+        .expect("create");
+    c.query_drop("INSERT INTO sbtest.tp VALUES (1, 'a')")
+        .expect("insert");
+    c.query_drop("SET @kept = 'under tls', autocommit = 0")
+        .expect("set");
+    let stmt = c
+        .prep("SELECT LENGTH(v) + ? FROM sbtest.tp WHERE id = 1")
+        .expect("prepare");
+    let thread: Option<u64> = c.query_first("SELECT CONNECTION_ID()").expect("id");
+    c.query_drop("UPDATE sbtest.tp SET v = 'bb' WHERE id = 1")
+        .expect("update");
+    wait_parked(&h, 2.0);
+
+    // The row lock is held while parked.
+    let mut direct = Conn::new(
+        OptsBuilder::new()
+            .ip_or_hostname(Some("127.0.0.1"))
+            .tcp_port(h.direct().port())
+            .user(Some(h.user()))
+            .pass(Some(h.password()))
+            .prefer_socket(false),
+    )
+    .expect("a connection straight to the server");
+    direct
+        .query_drop("SET SESSION innodb_lock_wait_timeout = 1")
+        .expect("set");
+    let err = direct
+        .query_drop("UPDATE sbtest.tp SET v = 'zz' WHERE id = 1")
+        .expect_err("the parked session's transaction holds the row");
+    assert!(err.to_string().contains("1205"), "{err}");
+
+    for round in 1..=2 {
+        // Woken by its request: the same server session, still over TLS to the node.
+        let v: Option<i64> = c.exec_first(&stmt, (round,)).expect("execute");
+        let len = if round == 1 { 2 } else { 100_000 };
+        assert_eq!(v, Some(len + round), "round {round}");
+        let same: Option<u64> = c.query_first("SELECT CONNECTION_ID()").expect("id");
+        assert_eq!(same, thread, "the same server thread");
+        let kept: Option<String> = c.query_first("SELECT @kept").expect("select");
+        assert_eq!(kept.as_deref(), Some("under tls"));
+        let cipher: Option<(String, String)> = c
+            .query_first("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
+            .expect("status");
+        assert!(
+            cipher.is_some_and(|(_, v)| !v.is_empty()),
+            "the node's connection is TLS"
+        );
+        // A request and an answer of many records each.
+        let big = "x".repeat(100_000);
+        c.exec_drop("UPDATE sbtest.tp SET v = ? WHERE id = 1", (&big,))
+            .expect("a large request");
+        let back: Option<String> = c
+            .query_first("SELECT v FROM sbtest.tp WHERE id = 1")
+            .expect("a large answer");
+        assert_eq!(back.as_deref(), Some(big.as_str()));
+        // Idle again: both park again (from holdfast's record layer the second time).
+        wait_parked(&h, 2.0);
+    }
+    c.query_drop("COMMIT").expect("commit");
+    let committed: Vec<String> = h
+        .root_sql("SELECT LENGTH(v) FROM sbtest.tp WHERE id = 1")
+        .into_iter()
+        .flatten()
+        .collect();
+    assert_eq!(committed, ["100000"], "the transaction committed");
+    wait_parked(&h, 2.0);
+
+    // The compressed protocol over TLS parks and goes on too.
+    let mut z = tls(true);
+    z.query_drop("SET @z = 'zipped'").expect("set");
+    wait_parked(&h, 4.0);
+    let got: Option<(String, u64)> = z
+        .query_first("SELECT @z, SUM(LENGTH(REPEAT('z', seq))) FROM seq_1_to_3000")
+        .expect("after parking");
+    assert_eq!(got, Some(("zipped".to_string(), 4_501_500)));
+    let status: Option<(String, String)> = z
+        .query_first("SHOW SESSION STATUS LIKE 'Compression'")
+        .expect("status");
+    assert_eq!(status.map(|s| s.1).as_deref(), Some("ON"));
+    wait_parked(&h, 4.0);
+
+    // A TLS client that leaves while parked ends its session.
+    drop(z);
+    wait_for("the session to end", WAIT, || {
+        (metric(&h.metrics(), "holdfast_sessions") == Some(1.0)).then_some(())
+    });
+    assert_eq!(parked(&h), 2.0);
+    drop((c, direct));
+    wait_for("the last session to end", WAIT, || {
+        (metric(&h.metrics(), "holdfast_sessions") == Some(0.0)).then_some(())
+    });
+    assert_eq!(parked(&h), 0.0, "nothing stays parked");
 }

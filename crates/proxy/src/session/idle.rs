@@ -265,12 +265,12 @@ impl Session {
         cooldown_end.into_iter().chain(idle_deadline).min()
     }
 
-    /// Hands the plain TCP sockets to the process's watcher of sockets out of the reactor
-    /// (see `parking.rs`), which wakes this task through its info when either has something to
+    /// Hands the sockets to the process's watcher of sockets out of the reactor (see
+    /// `parking.rs`), which wakes this task through its info when either has something to
     /// read or ends.
     fn park_sockets(&mut self, waker: &std::task::Waker) {
-        let backend = !self.backend_dead && self.backend.conn.is_tcp();
-        if !self.client.is_tcp() && !backend {
+        let backend = !self.backend_dead && self.backend.conn.can_take_socket();
+        if !self.client.can_take_socket() && !backend {
             return;
         }
         let Some(watcher) = self.shared.socket_watcher.get() else {
