@@ -69,6 +69,15 @@ impl Cipher {
 }
 
 impl Cipher {
+    /// The records one key may seal (the limits rustls keeps for the same suites).
+    fn confidentiality_limit(self, version: Version) -> u64 {
+        match (self, version) {
+            (Cipher::Chacha20Poly1305, _) => u64::MAX,
+            (Cipher::Aes256Gcm, Version::Tls13) => 1 << 23,
+            (Cipher::Aes128Gcm | Cipher::Aes256Gcm, _) => 1 << 24,
+        }
+    }
+
     /// TLS 1.3's hash for the suite of this cipher, and its key length.
     fn tls13(self) -> (ring::hkdf::Algorithm, usize) {
         match self {
@@ -532,6 +541,8 @@ pub struct ResumedTls {
     eof: bool,
     /// This side's close_notify is sealed.
     closing: bool,
+    /// The records one key seals at most ([`Cipher::confidentiality_limit`]).
+    tx_limit: u64,
 }
 
 impl ResumedTls {
@@ -561,6 +572,7 @@ impl ResumedTls {
             out: BytesMut::new(),
             eof: false,
             closing: false,
+            tx_limit: cipher.confidentiality_limit(version),
         })
     }
 
@@ -608,47 +620,89 @@ impl ResumedTls {
         aad
     }
 
-    /// Appends one record of `kind` carrying `data` (at most 2^14 bytes) to `out`.
+    /// Appends one record of `kind` carrying `data` (at most 2^14 bytes) to `out`, sealed
+    /// in place there.
     fn seal(&mut self, kind: u8, data: &[u8]) -> io::Result<()> {
         let seq = self.tx.seq;
         let nonce = Self::nonce(&self.tx.iv, seq);
         let explicit = self.cipher.explicit_nonce(self.version);
-        let mut body = Vec::with_capacity(data.len() + 1 + TAG);
-        body.extend_from_slice(data);
-        let (outer, aad_bytes): (u8, Vec<u8>) = match self.version {
-            Version::Tls13 => {
-                body.push(kind);
-                let len = body.len() + TAG;
-                (
-                    APPLICATION_DATA,
-                    vec![APPLICATION_DATA, 3, 3, (len >> 8) as u8, len as u8],
-                )
-            }
-            Version::Tls12 => (kind, Self::aad12(seq, kind, data.len()).to_vec()),
+        let tls13 = self.version == Version::Tls13;
+        let len = explicit + data.len() + usize::from(tls13) + TAG;
+        let outer = if tls13 { APPLICATION_DATA } else { kind };
+        let header = [outer, 3, 3, (len >> 8) as u8, len as u8];
+        let aad12;
+        let aad: &[u8] = if tls13 {
+            &header
+        } else {
+            aad12 = Self::aad12(seq, kind, data.len());
+            &aad12
         };
-        let tag = self
-            .tx_key
-            .seal_in_place_separate_tag(
-                Nonce::assume_unique_for_key(nonce),
-                Aad::from(&aad_bytes[..]),
-                &mut body,
-            )
-            .map_err(|_| protocol("sealing a record failed"))?;
-        let len = explicit + body.len() + TAG;
-        self.out
-            .extend_from_slice(&[outer, 3, 3, (len >> 8) as u8, len as u8]);
+        let before = self.out.len();
+        self.out.reserve(HEADER + len);
+        self.out.extend_from_slice(&header);
         if explicit > 0 {
             self.out.extend_from_slice(&nonce[4..]);
         }
-        self.out.extend_from_slice(&body);
+        let body = self.out.len();
+        self.out.extend_from_slice(data);
+        if tls13 {
+            self.out.extend_from_slice(&[kind]);
+        }
+        let Ok(tag) = self.tx_key.seal_in_place_separate_tag(
+            Nonce::assume_unique_for_key(nonce),
+            Aad::from(aad),
+            &mut self.out[body..],
+        ) else {
+            self.out.truncate(before);
+            return Err(protocol("sealing a record failed"));
+        };
         self.out.extend_from_slice(tag.as_ref());
         self.tx.seq = self.tx.seq.wrapping_add(1);
         Ok(())
     }
 
-    /// Decrypts the first record in `raw` if it is complete: its content type and
-    /// plaintext. `None`: more bytes are needed.
-    fn open(&mut self) -> io::Result<Option<(u8, Vec<u8>)>> {
+    /// Before a record goes out: at the keys' confidentiality limit (the records one key
+    /// may seal before an attacker gains an edge, as rustls counts them), TLS 1.3 moves to
+    /// the next keys (a KeyUpdate, sealed with the current ones); TLS 1.2 cannot, and the
+    /// connection ends with close_notify, as rustls ends it.
+    fn refresh_if_due(&mut self) -> io::Result<()> {
+        if self.tx.seq < self.tx_limit {
+            return Ok(());
+        }
+        match self.version {
+            Version::Tls13 => {
+                // KeyUpdate, update_not_requested.
+                self.seal(HANDSHAKE, &[24, 0, 0, 1, 0])?;
+                self.next_tx_keys()
+            }
+            Version::Tls12 => {
+                if !self.closing {
+                    self.closing = true;
+                    self.seal(ALERT, &[1, 0])?;
+                }
+                Err(protocol(
+                    "the keys reached their confidentiality limit (TLS 1.2 cannot update them)",
+                ))
+            }
+        }
+    }
+
+    /// This side's next TLS 1.3 keys, from its next traffic secret.
+    fn next_tx_keys(&mut self) -> io::Result<()> {
+        if !self.tx.update(self.cipher) {
+            return Err(protocol(
+                "this side's keys are due for an update, and its traffic secret is not known here",
+            ));
+        }
+        self.tx_key = UnboundKey::new(self.cipher.algorithm(), &self.tx.key)
+            .map(LessSafeKey::new)
+            .map_err(|_| protocol("a key of the wrong length"))?;
+        Ok(())
+    }
+
+    /// Decrypts the first record in `raw` if it is complete, in place: its content type
+    /// and plaintext. `None`: more bytes are needed.
+    fn open(&mut self) -> io::Result<Option<(u8, BytesMut)>> {
         if self.raw.len() < HEADER {
             return Ok(None);
         }
@@ -668,10 +722,10 @@ impl ResumedTls {
             self.raw[4],
         ];
         self.raw.advance(HEADER);
-        let mut body = self.raw.split_to(len).to_vec();
+        let mut body = self.raw.split_to(len);
         if kind == CHANGE_CIPHER_SPEC && self.version == Version::Tls13 {
             // Middlebox compatibility: unprotected, ignored.
-            return Ok(Some((CHANGE_CIPHER_SPEC, Vec::new())));
+            return Ok(Some((CHANGE_CIPHER_SPEC, BytesMut::new())));
         }
         let seq = self.rx.seq;
         let explicit = self.cipher.explicit_nonce(self.version);
@@ -684,20 +738,24 @@ impl ResumedTls {
                 let mut n = [0u8; 12];
                 n[..4].copy_from_slice(&self.rx.iv[..4]);
                 n[4..].copy_from_slice(&body[..8]);
-                body.drain(..8);
+                body.advance(8);
                 n
             }
         };
-        let aad: Vec<u8> = match self.version {
-            Version::Tls13 => header.to_vec(),
-            Version::Tls12 => Self::aad12(seq, kind, body.len() - TAG).to_vec(),
+        let aad12;
+        let aad: &[u8] = match self.version {
+            Version::Tls13 => &header,
+            Version::Tls12 => {
+                aad12 = Self::aad12(seq, kind, body.len() - TAG);
+                &aad12
+            }
         };
         let plain_len = self
             .rx_key
             .open_in_place(
                 Nonce::assume_unique_for_key(nonce),
-                Aad::from(&aad[..]),
-                &mut body,
+                Aad::from(aad),
+                &mut body[..],
             )
             .map_err(|_| protocol("a record that does not decrypt"))?
             .len();
@@ -719,8 +777,10 @@ impl ResumedTls {
     }
 
     /// Takes one decrypted record: application data into `plain`, the rest handled.
-    fn accept(&mut self, kind: u8, data: Vec<u8>) -> io::Result<()> {
+    fn accept(&mut self, kind: u8, data: BytesMut) -> io::Result<()> {
         match kind {
+            // (Decrypted where it was received: taken as it is when nothing waits before it.)
+            APPLICATION_DATA if self.plain.is_empty() => self.plain = data,
             APPLICATION_DATA => self.plain.extend_from_slice(&data),
             CHANGE_CIPHER_SPEC => {}
             ALERT => match data.get(1) {
@@ -770,12 +830,7 @@ impl ResumedTls {
         if requested {
             // KeyUpdate, update_not_requested.
             self.seal(HANDSHAKE, &[24, 0, 0, 1, 0])?;
-            if !self.tx.update(self.cipher) {
-                return Err(unknown());
-            }
-            self.tx_key = UnboundKey::new(self.cipher.algorithm(), &self.tx.key)
-                .map(LessSafeKey::new)
-                .map_err(|_| protocol("a key of the wrong length"))?;
+            self.next_tx_keys()?;
         }
         Ok(())
     }
@@ -804,6 +859,10 @@ impl AsyncRead for ResumedTls {
                 let n = this.plain.len().min(buf.remaining());
                 buf.put_slice(&this.plain[..n]);
                 this.plain.advance(n);
+                if this.plain.is_empty() {
+                    // (It may share the buffer records arrive in: not kept while idle.)
+                    this.plain = BytesMut::new();
+                }
                 return Poll::Ready(Ok(()));
             }
             if this.eof {
@@ -839,6 +898,11 @@ impl AsyncWrite for ResumedTls {
         // once accepted) and written as far as the socket takes it.
         ready!(this.poll_write_out(cx))?;
         let n = buf.len().min(MAX_PLAINTEXT);
+        if let Err(e) = this.refresh_if_due() {
+            // (A close_notify sealed on the way out goes if the socket takes it now.)
+            let _ = this.poll_write_out(cx);
+            return Poll::Ready(Err(e));
+        }
         this.seal(APPLICATION_DATA, &buf[..n])?;
         if let Poll::Ready(Err(e)) = this.poll_write_out(cx) {
             return Poll::Ready(Err(e));
@@ -1111,6 +1175,56 @@ mod tests {
         ] {
             for holdfast_serves in [true, false] {
                 exchange(suite, holdfast_serves).await;
+            }
+        }
+    }
+
+    /// At its keys' confidentiality limit, holdfast's record layer moves to the next keys
+    /// in TLS 1.3 (the peer follows the KeyUpdate and reads on), and ends a TLS 1.2
+    /// connection with close_notify, as rustls does (the limit is lowered here: 2^23 records
+    /// are too many for a test).
+    #[tokio::test]
+    async fn keys_at_their_confidentiality_limit_are_updated_or_the_connection_ends() {
+        use rustls::crypto::ring::cipher_suite::*;
+        for suite in [
+            TLS13_AES_128_GCM_SHA256,
+            TLS13_AES_256_GCM_SHA384,
+            TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+        ] {
+            let tls13 = matches!(suite, rustls::SupportedCipherSuite::Tls13(_));
+            for holdfast_serves in [true, false] {
+                let (ours, mut peer) = pair(suite, holdfast_serves).await;
+                let (ours, _) = hand_over(ours).await;
+                let mut ours = ours
+                    .into_any()
+                    .downcast::<ResumedTls>()
+                    .expect("holdfast's record layer");
+                ours.tx_limit = ours.tx.seq + 3;
+                let key = ours.tx.key.clone();
+                let mut ended = false;
+                for i in 0..10u8 {
+                    let sent = [b'r', i];
+                    match ours.write_all(&sent).await {
+                        Ok(()) => {}
+                        Err(e) => {
+                            assert!(!tls13, "{suite:?}: {e}");
+                            assert_eq!(i, 3, "{suite:?}: the record past the limit fails");
+                            let mut rest = Vec::new();
+                            let _ = peer.read_to_end(&mut rest).await;
+                            assert!(rest.is_empty(), "{suite:?}: close_notify, no data");
+                            ended = true;
+                            break;
+                        }
+                    }
+                    ours.flush().await.expect("flush");
+                    let mut got = [0u8; 2];
+                    peer.read_exact(&mut got).await.expect("the peer reads on");
+                    assert_eq!(got, sent, "{suite:?}");
+                }
+                assert_eq!(ended, !tls13, "{suite:?}: only TLS 1.2 ends at the limit");
+                if tls13 {
+                    assert_ne!(ours.tx.key, key, "{suite:?}: the keys moved on");
+                }
             }
         }
     }

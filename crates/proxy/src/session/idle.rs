@@ -280,9 +280,14 @@ impl Session {
         let info = self.info.clone();
         let wake: holdfast_sockmap::OnHangup = std::sync::Arc::new(move || info.idle_waker.wake());
         let parked = &self.shared.metrics.idle_sockets_parked;
-        crate::parking::park(watcher, &mut self.client, &wake, parked);
+        let mut any = crate::parking::park(watcher, &mut self.client, &wake, parked);
         if backend {
-            crate::parking::park(watcher, &mut self.backend.conn, &wake, parked);
+            any |= crate::parking::park(watcher, &mut self.backend.conn, &wake, parked);
+        }
+        if any {
+            // What the streams let go (tokio's registrations, a TLS connection's state)
+            // goes back to the system with the next trim.
+            self.shared.memory.released();
         }
     }
 
