@@ -9,6 +9,7 @@ mod demo;
 mod drill;
 mod fuzz;
 mod progress;
+mod record_layer;
 mod replay_memory;
 mod report;
 mod resume;
@@ -75,6 +76,12 @@ enum Command {
     ///
     /// Example: holdfast-bench bare-relay --listen 127.0.0.1:7000 --to 127.0.0.1:3306
     BareRelay(bare_relay::BareRelayArgs),
+    /// CPU per round trip of a TLS connection on holdfast's own record layer (what a
+    /// session goes on with after a hand-over, or once its idle sockets parked) next to
+    /// rustls, both ends in this process over loopback.
+    ///
+    /// Example: holdfast-bench record-layer --round-trips 100000 --rounds 3
+    RecordLayer(record_layer::RecordLayerArgs),
 }
 
 fn main() -> Result<()> {
@@ -88,6 +95,7 @@ fn main() -> Result<()> {
         Command::Demo(args) => demo::run(&args, &holdfast()?),
         Command::Fuzz(args) => fuzz::run(&args, &holdfast()?),
         Command::BareRelay(args) => bare_relay::run(&args),
+        Command::RecordLayer(args) => record_layer::run(&args),
     }
 }
 
