@@ -30,6 +30,31 @@ fn wait_parked(h: &Harness, n: f64) {
     });
 }
 
+/// A connection straight to the lab's primary, waiting at most a second for a row lock.
+fn straight_to_the_server(h: &Harness) -> Conn {
+    let mut direct = Conn::new(
+        OptsBuilder::new()
+            .ip_or_hostname(Some("127.0.0.1"))
+            .tcp_port(h.direct().port())
+            .user(Some(h.user()))
+            .pass(Some(h.password()))
+            .prefer_socket(false),
+    )
+    .expect("a connection straight to the server");
+    direct
+        .query_drop("SET SESSION innodb_lock_wait_timeout = 1")
+        .expect("set");
+    direct
+}
+
+/// `update` waits for a row a parked session's transaction holds, and gives up (1205).
+fn assert_row_held(direct: &mut Conn, update: &str) {
+    let err = direct
+        .query_drop(update)
+        .expect_err("the parked session's transaction holds the row");
+    assert!(err.to_string().contains("1205"), "{err}");
+}
+
 /// Plain TCP to the nodes: both sockets of a session park.
 fn plain_backend() -> Options {
     Options::default().config(|c| c.backend_tls = BackendTlsConfig::default())
@@ -59,22 +84,8 @@ fn a_parked_session_keeps_its_transaction_locks_and_state_and_answers_as_before(
 
     // The row lock is held while parked: a connection straight to the server waits for it
     // and gives up.
-    let mut direct = Conn::new(
-        OptsBuilder::new()
-            .ip_or_hostname(Some("127.0.0.1"))
-            .tcp_port(h.direct().port())
-            .user(Some(h.user()))
-            .pass(Some(h.password()))
-            .prefer_socket(false),
-    )
-    .expect("a connection straight to the server");
-    direct
-        .query_drop("SET SESSION innodb_lock_wait_timeout = 1")
-        .expect("set");
-    let err = direct
-        .query_drop("UPDATE sbtest.pk SET v = 99 WHERE id = 1")
-        .expect_err("the parked session's transaction holds the row");
-    assert!(err.to_string().contains("1205"), "{err}");
+    let mut direct = straight_to_the_server(&h);
+    assert_row_held(&mut direct, "UPDATE sbtest.pk SET v = 99 WHERE id = 1");
     assert_eq!(
         parked(&h),
         2.0,
@@ -255,22 +266,8 @@ fn a_tls_session_parks_its_record_layers_and_goes_on_as_before() {
     wait_parked(&h, 2.0);
 
     // The row lock is held while parked.
-    let mut direct = Conn::new(
-        OptsBuilder::new()
-            .ip_or_hostname(Some("127.0.0.1"))
-            .tcp_port(h.direct().port())
-            .user(Some(h.user()))
-            .pass(Some(h.password()))
-            .prefer_socket(false),
-    )
-    .expect("a connection straight to the server");
-    direct
-        .query_drop("SET SESSION innodb_lock_wait_timeout = 1")
-        .expect("set");
-    let err = direct
-        .query_drop("UPDATE sbtest.tp SET v = 'zz' WHERE id = 1")
-        .expect_err("the parked session's transaction holds the row");
-    assert!(err.to_string().contains("1205"), "{err}");
+    let mut direct = straight_to_the_server(&h);
+    assert_row_held(&mut direct, "UPDATE sbtest.tp SET v = 'zz' WHERE id = 1");
 
     for round in 1..=2 {
         // Woken by its request: the same server session, still over TLS to the node.
