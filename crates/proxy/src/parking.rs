@@ -163,13 +163,7 @@ impl Parked {
             } => {
                 // Out of the set first: the watcher's call is no longer wanted.
                 drop((watched, counted));
-                let (tls, compressed) = match layers {
-                    Some(l) => {
-                        let Layers { tls, compressed } = *l;
-                        (tls, compressed)
-                    }
-                    None => (None, None),
-                };
+                let (tls, compressed) = layers.map_or((None, None), |l| (l.tls, l.compressed));
                 stream_of(socket, tls, compressed)
             }
             Parked::Awake(stream) => Ok(stream),
@@ -186,6 +180,17 @@ impl Parked {
         match self {
             Parked::Awake(stream) => Ok(stream),
             _ => Err(lost()),
+        }
+    }
+
+    /// `call` on the stream, woken in place if it was asleep.
+    fn on_awake<T>(
+        &mut self,
+        call: impl FnOnce(Pin<&mut BoxedIo>) -> Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        match self.awake() {
+            Ok(stream) => call(Pin::new(stream)),
+            Err(e) => Poll::Ready(Err(e)),
         }
     }
 
@@ -223,37 +228,26 @@ impl AsyncRead for Parked {
         if this.sleeps_on() {
             return Poll::Pending;
         }
-        match this.awake() {
-            Ok(stream) => Pin::new(stream).poll_read(cx, buf),
-            Err(e) => Poll::Ready(Err(e)),
-        }
+        this.on_awake(|stream| stream.poll_read(cx, buf))
     }
 }
 
+// Writes are not expected (the session takes the socket back first): they wake it too.
 impl AsyncWrite for Parked {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
-        // Not expected (the session takes the socket back first).
-        match self.get_mut().awake() {
-            Ok(stream) => Pin::new(stream).poll_write(cx, data),
-            Err(e) => Poll::Ready(Err(e)),
-        }
+        self.get_mut()
+            .on_awake(|stream| stream.poll_write(cx, data))
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut().awake() {
-            Ok(stream) => Pin::new(stream).poll_flush(cx),
-            Err(e) => Poll::Ready(Err(e)),
-        }
+        self.get_mut().on_awake(|stream| stream.poll_flush(cx))
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut().awake() {
-            Ok(stream) => Pin::new(stream).poll_shutdown(cx),
-            Err(e) => Poll::Ready(Err(e)),
-        }
+        self.get_mut().on_awake(|stream| stream.poll_shutdown(cx))
     }
 }
