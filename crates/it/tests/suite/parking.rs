@@ -4,8 +4,8 @@
 //! nothing on the server: a parked session keeps its transaction, row locks, temporary
 //! tables, user variables and prepared statements, answers its next request as before,
 //! follows a switchover, and hears its client or its server leave while parked; a named
-//! lock and LOCK TABLES stay held. (A read-only server, a read-only transaction: the
-//! same, since nothing is said to the server.)
+//! lock and LOCK TABLES stay held; a READ ONLY transaction and a server made read-only
+//! while the session is parked answer as they do a connection straight to the server.
 
 use holdfast_it::{metric, wait_for, Harness, Options};
 use holdfast_proxy::config::BackendTlsConfig;
@@ -330,4 +330,78 @@ fn a_tls_session_parks_its_record_layers_and_goes_on_as_before() {
         (metric(&h.metrics(), "holdfast_sessions") == Some(0.0)).then_some(())
     });
     assert_eq!(parked(&h), 0.0, "nothing stays parked");
+}
+
+/// A read-only transaction and a read-only server, parked over TLS (the lab's default
+/// config): a parked session answers as a connection straight to the server does. Its
+/// READ ONLY transaction still refuses a write (1792) and still reads what it began with;
+/// with the server made read-only while the session is parked, its write is refused (1290)
+/// as the direct connection's is.
+#[test]
+fn a_parked_read_only_transaction_and_a_read_only_server_answer_as_the_server_does() {
+    let h = Harness::start();
+    // An account `read_only` stops (no SUPER, no READ_ONLY ADMIN), as in MariaDB's tests.
+    h.root_sql(
+        "CREATE USER 'ro_user'@'%' IDENTIFIED BY 'ro_pass'; \
+         GRANT ALL PRIVILEGES ON sbtest.* TO 'ro_user'@'%'; \
+         CREATE TABLE sbtest.ro (id INT PRIMARY KEY, v INT); INSERT INTO sbtest.ro VALUES (1, 10)",
+    );
+    let as_limited = |addr: std::net::SocketAddr| {
+        Conn::new(
+            OptsBuilder::new()
+                .ip_or_hostname(Some(addr.ip().to_string()))
+                .tcp_port(addr.port())
+                .user(Some("ro_user"))
+                .pass(Some("ro_pass"))
+                .prefer_socket(false),
+        )
+        .expect("the limited account logs in")
+    };
+    let mut c = as_limited(h.proxy);
+    let mut direct = as_limited(h.direct());
+    c.query_drop("START TRANSACTION READ ONLY").expect("begin");
+    let v: Option<i64> = c
+        .query_first("SELECT v FROM sbtest.ro WHERE id = 1")
+        .expect("read");
+    assert_eq!(v, Some(10));
+    wait_parked(&h, 2.0);
+    // Changed by another connection meanwhile: the snapshot the transaction read stays.
+    direct
+        .query_drop("UPDATE sbtest.ro SET v = 20 WHERE id = 1")
+        .expect("a direct write");
+    let err = c
+        .query_drop("UPDATE sbtest.ro SET v = 30 WHERE id = 1")
+        .expect_err("a read-only transaction refuses a write");
+    let mut direct_ro = as_limited(h.direct());
+    direct_ro
+        .query_drop("START TRANSACTION READ ONLY")
+        .expect("begin");
+    let direct_err = direct_ro
+        .query_drop("UPDATE sbtest.ro SET v = 30 WHERE id = 1")
+        .expect_err("the server refuses it too");
+    assert!(err.to_string().contains("1792"), "{err}");
+    assert!(direct_err.to_string().contains("1792"), "{direct_err}");
+    let v: Option<i64> = c
+        .query_first("SELECT v FROM sbtest.ro WHERE id = 1")
+        .expect("read");
+    assert_eq!(v, Some(10), "the transaction's snapshot");
+    c.query_drop("COMMIT").expect("commit");
+    drop(direct_ro);
+
+    // The server made read-only while the session is parked.
+    wait_parked(&h, 2.0);
+    h.root_sql("SET GLOBAL read_only = 1");
+    let err = c
+        .query_drop("UPDATE sbtest.ro SET v = 40 WHERE id = 1")
+        .expect_err("a read-only server refuses the write");
+    let direct_err = direct
+        .query_drop("UPDATE sbtest.ro SET v = 40 WHERE id = 1")
+        .expect_err("and the direct connection's");
+    h.root_sql("SET GLOBAL read_only = 0");
+    assert!(err.to_string().contains("1290"), "{err}");
+    assert!(direct_err.to_string().contains("1290"), "{direct_err}");
+    let v: Option<i64> = c
+        .query_first("SELECT v FROM sbtest.ro WHERE id = 1")
+        .expect("read");
+    assert_eq!(v, Some(20), "neither write went through");
 }
