@@ -85,6 +85,22 @@ fn session(port: u16) -> mysql::Conn {
 
 /// `holdfast ctl upgrade --json`, which must succeed; the new process is killed with the
 /// test's others. Returns its pid.
+/// Waits until `n` idle sockets are parked out of the reactor (`parking.rs`).
+fn wait_parked(config: &Path, n: f64) {
+    wait_for(
+        "the idle sessions' sockets parked",
+        Duration::from_secs(30),
+        || {
+            let (ok, out, _) = ctl(config, &["metrics"]);
+            let parked = out
+                .lines()
+                .find_map(|l| l.strip_prefix("holdfast_idle_sockets_parked "))
+                .and_then(|v| v.trim().parse::<f64>().ok());
+            (ok && parked == Some(n)).then_some(())
+        },
+    );
+}
+
 fn upgrade(config: &Path, procs: &mut Processes, log: &Path) -> u32 {
     let (ok, out, err) = ctl(config, &["upgrade", "--json"]);
     assert!(
@@ -603,19 +619,7 @@ fn idle_sessions_are_handed_over(plain_backend: bool) {
     // Idle for a second, the sessions park their sockets out of the reactor
     // (`parking.rs`), TLS ones with their record layers' keys only; the hand-over takes
     // them from there.
-    let parked_wanted = 6.0;
-    wait_for(
-        "the idle sessions' sockets parked",
-        Duration::from_secs(30),
-        &mut || {
-            let (ok, out, _) = ctl(&config, &["metrics"]);
-            let parked = out
-                .lines()
-                .find_map(|l| l.strip_prefix("holdfast_idle_sockets_parked "))
-                .and_then(|v| v.trim().parse::<f64>().ok());
-            (ok && parked == Some(parked_wanted)).then_some(())
-        },
-    );
+    wait_parked(&config, 6.0);
     let logins_before = app_logins();
     // (The three sessions above logged in through holdfast: the count works.)
     assert!(logins_before >= 3, "{logins_before} logins of 'app'");
@@ -824,6 +828,9 @@ fn a_split_session_keeps_what_its_replica_reads_left() {
         .query("SELECT SQL_CALC_FOUND_ROWS CAST(v AS SIGNED) FROM sbtest.sp ORDER BY id LIMIT 2")
         .expect("a read");
     assert_eq!(rows.len(), 2);
+    // Idle, both sessions park their sockets, the split one its replica connection too
+    // (`parking.rs`): the hand-over takes them from there.
+    wait_parked(&config, 5.0);
 
     upgrade(&config, &mut procs, &log);
     wait_for(

@@ -68,6 +68,8 @@ pub struct Shared {
     /// The HA and serverless events, for `/status` and the dashboard.
     pub events: events::EventLog,
     pub verifiers: VerifierCache,
+    /// Each server's system variable types, for restoring sessions there.
+    pub variable_types: restore::TypesCache,
     pub topology: watch::Receiver<Arc<Topology>>,
     pub sessions: Arc<SessionRegistry>,
     pub started: Instant,
@@ -375,6 +377,7 @@ impl Shared {
             metrics: Metrics::new(),
             events: Default::default(),
             verifiers: VerifierCache::default(),
+            variable_types: restore::TypesCache::default(),
             topology,
             sessions: Arc::default(),
             started: Instant::now(),

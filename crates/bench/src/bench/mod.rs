@@ -596,6 +596,7 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
         for target in [
             Target::Holdfast,
             Target::HoldfastBaseline,
+            Target::HoldfastSplit,
             Target::HoldfastPassthrough,
             Target::HoldfastPassthroughUser,
             Target::Haproxy,
@@ -614,8 +615,11 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
             );
             // The holdfast under test serves the lab's admin API (it reports its heap).
             let lab_admin = crate::admin::client(&st);
-            let heap_from = matches!(target, Target::Holdfast | Target::HoldfastPassthrough)
-                .then_some(&lab_admin);
+            let heap_from = matches!(
+                target,
+                Target::Holdfast | Target::HoldfastSplit | Target::HoldfastPassthrough
+            )
+            .then_some(&lab_admin);
             let r = idle::IdleClients {
                 addr: &format!("127.0.0.1:{port}"),
                 pid,

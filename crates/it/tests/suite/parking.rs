@@ -25,9 +25,11 @@ fn parked(h: &Harness) -> f64 {
 }
 
 fn wait_parked(h: &Harness, n: f64) {
-    wait_for(&format!("{n} idle sockets parked"), WAIT, || {
+    if let Err(e) = holdfast_lab::wait_for("idle sockets parked", WAIT, || {
         (parked(h) == n).then_some(())
-    });
+    }) {
+        panic!("{e}: {} rather than {n}", parked(h));
+    }
 }
 
 /// A connection straight to the lab's primary, waiting at most a second for a row lock.
@@ -404,4 +406,114 @@ fn a_parked_read_only_transaction_and_a_read_only_server_answer_as_the_server_do
         .query_first("SELECT v FROM sbtest.ro WHERE id = 1")
         .expect("read");
     assert_eq!(v, Some(20), "neither write went through");
+}
+
+/// A split session (reads to the replicas, TLS to the nodes: the lab's default config with
+/// `routing = "split"`) parks its replica connection with its own two. A read-only
+/// transaction pinned to a replica keeps its snapshot while parked and goes on on the same
+/// replica; the session's user variable and prepared read reach the replicas afterwards;
+/// and a replica connection its server ends while parked costs the client nothing: its
+/// next reads are answered.
+#[test]
+fn a_split_sessions_replica_connection_parks_with_it_and_goes_on() {
+    use holdfast_config::Routing;
+    let h = Harness::start_with(
+        Options::default()
+            .replicas(2)
+            .config(|c| c.proxy.routing = Routing::Split),
+    );
+    wait_for("both replicas take reads", WAIT, || {
+        (h.shared.topology.borrow().read_nodes().count() == 2).then_some(())
+    });
+    let server_id = |name: &str| -> String {
+        holdfast_lab::node_sql(h.node(name), "SELECT @@server_id").expect("server id")[0][0].clone()
+    };
+    let primary = h.lab.primary().name.clone();
+    let primary_id = server_id(&primary);
+    h.root_sql(
+        "CREATE TABLE sbtest.sp (id INT PRIMARY KEY, v INT); INSERT INTO sbtest.sp VALUES (1, 10)",
+    );
+    for node in &h.lab.status.nodes {
+        wait_for("the replicas to have the row", WAIT, || {
+            holdfast_lab::node_sql(node, "SELECT v FROM sbtest.sp")
+                .ok()
+                .filter(|rows| !rows.is_empty())
+        });
+    }
+    let mut c = connect(&h);
+    c.query_drop("SET @kept = 7").expect("set");
+    let read = c.prep("SELECT @@server_id + 0 * ?").expect("prepare");
+
+    // A read-only transaction pinned to a replica.
+    c.query_drop("START TRANSACTION READ ONLY").expect("begin");
+    let (on, v): (u32, i64) = c
+        .query_first("SELECT @@server_id, v FROM sbtest.sp WHERE id = 1")
+        .expect("read")
+        .expect("a row");
+    let replica = h
+        .lab
+        .status
+        .nodes
+        .iter()
+        .map(|n| n.name.clone())
+        .find(|n| server_id(n) == on.to_string())
+        .expect("a node of the lab");
+    assert_ne!(
+        on.to_string(),
+        primary_id,
+        "the transaction reads a replica"
+    );
+    assert_eq!(v, 10);
+    // The client's, the primary's and the replicas' connections (the prepared read was
+    // prepared on a replica too: one or two).
+    let parked_with_replicas = || {
+        wait_for("the replica connections parked too", WAIT, || {
+            (parked(&h) >= 3.0).then_some(())
+        })
+    };
+    parked_with_replicas();
+
+    // Changed meanwhile, and replicated: the parked transaction's snapshot stays.
+    h.root_sql("UPDATE sbtest.sp SET v = 20 WHERE id = 1");
+    wait_for("the replica to apply the change", WAIT, || {
+        let rows = holdfast_lab::node_sql(h.node(&replica), "SELECT v FROM sbtest.sp")
+            .expect("read the replica");
+        (rows[0][0] == "20").then_some(())
+    });
+    let (again, v): (u32, i64) = c
+        .query_first("SELECT @@server_id, v FROM sbtest.sp WHERE id = 1")
+        .expect("read")
+        .expect("a row");
+    assert_eq!((again, v), (on, 10), "the same replica, the same snapshot");
+    c.query_drop("COMMIT").expect("commit");
+
+    // The replica's server ends every connection of the account while they are parked.
+    parked_with_replicas();
+    let threads = holdfast_lab::node_sql(
+        h.node(&replica),
+        &format!(
+            "SELECT ID FROM information_schema.PROCESSLIST WHERE USER = '{}'",
+            h.user()
+        ),
+    )
+    .expect("the replica's threads");
+    assert!(!threads.is_empty(), "the session's replica connection");
+    for t in threads {
+        holdfast_lab::node_sql(h.node(&replica), &format!("KILL {}", t[0])).expect("kill");
+    }
+    for n in 1..=4 {
+        let got: Option<(i64, i64)> = c
+            .query_first("SELECT @kept, v FROM sbtest.sp WHERE id = 1")
+            .expect("a read after the replica ended its connection");
+        assert_eq!(got, Some((7, 20)), "read {n}");
+        let id: Option<u32> = c.exec_first(&read, (n,)).expect("the prepared read");
+        assert!(id.is_some());
+    }
+    // Idle again: its connections park, a replica's among them.
+    parked_with_replicas();
+    drop(c);
+    wait_for("the session to end", WAIT, || {
+        (metric(&h.metrics(), "holdfast_sessions") == Some(0.0)).then_some(())
+    });
+    assert_eq!(parked(&h), 0.0, "nothing stays parked");
 }

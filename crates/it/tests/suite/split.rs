@@ -2419,3 +2419,64 @@ fn a_procedure_in_a_read_only_transaction_with_autocommit_off_moves_it_to_the_pr
     ];
     same_as_directly(&h, &steps);
 }
+
+/// A replica's system variable types (how each session variable is written back there)
+/// are read once per server, not once per session: six sessions open replica connections
+/// with their state synced (sql_mode, a length), and each replica's general log shows
+/// one `information_schema.SYSTEM_VARIABLES` read at most. The table is some 600 rows, and
+/// each replica connection kept its own copy (60 KB per idle split session).
+#[test]
+fn a_replicas_variable_types_are_read_once_for_all_sessions() {
+    let h = split_harness(|_| {});
+    let (primary, replicas) = server_ids(&h);
+    let replica_nodes: Vec<_> = h
+        .lab
+        .status
+        .nodes
+        .iter()
+        .filter(|n| n.name != h.lab.primary().name)
+        .cloned()
+        .collect();
+    for node in &replica_nodes {
+        holdfast_lab::node_sql(
+            node,
+            "SET GLOBAL log_output = 'TABLE'; TRUNCATE mysql.general_log; SET GLOBAL general_log = 1",
+        )
+        .expect("the general log on");
+    }
+    let mut sessions: Vec<Conn> = (0..6).map(|_| connect_to(&h.url())).collect();
+    let mut on_replicas = HashSet::new();
+    for (i, c) in sessions.iter_mut().enumerate() {
+        c.query_drop(format!(
+            "SET SESSION sql_mode = 'ANSI_QUOTES', group_concat_max_len = {}",
+            1000 + i
+        ))
+        .unwrap();
+        for _ in 0..2 {
+            let (id, mode, len): (u32, String, usize) = c
+                .query_first("SELECT @@server_id, @@sql_mode, @@group_concat_max_len")
+                .unwrap()
+                .unwrap();
+            assert_eq!(node_of(id, primary, &replicas), Node::Replica);
+            assert_eq!((mode.as_str(), len), ("ANSI_QUOTES", 1000 + i));
+            on_replicas.insert(id);
+        }
+    }
+    let mut loads = Vec::new();
+    for node in &replica_nodes {
+        let rows = holdfast_lab::node_sql(
+            node,
+            "SELECT COUNT(*) FROM mysql.general_log WHERE argument LIKE '%information_schema.SYSTEM_VARIABLES%' \
+             AND argument NOT LIKE '%general_log%'",
+        )
+        .expect("the general log");
+        holdfast_lab::node_sql(node, "SET GLOBAL general_log = 0").expect("the general log off");
+        loads.push(rows[0][0].parse::<u32>().expect("a count"));
+    }
+    assert!(!on_replicas.is_empty());
+    assert!(
+        loads.iter().all(|&n| n <= 1),
+        "SYSTEM_VARIABLES reads per replica: {loads:?}"
+    );
+    assert!(loads.iter().sum::<u32>() >= 1, "read where a session read");
+}

@@ -100,7 +100,8 @@ pub use capture::{
 pub use holdfast_sql::quote::{identifier as quote_identifier, string_literal};
 pub use plan::{plan, Assignment, RestorePlan};
 pub use types::{
-    skip_reason, system_variable_literal, VarInfo, VarKind, VariableTypes, VARIABLE_TYPES_QUERY,
+    skip_reason, system_variable_literal, TypesCache, VarInfo, VarKind, VariableTypes,
+    VARIABLE_TYPES_QUERY,
 };
 pub use values::{UserValue, UserVariable, ValueError};
 

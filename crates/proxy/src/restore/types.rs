@@ -4,6 +4,7 @@
 use crate::backend::{BackendConn, BackendError};
 use holdfast_sql::quote::string_literal;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// The query [`VariableTypes::load`] runs.
 pub const VARIABLE_TYPES_QUERY: &str = "SELECT LOWER(VARIABLE_NAME), VARIABLE_TYPE, READ_ONLY, \
@@ -101,6 +102,42 @@ impl VariableTypes {
 
     pub fn is_empty(&self) -> bool {
         self.vars.is_empty()
+    }
+}
+
+/// The system variable types of each server this process has restored a session on, by
+/// node and server version: one table of some 600 entries per server, shared by the
+/// sessions (a split session's replica connections held one each, 60 KB per idle
+/// session), and a query on `information_schema` saved for each replica connection opened
+/// and each session moved. A node that comes back with another version has its types
+/// loaded again. Locked only while a connection is opened or moved, never per request.
+#[derive(Default)]
+pub struct TypesCache(std::sync::Mutex<TypesTable>);
+
+/// Types by (node, the server version its greeting gave).
+type TypesTable = HashMap<(String, Vec<u8>), Arc<VariableTypes>>;
+
+impl TypesCache {
+    /// The types of `node`'s server, which `conn` is logged in to: loaded through it the
+    /// first time.
+    pub async fn of(
+        &self,
+        node: &str,
+        conn: &mut BackendConn,
+    ) -> Result<Arc<VariableTypes>, BackendError> {
+        let key = (node.to_string(), conn.greeting.server_version.clone());
+        if let Some(types) = self.table().get(&key) {
+            return Ok(types.clone());
+        }
+        let types = Arc::new(VariableTypes::load(conn).await?);
+        Ok(self.table().entry(key).or_insert(types).clone())
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, TypesTable> {
+        // (Nothing is left half-done under the lock: a poisoned table is whole.)
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

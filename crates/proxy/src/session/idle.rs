@@ -199,6 +199,9 @@ impl Session {
                     // Back in the reactor before anything else touches the sockets.
                     crate::parking::unpark(&mut self.client);
                     crate::parking::unpark(&mut self.backend.conn);
+                    if let Some(split) = self.split.as_mut() {
+                        split.reader_streams().for_each(crate::parking::unpark);
+                    }
                     match woke {
                         Woke::Client(r) => return r.map_err(End::Client),
                         Woke::Ring => continue,
@@ -266,11 +269,17 @@ impl Session {
     }
 
     /// Hands the sockets to the process's watcher of sockets out of the reactor (see
-    /// `parking.rs`), which wakes this task through its info when either has something to
-    /// read or ends.
+    /// `parking.rs`), which wakes this task through its info when one has something to
+    /// read or ends. A split session's replica connections park too: the select does not
+    /// read them, so their call only wakes the task (a replica that closed one is heard
+    /// at its next use, as in the reactor).
     fn park_sockets(&mut self, waker: &std::task::Waker) {
         let backend = !self.backend_dead && self.backend.conn.can_take_socket();
-        if !self.client.can_take_socket() && !backend {
+        let readers = self
+            .split
+            .as_mut()
+            .is_some_and(|split| split.reader_streams().any(|c| c.can_take_socket()));
+        if !self.client.can_take_socket() && !backend && !readers {
             return;
         }
         let Some(watcher) = self.shared.socket_watcher.get() else {
@@ -280,9 +289,15 @@ impl Session {
         let info = self.info.clone();
         let wake: holdfast_sockmap::OnHangup = std::sync::Arc::new(move || info.idle_waker.wake());
         let parked = &self.shared.metrics.idle_sockets_parked;
-        let mut any = crate::parking::park(watcher, &mut self.client, &wake, parked);
+        let park = |conn: &mut PacketConn| crate::parking::park(watcher, conn, &wake, parked);
+        let mut any = park(&mut self.client);
         if backend {
-            any |= crate::parking::park(watcher, &mut self.backend.conn, &wake, parked);
+            any |= park(&mut self.backend.conn);
+        }
+        if let Some(split) = self.split.as_mut() {
+            for reader in split.reader_streams() {
+                any |= park(reader);
+            }
         }
         if any {
             // What the streams let go (tokio's registrations, a TLS connection's state)

@@ -10,7 +10,7 @@ use super::{CloseReason, End, Session};
 use crate::backend::{self, BackendConn, BackendError, LoginParams};
 use crate::conn::ConnError;
 use crate::error::{ClientError, ErrorKind};
-use crate::restore::{self, RestoreError, VariableTypes};
+use crate::restore::{self, RestoreError};
 use holdfast_cluster::topology::NodeState;
 use holdfast_wire::caps::{CLIENT_DEPRECATE_EOF, SERVER_STATUS_IN_TRANS};
 use holdfast_wire::command::*;
@@ -663,7 +663,10 @@ impl Session {
                 .await
                 .map_err(|e| unreachable(&e))?;
         }
-        let types = VariableTypes::load(&mut new)
+        let types = self
+            .shared
+            .variable_types
+            .of(&node.name, &mut new)
             .await
             .map_err(|e| unreachable(&e))?;
         let mut record = self.record.clone();

@@ -18,6 +18,7 @@ use crate::backend::BackendConn;
 use crate::config::Consistency;
 use crate::restore::{self, VariableTypes};
 use bytes::BytesMut;
+use holdfast_client::conn::PacketConn;
 use holdfast_cluster::topology::{NodeLoad, NodeState, Topology};
 use holdfast_sql::{Classification as C, ReadRoute};
 use holdfast_wire::caps::{
@@ -140,7 +141,8 @@ struct Reader {
     load: Arc<NodeLoad>,
     /// The session's [`state_version`](crate::state::SessionRecord::state_version) it has.
     state_version: u64,
-    types: VariableTypes,
+    /// Its server's (shared: [`restore::TypesCache`]).
+    types: Arc<VariableTypes>,
     /// The client's statement ids prepared here: this connection's id, and whether it has
     /// seen the statement's parameter types.
     statements: HashMap<u32, (u32, bool)>,
@@ -168,6 +170,12 @@ impl Split {
         for kept in [&mut self.last_read, &mut self.rerun].into_iter().flatten() {
             *kept = BytesMut::from(&kept[..]);
         }
+    }
+
+    /// The replica connections' streams: an idle session parks them with its own and takes
+    /// them back into the reactor when it wakes (`parking.rs`).
+    pub(super) fn reader_streams(&mut self) -> impl Iterator<Item = &mut PacketConn> {
+        self.readers.iter_mut().map(|r| &mut r.conn.conn)
     }
 
     pub(super) fn new(watch: watch::Receiver<Arc<Topology>>) -> Box<Split> {
@@ -2072,7 +2080,7 @@ impl Session {
                 return None;
             }
         };
-        let types = match VariableTypes::load(&mut conn).await {
+        let types = match self.shared.variable_types.of(&node.name, &mut conn).await {
             Ok(t) => t,
             Err(e) => {
                 tracing::debug!(session = self.info.id, node = %node.name, error = %e, "replica not usable for reads");
@@ -2081,6 +2089,8 @@ impl Session {
         };
         let split = self.split.as_mut()?;
         node.load.0.opened(conn.greeting.connection_id);
+        // One more slot, not four (what an idle split session holds).
+        split.readers.reserve_exact(1);
         split.readers.push(Reader {
             read: Arc::new(crate::registry::ReplicaRead {
                 node: node.name.clone(),
@@ -2382,7 +2392,7 @@ impl Split {
                 unread: unread.to_vec(),
                 compressed,
                 state_version: r.state_version,
-                types: std::mem::take(&mut r.types),
+                types: (*r.types).clone(),
                 statements: r
                     .statements
                     .iter()
@@ -2451,7 +2461,7 @@ impl Split {
                 },
                 load,
                 state_version: r.state_version,
-                types: r.types,
+                types: Arc::new(r.types),
                 statements: r
                     .statements
                     .into_iter()
