@@ -10,9 +10,10 @@
 //! socket to the process's watcher of sockets out of the reactor
 //! ([`crate::kernel_relay::SocketWatcher`], [`HangupWatcher::watch_readable`]), whose
 //! thread wakes the session when it has something to read or ends. The session takes
-//! them back into the reactor before it does anything else ([`unpark`]); a TLS
-//! connection goes on with holdfast's own record layer
-//! ([`holdfast_client::tls_resume::ResumedTls`], as after a hand-over). A parked stream
+//! them back into the reactor before it reads a request or hands them over ([`unpark`]);
+//! a change it deals with while idle (the topology, a switchover) leaves them parked, and
+//! what it uses then wakes in place. A TLS connection goes on with holdfast's own record
+//! layer ([`holdfast_client::tls_resume::ResumedTls`], as after a hand-over). A parked stream
 //! that is read (the idle wait's one byte) wakes in place first, so that what it reads
 //! is the stream's bytes (plaintext, decompressed), never the socket's.
 //!
@@ -23,6 +24,7 @@ use holdfast_client::compress::CompressedState;
 use holdfast_client::conn::{stream_of, BoxedIo, PacketConn, TakenSocket};
 use holdfast_client::tls_resume::TlsState;
 use holdfast_sockmap::{HangupWatcher, OnHangup, Watched};
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use std::io;
 use std::os::fd::AsFd;
@@ -34,18 +36,32 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// How long a session idles before it parks its sockets.
 pub const PARK_AFTER: Duration = Duration::from_secs(1);
 
+/// The parked sockets' gauge, and the count of those taken back into the reactor.
+#[derive(Clone)]
+pub struct Tally {
+    pub parked: Gauge,
+    pub woken: Counter,
+}
+
 /// Parks `conn`'s socket if its stream can be taken apart (plain TCP, TLS, the compressed
 /// protocol over either) with nothing buffered: `wake` is called (once) when it has
-/// something to read or ends; `parked` counts it while it is. `false` when it stays in the
-/// reactor.
+/// something to read or ends; `tally` counts it while it is. `false` when it stays in the
+/// reactor, or was parked already. A parked stream that woke in place is parked again.
 ///
-/// Call [`unpark`] before anything but reading one byte happens on the connection.
+/// A parked stream serves anything done on it (waking in place); call [`unpark`] before
+/// the connection is taken apart otherwise (a hand-over) or used for long.
 pub fn park(
     watcher: &HangupWatcher,
     conn: &mut PacketConn,
     wake: &OnHangup,
-    parked: &Gauge,
+    tally: &Tally,
 ) -> bool {
+    match conn.stream.as_ref().as_any().downcast_ref::<Parked>() {
+        // Still watched.
+        Some(Parked::Asleep { .. }) => return false,
+        Some(_) => unpark(conn),
+        None => {}
+    }
     if !conn.rbuf.is_empty() || !conn.can_take_socket() {
         return false;
     }
@@ -62,7 +78,7 @@ pub fn park(
     }
     match watcher.watch_readable(taken.socket.as_fd(), wake.clone()) {
         Ok(watched) => {
-            parked.inc();
+            tally.parked.inc();
             let TakenSocket {
                 socket,
                 tls,
@@ -73,7 +89,7 @@ pub fn park(
                 .then(|| Box::new(Layers { tls, compressed }));
             conn.replace_stream(Box::new(Parked::Asleep {
                 watched,
-                counted: Counted(parked.clone()),
+                counted: Counted(tally.clone()),
                 socket,
                 layers,
             }));
@@ -84,6 +100,16 @@ pub fn park(
             back_in_reactor(conn, taken);
             false
         }
+    }
+}
+
+/// Whether [`park`] would park `conn` now: a stream it can take apart with nothing
+/// buffered, or a parked one that woke in place.
+pub fn parkable(conn: &PacketConn) -> bool {
+    match conn.stream.as_ref().as_any().downcast_ref::<Parked>() {
+        Some(Parked::Awake(_)) => true,
+        Some(_) => false,
+        None => conn.rbuf.is_empty() && conn.can_take_socket(),
     }
 }
 
@@ -143,11 +169,11 @@ enum Parked {
 }
 
 /// A parked socket in the gauge, until it is taken back or dropped with its session.
-struct Counted(Gauge);
+struct Counted(Tally);
 
 impl Drop for Counted {
     fn drop(&mut self) {
-        self.0.dec();
+        self.0.parked.dec();
     }
 }
 
@@ -162,6 +188,7 @@ impl Parked {
                 layers,
             } => {
                 // Out of the set first: the watcher's call is no longer wanted.
+                counted.0.woken.inc();
                 drop((watched, counted));
                 let (tls, compressed) = layers.map_or((None, None), |l| (l.tls, l.compressed));
                 stream_of(socket, tls, compressed)

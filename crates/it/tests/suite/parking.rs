@@ -517,3 +517,48 @@ fn a_split_sessions_replica_connection_parks_with_it_and_goes_on() {
     });
     assert_eq!(parked(&h), 0.0, "nothing stays parked");
 }
+
+/// A topology change that does not concern a parked session (a replica's replication
+/// stops: it takes no more reads) wakes it to look, and leaves its sockets parked: no
+/// socket is taken back into the reactor, so no TLS connection is rebuilt (the lab's
+/// default config: TLS to the nodes). Its next request wakes both and is answered as
+/// before.
+#[test]
+fn a_topology_change_that_does_not_concern_a_parked_session_leaves_it_parked() {
+    let h = Harness::start_with(Options::default().replicas(1));
+    let counter = |name: &str| metric(&h.metrics(), name).unwrap_or(-1.0);
+    let mut c = connect(&h);
+    c.query_drop("SET @kept = 'parked'").expect("set");
+    wait_parked(&h, 2.0);
+    let woken = counter("holdfast_idle_sockets_woken_total");
+    let rung = counter("holdfast_idle_sessions_rung_total");
+    assert!(woken >= 0.0 && rung >= 0.0, "both counted");
+
+    let replica = h
+        .lab
+        .status
+        .nodes
+        .iter()
+        .find(|n| n.name != h.lab.primary().name)
+        .expect("a replica")
+        .clone();
+    holdfast_lab::node_sql(&replica, "STOP SLAVE SQL_THREAD").expect("stop replication");
+    wait_for("the session woken by the change", WAIT, || {
+        (counter("holdfast_idle_sessions_rung_total") > rung).then_some(())
+    });
+    holdfast_lab::node_sql(&replica, "START SLAVE SQL_THREAD").expect("start replication");
+    assert_eq!(
+        counter("holdfast_idle_sockets_woken_total"),
+        woken,
+        "no socket taken back for a change that does not concern the session"
+    );
+    assert_eq!(parked(&h), 2.0);
+
+    let kept: Option<String> = c.query_first("SELECT @kept").expect("select");
+    assert_eq!(kept.as_deref(), Some("parked"));
+    assert_eq!(
+        counter("holdfast_idle_sockets_woken_total"),
+        woken + 2.0,
+        "its request took both back"
+    );
+}

@@ -196,21 +196,28 @@ impl Session {
                         error = backend_gone(&mut self.backend.conn), if alive => Woke::Backend(error),
                         () = self.idle_timer.due() => Woke::Timer,
                     };
-                    // Back in the reactor before anything else touches the sockets.
-                    crate::parking::unpark(&mut self.client);
-                    crate::parking::unpark(&mut self.backend.conn);
-                    if let Some(split) = self.split.as_mut() {
-                        split.reader_streams().for_each(crate::parking::unpark);
-                    }
                     match woke {
-                        Woke::Client(r) => return r.map_err(End::Client),
-                        Woke::Ring => continue,
-                        Woke::Backend(error) => IdleEvent::BackendGone(error),
+                        Woke::Client(r) => {
+                            self.unpark_sockets();
+                            return r.map_err(End::Client);
+                        }
+                        // The sockets stay parked: what the change asks of the session
+                        // (often nothing: a replica's lag changed) wakes what it uses in
+                        // place, and the next park takes it back.
+                        Woke::Ring => {
+                            self.shared.metrics.idle_sessions_rung.inc();
+                            continue;
+                        }
+                        Woke::Backend(error) => {
+                            self.unpark_sockets();
+                            IdleEvent::BackendGone(error)
+                        }
                         Woke::Timer
                             if self
                                 .idle_due(idle_deadline)
                                 .is_some_and(|d| Instant::now() >= d) =>
                         {
+                            self.unpark_sockets();
                             IdleEvent::Deadline
                         }
                         // The moment to park.
@@ -223,6 +230,8 @@ impl Session {
             };
             match event {
                 IdleEvent::HandOver(sink) => {
+                    // Handed over from the reactor (see `handover.rs`).
+                    self.unpark_sockets();
                     if let Some(end) = Box::pin(self.hand_over(sink, true)).await {
                         return Err(end);
                     }
@@ -274,12 +283,13 @@ impl Session {
     /// read them, so their call only wakes the task (a replica that closed one is heard
     /// at its next use, as in the reactor).
     fn park_sockets(&mut self, waker: &std::task::Waker) {
-        let backend = !self.backend_dead && self.backend.conn.can_take_socket();
+        use crate::parking::parkable;
+        let backend = !self.backend_dead && parkable(&self.backend.conn);
         let readers = self
             .split
             .as_mut()
-            .is_some_and(|split| split.reader_streams().any(|c| c.can_take_socket()));
-        if !self.client.can_take_socket() && !backend && !readers {
+            .is_some_and(|split| split.reader_streams().any(|c| parkable(c)));
+        if !parkable(&self.client) && !backend && !readers {
             return;
         }
         let Some(watcher) = self.shared.socket_watcher.get() else {
@@ -288,8 +298,11 @@ impl Session {
         self.info.idle_waker.register(waker);
         let info = self.info.clone();
         let wake: holdfast_sockmap::OnHangup = std::sync::Arc::new(move || info.idle_waker.wake());
-        let parked = &self.shared.metrics.idle_sockets_parked;
-        let park = |conn: &mut PacketConn| crate::parking::park(watcher, conn, &wake, parked);
+        let tally = crate::parking::Tally {
+            parked: self.shared.metrics.idle_sockets_parked.clone(),
+            woken: self.shared.metrics.idle_sockets_woken.clone(),
+        };
+        let park = |conn: &mut PacketConn| crate::parking::park(watcher, conn, &wake, &tally);
         let mut any = park(&mut self.client);
         if backend {
             any |= park(&mut self.backend.conn);
@@ -303,6 +316,16 @@ impl Session {
             // What the streams let go (tokio's registrations, a TLS connection's state)
             // goes back to the system with the next trim.
             self.shared.memory.released();
+        }
+    }
+
+    /// Takes the parked sockets back into the reactor (a byte the wait read stays
+    /// buffered).
+    fn unpark_sockets(&mut self) {
+        crate::parking::unpark(&mut self.client);
+        crate::parking::unpark(&mut self.backend.conn);
+        if let Some(split) = self.split.as_mut() {
+            split.reader_streams().for_each(crate::parking::unpark);
         }
     }
 
