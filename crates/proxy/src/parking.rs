@@ -20,28 +20,21 @@
 //! A busy session never parks, so requests pay nothing for it; a session woken after a
 //! long silence pays four `epoll_ctl` calls a socket, and a TLS one two key schedules.
 
+use crate::metrics::IdleSockets;
 use holdfast_client::compress::CompressedState;
 use holdfast_client::conn::{stream_of, BoxedIo, PacketConn, TakenSocket};
 use holdfast_client::tls_resume::TlsState;
 use holdfast_sockmap::{HangupWatcher, OnHangup, Watched};
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
 use std::io;
 use std::os::fd::AsFd;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// How long a session idles before it parks its sockets.
 pub const PARK_AFTER: Duration = Duration::from_secs(1);
-
-/// The parked sockets' gauge, and the count of those taken back into the reactor.
-#[derive(Clone)]
-pub struct Tally {
-    pub parked: Gauge,
-    pub woken: Counter,
-}
 
 /// Parks `conn`'s socket if its stream can be taken apart (plain TCP, TLS, the compressed
 /// protocol over either) with nothing buffered: `wake` is called (once) when it has
@@ -54,7 +47,7 @@ pub fn park(
     watcher: &HangupWatcher,
     conn: &mut PacketConn,
     wake: &OnHangup,
-    tally: &Tally,
+    tally: &Arc<IdleSockets>,
 ) -> bool {
     match conn.stream.as_ref().as_any().downcast_ref::<Parked>() {
         // Still watched.
@@ -169,7 +162,7 @@ enum Parked {
 }
 
 /// A parked socket in the gauge, until it is taken back or dropped with its session.
-struct Counted(Tally);
+struct Counted(Arc<IdleSockets>);
 
 impl Drop for Counted {
     fn drop(&mut self) {

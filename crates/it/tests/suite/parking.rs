@@ -534,14 +534,7 @@ fn a_topology_change_that_does_not_concern_a_parked_session_leaves_it_parked() {
     let rung = counter("holdfast_idle_sessions_rung_total");
     assert!(woken >= 0.0 && rung >= 0.0, "both counted");
 
-    let replica = h
-        .lab
-        .status
-        .nodes
-        .iter()
-        .find(|n| n.name != h.lab.primary().name)
-        .expect("a replica")
-        .clone();
+    let replica = h.lab.replicas()[0].clone();
     holdfast_lab::node_sql(&replica, "STOP SLAVE SQL_THREAD").expect("stop replication");
     wait_for("the session woken by the change", WAIT, || {
         (counter("holdfast_idle_sessions_rung_total") > rung).then_some(())

@@ -2429,14 +2429,7 @@ fn a_procedure_in_a_read_only_transaction_with_autocommit_off_moves_it_to_the_pr
 fn a_replicas_variable_types_are_read_once_for_all_sessions() {
     let h = split_harness(|_| {});
     let (primary, replicas) = server_ids(&h);
-    let replica_nodes: Vec<_> = h
-        .lab
-        .status
-        .nodes
-        .iter()
-        .filter(|n| n.name != h.lab.primary().name)
-        .cloned()
-        .collect();
+    let replica_nodes = h.lab.replicas().to_vec();
     for node in &replica_nodes {
         holdfast_lab::node_sql(
             node,

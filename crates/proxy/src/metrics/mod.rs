@@ -131,6 +131,16 @@ where
 }
 
 /// All of holdfast's metrics, registered once.
+/// Parked sockets (see `parking.rs`): each parked one holds this (one pointer) to count
+/// itself out when it is taken back or dropped.
+pub struct IdleSockets {
+    /// Parked now.
+    pub parked: Gauge,
+    /// Taken back into the reactor: their session woke for a request, its server, a
+    /// hand-over, its end of idling.
+    pub woken: Counter,
+}
+
 pub struct Metrics {
     pub registry: Registry,
     pub connections_accepted: Counter,
@@ -144,10 +154,7 @@ pub struct Metrics {
     /// Pass-through sessions whose bytes the kernel relays (a BPF sockmap).
     pub sessions_kernel_relayed: Gauge,
     /// Sockets of long-idle sessions parked out of the reactor (see `parking.rs`).
-    pub idle_sockets_parked: Gauge,
-    /// Parked sockets taken back into the reactor: their session woke for a request, its
-    /// server, a hand-over, its end of idling.
-    pub idle_sockets_woken: Counter,
+    pub idle_sockets: Arc<IdleSockets>,
     /// Idle sessions woken by a change they may have to act on.
     pub idle_sessions_rung: Counter,
     pub errors_sent: Family<CodeLabel, Counter>,
@@ -242,9 +249,11 @@ impl Metrics {
             sessions_active: register(r, "sessions", "Client sessions currently open"),
             sessions_passthrough_auth: register(r, "sessions_passthrough_auth", "Open sessions whose login was relayed (they cannot re-authenticate elsewhere)"),
             sessions_kernel_relayed: register(r, "sessions_kernel_relayed", "Open pass-through sessions whose bytes the kernel relays (a BPF sockmap; [proxy] kernel_relay)"),
-            idle_sockets_parked: register(r, "idle_sockets_parked", "Sockets of sessions idle for a second or more, watched by one epoll set of the process instead of the async runtime (less memory per idle session)"),
+            idle_sockets: Arc::new(IdleSockets {
+                parked: register(r, "idle_sockets_parked", "Sockets of sessions idle for a second or more, watched by one epoll set of the process instead of the async runtime (less memory per idle session)"),
+                woken: register(r, "idle_sockets_woken", "Parked sockets taken back into the async runtime (their session woke: a request, its server, a hand-over); a topology change that does not concern a session leaves its sockets parked"),
+            }),
             idle_sessions_rung: register(r, "idle_sessions_rung", "Wake-ups of idle sessions by a change they may have to act on: the topology (a replica's lag, a node's state), a switchover, a hand-over"),
-            idle_sockets_woken: register(r, "idle_sockets_woken", "Parked sockets taken back into the async runtime (their session woke: a request, its server, a hand-over); a topology change that does not concern a session leaves its sockets parked"),
             errors_sent: register(r, "errors", "ERR packets sent to clients, by MySQL error code"),
             backend_connects: register(r, "backend_connects", "Backend connections opened"),
             backend_connect_failures: register(r, "backend_connect_failures", "Backend connections that failed to open or log in"),

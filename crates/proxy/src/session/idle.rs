@@ -298,11 +298,8 @@ impl Session {
         self.info.idle_waker.register(waker);
         let info = self.info.clone();
         let wake: holdfast_sockmap::OnHangup = std::sync::Arc::new(move || info.idle_waker.wake());
-        let tally = crate::parking::Tally {
-            parked: self.shared.metrics.idle_sockets_parked.clone(),
-            woken: self.shared.metrics.idle_sockets_woken.clone(),
-        };
-        let park = |conn: &mut PacketConn| crate::parking::park(watcher, conn, &wake, &tally);
+        let tally = &self.shared.metrics.idle_sockets;
+        let park = |conn: &mut PacketConn| crate::parking::park(watcher, conn, &wake, tally);
         let mut any = park(&mut self.client);
         if backend {
             any |= park(&mut self.backend.conn);
