@@ -1182,7 +1182,7 @@ fn the_instance_is_not_paused_under_a_transaction_left_in_the_old_process() {
 
 /// Pass-through sessions (a `mode = "passthrough"` listener) go to the new process too:
 /// the relay stops reading, writes out what it holds, and hands both sockets over (with
-/// their TLS state, from the client and to the node), idle or under statements. Two
+/// their TLS state, from the client and to the node), idle (parked) or under statements. Two
 /// upgrades; the same server threads, the state kept, no statement failed.
 #[test]
 fn pass_through_sessions_are_handed_over() {
@@ -1278,6 +1278,9 @@ fn pass_through_handed_over(plain_backend: bool) {
         })
     };
     for round in 1..=2usize {
+        // The idle relays copied in user space are parked when they go (two sockets each:
+        // both with TLS to the node, the TLS client's alone with plain TCP).
+        wait_parked(&config, if plain_backend { 2.0 } else { 4.0 });
         upgrade(&config, &mut procs, &log);
         wait_handed(
             &log,

@@ -555,3 +555,116 @@ fn a_topology_change_that_does_not_concern_a_parked_session_leaves_it_parked() {
         "its request took both back"
     );
 }
+
+/// A pass-through session relayed in user space (the lab's default config: TLS to the
+/// node, so even a plain client's relay copies) parks both sockets once it has relayed
+/// nothing for a second, and relays on as before once its client speaks: the transaction,
+/// its row lock (held while parked), the temporary table, the user variable and the
+/// prepared statement are the server's, untouched; large requests and answers go through;
+/// it parks again. A TLS client's relay parks its two record layers. A server that ends a
+/// parked session's connection ends the session there and then, and a client that leaves
+/// while parked ends its own.
+#[test]
+fn a_pass_through_session_relayed_in_user_space_parks_and_goes_on() {
+    use holdfast_proxy::config::{ListenerConfig, ListenerMode};
+    let h = Harness::start_with(Options::default().config(|c| {
+        c.listeners.push(ListenerConfig {
+            listen: "127.0.0.1:0".into(),
+            mode: ListenerMode::Passthrough,
+            routing: Default::default(),
+            trusted_proxies: None,
+        })
+    }));
+    let ca = h.lab.status.ca.clone().expect("the lab writes a CA");
+    let open = |tls: bool| {
+        let opts = OptsBuilder::new()
+            .ip_or_hostname(Some("127.0.0.1"))
+            .tcp_port(h.listeners[0].port())
+            .user(Some(h.user()))
+            .pass(Some(h.password()))
+            .db_name(Some(h.database()))
+            .prefer_socket(false);
+        let opts = match tls {
+            true => opts.ssl_opts(Some(
+                mysql::SslOpts::default().with_root_cert_path(Some(ca.clone())),
+            )),
+            false => opts,
+        };
+        Conn::new(opts).expect("a pass-through session")
+    };
+    let sessions = || metric(&h.metrics(), "holdfast_sessions").unwrap_or(-1.0);
+    let mut c = open(true);
+    c.query_drop("CREATE TABLE sbtest.pt (id INT PRIMARY KEY, v LONGTEXT)")
+        .expect("create");
+    c.query_drop("INSERT INTO sbtest.pt VALUES (1, 'a')")
+        .expect("insert");
+    c.query_drop("CREATE TEMPORARY TABLE sbtest.pt_tmp (v INT)")
+        .expect("temporary table");
+    c.query_drop("INSERT INTO sbtest.pt_tmp VALUES (7)")
+        .expect("insert");
+    c.query_drop("SET @kept = 'relayed', autocommit = 0")
+        .expect("set");
+    let stmt = c
+        .prep("SELECT LENGTH(v) + ? FROM sbtest.pt WHERE id = 1")
+        .expect("prepare");
+    let thread: Option<u64> = c.query_first("SELECT CONNECTION_ID()").expect("id");
+    c.query_drop("UPDATE sbtest.pt SET v = 'bb' WHERE id = 1")
+        .expect("update");
+    wait_parked(&h, 2.0);
+    let mut direct = straight_to_the_server(&h);
+    assert_row_held(&mut direct, "UPDATE sbtest.pt SET v = 'zz' WHERE id = 1");
+
+    for round in 1..=2 {
+        let v: Option<i64> = c.exec_first(&stmt, (round,)).expect("execute");
+        let len = if round == 1 { 2 } else { 100_000 };
+        assert_eq!(v, Some(len + round), "round {round}");
+        let state: Option<(u64, String, i64, i64)> = c
+            .query_first(
+                "SELECT CONNECTION_ID(), @kept, @@autocommit, (SELECT v FROM sbtest.pt_tmp)",
+            )
+            .expect("state");
+        assert_eq!(
+            state,
+            Some((thread.expect("an id"), "relayed".into(), 0, 7)),
+            "the same server session, its state untouched"
+        );
+        let big = "x".repeat(100_000);
+        c.exec_drop("UPDATE sbtest.pt SET v = ? WHERE id = 1", (&big,))
+            .expect("a large request");
+        let back: Option<String> = c
+            .query_first("SELECT v FROM sbtest.pt WHERE id = 1")
+            .expect("a large answer");
+        assert_eq!(back.as_deref(), Some(big.as_str()));
+        wait_parked(&h, 2.0);
+    }
+    c.query_drop("COMMIT").expect("commit");
+    let committed: Vec<String> = h
+        .root_sql("SELECT LENGTH(v) FROM sbtest.pt WHERE id = 1")
+        .into_iter()
+        .flatten()
+        .collect();
+    assert_eq!(committed, ["100000"], "the transaction committed");
+
+    // A plain client's relay parks too.
+    let mut p = open(false);
+    let plain: Option<u64> = p.query_first("SELECT CONNECTION_ID()").expect("id");
+    wait_parked(&h, 4.0);
+    assert_eq!(sessions(), 2.0);
+    // Its server ends the connection: the relay hears it while parked and ends.
+    h.root_sql(&format!("KILL {}", plain.expect("an id")));
+    wait_for("the killed relay to end", WAIT, || {
+        (sessions() == 1.0).then_some(())
+    });
+    assert_eq!(parked(&h), 2.0, "the other session stays parked");
+    assert!(
+        p.query_drop("SELECT 1").is_err(),
+        "the connection was killed"
+    );
+
+    // The TLS client leaves while parked.
+    drop(c);
+    wait_for("the last relay to end", WAIT, || {
+        (sessions() == 0.0).then_some(())
+    });
+    assert_eq!(parked(&h), 0.0, "nothing stays parked");
+}

@@ -10,8 +10,10 @@
 //! The new process relays on. Nothing is said on either connection.
 //!
 //! With both connections plain TCP and the kernel relay loaded ([`crate::kernel_relay`]),
-//! the bytes do not pass through user space at all ([`kernel`]).
+//! the bytes do not pass through user space at all ([`kernel`]). A relay in user space
+//! parks its sockets out of the reactor while it idles ([`idle`]).
 
+mod idle;
 mod kernel;
 
 use super::handover::stream_of;
@@ -189,6 +191,7 @@ impl Relay {
         }
         let mut sink = shared.upgrader.session_sink();
         let mut pump = Pump::default();
+        let mut idle = idle::IdlePark::default();
         let mut this = Some(self);
         loop {
             let channel = sink
@@ -197,7 +200,7 @@ impl Relay {
                 .filter(|c| !c.is_broken() && c.takes_relays());
             let stop = channel.is_some();
             let stopped = tokio::select! {
-                r = poll_fn(|cx| pump.poll(cx, &mut client.stream, &mut backend.stream, stop)) => r?,
+                r = poll_fn(|cx| idle.poll_pump(cx, shared, &mut pump, client, backend, stop)) => r?,
                 _ = sink.changed(), if !stop => continue,
             };
             let (Stopped::Idle, Some(channel), Some(relay)) = (stopped, channel, this.take())
@@ -206,6 +209,8 @@ impl Relay {
                 let _ = client.stream.shutdown().await;
                 return Ok(Some((pump.up.bytes, pump.down.bytes)));
             };
+            // Its sockets go as they are in the reactor.
+            idle.unpark(client, backend);
             // (Boxed: rare, and an idle relay's future should not keep it.)
             match Box::pin(hand_over(relay, &channel, client, backend)).await {
                 Ok(()) => {
@@ -385,6 +390,18 @@ struct Pump {
 }
 
 impl Pump {
+    /// The bytes relayed so far, both ways.
+    fn relayed(&self) -> u64 {
+        self.up.bytes + self.down.bytes
+    }
+
+    /// Whether neither direction holds bytes its peer has not taken (or not flushed).
+    fn holds_nothing(&self) -> bool {
+        [&self.up, &self.down]
+            .iter()
+            .all(|half| half.buf.is_none() && !half.flush)
+    }
+
     fn poll(
         &mut self,
         cx: &mut Context<'_>,
