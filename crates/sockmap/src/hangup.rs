@@ -59,6 +59,15 @@ impl HangupWatcher {
         })
     }
 
+    /// How many callbacks the watcher's table has room for.
+    #[cfg(test)]
+    pub(crate) fn table_capacity(&self) -> usize {
+        self.callbacks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .capacity()
+    }
+
     /// Calls `on_hangup` when `fd` ends (its peer closed or reset it, or it failed), from
     /// the watcher's thread.
     pub fn watch(&self, fd: BorrowedFd<'_>, on_hangup: OnHangup) -> io::Result<Watched> {
@@ -119,12 +128,20 @@ impl Drop for Watched {
                 std::ptr::null_mut(),
             );
         }
-        self.callbacks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.token);
+        let mut callbacks = self.callbacks.lock().unwrap_or_else(|p| p.into_inner());
+        callbacks.remove(&self.token);
+        // A wave of parked sessions that woke would leave the table at its peak size: it
+        // gives most back once three quarters are empty (halving at most each time, so
+        // the rehashes cost as the removals did).
+        if callbacks.capacity() > SHRINK_ABOVE && callbacks.len() < callbacks.capacity() / 4 {
+            let keep = callbacks.len() * 2;
+            callbacks.shrink_to(keep);
+        }
     }
 }
+
+/// Below this many slots, the table of callbacks is left as it is.
+const SHRINK_ABOVE: usize = 256;
 
 fn wait_forever(epoll: &OwnedFd, callbacks: &Mutex<HashMap<u64, OnHangup>>) {
     let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];

@@ -177,3 +177,32 @@ fn a_socket_watched_for_reading_calls_when_its_peer_closes() {
     drop(client);
     wait_for(&heard, 1, "the end was not heard");
 }
+
+#[test]
+fn the_table_of_callbacks_gives_back_its_room_when_a_wave_of_watched_sockets_ends() {
+    let watcher = HangupWatcher::start().expect("a watcher");
+    let (_client, a, _b, _server) = two_connections();
+    let (_heard, on) = counter();
+    // 600 sockets watched at once (each a descriptor of the same socket), then let go.
+    let fds: Vec<std::os::fd::OwnedFd> = (0..600)
+        .map(|_| a.as_fd().try_clone_to_owned().expect("dup"))
+        .collect();
+    let watched: Vec<_> = fds
+        .iter()
+        .map(|fd| {
+            watcher
+                .watch_readable(fd.as_fd(), on.clone())
+                .expect("watch")
+        })
+        .collect();
+    let peak = watcher.table_capacity();
+    assert!(peak >= 600, "{peak}");
+    drop(watched);
+    let after = watcher.table_capacity();
+    assert!(
+        after <= 256,
+        "the table kept room for {after} after a peak of {peak}"
+    );
+    // And serves on.
+    let _again = watcher.watch_readable(a.as_fd(), on).expect("watch");
+}
