@@ -177,6 +177,25 @@ pub struct Login<'a> {
     pub mariadb_caps: u32,
 }
 
+impl<'a> Login<'a> {
+    /// A `mysql_native_password` login in `utf8mb4`, no attributes.
+    fn native(
+        user: &'a str,
+        secret: &'a PasswordHash,
+        no_password: bool,
+        database: Option<&'a str>,
+    ) -> Login<'a> {
+        Login {
+            user: user.as_bytes(),
+            secret: (!no_password).then_some(secret),
+            database: database.map(str::as_bytes),
+            charset: UTF8MB4_GENERAL_CI,
+            attributes: &[],
+            mariadb_caps: 0,
+        }
+    }
+}
+
 /// A logged-in connection.
 pub struct Client {
     pub conn: PacketConn,
@@ -416,16 +435,36 @@ impl Client {
         timeout: Duration,
     ) -> Result<Client, ClientError> {
         let secret = PasswordHash::from_password(password.as_bytes());
-        let login = Login {
-            user: user.as_bytes(),
-            secret: (!password.is_empty()).then_some(&secret),
-            database: database.map(str::as_bytes),
-            charset: UTF8MB4_GENERAL_CI,
-            attributes: &[],
-            mariadb_caps: 0,
-        };
+        let login = Login::native(user, &secret, password.is_empty(), database);
         let caps = |server: u32| DEFAULT_CAPABILITIES & (server | CLIENT_LONG_PASSWORD);
         connect(addr, &login, caps, timeout).await
+    }
+
+    /// [`Client::connect_native`] inside TLS, the server's certificate checked as `tls`
+    /// was set up to.
+    pub async fn connect_native_tls(
+        addr: &str,
+        user: &str,
+        password: &str,
+        database: Option<&str>,
+        tls: &tls::TlsClient,
+        timeout: Duration,
+    ) -> Result<Client, ClientError> {
+        let secret = PasswordHash::from_password(password.as_bytes());
+        let login_as = Login::native(user, &secret, password.is_empty(), database);
+        let fut = async {
+            let (conn, greeting) = open(addr, timeout).await?;
+            let caps =
+                DEFAULT_CAPABILITIES & (greeting.capabilities | CLIENT_LONG_PASSWORD) | CLIENT_SSL;
+            let target = TlsTarget {
+                tls,
+                host: tls::host_of(addr),
+            };
+            login(conn, greeting, &login_as, caps, Some(target)).await
+        };
+        tokio::time::timeout(timeout, fut)
+            .await
+            .map_err(|_| ClientError::Timeout(timeout))?
     }
 
     /// Turns on the session trackers holdfast relies on; false when the server has none.

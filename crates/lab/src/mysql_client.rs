@@ -50,11 +50,31 @@ impl Conn {
             .await
             .map_err(into_anyhow)
             .with_context(|| format!("login to {addr} as {user}"))?;
-        Ok(Conn {
+        Ok(Conn::of(client))
+    }
+
+    /// As [`Conn::connect`], inside TLS (the server's certificate checked as `tls` was set
+    /// up to).
+    pub async fn connect_tls(
+        addr: &str,
+        user: &str,
+        password: &str,
+        tls: &holdfast_client::tls::TlsClient,
+        timeout: Duration,
+    ) -> Result<Conn> {
+        let client = Client::connect_native_tls(addr, user, password, None, tls, timeout)
+            .await
+            .map_err(into_anyhow)
+            .with_context(|| format!("TLS login to {addr} as {user}"))?;
+        Ok(Conn::of(client))
+    }
+
+    fn of(client: Client) -> Conn {
+        Conn {
             server_version: String::from_utf8_lossy(&client.greeting.server_version).into_owned(),
             connection_id: client.greeting.connection_id,
             client,
-        })
+        }
     }
 
     /// Runs a text query and drains its result; returns the number of rows of its last

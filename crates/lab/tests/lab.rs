@@ -221,6 +221,35 @@ fn app_logs_in_over_tcp_and_wrong_password_fails() {
         .expect("monitor logs in");
         assert!(m.query("SELECT user, host FROM mysql.user").await.unwrap() > 0);
 
+        // Over TLS, trusting the lab's CA (the bench's idle clients with `--tls`): the
+        // server sees an encrypted session.
+        let ca = st.ca.clone().expect("the lab writes a CA");
+        let tls = holdfast_client::tls::TlsClient::new(&ca, holdfast_client::tls::Verify::Ca, None)
+            .expect("the lab's CA");
+        let mut t = Conn::connect_tls(
+            &p.address,
+            &st.app_user,
+            &st.app_password,
+            &tls,
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("app logs in over TLS");
+        assert_eq!(
+            t.query("SHOW SESSION STATUS WHERE Variable_name = 'Ssl_cipher' AND Value <> ''")
+                .await
+                .unwrap(),
+            1,
+            "the session is encrypted"
+        );
+        assert_eq!(
+            t.query("SHOW SESSION STATUS WHERE Variable_name = 'Ssl_cipher' AND Value = ''")
+                .await
+                .unwrap(),
+            0
+        );
+        t.quit().await.unwrap();
+
         let err = Conn::connect(
             &p.address,
             &st.app_user,

@@ -70,6 +70,8 @@ pub struct IdleClients<'a> {
     pub password: &'a str,
     /// The process's admin API, when it reports its heap (`/metrics`).
     pub heap_from: Option<&'a holdfast_admin::AdminClient>,
+    /// The clients log in over TLS (`--tls`), trusting this.
+    pub tls: Option<&'a holdfast_client::tls::TlsClient>,
 }
 
 impl IdleClients<'_> {
@@ -145,6 +147,7 @@ impl IdleClients<'_> {
             user,
             password,
             clients,
+            tls,
             ..
         } = *self;
         let sem = Arc::new(Semaphore::new(LOGIN_CONCURRENCY));
@@ -152,11 +155,16 @@ impl IdleClients<'_> {
         for i in which.clone() {
             let sem = sem.clone();
             let (addr, user, password) = (addr.to_string(), user.to_string(), password.to_string());
+            let tls = tls.cloned();
             set.spawn(async move {
                 let _permit = sem.acquire_owned().await.context("semaphore closed")?;
-                let mut conn = Conn::connect(&addr, &user, &password, None, LOGIN_TIMEOUT)
-                    .await
-                    .with_context(|| format!("idle client #{}", i + 1))?;
+                let conn = match &tls {
+                    Some(tls) => {
+                        Conn::connect_tls(&addr, &user, &password, tls, LOGIN_TIMEOUT).await
+                    }
+                    None => Conn::connect(&addr, &user, &password, None, LOGIN_TIMEOUT).await,
+                };
+                let mut conn = conn.with_context(|| format!("idle client #{}", i + 1))?;
                 conn.query("SELECT 1")
                     .await
                     .with_context(|| format!("idle client #{}: SELECT 1", i + 1))?;

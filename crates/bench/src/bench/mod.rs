@@ -160,8 +160,9 @@ pub struct BenchArgs {
     pub baseline: Option<PathBuf>,
     /// TLS end to end, with the lab's certificates: sysbench asks for TLS; holdfast
     /// terminates it and verifies the node over its own TLS connection (verify-full);
-    /// HAProxy, in TCP mode, passes the client's TLS through to the server. Without it every
-    /// target is clear text (holdfast too).
+    /// HAProxy, in TCP mode, passes the client's TLS through to the server. The idle
+    /// clients (`--idle-clients`) log in over TLS too. Without it every target is clear
+    /// text (holdfast too).
     #[arg(long)]
     pub tls: bool,
     /// Also write the report as Markdown to this file.
@@ -590,8 +591,15 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
         None => Vec::new(),
     };
 
-    // Idle sessions.
+    // Idle sessions (over TLS with `--tls`, as sysbench's).
     let mut idle = Vec::new();
+    let idle_tls = match (args.tls, st.tls()) {
+        (true, Some(t)) => Some(
+            holdfast_client::tls::TlsClient::new(&t.ca, holdfast_client::tls::Verify::Ca, None)
+                .context("the idle clients' TLS (the lab's CA)")?,
+        ),
+        _ => None,
+    };
     if args.idle_clients > 0 {
         for target in [
             Target::Holdfast,
@@ -627,6 +635,7 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
                 user: &st.app_user,
                 password: &st.app_password,
                 heap_from,
+                tls: idle_tls.as_ref(),
             }
             .measure();
             match &r {
@@ -1535,7 +1544,7 @@ impl Report<'_> {
             }
             out.table(&t);
             out.paragraph(
-                "Each client logs in (app, mysql_native_password), runs SELECT 1 and stays idle; \
+                "Each client logs in (app, mysql_native_password; over TLS with --tls), runs SELECT 1 and stays idle; \
                  the clients come in two halves, RSS read after each has idled for 2 s and RSS \
                  has settled. Per session: the whole rise \
                  over all clients (what the process takes once, such as the logins' working set \

@@ -114,23 +114,29 @@ impl VariableTypes {
 #[derive(Default)]
 pub struct TypesCache(std::sync::Mutex<TypesTable>);
 
-/// Types by (node, the server version its greeting gave).
-type TypesTable = HashMap<(String, Vec<u8>), Arc<VariableTypes>>;
+/// Types by node, with the server version its greeting gave (one entry a node: a node
+/// upgraded replaces its old version's).
+type TypesTable = HashMap<String, (Vec<u8>, Arc<VariableTypes>)>;
 
 impl TypesCache {
     /// The types of `node`'s server, which `conn` is logged in to: loaded through it the
-    /// first time.
+    /// first time, and again when the server's version changed.
     pub async fn of(
         &self,
         node: &str,
         conn: &mut BackendConn,
     ) -> Result<Arc<VariableTypes>, BackendError> {
-        let key = (node.to_string(), conn.greeting.server_version.clone());
-        if let Some(types) = self.table().get(&key) {
-            return Ok(types.clone());
+        let version = &conn.greeting.server_version;
+        if let Some((v, types)) = self.table().get(node) {
+            if v == version {
+                return Ok(types.clone());
+            }
         }
+        let version = version.clone();
         let types = Arc::new(VariableTypes::load(conn).await?);
-        Ok(self.table().entry(key).or_insert(types).clone())
+        self.table()
+            .insert(node.to_string(), (version, types.clone()));
+        Ok(types)
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, TypesTable> {
