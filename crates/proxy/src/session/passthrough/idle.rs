@@ -4,8 +4,8 @@
 //! client or to the node) lets its two rustls connections go, any relay tokio's two
 //! registrations. The pump's reads over a parked stream wait on the watcher's call, which
 //! wakes the relay's task; the first read or write wakes a stream in place, and the relay
-//! parks again after the next quiet second. A busy relay pays one timer call a second,
-//! nothing per request.
+//! parks again after the next quiet second. A busy relay pays a look at its timer per
+//! wake-up (no system call) and the timer's reset once a second.
 
 use super::Pump;
 use crate::conn::PacketConn;
