@@ -57,6 +57,28 @@ fn assert_row_held(direct: &mut Conn, update: &str) {
     assert!(err.to_string().contains("1205"), "{err}");
 }
 
+/// Writes 100,000 bytes into row 1 of `table` (its `v`) and reads them back: a request and
+/// an answer of many packets (and TLS records) each.
+fn large_request_and_answer(c: &mut Conn, table: &str) {
+    let big = "x".repeat(100_000);
+    c.exec_drop(format!("UPDATE {table} SET v = ? WHERE id = 1"), (&big,))
+        .expect("a large request");
+    let back: Option<String> = c
+        .query_first(format!("SELECT v FROM {table} WHERE id = 1"))
+        .expect("a large answer");
+    assert_eq!(back.as_deref(), Some(big.as_str()));
+}
+
+/// The length of row 1's `v` in `table`, as the server has it committed.
+fn assert_committed_length(h: &Harness, table: &str, length: &str) {
+    let committed: Vec<String> = h
+        .root_sql(&format!("SELECT LENGTH(v) FROM {table} WHERE id = 1"))
+        .into_iter()
+        .flatten()
+        .collect();
+    assert_eq!(committed, [length], "the transaction committed");
+}
+
 /// Plain TCP to the nodes: both sockets of a session park.
 fn plain_backend() -> Options {
     Options::default().config(|c| c.backend_tls = BackendTlsConfig::default())
@@ -288,23 +310,12 @@ fn a_tls_session_parks_its_record_layers_and_goes_on_as_before() {
             "the node's connection is TLS"
         );
         // A request and an answer of many records each.
-        let big = "x".repeat(100_000);
-        c.exec_drop("UPDATE sbtest.tp SET v = ? WHERE id = 1", (&big,))
-            .expect("a large request");
-        let back: Option<String> = c
-            .query_first("SELECT v FROM sbtest.tp WHERE id = 1")
-            .expect("a large answer");
-        assert_eq!(back.as_deref(), Some(big.as_str()));
+        large_request_and_answer(&mut c, "sbtest.tp");
         // Idle again: both park again (from holdfast's record layer the second time).
         wait_parked(&h, 2.0);
     }
     c.query_drop("COMMIT").expect("commit");
-    let committed: Vec<String> = h
-        .root_sql("SELECT LENGTH(v) FROM sbtest.tp WHERE id = 1")
-        .into_iter()
-        .flatten()
-        .collect();
-    assert_eq!(committed, ["100000"], "the transaction committed");
+    assert_committed_length(&h, "sbtest.tp", "100000");
     wait_parked(&h, 2.0);
 
     // The compressed protocol over TLS parks and goes on too.
@@ -628,22 +639,11 @@ fn a_pass_through_session_relayed_in_user_space_parks_and_goes_on() {
             Some((thread.expect("an id"), "relayed".into(), 0, 7)),
             "the same server session, its state untouched"
         );
-        let big = "x".repeat(100_000);
-        c.exec_drop("UPDATE sbtest.pt SET v = ? WHERE id = 1", (&big,))
-            .expect("a large request");
-        let back: Option<String> = c
-            .query_first("SELECT v FROM sbtest.pt WHERE id = 1")
-            .expect("a large answer");
-        assert_eq!(back.as_deref(), Some(big.as_str()));
+        large_request_and_answer(&mut c, "sbtest.pt");
         wait_parked(&h, 2.0);
     }
     c.query_drop("COMMIT").expect("commit");
-    let committed: Vec<String> = h
-        .root_sql("SELECT LENGTH(v) FROM sbtest.pt WHERE id = 1")
-        .into_iter()
-        .flatten()
-        .collect();
-    assert_eq!(committed, ["100000"], "the transaction committed");
+    assert_committed_length(&h, "sbtest.pt", "100000");
 
     // A plain client's relay parks too.
     let mut p = open(false);
