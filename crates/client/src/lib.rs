@@ -177,25 +177,6 @@ pub struct Login<'a> {
     pub mariadb_caps: u32,
 }
 
-impl<'a> Login<'a> {
-    /// A `mysql_native_password` login in `utf8mb4`, no attributes.
-    fn native(
-        user: &'a str,
-        secret: &'a PasswordHash,
-        no_password: bool,
-        database: Option<&'a str>,
-    ) -> Login<'a> {
-        Login {
-            user: user.as_bytes(),
-            secret: (!no_password).then_some(secret),
-            database: database.map(str::as_bytes),
-            charset: UTF8MB4_GENERAL_CI,
-            attributes: &[],
-            mariadb_caps: 0,
-        }
-    }
-}
-
 /// A logged-in connection.
 pub struct Client {
     pub conn: PacketConn,
@@ -414,10 +395,28 @@ pub async fn connect(
     capabilities: impl FnOnce(u32) -> u32,
     timeout: Duration,
 ) -> Result<Client, ClientError> {
+    connect_over(addr, login_as, capabilities, None, timeout).await
+}
+
+/// [`connect`], inside TLS when `tls` is given (`CLIENT_SSL` is then asked for).
+async fn connect_over(
+    addr: &str,
+    login_as: &Login<'_>,
+    capabilities: impl FnOnce(u32) -> u32,
+    tls: Option<&tls::TlsClient>,
+    timeout: Duration,
+) -> Result<Client, ClientError> {
     let fut = async {
         let (conn, greeting) = open(addr, timeout).await?;
-        let caps = capabilities(greeting.capabilities);
-        login(conn, greeting, login_as, caps, None).await
+        let mut caps = capabilities(greeting.capabilities);
+        let target = tls.map(|tls| {
+            caps |= CLIENT_SSL;
+            TlsTarget {
+                tls,
+                host: tls::host_of(addr),
+            }
+        });
+        login(conn, greeting, login_as, caps, target).await
     };
     tokio::time::timeout(timeout, fut)
         .await
@@ -434,10 +433,7 @@ impl Client {
         database: Option<&str>,
         timeout: Duration,
     ) -> Result<Client, ClientError> {
-        let secret = PasswordHash::from_password(password.as_bytes());
-        let login = Login::native(user, &secret, password.is_empty(), database);
-        let caps = |server: u32| DEFAULT_CAPABILITIES & (server | CLIENT_LONG_PASSWORD);
-        connect(addr, &login, caps, timeout).await
+        Self::native_over(addr, user, password, database, None, timeout).await
     }
 
     /// [`Client::connect_native`] inside TLS, the server's certificate checked as `tls`
@@ -450,21 +446,28 @@ impl Client {
         tls: &tls::TlsClient,
         timeout: Duration,
     ) -> Result<Client, ClientError> {
+        Self::native_over(addr, user, password, database, Some(tls), timeout).await
+    }
+
+    async fn native_over(
+        addr: &str,
+        user: &str,
+        password: &str,
+        database: Option<&str>,
+        tls: Option<&tls::TlsClient>,
+        timeout: Duration,
+    ) -> Result<Client, ClientError> {
         let secret = PasswordHash::from_password(password.as_bytes());
-        let login_as = Login::native(user, &secret, password.is_empty(), database);
-        let fut = async {
-            let (conn, greeting) = open(addr, timeout).await?;
-            let caps =
-                DEFAULT_CAPABILITIES & (greeting.capabilities | CLIENT_LONG_PASSWORD) | CLIENT_SSL;
-            let target = TlsTarget {
-                tls,
-                host: tls::host_of(addr),
-            };
-            login(conn, greeting, &login_as, caps, Some(target)).await
+        let login = Login {
+            user: user.as_bytes(),
+            secret: (!password.is_empty()).then_some(&secret),
+            database: database.map(str::as_bytes),
+            charset: UTF8MB4_GENERAL_CI,
+            attributes: &[],
+            mariadb_caps: 0,
         };
-        tokio::time::timeout(timeout, fut)
-            .await
-            .map_err(|_| ClientError::Timeout(timeout))?
+        let caps = |server: u32| DEFAULT_CAPABILITIES & (server | CLIENT_LONG_PASSWORD);
+        connect_over(addr, &login, caps, tls, timeout).await
     }
 
     /// Turns on the session trackers holdfast relies on; false when the server has none.

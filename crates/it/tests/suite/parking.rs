@@ -427,15 +427,7 @@ fn a_parked_read_only_transaction_and_a_read_only_server_answer_as_the_server_do
 /// next reads are answered.
 #[test]
 fn a_split_sessions_replica_connection_parks_with_it_and_goes_on() {
-    use holdfast_config::Routing;
-    let h = Harness::start_with(
-        Options::default()
-            .replicas(2)
-            .config(|c| c.proxy.routing = Routing::Split),
-    );
-    wait_for("both replicas take reads", WAIT, || {
-        (h.shared.topology.borrow().read_nodes().count() == 2).then_some(())
-    });
+    let h = crate::split::split_harness(|_| {});
     let server_id = |name: &str| -> String {
         holdfast_lab::node_sql(h.node(name), "SELECT @@server_id").expect("server id")[0][0].clone()
     };

@@ -20,7 +20,7 @@ fn connect_to(url: &str) -> Conn {
 }
 
 /// A primary, two replicas, holdfast's main listener splitting reads.
-fn split_harness(tweak: impl FnOnce(&mut holdfast_config::Config) + 'static) -> Harness {
+pub(crate) fn split_harness(tweak: impl FnOnce(&mut holdfast_config::Config) + 'static) -> Harness {
     let h = Harness::start_with(Options::default().replicas(2).config(move |c| {
         c.proxy.routing = Routing::Split;
         tweak(c);

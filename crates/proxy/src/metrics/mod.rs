@@ -130,7 +130,6 @@ where
     metric
 }
 
-/// All of holdfast's metrics, registered once.
 /// Parked sockets (see `parking.rs`): each parked one holds this (one pointer) to count
 /// itself out when it is taken back or dropped.
 pub struct IdleSockets {
@@ -141,6 +140,7 @@ pub struct IdleSockets {
     pub woken: Counter,
 }
 
+/// All of holdfast's metrics, registered once.
 pub struct Metrics {
     pub registry: Registry,
     pub connections_accepted: Counter,

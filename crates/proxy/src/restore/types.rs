@@ -106,11 +106,12 @@ impl VariableTypes {
 }
 
 /// The system variable types of each server this process has restored a session on, by
-/// node and server version: one table of some 600 entries per server, shared by the
-/// sessions (a split session's replica connections held one each, 60 KB per idle
-/// session), and a query on `information_schema` saved for each replica connection opened
-/// and each session moved. A node that comes back with another version has its types
-/// loaded again. Locked only while a connection is opened or moved, never per request.
+/// node (with the server version its greeting gave): one table of some 600 entries per
+/// server, shared by the sessions (a split session's replica connections held one each,
+/// 60 KB per idle session), and a query on `information_schema` saved for each replica
+/// connection opened and each session moved. A node that comes back with another version
+/// has its types loaded again. Locked only while a connection is opened, moved or handed
+/// over, never per request.
 #[derive(Default)]
 pub struct TypesCache(std::sync::Mutex<TypesTable>);
 
@@ -133,10 +134,23 @@ impl TypesCache {
             }
         }
         let version = version.clone();
-        let types = Arc::new(VariableTypes::load(conn).await?);
-        self.table()
-            .insert(node.to_string(), (version, types.clone()));
-        Ok(types)
+        let loaded = VariableTypes::load(conn).await?;
+        Ok(self.adopt(node, &version, loaded))
+    }
+
+    /// `node`'s types at `version` as this process keeps them: `types` (read elsewhere:
+    /// by the process that handed a connection over) becomes the entry unless one for the
+    /// same version is there already.
+    pub fn adopt(&self, node: &str, version: &[u8], types: VariableTypes) -> Arc<VariableTypes> {
+        let mut table = self.table();
+        match table.get(node) {
+            Some((v, kept)) if v == version => kept.clone(),
+            _ => {
+                let types = Arc::new(types);
+                table.insert(node.to_string(), (version.to_vec(), types.clone()));
+                types
+            }
+        }
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, TypesTable> {
@@ -259,5 +273,29 @@ pub(super) fn assignment_rank(name: &str) -> u8 {
         2
     } else {
         0
+    }
+}
+
+#[cfg(test)]
+mod cache_tests {
+    use super::*;
+
+    #[test]
+    fn one_entry_a_node_shared_while_its_version_holds_and_replaced_when_it_changes() {
+        let cache = TypesCache::default();
+        let first = cache.adopt("node2", b"10.11.19-MariaDB", VariableTypes::default());
+        let again = cache.adopt("node2", b"10.11.19-MariaDB", VariableTypes::default());
+        assert!(
+            Arc::ptr_eq(&first, &again),
+            "the same version shares one table"
+        );
+        let upgraded = cache.adopt("node2", b"11.4.5-MariaDB", VariableTypes::default());
+        assert!(
+            !Arc::ptr_eq(&first, &upgraded),
+            "another version is loaded again"
+        );
+        let other = cache.adopt("node3", b"10.11.19-MariaDB", VariableTypes::default());
+        assert!(!Arc::ptr_eq(&upgraded, &other));
+        assert_eq!(cache.table().len(), 2, "one entry a node");
     }
 }

@@ -294,7 +294,8 @@ impl Session {
         }
         self.backend.quit_on_drop = true;
         if let Some(split) = carried.split.take() {
-            match super::split::Split::resume(self.shared.topology.clone(), split, readers) {
+            let types = &self.shared.variable_types;
+            match super::split::Split::resume(self.shared.topology.clone(), split, readers, types) {
                 Ok(s) => self.split = Some(s),
                 Err(e) => {
                     tracing::error!(error = %e, "replica connections given back could not be used")
@@ -555,6 +556,7 @@ impl Session {
                     shared.topology.clone(),
                     carried,
                     readers,
+                    &shared.variable_types,
                 )?),
                 None => None,
             },

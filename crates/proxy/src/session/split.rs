@@ -2417,10 +2417,13 @@ impl Split {
     }
 
     /// The replica side handed over by the process this one replaces, on its sockets.
+    /// Their variable types go into `types` (shared with the process's other
+    /// connections to the same server).
     pub(super) fn resume(
         watch: watch::Receiver<Arc<Topology>>,
         carried: CarriedSplit,
         sockets: Vec<std::net::TcpStream>,
+        types: &restore::TypesCache,
     ) -> std::io::Result<Box<Split>> {
         let mut split = Split::new(watch);
         split.last_on = carried.last_on;
@@ -2446,6 +2449,8 @@ impl Split {
                 .find(|n| n.name == r.node)
                 .map_or_else(|| Arc::new(NodeLoad::default()), |n| n.load.0.clone());
             load.opened(r.thread);
+            let greeting = r.greeting.into_greeting();
+            let types = types.adopt(&r.node, &greeting.server_version, r.types);
             split.readers.push(Reader {
                 read: Arc::new(crate::registry::ReplicaRead {
                     node: r.node,
@@ -2454,14 +2459,14 @@ impl Split {
                 }),
                 conn: BackendConn {
                     conn,
-                    greeting: r.greeting.into_greeting(),
+                    greeting,
                     capabilities: r.capabilities,
                     mariadb_caps: r.mariadb_caps,
                     quit_on_drop: true,
                 },
                 load,
                 state_version: r.state_version,
-                types: Arc::new(r.types),
+                types,
                 statements: r
                     .statements
                     .into_iter()
