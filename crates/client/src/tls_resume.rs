@@ -388,6 +388,14 @@ fn tcp_under(stream: &dyn crate::conn::Io) -> bool {
             .is_some_and(|p| p.prefix_empty() && tcp_under(p.inner()))
 }
 
+/// Whether the stream is TLS run by rustls (not yet [`ResumedTls`], holdfast's own
+/// record layer).
+pub fn on_rustls(stream: &dyn crate::conn::Io) -> bool {
+    let any = stream.as_any();
+    any.is::<tokio_rustls::server::TlsStream<Tracked>>()
+        || any.is::<tokio_rustls::client::TlsStream<Tracked>>()
+}
+
 /// Whether [`take_tls`] can take this stream's TLS state now.
 pub fn can_take(stream: &dyn crate::conn::Io) -> bool {
     let any = stream.as_any();
@@ -1175,6 +1183,67 @@ mod tests {
         ] {
             for holdfast_serves in [true, false] {
                 exchange(suite, holdfast_serves).await;
+            }
+        }
+    }
+
+    /// After a login, a connection leaves rustls for holdfast's own record layer
+    /// (`PacketConn::leave_rustls`): what the peer sent before (buffered by holdfast, or
+    /// decrypted inside rustls, or still in the socket) is read after it, and the
+    /// connection goes on both ways, a TLS 1.3 key update included.
+    #[tokio::test]
+    async fn a_connection_leaves_rustls_after_its_login_and_goes_on() {
+        use crate::conn::PacketConn;
+        use rustls::crypto::ring::cipher_suite::*;
+        for suite in [
+            TLS13_AES_128_GCM_SHA256,
+            TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+        ] {
+            for holdfast_serves in [true, false] {
+                let (ours, mut peer) = pair(suite, holdfast_serves).await;
+                let mut ours = PacketConn::new(ours);
+                assert!(ours.on_rustls());
+                // Three packets before it leaves: the first read, the second buffered or
+                // decrypted and unread, the third sent after the first was read.
+                let packets: Vec<Vec<u8>> = (0..3u8)
+                    .map(|i| holdfast_wire::frame::packet(&[i; 300], i))
+                    .collect();
+                peer.write_all(&[&packets[0][..], &packets[1][..]].concat())
+                    .await
+                    .expect("write");
+                peer.flush().await.expect("flush");
+                let first = ours.read_packet(1 << 20).await.expect("the first packet");
+                assert_eq!((&first.payload[..], first.seq), (&[0u8; 300][..], 0));
+                peer.write_all(&packets[2]).await.expect("write");
+                peer.flush().await.expect("flush");
+                ours.leave_rustls().expect("left rustls");
+                assert!(!ours.on_rustls(), "on holdfast's record layer now");
+                for i in 1..3u8 {
+                    let p = ours
+                        .read_packet(1 << 20)
+                        .await
+                        .expect("a packet sent before");
+                    assert_eq!((&p.payload[..], p.seq), (&[i; 300][..], i));
+                }
+                // Leaving again changes nothing.
+                ours.leave_rustls().expect("still fine");
+                let big: Vec<u8> = (0..50_000u32).map(|i| (i % 251) as u8).collect();
+                ours.write_packet(&big, 3).await.expect("write");
+                let mut back = vec![0u8; big.len() + 4];
+                peer.read_exact(&mut back).await.expect("read");
+                assert_eq!(&back[4..], &big[..]);
+                if matches!(suite, rustls::SupportedCipherSuite::Tls13(_)) {
+                    let (mut io, unread) = ours.take_stream();
+                    assert!(unread.is_empty());
+                    peer = keys_updated(&mut io, peer, 0).await;
+                    ours.replace_stream(io);
+                }
+                peer.write_all(&holdfast_wire::frame::packet(&big, 4))
+                    .await
+                    .expect("write");
+                peer.flush().await.expect("flush");
+                let p = ours.read_packet(1 << 20).await.expect("the big packet");
+                assert_eq!((&p.payload[..], p.seq), (&big[..], 4));
             }
         }
     }

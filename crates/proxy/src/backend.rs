@@ -175,7 +175,17 @@ pub async fn connect(
             tls,
             host: host_of(addr),
         });
-        holdfast_client::login(conn, greeting, &login, caps, tls).await
+        let mut logged_in = holdfast_client::login(conn, greeting, &login, caps, tls).await?;
+        // rustls' connection goes now, not at the session's first park (see
+        // `PacketConn::leave_rustls`).
+        logged_in
+            .conn
+            .leave_rustls()
+            .map_err(|source| BackendError::Connect {
+                addr: addr.to_string(),
+                source,
+            })?;
+        Ok(logged_in)
     };
     tokio::time::timeout(timeout, fut)
         .await

@@ -327,9 +327,18 @@ async fn open(arrival: Arrival) -> Option<(Box<Session>, crate::admission::Ticke
     let shared_for_guard = shared.clone();
     let logging_in = shared_for_guard.sessions.begin_login(id);
     // Boxed: the login's future is large.
-    let logged_in = Box::pin(authenticate(&shared, &mut client, peer, id, mode)).await?;
+    let mut logged_in = Box::pin(authenticate(&shared, &mut client, peer, id, mode)).await?;
     ticket.logged_in();
     shared.metrics.logins.inc();
+    // The handshakes are done: rustls' connections go before the session allocates what
+    // it keeps (an idle TLS session's memory, see `PacketConn::leave_rustls`).
+    let left = client
+        .leave_rustls()
+        .and_then(|()| logged_in.backend.conn.leave_rustls());
+    if let Err(e) = left {
+        tracing::warn!(session = id, client = %peer, error = %e, "closed: a TLS connection could not go on after the login");
+        return None;
+    }
     if logged_in.capabilities & holdfast_wire::caps::CLIENT_COMPRESS != 0 {
         // Everything after the login's OK is compressed (the backend connection was set
         // up the same way, so the server's Compression status reads as the client's).
