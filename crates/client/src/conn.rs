@@ -145,14 +145,25 @@ impl PacketConn {
     /// state can be taken (see [`crate::tls_resume`]), either under the compressed
     /// protocol with nothing in flight.
     pub fn can_take_socket(&self) -> bool {
-        let stream: &dyn Io = self.stream.as_ref();
-        let (stream, compressed_idle) = match stream.as_any().downcast_ref::<Compressed>() {
-            Some(c) => (c.inner(), c.can_take()),
-            None => (stream, true),
-        };
+        let compressed_idle = self
+            .stream
+            .as_ref()
+            .as_any()
+            .downcast_ref::<Compressed>()
+            .is_none_or(Compressed::can_take);
+        let stream = self.under_compression();
         compressed_idle
             && (stream.as_any().is::<tokio::net::TcpStream>()
                 || crate::tls_resume::can_take(stream))
+    }
+
+    /// The stream under the compressed protocol, or the stream itself.
+    fn under_compression(&self) -> &dyn Io {
+        let stream: &dyn Io = self.stream.as_ref();
+        match stream.as_any().downcast_ref::<Compressed>() {
+            Some(c) => c.inner(),
+            None => stream,
+        }
     }
 
     /// Takes the TCP socket out for another process, with its TLS state when it carries
@@ -217,11 +228,7 @@ impl PacketConn {
 
     /// Whether the stream is TLS run by rustls (see [`PacketConn::leave_rustls`]).
     pub fn on_rustls(&self) -> bool {
-        let stream: &dyn Io = self.stream.as_ref();
-        match stream.as_any().downcast_ref::<Compressed>() {
-            Some(c) => crate::tls_resume::on_rustls(c.inner()),
-            None => crate::tls_resume::on_rustls(stream),
-        }
+        crate::tls_resume::on_rustls(self.under_compression())
     }
 
     /// Puts a socket taken by [`PacketConn::take_socket`] back in place (it did not go to

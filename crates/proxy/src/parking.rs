@@ -1,8 +1,8 @@
 //! Sockets of a long-idle session, parked out of tokio's reactor (issue 22: memory per idle
 //! session). tokio keeps a 256-byte registration (cache-line padded) for each socket it
-//! watches, and a session has two; a TLS connection also keeps its rustls state (the
-//! record layer's keys and buffers, the configuration made for it): most of an idle TLS
-//! session's heap.
+//! watches, and a session has two; a TLS connection also keeps its record layer's state
+//! (keys and buffers; rustls' connection only until its login is done, see
+//! `PacketConn::leave_rustls`).
 //!
 //! A session idle for [`PARK_AFTER`] takes each socket out of its stream as a hand-over
 //! to another process does ([`PacketConn::take_socket`]: the TCP socket, the TLS record

@@ -331,7 +331,8 @@ async fn open(arrival: Arrival) -> Option<(Box<Session>, crate::admission::Ticke
     ticket.logged_in();
     shared.metrics.logins.inc();
     // The handshakes are done: rustls' connections go before the session allocates what
-    // it keeps (an idle TLS session's memory, see `PacketConn::leave_rustls`).
+    // it keeps (an idle TLS session's memory, see `PacketConn::leave_rustls`). The
+    // backend's left already after a native login (`backend::connect`), not a relayed one.
     let left = client
         .leave_rustls()
         .and_then(|()| logged_in.backend.conn.leave_rustls());

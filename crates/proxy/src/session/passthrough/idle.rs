@@ -1,8 +1,8 @@
 //! A pass-through session relayed in user space parks its two sockets out of the reactor
 //! (see [`crate::parking`]) once it has relayed nothing either way for
 //! [`PARK_AFTER`](crate::parking::PARK_AFTER) and holds no bytes: a TLS relay (from the
-//! client or to the node) lets its two rustls connections go, any relay tokio's two
-//! registrations. The pump's reads over a parked stream wait on the watcher's call, which
+//! client or to the node) lets its record layers' key schedules and buffers go, any relay
+//! tokio's two registrations. The pump's reads over a parked stream wait on the watcher's call, which
 //! wakes the relay's task; the first read or write wakes a stream in place, and the relay
 //! parks again after the next quiet second. A busy relay pays a look at its timer per
 //! wake-up (no system call) and the timer's reset once a second.
