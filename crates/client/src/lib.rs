@@ -225,6 +225,14 @@ pub async fn tcp_connect_from(
     addr: &str,
     source: Option<std::net::IpAddr>,
 ) -> std::io::Result<BoxedIo> {
+    Ok(Box::new(tcp_stream_from(addr, source).await?))
+}
+
+/// The TCP stream [`tcp_connect_from`] boxes, for a caller that sets more options on it.
+pub async fn tcp_stream_from(
+    addr: &str,
+    source: Option<std::net::IpAddr>,
+) -> std::io::Result<TcpStream> {
     let stream = match source {
         None => TcpStream::connect(addr).await?,
         Some(source) => {
@@ -261,7 +269,7 @@ pub async fn tcp_connect_from(
         }
     };
     let _ = stream.set_nodelay(true);
-    Ok(Box::new(stream))
+    Ok(stream)
 }
 
 /// Reads the server's greeting on a freshly opened stream (an ERR instead of a greeting is

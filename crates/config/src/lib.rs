@@ -241,6 +241,11 @@ pub struct ProxyConfig {
     /// Pass-through listeners: relay a connection's bytes in the kernel (see
     /// [`KernelRelayMode`]). Read at start.
     pub kernel_relay: KernelRelayMode,
+    /// A connection to a node whose sent bytes stay unacknowledged this long is given up
+    /// (`TCP_USER_TIMEOUT`) and its session recovers on a new one: after a network cut that
+    /// healed, TCP alone may wait a minute and more for its next retransmission. A
+    /// statement that runs long is not affected. 0: the system's behaviour.
+    pub backend_tcp_user_timeout_ms: u64,
 }
 
 impl Default for ProxyConfig {
@@ -268,6 +273,7 @@ impl Default for ProxyConfig {
             trusted_proxies: Vec::new(),
             backend_source_address: None,
             kernel_relay: KernelRelayMode::Auto,
+            backend_tcp_user_timeout_ms: 10_000,
         }
     }
 }
@@ -295,6 +301,11 @@ impl ProxyConfig {
     }
     pub fn cooldown(&self) -> Duration {
         Duration::from_millis(self.cooldown_ms)
+    }
+    /// `TCP_USER_TIMEOUT` for connections to the nodes; `None` when off.
+    pub fn backend_tcp_user_timeout(&self) -> Option<Duration> {
+        (self.backend_tcp_user_timeout_ms > 0)
+            .then(|| Duration::from_millis(self.backend_tcp_user_timeout_ms))
     }
 }
 

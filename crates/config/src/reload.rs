@@ -82,6 +82,7 @@ fn keep_restart_settings(running: &Config, file: &Config) -> Config {
     eff.proxy.listen = running.proxy.listen.clone();
     eff.proxy.worker_threads = running.proxy.worker_threads;
     eff.proxy.backend_source_address = running.proxy.backend_source_address;
+    eff.proxy.backend_tcp_user_timeout_ms = running.proxy.backend_tcp_user_timeout_ms;
     eff.admin = running.admin.clone();
     // The fleet's membership is started at start.
     eff.cluster = running.cluster.clone();

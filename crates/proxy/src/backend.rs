@@ -39,23 +39,44 @@ pub trait BackendConnector: Send + Sync {
 }
 
 /// TCP with `TCP_NODELAY`, as `holdfast_client` connects, from `source` when set
-/// (`[proxy] backend_source_address`).
+/// (`[proxy] backend_source_address`), with `TCP_USER_TIMEOUT` when `user_timeout` is set
+/// (`[proxy] backend_tcp_user_timeout_ms`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TcpConnector {
     pub source: Option<std::net::IpAddr>,
+    pub user_timeout: Option<Duration>,
 }
 
 impl TcpConnector {
     pub fn from_config(proxy: &crate::config::ProxyConfig) -> Self {
         TcpConnector {
             source: proxy.backend_source_address,
+            user_timeout: proxy.backend_tcp_user_timeout(),
         }
     }
 }
 
 impl BackendConnector for TcpConnector {
     fn connect<'a>(&'a self, address: &'a str) -> ConnectFuture<'a> {
-        Box::pin(holdfast_client::tcp_connect_from(address, self.source))
+        Box::pin(async move {
+            let stream = holdfast_client::tcp_stream_from(address, self.source).await?;
+            if let Some(timeout) = self.user_timeout {
+                set_user_timeout(&stream, timeout);
+            }
+            Ok(Box::new(stream) as BoxedIo)
+        })
+    }
+}
+
+/// `TCP_USER_TIMEOUT`: bytes sent to the node and not acknowledged for `timeout` end the
+/// connection (an error the session recovers from as from any lost backend). Without it a
+/// request sent into a network cut is retransmitted at doubling intervals, so that a
+/// connection whose cut healed may wait a minute and more for its next retransmission;
+/// a statement that runs long is not affected (its request was acknowledged).
+fn set_user_timeout(stream: &tokio::net::TcpStream, timeout: Duration) {
+    let ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
+    if let Err(e) = rustix::net::sockopt::set_tcp_user_timeout(stream, ms) {
+        tracing::debug!(error = %e, "cannot set TCP_USER_TIMEOUT on a backend connection");
     }
 }
 

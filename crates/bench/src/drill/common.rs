@@ -137,6 +137,18 @@ pub struct ChaosArgs {
     /// (comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub kinds: Vec<String>,
+    /// How network cuts cut (chaos): `random` (a quarter rejected, the rest dropped),
+    /// `drop` (packets vanish, as in a partition) or `reject` (answered with a reset).
+    #[arg(long, value_enum, default_value_t = CutMode::Random)]
+    pub cut_mode: CutMode,
+}
+
+/// How the chaos drill's network cuts cut.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CutMode {
+    Random,
+    Drop,
+    Reject,
 }
 
 /// The options of a drill's sysbench run: `threads` for `seconds`, prepared statements

@@ -18,13 +18,29 @@ fn nft(args: &[&str]) -> bool {
 }
 
 /// holdfast cut off a node's port: its packets answered with TCP resets, the node's
-/// dropped; healed when dropped.
+/// dropped ([`Cut::reject`]), or every packet dropped ([`Cut::drop_all`]); healed when
+/// dropped.
 struct Cut {
     table: String,
 }
 
 impl Cut {
     fn reject(port: u16) -> Cut {
+        Cut::new(
+            port,
+            "reject with tcp reset",
+            // The server's packets vanish (the resets for holdfast pass): its side of the
+            // connection stays open.
+            "tcp flags & rst == 0 drop",
+        )
+    }
+
+    /// A partition: both ways dropped, nobody told.
+    fn drop_all(port: u16) -> Cut {
+        Cut::new(port, "drop", "drop")
+    }
+
+    fn new(port: u16, to_node: &str, from_node: &str) -> Cut {
         let table = format!("holdfast_it_cut_{port}");
         nft(&["delete", "table", "inet", &table]);
         let cut = Cut { table };
@@ -42,10 +58,8 @@ impl Cut {
             "nft add chain"
         );
         for rule in [
-            format!("oifname \"lo\" ip saddr {SOURCE} tcp dport {port} reject with tcp reset"),
-            // The server's packets vanish (the resets for holdfast pass): its side of the
-            // connection stays open.
-            format!("oifname \"lo\" ip daddr {SOURCE} tcp sport {port} tcp flags & rst == 0 drop"),
+            format!("oifname \"lo\" ip saddr {SOURCE} tcp dport {port} {to_node}"),
+            format!("oifname \"lo\" ip daddr {SOURCE} tcp sport {port} {from_node}"),
         ] {
             assert!(nft(&["add", "rule", "inet", t, "out", &rule]), "{rule}");
         }
@@ -165,6 +179,120 @@ fn a_connection_the_network_reset_is_not_taken_for_a_kill_when_the_server_closed
         .join()
         .expect("the writer")
         .expect("the INSERT the network reset is recovered, not ended as a KILL");
+    let rows: Vec<i32> = c.query("SELECT id FROM cut_t ORDER BY id").unwrap();
+    assert_eq!(rows, vec![0, 1]);
+}
+
+#[test]
+fn a_connection_the_network_cut_and_its_server_closed_is_recovered_when_the_loss_is_seen_after_the_heal(
+) {
+    if !nft(&["list", "tables"]) {
+        eprintln!("skipped: nftables is not usable here (apt-get install nftables; root)");
+        return;
+    }
+    let h = Harness::start_with(
+        Options::default()
+            .replicas(1)
+            .server_args(&["--proxy-protocol-networks=127.0.0.1,127.0.0.9"])
+            .config(|c| c.proxy.backend_source_address = Some(SOURCE.parse().expect("ip"))),
+    );
+    let opts = OptsBuilder::from_opts(Opts::from_url(&h.url()).expect("url")).prefer_socket(false);
+    let mut c = Conn::new(opts).unwrap();
+    c.query_drop("CREATE TABLE cut_t (id INT PRIMARY KEY)")
+        .unwrap();
+    c.query_drop("INSERT INTO cut_t VALUES (0)").unwrap();
+    let user = h.user().to_string();
+    let threads = || {
+        h.root_sql(&format!(
+            "SELECT ID FROM information_schema.PROCESSLIST WHERE USER = '{user}'"
+        ))
+    };
+    let port = h.node("node1").port;
+    let cut = Cut::reject(port);
+    // While the network is cut, the server closes its side of the session's connection
+    // (as after its own net timeouts, or a reset it got for a reply); holdfast does not
+    // see the close (it is dropped) and sends nothing: the session is idle.
+    for row in threads() {
+        h.root_sql(&format!("KILL CONNECTION {}", row[0]));
+    }
+    wait_for(
+        "the server to let the connection go",
+        Duration::from_secs(20),
+        || threads().is_empty().then_some(()),
+    );
+    // The monitor loses the node too (its probe is reset), then the cut heals before the
+    // session has used its connection: the loss is seen only afterwards, when the node
+    // takes connections again, as a split session busy on a replica sees its primary's.
+    let monitor_lost_it = || !h.shared.monitor_links.borrow().links.contains_key("node1");
+    wait_for(
+        "the monitor to lose its connection to the primary",
+        Duration::from_secs(20),
+        || monitor_lost_it().then_some(()),
+    );
+    drop(cut);
+    wait_for(
+        "the monitor to reach the primary again",
+        Duration::from_secs(20),
+        || (!monitor_lost_it()).then_some(()),
+    );
+    c.query_drop("INSERT INTO cut_t VALUES (1)")
+        .expect("a connection lost to a cut is recovered, not ended as a KILL, though its loss is seen after the heal");
+    let rows: Vec<i32> = c.query("SELECT id FROM cut_t ORDER BY id").unwrap();
+    assert_eq!(rows, vec![0, 1]);
+}
+
+#[test]
+fn a_request_sent_into_a_partition_is_given_up_after_the_tcp_user_timeout_and_answered_after_the_heal(
+) {
+    if !nft(&["list", "tables"]) {
+        eprintln!("skipped: nftables is not usable here (apt-get install nftables; root)");
+        return;
+    }
+    let h = Harness::start_with(
+        Options::default()
+            .replicas(1)
+            .server_args(&["--proxy-protocol-networks=127.0.0.1,127.0.0.9"])
+            .config(|c| {
+                c.proxy.backend_source_address = Some(SOURCE.parse().expect("ip"));
+                c.proxy.backend_tcp_user_timeout_ms = 1_500;
+            }),
+    );
+    let opts = OptsBuilder::from_opts(Opts::from_url(&h.url()).expect("url")).prefer_socket(false);
+    let mut c = Conn::new(opts).unwrap();
+    c.query_drop("CREATE TABLE cut_t (id INT PRIMARY KEY)")
+        .unwrap();
+    c.query_drop("INSERT INTO cut_t VALUES (0)").unwrap();
+    let lost_on_request = || {
+        metric(
+            &h.metrics(),
+            "holdfast_backend_connections_lost_total{reason=\"request\"}",
+        )
+        .unwrap_or(0.0)
+    };
+    assert_eq!(lost_on_request(), 0.0);
+    let port = h.node("node1").port;
+    let cut = Cut::drop_all(port);
+    // Sent into the partition: TCP retransmits it at doubling intervals (0.2, 0.6, 1.4,
+    // 3.0, 6.2, 12.6 s...). holdfast gives the connection up once its bytes have gone
+    // unacknowledged for 1.5 s, instead of waiting on TCP's next try after the heal.
+    let reader = std::thread::spawn(move || {
+        c.query_first::<i64, _>("SELECT COUNT(*) FROM cut_t")
+            .map(|n| (n, c))
+    });
+    // Without TCP_USER_TIMEOUT nothing is lost: the request waits on its connection.
+    wait_for(
+        "the request's connection to be given up",
+        Duration::from_secs(20),
+        || (lost_on_request() > 0.0).then_some(()),
+    );
+    drop(cut);
+    let (n, mut c) = reader
+        .join()
+        .expect("the reader")
+        .expect("the SELECT sent into the partition is answered once it heals");
+    assert_eq!(n, Some(1));
+    // The session goes on, on a new connection.
+    c.query_drop("INSERT INTO cut_t VALUES (1)").unwrap();
     let rows: Vec<i32> = c.query("SELECT id FROM cut_t ORDER BY id").unwrap();
     assert_eq!(rows, vec![0, 1]);
 }

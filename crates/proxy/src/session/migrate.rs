@@ -261,8 +261,29 @@ impl Session {
             tracing::info!(session = self.info.id, node = %lost.node, thread = lost.thread, "the network cut the backend connection; the server has closed its side too; recovering");
             return false;
         }
+        if self.monitor_lost_node_since(lost) {
+            // Seen only after a cut healed (the connection was not used during it: idle
+            // on the server's side, a split session busy on a replica), the loss looks
+            // like a KILL's; but the monitor lost the node meanwhile.
+            tracing::info!(session = self.info.id, node = %lost.node, thread = lost.thread, "the backend connection was lost while the monitor lost the node too (a network cut); the server has closed its side; recovering");
+            return false;
+        }
         tracing::info!(session = self.info.id, node = %lost.node, age_ms = lost.since.elapsed().as_millis() as u64, "the lost connection was cut while its server kept running (KILL?); not running the request again");
         true
+    }
+
+    /// Whether the monitor lost its own connection to the lost connection's node after that
+    /// one was opened (it has none now, or one opened since): the network failed between
+    /// holdfast and the node while the connection was open (a restart is ruled out
+    /// before). A KILL in the same span is then taken for the network's doing too: the
+    /// session recovers rather than ends, which is the safer mistake.
+    fn monitor_lost_node_since(&self, lost: &LostConn) -> bool {
+        let links = self.shared.monitor_links.borrow();
+        match links.links.get(&lost.node) {
+            Some(link) => link.open_since > lost.since,
+            // No round since the connection was opened (no monitor): it cannot be told.
+            None => links.round_started.is_some_and(|t| t > lost.since),
+        }
     }
 
     /// Whether the lost connection is still on its server and not being killed: then the

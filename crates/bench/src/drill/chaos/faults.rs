@@ -12,6 +12,7 @@ use rand::Rng;
 
 use super::net::{self, Firewall};
 use crate::admin;
+use crate::drill::common::CutMode;
 
 /// How long the lab may take to be whole again after a fault.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -144,6 +145,7 @@ pub struct Env<'a, R> {
     pub lab: &'a LabStatus,
     pub firewall: Option<&'a Firewall>,
     pub rng: &'a mut R,
+    pub cut_mode: CutMode,
 }
 
 /// Injects `fault`, brings the lab back and waits until it is settled.
@@ -256,7 +258,7 @@ fn run<R: Rng>(
                 Fault::CutHoldfast => net::Side::Holdfast,
                 _ => net::Side::Replicas,
             };
-            cut(lab, admin, fw, env.rng, side, primary)
+            cut(lab, admin, fw, env.rng, env.cut_mode, side, primary)
         }
         Fault::RemoveAdd => {
             let drain = env.rng.gen_range(0..2_000);
@@ -305,13 +307,16 @@ fn cut(
     admin: &AdminClient,
     fw: &Firewall,
     rng: &mut impl Rng,
+    cut_mode: CutMode,
     side: net::Side,
     primary: &str,
 ) -> Result<String> {
     let port = holdfast_lab::status(&lab.dir)?.node(primary)?.port;
-    let mode = match rng.gen_bool(0.25) {
-        true => net::Mode::Reject,
-        false => net::Mode::Drop,
+    // (Drawn whatever the mode, so that the rest of the schedule stays the same.)
+    let reject = rng.gen_bool(0.25);
+    let mode = match (cut_mode, reject) {
+        (CutMode::Reject, _) | (CutMode::Random, true) => net::Mode::Reject,
+        (CutMode::Drop, _) | (CutMode::Random, false) => net::Mode::Drop,
     };
     let hold = Duration::from_millis(rng.gen_range(CUT_MS));
     let made = fw.cut(side, port, mode);

@@ -110,9 +110,44 @@ pub fn run(args: &DrillArgs, holdfast: &Path) -> Result<()> {
     println!("holdfast log: {}", log.display());
     drop(server);
     if !outcome? {
+        print_session_ends(&log);
         bail!("chaos: FAIL");
     }
     Ok(())
+}
+
+/// The most lines of holdfast's log a failed run prints.
+const LOG_LINES_SHOWN: usize = 60;
+
+/// After a failed run: the lines of holdfast's log that say why a session ended or what
+/// went wrong (warnings, errors, panics), so that a failure where the log is not kept (CI)
+/// can be read from the output.
+fn print_session_ends(log: &Path) {
+    let Ok(text) = std::fs::read_to_string(log) else {
+        return;
+    };
+    let telling: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            l.contains("session closed")
+                || l.contains("closed:")
+                || l.contains("panicked")
+                || l.contains(" ERROR ")
+                || (l.contains(" WARN ") && l.contains("holdfast_proxy"))
+        })
+        .collect();
+    if telling.is_empty() {
+        println!("holdfast's log says nothing of a session closed, a warning or an error");
+        return;
+    }
+    let skipped = telling.len().saturating_sub(LOG_LINES_SHOWN);
+    println!("holdfast's log, sessions closed, warnings and errors of the proxy:");
+    if skipped > 0 {
+        println!("   ({skipped} earlier lines left out)");
+    }
+    for line in &telling[skipped..] {
+        println!("   {line}");
+    }
 }
 
 /// Takes the lab down when dropped (unless `--keep`).
@@ -187,6 +222,7 @@ fn drive(
             lab,
             firewall,
             rng: &mut rng,
+            cut_mode: c.cut_mode,
         };
         let d = faults::inject(&mut env, fault, epoch);
         println!(
