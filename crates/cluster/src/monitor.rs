@@ -14,6 +14,10 @@ use tokio::sync::{watch, Notify};
 
 pub const MONITOR_INTERVAL: Duration = Duration::from_millis(1000);
 
+/// A probe that takes longer than this counts as trouble reaching the node
+/// ([`MonitorLinks::troubled`]): the probe is one short query.
+pub const SLOW_PROBE: Duration = Duration::from_millis(1000);
+
 /// The monitor's own connection to each node, as of its last probe round. A restart ends
 /// every connection to a server: a node whose monitor connection was open before a moment
 /// and still answered a probe after another did not restart between them (which a
@@ -23,6 +27,25 @@ pub struct MonitorLinks {
     /// When the last round began (its probes were all sent after this).
     pub round_started: Option<Instant>,
     pub links: HashMap<String, MonitorLink>,
+    /// When a probe of each node last failed or was slow ([`SLOW_PROBE`]): the network
+    /// between holdfast and the node (or the node) was in trouble then. Set when the
+    /// probe ended.
+    pub troubled: HashMap<String, Instant>,
+}
+
+impl MonitorLinks {
+    /// Whether the monitor had trouble reaching `node` after `since`: its connection to it
+    /// lost (none now, or one opened since), or a probe that failed or was slow. `None`
+    /// when no round ran since (no monitor, or one held): it cannot be told.
+    pub fn trouble_after(&self, node: &str, since: Instant) -> Option<bool> {
+        if self.troubled.get(node).is_some_and(|&t| t > since) {
+            return Some(true);
+        }
+        match self.links.get(node) {
+            Some(link) => Some(link.open_since > since),
+            None => self.round_started.filter(|&t| t > since).map(|_| true),
+        }
+    }
 }
 
 /// One node's monitor connection (see [`MonitorLinks`]).
@@ -98,7 +121,7 @@ pub async fn run_monitor(
             // waits on a frozen node (seconds): sessions must drop their connections to it
             // before it wakes up and answers.
             let cfg = live.load_full();
-            let round = probe_nodes(&cfg, &mut topo, &mut conns, &mut loads, &mut links.links);
+            let round = probe_nodes(&cfg, &mut topo, &mut conns, &mut loads, &mut links);
             tokio::pin!(round);
             loop {
                 tokio::select! {
@@ -156,9 +179,13 @@ async fn probe_nodes(
     topo: &mut Topology,
     conns: &mut HashMap<String, BackendConn>,
     loads: &mut HashMap<String, LoadRef>,
-    links: &mut HashMap<String, MonitorLink>,
+    monitor_links: &mut MonitorLinks,
 ) {
+    let MonitorLinks {
+        links, troubled, ..
+    } = monitor_links;
     links.retain(|name, _| conns.contains_key(name));
+    troubled.retain(|name, _| topo.nodes.iter().any(|n| &n.name == name));
     for node in topo.nodes.iter_mut() {
         node.load = loads.entry(node.name.clone()).or_default().clone();
         let sent = Instant::now();
@@ -171,6 +198,9 @@ async fn probe_nodes(
             slot = None;
             reused = false;
             result = probe(cfg, &node.name, &node.address, &mut slot).await;
+        }
+        if result.is_err() || sent.elapsed() > SLOW_PROBE {
+            troubled.insert(node.name.clone(), Instant::now());
         }
         let before = links.remove(&node.name);
         if let (Ok(_), Some(conn)) = (&result, slot) {

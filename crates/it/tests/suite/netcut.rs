@@ -296,3 +296,88 @@ fn a_request_sent_into_a_partition_is_given_up_after_the_tcp_user_timeout_and_an
     let rows: Vec<i32> = c.query("SELECT id FROM cut_t ORDER BY id").unwrap();
     assert_eq!(rows, vec![0, 1]);
 }
+
+/// The most times the server's connections from holdfast on `port` have backed off their
+/// retransmissions (`ss`'s `backoff:N`): TCP's next try comes after 0.2 s * 2^N.
+fn server_backoff(port: u16) -> u32 {
+    let out = Command::new("ss")
+        .args(["-tniH", "state", "established"])
+        .arg(format!("( sport = :{port} and dst {SOURCE} )"))
+        .output()
+        .expect("ss (apt-get install iproute2)");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix("backoff:")?.parse().ok())
+        .max()
+        .unwrap_or(0)
+}
+
+#[test]
+fn an_answer_stuck_in_the_network_after_a_partition_healed_is_not_waited_for() {
+    if !nft(&["list", "tables"]) {
+        eprintln!("skipped: nftables is not usable here (apt-get install nftables; root)");
+        return;
+    }
+    let h = Harness::start_with(
+        Options::default()
+            .replicas(1)
+            .server_args(&["--proxy-protocol-networks=127.0.0.1,127.0.0.9"])
+            .config(|c| c.proxy.backend_source_address = Some(SOURCE.parse().expect("ip"))),
+    );
+    let opts = OptsBuilder::from_opts(Opts::from_url(&h.url()).expect("url")).prefer_socket(false);
+    let mut c = Conn::new(opts).unwrap();
+    c.query_drop("CREATE TABLE cut_t (id INT PRIMARY KEY)")
+        .unwrap();
+    let user = h.user().to_string();
+    let commands = move |h: &Harness| {
+        h.root_sql(&format!(
+            "SELECT COMMAND FROM information_schema.PROCESSLIST WHERE USER = '{user}'"
+        ))
+        .into_iter()
+        .map(|row| row[0].clone())
+        .collect::<Vec<String>>()
+    };
+    let lost_on_request = |h: &Harness| {
+        metric(
+            &h.metrics(),
+            "holdfast_backend_connections_lost_total{reason=\"request\"}",
+        )
+        .unwrap_or(0.0)
+    };
+    let reader = std::thread::spawn(move || {
+        // A read that runs a while on the server and is safe to run again (the
+        // Sequence engine's table; `SLEEP` is never run twice).
+        c.query_first::<i64, _>("SELECT COUNT(*) FROM seq_1_to_30000000 WHERE seq % 3 = 0")
+            .map(|n| (n, c))
+    });
+    wait_for("the read to run", Duration::from_secs(20), || {
+        commands(&h).iter().any(|c| c == "Query").then_some(())
+    });
+    // The request reached the server; its answer will go out into the partition.
+    let port = h.node("node1").port;
+    let cut = Cut::drop_all(port);
+    wait_for(
+        "the server to be done with the read",
+        Duration::from_secs(20),
+        || commands(&h).iter().all(|c| c == "Sleep").then_some(()),
+    );
+    // The server retransmits its answer at doubling intervals: once it has backed off five
+    // times its next try comes 6.4 s after the last.
+    wait_for(
+        "the server's retransmissions to back off",
+        Duration::from_secs(30),
+        || (server_backoff(port) >= 5).then_some(()),
+    );
+    drop(cut);
+    let (n, _c) = reader
+        .join()
+        .expect("the reader")
+        .expect("the SELECT is answered");
+    assert_eq!(n, Some(10_000_000));
+    // holdfast gave the connection up once the monitor had had trouble reaching the node
+    // and the server had been done with the request for a second, and ran it again (a
+    // read outside a transaction is run again after a loss): without that,
+    // the answer would have come on the same connection with TCP's next retransmission,
+    // and no connection would have been lost.
+    assert_eq!(lost_on_request(&h), 1.0);
+}

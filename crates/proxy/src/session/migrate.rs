@@ -272,18 +272,14 @@ impl Session {
         true
     }
 
-    /// Whether the monitor lost its own connection to the lost connection's node after that
-    /// one was opened (it has none now, or one opened since): the network failed between
-    /// holdfast and the node while the connection was open (a restart is ruled out
-    /// before). A KILL in the same span is then taken for the network's doing too: the
-    /// session recovers rather than ends, which is the safer mistake.
+    /// Whether the monitor had trouble reaching the lost connection's node after that one
+    /// was opened (its own connection lost, a probe failed or slow): the network failed
+    /// between holdfast and the node while the connection was open (a restart is ruled
+    /// out before). A KILL in the same span is then taken for the network's doing too:
+    /// the session recovers rather than ends, which is the safer mistake.
     fn monitor_lost_node_since(&self, lost: &LostConn) -> bool {
         let links = self.shared.monitor_links.borrow();
-        match links.links.get(&lost.node) {
-            Some(link) => link.open_since > lost.since,
-            // No round since the connection was opened (no monitor): it cannot be told.
-            None => links.round_started.is_some_and(|t| t > lost.since),
-        }
+        links.trouble_after(&lost.node, lost.since) == Some(true)
     }
 
     /// Whether the lost connection is still on its server and not being killed: then the

@@ -53,6 +53,7 @@ mod route;
 mod running;
 mod split;
 mod statements;
+mod stuck;
 mod trackers;
 
 pub use auth::{server_version, Identity, LoggedIn, LoginError};

@@ -121,6 +121,8 @@ async fn client_gone(client: &mut PacketConn, watch: std::pin::Pin<&mut tokio::t
 enum Interrupt {
     ClientGone,
     Deposed,
+    /// Its answer is stuck in the network ([`super::stuck`]).
+    AnswerStuck,
 }
 
 /// A backend read, or why the wait for it stopped.
@@ -130,15 +132,17 @@ enum Watched {
 }
 
 /// Once `watch` has fired (a request running that long): `slow` is called (the request's
-/// statement is shown), then resolves when the client goes away ([`client_gone`]) or the
-/// topology says a failover moved away from `node`. The topology is followed on a clone of
-/// the receiver: the session's own still sees the change afterwards.
+/// statement is shown), then resolves when the client goes away ([`client_gone`]), the
+/// topology says a failover moved away from `node`, or `stuck` says the answer is stuck in
+/// the network. The topology is followed on a clone of the receiver: the session's own
+/// still sees the change afterwards.
 async fn watch_request(
     client: &mut PacketConn,
     topology: &tokio::sync::watch::Receiver<std::sync::Arc<holdfast_cluster::topology::Topology>>,
     node: &str,
     mut watch: std::pin::Pin<&mut tokio::time::Sleep>,
     slow: impl FnOnce(),
+    stuck: impl std::future::Future<Output = ()>,
 ) -> Interrupt {
     watch.as_mut().await;
     slow();
@@ -156,6 +160,7 @@ async fn watch_request(
     tokio::select! {
         () = client_gone(client, watch) => Interrupt::ClientGone,
         () = deposed => Interrupt::Deposed,
+        () = stuck => Interrupt::AnswerStuck,
     }
 }
 
@@ -264,6 +269,7 @@ impl Session {
     /// the command can be re-run elsewhere or must fail. `file_answer`: the client has sent
     /// a LOCAL INFILE file and waits for its answer at this sequence id.
     async fn fill_backend(&mut self, file_answer: Option<u8>) -> Result<(), End> {
+        let (thread, since) = self.awaited();
         let filled = tokio::select! {
             biased;
             r = self.backend.conn.fill() => r.map(|_| ()).map_err(Watched::Read),
@@ -273,6 +279,14 @@ impl Session {
                 &self.backend_name,
                 self.idle_timer.armed(),
                 || self.running.show(&self.info, &self.statements),
+                super::stuck::answer_stuck(
+                    &self.shared,
+                    super::stuck::Awaited {
+                        node: &self.backend_name,
+                        thread,
+                        since,
+                    },
+                ),
             ) => Err(Watched::Interrupted(gone)),
         };
         let filled = match filled {
@@ -301,6 +315,11 @@ impl Session {
     fn interrupted(&self, gone: Interrupt) -> Result<ConnError, End> {
         match gone {
             Interrupt::ClientGone => Err(End::Client(ConnError::Closed)),
+            // A timeout, as TCP's own would be (a loss the network caused).
+            Interrupt::AnswerStuck => Ok(ConnError::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the answer was lost in the network (the server was done with the request)",
+            ))),
             Interrupt::Deposed => {
                 tracing::warn!(session = self.info.id, node = %self.backend_name, "the node was failed over away from with a request in flight; its answer is not taken");
                 Ok(ConnError::Io(std::io::Error::new(
@@ -311,12 +330,21 @@ impl Session {
         }
     }
 
+    /// What [`super::stuck::answer_stuck`] watches for the answer awaited now: the backend
+    /// connection's server thread, and when the request went out on it (or the connection
+    /// was opened, for a request sent again after a move).
+    fn awaited(&self) -> (u32, std::time::Instant) {
+        let thread = self.backend.greeting.connection_id;
+        (thread, self.running.since().max(self.backend_since))
+    }
+
     /// Reads one packet of an answer holdfast reads itself (a commit marker's exchange),
     /// watched as [`Session::fill_backend`] watches: a client that goes away, a node that
     /// was failed over away from (its answer is not taken). A backend error is
     /// [`End::BackendLost`] before the client got anything.
     pub(super) async fn read_backend_packet(&mut self) -> Result<crate::conn::Packet, End> {
         let max = self.shared.config().proxy.max_packet_size;
+        let (thread, since) = self.awaited();
         let read = tokio::select! {
             biased;
             r = self.backend.conn.read_packet(max) => r.map_err(Watched::Read),
@@ -326,6 +354,14 @@ impl Session {
                 &self.backend_name,
                 self.idle_timer.armed(),
                 || self.running.show(&self.info, &self.statements),
+                super::stuck::answer_stuck(
+                    &self.shared,
+                    super::stuck::Awaited {
+                        node: &self.backend_name,
+                        thread,
+                        since,
+                    },
+                ),
             ) => Err(Watched::Interrupted(gone)),
         };
         let read = match read {

@@ -69,6 +69,11 @@ impl Running {
         }
     }
 
+    /// When the request came.
+    pub fn since(&self) -> Instant {
+        self.since
+    }
+
     /// The request has run for a while: its text goes where `/status` reads it (once).
     pub fn show(&mut self, info: &SessionInfo, statements: &Statements) {
         if self.shown {
