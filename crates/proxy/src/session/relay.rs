@@ -269,7 +269,7 @@ impl Session {
     /// the command can be re-run elsewhere or must fail. `file_answer`: the client has sent
     /// a LOCAL INFILE file and waits for its answer at this sequence id.
     async fn fill_backend(&mut self, file_answer: Option<u8>) -> Result<(), End> {
-        let (thread, since) = self.awaited();
+        let awaited = self.awaited();
         let filled = tokio::select! {
             biased;
             r = self.backend.conn.fill() => r.map(|_| ()).map_err(Watched::Read),
@@ -279,14 +279,7 @@ impl Session {
                 &self.backend_name,
                 self.idle_timer.armed(),
                 || self.running.show(&self.info, &self.statements),
-                super::stuck::answer_stuck(
-                    &self.shared,
-                    super::stuck::Awaited {
-                        node: &self.backend_name,
-                        thread,
-                        since,
-                    },
-                ),
+                super::stuck::answer_stuck(&self.shared, &self.backend_name, awaited),
             ) => Err(Watched::Interrupted(gone)),
         };
         let filled = match filled {
@@ -333,9 +326,11 @@ impl Session {
     /// What [`super::stuck::answer_stuck`] watches for the answer awaited now: the backend
     /// connection's server thread, and when the request went out on it (or the connection
     /// was opened, for a request sent again after a move).
-    fn awaited(&self) -> (u32, std::time::Instant) {
-        let thread = self.backend.greeting.connection_id;
-        (thread, self.running.since().max(self.backend_since))
+    fn awaited(&self) -> super::stuck::Awaited {
+        super::stuck::Awaited {
+            thread: self.backend.greeting.connection_id,
+            since: self.running.since().max(self.backend_since),
+        }
     }
 
     /// Reads one packet of an answer holdfast reads itself (a commit marker's exchange),
@@ -344,7 +339,7 @@ impl Session {
     /// [`End::BackendLost`] before the client got anything.
     pub(super) async fn read_backend_packet(&mut self) -> Result<crate::conn::Packet, End> {
         let max = self.shared.config().proxy.max_packet_size;
-        let (thread, since) = self.awaited();
+        let awaited = self.awaited();
         let read = tokio::select! {
             biased;
             r = self.backend.conn.read_packet(max) => r.map_err(Watched::Read),
@@ -354,14 +349,7 @@ impl Session {
                 &self.backend_name,
                 self.idle_timer.armed(),
                 || self.running.show(&self.info, &self.statements),
-                super::stuck::answer_stuck(
-                    &self.shared,
-                    super::stuck::Awaited {
-                        node: &self.backend_name,
-                        thread,
-                        since,
-                    },
-                ),
+                super::stuck::answer_stuck(&self.shared, &self.backend_name, awaited),
             ) => Err(Watched::Interrupted(gone)),
         };
         let read = match read {

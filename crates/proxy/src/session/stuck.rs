@@ -24,27 +24,24 @@ const LOOK_EVERY: Duration = Duration::from_secs(1);
 /// answer to count as lost in the network rather than on its way.
 const DONE_FOR_MS: u64 = 1_000;
 
-/// The request whose answer is awaited: on `node`, server thread `thread`, sent (or its
-/// connection opened, whichever came later) at `since`.
-pub(super) struct Awaited<'a> {
-    pub node: &'a str,
+/// The request whose answer is awaited: its server thread, and when it was sent (or its
+/// connection opened, whichever came later).
+#[derive(Clone, Copy)]
+pub(super) struct Awaited {
     pub thread: u32,
     pub since: Instant,
 }
 
-/// Resolves when the answer to `awaited` is stuck in the network (see the module's
-/// comment); never otherwise.
-pub(super) async fn answer_stuck(shared: &Shared, awaited: Awaited<'_>) {
+/// Resolves when the answer to `awaited` on `node` is stuck in the network (see the
+/// module's comment); never otherwise.
+pub(super) async fn answer_stuck(shared: &Shared, node: &str, awaited: Awaited) {
     let mut links = shared.monitor_links.clone();
     loop {
-        let troubled = links
-            .borrow_and_update()
-            .trouble_after(awaited.node, awaited.since)
-            == Some(true);
+        let troubled = links.borrow_and_update().trouble_after(node, awaited.since) == Some(true);
         if troubled && awaited.since.elapsed() >= LOOK_EVERY {
             // (Boxed: a request that never gets here does not carry a login's state.)
-            if Box::pin(server_done(shared, &awaited)).await {
-                tracing::warn!(node = %awaited.node, thread = awaited.thread, "the server is done with the request, but its answer has not arrived, and the monitor had trouble reaching the node meanwhile: lost in the network");
+            if Box::pin(server_done(shared, node, awaited.thread)).await {
+                tracing::warn!(node = %node, thread = awaited.thread, "the server is done with the request, but its answer has not arrived, and the monitor had trouble reaching the node meanwhile: lost in the network");
                 return;
             }
             tokio::time::sleep(LOOK_EVERY).await;
@@ -63,13 +60,13 @@ pub(super) async fn answer_stuck(shared: &Shared, awaited: Awaited<'_>) {
 /// Whether the server has been done with the request for [`DONE_FOR_MS`]: its thread idle
 /// that long. False when that cannot be told: the thread not seen (gone, or the monitor
 /// account lacks PROCESS and sees only its own threads), the node not reached.
-async fn server_done(shared: &Shared, awaited: &Awaited<'_>) -> bool {
+async fn server_done(shared: &Shared, node: &str, thread: u32) -> bool {
     let address = shared
         .topology
         .borrow()
         .nodes
         .iter()
-        .find(|n| n.name == awaited.node)
+        .find(|n| n.name == node)
         .map(|n| n.address.clone());
     let Some(address) = address else {
         return false;
@@ -78,13 +75,13 @@ async fn server_done(shared: &Shared, awaited: &Awaited<'_>) -> bool {
     let mut conn = match monitor_connect(&cfg, &address).await {
         Ok(c) => c,
         Err(e) => {
-            tracing::debug!(node = %awaited.node, error = %e, "cannot ask the server whether a request is done");
+            tracing::debug!(node = %node, error = %e, "cannot ask the server whether a request is done");
             return false;
         }
     };
     let query = format!(
         "SELECT COMMAND, TIME_MS FROM information_schema.PROCESSLIST WHERE ID = {}",
-        awaited.thread
+        thread
     );
     match conn.query(&query).await {
         Ok(r) => match r.rows.first() {
@@ -100,7 +97,7 @@ async fn server_done(shared: &Shared, awaited: &Awaited<'_>) -> bool {
             }
         },
         Err(e) => {
-            tracing::debug!(node = %awaited.node, error = %e, "cannot ask the server whether a request is done");
+            tracing::debug!(node = %node, error = %e, "cannot ask the server whether a request is done");
             false
         }
     }
