@@ -27,23 +27,46 @@ pub struct MonitorLinks {
     /// When the last round began (its probes were all sent after this).
     pub round_started: Option<Instant>,
     pub links: HashMap<String, MonitorLink>,
-    /// When a probe of each node last failed or was slow ([`SLOW_PROBE`]): the network
-    /// between holdfast and the node (or the node) was in trouble then. Set when the
-    /// probe ended.
-    pub troubled: HashMap<String, Instant>,
+    /// When a probe of each node last failed, or was slow: the network between holdfast
+    /// and the node (or the node) was in trouble then.
+    pub troubled: HashMap<String, Trouble>,
+}
+
+/// When the monitor last had trouble probing a node (each set when the probe ended).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Trouble {
+    /// A probe failed (no answer within the connect timeout, a reset, a refused login...).
+    pub failed: Option<Instant>,
+    /// A probe answered, but after more than [`SLOW_PROBE`].
+    pub slow: Option<Instant>,
 }
 
 impl MonitorLinks {
-    /// Whether the monitor had trouble reaching `node` after `since`: its connection to it
-    /// lost (none now, or one opened since), or a probe that failed or was slow. `None`
-    /// when no round ran since (no monitor, or one held): it cannot be told.
-    pub fn trouble_after(&self, node: &str, since: Instant) -> Option<bool> {
-        if self.troubled.get(node).is_some_and(|&t| t > since) {
+    /// Whether the monitor lost `node` after `since`: its connection to it gone (none now,
+    /// or one opened since) or a probe failed. `None` when no round ran since (no
+    /// monitor, or one held): it cannot be told.
+    pub fn lost_after(&self, node: &str, since: Instant) -> Option<bool> {
+        let after = |t: Option<Instant>| t.is_some_and(|t| t > since);
+        if self.troubled.get(node).is_some_and(|t| after(t.failed)) {
             return Some(true);
         }
         match self.links.get(node) {
             Some(link) => Some(link.open_since > since),
             None => self.round_started.filter(|&t| t > since).map(|_| true),
+        }
+    }
+
+    /// [`MonitorLinks::lost_after`], or a probe of `node` slow after `since` (as a cut that
+    /// heals before the probe's timeout makes it).
+    pub fn trouble_after(&self, node: &str, since: Instant) -> Option<bool> {
+        let slow = self
+            .troubled
+            .get(node)
+            .and_then(|t| t.slow)
+            .is_some_and(|t| t > since);
+        match slow {
+            true => Some(true),
+            false => self.lost_after(node, since),
         }
     }
 }
@@ -199,8 +222,11 @@ async fn probe_nodes(
             reused = false;
             result = probe(cfg, &node.name, &node.address, &mut slot).await;
         }
-        if result.is_err() || sent.elapsed() > SLOW_PROBE {
-            troubled.insert(node.name.clone(), Instant::now());
+        let trouble = troubled.entry(node.name.clone()).or_default();
+        if result.is_err() {
+            trouble.failed = Some(Instant::now());
+        } else if sent.elapsed() > SLOW_PROBE {
+            trouble.slow = Some(Instant::now());
         }
         let before = links.remove(&node.name);
         if let (Ok(_), Some(conn)) = (&result, slot) {
@@ -525,6 +551,51 @@ async fn probe(
 mod tests {
     use super::*;
     use crate::config::BackendConfig;
+
+    #[test]
+    fn trouble_after_a_moment_is_a_lost_link_a_failed_or_slow_probe_and_lost_is_not_slow() {
+        let t0 = Instant::now();
+        let t1 = t0 + Duration::from_secs(1);
+        let t2 = t0 + Duration::from_secs(2);
+        let mut links = MonitorLinks::default();
+        // No round yet: nothing can be told.
+        assert_eq!(links.lost_after("n1", t1), None);
+        links.round_started = Some(t2);
+        // A round since, and no link: the monitor lost the node.
+        assert_eq!(links.lost_after("n1", t1), Some(true));
+        let link = |open_since| MonitorLink {
+            open_since,
+            answered_after: t2,
+        };
+        links.links.insert("n1".into(), link(t0));
+        assert_eq!(links.lost_after("n1", t1), Some(false));
+        assert_eq!(links.trouble_after("n1", t1), Some(false));
+        // A link opened since: it was lost in between.
+        links.links.insert("n1".into(), link(t2));
+        assert_eq!(links.lost_after("n1", t1), Some(true));
+        links.links.insert("n1".into(), link(t0));
+        // A slow probe is trouble, not a loss.
+        links.troubled.insert(
+            "n1".into(),
+            Trouble {
+                failed: None,
+                slow: Some(t2),
+            },
+        );
+        assert_eq!(links.trouble_after("n1", t1), Some(true));
+        assert_eq!(links.lost_after("n1", t1), Some(false));
+        // Trouble before the moment does not count.
+        assert_eq!(links.trouble_after("n1", t2), Some(false));
+        links.troubled.insert(
+            "n1".into(),
+            Trouble {
+                failed: Some(t2),
+                slow: None,
+            },
+        );
+        assert_eq!(links.lost_after("n1", t1), Some(true));
+        assert_eq!(links.trouble_after("n1", t1), Some(true));
+    }
 
     fn node(name: &str, reachable: bool, read_only: bool, replicates: bool) -> NodeState {
         let mut t = Topology::of_members(&[Member {

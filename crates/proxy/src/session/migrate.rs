@@ -272,14 +272,14 @@ impl Session {
         true
     }
 
-    /// Whether the monitor had trouble reaching the lost connection's node after that one
-    /// was opened (its own connection lost, a probe failed or slow): the network failed
+    /// Whether the monitor lost the lost connection's node after that one was opened (its
+    /// own connection gone, a probe failed; a slow probe is not enough): the network failed
     /// between holdfast and the node while the connection was open (a restart is ruled
     /// out before). A KILL in the same span is then taken for the network's doing too:
     /// the session recovers rather than ends, which is the safer mistake.
     fn monitor_lost_node_since(&self, lost: &LostConn) -> bool {
         let links = self.shared.monitor_links.borrow();
-        links.trouble_after(&lost.node, lost.since) == Some(true)
+        links.lost_after(&lost.node, lost.since) == Some(true)
     }
 
     /// Whether the lost connection is still on its server and not being killed: then the
