@@ -62,7 +62,7 @@ pub(super) struct LostConn {
     /// When it was opened.
     pub since: Instant,
     pub thread: u32,
-    /// The loss was the network's: a reset or timeout while the node took no new
+    /// The loss was the network's: a timeout, or a reset while the node took no new
     /// connection from holdfast either (a cut). A reset while it does is the server's own
     /// (what a write after it closed a killed connection gets): that may be a KILL.
     pub by_network: bool,
@@ -76,6 +76,12 @@ pub(super) fn network_error(error: &ConnError) -> bool {
         e.kind(),
         ConnectionReset | ConnectionAborted | TimedOut | HostUnreachable | NetworkUnreachable
     ))
+}
+
+/// Whether `error` is a timeout: bytes sent and never acknowledged, or an answer that did
+/// not arrive (see [`Session::lost_conn_after`]).
+fn timed_out(error: &ConnError) -> bool {
+    matches!(error, ConnError::Io(e) if e.kind() == std::io::ErrorKind::TimedOut)
 }
 
 /// What a request lost with its backend was.
@@ -216,7 +222,13 @@ impl Session {
     /// Counted as lost `when` (`idle`, `request`) once that is told.
     pub(super) async fn lost_conn_after(&self, error: &ConnError, when: &'static str) -> LostConn {
         let lost = self.lost_conn();
-        let by_network = network_error(error) && !self.node_takes_connections(&lost.node).await;
+        // A timeout is the network's whatever the node does now: a KILL closes the
+        // connection (an EOF, or a reset on the next write), it never leaves bytes
+        // unacknowledged (TCP_USER_TIMEOUT) or an answer stuck (`stuck.rs`). By the time
+        // the node is asked, the server may have closed its side on the reset holdfast's
+        // end sent it once the cut healed.
+        let by_network = timed_out(error)
+            || (network_error(error) && !self.node_takes_connections(&lost.node).await);
         self.shared.metrics.backend_lost(when);
         LostConn { by_network, ..lost }
     }
