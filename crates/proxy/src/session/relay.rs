@@ -279,7 +279,7 @@ impl Session {
                 &self.backend_name,
                 self.idle_timer.armed(),
                 || self.running.show(&self.info, &self.statements),
-                super::stuck::answer_stuck(&self.shared, &self.backend_name, awaited),
+                super::stuck::answer_stuck(&self.shared, &self.info, &self.backend_name, awaited),
             ) => Err(Watched::Interrupted(gone)),
         };
         let filled = match filled {
@@ -323,13 +323,14 @@ impl Session {
         }
     }
 
-    /// What [`super::stuck::answer_stuck`] watches for the answer awaited now: the backend
-    /// connection's server thread, and when the request went out on it (or the connection
-    /// was opened, for a request sent again after a move).
+    /// What [`super::stuck::answer_stuck`] watches for the answer awaited now on the
+    /// session's node: its connection's server thread, when the request came, when the
+    /// connection was opened.
     fn awaited(&self) -> super::stuck::Awaited {
         super::stuck::Awaited {
             thread: self.backend.greeting.connection_id,
-            since: self.running.since().max(self.backend_since),
+            sent: self.running.since(),
+            connected: self.backend_since,
         }
     }
 
@@ -349,7 +350,7 @@ impl Session {
                 &self.backend_name,
                 self.idle_timer.armed(),
                 || self.running.show(&self.info, &self.statements),
-                super::stuck::answer_stuck(&self.shared, &self.backend_name, awaited),
+                super::stuck::answer_stuck(&self.shared, &self.info, &self.backend_name, awaited),
             ) => Err(Watched::Interrupted(gone)),
         };
         let read = match read {

@@ -12,6 +12,7 @@
 //! went out (`MonitorLinks::trouble_after`): only then is the server asked, once a
 //! second, on a connection of the monitor's account.
 
+use crate::registry::SessionInfo;
 use crate::Shared;
 use holdfast_cluster::control::monitor_connect;
 use std::time::{Duration, Instant};
@@ -24,21 +25,41 @@ const LOOK_EVERY: Duration = Duration::from_secs(1);
 /// answer to count as lost in the network rather than on its way.
 const DONE_FOR_MS: u64 = 1_000;
 
-/// The request whose answer is awaited: its server thread, and when it was sent (or its
-/// connection opened, whichever came later).
+/// The request whose answer is awaited on the session's node: its server thread, when it
+/// was sent, and when its connection was opened (a request sent again after a move).
 #[derive(Clone, Copy)]
 pub(super) struct Awaited {
     pub thread: u32,
-    pub since: Instant,
+    pub sent: Instant,
+    pub connected: Instant,
 }
 
 /// Resolves when the answer to `awaited` on `node` is stuck in the network (see the
-/// module's comment); never otherwise.
-pub(super) async fn answer_stuck(shared: &Shared, node: &str, awaited: Awaited) {
+/// module's comment); never otherwise. While a split session reads on a replica
+/// (`info.replica_read`), the read's node and thread are watched instead.
+pub(super) async fn answer_stuck(
+    shared: &Shared,
+    info: &SessionInfo,
+    node: &str,
+    awaited: Awaited,
+) {
+    let replica_read = info.replica_read.load_full();
+    let (node, awaited) = match replica_read.as_deref() {
+        Some(read) => (
+            read.node.as_str(),
+            Awaited {
+                thread: read.thread,
+                connected: awaited.sent,
+                ..awaited
+            },
+        ),
+        None => (node, awaited),
+    };
+    let since = awaited.sent.max(awaited.connected);
     let mut links = shared.monitor_links.clone();
     loop {
-        let troubled = links.borrow_and_update().trouble_after(node, awaited.since) == Some(true);
-        if troubled && awaited.since.elapsed() >= LOOK_EVERY {
+        let troubled = links.borrow_and_update().trouble_after(node, since) == Some(true);
+        if troubled && since.elapsed() >= LOOK_EVERY {
             // (Boxed: a request that never gets here does not carry a login's state.)
             if Box::pin(server_done(shared, node, awaited.thread)).await {
                 tracing::warn!(node = %node, thread = awaited.thread, "the server is done with the request, but its answer has not arrived, and the monitor had trouble reaching the node meanwhile: lost in the network");
@@ -48,7 +69,7 @@ pub(super) async fn answer_stuck(shared: &Shared, node: &str, awaited: Awaited) 
             continue;
         }
         if troubled {
-            tokio::time::sleep(LOOK_EVERY.saturating_sub(awaited.since.elapsed())).await;
+            tokio::time::sleep(LOOK_EVERY.saturating_sub(since.elapsed())).await;
             continue;
         }
         if links.changed().await.is_err() {
