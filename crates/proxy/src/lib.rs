@@ -412,6 +412,16 @@ impl Shared {
         self.live.load()
     }
 
+    /// The address of the node named `node`, as the topology has it now.
+    pub fn node_address(&self, node: &str) -> Option<String> {
+        self.topology
+            .borrow()
+            .nodes
+            .iter()
+            .find(|n| n.name == node)
+            .map(|n| n.address.clone())
+    }
+
     /// The configuration in force, to keep for a while (across awaits, a whole operation).
     pub fn config_snapshot(&self) -> Arc<Config> {
         self.live.load_full()

@@ -73,23 +73,64 @@ impl Drop for Cut {
     }
 }
 
-#[test]
-fn a_session_survives_a_cut_between_holdfast_and_a_primary_that_kept_running() {
+/// A lab (a primary, a replica) whose nodes take holdfast's connections from [`SOURCE`],
+/// holdfast with `more` configuration, and a client with table `cut_t` holding row 0;
+/// `None` when nftables cannot be used here (the test is skipped).
+fn cut_lab(more: impl FnOnce(&mut holdfast_config::Config) + 'static) -> Option<(Harness, Conn)> {
     if !nft(&["list", "tables"]) {
         eprintln!("skipped: nftables is not usable here (apt-get install nftables; root)");
-        return;
+        return None;
     }
     let h = Harness::start_with(
         Options::default()
             .replicas(1)
             .server_args(&["--proxy-protocol-networks=127.0.0.1,127.0.0.9"])
-            .config(|c| c.proxy.backend_source_address = Some(SOURCE.parse().expect("ip"))),
+            .config(|c| {
+                c.proxy.backend_source_address = Some(SOURCE.parse().expect("ip"));
+                more(c);
+            }),
     );
     let opts = OptsBuilder::from_opts(Opts::from_url(&h.url()).expect("url")).prefer_socket(false);
     let mut c = Conn::new(opts).unwrap();
     c.query_drop("CREATE TABLE cut_t (id INT PRIMARY KEY)")
         .unwrap();
     c.query_drop("INSERT INTO cut_t VALUES (0)").unwrap();
+    Some((h, c))
+}
+
+/// The server closes its side of the test account's connections (a KILL, as after its own
+/// net timeouts) and lets them go; during a cut holdfast does not see the close.
+fn server_closes_its_side(h: &Harness) {
+    let user = h.user().to_string();
+    let threads = || {
+        h.root_sql(&format!(
+            "SELECT ID FROM information_schema.PROCESSLIST WHERE USER = '{user}'"
+        ))
+    };
+    for row in threads() {
+        h.root_sql(&format!("KILL CONNECTION {}", row[0]));
+    }
+    wait_for(
+        "the server to let the connection go",
+        Duration::from_secs(20),
+        || threads().is_empty().then_some(()),
+    );
+}
+
+/// `holdfast_backend_connections_lost_total` for `reason` (`idle`, `request`).
+fn lost(h: &Harness, reason: &str) -> f64 {
+    metric(
+        &h.metrics(),
+        &format!("holdfast_backend_connections_lost_total{{reason=\"{reason}\"}}"),
+    )
+    .unwrap_or(0.0)
+}
+
+#[test]
+fn a_session_survives_a_cut_between_holdfast_and_a_primary_that_kept_running() {
+    let Some((h, mut c)) = cut_lab(|_| {}) else {
+        return;
+    };
     let port = h.node("node1").port;
     let cut = Cut::reject(port);
     // Sent into the cut: holdfast's side of its backend connection is reset; the server
@@ -118,59 +159,25 @@ fn a_session_survives_a_cut_between_holdfast_and_a_primary_that_kept_running() {
 
 #[test]
 fn a_connection_the_network_reset_is_not_taken_for_a_kill_when_the_server_closed_its_side() {
-    if !nft(&["list", "tables"]) {
-        eprintln!("skipped: nftables is not usable here (apt-get install nftables; root)");
+    let Some((h, mut c)) = cut_lab(|_| {}) else {
         return;
-    }
-    let h = Harness::start_with(
-        Options::default()
-            .replicas(1)
-            .server_args(&["--proxy-protocol-networks=127.0.0.1,127.0.0.9"])
-            .config(|c| c.proxy.backend_source_address = Some(SOURCE.parse().expect("ip"))),
-    );
-    let opts = OptsBuilder::from_opts(Opts::from_url(&h.url()).expect("url")).prefer_socket(false);
-    let mut c = Conn::new(opts).unwrap();
-    c.query_drop("CREATE TABLE cut_t (id INT PRIMARY KEY)")
-        .unwrap();
-    c.query_drop("INSERT INTO cut_t VALUES (0)").unwrap();
-    let user = h.user().to_string();
-    let threads = || {
-        h.root_sql(&format!(
-            "SELECT ID FROM information_schema.PROCESSLIST WHERE USER = '{user}'"
-        ))
     };
     let port = h.node("node1").port;
     let cut = Cut::reject(port);
     // While the network is cut, the server closes its side of the session's connection
     // (as after its own net timeouts); holdfast does not see the close (it is dropped).
-    for row in threads() {
-        h.root_sql(&format!("KILL CONNECTION {}", row[0]));
-    }
-    wait_for(
-        "the server to let the connection go",
-        Duration::from_secs(20),
-        || threads().is_empty().then_some(()),
-    );
+    server_closes_its_side(&h);
     // Sent into the cut: reset. The request never reached the server.
     let writer =
         std::thread::spawn(move || c.query_drop("INSERT INTO cut_t VALUES (1)").map(|()| c));
     // Healed only once the session has lost its connection (a reset on the INSERT, or the
-    // server's own reset while idle) and told whose loss it was: healed before that, the
-    // server's close reaches holdfast as a close while the server ran, which is a KILL's.
+    // server's own reset while idle) and told whose loss it was (healed before that, the
+    // monitor's record tells: the next test).
     wait_for(
         "holdfast to see the primary cut off and the session lose its connection",
         Duration::from_secs(20),
         || {
-            let text = h.metrics();
-            let lost: f64 = ["idle", "request"]
-                .iter()
-                .filter_map(|when| {
-                    metric(
-                        &text,
-                        &format!("holdfast_backend_connections_lost_total{{reason=\"{when}\"}}"),
-                    )
-                })
-                .sum();
+            let lost = lost(&h, "idle") + lost(&h, "request");
             (h.status_json()["ha"]["failed_probes"].as_u64()? > 0 && lost > 0.0).then_some(())
         },
     );
@@ -186,40 +193,15 @@ fn a_connection_the_network_reset_is_not_taken_for_a_kill_when_the_server_closed
 #[test]
 fn a_connection_the_network_cut_and_its_server_closed_is_recovered_when_the_loss_is_seen_after_the_heal(
 ) {
-    if !nft(&["list", "tables"]) {
-        eprintln!("skipped: nftables is not usable here (apt-get install nftables; root)");
+    let Some((h, mut c)) = cut_lab(|_| {}) else {
         return;
-    }
-    let h = Harness::start_with(
-        Options::default()
-            .replicas(1)
-            .server_args(&["--proxy-protocol-networks=127.0.0.1,127.0.0.9"])
-            .config(|c| c.proxy.backend_source_address = Some(SOURCE.parse().expect("ip"))),
-    );
-    let opts = OptsBuilder::from_opts(Opts::from_url(&h.url()).expect("url")).prefer_socket(false);
-    let mut c = Conn::new(opts).unwrap();
-    c.query_drop("CREATE TABLE cut_t (id INT PRIMARY KEY)")
-        .unwrap();
-    c.query_drop("INSERT INTO cut_t VALUES (0)").unwrap();
-    let user = h.user().to_string();
-    let threads = || {
-        h.root_sql(&format!(
-            "SELECT ID FROM information_schema.PROCESSLIST WHERE USER = '{user}'"
-        ))
     };
     let port = h.node("node1").port;
     let cut = Cut::reject(port);
     // While the network is cut, the server closes its side of the session's connection
     // (as after its own net timeouts, or a reset it got for a reply); holdfast does not
     // see the close (it is dropped) and sends nothing: the session is idle.
-    for row in threads() {
-        h.root_sql(&format!("KILL CONNECTION {}", row[0]));
-    }
-    wait_for(
-        "the server to let the connection go",
-        Duration::from_secs(20),
-        || threads().is_empty().then_some(()),
-    );
+    server_closes_its_side(&h);
     // The monitor loses the node too (its probe is reset), then the cut heals before the
     // session has used its connection: the loss is seen only afterwards, when the node
     // takes connections again, as a split session busy on a replica sees its primary's.
@@ -244,31 +226,10 @@ fn a_connection_the_network_cut_and_its_server_closed_is_recovered_when_the_loss
 #[test]
 fn a_request_sent_into_a_partition_is_given_up_after_the_tcp_user_timeout_and_answered_after_the_heal(
 ) {
-    if !nft(&["list", "tables"]) {
-        eprintln!("skipped: nftables is not usable here (apt-get install nftables; root)");
+    let Some((h, mut c)) = cut_lab(|c| c.proxy.backend_tcp_user_timeout_ms = 1_500) else {
         return;
-    }
-    let h = Harness::start_with(
-        Options::default()
-            .replicas(1)
-            .server_args(&["--proxy-protocol-networks=127.0.0.1,127.0.0.9"])
-            .config(|c| {
-                c.proxy.backend_source_address = Some(SOURCE.parse().expect("ip"));
-                c.proxy.backend_tcp_user_timeout_ms = 1_500;
-            }),
-    );
-    let opts = OptsBuilder::from_opts(Opts::from_url(&h.url()).expect("url")).prefer_socket(false);
-    let mut c = Conn::new(opts).unwrap();
-    c.query_drop("CREATE TABLE cut_t (id INT PRIMARY KEY)")
-        .unwrap();
-    c.query_drop("INSERT INTO cut_t VALUES (0)").unwrap();
-    let lost_on_request = || {
-        metric(
-            &h.metrics(),
-            "holdfast_backend_connections_lost_total{reason=\"request\"}",
-        )
-        .unwrap_or(0.0)
     };
+    let lost_on_request = || lost(&h, "request");
     assert_eq!(lost_on_request(), 0.0);
     let port = h.node("node1").port;
     let cut = Cut::drop_all(port);
@@ -314,20 +275,9 @@ fn server_backoff(port: u16) -> u32 {
 
 #[test]
 fn an_answer_stuck_in_the_network_after_a_partition_healed_is_not_waited_for() {
-    if !nft(&["list", "tables"]) {
-        eprintln!("skipped: nftables is not usable here (apt-get install nftables; root)");
+    let Some((h, mut c)) = cut_lab(|_| {}) else {
         return;
-    }
-    let h = Harness::start_with(
-        Options::default()
-            .replicas(1)
-            .server_args(&["--proxy-protocol-networks=127.0.0.1,127.0.0.9"])
-            .config(|c| c.proxy.backend_source_address = Some(SOURCE.parse().expect("ip"))),
-    );
-    let opts = OptsBuilder::from_opts(Opts::from_url(&h.url()).expect("url")).prefer_socket(false);
-    let mut c = Conn::new(opts).unwrap();
-    c.query_drop("CREATE TABLE cut_t (id INT PRIMARY KEY)")
-        .unwrap();
+    };
     let user = h.user().to_string();
     let commands = move |h: &Harness| {
         h.root_sql(&format!(
@@ -336,13 +286,6 @@ fn an_answer_stuck_in_the_network_after_a_partition_healed_is_not_waited_for() {
         .into_iter()
         .map(|row| row[0].clone())
         .collect::<Vec<String>>()
-    };
-    let lost_on_request = |h: &Harness| {
-        metric(
-            &h.metrics(),
-            "holdfast_backend_connections_lost_total{reason=\"request\"}",
-        )
-        .unwrap_or(0.0)
     };
     let reader = std::thread::spawn(move || {
         // A read that runs a while on the server and is safe to run again (the
@@ -379,5 +322,5 @@ fn an_answer_stuck_in_the_network_after_a_partition_healed_is_not_waited_for() {
     // read outside a transaction is run again after a loss): without that,
     // the answer would have come on the same connection with TCP's next retransmission,
     // and no connection would have been lost.
-    assert_eq!(lost_on_request(&h), 1.0);
+    assert_eq!(lost(&h, "request"), 1.0);
 }

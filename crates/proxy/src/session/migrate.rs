@@ -236,15 +236,7 @@ impl Session {
     /// Whether `node` takes a TCP connection from holdfast (its backend source address)
     /// within a moment.
     async fn node_takes_connections(&self, node: &str) -> bool {
-        let address = self
-            .shared
-            .topology
-            .borrow()
-            .nodes
-            .iter()
-            .find(|n| n.name == node)
-            .map(|n| n.address.clone());
-        let Some(address) = address else {
+        let Some(address) = self.shared.node_address(node) else {
             return true;
         };
         let attempt = self.shared.connector.connect(&address);

@@ -82,14 +82,7 @@ pub(super) async fn answer_stuck(
 /// that long. False when that cannot be told: the thread not seen (gone, or the monitor
 /// account lacks PROCESS and sees only its own threads), the node not reached.
 async fn server_done(shared: &Shared, node: &str, thread: u32) -> bool {
-    let address = shared
-        .topology
-        .borrow()
-        .nodes
-        .iter()
-        .find(|n| n.name == node)
-        .map(|n| n.address.clone());
-    let Some(address) = address else {
+    let Some(address) = shared.node_address(node) else {
         return false;
     };
     let cfg = shared.config_snapshot();
