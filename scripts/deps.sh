@@ -12,6 +12,8 @@ command -v sysbench >/dev/null 2>&1 || need+=(sysbench)
 command -v haproxy >/dev/null 2>&1 || need+=(haproxy)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || need+=(nftables)
+# ss shows the TCP retransmissions a network-cut test waits on (crates/it netcut).
+command -v ss >/dev/null 2>&1 || [ -x /usr/bin/ss ] || need+=(iproute2)
 command -v python3 >/dev/null 2>&1 || need+=(python3 python3-pip)
 # systemd-analyze checks the packaged unit (packaging/holdfast.service).
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
