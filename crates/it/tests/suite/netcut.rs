@@ -324,3 +324,65 @@ fn an_answer_stuck_in_the_network_after_a_partition_healed_is_not_waited_for() {
     // and no connection would have been lost.
     assert_eq!(lost(&h, "request"), 1.0);
 }
+
+#[test]
+fn a_split_reads_answer_stuck_on_a_replica_after_a_partition_healed_runs_on_the_primary() {
+    let Some((h, mut c)) = cut_lab(|c| {
+        c.proxy.routing = holdfast_config::Routing::Split;
+        c.split.primary_read_weight = 0.0;
+    }) else {
+        return;
+    };
+    wait_for("the replica to take reads", Duration::from_secs(30), || {
+        (h.shared.topology.borrow().read_nodes().count() == 1).then_some(())
+    });
+    let replica = h.node("node2").clone();
+    let user = h.user().to_string();
+    let commands = move || {
+        holdfast_lab::node_sql(
+            &replica,
+            &format!("SELECT COMMAND FROM information_schema.PROCESSLIST WHERE USER = '{user}'"),
+        )
+        .expect("the replica's processlist")
+        .into_iter()
+        .map(|row| row[0].clone())
+        .collect::<Vec<String>>()
+    };
+    let fallbacks = |h: &Harness| {
+        metric(
+            &h.metrics(),
+            "holdfast_reads_fallback_total{reason=\"replica_lost\"}",
+        )
+        .unwrap_or(0.0)
+    };
+    let reader = std::thread::spawn(move || {
+        c.query_first::<i64, _>("SELECT COUNT(*) FROM seq_1_to_30000000 WHERE seq % 3 = 0")
+            .map(|n| (n, c))
+    });
+    wait_for(
+        "the read to run on the replica",
+        Duration::from_secs(20),
+        || commands().iter().any(|c| c == "Query").then_some(()),
+    );
+    let port = h.node("node2").port;
+    let cut = Cut::drop_all(port);
+    wait_for(
+        "the replica to be done with the read",
+        Duration::from_secs(20),
+        || commands().iter().all(|c| c == "Sleep").then_some(()),
+    );
+    wait_for(
+        "the replica's retransmissions to back off",
+        Duration::from_secs(30),
+        || (server_backoff(port) >= 5).then_some(()),
+    );
+    drop(cut);
+    let (n, _c) = reader
+        .join()
+        .expect("the reader")
+        .expect("the read is answered");
+    assert_eq!(n, Some(10_000_000));
+    // The replica's answer was given up for lost once the monitor had had trouble with the
+    // replica and its thread had been idle for a second: the read ran on the primary.
+    assert_eq!(fallbacks(&h), 1.0);
+}
