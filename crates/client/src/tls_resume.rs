@@ -94,19 +94,69 @@ impl Cipher {
 #[derive(Serialize, Deserialize)]
 pub struct Direction {
     seq: u64,
-    key: Vec<u8>,
+    key: Material,
     iv: [u8; 12],
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    secret: Option<Vec<u8>>,
+    secret: Option<Material>,
 }
 
 impl Drop for Direction {
     fn drop(&mut self) {
-        self.key.zeroize();
         self.iv.zeroize();
-        if let Some(s) = self.secret.as_mut() {
-            s.zeroize();
-        }
+    }
+}
+
+/// A key or a traffic secret (16 to 48 bytes) held in place: every idle TLS connection
+/// keeps two of each, and small heap blocks of their own would cost an idle session a
+/// few hundred bytes (issue 22). Zeroized when dropped; serialized as the bytes' sequence
+/// (as a `Vec<u8>` was before: a hand-over between the two versions reads it).
+#[derive(Clone)]
+struct Material {
+    len: u8,
+    bytes: [u8; MATERIAL_MAX],
+}
+
+/// The longest key or secret: a SHA-384 traffic secret.
+const MATERIAL_MAX: usize = 48;
+
+impl Material {
+    /// `None` when `bytes` is longer than [`MATERIAL_MAX`].
+    fn new(bytes: &[u8]) -> Option<Material> {
+        let mut m = Material {
+            len: u8::try_from(bytes.len()).ok()?,
+            bytes: [0; MATERIAL_MAX],
+        };
+        m.bytes.get_mut(..bytes.len())?.copy_from_slice(bytes);
+        Some(m)
+    }
+}
+
+impl std::ops::Deref for Material {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+}
+
+impl Drop for Material {
+    fn drop(&mut self) {
+        self.bytes.zeroize();
+    }
+}
+
+impl Serialize for Material {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.iter())
+    }
+}
+
+impl<'de> Deserialize<'de> for Material {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let mut bytes = zeroize::Zeroizing::new(Vec::<u8>::deserialize(deserializer)?);
+        let material = Material::new(&bytes)
+            .ok_or_else(|| serde::de::Error::custom("a key or secret longer than 48 bytes"));
+        bytes.zeroize();
+        material
     }
 }
 
@@ -121,21 +171,25 @@ impl Direction {
         let Some(next) = expand_label(hash, secret, b"traffic upd", hash_len(hash)) else {
             return false;
         };
+        let next = zeroize::Zeroizing::new(next);
         let (Some(key), Some(iv)) = (
             expand_label(hash, &next, b"key", key_len),
             expand_label(hash, &next, b"iv", 12),
         ) else {
             return false;
         };
-        let Ok(iv) = <[u8; 12]>::try_from(&iv[..]) else {
+        let (key, iv) = (zeroize::Zeroizing::new(key), zeroize::Zeroizing::new(iv));
+        let (Ok(iv), Some(key), Some(next)) = (
+            <[u8; 12]>::try_from(&iv[..]),
+            Material::new(&key),
+            Material::new(&next),
+        ) else {
             return false;
         };
-        let mut old = std::mem::replace(&mut self.key, key);
-        old.zeroize();
+        // (The old ones are zeroized as they drop.)
+        self.key = key;
         self.iv = iv;
-        if let Some(mut old) = self.secret.replace(next) {
-            old.zeroize();
-        }
+        self.secret = Some(next);
         self.seq = 0;
         true
     }
@@ -149,7 +203,8 @@ impl Direction {
             if expand_label(hash, &secret, b"key", key_len).as_deref() == Some(&self.key[..])
                 && expand_label(hash, &secret, b"iv", 12).as_deref() == Some(&self.iv[..])
             {
-                self.secret = Some(secret);
+                self.secret = Material::new(&secret);
+                secret.zeroize();
                 return;
             }
             match expand_label(hash, &secret, b"traffic upd", hash_len(hash)) {
@@ -515,7 +570,7 @@ fn direction(
         cipher,
         Direction {
             seq,
-            key: key.as_ref().to_vec(),
+            key: Material::new(key.as_ref()).ok_or_else(|| unsupported("a key too long"))?,
             iv,
             secret: None,
         },
@@ -942,6 +997,46 @@ mod tests {
     use std::sync::Arc;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+    /// The keys' serialized form is a `Vec<u8>`'s: a hand-over between a process that held
+    /// them in vectors and one that holds them in place reads either way.
+    #[test]
+    fn keys_and_secrets_read_and_write_as_byte_vectors_did() {
+        #[derive(Serialize, Deserialize)]
+        struct Before {
+            seq: u64,
+            key: Vec<u8>,
+            iv: [u8; 12],
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            secret: Option<Vec<u8>>,
+        }
+        let before = Before {
+            seq: 7,
+            key: (1..=32).collect(),
+            iv: [9; 12],
+            secret: Some((100..148).collect()),
+        };
+        let json = serde_json::to_string(&before).expect("json");
+        let now: Direction = serde_json::from_str(&json).expect("read as the new form");
+        assert_eq!(
+            (now.seq, &now.key[..], now.iv),
+            (7, &before.key[..], [9; 12])
+        );
+        assert_eq!(now.secret.as_deref(), before.secret.as_deref());
+        assert_eq!(serde_json::to_string(&now).expect("json"), json);
+        let back: Before = serde_json::from_str(&json).expect("read as the old form");
+        assert_eq!(back.key, before.key);
+        // Without a secret, and a key too long for any cipher.
+        let json = r#"{"seq":1,"key":[1,2,3],"iv":[0,0,0,0,0,0,0,0,0,0,0,0]}"#;
+        let d: Direction = serde_json::from_str(json).expect("no secret");
+        assert!(d.secret.is_none());
+        assert_eq!(&d.key[..], &[1, 2, 3]);
+        let long = format!(
+            r#"{{"seq":1,"key":{:?},"iv":[0,0,0,0,0,0,0,0,0,0,0,0]}}"#,
+            vec![1u8; 49]
+        );
+        assert!(serde_json::from_str::<Direction>(&long).is_err());
+    }
+
     fn provider(suite: rustls::SupportedCipherSuite) -> Arc<rustls::crypto::CryptoProvider> {
         let mut p = rustls::crypto::ring::default_provider();
         p.cipher_suites = vec![suite];
@@ -1269,7 +1364,7 @@ mod tests {
                     .downcast::<ResumedTls>()
                     .expect("holdfast's record layer");
                 ours.tx_limit = ours.tx.seq + 3;
-                let key = ours.tx.key.clone();
+                let key = ours.tx.key.to_vec();
                 let mut ended = false;
                 for i in 0..10u8 {
                     let sent = [b'r', i];
@@ -1292,7 +1387,7 @@ mod tests {
                 }
                 assert_eq!(ended, !tls13, "{suite:?}: only TLS 1.2 ends at the limit");
                 if tls13 {
-                    assert_ne!(ours.tx.key, key, "{suite:?}: the keys moved on");
+                    assert_ne!(&ours.tx.key[..], &key[..], "{suite:?}: the keys moved on");
                 }
             }
         }
