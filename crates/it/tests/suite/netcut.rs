@@ -117,6 +117,41 @@ fn server_closes_its_side(h: &Harness) {
     );
 }
 
+/// The long read the stuck-answer tests run: it runs a while on the server and is safe to
+/// run again (the Sequence engine's table; `SLEEP` is never run twice).
+const LONG_READ: &str = "SELECT COUNT(*) FROM seq_1_to_30000000 WHERE seq % 3 = 0";
+
+/// Runs [`LONG_READ`] through `c` and, while the server (`commands`: its threads of the
+/// test account) runs it, drops every packet between holdfast and the node on `port`; once
+/// the server has answered into the partition and backed off its retransmissions five
+/// times (its next try 6.4 s after the last), heals it. The read's answer, when it comes.
+fn answer_sent_into_a_partition(
+    mut c: Conn,
+    port: u16,
+    commands: impl Fn() -> Vec<String>,
+) -> Option<i64> {
+    let reader = std::thread::spawn(move || c.query_first::<i64, _>(LONG_READ));
+    wait_for("the read to run", Duration::from_secs(20), || {
+        commands().iter().any(|c| c == "Query").then_some(())
+    });
+    let cut = Cut::drop_all(port);
+    wait_for(
+        "the server to be done with the read",
+        Duration::from_secs(20),
+        || commands().iter().all(|c| c == "Sleep").then_some(()),
+    );
+    wait_for(
+        "the server's retransmissions to back off",
+        Duration::from_secs(30),
+        || (server_backoff(port) >= 5).then_some(()),
+    );
+    drop(cut);
+    reader
+        .join()
+        .expect("the reader")
+        .expect("the read is answered")
+}
+
 /// `holdfast_backend_connections_lost_total` for `reason` (`idle`, `request`).
 fn lost(h: &Harness, reason: &str) -> f64 {
     metric(
@@ -275,11 +310,11 @@ fn server_backoff(port: u16) -> u32 {
 
 #[test]
 fn an_answer_stuck_in_the_network_after_a_partition_healed_is_not_waited_for() {
-    let Some((h, mut c)) = cut_lab(|_| {}) else {
+    let Some((h, c)) = cut_lab(|_| {}) else {
         return;
     };
     let user = h.user().to_string();
-    let commands = move |h: &Harness| {
+    let commands = || {
         h.root_sql(&format!(
             "SELECT COMMAND FROM information_schema.PROCESSLIST WHERE USER = '{user}'"
         ))
@@ -287,47 +322,19 @@ fn an_answer_stuck_in_the_network_after_a_partition_healed_is_not_waited_for() {
         .map(|row| row[0].clone())
         .collect::<Vec<String>>()
     };
-    let reader = std::thread::spawn(move || {
-        // A read that runs a while on the server and is safe to run again (the
-        // Sequence engine's table; `SLEEP` is never run twice).
-        c.query_first::<i64, _>("SELECT COUNT(*) FROM seq_1_to_30000000 WHERE seq % 3 = 0")
-            .map(|n| (n, c))
-    });
-    wait_for("the read to run", Duration::from_secs(20), || {
-        commands(&h).iter().any(|c| c == "Query").then_some(())
-    });
-    // The request reached the server; its answer will go out into the partition.
-    let port = h.node("node1").port;
-    let cut = Cut::drop_all(port);
-    wait_for(
-        "the server to be done with the read",
-        Duration::from_secs(20),
-        || commands(&h).iter().all(|c| c == "Sleep").then_some(()),
-    );
-    // The server retransmits its answer at doubling intervals: once it has backed off five
-    // times its next try comes 6.4 s after the last.
-    wait_for(
-        "the server's retransmissions to back off",
-        Duration::from_secs(30),
-        || (server_backoff(port) >= 5).then_some(()),
-    );
-    drop(cut);
-    let (n, _c) = reader
-        .join()
-        .expect("the reader")
-        .expect("the SELECT is answered");
+    let n = answer_sent_into_a_partition(c, h.node("node1").port, commands);
     assert_eq!(n, Some(10_000_000));
     // holdfast gave the connection up once the monitor had had trouble reaching the node
     // and the server had been done with the request for a second, and ran it again (a
-    // read outside a transaction is run again after a loss): without that,
-    // the answer would have come on the same connection with TCP's next retransmission,
-    // and no connection would have been lost.
+    // read outside a transaction is run again after a loss): without that, the answer
+    // would have come on the same connection with TCP's next retransmission, and no
+    // connection would have been lost.
     assert_eq!(lost(&h, "request"), 1.0);
 }
 
 #[test]
 fn a_split_reads_answer_stuck_on_a_replica_after_a_partition_healed_runs_on_the_primary() {
-    let Some((h, mut c)) = cut_lab(|c| {
+    let Some((h, c)) = cut_lab(|c| {
         c.proxy.routing = holdfast_config::Routing::Split;
         c.split.primary_read_weight = 0.0;
     }) else {
@@ -338,7 +345,7 @@ fn a_split_reads_answer_stuck_on_a_replica_after_a_partition_healed_runs_on_the_
     });
     let replica = h.node("node2").clone();
     let user = h.user().to_string();
-    let commands = move || {
+    let commands = || {
         holdfast_lab::node_sql(
             &replica,
             &format!("SELECT COMMAND FROM information_schema.PROCESSLIST WHERE USER = '{user}'"),
@@ -348,41 +355,13 @@ fn a_split_reads_answer_stuck_on_a_replica_after_a_partition_healed_runs_on_the_
         .map(|row| row[0].clone())
         .collect::<Vec<String>>()
     };
-    let fallbacks = |h: &Harness| {
-        metric(
-            &h.metrics(),
-            "holdfast_reads_fallback_total{reason=\"replica_lost\"}",
-        )
-        .unwrap_or(0.0)
-    };
-    let reader = std::thread::spawn(move || {
-        c.query_first::<i64, _>("SELECT COUNT(*) FROM seq_1_to_30000000 WHERE seq % 3 = 0")
-            .map(|n| (n, c))
-    });
-    wait_for(
-        "the read to run on the replica",
-        Duration::from_secs(20),
-        || commands().iter().any(|c| c == "Query").then_some(()),
-    );
-    let port = h.node("node2").port;
-    let cut = Cut::drop_all(port);
-    wait_for(
-        "the replica to be done with the read",
-        Duration::from_secs(20),
-        || commands().iter().all(|c| c == "Sleep").then_some(()),
-    );
-    wait_for(
-        "the replica's retransmissions to back off",
-        Duration::from_secs(30),
-        || (server_backoff(port) >= 5).then_some(()),
-    );
-    drop(cut);
-    let (n, _c) = reader
-        .join()
-        .expect("the reader")
-        .expect("the read is answered");
+    let n = answer_sent_into_a_partition(c, replica.port, commands);
     assert_eq!(n, Some(10_000_000));
     // The replica's answer was given up for lost once the monitor had had trouble with the
     // replica and its thread had been idle for a second: the read ran on the primary.
-    assert_eq!(fallbacks(&h), 1.0);
+    let fallbacks = metric(
+        &h.metrics(),
+        "holdfast_reads_fallback_total{reason=\"replica_lost\"}",
+    );
+    assert_eq!(fallbacks, Some(1.0));
 }
