@@ -222,11 +222,10 @@ async fn probe_nodes(
             reused = false;
             result = probe(cfg, &node.name, &node.address, &mut slot).await;
         }
-        let trouble = troubled.entry(node.name.clone()).or_default();
         if result.is_err() {
-            trouble.failed = Some(Instant::now());
+            troubled.entry(node.name.clone()).or_default().failed = Some(Instant::now());
         } else if sent.elapsed() > SLOW_PROBE {
-            trouble.slow = Some(Instant::now());
+            troubled.entry(node.name.clone()).or_default().slow = Some(Instant::now());
         }
         let before = links.remove(&node.name);
         if let (Ok(_), Some(conn)) = (&result, slot) {

@@ -44,25 +44,20 @@ pub(super) async fn answer_stuck(
     awaited: Awaited,
 ) {
     let replica_read = info.replica_read.load_full();
-    let (node, awaited) = match replica_read.as_deref() {
-        Some(read) => (
-            read.node.as_str(),
-            Awaited {
-                thread: read.thread,
-                connected: awaited.sent,
-                ..awaited
-            },
-        ),
-        None => (node, awaited),
+    // Trouble counts from the request on, or from its connection's opening when that came
+    // later (a request sent again after a move); a replica's connection is older than the
+    // read (readers are kept).
+    let (node, thread, since) = match replica_read.as_deref() {
+        Some(read) => (read.node.as_str(), read.thread, awaited.sent),
+        None => (node, awaited.thread, awaited.sent.max(awaited.connected)),
     };
-    let since = awaited.sent.max(awaited.connected);
     let mut links = shared.monitor_links.clone();
     loop {
         let troubled = links.borrow_and_update().trouble_after(node, since) == Some(true);
         if troubled && since.elapsed() >= LOOK_EVERY {
             // (Boxed: a request that never gets here does not carry a login's state.)
-            if Box::pin(server_done(shared, node, awaited.thread)).await {
-                tracing::warn!(node = %node, thread = awaited.thread, "the server is done with the request, but its answer has not arrived, and the monitor had trouble reaching the node meanwhile: lost in the network");
+            if Box::pin(server_done(shared, node, thread)).await {
+                tracing::warn!(node = %node, thread, "the server is done with the request, but its answer has not arrived, and the monitor had trouble reaching the node meanwhile: lost in the network");
                 return;
             }
             tokio::time::sleep(LOOK_EVERY).await;
