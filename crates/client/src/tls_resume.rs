@@ -161,10 +161,23 @@ impl<'de> Deserialize<'de> for Material {
 }
 
 impl Direction {
+    /// A TLS 1.3 direction at `seq` whose keys derive from `secret` (RFC 8446, 7.3).
+    fn from_secret(cipher: Cipher, seq: u64, secret: Material) -> Option<Direction> {
+        let (hash, key_len) = cipher.tls13();
+        let key = zeroize::Zeroizing::new(expand_label(hash, &secret, b"key", key_len)?);
+        let iv = zeroize::Zeroizing::new(expand_label(hash, &secret, b"iv", 12)?);
+        Some(Direction {
+            seq,
+            key: Material::new(&key)?,
+            iv: <[u8; 12]>::try_from(&iv[..]).ok()?,
+            secret: Some(secret),
+        })
+    }
+
     /// The next generation of keys (RFC 8446, 7.2): from the next traffic secret, the
     /// sequence number back to 0. `false` without a secret.
     fn update(&mut self, cipher: Cipher) -> bool {
-        let (hash, key_len) = cipher.tls13();
+        let (hash, _) = cipher.tls13();
         let Some(secret) = self.secret.as_ref() else {
             return false;
         };
@@ -172,26 +185,34 @@ impl Direction {
             return false;
         };
         let next = zeroize::Zeroizing::new(next);
-        let (Some(key), Some(iv)) = (
-            expand_label(hash, &next, b"key", key_len),
-            expand_label(hash, &next, b"iv", 12),
-        ) else {
-            return false;
-        };
-        let (key, iv) = (zeroize::Zeroizing::new(key), zeroize::Zeroizing::new(iv));
-        let (Ok(iv), Some(key), Some(next)) = (
-            <[u8; 12]>::try_from(&iv[..]),
-            Material::new(&key),
-            Material::new(&next),
-        ) else {
+        let Some(next) = Material::new(&next).and_then(|n| Direction::from_secret(cipher, 0, n))
+        else {
             return false;
         };
         // (The old ones are zeroized as they drop.)
-        self.key = key;
-        self.iv = iv;
-        self.secret = Some(next);
-        self.seq = 0;
+        *self = next;
         true
+    }
+
+    /// This direction as a parked connection keeps it (see [`DormantTls`]).
+    fn dormant(&self, version: Version, cipher: Cipher) -> Dormant {
+        if let (Version::Tls13, Some(secret)) = (version, &self.secret) {
+            // Only when the secret gives these very keys back.
+            if let Some(d) = Direction::from_secret(cipher, self.seq, secret.clone()) {
+                if d.key[..] == self.key[..] && d.iv == self.iv {
+                    return Dormant::Secret {
+                        seq: self.seq,
+                        secret: secret.clone(),
+                    };
+                }
+            }
+        }
+        Dormant::Keys(Box::new(Direction {
+            seq: self.seq,
+            key: self.key.clone(),
+            iv: self.iv,
+            secret: self.secret.clone(),
+        }))
     }
 
     /// Finds the generation of `secret` (the first) whose keys are this direction's and
@@ -317,6 +338,67 @@ impl std::fmt::Debug for TlsState {
             .field("version", &self.version)
             .field("cipher", &self.cipher)
             .finish_non_exhaustive()
+    }
+}
+
+/// A TLS state as a parked idle connection keeps it (issue 22: memory per idle session;
+/// `holdfast-proxy`'s `parking.rs`): a TLS 1.3 direction whose traffic secret is known
+/// keeps that secret and its sequence number, and derives its key and IV again when it
+/// wakes; any other keeps its keys, boxed. Zeroized when dropped.
+pub struct DormantTls {
+    version: Version,
+    cipher: Cipher,
+    tx: Dormant,
+    rx: Dormant,
+    /// Received bytes of records not decrypted yet (none on an idle connection).
+    pending: Box<[u8]>,
+}
+
+enum Dormant {
+    Secret { seq: u64, secret: Material },
+    Keys(Box<Direction>),
+}
+
+impl Dormant {
+    fn wake(self, cipher: Cipher) -> io::Result<Direction> {
+        match self {
+            Dormant::Secret { seq, secret } => Direction::from_secret(cipher, seq, secret)
+                .ok_or_else(|| protocol("the keys of a traffic secret could not be derived")),
+            Dormant::Keys(direction) => Ok(*direction),
+        }
+    }
+}
+
+impl TlsState {
+    /// The state as a parked connection keeps it.
+    pub fn into_dormant(self) -> DormantTls {
+        DormantTls {
+            version: self.version,
+            cipher: self.cipher,
+            tx: self.tx.dormant(self.version, self.cipher),
+            rx: self.rx.dormant(self.version, self.cipher),
+            pending: self.pending.into_boxed_slice(),
+        }
+    }
+}
+
+impl DormantTls {
+    /// The state to go on with, its keys derived again where they were dropped.
+    pub fn wake(self) -> io::Result<TlsState> {
+        let DormantTls {
+            version,
+            cipher,
+            tx,
+            rx,
+            pending,
+        } = self;
+        Ok(TlsState {
+            version,
+            cipher,
+            tx: tx.wake(cipher)?,
+            rx: rx.wake(cipher)?,
+            pending: pending.into_vec(),
+        })
     }
 }
 
@@ -1150,6 +1232,23 @@ mod tests {
         (Box::new(resumed), plaintext)
     }
 
+    /// As a parked idle connection does (`parking.rs` in holdfast-proxy): the state
+    /// taken, kept dormant, and woken. A TLS 1.3 one keeps its secrets and not its keys.
+    async fn park_and_wake(stream: BoxedIo, tls13: bool) -> (BoxedIo, Vec<u8>) {
+        assert!(can_take(stream.as_ref()));
+        let (tcp, state, plaintext) = take_tls(stream).expect("the TLS state");
+        let dormant = state.into_dormant();
+        for d in [&dormant.tx, &dormant.rx] {
+            assert_eq!(
+                matches!(d, Dormant::Secret { .. }),
+                tls13,
+                "TLS 1.3: {tls13}"
+            );
+        }
+        let resumed = ResumedTls::new(tcp, dormant.wake().expect("woken")).expect("resumed");
+        (Box::new(resumed), plaintext)
+    }
+
     /// The peer (plain rustls) updates its keys and asks this side to (TLS 1.3
     /// KeyUpdate), with its next write.
     fn update_keys(peer: BoxedIo) -> BoxedIo {
@@ -1249,6 +1348,16 @@ mod tests {
             // The secrets went with the state.
             peer = keys_updated(&mut ours, peer, 3).await;
         }
+        // Parked and woken, with data in flight; in TLS 1.3 the keys derived again from
+        // the secrets (a generation after the first) carry on, key updates included.
+        peer.write_all(b"parked").await.expect("write");
+        peer.flush().await.expect("flush");
+        let (mut ours, unread) = park_and_wake(ours, tls13).await;
+        let got = read_n(&mut ours, unread, 6).await;
+        assert_eq!(got, b"parked");
+        if tls13 {
+            peer = keys_updated(&mut ours, peer, 4).await;
+        }
         ours.write_all(b"still here").await.expect("write");
         ours.flush().await.expect("flush");
         let mut buf = [0u8; 10];
@@ -1263,6 +1372,14 @@ mod tests {
         let mut rest = Vec::new();
         let _ = peer.read_to_end(&mut rest).await;
         assert!(rest.is_empty());
+    }
+
+    /// What a parked idle TLS connection holds (issue 22: memory per idle session).
+    #[test]
+    fn a_dormant_state_is_smaller_than_the_state() {
+        let (dormant, state) = (size_of::<DormantTls>(), size_of::<TlsState>());
+        assert!(dormant <= 160, "{dormant} bytes");
+        assert!(dormant * 3 / 2 <= state, "{dormant} and {state} bytes");
     }
 
     #[tokio::test]

@@ -13,17 +13,20 @@
 //! them back into the reactor before it reads a request or hands them over ([`unpark`]);
 //! a change it deals with while idle (the topology, a switchover) leaves them parked, and
 //! what it uses then wakes in place. A TLS connection goes on with holdfast's own record
-//! layer ([`holdfast_client::tls_resume::ResumedTls`], as after a hand-over). A parked stream
+//! layer ([`holdfast_client::tls_resume::ResumedTls`], as after a hand-over); parked, its
+//! state is kept dormant ([`DormantTls`]: a TLS 1.3 direction keeps its traffic secret, not
+//! the keys it derives, 136 bytes where the state is 272). A parked stream
 //! that is read (the idle wait's one byte) wakes in place first, so that what it reads
 //! is the stream's bytes (plaintext, decompressed), never the socket's.
 //!
 //! A busy session never parks, so requests pay nothing for it; a session woken after a
-//! long silence pays four `epoll_ctl` calls a socket, and a TLS one two key schedules.
+//! long silence pays four `epoll_ctl` calls a socket, and a TLS one its keys derived
+//! again and two key schedules.
 
 use crate::metrics::IdleSockets;
 use holdfast_client::compress::CompressedState;
 use holdfast_client::conn::{stream_of, BoxedIo, PacketConn, TakenSocket};
-use holdfast_client::tls_resume::TlsState;
+use holdfast_client::tls_resume::{DormantTls, TlsState};
 use holdfast_sockmap::{HangupWatcher, OnHangup, Watched};
 use std::io;
 use std::os::fd::AsFd;
@@ -69,17 +72,18 @@ pub fn park(
         back_in_reactor(conn, taken);
         return false;
     }
-    match watcher.watch_readable(taken.socket.as_fd(), wake.clone()) {
+    let TakenSocket {
+        socket,
+        tls,
+        compressed,
+        ..
+    } = taken;
+    let tls = tls.map(TlsState::into_dormant);
+    let layers =
+        (tls.is_some() || compressed.is_some()).then(|| Box::new(Layers { tls, compressed }));
+    match watcher.watch_readable(socket.as_fd(), wake.clone()) {
         Ok(watched) => {
             tally.parked.inc();
-            let TakenSocket {
-                socket,
-                tls,
-                compressed,
-                ..
-            } = taken;
-            let layers = (tls.is_some() || compressed.is_some())
-                .then(|| Box::new(Layers { tls, compressed }));
             conn.replace_stream(Box::new(Parked::Asleep {
                 watched,
                 counted: Counted(tally.clone()),
@@ -90,10 +94,23 @@ pub fn park(
         }
         Err(e) => {
             tracing::debug!(error = %e, "an idle socket could not be parked");
-            back_in_reactor(conn, taken);
+            match layers_back(socket, layers) {
+                Ok(stream) => {
+                    conn.replace_stream(stream);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "an idle socket could not return to the reactor: its connection is lost")
+                }
+            }
             false
         }
     }
+}
+
+/// The stream over `socket` again, with what its layers kept.
+fn layers_back(socket: std::net::TcpStream, layers: Option<Box<Layers>>) -> io::Result<BoxedIo> {
+    let (tls, compressed) = layers.map_or((None, None), |l| (l.tls, l.compressed));
+    stream_of(socket, tls.map(DormantTls::wake).transpose()?, compressed)
 }
 
 /// Whether [`park`] would park `conn` now: a stream it can take apart with nothing
@@ -137,7 +154,7 @@ fn back_in_reactor(conn: &mut PacketConn, taken: TakenSocket) {
 
 /// What the stream was over its socket, besides TCP.
 struct Layers {
-    tls: Option<TlsState>,
+    tls: Option<DormantTls>,
     compressed: Option<CompressedState>,
 }
 
@@ -183,8 +200,7 @@ impl Parked {
                 // Out of the set first: the watcher's call is no longer wanted.
                 counted.0.woken.inc();
                 drop((watched, counted));
-                let (tls, compressed) = layers.map_or((None, None), |l| (l.tls, l.compressed));
-                stream_of(socket, tls, compressed)
+                layers_back(socket, layers)
             }
             Parked::Awake(stream) => Ok(stream),
             Parked::Lost => Err(lost()),
