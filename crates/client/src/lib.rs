@@ -33,7 +33,7 @@ pub use query::{parse_text_row, Executed, OkInfo, TextResult};
 use holdfast_wire::auth::NATIVE_PASSWORD;
 use holdfast_wire::caps::*;
 use holdfast_wire::command::COM_QUIT;
-use holdfast_wire::handshake::{AuthSwitch, Greeting, LoginRequest};
+use holdfast_wire::handshake::{AuthSwitch, Greeting, KeptGreeting, LoginRequest};
 use holdfast_wire::packets::{ErrPacket, ERR_HEADER, OK_HEADER};
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
@@ -180,7 +180,7 @@ pub struct Login<'a> {
 /// A logged-in connection.
 pub struct Client {
     pub conn: PacketConn,
-    pub greeting: Greeting,
+    pub greeting: KeptGreeting,
     /// The capabilities sent in the login request.
     pub capabilities: u32,
     /// The MariaDB extended capabilities sent in the login request.
@@ -369,7 +369,7 @@ pub async fn login(
     }
     Ok(Client {
         conn,
-        greeting,
+        greeting: greeting.into(),
         capabilities,
         mariadb_caps: request.mariadb_caps,
         quit_on_drop: true,

@@ -71,7 +71,7 @@ impl Conn {
 
     fn of(client: Client) -> Conn {
         Conn {
-            server_version: String::from_utf8_lossy(&client.greeting.server_version).into_owned(),
+            server_version: String::from_utf8_lossy(client.greeting.server_version()).into_owned(),
             connection_id: client.greeting.connection_id,
             client,
         }

@@ -11,7 +11,7 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::Poll;
+use std::task::{Context, Poll};
 use tokio::sync::watch;
 
 use holdfast_cluster::topology::Topology;
@@ -67,14 +67,17 @@ impl IdleWake {
         info: &'a SessionInfo,
         seen: u64,
     ) -> impl Future<Output = ()> + 'a {
-        std::future::poll_fn(move |cx| {
-            info.idle_waker.register(cx.waker());
-            if self.rings() == seen {
-                Poll::Pending
-            } else {
-                Poll::Ready(())
-            }
-        })
+        std::future::poll_fn(move |cx| self.poll_rung_since(info, seen, cx))
+    }
+
+    /// [`IdleWake::rung_since`] as a poll, for a wait that keeps no future of its own.
+    pub fn poll_rung_since(&self, info: &SessionInfo, seen: u64, cx: &mut Context<'_>) -> Poll<()> {
+        info.idle_waker.register(cx.waker());
+        if self.rings() == seen {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
     }
 }
 

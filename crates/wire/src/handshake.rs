@@ -104,6 +104,68 @@ impl Greeting {
     }
 }
 
+/// A server's greeting as a connection keeps it once logged in (issue 22: memory per idle
+/// session): its three byte strings in one allocation, where a [`Greeting`] has three.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptGreeting {
+    /// The server version, the scramble and the auth plugin's name, one after the other.
+    texts: Box<[u8]>,
+    version_end: usize,
+    scramble_end: usize,
+    pub connection_id: u32,
+    pub capabilities: u32,
+    pub charset: u8,
+    pub status: u16,
+    pub mariadb_caps: u32,
+}
+
+impl KeptGreeting {
+    pub fn server_version(&self) -> &[u8] {
+        self.texts.get(..self.version_end).unwrap_or_default()
+    }
+
+    /// Auth plugin data: 20 bytes for mysql_native_password.
+    pub fn scramble(&self) -> &[u8] {
+        self.texts
+            .get(self.version_end..self.scramble_end)
+            .unwrap_or_default()
+    }
+
+    pub fn auth_plugin(&self) -> &[u8] {
+        self.texts.get(self.scramble_end..).unwrap_or_default()
+    }
+
+    /// The greeting whole again (e.g. to encode it).
+    pub fn to_greeting(&self) -> Greeting {
+        Greeting {
+            server_version: self.server_version().to_vec(),
+            connection_id: self.connection_id,
+            scramble: self.scramble().to_vec(),
+            capabilities: self.capabilities,
+            charset: self.charset,
+            status: self.status,
+            auth_plugin: self.auth_plugin().to_vec(),
+            mariadb_caps: self.mariadb_caps,
+        }
+    }
+}
+
+impl From<Greeting> for KeptGreeting {
+    fn from(g: Greeting) -> Self {
+        let texts = [&g.server_version[..], &g.scramble, &g.auth_plugin].concat();
+        KeptGreeting {
+            texts: texts.into_boxed_slice(),
+            version_end: g.server_version.len(),
+            scramble_end: g.server_version.len() + g.scramble.len(),
+            connection_id: g.connection_id,
+            capabilities: g.capabilities,
+            charset: g.charset,
+            status: g.status,
+            mariadb_caps: g.mariadb_caps,
+        }
+    }
+}
+
 /// The client's HandshakeResponse41, or the short SSLRequest that precedes a TLS handshake.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoginRequest {
@@ -402,6 +464,32 @@ mod tests {
         let caps_at = 1 + g.server_version.len() + 1 + 4 + 8 + 1;
         mysql[caps_at] |= CLIENT_LONG_PASSWORD as u8;
         assert_eq!(Greeting::parse(&mysql).unwrap().mariadb_caps, 0);
+    }
+
+    #[test]
+    fn a_kept_greeting_gives_back_each_string() {
+        let g = Greeting {
+            server_version: b"5.5.5-10.11.6-MariaDB-holdfast".to_vec(),
+            connection_id: 42,
+            scramble: b"abcdefghijklmnopqrst".to_vec(),
+            capabilities: PROXY_CAPABILITIES,
+            charset: 45,
+            status: SERVER_STATUS_AUTOCOMMIT,
+            auth_plugin: b"mysql_native_password".to_vec(),
+            mariadb_caps: PROXY_MARIADB_CAPABILITIES,
+        };
+        let kept = KeptGreeting::from(g.clone());
+        assert_eq!(kept.server_version(), &g.server_version[..]);
+        assert_eq!(kept.scramble(), &g.scramble[..]);
+        assert_eq!(kept.auth_plugin(), &g.auth_plugin[..]);
+        assert_eq!(kept.to_greeting(), g);
+        // Empty strings (a server without plugin auth) stay empty.
+        let bare = Greeting {
+            auth_plugin: Vec::new(),
+            scramble: Vec::new(),
+            ..g
+        };
+        assert_eq!(KeptGreeting::from(bare.clone()).to_greeting(), bare);
     }
 
     #[test]

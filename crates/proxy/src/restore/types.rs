@@ -127,13 +127,13 @@ impl TypesCache {
         node: &str,
         conn: &mut BackendConn,
     ) -> Result<Arc<VariableTypes>, BackendError> {
-        let version = &conn.greeting.server_version;
+        let version = conn.greeting.server_version();
         if let Some((v, types)) = self.table().get(node) {
-            if v == version {
+            if v[..] == *version {
                 return Ok(types.clone());
             }
         }
-        let version = version.clone();
+        let version = version.to_vec();
         let loaded = VariableTypes::load(conn).await?;
         Ok(self.adopt(node, &version, loaded))
     }

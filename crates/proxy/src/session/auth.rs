@@ -1085,7 +1085,7 @@ async fn relay_login(
             }
             Ok(BackendConn {
                 conn,
-                greeting,
+                greeting: greeting.into(),
                 capabilities: backend_caps,
                 mariadb_caps: login.mariadb_caps,
                 quit_on_drop: true,
@@ -1191,7 +1191,7 @@ impl Session {
                 let answer = secret
                     .as_ref()
                     .map(|s| {
-                        s.scramble_response(&self.backend.greeting.scramble)
+                        s.scramble_response(self.backend.greeting.scramble())
                             .to_vec()
                     })
                     .unwrap_or_default();
@@ -1202,7 +1202,7 @@ impl Session {
             Some(Verifier::Relay { .. }) => (Vec::new(), None),
             None => {
                 // Unknown account: the client answers the backend's own scramble.
-                let scramble = self.backend.greeting.scramble.clone();
+                let scramble = self.backend.greeting.scramble().to_vec();
                 let answer;
                 (answer, seq) = ask_native_answer(&mut self.client, scramble, seq)
                     .await

@@ -29,7 +29,7 @@ use holdfast_client::conn::TakenSocket;
 use holdfast_client::tls_resume::TlsState;
 use holdfast_wire::auth::PasswordHash;
 use holdfast_wire::caps::SERVER_STATUS_IN_TRANS;
-use holdfast_wire::handshake::Greeting;
+use holdfast_wire::handshake::{Greeting, KeptGreeting};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -141,21 +141,21 @@ pub(super) struct CarriedGreeting {
 }
 
 impl CarriedGreeting {
-    pub(super) fn of(g: &Greeting) -> Self {
+    pub(super) fn of(g: &KeptGreeting) -> Self {
         CarriedGreeting {
-            server_version: g.server_version.clone(),
+            server_version: g.server_version().to_vec(),
             connection_id: g.connection_id,
-            scramble: g.scramble.clone(),
+            scramble: g.scramble().to_vec(),
             capabilities: g.capabilities,
             charset: g.charset,
             status: g.status,
-            auth_plugin: g.auth_plugin.clone(),
+            auth_plugin: g.auth_plugin().to_vec(),
             mariadb_caps: g.mariadb_caps,
         }
     }
 
-    pub(super) fn into_greeting(self) -> Greeting {
-        Greeting {
+    pub(super) fn into_greeting(self) -> KeptGreeting {
+        KeptGreeting::from(Greeting {
             server_version: self.server_version,
             connection_id: self.connection_id,
             scramble: self.scramble,
@@ -164,7 +164,7 @@ impl CarriedGreeting {
             status: self.status,
             auth_plugin: self.auth_plugin,
             mariadb_caps: self.mariadb_caps,
-        }
+        })
     }
 }
 
@@ -505,7 +505,7 @@ impl Session {
         let mut topology = shared.topology.clone();
         topology.borrow_and_update();
         let server = {
-            let own = holdfast_sql::Server::from_version(&backend.greeting.server_version);
+            let own = holdfast_sql::Server::from_version(backend.greeting.server_version());
             match topology.borrow().node_servers {
                 Some(nodes) => own.or(nodes),
                 None => own,
@@ -527,6 +527,8 @@ impl Session {
             sql_kills: kill::SqlKills::from_carried(sql_kills),
             scratch: Vec::new(),
             idle_timer: Default::default(),
+            idle_deadline: None,
+            ticket: None,
             running: Default::default(),
             identity: Box::new(identity),
             can_reauthenticate,

@@ -10,6 +10,7 @@ use crate::state::Blocker;
 use bytes::BytesMut;
 use std::future::Future;
 use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::time::Sleep;
 
@@ -63,9 +64,14 @@ impl Timer {
 
     /// Completes when the timer is due; never while there is none.
     pub(super) async fn due(&mut self) {
+        std::future::poll_fn(|cx| self.poll_due(cx)).await
+    }
+
+    /// [`Timer::due`] as a poll.
+    fn poll_due(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         match &mut self.0 {
-            Some(timer) => timer.as_mut().await,
-            None => std::future::pending().await,
+            Some(timer) => timer.as_mut().poll(cx),
+            None => Poll::Pending,
         }
     }
 
@@ -153,7 +159,7 @@ impl Session {
     /// happen to an idle session, then returns (the caller reads the request). Its future
     /// is small, and what it rarely runs (a capture, a move, a hand-over) is boxed: this is
     /// what an idle session's task holds.
-    pub(super) async fn idle(&mut self, idle_deadline: IdleDeadline) -> Result<(), End> {
+    pub(super) async fn idle(&mut self) -> Result<(), End> {
         Box::pin(self.capture_if_due(false)).await;
         self.release_buffers();
         // Until the session parks its sockets, the timer keeps the moment it does (a bool
@@ -166,10 +172,13 @@ impl Session {
             // again and wakes the wait below.
             let seen = self.shared.idle_wake.rings();
             // What changed before the session began to wait, or woke it.
-            let event = match self.idle_news() {
+            let news = self.idle_news();
+            let event = match news {
                 Some(event) => event,
                 None => {
-                    let due = self.idle_due(idle_deadline);
+                    // (Not kept across the wait: what an idle session's task holds.)
+                    drop(news);
+                    let due = self.idle_due();
                     let park_at = if park {
                         None
                     } else {
@@ -187,15 +196,9 @@ impl Session {
                                 .await;
                         self.park_sockets(&waker);
                     }
-                    let alive = !self.backend_dead;
-                    // One select of small futures: this is what an idle session's task holds.
-                    let woke = tokio::select! {
-                        biased;
-                        r = first_byte(&mut self.client) => Woke::Client(r),
-                        () = self.shared.idle_wake.rung_since(&self.info, seen) => Woke::Ring,
-                        error = backend_gone(&mut self.backend.conn), if alive => Woke::Backend(error),
-                        () = self.idle_timer.due() => Woke::Timer,
-                    };
+                    // One poll of the sources, no future of their own: this is what an
+                    // idle session's task holds.
+                    let woke = std::future::poll_fn(|cx| self.poll_woken(cx, seen)).await;
                     match woke {
                         Woke::Client(r) => {
                             self.unpark_sockets();
@@ -212,11 +215,7 @@ impl Session {
                             self.unpark_sockets();
                             IdleEvent::BackendGone(error)
                         }
-                        Woke::Timer
-                            if self
-                                .idle_due(idle_deadline)
-                                .is_some_and(|d| Instant::now() >= d) =>
-                        {
+                        Woke::Timer if self.idle_due().is_some_and(|d| Instant::now() >= d) => {
                             self.unpark_sockets();
                             IdleEvent::Deadline
                         }
@@ -254,7 +253,7 @@ impl Session {
                 IdleEvent::BackendGone(error) => {
                     Box::pin(self.backend_lost_while_idle(error)).await
                 }
-                IdleEvent::Deadline if idle_deadline.is_some_and(|d| Instant::now() >= d) => {
+                IdleEvent::Deadline if self.idle_deadline.is_some_and(|d| Instant::now() >= d) => {
                     let idle_timeout = self.shared.config().proxy.client_idle_timeout_secs;
                     return Err(End::Closed {
                         reason: CloseReason::IdleTimeout,
@@ -270,11 +269,11 @@ impl Session {
 
     /// The earlier of the cool-down's end (when the session's node is no longer the
     /// primary) and the idle deadline.
-    fn idle_due(&self, idle_deadline: IdleDeadline) -> Option<Instant> {
+    fn idle_due(&self) -> Option<Instant> {
         let cooldown_end = self
             .move_pending_since
             .map(|t| t + self.shared.config().proxy.cooldown());
-        cooldown_end.into_iter().chain(idle_deadline).min()
+        cooldown_end.into_iter().chain(self.idle_deadline).min()
     }
 
     /// Hands the sockets to the process's watcher of sockets out of the reactor (see
@@ -394,25 +393,39 @@ impl Session {
     }
 }
 
-/// Resolves when the client sends its next byte, which is buffered for the read of the
-/// request (see [`PacketConn::poll_read_one`]: the released `rbuf` is not allocated again
-/// while the session idles). A reference in place of an async fn's state: an idle
-/// session's task holds it.
-fn first_byte(client: &mut PacketConn) -> impl Future<Output = Result<(), ConnError>> + '_ {
-    std::future::poll_fn(move |cx| {
-        client.poll_read_one(cx).map(|read| match read {
-            Ok(0) => Err(ConnError::Closed),
-            Ok(_) => Ok(()),
-            Err(e) => Err(e.into()),
-        })
-    })
-}
-
-/// Resolves when the backend connection of an idle session closes or sends something on its
-/// own (servers send an ERR before they close a connection on shutdown or KILL). A byte
-/// read is kept, in `rbuf`, where the next packet read finds it.
-fn backend_gone(conn: &mut PacketConn) -> impl Future<Output = Option<std::io::Error>> + '_ {
-    std::future::poll_fn(move |cx| conn.poll_read_one(cx).map(Result::err))
+impl Session {
+    /// What woke the idle session, each source asked in turn, first first (a byte from
+    /// the client before anything else): the client's next byte, which is buffered for
+    /// the read of the request (see [`PacketConn::poll_read_one`]: the released `rbuf` is
+    /// not allocated again while the session idles); a ring since `seen`; the backend
+    /// connection closing or sending something on its own (servers send an ERR before
+    /// they close a connection on shutdown or KILL; a byte read is kept in `rbuf`, where
+    /// the next packet read finds it), asked only while it is alive; the timer. Polls
+    /// in place of futures of their own: an idle session's task holds only this wait's
+    /// closure (issue 22: memory per idle session).
+    fn poll_woken(&mut self, cx: &mut Context<'_>, seen: u64) -> Poll<Woke> {
+        if let Poll::Ready(read) = self.client.poll_read_one(cx) {
+            return Poll::Ready(Woke::Client(match read {
+                Ok(0) => Err(ConnError::Closed),
+                Ok(_) => Ok(()),
+                Err(e) => Err(e.into()),
+            }));
+        }
+        if self
+            .shared
+            .idle_wake
+            .poll_rung_since(&self.info, seen, cx)
+            .is_ready()
+        {
+            return Poll::Ready(Woke::Ring);
+        }
+        if !self.backend_dead {
+            if let Poll::Ready(read) = self.backend.conn.poll_read_one(cx) {
+                return Poll::Ready(Woke::Backend(read.err()));
+            }
+        }
+        self.idle_timer.poll_due(cx).map(|()| Woke::Timer)
+    }
 }
 
 #[cfg(test)]

@@ -150,6 +150,12 @@ struct Session {
     scratch: Vec<u8>,
     /// The idle probe, the client watch or the idle deadline (see [`idle::Timer`]).
     idle_timer: idle::Timer,
+    /// Counts the session against its client address's limits (see `admission.rs`);
+    /// `None` for a session handed over by an upgrade (its task holds it).
+    ticket: Option<crate::admission::Ticket>,
+    /// While the session idles: when the client's silence ends it (a field, not the idle
+    /// phase's argument: what an idle session's task holds).
+    idle_deadline: idle::IdleDeadline,
     /// The request running now, shown in `/status` once it runs for a while.
     running: running::Running,
     /// Boxed, as other rarely read parts: every idle session holds a `Session`.
@@ -270,11 +276,13 @@ pub fn run_routed(
         let Some((mut session, ticket)) = opened.await else {
             return drop(held);
         };
+        // Held by the session (released when it ends), not beside it in the task.
+        session.ticket = Some(ticket);
         // The loop awaited here, not through a method that owns the session: one future
         // fewer around it.
         let end = session.serve().await;
         session.finish(end);
-        drop((ticket, held));
+        drop(held);
     }
 }
 
@@ -559,6 +567,8 @@ impl Session {
             sql_kills: kill::SqlKills::default(),
             scratch: Vec::new(),
             idle_timer: Default::default(),
+            idle_deadline: None,
+            ticket: None,
             running: Default::default(),
             identity: Box::new(identity),
             can_reauthenticate,
@@ -604,11 +614,11 @@ impl Session {
     /// idles in [`Session::idle`], whose future is small, and the busy one is freed.
     async fn serve(&mut self) -> End {
         loop {
-            let idle_deadline = match Box::pin(self.serve_busy()).await {
+            self.idle_deadline = match Box::pin(self.serve_busy()).await {
                 Ok(deadline) => deadline,
                 Err(end) => return end,
             };
-            if let Err(end) = self.idle(idle_deadline).await {
+            if let Err(end) = self.idle().await {
                 return end;
             }
         }
@@ -722,15 +732,17 @@ mod future_sizes {
 
     #[test]
     fn an_idle_session_holds_little() {
-        let idle = future_size(|s| s.idle(None));
+        let idle = future_size(|s| s.idle());
         let serve = future_size(|s| s.serve());
         let session = std::mem::size_of::<Session>();
-        // 448 with a watch's `changed()` and async fns for the one-byte reads (now a
-        // reference each: idle_wake.rs), 592 with a watch future for each of the three
-        // broadcasts, 800 with nested selects and a timer of its own, 1,760 before the busy
-        // loop was boxed apart.
-        assert!(idle <= 192, "the idle phase's future is {idle} bytes");
-        assert!(serve <= 224, "the session's loop is {serve} bytes");
+        // 184 with a select of the four sources' futures and the idle deadline as its
+        // argument (now one poll of them, `poll_woken`, and a field), 448 with a watch's
+        // `changed()` and async fns for the one-byte reads (now a reference each:
+        // idle_wake.rs), 592 with a watch future for each of the three broadcasts, 800
+        // with nested selects and a timer of its own, 1,760 before the busy loop was boxed
+        // apart.
+        assert!(idle <= 80, "the idle phase's future is {idle} bytes");
+        assert!(serve <= 104, "the session's loop is {serve} bytes");
         // 1,504 with the running statement's text inline, 1,128 with the user's name and
         // the wake-up watch's receiver.
         assert!(session <= 1112, "a session is {session} bytes");
@@ -751,10 +763,11 @@ mod future_sizes {
     fn a_sessions_task_stays_small() {
         let task = free_size(|| run_routed(never(), never::<crate::Accepted>()));
         // tokio keeps a task's future in a 128-byte-aligned cell with 104 bytes of its own
-        // (tokio 1.54): up to 280 bytes the cell is 384 (it was 768 at 520 bytes, with
-        // the accept loop's closure around it). 3,448 with the session inline (twice: the
-        // start's answer and the one served).
-        assert!(task <= 280, "a session's future is {task} bytes");
+        // (tokio 1.54): up to 152 bytes the cell is 256 (144 here; it was 384 at 272
+        // bytes, with the idle phase's select and the admission ticket beside the session,
+        // and 768 at 520 bytes, with the accept loop's closure around it). 3,448 with the
+        // session inline (twice: the start's answer and the one served).
+        assert!(task <= 152, "a session's future is {task} bytes");
     }
 
     /// A session handed over by an upgrade: its task holds the session much as a new one's

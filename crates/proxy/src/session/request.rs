@@ -367,7 +367,7 @@ impl Session {
     /// comments goes: its backend (by that server's greeting) and every node whose version
     /// the monitor knows (a split session's reads, a move after a failover).
     pub(super) fn server(&self) -> Server {
-        let own = Server::from_version(&self.backend.greeting.server_version);
+        let own = Server::from_version(self.backend.greeting.server_version());
         match self.topology.borrow().node_servers {
             Some(nodes) => own.or(nodes),
             None => own,

@@ -2450,7 +2450,7 @@ impl Split {
                 .map_or_else(|| Arc::new(NodeLoad::default()), |n| n.load.0.clone());
             load.opened(r.thread);
             let greeting = r.greeting.into_greeting();
-            let types = types.adopt(&r.node, &greeting.server_version, r.types);
+            let types = types.adopt(&r.node, greeting.server_version(), r.types);
             split.readers.push(Reader {
                 read: Arc::new(crate::registry::ReplicaRead {
                     node: r.node,
