@@ -91,7 +91,7 @@ impl Cipher {
 /// One direction's keys and the sequence number of its next record; in TLS 1.3 its
 /// traffic secret too, when known (a key update derives the next keys from it). Zeroized
 /// when dropped.
-#[derive(Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 pub struct Direction {
     seq: u64,
     key: Material,
@@ -207,12 +207,7 @@ impl Direction {
                 }
             }
         }
-        Dormant::Keys(Box::new(Direction {
-            seq: self.seq,
-            key: self.key.clone(),
-            iv: self.iv,
-            secret: self.secret.clone(),
-        }))
+        Dormant::Keys(Box::new(self.clone()))
     }
 
     /// Finds the generation of `secret` (the first) whose keys are this direction's and

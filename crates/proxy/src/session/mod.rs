@@ -271,13 +271,11 @@ pub fn run_routed(
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
     let opened = Box::pin(open(arrival));
     async move {
-        // The ticket counts the session against its address's limits until it ends. (A
-        // `let else`, not an `if let`: the answer, a temporary, is not kept beside them.)
-        let Some((mut session, ticket)) = opened.await else {
+        // (A `let else`, not an `if let`: the answer, a temporary, is not kept beside the
+        // session.)
+        let Some(mut session) = opened.await else {
             return drop(held);
         };
-        // Held by the session (released when it ends), not beside it in the task.
-        session.ticket = Some(ticket);
         // The loop awaited here, not through a method that owns the session: one future
         // fewer around it.
         let end = session.serve().await;
@@ -288,7 +286,7 @@ pub fn run_routed(
 
 /// From an accepted connection to a started session. `None`: the connection was turned
 /// away or its login failed, or (pass-through) it was relayed to its end.
-async fn open(arrival: Arrival) -> Option<(Box<Session>, crate::admission::Ticket)> {
+async fn open(arrival: Arrival) -> Option<Box<Session>> {
     let Arrival {
         shared,
         stream,
@@ -364,7 +362,10 @@ async fn open(arrival: Arrival) -> Option<(Box<Session>, crate::admission::Ticke
     }
     let started = Box::pin(Session::start(shared, client, logged_in, peer, id, routing)).await;
     drop(logging_in);
-    Some((started?, ticket))
+    let mut session = started?;
+    // Held by the session (released when it ends), not beside it in its task.
+    session.ticket = Some(ticket);
+    Some(session)
 }
 
 /// A session the process this one replaces handed over: it goes on with the client's next
