@@ -79,6 +79,7 @@ pub fn park(
         ..
     } = taken;
     let tls = tls.map(TlsState::into_dormant);
+    let compressed = compressed.map(Box::new);
     let layers =
         (tls.is_some() || compressed.is_some()).then(|| Box::new(Layers { tls, compressed }));
     match watcher.watch_readable(socket.as_fd(), wake.clone()) {
@@ -109,7 +110,7 @@ pub fn park(
 
 /// The stream over `socket` again, with what its layers kept.
 fn layers_back(socket: std::net::TcpStream, layers: Option<Box<Layers>>) -> io::Result<BoxedIo> {
-    let (tls, compressed) = layers.map_or((None, None), |l| (l.tls, l.compressed));
+    let (tls, compressed) = layers.map_or((None, None), |l| (l.tls, l.compressed.map(|c| *c)));
     stream_of(socket, tls.map(DormantTls::wake).transpose()?, compressed)
 }
 
@@ -155,7 +156,8 @@ fn back_in_reactor(conn: &mut PacketConn, taken: TakenSocket) {
 /// What the stream was over its socket, besides TCP.
 struct Layers {
     tls: Option<DormantTls>,
-    compressed: Option<CompressedState>,
+    /// Boxed: rare, and every parked TLS stream would keep its room.
+    compressed: Option<Box<CompressedState>>,
 }
 
 /// A parked connection's stream. Asleep, it holds the socket (non-blocking, out of the
@@ -285,5 +287,16 @@ impl AsyncWrite for Parked {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.get_mut().on_awake(|stream| stream.poll_shutdown(cx))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every parked TLS stream keeps its `Layers` (issue 22: memory per idle session).
+    #[test]
+    fn a_parked_streams_layers_stay_small() {
+        let layers = size_of::<super::Layers>();
+        // 184 with the compressed protocol's state inline.
+        assert!(layers <= 160, "Layers are {layers} bytes");
     }
 }

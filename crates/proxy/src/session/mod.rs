@@ -41,6 +41,7 @@ mod found_rows;
 pub mod handover;
 mod idle;
 mod kill;
+mod lazy_map;
 mod markers;
 mod migrate;
 mod owed_schema;
@@ -269,13 +270,19 @@ pub fn run_routed(
     arrival: Arrival,
     held: impl Send + 'static,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let opened = Box::pin(open(arrival));
+    let mut way: OpenedFuture = Box::pin(open(arrival));
     async move {
-        // (A `let else`, not an `if let`: the answer, a temporary, is not kept beside the
-        // session.)
-        let Some(mut session) = opened.await else {
-            return drop(held);
+        // A pass-through session's relay takes the place of the way there (which is
+        // dropped: the relay does not keep it) and ends with `None`.
+        let mut session = loop {
+            match way.as_mut().await {
+                Some(Opened::Session(session)) => break session,
+                Some(Opened::Relay(relay)) => way = relay,
+                None => return drop(held),
+            }
         };
+        // (The way there, done, goes: it is not kept beside the session.)
+        drop(way);
         // The loop awaited here, not through a method that owns the session: one future
         // fewer around it.
         let end = session.serve().await;
@@ -284,9 +291,22 @@ pub fn run_routed(
     }
 }
 
-/// From an accepted connection to a started session. `None`: the connection was turned
-/// away or its login failed, or (pass-through) it was relayed to its end.
-async fn open(arrival: Arrival) -> Option<Box<Session>> {
+/// What an accepted connection became once its client logged in.
+enum Opened {
+    Session(Box<Session>),
+    /// A pass-through session, registered: its relay's future, which holds the admission
+    /// ticket until the relay ends, and then answers `None`.
+    Relay(OpenedFuture),
+}
+
+/// The way from an accepted connection to a session, or a pass-through session's relay
+/// (boxed: either would otherwise be part of every session's future).
+type OpenedFuture =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Option<Opened>> + Send + 'static>>;
+
+/// From an accepted connection to a started session or a pass-through relay. `None`: the
+/// connection was turned away or its login failed.
+async fn open(arrival: Arrival) -> Option<Opened> {
     let Arrival {
         shared,
         stream,
@@ -353,19 +373,19 @@ async fn open(arrival: Arrival) -> Option<Box<Session>> {
         holdfast_client::compress::start(&mut client, holdfast_client::compress::Role::Server);
     }
     if mode == ListenerMode::Passthrough {
-        // Boxed: its future (7 KiB) would otherwise be part of every session's.
-        Box::pin(passthrough::run(
-            shared, client, logged_in, peer, id, logging_in,
-        ))
-        .await;
-        return None;
+        let relay = passthrough::run(shared, client, logged_in, peer, id, logging_in);
+        return Some(Opened::Relay(Box::pin(async move {
+            relay.await;
+            drop(ticket);
+            None
+        })));
     }
     let started = Box::pin(Session::start(shared, client, logged_in, peer, id, routing)).await;
     drop(logging_in);
     let mut session = started?;
     // Held by the session (released when it ends), not beside it in its task.
     session.ticket = Some(ticket);
-    Some(session)
+    Some(Opened::Session(session))
 }
 
 /// A session the process this one replaces handed over: it goes on with the client's next
@@ -764,9 +784,10 @@ mod future_sizes {
     fn a_sessions_task_stays_small() {
         let task = free_size(|| run_routed(never(), never::<crate::Accepted>()));
         // tokio keeps a task's future in a 128-byte-aligned cell with 104 bytes of its own
-        // (tokio 1.54): up to 152 bytes the cell is 256 (144 here; it was 384 at 272
-        // bytes, with the idle phase's select and the admission ticket beside the session,
-        // and 768 at 520 bytes, with the accept loop's closure around it). 3,448 with the
+        // (tokio 1.54): up to 152 bytes the cell is 256 (152 here, the way to a session
+        // and a pass-through relay awaited in one boxed slot; it was 384 at 272 bytes,
+        // with the idle phase's select and the admission ticket beside the session, and
+        // 768 at 520 bytes, with the accept loop's closure around it). 3,448 with the
         // session inline (twice: the start's answer and the one served).
         assert!(task <= 152, "a session's future is {task} bytes");
     }

@@ -30,7 +30,6 @@ use holdfast_wire::command::{
 };
 use holdfast_wire::frame::{parse_header, HEADER_LEN};
 use holdfast_wire::packets;
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -86,8 +85,12 @@ pub(super) struct Split {
 
 /// The reads a read-only transaction pinned to a replica ran there, each with the
 /// checksum of the answer the client got (see [`Session::move_pinned_to_primary`]).
+/// Boxed, from the first: every split session keeps one, and few ever pin a transaction.
 #[derive(Default)]
-struct PinnedReads {
+struct PinnedReads(Option<Box<KeptReads>>);
+
+#[derive(Default)]
+struct KeptReads {
     reads: Vec<PinnedRead>,
     bytes: usize,
     /// One was not kept (the whole grew past `replay_max_bytes`): the transaction cannot
@@ -114,6 +117,38 @@ struct PinnedRead {
 }
 
 impl PinnedReads {
+    fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |k| k.reads.len())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn incomplete(&self) -> bool {
+        self.0.as_ref().is_some_and(|k| k.incomplete)
+    }
+
+    /// Forgets the reads after the first `len`.
+    fn truncate(&mut self, len: usize) {
+        if let Some(kept) = self.0.as_mut() {
+            kept.reads.truncate(len);
+        }
+    }
+
+    /// The reads kept, and none from now on.
+    fn take(&mut self) -> Vec<PinnedRead> {
+        self.0.take().map_or_else(Vec::new, |k| k.reads)
+    }
+
+    fn keep(&mut self, read: Option<PinnedRead>, max_bytes: usize) {
+        self.0
+            .get_or_insert_with(Box::default)
+            .keep(read, max_bytes);
+    }
+}
+
+impl KeptReads {
     fn keep(&mut self, read: Option<PinnedRead>, max_bytes: usize) {
         let size = read.as_ref().map_or(0, |r| {
             r.request.len() + r.sql.as_ref().map_or(0, |s| s.len())
@@ -145,7 +180,7 @@ struct Reader {
     types: Arc<VariableTypes>,
     /// The client's statement ids prepared here: this connection's id, and whether it has
     /// seen the statement's parameter types.
-    statements: HashMap<u32, (u32, bool)>,
+    statements: super::lazy_map::LazyMap<u32, (u32, bool)>,
     /// The highest position this connection has waited for, per GTID domain.
     waited: Vec<(u32, u64)>,
     /// Its diagnostics area holds warnings (or an error): a read without tables, which
@@ -997,10 +1032,7 @@ impl Session {
             }
         }
         let again = request.clone();
-        let kept = self
-            .split
-            .as_ref()
-            .map_or(0, |s| s.pinned_reads.reads.len());
+        let kept = self.split.as_ref().map_or(0, |s| s.pinned_reads.len());
         // Where the last statement's diagnostics are now: a setting that raises nothing
         // leaves each connection's area as it was (seed 2048 session 320).
         let last_before = self
@@ -1015,7 +1047,7 @@ impl Session {
         }
         // A setting runs on the primary too: it is not one of the reads to run again.
         if let Some(split) = self.split.as_mut() {
-            split.pinned_reads.reads.truncate(kept);
+            split.pinned_reads.truncate(kept);
         }
         // A multi-statement stops at its first error: the settings before it were made.
         let multi = query_sql(&again).is_some_and(|sql| holdfast_sql::classify(sql).has(C::MULTI));
@@ -1184,11 +1216,10 @@ impl Session {
         let Some(split) = self.split.as_mut() else {
             return Ok(false);
         };
-        if split.txn_on.is_none() || split.pinned_reads.incomplete || self.backend_dead {
+        if split.txn_on.is_none() || split.pinned_reads.incomplete() || self.backend_dead {
             return Ok(false);
         }
-        let reads = std::mem::take(&mut split.pinned_reads.reads);
-        split.pinned_reads = PinnedReads::default();
+        let reads = split.pinned_reads.take();
         if !self.open_shadow("moving the transaction there").await {
             return Ok(false);
         }
@@ -2102,7 +2133,7 @@ impl Session {
             // Synced before its first read.
             state_version: u64::MAX,
             types,
-            statements: HashMap::new(),
+            statements: Default::default(),
             waited: Vec::new(),
             warned: false,
         });
@@ -2306,6 +2337,17 @@ mod tests {
         assert_eq!(parse_gtid("0-1-2-3"), None);
         assert_eq!(parse_gtid(""), None);
     }
+
+    /// Every idle split session keeps its `Split` and a `Reader` per replica it read from
+    /// (issue 22: memory per idle session): what few sessions use is boxed when used.
+    #[test]
+    fn a_split_sessions_replica_side_stays_small() {
+        let (split, reader) = (size_of::<super::Split>(), size_of::<super::Reader>());
+        // 280 and 224 with the pinned transaction's reads and the replica's prepared
+        // statements inline.
+        assert!(split <= 248, "a Split is {split} bytes");
+        assert!(reader <= 184, "a Reader is {reader} bytes");
+    }
 }
 
 /// A split session's replica side as a process hands it to the one that replaces it: what
@@ -2350,7 +2392,7 @@ impl Split {
         if self.txn_on.is_some() || self.shadow || self.probing || self.given_up {
             return Some("a read-only transaction on a replica");
         }
-        if self.rerun.is_some() || !self.pinned_reads.reads.is_empty() {
+        if self.rerun.is_some() || !self.pinned_reads.is_empty() {
             return Some("a replica's read to run again");
         }
         if self.readers.iter().any(|r| !r.conn.conn.can_take_socket()) {

@@ -62,7 +62,7 @@ pub(super) struct Statements {
     pub last: Option<u32>,
     /// The current schema when each statement prepared with `PREPARE name` (lower-case
     /// names) was: an `EXECUTE` of it runs in that schema (see `owed_schema`).
-    sql_schemas: HashMap<Vec<u8>, Option<String>>,
+    sql_schemas: super::lazy_map::LazyMap<Vec<u8>, Option<String>>,
 }
 
 /// SQL-level prepared statements whose schema is kept; past this many, an `EXECUTE` of
@@ -75,7 +75,7 @@ impl Default for Statements {
             by_id: HashMap::default(),
             next_id: 1,
             last: None,
-            sql_schemas: HashMap::new(),
+            sql_schemas: Default::default(),
         }
     }
 }

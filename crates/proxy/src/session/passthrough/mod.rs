@@ -43,15 +43,16 @@ const RETRY: Duration = Duration::from_millis(50);
 
 /// The pass-through session's future (boxed by the caller): a plain function, so that
 /// what the login left (the backend's greeting, the client's capabilities) is not kept
-/// in it while the session relays.
-pub(super) fn run<'a>(
+/// in it while the session relays. The session is registered (and its login over) when
+/// it returns.
+pub(super) fn run(
     shared: Arc<Shared>,
     client: PacketConn,
     logged_in: LoggedIn,
     peer: SocketAddr,
     id: u32,
-    logging_in: crate::registry::LoggingIn<'a>,
-) -> impl std::future::Future<Output = ()> + Send + 'a {
+    logging_in: crate::registry::LoggingIn<'_>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
     let thread = logged_in.backend.greeting.connection_id;
     let backend = logged_in.backend.into_conn();
     let relay = Relay {
