@@ -237,14 +237,14 @@ fn topology_view(t: &Topology) -> TopologyView {
         primary: t
             .primary
             .and_then(|i| t.nodes.get(i))
-            .map(|n| n.name.clone()),
+            .map(|n| n.name.to_string()),
         read_only_primary: t.read_only_primary,
         nodes: t
             .nodes
             .iter()
             .map(|n| NodeView {
-                name: n.name.clone(),
-                address: n.address.clone(),
+                name: n.name.to_string(),
+                address: n.address.to_string(),
                 reachable: n.reachable,
                 read_only: n.read_only,
                 version: n.version.clone(),
@@ -825,7 +825,7 @@ async fn post_session_kill(
             tracing::info!(session = id, node = %node, thread, query, "session killed through the admin API");
             let killed = SessionKilled {
                 session: id,
-                node,
+                node: node.to_string(),
                 thread,
                 query,
             };

@@ -28,6 +28,7 @@ pub mod ha;
 pub mod live;
 pub mod membership;
 pub mod monitor;
+pub mod node_name;
 pub mod planned;
 pub mod preflight;
 pub mod topology;

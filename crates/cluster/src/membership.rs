@@ -246,8 +246,8 @@ impl Membership {
             return Err(MembershipError::ReplicatesElsewhere {
                 address: address.into(),
                 replicates_from: status.source(),
-                primary: primary.name.clone(),
-                primary_address: primary.address.clone(),
+                primary: primary.name.to_string(),
+                primary_address: primary.address.to_string(),
             });
         }
         Ok(())

@@ -158,7 +158,7 @@ pub async fn run_monitor(
         links_tx.send_replace(Arc::new(links.clone()));
         let deposed = deposed_nodes(&ha);
         for node in topo.nodes.iter_mut() {
-            node.deposed = deposed.contains(&node.name);
+            node.deposed = deposed.iter().any(|d| node.name == *d);
             node.serves_reads &= !node.deposed;
         }
         topo.node_servers = topo
@@ -210,9 +210,9 @@ async fn probe_nodes(
     links.retain(|name, _| conns.contains_key(name));
     troubled.retain(|name, _| topo.nodes.iter().any(|n| &n.name == name));
     for node in topo.nodes.iter_mut() {
-        node.load = loads.entry(node.name.clone()).or_default().clone();
+        node.load = loads.entry(node.name.to_string()).or_default().clone();
         let sent = Instant::now();
-        let mut slot = conns.remove(&node.name);
+        let mut slot = conns.remove(node.name.as_str());
         let mut reused = slot.is_some();
         let mut result = probe(cfg, &node.name, &node.address, &mut slot).await;
         if result.is_err() && reused {
@@ -223,13 +223,13 @@ async fn probe_nodes(
             result = probe(cfg, &node.name, &node.address, &mut slot).await;
         }
         if result.is_err() {
-            troubled.entry(node.name.clone()).or_default().failed = Some(Instant::now());
+            troubled.entry(node.name.to_string()).or_default().failed = Some(Instant::now());
         } else if sent.elapsed() > SLOW_PROBE {
-            troubled.entry(node.name.clone()).or_default().slow = Some(Instant::now());
+            troubled.entry(node.name.to_string()).or_default().slow = Some(Instant::now());
         }
-        let before = links.remove(&node.name);
+        let before = links.remove(node.name.as_str());
         if let (Ok(_), Some(conn)) = (&result, slot) {
-            conns.insert(node.name.clone(), conn);
+            conns.insert(node.name.to_string(), conn);
             let open_since = match before {
                 Some(link) if reused => link.open_since,
                 // Opened during this probe: by its end at the latest.
@@ -237,7 +237,7 @@ async fn probe_nodes(
             };
             let answered_after = sent;
             links.insert(
-                node.name.clone(),
+                node.name.to_string(),
                 MonitorLink {
                     open_since,
                     answered_after,
@@ -285,15 +285,15 @@ fn log_node_problems(logged: &mut std::collections::HashMap<String, String>, top
                 .filter(|r| r.error.starts_with(REPLICATION_UNREADABLE))
                 .map(|r| r.error.clone())
         });
-        match (problem, logged.get(&n.name)) {
+        match (problem, logged.get(n.name.as_str())) {
             (Some(p), Some(before)) if &p == before => {}
             (Some(p), _) => {
                 tracing::error!(node = %n.name, "{p}");
-                logged.insert(n.name.clone(), p);
+                logged.insert(n.name.to_string(), p);
             }
             (None, Some(_)) => {
                 tracing::info!(node = %n.name, "monitor: the node answers again");
-                logged.remove(&n.name);
+                logged.remove(n.name.as_str());
             }
             (None, None) => {}
         }
@@ -321,24 +321,26 @@ fn publish_ha_decisions(
         let at = now
             .nodes
             .iter()
-            .position(|n| n.name == w && n.reachable && !deposed.contains(&n.name))?;
+            .position(|n| n.name == w && n.reachable && !deposed.iter().any(|d| n.name == *d))?;
         (now.primary != Some(at)
-            && now
-                .primary
-                .is_none_or(|p| now.nodes.get(p).is_none_or(|n| deposed.contains(&n.name))))
+            && now.primary.is_none_or(|p| {
+                now.nodes
+                    .get(p)
+                    .is_none_or(|n| deposed.iter().any(|d| n.name == *d))
+            }))
         .then_some(at)
     });
     if new_primary.is_none()
         && !now
             .nodes
             .iter()
-            .any(|n| n.deposed != deposed.contains(&n.name))
+            .any(|n| n.deposed != deposed.iter().any(|d| n.name == *d))
     {
         return;
     }
     let mut topo = (*now).clone();
     for n in topo.nodes.iter_mut() {
-        n.deposed = deposed.contains(&n.name);
+        n.deposed = deposed.iter().any(|d| n.name == *d);
         n.serves_reads &= !n.deposed;
     }
     if topo
@@ -399,7 +401,7 @@ pub(crate) fn choose_primary(
             && !n.deposed
     });
     let root = match (roots.next(), roots.next()) {
-        (Some((i, n)), None) => Some((i, n.name.clone())),
+        (Some((i, n)), None) => Some((i, n.name.to_string())),
         _ => None,
     };
     let last_root = std::mem::replace(root_before, root.as_ref().map(|(_, n)| n.clone()));

@@ -5,14 +5,15 @@
 
 use crate::config::{BackendConfig, Config};
 use crate::ha::probe::SlaveStatus;
+pub use crate::node_name::NodeName;
 use serde::Serialize;
 use std::sync::Arc;
 use tokio::sync::watch;
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct NodeState {
-    pub name: String,
-    pub address: String,
+    pub name: NodeName,
+    pub address: NodeName,
     /// Sessions' connections to it start with the PROXY protocol header.
     pub proxy_protocol: bool,
     pub reachable: bool,
@@ -222,8 +223,8 @@ impl Topology {
                          backend: b,
                          draining,
                      }| NodeState {
-                        name: b.name.clone(),
-                        address: b.address.clone(),
+                        name: NodeName::from(&b.name),
+                        address: NodeName::from(&b.address),
                         proxy_protocol: b.proxy_protocol,
                         reachable: false,
                         read_only: None,
@@ -294,8 +295,8 @@ impl Topology {
             .iter()
             .filter(|n| !n.draining)
             .map(|n| BackendConfig {
-                name: n.name.clone(),
-                address: n.address.clone(),
+                name: n.name.to_string(),
+                address: n.address.to_string(),
                 proxy_protocol: n.proxy_protocol,
             })
             .collect()

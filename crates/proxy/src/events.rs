@@ -87,7 +87,7 @@ fn look(shared: &Shared) -> Seen {
         primary: topology
             .primary
             .and_then(|i| topology.nodes.get(i))
-            .map(|n| n.name.clone()),
+            .map(|n| n.name.to_string()),
         running: ha
             .in_progress
             .as_ref()
@@ -108,7 +108,7 @@ fn look(shared: &Shared) -> Seen {
         reachable: topology
             .nodes
             .iter()
-            .map(|n| (n.name.clone(), n.reachable))
+            .map(|n| (n.name.to_string(), n.reachable))
             .collect(),
         phase: instance.as_ref().map(|v| {
             (

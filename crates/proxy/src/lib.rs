@@ -419,7 +419,7 @@ impl Shared {
             .nodes
             .iter()
             .find(|n| n.name == node)
-            .map(|n| n.address.clone())
+            .map(|n| n.address.to_string())
     }
 
     /// The configuration in force, to keep for a while (across awaits, a whole operation).

@@ -3,6 +3,7 @@
 use crate::caps::*;
 use crate::codec::{put_lenenc_bytes, Reader};
 use crate::error::{Result, WireError};
+use std::sync::{Arc, Mutex};
 
 /// The server's initial greeting (protocol version 10).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,13 +106,20 @@ impl Greeting {
 }
 
 /// A server's greeting as a connection keeps it once logged in (issue 22: memory per idle
-/// session): its three byte strings in one allocation, where a [`Greeting`] has three.
+/// session). The server version and the auth plugin's name are the same for every
+/// connection to a server, so connections share them ([`shared_texts`]); the scramble is
+/// the connection's own (a COM_CHANGE_USER answers it) and is kept inline.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeptGreeting {
-    /// The server version, the scramble and the auth plugin's name, one after the other.
-    texts: Box<[u8]>,
-    version_end: usize,
-    scramble_end: usize,
+    /// The server version, then the auth plugin's name; then, for a scramble longer than
+    /// 20 bytes, the scramble (and the texts are the connection's own).
+    texts: Arc<[u8]>,
+    version_end: u16,
+    plugin_end: u16,
+    /// A scramble of up to 20 bytes (MySQL's and MariaDB's are 20)...
+    scramble: [u8; SCRAMBLE_LEN],
+    /// ...and its length (`LONG_SCRAMBLE`: a longer one, in `texts`).
+    scramble_len: u8,
     pub connection_id: u32,
     pub capabilities: u32,
     pub charset: u8,
@@ -119,20 +127,59 @@ pub struct KeptGreeting {
     pub mariadb_caps: u32,
 }
 
+/// The length of MySQL's and MariaDB's scramble, which a [`KeptGreeting`] keeps inline.
+const SCRAMBLE_LEN: usize = 20;
+const LONG_SCRAMBLE: u8 = u8::MAX;
+
+/// How long a kept server version or plugin name is at most (so that their ends fit in
+/// 16 bits): servers send a few dozen bytes; a longer one is cut.
+const MAX_KEPT_TEXT: usize = 4096;
+
+/// How many distinct texts [`shared_texts`] keeps: a process talks to a handful of servers
+/// (one text per server version); past this, each connection keeps its own.
+const MAX_SHARED_TEXTS: usize = 32;
+
+/// `texts` as an allocation shared with every greeting that had the same (taken on a
+/// login, never per request).
+fn shared_texts(texts: &[u8]) -> Arc<[u8]> {
+    static SHARED: Mutex<Vec<Arc<[u8]>>> = Mutex::new(Vec::new());
+    let Ok(mut shared) = SHARED.lock() else {
+        return Arc::from(texts);
+    };
+    if let Some(known) = shared.iter().find(|known| ***known == *texts) {
+        return known.clone();
+    }
+    let new: Arc<[u8]> = Arc::from(texts);
+    if shared.len() < MAX_SHARED_TEXTS {
+        shared.push(new.clone());
+    }
+    new
+}
+
 impl KeptGreeting {
     pub fn server_version(&self) -> &[u8] {
-        self.texts.get(..self.version_end).unwrap_or_default()
+        self.texts
+            .get(..usize::from(self.version_end))
+            .unwrap_or_default()
     }
 
     /// Auth plugin data: 20 bytes for mysql_native_password.
     pub fn scramble(&self) -> &[u8] {
-        self.texts
-            .get(self.version_end..self.scramble_end)
-            .unwrap_or_default()
+        if self.scramble_len == LONG_SCRAMBLE {
+            self.texts
+                .get(usize::from(self.plugin_end)..)
+                .unwrap_or_default()
+        } else {
+            self.scramble
+                .get(..usize::from(self.scramble_len))
+                .unwrap_or_default()
+        }
     }
 
     pub fn auth_plugin(&self) -> &[u8] {
-        self.texts.get(self.scramble_end..).unwrap_or_default()
+        self.texts
+            .get(usize::from(self.version_end)..usize::from(self.plugin_end))
+            .unwrap_or_default()
     }
 
     /// The greeting whole again (e.g. to encode it).
@@ -152,11 +199,34 @@ impl KeptGreeting {
 
 impl From<Greeting> for KeptGreeting {
     fn from(g: Greeting) -> Self {
-        let texts = [&g.server_version[..], &g.scramble, &g.auth_plugin].concat();
+        let cut = |text: &[u8]| text.len().min(MAX_KEPT_TEXT);
+        let version = g
+            .server_version
+            .get(..cut(&g.server_version))
+            .unwrap_or_default();
+        let plugin = g.auth_plugin.get(..cut(&g.auth_plugin)).unwrap_or_default();
+        // (Both at most MAX_KEPT_TEXT: the ends fit.)
+        let version_end = version.len() as u16;
+        let plugin_end = (version.len() + plugin.len()) as u16;
+        let mut scramble = [0; SCRAMBLE_LEN];
+        let (texts, scramble_len) = match scramble.get_mut(..g.scramble.len()) {
+            Some(inline) => {
+                inline.copy_from_slice(&g.scramble);
+                // (At most 20: it fit.)
+                let len = g.scramble.len() as u8;
+                (shared_texts(&[version, plugin].concat()), len)
+            }
+            None => (
+                Arc::from([version, plugin, &g.scramble].concat()),
+                LONG_SCRAMBLE,
+            ),
+        };
         KeptGreeting {
-            texts: texts.into_boxed_slice(),
-            version_end: g.server_version.len(),
-            scramble_end: g.server_version.len() + g.scramble.len(),
+            texts,
+            version_end,
+            plugin_end,
+            scramble,
+            scramble_len,
             connection_id: g.connection_id,
             capabilities: g.capabilities,
             charset: g.charset,
@@ -489,6 +559,46 @@ mod tests {
             ..g
         };
         assert_eq!(KeptGreeting::from(bare.clone()).to_greeting(), bare);
+        // A scramble longer than MySQL's 20 bytes is kept whole, a shorter one as it is.
+        for len in [40, 21, 8] {
+            let other = Greeting {
+                scramble: (0..len).collect(),
+                ..a_greeting()
+            };
+            assert_eq!(KeptGreeting::from(other.clone()).to_greeting(), other);
+        }
+        // A server version past what is kept is cut, not wrapped around.
+        let long_version = Greeting {
+            server_version: vec![b'9'; 70_000],
+            ..a_greeting()
+        };
+        let kept = KeptGreeting::from(long_version);
+        assert_eq!(kept.server_version(), &[b'9'; MAX_KEPT_TEXT][..]);
+        assert_eq!(kept.auth_plugin(), b"mysql_native_password");
+        assert_eq!(kept.scramble(), b"abcdefghijklmnopqrst");
+    }
+
+    #[test]
+    fn connections_to_one_server_share_its_greetings_texts() {
+        let first = KeptGreeting::from(a_greeting());
+        let second = KeptGreeting::from(Greeting {
+            connection_id: 43,
+            scramble: b"tsrqponmlkjihgfedcba".to_vec(),
+            ..a_greeting()
+        });
+        assert!(Arc::ptr_eq(&first.texts, &second.texts));
+        assert_eq!(second.scramble(), b"tsrqponmlkjihgfedcba");
+        assert_eq!(first.scramble(), b"abcdefghijklmnopqrst");
+        // Another server's version is its own.
+        let other = KeptGreeting::from(Greeting {
+            server_version: b"8.0.36".to_vec(),
+            ..a_greeting()
+        });
+        assert!(!Arc::ptr_eq(&first.texts, &other.texts));
+        assert_eq!(other.server_version(), b"8.0.36");
+        assert_eq!(other.auth_plugin(), b"mysql_native_password");
+        // What a logged-in connection holds of it beside the shared texts (issue 22).
+        assert!(std::mem::size_of::<KeptGreeting>() <= 56);
     }
 
     #[test]

@@ -337,7 +337,7 @@ impl HaController {
         self.topology
             .borrow()
             .primary_node()
-            .map(|n| n.name.clone())
+            .map(|n| n.name.to_string())
     }
 
     /// A node removed from the members leaves `needs_rejoin`: it is waited for no more,
@@ -536,7 +536,13 @@ impl HaController {
         self.topology
             .borrow()
             .primary
-            .and_then(|i| self.topology.borrow().nodes.get(i).map(|n| n.name.clone()))
+            .and_then(|i| {
+                self.topology
+                    .borrow()
+                    .nodes
+                    .get(i)
+                    .map(|n| n.name.to_string())
+            })
             .ok_or(HaError::NoPrimary)
     }
 
@@ -680,7 +686,7 @@ impl HaController {
                 let t = self.topology.borrow();
                 t.primary
                     .and_then(|i| t.nodes.get(i))
-                    .map(|n| n.name.clone())
+                    .map(|n| n.name.to_string())
             };
             let differs = |name: &String| watched.as_ref().is_none_or(|w| w.name != *name);
             let mut switch_to = None;
@@ -696,7 +702,7 @@ impl HaController {
                     .topology
                     .borrow()
                     .former_primary()
-                    .map(|n| n.name.clone());
+                    .map(|n| n.name.to_string());
                 if former.is_some() {
                     tracing::info!(node = ?former, "ha: no primary seen; watching the node the replicas replicate from");
                 }
@@ -845,8 +851,8 @@ impl HaController {
                 .iter()
                 .filter(|n| n.deposed && n.reachable && n.read_only == Some(false))
                 .map(|n| BackendConfig {
-                    name: n.name.clone(),
-                    address: n.address.clone(),
+                    name: n.name.to_string(),
+                    address: n.address.to_string(),
                     proxy_protocol: n.proxy_protocol,
                 })
                 .collect()

@@ -14,7 +14,7 @@ use crate::restore::Captured;
 use crate::serverless::InFlight;
 use crate::verifiers::Verifier;
 use crate::Shared;
-use holdfast_cluster::topology::{NodeState, Topology};
+use holdfast_cluster::topology::{NodeName, NodeState, Topology};
 use holdfast_wire::auth::{printable_scramble, verify_native, PasswordHash, NATIVE_PASSWORD};
 use holdfast_wire::caps::*;
 use holdfast_wire::frame::{self, parse_header};
@@ -29,7 +29,7 @@ const AUTH_MAX_PACKET: usize = 1 << 20;
 
 pub struct LoggedIn {
     pub backend: BackendConn,
-    pub backend_name: String,
+    pub backend_name: NodeName,
     pub user: String,
     pub capabilities: u32,
     /// `SHA1(password)` when holdfast verified the login itself; `None` with an empty
@@ -419,7 +419,7 @@ pub async fn login(
             Err(e) if e.is_unreachable() && Instant::now() < hold_until => {
                 tracing::info!(node = %node.name, error = %e, "login held: the primary does not answer");
                 shared.metrics.backend_connect_failures.inc();
-                unreachable = Some(node.name);
+                unreachable = Some(node.name.to_string());
             }
             Err(e) => return Err(backend_failed(client, shared, seq, &node.name, e).await),
         }

@@ -10,6 +10,7 @@
 
 use super::{End, Session};
 use crate::restore;
+use holdfast_cluster::topology::NodeName;
 use holdfast_sql::{fails_before_it_runs, found_rows_effect, FoundRowsEffect};
 use holdfast_wire::command::{
     runs_no_statement, COM_INIT_DB, COM_QUERY, COM_QUIT, COM_STMT_EXECUTE, CURSOR_TYPE_READ_ONLY,
@@ -25,7 +26,7 @@ pub(crate) struct FoundRows {
     /// What the request being run does to it...
     effect: Option<FoundRowsEffect>,
     /// ...and where it ran, once it has (`None`: the primary).
-    ran: Option<Option<String>>,
+    ran: Option<Option<NodeName>>,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -35,12 +36,12 @@ enum At {
     #[default]
     Nowhere,
     Primary,
-    Replica(String),
+    Replica(NodeName),
 }
 
 impl At {
-    fn of(node: Option<&str>) -> At {
-        node.map_or(At::Primary, |n| At::Replica(n.to_owned()))
+    fn of(node: Option<&NodeName>) -> At {
+        node.map_or(At::Primary, |n| At::Replica(n.clone()))
     }
 }
 
@@ -105,7 +106,7 @@ impl Session {
             }
         };
         if sets {
-            f.at = At::of(ran.as_deref());
+            f.at = At::of(ran.as_ref());
         }
     }
 
@@ -146,7 +147,7 @@ impl Session {
     }
 
     /// The request ran on `node` (`None`: the primary).
-    pub(super) fn found_rows_ran(&mut self, node: Option<String>) {
+    pub(super) fn found_rows_ran(&mut self, node: Option<NodeName>) {
         if let Some(split) = self.split.as_mut() {
             split.found_rows.ran = Some(node);
         }

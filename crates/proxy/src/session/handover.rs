@@ -27,6 +27,7 @@ use crate::state::SessionRecord;
 use crate::Shared;
 use holdfast_client::conn::TakenSocket;
 use holdfast_client::tls_resume::TlsState;
+use holdfast_cluster::topology::NodeName;
 use holdfast_wire::auth::PasswordHash;
 use holdfast_wire::caps::SERVER_STATUS_IN_TRANS;
 use holdfast_wire::handshake::{Greeting, KeptGreeting};
@@ -55,7 +56,7 @@ pub struct CarriedSession {
     scramble: [u8; 20],
     identity: super::auth::Identity,
     can_reauthenticate: bool,
-    backend_name: String,
+    backend_name: NodeName,
     backend_age_ms: u64,
     greeting: CarriedGreeting,
     backend_capabilities: u32,

@@ -210,7 +210,7 @@ impl Session {
     /// What is known of the backend connection just lost, taken before the move.
     pub(super) fn lost_conn(&self) -> LostConn {
         LostConn {
-            node: self.backend_name.clone(),
+            node: self.backend_name.to_string(),
             since: self.backend_since,
             thread: self.backend.greeting.connection_id,
             by_network: false,
@@ -628,8 +628,8 @@ impl Session {
             unix_ms: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
-            from: std::mem::take(&mut self.backend_name),
-            to: node.name.clone(),
+            from: self.backend_name.to_string(),
+            to: node.name.to_string(),
             why: why.to_string(),
             ms: elapsed.as_secs_f64() * 1000.0,
         });
@@ -657,7 +657,7 @@ impl Session {
     async fn open_restored(&mut self, node: &NodeState) -> Result<BackendConn, MoveError> {
         let unreachable = |e: &dyn fmt::Display| {
             tracing::debug!(node = %node.name, error = %e, "node not ready for the session yet");
-            MoveError::Retry(NotReady::Unreachable(node.name.clone()))
+            MoveError::Retry(NotReady::Unreachable(node.name.to_string()))
         };
         let mut new = self.log_in_on(node).await?;
         let read_only = new
@@ -674,7 +674,7 @@ impl Session {
             != Some("0")
             && !self.is_read_only_primary(&node.name)
         {
-            return Err(MoveError::Retry(NotReady::ReadOnly(node.name.clone())));
+            return Err(MoveError::Retry(NotReady::ReadOnly(node.name.to_string())));
         }
         if !new.enable_trackers().await.map_err(|e| unreachable(&e))? {
             self.record.untracked = true;
@@ -734,7 +734,7 @@ impl Session {
     pub(super) async fn log_in_on(&self, node: &NodeState) -> Result<BackendConn, MoveError> {
         let unreachable = |e: &dyn fmt::Display| {
             tracing::debug!(node = %node.name, error = %e, "node not ready for the session yet");
-            MoveError::Retry(NotReady::Unreachable(node.name.clone()))
+            MoveError::Retry(NotReady::Unreachable(node.name.to_string()))
         };
         let cfg = self.shared.config_snapshot();
         let header = backend::proxy_header(node, self.info.client);

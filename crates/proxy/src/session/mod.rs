@@ -25,7 +25,7 @@ use crate::restore::Captured;
 use crate::state::{Blocker, SessionRecord};
 use crate::Shared;
 use bytes::BytesMut;
-use holdfast_cluster::topology::Topology;
+use holdfast_cluster::topology::{NodeName, Topology};
 use holdfast_config::net::IpNet;
 use holdfast_wire::auth::PasswordHash;
 use holdfast_wire::caps::*;
@@ -162,7 +162,7 @@ struct Session {
     /// Boxed, as other rarely read parts: every idle session holds a `Session`.
     identity: Box<Identity>,
     can_reauthenticate: bool,
-    backend_name: String,
+    backend_name: NodeName,
     /// The backend connection is gone; the session moves before its next command.
     backend_dead: bool,
     /// The gate's epoch the backend connection was opened in (see `BackendGate::epoch`).

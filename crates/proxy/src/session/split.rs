@@ -19,7 +19,7 @@ use crate::config::Consistency;
 use crate::restore::{self, VariableTypes};
 use bytes::BytesMut;
 use holdfast_client::conn::PacketConn;
-use holdfast_cluster::topology::{NodeLoad, NodeState, Topology};
+use holdfast_cluster::topology::{NodeLoad, NodeName, NodeState, Topology};
 use holdfast_sql::{Classification as C, ReadRoute};
 use holdfast_wire::caps::{
     CLIENT_DEPRECATE_EOF, SERVER_STATUS_AUTOCOMMIT, SERVER_STATUS_IN_TRANS,
@@ -39,12 +39,13 @@ use tokio::sync::watch;
 pub(super) struct Split {
     readers: Vec<Reader>,
     /// The node the session's last statement ran on, when it was a replica.
-    last_on: Option<String>,
+    last_on: Option<NodeName>,
     /// That statement's request, as the client sent it: it only read, so it can run
     /// again on the primary for a statement that reads what it left but cannot run there.
     last_read: Option<BytesMut>,
-    /// The read to run again on the primary before the request about to go there.
-    rerun: Option<BytesMut>,
+    /// The read to run again on the primary before the request about to go there (boxed:
+    /// it lives for one request, and every idle split session would keep its room).
+    rerun: Option<Box<BytesMut>>,
     /// Warnings (or an error) in the diagnostics area: of the last read on a replica, and
     /// of the primary's connection when the session went from it to the replicas.
     read_warned: bool,
@@ -56,7 +57,7 @@ pub(super) struct Split {
     tableless: bool,
     /// A `START TRANSACTION READ ONLY` transaction open on this replica: the session's
     /// statements go there until it ends.
-    txn_on: Option<String>,
+    txn_on: Option<NodeName>,
     /// A read-only transaction had to be given up on its replica (a statement in it would
     /// have changed the session there only): this session's read-only transactions run on
     /// the primary from then on.
@@ -181,8 +182,9 @@ struct Reader {
     /// The client's statement ids prepared here: this connection's id, and whether it has
     /// seen the statement's parameter types.
     statements: super::lazy_map::LazyMap<u32, (u32, bool)>,
-    /// The highest position this connection has waited for, per GTID domain.
-    waited: Vec<(u32, u64)>,
+    /// The highest position this connection has waited for, per GTID domain (a slice of
+    /// the domains' number, where a `Vec` would keep room for four).
+    waited: Box<[(u32, u64)]>,
     /// Its diagnostics area holds warnings (or an error): a read without tables, which
     /// keeps it, does not run here unless the session's last statement ran here.
     warned: bool,
@@ -202,7 +204,10 @@ impl Split {
         for reader in &mut self.readers {
             reader.conn.conn.release_buffer();
         }
-        for kept in [&mut self.last_read, &mut self.rerun].into_iter().flatten() {
+        for kept in [self.last_read.as_mut(), self.rerun.as_deref_mut()]
+            .into_iter()
+            .flatten()
+        {
             *kept = BytesMut::from(&kept[..]);
         }
     }
@@ -328,8 +333,8 @@ impl Split {
     }
 
     /// The node of the session's connection `i` to a replica.
-    pub(super) fn reader_node(&self, i: usize) -> Option<&str> {
-        self.readers.get(i).map(|r| r.read.node.as_str())
+    pub(super) fn reader_node(&self, i: usize) -> Option<&NodeName> {
+        self.readers.get(i).map(|r| &r.read.node)
     }
 
     /// The session's connection `i` to a replica.
@@ -338,8 +343,8 @@ impl Split {
     }
 
     /// The node the session's last statement ran on (`None`: the primary).
-    pub(super) fn last_node(&self) -> Option<&str> {
-        self.last_on.as_deref()
+    pub(super) fn last_node(&self) -> Option<&NodeName> {
+        self.last_on.as_ref()
     }
 
     /// Whether a read-only transaction is pinned to a replica.
@@ -376,9 +381,9 @@ pub(super) enum Target {
     /// A replica chosen by load (with the wait its consistency needs).
     Balanced,
     /// The replica the last statement ran on (it reads what that statement left).
-    Last(String),
+    Last(NodeName),
     /// The replica holding the session's read-only transaction.
-    Pinned(String),
+    Pinned(NodeName),
 }
 
 /// What became of a read offered to a replica.
@@ -1756,7 +1761,7 @@ impl Session {
             // the replica's and the primary's differ, the read runs again there too.
             let keeps_area = (split.read_warned || split.primary_warned) && kept;
             if (reads_last || keeps_area) && !keeps_diagnostics {
-                split.rerun = split.last_read.take();
+                split.rerun = split.last_read.take().map(Box::new);
             }
             if !keeps_diagnostics {
                 split.last_on = None;
@@ -1776,7 +1781,7 @@ impl Session {
                 // The primary's diagnostics area is the read's from here on.
                 split.primary_warned = split.read_warned;
             }
-            if let Err(e) = self.run_discarded(read).await {
+            if let Err(e) = self.run_discarded(*read).await {
                 // The request itself finds out what became of the connection.
                 tracing::debug!(session = self.info.id, error = ?e, "running a replica's read again on the primary failed");
             }
@@ -2134,7 +2139,7 @@ impl Session {
             state_version: u64::MAX,
             types,
             statements: Default::default(),
-            waited: Vec::new(),
+            waited: Box::default(),
             warned: false,
         });
         Some(split.readers.len() - 1)
@@ -2246,7 +2251,11 @@ impl Session {
             for (d, s) in needed {
                 match reader.waited.iter_mut().find(|(wd, _)| *wd == d) {
                     Some(w) => w.1 = w.1.max(s),
-                    None => reader.waited.push((d, s)),
+                    None => {
+                        let mut waited = std::mem::take(&mut reader.waited).into_vec();
+                        waited.push((d, s));
+                        reader.waited = waited.into_boxed_slice();
+                    }
                 }
             }
         }
@@ -2344,8 +2353,8 @@ mod tests {
     fn a_split_sessions_replica_side_stays_small() {
         let (split, reader) = (size_of::<super::Split>(), size_of::<super::Reader>());
         // 280 and 224 with the pinned transaction's reads and the replica's prepared
-        // statements inline.
-        assert!(split <= 248, "a Split is {split} bytes");
+        // statements inline; 248 with node names as `String`s and a rerun inline.
+        assert!(split <= 208, "a Split is {split} bytes");
         assert!(reader <= 184, "a Reader is {reader} bytes");
     }
 }
@@ -2355,7 +2364,7 @@ mod tests {
 /// in the same order).
 #[derive(serde::Serialize, serde::Deserialize)]
 pub(super) struct CarriedSplit {
-    last_on: Option<String>,
+    last_on: Option<NodeName>,
     last_read: Option<Vec<u8>>,
     read_warned: bool,
     primary_warned: bool,
@@ -2424,8 +2433,8 @@ impl Split {
             r.conn.quit_on_drop = false;
             let g = &r.conn.greeting;
             readers.push(CarriedReader {
-                node: r.read.node.clone(),
-                address: r.read.address.clone(),
+                node: r.read.node.to_string(),
+                address: r.read.address.to_string(),
                 thread: r.read.thread,
                 greeting: super::handover::CarriedGreeting::of(g),
                 capabilities: r.conn.capabilities,
@@ -2440,7 +2449,7 @@ impl Split {
                     .iter()
                     .map(|(&client, &(id, typed))| (client, id, typed))
                     .collect(),
-                waited: r.waited.clone(),
+                waited: r.waited.to_vec(),
                 warned: r.warned,
             });
             sockets.push(socket);
@@ -2495,8 +2504,8 @@ impl Split {
             let types = types.adopt(&r.node, greeting.server_version(), r.types);
             split.readers.push(Reader {
                 read: Arc::new(crate::registry::ReplicaRead {
-                    node: r.node,
-                    address: r.address,
+                    node: r.node.into(),
+                    address: r.address.into(),
                     thread: r.thread,
                 }),
                 conn: BackendConn {
@@ -2514,7 +2523,7 @@ impl Split {
                     .into_iter()
                     .map(|(client, id, typed)| (client, (id, typed)))
                     .collect(),
-                waited: r.waited,
+                waited: r.waited.into_boxed_slice(),
                 warned: r.warned,
             });
         }

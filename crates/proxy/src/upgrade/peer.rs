@@ -54,8 +54,8 @@ pub struct LocatedRead {
 impl From<LocatedRead> for ReplicaRead {
     fn from(r: LocatedRead) -> Self {
         ReplicaRead {
-            node: r.node,
-            address: r.address,
+            node: r.node.into(),
+            address: r.address.into(),
             thread: r.thread,
         }
     }
@@ -195,10 +195,10 @@ fn locate_here(shared: &Shared, id: u32, mark: bool) -> Option<Located> {
     if mark && thread != 0 {
         session.kill_requested.store(thread, Ordering::Release);
     }
-    let node = session.backend.lock().ok()?.clone();
+    let node = session.backend.lock().ok()?.to_string();
     let replica_read = session.replica_read.load_full().map(|r| LocatedRead {
-        node: r.node.clone(),
-        address: r.address.clone(),
+        node: r.node.to_string(),
+        address: r.address.to_string(),
         thread: r.thread,
     });
     Some(Located {

@@ -26,6 +26,7 @@ use crate::Shared;
 use holdfast_client::compress::CompressedState;
 use holdfast_client::conn::TakenSocket;
 use holdfast_client::tls_resume::TlsState;
+use holdfast_cluster::topology::NodeName;
 use serde::{Deserialize, Serialize};
 use std::future::poll_fn;
 use std::io;
@@ -71,7 +72,7 @@ pub struct Relay {
     pub id: u32,
     pub peer: SocketAddr,
     user: String,
-    backend_name: String,
+    backend_name: NodeName,
     thread: u32,
 }
 
