@@ -499,7 +499,10 @@ mod tests {
         let s = session(2);
         s.set_backend(&NodeName::from("node1"), 7);
         assert!(s.is_on("node1") && s.matches("node1") && s.matches("app"));
-        assert_eq!((s.view().user, s.view().backend), ("app".into(), "node1".into()));
+        assert_eq!(
+            (s.view().user, s.view().backend),
+            ("app".into(), "node1".into())
+        );
     }
 
     /// The replay account as `/status` shows it, after each request's `set_replay`.
