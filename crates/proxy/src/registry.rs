@@ -97,6 +97,14 @@ pub struct Move {
     pub ms: f64,
 }
 
+/// A parked idle session's sockets wake its task through its record (`parking.rs`): the
+/// watcher holds the record's `Arc`, not a callback of its own.
+impl holdfast_sockmap::Hangup for SessionInfo {
+    fn hangup(&self) {
+        self.idle_waker.wake();
+    }
+}
+
 impl SessionInfo {
     pub fn new(id: u32, client: SocketAddr) -> Self {
         Self::started_at(id, client, Instant::now())

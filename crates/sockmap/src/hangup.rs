@@ -20,7 +20,20 @@ use std::sync::{Arc, Mutex};
 
 /// What to call when a watched socket ends (possibly once per socket of a pair), or, for
 /// [`HangupWatcher::watch_readable`], has something to read.
-pub type OnHangup = Arc<dyn Fn() + Send + Sync>;
+pub type OnHangup = Arc<dyn Hangup>;
+
+/// A callback of the watcher's. Any `Fn()` is one; a type that lives in an `Arc` already
+/// (an idle session's record) can be one itself, without an allocation of its own for
+/// each socket it parks.
+pub trait Hangup: Send + Sync {
+    fn hangup(&self);
+}
+
+impl<F: Fn() + Send + Sync> Hangup for F {
+    fn hangup(&self) {
+        self()
+    }
+}
 
 /// The epoll set and its thread.
 pub struct HangupWatcher {
@@ -169,7 +182,7 @@ fn wait_forever(epoll: &OwnedFd, callbacks: &Mutex<HashMap<u64, OnHangup>>) {
                 .get(&token)
                 .cloned();
             if let Some(f) = callback {
-                f();
+                f.hangup();
             }
         }
     }

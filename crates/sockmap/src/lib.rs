@@ -22,7 +22,7 @@ pub mod bpf;
 pub mod hangup;
 pub mod program;
 
-pub use hangup::{HangupWatcher, OnHangup, Watched};
+pub use hangup::{Hangup, HangupWatcher, OnHangup, Watched};
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};

@@ -391,7 +391,7 @@ impl Session {
             tracks_transactions: self.tracks_transactions,
             markers,
             row_count_left: self.exchange.row_count_left,
-            owed_schema: self.exchange.owed_schema.clone(),
+            owed_schema: self.exchange.owed_schema.as_deref().cloned(),
             moves: self.info.moves.load(Ordering::Relaxed),
             commands: self.info.commands.load(Ordering::Relaxed),
             client_unread: client_unread.to_vec(),
@@ -541,7 +541,7 @@ impl Session {
             lost_while_idle: None,
             exchange: relay::Exchange {
                 row_count_left,
-                owed_schema,
+                owed_schema: owed_schema.map(Box::new),
                 ..relay::Exchange::default()
             },
             txn_log: None,

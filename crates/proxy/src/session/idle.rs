@@ -295,8 +295,7 @@ impl Session {
             return;
         };
         self.info.idle_waker.register(waker);
-        let info = self.info.clone();
-        let wake: holdfast_sockmap::OnHangup = std::sync::Arc::new(move || info.idle_waker.wake());
+        let wake: holdfast_sockmap::OnHangup = self.info.clone();
         let tally = &self.shared.metrics.idle_sockets;
         let park = |conn: &mut PacketConn| crate::parking::park(watcher, conn, &wake, tally);
         let mut any = park(&mut self.client);

@@ -43,8 +43,9 @@ pub(super) struct Exchange {
     /// under another current schema: the server switches to that one and back while it
     /// runs, and its schema tracker reports a change (see [`OwedSchema`]).
     pub schema_switch: SchemaSwitch,
-    /// The schema record such a switch left on the server for a later OK.
-    pub owed_schema: Option<OwedSchema>,
+    /// The schema record such a switch left on the server for a later OK (boxed: rare,
+    /// and every session would keep its room).
+    pub owed_schema: Option<Box<OwedSchema>>,
     /// Results the last answer ended with an OK or EOF: after an ERR, the statements of a
     /// multi-statement that ran before it (when none is a CALL).
     pub results: u32,
@@ -84,7 +85,7 @@ impl Exchange {
     fn owe_schema(&mut self, current: Option<&str>) {
         let schema = current.unwrap_or_default().as_bytes();
         self.owed_schema
-            .get_or_insert_with(|| OwedSchema::new(schema));
+            .get_or_insert_with(|| Box::new(OwedSchema::new(schema)));
     }
 
     /// A command is about to go out: nothing of its answer is known yet.

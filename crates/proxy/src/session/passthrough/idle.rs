@@ -11,7 +11,7 @@ use super::Pump;
 use crate::conn::PacketConn;
 use crate::Shared;
 use atomic_waker::AtomicWaker;
-use holdfast_sockmap::OnHangup;
+use holdfast_sockmap::{Hangup, OnHangup};
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -32,7 +32,17 @@ pub(super) struct IdlePark {
     seen: u64,
     parked: bool,
     /// Made at the first park, kept for the next ones.
-    wake: Option<(Arc<AtomicWaker>, OnHangup)>,
+    wake: Option<Arc<RelayWaker>>,
+}
+
+/// The relay's waker, which the watcher of parked sockets calls itself.
+#[derive(Default)]
+struct RelayWaker(AtomicWaker);
+
+impl Hangup for RelayWaker {
+    fn hangup(&self) {
+        self.0.wake();
+    }
 }
 
 impl IdlePark {
@@ -120,16 +130,13 @@ impl IdlePark {
         let Some(watcher) = shared.socket_watcher.get() else {
             return;
         };
-        let (waker, wake) = self.wake.get_or_insert_with(|| {
-            let waker = Arc::new(AtomicWaker::new());
-            let woken = waker.clone();
-            (waker, Arc::new(move || woken.wake()))
-        });
+        let waker = self.wake.get_or_insert_with(Arc::default);
         // In place before a socket is watched: the watcher's call finds it.
-        waker.register(cx.waker());
+        waker.0.register(cx.waker());
+        let wake: OnHangup = waker.clone();
         let tally = &shared.metrics.idle_sockets;
-        let client_parked = crate::parking::park(watcher, client, wake, tally);
-        let backend_parked = crate::parking::park(watcher, backend, wake, tally);
+        let client_parked = crate::parking::park(watcher, client, &wake, tally);
+        let backend_parked = crate::parking::park(watcher, backend, &wake, tally);
         if client_parked || backend_parked {
             shared.memory.released();
         }
