@@ -296,7 +296,8 @@ mod tests {
     #[test]
     fn a_parked_streams_layers_stay_small() {
         let layers = size_of::<super::Layers>();
-        // 184 with the compressed protocol's state inline.
-        assert!(layers <= 160, "Layers are {layers} bytes");
+        // 184 with the compressed protocol's state inline, 160 with the TLS state's
+        // undecrypted bytes in a boxed slice (a 176-byte heap chunk; 160 at 152).
+        assert!(layers <= 152, "Layers are {layers} bytes");
     }
 }
