@@ -347,6 +347,7 @@ pub struct DormantTls {
     rx: Dormant,
     /// Received bytes of records not decrypted yet: none on an idle connection, so boxed
     /// once more when there are any (8 bytes where a boxed slice is 16).
+    #[allow(clippy::box_collection)]
     pending: Option<Box<Vec<u8>>>,
 }
 
