@@ -441,7 +441,7 @@ impl Client {
         database: Option<&str>,
         timeout: Duration,
     ) -> Result<Client, ClientError> {
-        Self::native_over(addr, user, password, database, None, timeout).await
+        Self::native_over(addr, user, password, database, None, &[], timeout).await
     }
 
     /// [`Client::connect_native`] inside TLS, the server's certificate checked as `tls`
@@ -454,7 +454,20 @@ impl Client {
         tls: &tls::TlsClient,
         timeout: Duration,
     ) -> Result<Client, ClientError> {
-        Self::native_over(addr, user, password, database, Some(tls), timeout).await
+        Self::native_over(addr, user, password, database, Some(tls), &[], timeout).await
+    }
+
+    /// [`Client::connect_native`] (inside TLS with `tls`) sending connection attributes as
+    /// a driver does: `attributes` is the encoded block (length-encoded keys and values).
+    pub async fn connect_native_with_attributes(
+        addr: &str,
+        user: &str,
+        password: &str,
+        tls: Option<&tls::TlsClient>,
+        attributes: &[u8],
+        timeout: Duration,
+    ) -> Result<Client, ClientError> {
+        Self::native_over(addr, user, password, None, tls, attributes, timeout).await
     }
 
     async fn native_over(
@@ -463,6 +476,7 @@ impl Client {
         password: &str,
         database: Option<&str>,
         tls: Option<&tls::TlsClient>,
+        attributes: &[u8],
         timeout: Duration,
     ) -> Result<Client, ClientError> {
         let secret = PasswordHash::from_password(password.as_bytes());
@@ -471,10 +485,14 @@ impl Client {
             secret: (!password.is_empty()).then_some(&secret),
             database: database.map(str::as_bytes),
             charset: UTF8MB4_GENERAL_CI,
-            attributes: &[],
+            attributes,
             mariadb_caps: 0,
         };
-        let caps = |server: u32| DEFAULT_CAPABILITIES & (server | CLIENT_LONG_PASSWORD);
+        let wanted = match attributes {
+            [] => DEFAULT_CAPABILITIES,
+            _ => DEFAULT_CAPABILITIES | CLIENT_CONNECT_ATTRS,
+        };
+        let caps = move |server: u32| wanted & (server | CLIENT_LONG_PASSWORD);
         connect_over(addr, &login, caps, tls, timeout).await
     }
 

@@ -69,6 +69,24 @@ impl Conn {
         Ok(Conn::of(client))
     }
 
+    /// As [`Conn::connect`] (inside TLS with `tls`), sending connection attributes as a
+    /// driver does (`attributes`: the encoded block).
+    pub async fn connect_with_attributes(
+        addr: &str,
+        user: &str,
+        password: &str,
+        tls: Option<&holdfast_client::tls::TlsClient>,
+        attributes: &[u8],
+        timeout: Duration,
+    ) -> Result<Conn> {
+        let client =
+            Client::connect_native_with_attributes(addr, user, password, tls, attributes, timeout)
+                .await
+                .map_err(into_anyhow)
+                .with_context(|| format!("login to {addr} as {user}"))?;
+        Ok(Conn::of(client))
+    }
+
     fn of(client: Client) -> Conn {
         Conn {
             server_version: String::from_utf8_lossy(client.greeting.server_version()).into_owned(),

@@ -14,6 +14,7 @@ pub mod error;
 pub mod events;
 pub mod gate;
 pub mod idle_wake;
+pub mod interned;
 pub mod kernel_relay;
 pub mod logging;
 pub mod memory;
@@ -70,6 +71,10 @@ pub struct Shared {
     pub verifiers: VerifierCache,
     /// Each server's system variable types, for restoring sessions there.
     pub variable_types: restore::TypesCache,
+    /// User names and connection attributes, shared between the sessions that log in with
+    /// the same ([`interned`]).
+    pub user_names: interned::Interner<str>,
+    pub login_texts: interned::Interner<[u8]>,
     pub topology: watch::Receiver<Arc<Topology>>,
     pub sessions: Arc<SessionRegistry>,
     pub started: Instant,
@@ -378,6 +383,8 @@ impl Shared {
             events: Default::default(),
             verifiers: VerifierCache::default(),
             variable_types: restore::TypesCache::default(),
+            user_names: Default::default(),
+            login_texts: Default::default(),
             topology,
             sessions: Arc::default(),
             started: Instant::now(),

@@ -168,9 +168,10 @@ impl SessionInfo {
             .saturating_sub(self.pings.load(Ordering::Relaxed))
     }
 
-    pub fn set_user(&self, user: &str) {
+    /// `user`: shared with the sessions of the same user ([`Shared::user_names`](crate::Shared)).
+    pub fn set_user(&self, user: Arc<str>) {
         if let Ok(mut u) = self.user.lock() {
-            *u = Arc::from(user);
+            *u = user;
         }
     }
 
@@ -492,7 +493,7 @@ mod tests {
 
     fn session(id: u32) -> Arc<SessionInfo> {
         let s = Arc::new(SessionInfo::new(id, "127.0.0.1:5000".parse().unwrap()));
-        s.set_user("app");
+        s.set_user(Arc::from("app"));
         s.can_reauthenticate.store(true, Ordering::Relaxed);
         s
     }

@@ -1544,7 +1544,7 @@ impl Report<'_> {
             }
             out.table(&t);
             out.paragraph(
-                "Each client logs in (app, mysql_native_password; over TLS with --tls), runs SELECT 1 and stays idle; \
+                "Each client logs in (app, mysql_native_password; over TLS with --tls; with the connection attributes a libmariadb client sends), runs SELECT 1 and stays idle; \
                  the clients come in two halves, RSS read after each has idled for 2 s and RSS \
                  has settled. Per session: the whole rise \
                  over all clients (what the process takes once, such as the logins' working set \

@@ -22,6 +22,7 @@ use holdfast_wire::handshake::{AuthSwitch, ChangeUser, ClientHello, Greeting, Lo
 use holdfast_wire::packets::{ErrPacket, ERR_HEADER, OK_HEADER};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Largest packet accepted during an authentication exchange: logins are small.
@@ -45,12 +46,14 @@ pub struct LoggedIn {
 }
 
 /// The parts of a client's login that a new backend connection repeats. Every session
-/// keeps one, so its texts are boxed slices, without a `Vec`'s spare room (issue 22).
+/// keeps one (issue 22): the user name and the connection attributes are shared with the
+/// sessions that logged in with the same ([`crate::interned`]), the database is a boxed
+/// slice.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Identity {
-    pub user: Box<[u8]>,
+    pub user: Arc<[u8]>,
     pub charset: u8,
-    pub attributes: Box<[u8]>,
+    pub attributes: Arc<[u8]>,
     /// The database named in the login, if any (the schema tracker reports only changes).
     pub database: Option<Box<str>>,
     /// The MariaDB extended capabilities negotiated with holdfast.
@@ -58,11 +61,11 @@ pub struct Identity {
 }
 
 impl Identity {
-    fn of(req: &LoginRequest) -> Identity {
+    fn of(req: &LoginRequest, shared: &crate::interned::Interner<[u8]>) -> Identity {
         Identity {
-            user: req.user.as_slice().into(),
+            user: shared.get(&req.user),
             charset: req.charset,
-            attributes: req.attributes.as_slice().into(),
+            attributes: shared.get(&req.attributes),
             database: req
                 .database
                 .as_ref()
@@ -337,7 +340,7 @@ pub async fn login(
             secret: None,
             can_reauthenticate: false,
             scramble,
-            identity: Identity::of(&req),
+            identity: Identity::of(&req, &shared.login_texts),
             epoch,
         });
     };
@@ -435,7 +438,7 @@ pub async fn login(
         secret,
         can_reauthenticate: true,
         scramble,
-        identity: Identity::of(&req),
+        identity: Identity::of(&req, &shared.login_texts),
         epoch,
     })
 }
@@ -1284,7 +1287,7 @@ impl Session {
         self.record.reset();
         let database = String::from_utf8_lossy(&forwarded.database).into_owned();
         self.record.schema = Some(database).filter(|d| !d.is_empty());
-        self.identity.user = forwarded.user.as_slice().into();
+        self.identity.user = self.shared.login_texts.get(&forwarded.user);
         self.identity.database = self.record.schema.as_deref().map(Box::from);
         if let Some(cs) = forwarded.charset {
             self.identity.charset = cs as u8;
@@ -1293,7 +1296,7 @@ impl Session {
         let can = secret.is_some() || matches!(verifier, Some(Verifier::Empty));
         self.can_reauthenticate = can;
         self.secret = secret;
-        self.info.set_user(&user);
+        self.info.set_user(self.shared.user_names.get(&user));
         self.info.can_reauthenticate.store(can, Ordering::Relaxed);
         self.restore_trackers().await?;
         // The server's OK: a tracking client gets the new schema's record.
@@ -1471,7 +1474,7 @@ mod tests {
             attributes: b"\x0c_client_name\x07libmysql".to_vec(),
             mariadb_caps: 0,
         };
-        let identity = super::Identity::of(&login);
+        let identity = super::Identity::of(&login, &Default::default());
         assert_eq!(&identity.user[..], b"app");
         assert_eq!(identity.database.as_deref(), Some("shop"));
         assert_eq!(&identity.attributes[..], &login.attributes[..]);

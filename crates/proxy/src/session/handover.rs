@@ -490,7 +490,7 @@ impl Session {
         let now = Instant::now();
         let ago = |ms: u64| now.checked_sub(Duration::from_millis(ms)).unwrap_or(now);
         let info = Arc::new(SessionInfo::started_at(id, peer, ago(age_ms)));
-        info.set_user(&user);
+        info.set_user(shared.user_names.get(&user));
         info.set_backend(&backend_name, backend.greeting.connection_id);
         info.can_reauthenticate
             .store(can_reauthenticate, Ordering::Relaxed);

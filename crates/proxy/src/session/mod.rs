@@ -539,7 +539,7 @@ impl Session {
         // Registered before anything else is awaited: the client has its OK, and another
         // connection's `KILL` of its id must find it at once.
         let info = Arc::new(SessionInfo::new(id, peer));
-        info.set_user(&user);
+        info.set_user(shared.user_names.get(&user));
         info.set_backend(&backend_name, backend.greeting.connection_id);
         info.can_reauthenticate
             .store(can_reauthenticate, Ordering::Relaxed);

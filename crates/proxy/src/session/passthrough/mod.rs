@@ -59,7 +59,7 @@ pub(super) fn run(
     let relay = Relay {
         id,
         peer,
-        user: logged_in.user,
+        user: shared.user_names.get(&logged_in.user),
         backend_name: logged_in.backend_name,
         thread,
     };
@@ -71,7 +71,7 @@ pub(super) fn run(
 pub struct Relay {
     pub id: u32,
     pub peer: SocketAddr,
-    user: String,
+    user: Arc<str>,
     backend_name: NodeName,
     thread: u32,
 }
@@ -237,7 +237,7 @@ struct Listed {
 impl Listed {
     fn new(shared: Arc<Shared>, relay: &Relay) -> Listed {
         let info = Arc::new(SessionInfo::new(relay.id, relay.peer));
-        info.set_user(&relay.user);
+        info.set_user(relay.user.clone());
         info.set_backend(&relay.backend_name, relay.thread);
         info.set_blocker(Some(Blocker::PassThrough));
         shared.sessions.insert(info.clone());
