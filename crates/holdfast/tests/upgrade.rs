@@ -1058,8 +1058,9 @@ fn a_paused_serverless_instance_and_its_pool_are_handed_over() {
         (instance("phase") == "paused").then_some(())
     })
     .unwrap_or_else(|e| panic!("{e}: {}\n{}", instance("phase"), read_log()));
-    assert_eq!(instance("pauses").as_u64(), Some(pauses));
-    assert_eq!(instance("resumes").as_u64(), Some(resumes));
+    // (With the log: a CI run once saw a second pause here, not reproduced since.)
+    let counts = (instance("pauses").as_u64(), instance("resumes").as_u64());
+    assert_eq!(counts, (Some(pauses), Some(resumes)), "{}", read_log());
 
     // The first statement wakes it; each connection is the one it was.
     for (c, was) in pool.iter_mut().zip(&before) {

@@ -491,6 +491,14 @@ impl Session {
         let ago = |ms: u64| now.checked_sub(Duration::from_millis(ms)).unwrap_or(now);
         let info = Arc::new(SessionInfo::started_at(id, peer, ago(age_ms)));
         info.set_user(shared.user_names.get(&user));
+        // The topology's name where it knows the node (one allocation for all its sessions).
+        let backend_name = shared
+            .topology
+            .borrow()
+            .nodes
+            .iter()
+            .find(|n| n.name == backend_name)
+            .map_or(backend_name, |n| n.name.clone());
         info.set_backend(&backend_name, backend.greeting.connection_id);
         info.can_reauthenticate
             .store(can_reauthenticate, Ordering::Relaxed);
@@ -531,7 +539,12 @@ impl Session {
             idle_deadline: None,
             ticket: None,
             running: Default::default(),
-            identity: Box::new(identity),
+            // Shared with this process's sessions of the same user and driver, as a login's.
+            identity: Box::new(super::auth::Identity {
+                user: shared.login_texts.get(&identity.user),
+                attributes: shared.login_texts.get(&identity.attributes),
+                ..identity
+            }),
             can_reauthenticate,
             backend_name,
             backend_dead,
