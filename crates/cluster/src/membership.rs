@@ -282,9 +282,7 @@ impl Membership {
         let load = self
             .topology
             .borrow()
-            .nodes
-            .iter()
-            .find(|n| n.name == name)
+            .node(name)
             .map(|n| n.load.0.clone())
             .unwrap_or_default();
         let started = Instant::now();

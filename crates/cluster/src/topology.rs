@@ -302,6 +302,11 @@ impl Topology {
             .collect()
     }
 
+    /// The node named `name`, if the topology has it.
+    pub fn node(&self, name: &str) -> Option<&NodeState> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+
     /// Whether a failover moved away from node `name` (see [`NodeState::deposed`]).
     pub fn is_deposed(&self, name: &str) -> bool {
         self.nodes.iter().any(|n| n.deposed && n.name == name)

@@ -495,9 +495,7 @@ impl Session {
         let backend_name = shared
             .topology
             .borrow()
-            .nodes
-            .iter()
-            .find(|n| n.name == backend_name)
+            .node(&backend_name)
             .map_or(backend_name, |n| n.name.clone());
         info.set_backend(&backend_name, backend.greeting.connection_id);
         info.can_reauthenticate
