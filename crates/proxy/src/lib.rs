@@ -14,7 +14,6 @@ pub mod error;
 pub mod events;
 pub mod gate;
 pub mod idle_wake;
-pub mod interned;
 pub mod kernel_relay;
 pub mod logging;
 pub mod memory;
@@ -72,9 +71,9 @@ pub struct Shared {
     /// Each server's system variable types, for restoring sessions there.
     pub variable_types: restore::TypesCache,
     /// User names and connection attributes, shared between the sessions that log in with
-    /// the same ([`interned`]).
-    pub user_names: interned::Interner<str>,
-    pub login_texts: interned::Interner<[u8]>,
+    /// the same ([`holdfast_wire::interned`]).
+    pub user_names: holdfast_wire::interned::Interner<str>,
+    pub login_texts: holdfast_wire::interned::Interner<[u8]>,
     pub topology: watch::Receiver<Arc<Topology>>,
     pub sessions: Arc<SessionRegistry>,
     pub started: Instant,

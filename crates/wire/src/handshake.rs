@@ -3,7 +3,8 @@
 use crate::caps::*;
 use crate::codec::{put_lenenc_bytes, Reader};
 use crate::error::{Result, WireError};
-use std::sync::{Arc, Mutex};
+use crate::interned::Interner;
+use std::sync::{Arc, LazyLock};
 
 /// The server's initial greeting (protocol version 10).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,25 +136,11 @@ const LONG_SCRAMBLE: u8 = u8::MAX;
 /// 16 bits): servers send a few dozen bytes; a longer one is cut.
 const MAX_KEPT_TEXT: usize = 4096;
 
-/// How many distinct texts [`shared_texts`] keeps: a process talks to a handful of servers
-/// (one text per server version); past this, each connection keeps its own.
-const MAX_SHARED_TEXTS: usize = 32;
-
-/// `texts` as an allocation shared with every greeting that had the same (taken on a
+/// `texts` as an allocation shared with every live greeting that had the same (taken on a
 /// login, never per request).
 fn shared_texts(texts: &[u8]) -> Arc<[u8]> {
-    static SHARED: Mutex<Vec<Arc<[u8]>>> = Mutex::new(Vec::new());
-    let Ok(mut shared) = SHARED.lock() else {
-        return Arc::from(texts);
-    };
-    if let Some(known) = shared.iter().find(|known| ***known == *texts) {
-        return known.clone();
-    }
-    let new: Arc<[u8]> = Arc::from(texts);
-    if shared.len() < MAX_SHARED_TEXTS {
-        shared.push(new.clone());
-    }
-    new
+    static SHARED: LazyLock<Interner<[u8]>> = LazyLock::new(Interner::default);
+    SHARED.get(texts)
 }
 
 impl KeptGreeting {

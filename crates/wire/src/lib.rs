@@ -14,6 +14,7 @@ pub mod compressed;
 pub mod error;
 pub mod frame;
 pub mod handshake;
+pub mod interned;
 pub mod packets;
 pub mod proxy_protocol;
 pub mod response;

@@ -47,7 +47,7 @@ pub struct LoggedIn {
 
 /// The parts of a client's login that a new backend connection repeats. Every session
 /// keeps one (issue 22): the user name and the connection attributes are shared with the
-/// sessions that logged in with the same ([`crate::interned`]), the database is a boxed
+/// sessions that logged in with the same ([`holdfast_wire::interned`]), the database is a boxed
 /// slice.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Identity {
@@ -61,7 +61,7 @@ pub struct Identity {
 }
 
 impl Identity {
-    fn of(req: &LoginRequest, shared: &crate::interned::Interner<[u8]>) -> Identity {
+    fn of(req: &LoginRequest, shared: &holdfast_wire::interned::Interner<[u8]>) -> Identity {
         Identity {
             user: shared.get(&req.user),
             charset: req.charset,

@@ -1,8 +1,9 @@
-//! Values that many sessions hold alike, shared (issue 22: memory per idle session): the
-//! user name a pool logs in with, the connection attributes its driver sends (a hundred
-//! bytes and more, repeated on every backend connection). A login takes the allocation a
-//! live session holds for the same value, if any; the table keeps only weak references,
-//! so a value goes with the last session that held it.
+//! Values that many connections hold alike, shared (issue 22: memory per idle session):
+//! the user name a pool logs in with, the connection attributes its driver sends (a
+//! hundred bytes and more, repeated on every backend connection), a server's version and
+//! plugin name (every connection's greeting). A login takes the allocation a live
+//! connection holds for the same value, if any; the table keeps only weak references, so
+//! a value goes with the last connection that held it.
 
 use std::collections::hash_map::{DefaultHasher, Entry};
 use std::collections::HashMap;
