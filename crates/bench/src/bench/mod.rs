@@ -640,11 +640,17 @@ pub fn run_bench(args: &BenchArgs, holdfast_exe: &Path) -> Result<()> {
             .measure();
             match &r {
                 Ok(r) => eprintln!(
-                    "{:.1} KiB per session, {:.1} per added session, heap {} bytes per added session",
+                    "{:.1} KiB per session, {:.1} per added session, heap {} bytes per added session \
+                     (RSS KiB {} / {} / {}, heap bytes {})",
                     r.per_session_kib(),
                     r.per_added_session_kib(),
                     r.heap_per_added_session()
-                        .map_or("-".to_string(), |b| format!("{b:.0}"))
+                        .map_or("-".to_string(), |b| format!("{b:.0}")),
+                    r.rss_before_kib,
+                    r.rss_half_kib,
+                    r.rss_after_kib,
+                    r.heap_bytes
+                        .map_or("-".to_string(), |[a, b, c]| format!("{a} / {b} / {c}")),
                 ),
                 Err(e) => eprintln!("FAILED: {e:#}"),
             }
