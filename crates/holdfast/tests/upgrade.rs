@@ -1011,9 +1011,17 @@ fn a_paused_serverless_instance_and_its_pool_are_handed_over() {
     });
     let serving = std::time::Instant::now();
     let (config, base, log) = (served.config.clone(), served.base, served.log.clone());
+    let pid_file = served._lab.0.join("node1.pid");
     let mut procs = served.procs;
     let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
     let instance = |key: &str| status(&config)["serverless"][key].clone();
+    let frozen = || {
+        let server = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|p| p.trim().parse::<u32>().ok())
+            .expect("node1's pid");
+        holdfast_lab::procs::is_stopped(server)
+    };
     let wait_paused = |pauses: u64| {
         holdfast_lab::wait_for("the instance paused", Duration::from_secs(60), || {
             (instance("phase") == "paused" && instance("pauses").as_u64() >= Some(pauses))
@@ -1037,6 +1045,7 @@ fn a_paused_serverless_instance_and_its_pool_are_handed_over() {
     wait_paused(1);
     let pauses = instance("pauses").as_u64().expect("pauses");
     let resumes = instance("resumes").as_u64().expect("resumes");
+    assert!(frozen(), "the paused server is SIGSTOPped");
 
     upgrade(&config, &mut procs, &log);
     holdfast_lab::wait_for(
@@ -1058,7 +1067,20 @@ fn a_paused_serverless_instance_and_its_pool_are_handed_over() {
         (instance("phase") == "paused").then_some(())
     })
     .unwrap_or_else(|e| panic!("{e}: {}\n{}", instance("phase"), read_log()));
-    // (With the log: a CI run once saw a second pause here, not reproduced since.)
+    // The old process, its sessions handed over, exits without thawing the server: the
+    // instance is the new process's, paused. (It used to thaw it on the way out: the new
+    // process then said "paused" of a running server, or, when it asked the driver after
+    // the thaw, paused it a second time.)
+    let exit = wait_for("the old process to exit", Duration::from_secs(30), || {
+        procs.first.try_wait().expect("try_wait")
+    });
+    assert!(exit.success(), "{exit}\n{}", read_log());
+    assert!(
+        frozen(),
+        "the old process thawed the server on its way out\n{}",
+        read_log()
+    );
+    assert_eq!(instance("phase"), "paused", "{}", read_log());
     let counts = (instance("pauses").as_u64(), instance("resumes").as_u64());
     assert_eq!(counts, (Some(pauses), Some(resumes)), "{}", read_log());
 
