@@ -1156,9 +1156,19 @@ fn the_instance_is_not_paused_under_a_transaction_left_in_the_old_process() {
         let text = std::fs::read_to_string(config).expect("the lab's config");
         let text = text
             .replace("idle_pause_secs = 60", "idle_pause_secs = 1")
-            .replace("stop_after_secs = 300", "stop_after_secs = 0");
+            .replace("stop_after_secs = 300", "stop_after_secs = 0")
+            .replace("flush_secs = 10", "flush_secs = 1");
+        assert!(text.contains("flush_secs = 1\n"), "{text}");
         std::fs::write(config, text).expect("the edited config");
     });
+    // The usage period as the ledger holds it: seconds metered so far.
+    let ledger = served._lab.0.join("usage.db");
+    let metered = || {
+        holdfast_serverless::ledger::Ledger::open(&ledger)
+            .and_then(|l| l.open_line("lab"))
+            .expect("the ledger")
+            .map_or(0, |l| l.running_secs + l.paused_secs)
+    };
     let (config, base, log) = (served.config.clone(), served.base, served.log.clone());
     let mut procs = served.procs;
     let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
@@ -1186,6 +1196,14 @@ fn the_instance_is_not_paused_under_a_transaction_left_in_the_old_process() {
     .unwrap_or_else(|e| panic!("{e}\n{}", read_log()));
     assert_eq!(instance("phase"), "running", "{}", read_log());
     assert_eq!(instance("pauses").as_u64(), Some(pauses));
+    // The new process meters now, and writes the open period every second.
+    let written_by_the_new_one = metered() + 2;
+    wait_for(
+        "the new process to write the period",
+        Duration::from_secs(30),
+        || (metered() >= written_by_the_new_one).then_some(()),
+    );
+    let before_the_old_one_exits = metered();
     txn.query_drop("COMMIT")
         .unwrap_or_else(|e| panic!("commit: {e}\n{}", read_log()));
     let n: Option<u32> = txn
@@ -1197,6 +1215,13 @@ fn the_instance_is_not_paused_under_a_transaction_left_in_the_old_process() {
         procs.first.try_wait().expect("try_wait")
     });
     assert!(exit.success(), "{exit}\n{}", read_log());
+    // The old process did not write its period again on the way out (it wrote it as it
+    // let go): what the new one wrote since stands.
+    let after = metered();
+    assert!(
+        after >= before_the_old_one_exits,
+        "the old process set the period back: {after} s metered, {before_the_old_one_exits} s before it exited"
+    );
     holdfast_lab::wait_for("the instance paused", Duration::from_secs(60), || {
         (instance("pauses").as_u64() > Some(pauses)).then_some(())
     })
