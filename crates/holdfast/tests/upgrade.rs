@@ -1161,13 +1161,16 @@ fn the_instance_is_not_paused_under_a_transaction_left_in_the_old_process() {
         assert!(text.contains("flush_secs = 1\n"), "{text}");
         std::fs::write(config, text).expect("the edited config");
     });
-    // The usage period as the ledger holds it: seconds metered so far.
+    // Seconds metered so far, as the ledger holds them (every period's line: the test may
+    // cross into the next period).
     let ledger = served._lab.0.join("usage.db");
-    let metered = || {
+    let metered = || -> u32 {
         holdfast_serverless::ledger::Ledger::open(&ledger)
-            .and_then(|l| l.open_line("lab"))
+            .and_then(|l| l.lines(Some("lab"), None))
             .expect("the ledger")
-            .map_or(0, |l| l.running_secs + l.paused_secs)
+            .iter()
+            .map(|l| l.running_secs + l.paused_secs)
+            .sum()
     };
     let (config, base, log) = (served.config.clone(), served.base, served.log.clone());
     let mut procs = served.procs;
