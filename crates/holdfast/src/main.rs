@@ -629,25 +629,25 @@ async fn serve(
         // Another member leads at once, not when this one's lease runs out.
         fleet.leave().await;
     }
+    // After an upgrade the instance is the new process's, which keeps it paused until a
+    // client comes (left as it is) and meters it from the usage period this one wrote as
+    // it let go (written again now, it would undo what the new one wrote since).
+    if shared.upgrader.handed_over().borrow().is_some() {
+        if let Some(lc) = &shared.serverless {
+            tracing::info!(instance = %lc.config().instance, "the instance is the new process's; left as it is");
+        }
+        return Ok(());
+    }
     // (In a fleet with other members, the instance is the next leader's to run: left as
     // it is.)
     let alone = shared
         .fleet
         .as_ref()
         .is_none_or(|f| f.seen().members.iter().all(|m| m.member == f.member()));
-    // After an upgrade the instance is the new process's, which keeps it paused until a
-    // client comes (left as it is) and meters it from the usage period this one wrote as
-    // it let go (written again now, it would undo what the new one wrote since).
-    let handed_over = shared.upgrader.handed_over().borrow().is_some();
     if let (Some(lc), true) = (&shared.serverless, alone) {
-        if handed_over {
-            tracing::info!(instance = %lc.config().instance, "the instance is the new process's; left as it is");
-        } else if let Err(e) = lc.thaw_on_shutdown().await {
+        if let Err(e) = lc.thaw_on_shutdown().await {
             tracing::error!(error = %e, "could not thaw the frozen instance on the way out: it stays suspended (kill -CONT its server)");
         }
-    }
-    if handed_over {
-        return Ok(());
     }
     if let Err(e) = holdfast_proxy::serverless::flush_usage(&shared).await {
         tracing::warn!(error = %e, "could not write the open usage period on the way out");
